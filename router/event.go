@@ -1,0 +1,96 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+)
+
+// WorkerID names one routable worker (one engine, or one data-parallel rank
+// of an engine: callers fold the dp rank into the id, see WorkerKey).
+type WorkerID string
+
+// WorkerKey returns the router's id for rank dpRank of worker id. Rank 0 is
+// the worker itself, so single-rank engines keep their plain id.
+func WorkerKey(id string, dpRank uint32) WorkerID {
+	if dpRank == 0 {
+		return WorkerID(id)
+	}
+	return WorkerID(fmt.Sprintf("%s#%d", id, dpRank))
+}
+
+// EventKind says what a KV event did to a worker's cache.
+type EventKind uint8
+
+// Event kinds. The numbers travel in the Raft log and on the wire: append only.
+const (
+	EventStored  EventKind = 1
+	EventRemoved EventKind = 2
+	EventCleared EventKind = 3
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventStored:
+		return "stored"
+	case EventRemoved:
+		return "removed"
+	case EventCleared:
+		return "cleared"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// StoredBlock is one block a worker stored: the engine's opaque name for it
+// and our content (sequence) hash, which the index is keyed by.
+type StoredBlock struct {
+	EngineHash  uint64
+	ContentHash uint64
+}
+
+// KVEvent is one change to one worker's cache, already translated into our
+// hashes. Stored blocks form a chain under Parent (an engine hash of a block
+// this worker already holds) or start a sequence when HasParent is false.
+type KVEvent struct {
+	Kind      EventKind
+	HasParent bool
+	Parent    uint64        // engine hash of the parent block (stored)
+	Blocks    []StoredBlock // stored, in chain order
+	Removed   []uint64      // engine hashes (removed)
+	BlockSize int           // tokens per block as the engine reported it; 0 = not reported
+}
+
+// Errors the index reports. Callers use errors.Is; the typed errors below
+// carry the details.
+var (
+	ErrUnknownWorker     = errors.New("unknown worker")
+	ErrMissingParent     = errors.New("stored event's parent block is not held by the worker")
+	ErrBlockSizeMismatch = errors.New("block size mismatch")
+	ErrInvalidEvent      = errors.New("invalid event")
+)
+
+// MissingParentError says a stored event named a parent block the worker does
+// not hold: the index and the worker disagree, so the worker needs a resync.
+// The blocks of that event were not applied.
+type MissingParentError struct {
+	Worker WorkerID
+	Parent uint64
+}
+
+func (e *MissingParentError) Error() string {
+	return fmt.Sprintf("worker %s: parent block %d not held: %v", e.Worker, e.Parent, ErrMissingParent)
+}
+
+func (e *MissingParentError) Unwrap() error { return ErrMissingParent }
+
+// BlockSizeError says an event's block size differs from the configured one.
+// Applying it would give zero overlap forever, so it is rejected.
+type BlockSizeError struct {
+	Worker    WorkerID
+	Got, Want int
+}
+
+func (e *BlockSizeError) Error() string {
+	return fmt.Sprintf("worker %s: event block size %d, configured %d: %v", e.Worker, e.Got, e.Want, ErrBlockSizeMismatch)
+}
+
+func (e *BlockSizeError) Unwrap() error { return ErrBlockSizeMismatch }

@@ -1,0 +1,478 @@
+package router
+
+import (
+	"fmt"
+	"math/bits"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// Index is the prefix index: which worker holds which block, keyed by our
+// content (sequence) hash. Each worker also keeps the engine's name for each
+// block it holds, only to apply later removals by that name.
+//
+// Routing reads (FindMatches) take the read lock and run while events apply.
+type Index struct {
+	blockSize int
+
+	mu     sync.RWMutex
+	blocks map[uint64]workerSet // content hash → workers holding it
+	slots  []*workerBlocks      // by slot; nil when free
+	slotOf map[WorkerID]int
+	free   []int
+
+	stats indexCounters
+}
+
+// workerSet is a bitset of worker slots; slots 0–63 inline so the common
+// fleet costs one word per block.
+type workerSet struct {
+	lo uint64
+	hi *[]uint64 // slots 64 and up, word i covers slots 64(i+1)…
+}
+
+func (s workerSet) has(slot int) bool {
+	if slot < 64 {
+		return s.lo&(1<<uint(slot)) != 0
+	}
+	if s.hi == nil {
+		return false
+	}
+	w := slot/64 - 1
+	return w < len(*s.hi) && (*s.hi)[w]&(1<<uint(slot%64)) != 0
+}
+
+func (s workerSet) empty() bool {
+	if s.lo != 0 {
+		return false
+	}
+	if s.hi != nil {
+		for _, w := range *s.hi {
+			if w != 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (s workerSet) count() int {
+	n := bits.OnesCount64(s.lo)
+	if s.hi != nil {
+		for _, w := range *s.hi {
+			n += bits.OnesCount64(w)
+		}
+	}
+	return n
+}
+
+// with returns s with slot added (copying hi: values in the map are never
+// mutated in place, so readers holding a copy stay consistent).
+func (s workerSet) with(slot int) workerSet {
+	if slot < 64 {
+		s.lo |= 1 << uint(slot)
+		return s
+	}
+	w := slot/64 - 1
+	var hi []uint64
+	if s.hi != nil {
+		hi = slices.Clone(*s.hi)
+	}
+	for len(hi) <= w {
+		hi = append(hi, 0)
+	}
+	hi[w] |= 1 << uint(slot%64)
+	s.hi = &hi
+	return s
+}
+
+func (s workerSet) without(slot int) workerSet {
+	if slot < 64 {
+		s.lo &^= 1 << uint(slot)
+		return s
+	}
+	if s.hi == nil {
+		return s
+	}
+	w := slot/64 - 1
+	if w >= len(*s.hi) {
+		return s
+	}
+	hi := slices.Clone(*s.hi)
+	hi[w] &^= 1 << uint(slot%64)
+	s.hi = &hi
+	return s
+}
+
+// workerBlocks is one worker's view: engine hash → content hash for blocks
+// whose engine name differs from the content hash (engines that already use
+// our hash, like kvmock, cost nothing here), and how many blocks it holds.
+type workerBlocks struct {
+	id     WorkerID
+	engine map[uint64]uint64
+	held   int
+}
+
+type indexCounters struct {
+	storedBlocks    atomic.Uint64
+	removedBlocks   atomic.Uint64
+	unknownRemovals atomic.Uint64
+	duplicateStores atomic.Uint64
+	missingParents  atomic.Uint64
+	sizeMismatches  atomic.Uint64
+	unknownWorkers  atomic.Uint64
+	clears          atomic.Uint64
+}
+
+// IndexStats are the index's counters since it was created.
+type IndexStats struct {
+	StoredBlocks    uint64 // blocks newly recorded
+	RemovedBlocks   uint64
+	UnknownRemovals uint64 // removes of engine hashes the worker did not hold (ignored)
+	DuplicateStores uint64 // stores of blocks the worker already held (no change)
+	MissingParents  uint64 // stored events rejected: parent not held
+	SizeMismatches  uint64 // events rejected: block size differs
+	UnknownWorkers  uint64 // events for workers not in the index
+	Clears          uint64
+}
+
+// NewIndex returns an empty index for blocks of blockSize tokens.
+func NewIndex(blockSize int) *Index {
+	return &Index{
+		blockSize: blockSize,
+		blocks:    make(map[uint64]workerSet),
+		slotOf:    make(map[WorkerID]int),
+	}
+}
+
+// BlockSize is the configured tokens per block.
+func (ix *Index) BlockSize() int { return ix.blockSize }
+
+// AddWorker makes w known to the index. Adding a known worker is a no-op.
+func (ix *Index) AddWorker(w WorkerID) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if _, ok := ix.slotOf[w]; ok {
+		return
+	}
+	slot := len(ix.slots)
+	if n := len(ix.free); n > 0 {
+		// Reuse the lowest free slot so slots stay dense and below 64.
+		slices.Sort(ix.free)
+		slot, ix.free = ix.free[0], ix.free[1:]
+		ix.slots[slot] = &workerBlocks{id: w, engine: make(map[uint64]uint64)}
+	} else {
+		ix.slots = append(ix.slots, &workerBlocks{id: w, engine: make(map[uint64]uint64)})
+	}
+	ix.slotOf[w] = slot
+}
+
+// RemoveWorker forgets w and every block it held.
+func (ix *Index) RemoveWorker(w WorkerID) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	slot, ok := ix.slotOf[w]
+	if !ok {
+		return
+	}
+	ix.clearLocked(slot)
+	ix.slots[slot] = nil
+	delete(ix.slotOf, w)
+	ix.free = append(ix.free, slot)
+}
+
+// HasWorker reports whether w is known.
+func (ix *Index) HasWorker(w WorkerID) bool {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	_, ok := ix.slotOf[w]
+	return ok
+}
+
+// Workers returns the known workers, sorted.
+func (ix *Index) Workers() []WorkerID {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	out := make([]WorkerID, 0, len(ix.slotOf))
+	for w := range ix.slotOf {
+		out = append(out, w)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Apply applies one event of worker w. Applying the same event twice changes
+// nothing. A rejected event (unknown worker, block size mismatch, missing
+// parent) changes nothing and returns a typed error.
+func (ix *Index) Apply(w WorkerID, ev KVEvent) error {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	slot, ok := ix.slotOf[w]
+	if !ok {
+		ix.stats.unknownWorkers.Add(1)
+		return fmt.Errorf("apply %s event of worker %s: %w", ev.Kind, w, ErrUnknownWorker)
+	}
+	wb := ix.slots[slot]
+	switch ev.Kind {
+	case EventStored:
+		if ev.BlockSize != 0 && ev.BlockSize != ix.blockSize {
+			ix.stats.sizeMismatches.Add(1)
+			return &BlockSizeError{Worker: w, Got: ev.BlockSize, Want: ix.blockSize}
+		}
+		if ev.HasParent && !ix.holdsEngineLocked(slot, wb, ev.Parent) {
+			ix.stats.missingParents.Add(1)
+			return &MissingParentError{Worker: w, Parent: ev.Parent}
+		}
+		for _, b := range ev.Blocks {
+			ix.storeLocked(slot, wb, b)
+		}
+	case EventRemoved:
+		for _, eh := range ev.Removed {
+			ix.removeLocked(slot, wb, eh)
+		}
+	case EventCleared:
+		ix.stats.clears.Add(1)
+		ix.clearLocked(slot)
+	default:
+		return fmt.Errorf("apply event of worker %s: kind %d: %w", w, ev.Kind, ErrInvalidEvent)
+	}
+	return nil
+}
+
+// holdsEngineLocked: ix.mu must be held.
+func (ix *Index) holdsEngineLocked(slot int, wb *workerBlocks, eh uint64) bool {
+	if _, ok := wb.engine[eh]; ok {
+		return true
+	}
+	return ix.blocks[eh].has(slot)
+}
+
+// storeLocked: ix.mu must be held for writing.
+func (ix *Index) storeLocked(slot int, wb *workerBlocks, b StoredBlock) {
+	if b.EngineHash != b.ContentHash {
+		if old, ok := wb.engine[b.EngineHash]; ok && old != b.ContentHash {
+			// The engine reused a name for other content: the old block is gone.
+			ix.dropLocked(slot, wb, old)
+		}
+		wb.engine[b.EngineHash] = b.ContentHash
+	}
+	set := ix.blocks[b.ContentHash]
+	if set.has(slot) {
+		ix.stats.duplicateStores.Add(1)
+		return
+	}
+	ix.blocks[b.ContentHash] = set.with(slot)
+	wb.held++
+	ix.stats.storedBlocks.Add(1)
+}
+
+// removeLocked: ix.mu must be held for writing.
+func (ix *Index) removeLocked(slot int, wb *workerBlocks, eh uint64) {
+	ch, ok := wb.engine[eh]
+	if ok {
+		delete(wb.engine, eh)
+	} else {
+		ch = eh
+	}
+	if !ix.dropLocked(slot, wb, ch) {
+		ix.stats.unknownRemovals.Add(1)
+		return
+	}
+	ix.stats.removedBlocks.Add(1)
+}
+
+// dropLocked clears slot's bit for content hash ch; false if it was not set.
+func (ix *Index) dropLocked(slot int, wb *workerBlocks, ch uint64) bool {
+	set, ok := ix.blocks[ch]
+	if !ok || !set.has(slot) {
+		return false
+	}
+	set = set.without(slot)
+	if set.empty() {
+		delete(ix.blocks, ch)
+	} else {
+		ix.blocks[ch] = set
+	}
+	wb.held--
+	return true
+}
+
+// clearLocked drops every block of slot. ix.mu must be held for writing.
+func (ix *Index) clearLocked(slot int) {
+	wb := ix.slots[slot]
+	if wb.held == 0 {
+		clear(wb.engine)
+		return
+	}
+	for ch, set := range ix.blocks {
+		if !set.has(slot) {
+			continue
+		}
+		set = set.without(slot)
+		if set.empty() {
+			delete(ix.blocks, ch)
+		} else {
+			ix.blocks[ch] = set
+		}
+	}
+	wb.held = 0
+	clear(wb.engine)
+}
+
+// Overlap is how many leading blocks of a prompt a worker holds.
+type Overlap struct {
+	Worker WorkerID
+	Blocks int
+}
+
+// FindMatches returns, for every worker holding at least the first block of
+// seq (sequence hashes in prompt order), the length of its contiguous cached
+// prefix. It appends to dst to let hot callers reuse a buffer.
+func (ix *Index) FindMatches(seq []uint64, dst []Overlap) []Overlap {
+	dst = dst[:0]
+	if len(seq) == 0 {
+		return dst
+	}
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	first, ok := ix.blocks[seq[0]]
+	if !ok {
+		return dst
+	}
+	if first.hi == nil {
+		return ix.matchSmallLocked(seq, first.lo, dst)
+	}
+	return ix.matchWideLocked(seq, first, dst)
+}
+
+// matchSmallLocked walks the prompt while the surviving workers all sit in
+// slots 0–63: one map lookup and two word operations per block.
+func (ix *Index) matchSmallLocked(seq []uint64, cur uint64, dst []Overlap) []Overlap {
+	for i := 1; i < len(seq) && cur != 0; i++ {
+		next := ix.blocks[seq[i]].lo & cur
+		if dropped := cur &^ next; dropped != 0 {
+			dst = ix.appendSlotsLocked(dst, dropped, 0, i)
+		}
+		cur = next
+	}
+	return ix.appendSlotsLocked(dst, cur, 0, len(seq))
+}
+
+func (ix *Index) matchWideLocked(seq []uint64, first workerSet, dst []Overlap) []Overlap {
+	cur := append([]uint64{first.lo}, *first.hi...)
+	next := make([]uint64, len(cur))
+	for i := 1; i < len(seq); i++ {
+		set := ix.blocks[seq[i]]
+		alive := false
+		for w := range cur {
+			var word uint64
+			if w == 0 {
+				word = set.lo
+			} else if set.hi != nil && w-1 < len(*set.hi) {
+				word = (*set.hi)[w-1]
+			}
+			next[w] = cur[w] & word
+			if dropped := cur[w] &^ next[w]; dropped != 0 {
+				dst = ix.appendSlotsLocked(dst, dropped, w*64, i)
+			}
+			alive = alive || next[w] != 0
+		}
+		cur, next = next, cur
+		if !alive {
+			return dst
+		}
+	}
+	for w := range cur {
+		dst = ix.appendSlotsLocked(dst, cur[w], w*64, len(seq))
+	}
+	return dst
+}
+
+func (ix *Index) appendSlotsLocked(dst []Overlap, word uint64, base, blocks int) []Overlap {
+	for word != 0 {
+		b := bits.TrailingZeros64(word)
+		word &^= 1 << uint(b)
+		if wb := ix.slots[base+b]; wb != nil {
+			dst = append(dst, Overlap{Worker: wb.id, Blocks: blocks})
+		}
+	}
+	return dst
+}
+
+// Holders is how many workers hold the block with content hash ch.
+func (ix *Index) Holders(ch uint64) int {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return ix.blocks[ch].count()
+}
+
+// Held is how many blocks worker w holds.
+func (ix *Index) Held(w WorkerID) int {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	if slot, ok := ix.slotOf[w]; ok {
+		return ix.slots[slot].held
+	}
+	return 0
+}
+
+// Len is the number of distinct blocks held by any worker.
+func (ix *Index) Len() int {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return len(ix.blocks)
+}
+
+// WorkerBlocks lists the blocks w holds, sorted by content hash then engine
+// hash, for snapshots and digests (deterministic whatever the map order).
+func (ix *Index) WorkerBlocks(w WorkerID) []StoredBlock {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	slot, ok := ix.slotOf[w]
+	if !ok {
+		return nil
+	}
+	wb := ix.slots[slot]
+	out := make([]StoredBlock, 0, wb.held)
+	aliased := make(map[uint64]bool, len(wb.engine))
+	for eh, ch := range wb.engine {
+		out = append(out, StoredBlock{EngineHash: eh, ContentHash: ch})
+		aliased[ch] = true
+	}
+	for ch, set := range ix.blocks {
+		if set.has(slot) && !aliased[ch] {
+			out = append(out, StoredBlock{EngineHash: ch, ContentHash: ch})
+		}
+	}
+	slices.SortFunc(out, func(a, b StoredBlock) int {
+		if a.ContentHash != b.ContentHash {
+			if a.ContentHash < b.ContentHash {
+				return -1
+			}
+			return 1
+		}
+		switch {
+		case a.EngineHash < b.EngineHash:
+			return -1
+		case a.EngineHash > b.EngineHash:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Stats returns the counters.
+func (ix *Index) Stats() IndexStats {
+	return IndexStats{
+		StoredBlocks:    ix.stats.storedBlocks.Load(),
+		RemovedBlocks:   ix.stats.removedBlocks.Load(),
+		UnknownRemovals: ix.stats.unknownRemovals.Load(),
+		DuplicateStores: ix.stats.duplicateStores.Load(),
+		MissingParents:  ix.stats.missingParents.Load(),
+		SizeMismatches:  ix.stats.sizeMismatches.Load(),
+		UnknownWorkers:  ix.stats.unknownWorkers.Load(),
+		Clears:          ix.stats.clears.Load(),
+	}
+}
