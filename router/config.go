@@ -1,0 +1,158 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Mode is a routing policy.
+type Mode string
+
+// Routing modes; names are shared with kvbench policies and --router-mode.
+const (
+	ModeRoundRobin  Mode = "round-robin"
+	ModeRandom      Mode = "random"
+	ModeLeastLoaded Mode = "least-loaded"
+	ModeKV          Mode = "kv"
+	ModeKVApprox    Mode = "kv-approx"
+	ModeLoadAware   Mode = "load-aware"
+)
+
+// Modes lists every mode this package implements.
+var Modes = []Mode{ModeRoundRobin, ModeRandom, ModeLeastLoaded, ModeKV, ModeKVApprox, ModeLoadAware}
+
+// ParseMode accepts our names and Dynamo's spellings (round_robin, kv without events…).
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "round-robin", "round_robin", "roundrobin", "":
+		return ModeRoundRobin, nil
+	case "random":
+		return ModeRandom, nil
+	case "least-loaded", "least_loaded":
+		return ModeLeastLoaded, nil
+	case "kv":
+		return ModeKV, nil
+	case "kv-approx", "kv_approx", "approx":
+		return ModeKVApprox, nil
+	case "load-aware", "load_aware":
+		return ModeLoadAware, nil
+	}
+	return "", fmt.Errorf("unknown router mode %q (want one of %v): %w", s, Modes, ErrInvalidConfig)
+}
+
+// QueuePolicy orders requests waiting for a worker below the queue threshold.
+type QueuePolicy string
+
+// Queue policies, Dynamo's names.
+const (
+	QueueFCFS QueuePolicy = "fcfs" // arrival order: best tail TTFT
+	QueueWSPT QueuePolicy = "wspt" // weighted shortest processing time: best mean TTFT
+	QueueLCFS QueuePolicy = "lcfs" // newest first, for comparison only
+)
+
+// Thresholds mark a worker busy; any one exceeded is enough. Nil = off.
+type Thresholds struct {
+	// ActiveDecodeBlocks is a fraction in [0,1] of the worker's total KV blocks.
+	ActiveDecodeBlocks *float64
+	// ActivePrefillTokens is an absolute token count.
+	ActivePrefillTokens *int64
+	// ActivePrefillTokensFrac is a fraction of the worker's max batched tokens (may exceed 1).
+	ActivePrefillTokensFrac *float64
+}
+
+// Validate rejects thresholds Dynamo would reject, and NaN/Inf.
+func (t Thresholds) Validate() error {
+	if v := t.ActiveDecodeBlocks; v != nil && (!finite(*v) || *v < 0 || *v > 1) {
+		return fmt.Errorf("active_decode_blocks_threshold %v outside [0,1]: %w", *v, ErrInvalidConfig)
+	}
+	if v := t.ActivePrefillTokens; v != nil && *v < 0 {
+		return fmt.Errorf("active_prefill_tokens_threshold %d is negative: %w", *v, ErrInvalidConfig)
+	}
+	if v := t.ActivePrefillTokensFrac; v != nil && (!finite(*v) || *v < 0) {
+		return fmt.Errorf("active_prefill_tokens_threshold_frac %v must be a finite non-negative number: %w", *v, ErrInvalidConfig)
+	}
+	return nil
+}
+
+// Config holds every routing knob, with Dynamo's names in comments.
+type Config struct {
+	Mode      Mode
+	BlockSize int // DYN_KV_CACHE_BLOCK_SIZE: must equal the engines'
+
+	OverlapCredit      float64 // --router-kv-overlap-score-credit, [0,1], default 1
+	PrefillLoadScale   float64 // --router-prefill-load-scale (legacy overlap_score_weight), default 1
+	TrackPrefillTokens bool    // --no-router-track-prefill-tokens turns this off
+	Temperature        float64 // --router-temperature, 0 = argmin
+
+	Thresholds Thresholds
+
+	QueueThreshold *float64    // --router-queue-threshold: fraction of max batched tokens; nil = no queue
+	QueuePolicy    QueuePolicy // --router-queue-policy
+
+	ApproxTTL     time.Duration // --router-ttl-secs: lifetime of predicted blocks in kv-approx mode
+	RequestExpiry time.Duration // in-flight requests older than this are dropped from the load view
+}
+
+// DefaultConfig is Dynamo's defaults in kv mode with block size 16.
+func DefaultConfig() Config {
+	return Config{
+		Mode:               ModeKV,
+		BlockSize:          16,
+		OverlapCredit:      1,
+		PrefillLoadScale:   1,
+		TrackPrefillTokens: true,
+		QueuePolicy:        QueueFCFS,
+		ApproxTTL:          120 * time.Second,
+		RequestExpiry:      300 * time.Second,
+	}
+}
+
+// DecodeConfig is Dynamo's parameter set for choosing a decode worker in
+// disaggregated serving: the KV arrives by transfer, so overlap earns no
+// credit and prompt tokens are not prefill load on that worker.
+func DecodeConfig(base Config) Config {
+	base.OverlapCredit = 0
+	base.TrackPrefillTokens = false
+	return base
+}
+
+// ErrInvalidConfig marks a knob outside its domain.
+var ErrInvalidConfig = errors.New("invalid router configuration")
+
+// Validate checks every knob; NaN, ±Inf and negative values are errors.
+func (c Config) Validate() error {
+	if _, err := ParseMode(string(c.Mode)); err != nil {
+		return err
+	}
+	if c.BlockSize <= 0 {
+		return fmt.Errorf("block size %d must be positive: %w", c.BlockSize, ErrInvalidConfig)
+	}
+	if !finite(c.OverlapCredit) || c.OverlapCredit < 0 || c.OverlapCredit > 1 {
+		return fmt.Errorf("overlap credit %v outside [0,1]: %w", c.OverlapCredit, ErrInvalidConfig)
+	}
+	if !finite(c.PrefillLoadScale) || c.PrefillLoadScale < 0 {
+		return fmt.Errorf("prefill load scale %v must be finite and non-negative: %w", c.PrefillLoadScale, ErrInvalidConfig)
+	}
+	if !finite(c.Temperature) || c.Temperature < 0 {
+		return fmt.Errorf("temperature %v must be finite and non-negative: %w", c.Temperature, ErrInvalidConfig)
+	}
+	if err := c.Thresholds.Validate(); err != nil {
+		return err
+	}
+	if q := c.QueueThreshold; q != nil && (!finite(*q) || *q < 0) {
+		return fmt.Errorf("queue threshold %v must be finite and non-negative: %w", *q, ErrInvalidConfig)
+	}
+	switch c.QueuePolicy {
+	case QueueFCFS, QueueWSPT, QueueLCFS, "":
+	default:
+		return fmt.Errorf("queue policy %q (want fcfs, wspt or lcfs): %w", c.QueuePolicy, ErrInvalidConfig)
+	}
+	if c.ApproxTTL < 0 || c.RequestExpiry < 0 {
+		return fmt.Errorf("negative ttl or expiry: %w", ErrInvalidConfig)
+	}
+	return nil
+}
+
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }

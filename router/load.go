@@ -1,0 +1,260 @@
+package router
+
+import (
+	"slices"
+	"sync"
+	"time"
+)
+
+// ActiveLoad tracks the in-flight requests on every worker: the prompt tokens
+// still to prefill and the distinct KV blocks the requests hold (a prefix
+// shared by several requests counts once). Requests booked by other replicas
+// (replica sync) live here too, tagged with their origin so a silent replica's
+// entries can be dropped at once.
+type ActiveLoad struct {
+	mu      sync.Mutex
+	expiry  time.Duration
+	reqs    map[string]*activeRequest
+	workers map[WorkerID]*workerLoad
+	order   []string // request ids by add time, for expiry (lazily cleaned)
+}
+
+type activeRequest struct {
+	id            string
+	origin        string
+	worker        WorkerID
+	hashes        []uint64
+	prefillTokens int
+	prefillDone   bool
+	added         time.Time
+}
+
+type workerLoad struct {
+	prefillTokens int
+	requests      int
+	blocks        map[uint64]int32 // block → in-flight requests holding it
+}
+
+// WorkerLoad is one worker's load as the cost function sees it.
+type WorkerLoad struct {
+	ActivePrefillTokens int
+	ActiveBlocks        int
+	Requests            int
+}
+
+// NewActiveLoad returns an empty tracker expiring requests older than expiry
+// (0 = never).
+func NewActiveLoad(expiry time.Duration) *ActiveLoad {
+	return &ActiveLoad{
+		expiry:  expiry,
+		reqs:    make(map[string]*activeRequest),
+		workers: make(map[WorkerID]*workerLoad),
+	}
+}
+
+// Booking is one request's load on one worker.
+type Booking struct {
+	ID            string
+	Origin        string // replica that routed it; "" = this one
+	Worker        WorkerID
+	Hashes        []uint64 // full-block sequence hashes of the prompt
+	PrefillTokens int      // uncached prompt tokens still to compute
+	PrefillDone   bool
+	Added         time.Time
+}
+
+// Add books a request. Re-adding a known id replaces the old booking.
+func (a *ActiveLoad) Add(b Booking) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.removeLocked(b.ID)
+	r := &activeRequest{
+		id: b.ID, origin: b.Origin, worker: b.Worker, hashes: b.Hashes,
+		prefillTokens: max(b.PrefillTokens, 0), prefillDone: b.PrefillDone, added: b.Added,
+	}
+	wl := a.workers[b.Worker]
+	if wl == nil {
+		wl = &workerLoad{blocks: make(map[uint64]int32)}
+		a.workers[b.Worker] = wl
+	}
+	wl.requests++
+	if !r.prefillDone {
+		wl.prefillTokens += r.prefillTokens
+	}
+	for _, h := range r.hashes {
+		wl.blocks[h]++
+	}
+	a.reqs[b.ID] = r
+	a.order = append(a.order, b.ID)
+}
+
+// PrefillDone marks a request's first token: its prompt no longer loads the
+// worker's prefill. Unknown ids are ignored.
+func (a *ActiveLoad) PrefillDone(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := a.reqs[id]
+	if r == nil || r.prefillDone {
+		return
+	}
+	r.prefillDone = true
+	a.workers[r.worker].prefillTokens -= r.prefillTokens
+}
+
+// Free ends a request (finished, failed or cancelled). Unknown ids are ignored.
+func (a *ActiveLoad) Free(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.removeLocked(id)
+}
+
+// removeLocked: a.mu must be held.
+func (a *ActiveLoad) removeLocked(id string) {
+	r := a.reqs[id]
+	if r == nil {
+		return
+	}
+	delete(a.reqs, id)
+	wl := a.workers[r.worker]
+	wl.requests--
+	if !r.prefillDone {
+		wl.prefillTokens -= r.prefillTokens
+	}
+	for _, h := range r.hashes {
+		if n := wl.blocks[h] - 1; n > 0 {
+			wl.blocks[h] = n
+		} else {
+			delete(wl.blocks, h)
+		}
+	}
+	if wl.requests == 0 {
+		delete(a.workers, r.worker)
+	}
+}
+
+// Expire drops requests added more than the expiry before now and returns
+// their ids: a lost Free must not pin load forever.
+func (a *ActiveLoad) Expire(now time.Time) []string {
+	if a.expiry <= 0 {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var gone []string
+	cut := 0
+	for _, id := range a.order {
+		r := a.reqs[id]
+		if r == nil {
+			cut++
+			continue
+		}
+		if now.Sub(r.added) <= a.expiry {
+			break
+		}
+		gone = append(gone, id)
+		a.removeLocked(id)
+		cut++
+	}
+	a.order = a.order[cut:]
+	if len(a.order) > 64 && len(a.order) > 4*len(a.reqs) {
+		a.compactLocked()
+	}
+	return gone
+}
+
+// compactLocked drops ids of freed requests from the expiry order.
+func (a *ActiveLoad) compactLocked() {
+	live := a.order[:0]
+	seen := make(map[string]bool, len(a.reqs))
+	for _, id := range a.order {
+		if a.reqs[id] != nil && !seen[id] {
+			seen[id] = true
+			live = append(live, id)
+		}
+	}
+	a.order = live
+}
+
+// DropOrigin frees every request booked by origin (a replica gone silent).
+func (a *ActiveLoad) DropOrigin(origin string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var ids []string
+	for id, r := range a.reqs {
+		if r.origin == origin {
+			ids = append(ids, id)
+		}
+	}
+	for _, id := range ids {
+		a.removeLocked(id)
+	}
+	return len(ids)
+}
+
+// Load returns w's current load.
+func (a *ActiveLoad) Load(w WorkerID) WorkerLoad {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.loadLocked(w)
+}
+
+func (a *ActiveLoad) loadLocked(w WorkerID) WorkerLoad {
+	wl := a.workers[w]
+	if wl == nil {
+		return WorkerLoad{}
+	}
+	return WorkerLoad{ActivePrefillTokens: wl.prefillTokens, ActiveBlocks: len(wl.blocks), Requests: wl.requests}
+}
+
+// NewBlocks is how many of hashes w's in-flight requests do not already hold:
+// the decode blocks a request would add there.
+func (a *ActiveLoad) NewBlocks(w WorkerID, hashes []uint64) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.newBlocksLocked(w, hashes)
+}
+
+func (a *ActiveLoad) newBlocksLocked(w WorkerID, hashes []uint64) int {
+	wl := a.workers[w]
+	if wl == nil {
+		return len(hashes)
+	}
+	n := 0
+	for _, h := range hashes {
+		if wl.blocks[h] == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// Bookings lists the requests booked by origin, sorted by id: the full
+// active set a replica publishes so peers can repair gaps.
+func (a *ActiveLoad) Bookings(origin string) []Booking {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []Booking
+	for _, r := range a.reqs {
+		if r.origin == origin {
+			out = append(out, Booking{ID: r.id, Origin: r.origin, Worker: r.worker, Hashes: r.hashes,
+				PrefillTokens: r.prefillTokens, PrefillDone: r.prefillDone, Added: r.added})
+		}
+	}
+	slices.SortFunc(out, func(x, y Booking) int {
+		switch {
+		case x.ID < y.ID:
+			return -1
+		case x.ID > y.ID:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Len is the number of in-flight requests.
+func (a *ActiveLoad) Len() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.reqs)
+}

@@ -1,0 +1,284 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// OverlapSource is the narrow read side of a prefix index: the router reads
+// the replicated index through it without knowing who applies events.
+type OverlapSource interface {
+	FindMatches(seq []uint64, dst []Overlap) []Overlap
+}
+
+// Routing outcomes that are not a worker.
+var (
+	ErrNoWorkers = errors.New("no workers registered")
+	ErrAllBusy   = errors.New("all workers are busy")
+)
+
+// Request is what the router needs of one LLM request.
+type Request struct {
+	ID       string
+	Hashes   []uint64 // sequence hashes of the prompt's full blocks
+	Tokens   int      // prompt length in tokens (isl)
+	Priority int      // nvext.agent_hints.priority: higher goes first in the queue
+}
+
+// Decision is a routing decision with its whole cost table.
+type Decision struct {
+	Mode    Mode
+	Worker  WorkerID
+	Overlap int // cached blocks on the chosen worker
+	Rows    []WorkerCost
+	Scale   float64
+}
+
+// Explain renders the decision as Dynamo logs it: one formula per worker,
+// then the choice.
+func (d Decision) Explain() string {
+	var b strings.Builder
+	for _, r := range d.Rows {
+		fmt.Fprintf(&b, "Formula for worker_id=%s with %d cached blocks: %s", r.Worker, r.Overlap, r.Formula(d.Scale))
+		if r.Busy {
+			fmt.Fprintf(&b, " (busy: %s)", r.BusyReason)
+		}
+		b.WriteByte('\n')
+	}
+	for _, r := range d.Rows {
+		if r.Worker == d.Worker {
+			fmt.Fprintf(&b, "Selected worker: worker_id=%s, logit: %.3f, cached blocks: %d\n", r.Worker, r.Cost, r.Overlap)
+		}
+	}
+	return b.String()
+}
+
+// Router makes routing decisions for one model. It owns the load view and,
+// in kv-approx mode, its own predicted index; the event-fed index is read
+// through an OverlapSource. Safe for concurrent use.
+type Router struct {
+	mu      sync.Mutex
+	cfg     Config
+	index   OverlapSource
+	load    *ActiveLoad
+	workers []WorkerInfo // sorted by id
+	rng     *rand.Rand
+	next    uint64 // round-robin position
+
+	predicted *Index // kv-approx: blocks this router believes it placed
+	preds     predictions
+
+	buf []Overlap
+}
+
+// New returns a router. index may be nil for modes that ignore the cache.
+// seed makes tie-breaks and sampling reproducible.
+func New(cfg Config, index OverlapSource, seed uint64) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	r := &Router{
+		cfg:       cfg,
+		index:     index,
+		load:      NewActiveLoad(cfg.RequestExpiry),
+		rng:       rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		predicted: NewIndex(cfg.BlockSize),
+		preds:     newPredictions(),
+	}
+	return r, nil
+}
+
+// Config returns the current configuration.
+func (r *Router) Config() Config {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cfg
+}
+
+// SetConfig replaces the knobs (a /busy_threshold change, for instance).
+// The block size cannot change: hashes already computed would be wrong.
+func (r *Router) SetConfig(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cfg.BlockSize != r.cfg.BlockSize {
+		return fmt.Errorf("block size cannot change from %d to %d: %w", r.cfg.BlockSize, cfg.BlockSize, ErrInvalidConfig)
+	}
+	r.cfg = cfg
+	return nil
+}
+
+// Load is the router's load view, shared with replica sync.
+func (r *Router) Load() *ActiveLoad { return r.load }
+
+// SetWorkers replaces the candidate set.
+func (r *Router) SetWorkers(ws []WorkerInfo) {
+	ws = slices.Clone(ws)
+	slices.SortFunc(ws, func(a, b WorkerInfo) int { return strings.Compare(string(a.ID), string(b.ID)) })
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, old := range r.workers {
+		if _, ok := slices.BinarySearchFunc(ws, old.ID, cmpWorker); !ok {
+			r.predicted.RemoveWorker(old.ID)
+		}
+	}
+	for _, w := range ws {
+		r.predicted.AddWorker(w.ID)
+	}
+	r.workers = ws
+}
+
+func cmpWorker(w WorkerInfo, id WorkerID) int { return strings.Compare(string(w.ID), string(id)) }
+
+// Workers returns the candidate set, sorted by id.
+func (r *Router) Workers() []WorkerInfo {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.workers)
+}
+
+// Decide computes the cost table and picks a worker without booking load.
+func (r *Router) Decide(req Request, now time.Time) (Decision, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.decideLocked(req, now)
+}
+
+// Route decides and books the request's load on the chosen worker; in
+// kv-approx mode it also records the predicted blocks.
+func (r *Router) Route(req Request, now time.Time) (Decision, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d, err := r.decideLocked(req, now)
+	if err != nil {
+		return d, err
+	}
+	prefill := req.Tokens - d.Overlap*r.cfg.BlockSize
+	r.load.Add(Booking{ID: req.ID, Worker: d.Worker, Hashes: req.Hashes, PrefillTokens: prefill, Added: now})
+	if r.cfg.Mode == ModeKVApprox {
+		r.predictLocked(d.Worker, req.Hashes, now)
+	}
+	return d, nil
+}
+
+// PrefillDone records a request's first token.
+func (r *Router) PrefillDone(id string) { r.load.PrefillDone(id) }
+
+// Free ends a request.
+func (r *Router) Free(id string) { r.load.Free(id) }
+
+// decideLocked: r.mu must be held.
+func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
+	cfg := &r.cfg
+	d := Decision{Mode: cfg.Mode, Scale: cfg.PrefillLoadScale}
+	if len(r.workers) == 0 {
+		return d, ErrNoWorkers
+	}
+	r.load.Expire(now)
+	r.expirePredictionsLocked(now)
+
+	overlaps := r.overlapsLocked(req.Hashes)
+	d.Rows = make([]WorkerCost, len(r.workers))
+	candidates := make([]int, 0, len(r.workers))
+	for i, w := range r.workers {
+		load := r.load.Load(w.ID)
+		in := costInput{isl: req.Tokens, overlap: overlaps[w.ID], load: load, newBlocks: r.load.NewBlocks(w.ID, req.Hashes)}
+		prefill, decode, cost := computeCost(cfg, in)
+		row := WorkerCost{
+			Worker: w.ID, Overlap: in.overlap, ActivePrefillTokens: load.ActivePrefillTokens,
+			ActiveBlocks: load.ActiveBlocks, NewBlocks: in.newBlocks,
+			PrefillBlocks: prefill, DecodeBlocks: decode, Cost: cost,
+		}
+		if reason := busyReason(&cfg.Thresholds, w, load); reason != "" {
+			row.Busy, row.BusyReason = true, reason
+		} else {
+			candidates = append(candidates, i)
+		}
+		d.Rows[i] = row
+	}
+	if len(candidates) == 0 {
+		return d, ErrAllBusy
+	}
+	pick := r.pickLocked(d.Rows, candidates)
+	d.Worker, d.Overlap = d.Rows[pick].Worker, d.Rows[pick].Overlap
+	return d, nil
+}
+
+// overlapsLocked reads cached prefix lengths from the index the mode uses.
+func (r *Router) overlapsLocked(hashes []uint64) map[WorkerID]int {
+	var src OverlapSource
+	switch r.cfg.Mode {
+	case ModeKV:
+		src = r.index
+	case ModeKVApprox:
+		src = r.predicted
+	default:
+		return nil
+	}
+	if src == nil || len(hashes) == 0 {
+		return nil
+	}
+	r.buf = src.FindMatches(hashes, r.buf)
+	m := make(map[WorkerID]int, len(r.buf))
+	for _, o := range r.buf {
+		m[o.Worker] = o.Blocks
+	}
+	return m
+}
+
+// pickLocked chooses a row among candidates according to the mode.
+func (r *Router) pickLocked(rows []WorkerCost, candidates []int) int {
+	switch r.cfg.Mode {
+	case ModeRoundRobin:
+		i := candidates[r.next%uint64(len(candidates))]
+		r.next++
+		return i
+	case ModeRandom:
+		return candidates[r.rng.IntN(len(candidates))]
+	case ModeLeastLoaded:
+		best, n := -1, 0
+		for _, i := range candidates {
+			switch {
+			case best < 0 || r.load.Load(rows[i].Worker).Requests < r.load.Load(rows[best].Worker).Requests:
+				best, n = i, 1
+			case r.load.Load(rows[i].Worker).Requests == r.load.Load(rows[best].Worker).Requests:
+				n++
+				if r.rng.IntN(n) == 0 {
+					best = i
+				}
+			}
+		}
+		return best
+	}
+	sub := make([]WorkerCost, len(candidates))
+	for j, i := range candidates {
+		sub[j] = rows[i]
+	}
+	return candidates[pickByCost(sub, r.cfg.Temperature, r.rng)]
+}
+
+// ShouldQueue reports whether a new request should wait: a queue threshold
+// is set and every worker's active prefill tokens exceed that fraction of its
+// max batched tokens.
+func (r *Router) ShouldQueue() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q := r.cfg.QueueThreshold
+	if q == nil || len(r.workers) == 0 {
+		return false
+	}
+	for _, w := range r.workers {
+		limit := *q * float64(max(w.MaxBatchedTokens, 1))
+		if float64(r.load.Load(w.ID).ActivePrefillTokens) <= limit {
+			return false
+		}
+	}
+	return true
+}
