@@ -16,9 +16,15 @@ import (
 type Index struct {
 	blockSize int
 
-	mu     sync.RWMutex
-	blocks map[uint64]workerSet // content hash → workers holding it
-	slots  []*workerBlocks      // by slot; nil when free
+	mu sync.RWMutex
+	// blocks maps a content hash to the workers in slots 0–63 holding it;
+	// wide holds the words for slots 64 and up, only for blocks that have
+	// such holders. A block held by anyone is always a key of blocks (value
+	// 0 when only wide slots hold it). Splitting keeps the common map's
+	// values one word, so a lookup touches as little memory as a plain map.
+	blocks map[uint64]uint64
+	wide   map[uint64][]uint64
+	slots  []*workerBlocks // by slot; nil when free
 	slotOf map[WorkerID]int
 	free   []int
 
@@ -105,6 +111,34 @@ func (s workerSet) without(slot int) workerSet {
 	return s
 }
 
+// getLocked returns the holders of ch. ix.mu must be held.
+func (ix *Index) getLocked(ch uint64) (workerSet, bool) {
+	lo, ok := ix.blocks[ch]
+	if !ok {
+		return workerSet{}, false
+	}
+	s := workerSet{lo: lo}
+	if hi, wide := ix.wide[ch]; wide {
+		s.hi = &hi
+	}
+	return s, true
+}
+
+// putLocked stores the holders of ch, deleting it when empty. ix.mu must be held for writing.
+func (ix *Index) putLocked(ch uint64, s workerSet) {
+	if s.empty() {
+		delete(ix.blocks, ch)
+		delete(ix.wide, ch)
+		return
+	}
+	ix.blocks[ch] = s.lo
+	if s.hi != nil && (workerSet{hi: s.hi}).count() > 0 {
+		ix.wide[ch] = *s.hi
+	} else {
+		delete(ix.wide, ch)
+	}
+}
+
 // workerBlocks is one worker's view: engine hash → content hash for blocks
 // whose engine name differs from the content hash (engines that already use
 // our hash, like kvmock, cost nothing here), and how many blocks it holds.
@@ -141,7 +175,8 @@ type IndexStats struct {
 func NewIndex(blockSize int) *Index {
 	return &Index{
 		blockSize: blockSize,
-		blocks:    make(map[uint64]workerSet),
+		blocks:    make(map[uint64]uint64),
+		wide:      make(map[uint64][]uint64),
 		slotOf:    make(map[WorkerID]int),
 	}
 }
@@ -245,7 +280,8 @@ func (ix *Index) holdsEngineLocked(slot int, wb *workerBlocks, eh uint64) bool {
 	if _, ok := wb.engine[eh]; ok {
 		return true
 	}
-	return ix.blocks[eh].has(slot)
+	set, _ := ix.getLocked(eh)
+	return set.has(slot)
 }
 
 // storeLocked: ix.mu must be held for writing.
@@ -257,12 +293,12 @@ func (ix *Index) storeLocked(slot int, wb *workerBlocks, b StoredBlock) {
 		}
 		wb.engine[b.EngineHash] = b.ContentHash
 	}
-	set := ix.blocks[b.ContentHash]
+	set, _ := ix.getLocked(b.ContentHash)
 	if set.has(slot) {
 		ix.stats.duplicateStores.Add(1)
 		return
 	}
-	ix.blocks[b.ContentHash] = set.with(slot)
+	ix.putLocked(b.ContentHash, set.with(slot))
 	wb.held++
 	ix.stats.storedBlocks.Add(1)
 }
@@ -284,16 +320,11 @@ func (ix *Index) removeLocked(slot int, wb *workerBlocks, eh uint64) {
 
 // dropLocked clears slot's bit for content hash ch; false if it was not set.
 func (ix *Index) dropLocked(slot int, wb *workerBlocks, ch uint64) bool {
-	set, ok := ix.blocks[ch]
+	set, ok := ix.getLocked(ch)
 	if !ok || !set.has(slot) {
 		return false
 	}
-	set = set.without(slot)
-	if set.empty() {
-		delete(ix.blocks, ch)
-	} else {
-		ix.blocks[ch] = set
-	}
+	ix.putLocked(ch, set.without(slot))
 	wb.held--
 	return true
 }
@@ -305,16 +336,15 @@ func (ix *Index) clearLocked(slot int) {
 		clear(wb.engine)
 		return
 	}
-	for ch, set := range ix.blocks {
-		if !set.has(slot) {
-			continue
+	var mine []uint64
+	for ch := range ix.blocks {
+		if set, _ := ix.getLocked(ch); set.has(slot) {
+			mine = append(mine, ch)
 		}
-		set = set.without(slot)
-		if set.empty() {
-			delete(ix.blocks, ch)
-		} else {
-			ix.blocks[ch] = set
-		}
+	}
+	for _, ch := range mine {
+		set, _ := ix.getLocked(ch)
+		ix.putLocked(ch, set.without(slot))
 	}
 	wb.held = 0
 	clear(wb.engine)
@@ -336,12 +366,12 @@ func (ix *Index) FindMatches(seq []uint64, dst []Overlap) []Overlap {
 	}
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	first, ok := ix.blocks[seq[0]]
+	if len(ix.wide) == 0 {
+		return ix.matchSmallLocked(seq, ix.blocks[seq[0]], dst)
+	}
+	first, ok := ix.getLocked(seq[0])
 	if !ok {
 		return dst
-	}
-	if first.hi == nil {
-		return ix.matchSmallLocked(seq, first.lo, dst)
 	}
 	return ix.matchWideLocked(seq, first, dst)
 }
@@ -350,7 +380,7 @@ func (ix *Index) FindMatches(seq []uint64, dst []Overlap) []Overlap {
 // slots 0–63: one map lookup and two word operations per block.
 func (ix *Index) matchSmallLocked(seq []uint64, cur uint64, dst []Overlap) []Overlap {
 	for i := 1; i < len(seq) && cur != 0; i++ {
-		next := ix.blocks[seq[i]].lo & cur
+		next := ix.blocks[seq[i]] & cur
 		if dropped := cur &^ next; dropped != 0 {
 			dst = ix.appendSlotsLocked(dst, dropped, 0, i)
 		}
@@ -360,10 +390,13 @@ func (ix *Index) matchSmallLocked(seq []uint64, cur uint64, dst []Overlap) []Ove
 }
 
 func (ix *Index) matchWideLocked(seq []uint64, first workerSet, dst []Overlap) []Overlap {
-	cur := append([]uint64{first.lo}, *first.hi...)
+	cur := []uint64{first.lo}
+	if first.hi != nil {
+		cur = append(cur, *first.hi...)
+	}
 	next := make([]uint64, len(cur))
 	for i := 1; i < len(seq); i++ {
-		set := ix.blocks[seq[i]]
+		set, _ := ix.getLocked(seq[i])
 		alive := false
 		for w := range cur {
 			var word uint64
@@ -404,7 +437,8 @@ func (ix *Index) appendSlotsLocked(dst []Overlap, word uint64, base, blocks int)
 func (ix *Index) Holders(ch uint64) int {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	return ix.blocks[ch].count()
+	set, _ := ix.getLocked(ch)
+	return set.count()
 }
 
 // Held is how many blocks worker w holds.
@@ -440,8 +474,8 @@ func (ix *Index) WorkerBlocks(w WorkerID) []StoredBlock {
 		out = append(out, StoredBlock{EngineHash: eh, ContentHash: ch})
 		aliased[ch] = true
 	}
-	for ch, set := range ix.blocks {
-		if set.has(slot) && !aliased[ch] {
+	for ch := range ix.blocks {
+		if set, _ := ix.getLocked(ch); set.has(slot) && !aliased[ch] {
 			out = append(out, StoredBlock{EngineHash: ch, ContentHash: ch})
 		}
 	}

@@ -16,7 +16,16 @@ type ActiveLoad struct {
 	expiry  time.Duration
 	reqs    map[string]*activeRequest
 	workers map[WorkerID]*workerLoad
+	// holders maps a block to the workers whose in-flight requests hold it:
+	// one lookup per prompt block finds the shared blocks of every worker at
+	// once, instead of one lookup per block per worker.
+	holders map[uint64][]blockHolder
 	order   []string // request ids by add time, for expiry (lazily cleaned)
+}
+
+type blockHolder struct {
+	worker WorkerID
+	n      int32 // in-flight requests on worker holding the block
 }
 
 type activeRequest struct {
@@ -32,7 +41,7 @@ type activeRequest struct {
 type workerLoad struct {
 	prefillTokens int
 	requests      int
-	blocks        map[uint64]int32 // block → in-flight requests holding it
+	blocks        int // distinct blocks held by in-flight requests
 }
 
 // WorkerLoad is one worker's load as the cost function sees it.
@@ -49,6 +58,7 @@ func NewActiveLoad(expiry time.Duration) *ActiveLoad {
 		expiry:  expiry,
 		reqs:    make(map[string]*activeRequest),
 		workers: make(map[WorkerID]*workerLoad),
+		holders: make(map[uint64][]blockHolder),
 	}
 }
 
@@ -74,7 +84,7 @@ func (a *ActiveLoad) Add(b Booking) {
 	}
 	wl := a.workers[b.Worker]
 	if wl == nil {
-		wl = &workerLoad{blocks: make(map[uint64]int32)}
+		wl = &workerLoad{}
 		a.workers[b.Worker] = wl
 	}
 	wl.requests++
@@ -82,7 +92,14 @@ func (a *ActiveLoad) Add(b Booking) {
 		wl.prefillTokens += r.prefillTokens
 	}
 	for _, h := range r.hashes {
-		wl.blocks[h]++
+		hs := a.holders[h]
+		i := holderIndex(hs, b.Worker)
+		if i < 0 {
+			a.holders[h] = append(hs, blockHolder{worker: b.Worker, n: 1})
+			wl.blocks++
+		} else {
+			hs[i].n++
+		}
 	}
 	a.reqs[b.ID] = r
 	a.order = append(a.order, b.ID)
@@ -121,13 +138,23 @@ func (a *ActiveLoad) removeLocked(id string) {
 		wl.prefillTokens -= r.prefillTokens
 	}
 	for _, h := range r.hashes {
-		if n := wl.blocks[h] - 1; n > 0 {
-			wl.blocks[h] = n
+		hs := a.holders[h]
+		i := holderIndex(hs, r.worker)
+		if i < 0 {
+			continue // a hash repeated within one request was already released
+		}
+		if hs[i].n--; hs[i].n > 0 {
+			continue
+		}
+		wl.blocks--
+		if len(hs) == 1 {
+			delete(a.holders, h)
 		} else {
-			delete(wl.blocks, h)
+			hs[i] = hs[len(hs)-1]
+			a.holders[h] = hs[:len(hs)-1]
 		}
 	}
-	if wl.requests == 0 {
+	if wl.requests == 0 && wl.blocks == 0 {
 		delete(a.workers, r.worker)
 	}
 }
@@ -203,7 +230,16 @@ func (a *ActiveLoad) loadLocked(w WorkerID) WorkerLoad {
 	if wl == nil {
 		return WorkerLoad{}
 	}
-	return WorkerLoad{ActivePrefillTokens: wl.prefillTokens, ActiveBlocks: len(wl.blocks), Requests: wl.requests}
+	return WorkerLoad{ActivePrefillTokens: wl.prefillTokens, ActiveBlocks: wl.blocks, Requests: wl.requests}
+}
+
+func holderIndex(hs []blockHolder, w WorkerID) int {
+	for i := range hs {
+		if hs[i].worker == w {
+			return i
+		}
+	}
+	return -1
 }
 
 // NewBlocks is how many of hashes w's in-flight requests do not already hold:
@@ -215,17 +251,39 @@ func (a *ActiveLoad) NewBlocks(w WorkerID, hashes []uint64) int {
 }
 
 func (a *ActiveLoad) newBlocksLocked(w WorkerID, hashes []uint64) int {
-	wl := a.workers[w]
-	if wl == nil {
-		return len(hashes)
-	}
 	n := 0
 	for _, h := range hashes {
-		if wl.blocks[h] == 0 {
+		if holderIndex(a.holders[h], w) < 0 {
 			n++
 		}
 	}
 	return n
+}
+
+// LoadRow is one worker's load and the blocks a request would add there.
+type LoadRow struct {
+	WorkerLoad
+	NewBlocks int
+}
+
+// Rows fills dst with the load of each of workers and the new blocks hashes
+// would add on each, under one lock and with one holder lookup per block.
+// pos maps each worker to its position in workers.
+func (a *ActiveLoad) Rows(workers []WorkerInfo, pos map[WorkerID]int, hashes []uint64, dst []LoadRow) []LoadRow {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	dst = dst[:0]
+	for _, w := range workers {
+		dst = append(dst, LoadRow{WorkerLoad: a.loadLocked(w.ID), NewBlocks: len(hashes)})
+	}
+	for _, h := range hashes {
+		for _, hd := range a.holders[h] {
+			if i, ok := pos[hd.worker]; ok {
+				dst[i].NewBlocks--
+			}
+		}
+	}
+	return dst
 }
 
 // Bookings lists the requests booked by origin, sorted by id: the full

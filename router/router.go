@@ -66,14 +66,17 @@ type Router struct {
 	cfg     Config
 	index   OverlapSource
 	load    *ActiveLoad
-	workers []WorkerInfo // sorted by id
+	workers []WorkerInfo     // sorted by id
+	pos     map[WorkerID]int // worker → position in workers
 	rng     *rand.Rand
 	next    uint64 // round-robin position
 
 	predicted *Index // kv-approx: blocks this router believes it placed
 	preds     predictions
 
-	buf []Overlap
+	buf      []Overlap
+	loads    []LoadRow // per worker, parallel to workers, during a decision
+	overlaps []int     // likewise
 }
 
 // New returns a router. index may be nil for modes that ignore the cache.
@@ -133,6 +136,10 @@ func (r *Router) SetWorkers(ws []WorkerInfo) {
 		r.predicted.AddWorker(w.ID)
 	}
 	r.workers = ws
+	r.pos = make(map[WorkerID]int, len(ws))
+	for i, w := range ws {
+		r.pos[w.ID] = i
+	}
 }
 
 func cmpWorker(w WorkerInfo, id WorkerID) int { return strings.Compare(string(w.ID), string(id)) }
@@ -185,11 +192,12 @@ func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
 	r.expirePredictionsLocked(now)
 
 	overlaps := r.overlapsLocked(req.Hashes)
+	r.loads = r.load.Rows(r.workers, r.pos, req.Hashes, r.loads)
 	d.Rows = make([]WorkerCost, len(r.workers))
 	candidates := make([]int, 0, len(r.workers))
 	for i, w := range r.workers {
-		load := r.load.Load(w.ID)
-		in := costInput{isl: req.Tokens, overlap: overlaps[w.ID], load: load, newBlocks: r.load.NewBlocks(w.ID, req.Hashes)}
+		load := r.loads[i].WorkerLoad
+		in := costInput{isl: req.Tokens, overlap: overlaps[i], load: load, newBlocks: r.loads[i].NewBlocks}
 		prefill, decode, cost := computeCost(cfg, in)
 		row := WorkerCost{
 			Worker: w.ID, Overlap: in.overlap, ActivePrefillTokens: load.ActivePrefillTokens,
@@ -212,7 +220,12 @@ func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
 }
 
 // overlapsLocked reads cached prefix lengths from the index the mode uses.
-func (r *Router) overlapsLocked(hashes []uint64) map[WorkerID]int {
+// The result is parallel to r.workers and reused across decisions.
+func (r *Router) overlapsLocked(hashes []uint64) []int {
+	r.overlaps = r.overlaps[:0]
+	for range r.workers {
+		r.overlaps = append(r.overlaps, 0)
+	}
 	var src OverlapSource
 	switch r.cfg.Mode {
 	case ModeKV:
@@ -220,17 +233,18 @@ func (r *Router) overlapsLocked(hashes []uint64) map[WorkerID]int {
 	case ModeKVApprox:
 		src = r.predicted
 	default:
-		return nil
+		return r.overlaps
 	}
 	if src == nil || len(hashes) == 0 {
-		return nil
+		return r.overlaps
 	}
 	r.buf = src.FindMatches(hashes, r.buf)
-	m := make(map[WorkerID]int, len(r.buf))
 	for _, o := range r.buf {
-		m[o.Worker] = o.Blocks
+		if i, ok := r.pos[o.Worker]; ok {
+			r.overlaps[i] = o.Blocks
+		}
 	}
-	return m
+	return r.overlaps
 }
 
 // pickLocked chooses a row among candidates according to the mode.
@@ -246,9 +260,9 @@ func (r *Router) pickLocked(rows []WorkerCost, candidates []int) int {
 		best, n := -1, 0
 		for _, i := range candidates {
 			switch {
-			case best < 0 || r.load.Load(rows[i].Worker).Requests < r.load.Load(rows[best].Worker).Requests:
+			case best < 0 || r.loads[i].Requests < r.loads[best].Requests:
 				best, n = i, 1
-			case r.load.Load(rows[i].Worker).Requests == r.load.Load(rows[best].Worker).Requests:
+			case r.loads[i].Requests == r.loads[best].Requests:
 				n++
 				if r.rng.IntN(n) == 0 {
 					best = i

@@ -1,0 +1,39 @@
+# kvrouter — every target here is what CI or a person runs; `make help` lists them.
+GO      ?= go
+BIN     := bin
+PKGS    := ./...
+# Tests that need a cluster or the network get longer; unit tests stay fast.
+TESTFLAGS ?= -race -count=1 -timeout 20m
+
+.PHONY: help build test bench run check chaos fuzz clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+
+build: ## build kvrouter, kvmock and kvbench into bin/
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+test: check ## what CI runs: static checks, then every test with the race detector
+	$(GO) test $(TESTFLAGS) $(PKGS)
+
+bench: ## router micro-benchmarks (figures go to BENCHMARKS.md)
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./router/
+
+run: build ## local cluster: 3 replicas (127.0.0.1:8001-8003), 4 kvmock workers, HAProxy on :8000 if installed
+	./deploy/local/run.sh
+
+check: ## gofmt, go vet, and the import-direction rules
+	@out=$$(gofmt -l router fsm cluster eventbus api cmd engine chaos 2>/dev/null); \
+		if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	@./.ci/check-imports
+
+chaos: build ## fault-injection suite: make chaos SCENARIOS=T1,T4 DURATION=60s
+	./chaos/run.sh "$(SCENARIOS)" "$(DURATION)"
+
+fuzz: ## run every fuzz target for FUZZTIME each (default 10s)
+	./.ci/fuzz-all $${FUZZTIME:-10s}
+
+clean: ## remove build output
+	rm -rf $(BIN) chaos/out

@@ -1,0 +1,169 @@
+package tokenize
+
+import (
+	"hash/fnv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// The builtin tokenizer needs no files, so kvmock and the router agree on
+// ids out of the box (tests, demos, a router in front of mock workers). It is
+// not a real language-model tokenizer; what matters is that it is
+// deterministic across processes, versions and machines, so its ids and
+// layout below are a compatibility contract: changing them changes every
+// block hash kvmock reports.
+//
+// Id layout (BuiltinVocabSize ids):
+//
+//	0..2        special tokens <|endoftext|>, <|im_start|>, <|im_end|>
+//	3..255      reserved for future specials, never produced
+//	256..383    one ASCII character each (256 + byte); Encode produces them
+//	            for ASCII punctuation/symbols and for '\n'
+//	384..31999  words: FNV-1a 32 of the word's UTF-8, mod 31616, plus 384
+//
+// A word is a maximal run of runes that are neither whitespace nor
+// punctuation/symbols; non-ASCII punctuation and symbols are one-rune words.
+// Whitespace other than '\n' only separates words, so "a  b" and "a b" have
+// the same ids. '\n' is kept because it delimits chat turns.
+//
+// Hashes cannot be inverted, so Decode spells each word id as a
+// pronounceable "canonical" word (three consonant-vowel syllables, e.g.
+// "bakemo"), and Encode maps canonical words back to their id without
+// hashing. Hence Encode(Decode(ids)) == ids for any ids Encode can produce,
+// which lets kvmock feed generated text back into a multi-turn prompt and
+// get the same ids, as a real engine would.
+const (
+	BuiltinVocabSize = 32000
+
+	builtinASCIIBase = 256
+	builtinWordBase  = 384
+	builtinWordCount = BuiltinVocabSize - builtinWordBase
+)
+
+// builtinSpecials are the builtin special tokens, id = index. They use the
+// ChatML spellings so that ChatML-rendered prompts also work.
+var builtinSpecials = [...]string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+
+const (
+	syllableConsonants = "bdfgklmnprstvz"
+	syllableVowels     = "aeiou"
+	// syllables = len(syllableConsonants) * len(syllableVowels), untyped;
+	// 70^3 >= builtinWordCount, so three syllables spell every word id.
+	syllables = 70
+)
+
+type builtin struct {
+	specials *addedMatcher
+}
+
+// Builtin returns the zero-configuration tokenizer (see the id layout
+// above). It is stateless and safe for concurrent use.
+func Builtin() Tokenizer {
+	toks := make([]addedToken, len(builtinSpecials))
+	for i, s := range builtinSpecials {
+		toks[i] = addedToken{id: uint32(i), content: s}
+	}
+	return builtin{specials: newAddedMatcher(toks)}
+}
+
+func (builtin) Name() string { return "builtin" }
+
+func (t builtin) Encode(text string) []uint32 {
+	text = sanitizeUTF8(text)
+	var ids []uint32
+	for _, seg := range t.specials.split(nil, text) {
+		if seg.added {
+			ids = append(ids, seg.id)
+			continue
+		}
+		s := seg.text
+		for len(s) > 0 {
+			r, w := utf8.DecodeRuneInString(s)
+			switch {
+			case r == '\n':
+				ids = append(ids, builtinASCIIBase+'\n')
+			case unicode.IsSpace(r):
+			case unicode.IsPunct(r) || unicode.IsSymbol(r):
+				if r < utf8.RuneSelf {
+					ids = append(ids, builtinASCIIBase+uint32(r))
+				} else {
+					ids = append(ids, builtinWordID(s[:w]))
+				}
+			default:
+				w = 0
+				for w < len(s) {
+					r, rw := utf8.DecodeRuneInString(s[w:])
+					if unicode.IsSpace(r) || unicode.IsPunct(r) || unicode.IsSymbol(r) {
+						break
+					}
+					w += rw
+				}
+				ids = append(ids, builtinWordID(s[:w]))
+			}
+			s = s[w:]
+		}
+	}
+	return ids
+}
+
+// builtinWordID maps a word to its id: canonical spellings decode directly,
+// anything else is hashed.
+func builtinWordID(word string) uint32 {
+	if idx, ok := parseCanonical(word); ok {
+		return builtinWordBase + idx
+	}
+	h := fnv.New32a()
+	h.Write([]byte(word))
+	return builtinWordBase + h.Sum32()%builtinWordCount
+}
+
+// canonicalWord spells word index idx (0 <= idx < builtinWordCount).
+func canonicalWord(idx uint32) string {
+	var b [6]byte
+	for i := 2; i >= 0; i-- {
+		syl := idx % syllables
+		idx /= syllables
+		b[2*i] = syllableConsonants[syl/uint32(len(syllableVowels))]
+		b[2*i+1] = syllableVowels[syl%uint32(len(syllableVowels))]
+	}
+	return string(b[:])
+}
+
+func parseCanonical(word string) (uint32, bool) {
+	if len(word) != 6 {
+		return 0, false
+	}
+	var idx uint32
+	for i := 0; i < 6; i += 2 {
+		c := strings.IndexByte(syllableConsonants, word[i])
+		v := strings.IndexByte(syllableVowels, word[i+1])
+		if c < 0 || v < 0 {
+			return 0, false
+		}
+		idx = idx*syllables + uint32(c*len(syllableVowels)+v)
+	}
+	return idx, idx < builtinWordCount
+}
+
+// Decode renders specials and ASCII ids as themselves and word ids as their
+// canonical spelling, with a space before each word unless it starts the
+// text or a line. Reserved and out-of-range ids are skipped.
+func (builtin) Decode(ids []uint32) string {
+	var b strings.Builder
+	for _, id := range ids {
+		switch {
+		case int(id) < len(builtinSpecials):
+			b.WriteString(builtinSpecials[id])
+		case id < builtinASCIIBase:
+		case id < builtinWordBase:
+			b.WriteByte(byte(id - builtinASCIIBase))
+		case id < BuiltinVocabSize:
+			if s := b.String(); s != "" && s[len(s)-1] != '\n' {
+				b.WriteByte(' ')
+			}
+			b.WriteString(canonicalWord(id - builtinWordBase))
+		}
+	}
+	return b.String()
+}

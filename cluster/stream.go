@@ -1,0 +1,56 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// streamLayer is raft.StreamLayer over TCP with a pluggable dialer. It speaks
+// exactly what raft.NewTCPTransport speaks; it exists so Config.Dial (the
+// test harness's link switch) also governs Raft connections.
+type streamLayer struct {
+	ln        net.Listener
+	advertise net.Addr
+	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return s.dial(ctx, "tcp", string(address))
+}
+
+func (s *streamLayer) Accept() (net.Conn, error) { return s.ln.Accept() }
+func (s *streamLayer) Close() error              { return s.ln.Close() }
+func (s *streamLayer) Addr() net.Addr            { return s.advertise }
+
+// newTransport builds the Raft network transport: raft.NewTCPTransport's
+// stream layer when no dial hook is configured, ours otherwise.
+func newTransport(cfg *Config, logger *hclogAdapter) (*raft.NetworkTransport, error) {
+	adv, err := net.ResolveTCPAddr("tcp", cfg.AdvertiseAddr)
+	if err != nil {
+		return nil, fmt.Errorf("resolve advertise address %q: %w", cfg.AdvertiseAddr, err)
+	}
+	tc := &raft.NetworkTransportConfig{
+		MaxPool: 3,
+		Timeout: cfg.TransportTimeout,
+		Logger:  logger.Named("transport"),
+	}
+	if cfg.Dial == nil {
+		t, err := raft.NewTCPTransportWithConfig(cfg.RaftAddr, adv, tc)
+		if err != nil {
+			return nil, fmt.Errorf("raft transport on %s: %w", cfg.RaftAddr, err)
+		}
+		return t, nil
+	}
+	ln, err := net.Listen("tcp", cfg.RaftAddr)
+	if err != nil {
+		return nil, fmt.Errorf("raft transport on %s: %w", cfg.RaftAddr, err)
+	}
+	tc.Stream = &streamLayer{ln: ln, advertise: adv, dial: cfg.Dial}
+	return raft.NewNetworkTransportWithConfig(tc), nil
+}

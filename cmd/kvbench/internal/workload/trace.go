@@ -1,0 +1,248 @@
+package workload
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// TraceBlockTokens is the Mooncake traces' hash-id granularity.
+const TraceBlockTokens = 512
+
+// Limits on one trace row. They keep a corrupt or hostile line from asking
+// for absurd amounts of memory or overflowing virtual time.
+const (
+	MaxTraceTokens      = 1 << 24 // input or output tokens of one request
+	MaxTraceTimestampMs = 1e12    // about 31 years
+)
+
+// TraceRow is one parsed line of a Mooncake trace.
+type TraceRow struct {
+	TimestampMs  float64
+	InputLength  int
+	OutputLength int
+	HashIDs      []uint64
+	// SessionID is the row's session_id (a string, or an integer spelled
+	// in decimal); HasSession says whether the row had one.
+	SessionID  string
+	HasSession bool
+}
+
+// ErrTraceLine marks a malformed trace line.
+var ErrTraceLine = errors.New("malformed trace line")
+
+type rawRow struct {
+	Timestamp    *float64        `json:"timestamp"`
+	InputLength  *int64          `json:"input_length"`
+	OutputLength *int64          `json:"output_length"`
+	HashIDs      *[]uint64       `json:"hash_ids"`
+	SessionID    json.RawMessage `json:"session_id"`
+}
+
+// ParseTraceLine parses and checks one JSON line of a Mooncake trace:
+// timestamp (ms, ≥ 0), input_length (≥ 1), output_length (≥ 0), hash_ids
+// (one per 512 tokens of input, the last one partial) and an optional
+// session_id (string or integer). Unknown fields are ignored.
+func ParseTraceLine(line []byte) (TraceRow, error) {
+	var raw rawRow
+	if err := json.Unmarshal(line, &raw); err != nil {
+		return TraceRow{}, fmt.Errorf("%w: %v", ErrTraceLine, err)
+	}
+	var row TraceRow
+	switch {
+	case raw.Timestamp == nil:
+		return row, fmt.Errorf("%w: missing timestamp", ErrTraceLine)
+	case raw.InputLength == nil:
+		return row, fmt.Errorf("%w: missing input_length", ErrTraceLine)
+	case raw.OutputLength == nil:
+		return row, fmt.Errorf("%w: missing output_length", ErrTraceLine)
+	case raw.HashIDs == nil:
+		return row, fmt.Errorf("%w: missing hash_ids", ErrTraceLine)
+	}
+	ts, in, out := *raw.Timestamp, *raw.InputLength, *raw.OutputLength
+	switch {
+	case math.IsNaN(ts) || ts < 0 || ts > MaxTraceTimestampMs:
+		return row, fmt.Errorf("%w: timestamp %v outside [0, %g] ms", ErrTraceLine, ts, MaxTraceTimestampMs)
+	case in < 1 || in > MaxTraceTokens:
+		return row, fmt.Errorf("%w: input_length %d outside [1, %d]", ErrTraceLine, in, MaxTraceTokens)
+	case out < 0 || out > MaxTraceTokens:
+		return row, fmt.Errorf("%w: output_length %d outside [0, %d]", ErrTraceLine, out, MaxTraceTokens)
+	}
+	ids := *raw.HashIDs
+	if want := (in + TraceBlockTokens - 1) / TraceBlockTokens; int64(len(ids)) != want {
+		return row, fmt.Errorf("%w: %d hash_ids for input_length %d (want %d, one per %d tokens)",
+			ErrTraceLine, len(ids), in, want, TraceBlockTokens)
+	}
+	row = TraceRow{TimestampMs: ts, InputLength: int(in), OutputLength: int(out), HashIDs: ids}
+	if s := bytes.TrimSpace(raw.SessionID); len(s) > 0 && !bytes.Equal(s, []byte("null")) {
+		id, err := parseSessionID(s)
+		if err != nil {
+			return TraceRow{}, err
+		}
+		row.SessionID, row.HasSession = id, true
+	}
+	return row, nil
+}
+
+func parseSessionID(s []byte) (string, error) {
+	if s[0] == '"' {
+		var id string
+		if err := json.Unmarshal(s, &id); err != nil {
+			return "", fmt.Errorf("%w: session_id: %v", ErrTraceLine, err)
+		}
+		return id, nil
+	}
+	if n, err := strconv.ParseInt(string(s), 10, 64); err == nil {
+		return strconv.FormatInt(n, 10), nil
+	}
+	return "", fmt.Errorf("%w: session_id %s is neither a string nor an integer", ErrTraceLine, s)
+}
+
+// TraceSpec says how to replay a trace file.
+type TraceSpec struct {
+	Path        string
+	Speedup     float64 // arrival times are divided by it
+	MaxRequests int     // 0 = all rows
+	BlockSize   int
+}
+
+// LoadTrace reads a Mooncake trace. A malformed line is an error naming
+// file:line. Requests are ordered by arrival (file order among equal
+// timestamps); a session's turns keep their file order.
+func LoadTrace(s TraceSpec) (*Workload, error) {
+	if s.BlockSize <= 0 {
+		return nil, fmt.Errorf("block size %d: %w", s.BlockSize, ErrSpec)
+	}
+	if !(s.Speedup > 0) || math.IsInf(s.Speedup, 0) {
+		return nil, fmt.Errorf("speedup %v must be a positive number: %w", s.Speedup, ErrSpec)
+	}
+	f, err := os.Open(s.Path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	rows, err := ReadTrace(f, s.Path, s.MaxRequests)
+	if err != nil {
+		return nil, err
+	}
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("%s: no requests: %w", s.Path, ErrSpec)
+	}
+	return fromRows(rows, s, filepath.Base(s.Path)), nil
+}
+
+// ReadTrace parses up to max rows (0 = all) from r; name is used in errors
+// ("name:line: …"). Blank lines are skipped.
+func ReadTrace(r io.Reader, name string, max int) ([]TraceRow, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 1<<16), 64<<20)
+	var rows []TraceRow
+	for n := 1; sc.Scan(); n++ {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		row, err := ParseTraceLine(line)
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", name, n, err)
+		}
+		rows = append(rows, row)
+		if max > 0 && len(rows) == max {
+			return rows, nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return rows, nil
+}
+
+func fromRows(rows []TraceRow, s TraceSpec, name string) *Workload {
+	order := make([]int, len(rows))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		switch ta, tb := rows[a].TimestampMs, rows[b].TimestampMs; {
+		case ta < tb:
+			return -1
+		case ta > tb:
+			return 1
+		}
+		return 0
+	})
+	w := &Workload{
+		Kind:      Trace,
+		Name:      name,
+		BlockSize: s.BlockSize,
+		Requests:  make([]Request, len(rows)),
+		hashIDs:   make([][]uint64, len(rows)),
+	}
+	sessions := map[string]int{}
+	for i, j := range order {
+		row := rows[j]
+		sess := NoSession
+		if row.HasSession {
+			k, ok := sessions[row.SessionID]
+			if !ok {
+				k = len(w.Sessions)
+				sessions[row.SessionID] = k
+				w.Sessions = append(w.Sessions, nil)
+			}
+			w.Sessions[k] = append(w.Sessions[k], i)
+			sess = k
+		}
+		w.hashIDs[i] = row.HashIDs
+		w.Requests[i] = Request{
+			ID:           fmt.Sprintf("t%d", i),
+			PromptTokens: row.InputLength,
+			OutputTokens: max(row.OutputLength, 1), // an engine emits at least one token
+			At:           time.Duration(row.TimestampMs / s.Speedup * float64(time.Millisecond)),
+			Session:      sess,
+			HitTokens:    s.BlockSize,
+			Prefix:       -1,
+		}
+	}
+	w.hashAll()
+	return w
+}
+
+// traceTokens appends the prompt of a trace row: each hash id becomes the
+// same 512 pseudo-random tokens wherever it appears, the last id truncated to
+// the input length.
+func traceTokens(ids []uint64, inputLen int, dst []uint32) []uint32 {
+	for i, id := range ids {
+		n := min(TraceBlockTokens, inputLen-i*TraceBlockTokens)
+		dst = blockTokens(id, n, dst)
+	}
+	return dst
+}
+
+// blockTokens appends the first n tokens of hash id's block: a splitmix64
+// stream keyed by the id.
+func blockTokens(id uint64, n int, dst []uint32) []uint32 {
+	// Start each id's stream at a scrambled point so neighbouring ids do not
+	// yield shifted copies of one stream.
+	s := mix64(id ^ 0x6b76726f75746572)
+	for range n {
+		s += 0x9e3779b97f4a7c15
+		dst = append(dst, uint32(mix64(s)%Vocab))
+	}
+	return dst
+}
+
+// mix64 is splitmix64's output function (a bijection).
+func mix64(z uint64) uint64 {
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
+}

@@ -1,0 +1,221 @@
+// Package workload builds the request sequences kvbench replays: synthetic
+// shared-prefix workloads (seed 002) and Mooncake traces. A workload is
+// generated once and then replayed unchanged by every policy, so policies
+// are compared on identical requests; every request's block hashes are
+// computed here, once, with the router's own hashing.
+package workload
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// Vocab is the size of the token-id space random tokens are drawn from
+// (Qwen3's vocabulary, the model of the seeds).
+const Vocab = 151936
+
+// Kind says how a workload's requests arrive.
+type Kind int
+
+// Workload kinds.
+const (
+	// Synthetic: a closed loop of Concurrency clients; request i is the i-th
+	// request sent, whichever client sends it.
+	Synthetic Kind = iota
+	// Trace: open loop at each request's At, except rows of a session, which
+	// wait for the previous turn of their session to finish.
+	Trace
+)
+
+func (k Kind) String() string {
+	if k == Trace {
+		return "trace"
+	}
+	return "synthetic"
+}
+
+// NoSession marks a request that belongs to no session.
+const NoSession = -1
+
+// Request is one request of a workload.
+type Request struct {
+	ID           string
+	PromptTokens int
+	OutputTokens int
+	// Hashes are the router's sequence hashes of the prompt's full blocks.
+	Hashes []uint64
+	// At is the open-loop arrival time (traces); zero for closed loops.
+	At time.Duration
+	// Session is an index into Workload.Sessions, or NoSession.
+	Session int
+	// HitTokens is how many cached prompt tokens make this request a hit:
+	// half its shared prefix (synthetic) or one block (traces).
+	HitTokens int
+	// Prefix is the synthetic prefix the request starts with (-1 for traces).
+	Prefix int
+	// SharedTokens is the length of the prefix shared with other requests
+	// (synthetic only).
+	SharedTokens int
+}
+
+// Workload is an immutable request sequence. It is safe to replay it from
+// several goroutines at once.
+type Workload struct {
+	Kind        Kind
+	Name        string
+	BlockSize   int
+	Seed        uint64
+	Concurrency int // closed-loop clients (synthetic)
+	Requests    []Request
+	// Sessions lists, per session, the indices of its turns in order.
+	Sessions [][]int
+
+	// token sources: synthetic prefixes and tails, or trace hash ids.
+	prefixes [][]uint32
+	tails    [][]uint32
+	hashIDs  [][]uint64
+}
+
+// ErrSpec marks an impossible workload specification.
+var ErrSpec = errors.New("invalid workload")
+
+// SyntheticSpec describes seed 002's workload: K prefixes of P random tokens,
+// each request one of them (uniformly at random) plus T fresh random tokens.
+type SyntheticSpec struct {
+	Prefixes     int
+	PrefixTokens int
+	TailTokens   int
+	OutputTokens int
+	Requests     int
+	Concurrency  int
+	BlockSize    int
+	Seed         uint64
+}
+
+// NewSynthetic generates the workload of spec. The same spec gives the same
+// requests, token for token.
+func NewSynthetic(s SyntheticSpec) (*Workload, error) {
+	switch {
+	case s.Prefixes <= 0:
+		return nil, fmt.Errorf("%d prefixes: need at least one: %w", s.Prefixes, ErrSpec)
+	case s.PrefixTokens < 0 || s.TailTokens < 0:
+		return nil, fmt.Errorf("negative prefix or tail tokens: %w", ErrSpec)
+	case s.PrefixTokens+s.TailTokens == 0:
+		return nil, fmt.Errorf("empty prompts (prefix and tail tokens both 0): %w", ErrSpec)
+	case s.OutputTokens <= 0:
+		return nil, fmt.Errorf("%d output tokens: need at least one: %w", s.OutputTokens, ErrSpec)
+	case s.Requests <= 0:
+		return nil, fmt.Errorf("%d requests: need at least one: %w", s.Requests, ErrSpec)
+	case s.Concurrency <= 0:
+		return nil, fmt.Errorf("concurrency %d: need at least one client: %w", s.Concurrency, ErrSpec)
+	case s.BlockSize <= 0:
+		return nil, fmt.Errorf("block size %d: %w", s.BlockSize, ErrSpec)
+	}
+	w := &Workload{
+		Kind:        Synthetic,
+		Name:        fmt.Sprintf("synthetic prefixes=%d prefix_tokens=%d tail_tokens=%d", s.Prefixes, s.PrefixTokens, s.TailTokens),
+		BlockSize:   s.BlockSize,
+		Seed:        s.Seed,
+		Concurrency: s.Concurrency,
+		Requests:    make([]Request, s.Requests),
+		prefixes:    make([][]uint32, s.Prefixes),
+		tails:       make([][]uint32, s.Requests),
+	}
+	// Separate streams: the prefixes do not change with the request count,
+	// and the draws do not change with the token lengths.
+	prefixRng := rand.New(rand.NewPCG(s.Seed, 0x7072656669786573))
+	drawRng := rand.New(rand.NewPCG(s.Seed, 0x6472617773))
+	tailRng := rand.New(rand.NewPCG(s.Seed, 0x7461696c73))
+	for k := range w.prefixes {
+		w.prefixes[k] = randomTokens(prefixRng, s.PrefixTokens)
+	}
+	for i := range w.Requests {
+		k := drawRng.IntN(s.Prefixes)
+		w.tails[i] = randomTokens(tailRng, s.TailTokens)
+		w.Requests[i] = Request{
+			ID:           fmt.Sprintf("r%d", i),
+			PromptTokens: s.PrefixTokens + s.TailTokens,
+			OutputTokens: s.OutputTokens,
+			Session:      NoSession,
+			// "covers at least half of the shared prefix"; a prefix-less
+			// workload counts any cached block.
+			HitTokens:    max((s.PrefixTokens+1)/2, 1),
+			Prefix:       k,
+			SharedTokens: s.PrefixTokens,
+		}
+	}
+	w.hashAll()
+	return w, nil
+}
+
+func randomTokens(rng *rand.Rand, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = uint32(rng.IntN(Vocab))
+	}
+	return t
+}
+
+// Tokens appends request i's prompt token ids to dst[:0] and returns it.
+// Traces store hash ids, not tokens, so prompts are materialised on demand.
+func (w *Workload) Tokens(i int, dst []uint32) []uint32 {
+	dst = dst[:0]
+	switch w.Kind {
+	case Synthetic:
+		dst = append(dst, w.prefixes[w.Requests[i].Prefix]...)
+		dst = append(dst, w.tails[i]...)
+	case Trace:
+		dst = traceTokens(w.hashIDs[i], w.Requests[i].PromptTokens, dst)
+	}
+	return dst
+}
+
+// hashAll computes every request's sequence hashes with the router's hashing,
+// in parallel, into one backing array.
+func (w *Workload) hashAll() {
+	total := 0
+	for _, r := range w.Requests {
+		total += r.PromptTokens / w.BlockSize
+	}
+	backing := make([]uint64, total)
+	off := 0
+	for i := range w.Requests {
+		n := w.Requests[i].PromptTokens / w.BlockSize
+		w.Requests[i].Hashes = backing[off : off+n : off+n]
+		off += n
+	}
+	workers := min(runtime.GOMAXPROCS(0), max(len(w.Requests)/64, 1))
+	var wg sync.WaitGroup
+	next := make(chan int, workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var buf []uint32
+			for i := range next {
+				buf = w.Tokens(i, buf)
+				copy(w.Requests[i].Hashes, router.SequenceHashes(buf, w.BlockSize, ""))
+			}
+		}()
+	}
+	for i := range w.Requests {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}
+
+// PromptTokens is the sum of every request's prompt length.
+func (w *Workload) PromptTokens() int64 {
+	var n int64
+	for _, r := range w.Requests {
+		n += int64(r.PromptTokens)
+	}
+	return n
+}

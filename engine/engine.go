@@ -1,0 +1,764 @@
+// Package engine is a deterministic, virtual-time model of one vLLM worker:
+// a paged KV cache with prefix caching and LRU eviction, vLLM v1's scheduler
+// (max running sequences, a per-step token budget, chunked prefill, FCFS
+// waiting queue, newest-first preemption) and a step-time model (Dynamo's
+// mocker). It emits the KV events a real worker publishes, in our router's
+// types, and reports cached tokens per request the way vLLM's usage does.
+//
+// Time is whatever the caller says it is: there are no goroutines and no
+// clock. A driver submits requests at virtual times, asks NextEventTime for
+// the end of the running step and calls Advance to collect outputs. Same
+// inputs in the same order give the same outputs and events. An Engine is not
+// safe for concurrent use.
+//
+// See DESIGN.md in this directory for the model and how it differs from vLLM.
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// Errors. Callers use errors.Is.
+var (
+	ErrConfig    = errors.New("invalid engine config")
+	ErrRequest   = errors.New("invalid request")
+	ErrDuplicate = errors.New("request id already in flight")
+	ErrTime      = errors.New("virtual time went backwards")
+	ErrBusy      = errors.New("running requests hold KV blocks")
+)
+
+// Defaults (vLLM's).
+const (
+	DefaultMaxRunning       = 256
+	DefaultMaxBatchedTokens = 8192
+)
+
+// Config describes one engine.
+type Config struct {
+	BlockSize        int // tokens per KV block (> 0)
+	CapacityBlocks   int // KV blocks (> 0)
+	MaxRunning       int // max running sequences; 0 = 256
+	MaxBatchedTokens int // token budget per step; 0 = 8,192
+	// MaxModelLen caps prompt + output tokens of one request; 0 = the whole
+	// cache (CapacityBlocks·BlockSize). Larger than the cache is an error:
+	// such a request could never run.
+	MaxModelLen int
+	Profile     string  // timing profile name; "" = dynamo-mocker
+	Speedup     float64 // divides every step time; 0 = 1
+	// EngineHashSeed: 0 = the engine names blocks by our content hash;
+	// otherwise by a seeded bijection of it (a different, opaque hash, as a
+	// real engine's would be).
+	EngineHashSeed uint64
+	// EventIDBase: the first event gets id EventIDBase+1 (lets a restarted
+	// worker continue its id sequence).
+	EventIDBase uint64
+}
+
+// Request is one generation request.
+type Request struct {
+	ID     string
+	Tokens []uint32
+	// NumTokens is the prompt length when Tokens is nil (then BlockHashes
+	// must describe its full blocks). Ignored when Tokens is set.
+	NumTokens int
+	// BlockHashes are the prompt's full-block sequence (content) hashes,
+	// router.SequenceHashes(Tokens, BlockSize, LoRA); computed when nil.
+	BlockHashes  []uint64
+	OutputTokens int // tokens to generate; 0 counts as 1
+	LoRA         string
+}
+
+// OutputKind says what happened to a request.
+type OutputKind uint8
+
+// Output kinds.
+const (
+	FirstToken OutputKind = iota + 1 // prefill done, first token sampled
+	Finished                         // last token sampled, blocks freed
+	Preempted                        // evicted from the running set, requeued for recompute
+)
+
+func (k OutputKind) String() string {
+	switch k {
+	case FirstToken:
+		return "first-token"
+	case Finished:
+		return "finished"
+	case Preempted:
+		return "preempted"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Output is one request milestone.
+type Output struct {
+	RequestID string
+	Kind      OutputKind
+	At        time.Duration
+	// CachedTokens is the prefix-cache hit when the request was first
+	// scheduled (vLLM's usage.prompt_tokens_details.cached_tokens); 0 in a
+	// Preempted output of a request that never ran.
+	CachedTokens int
+	PromptTokens int
+	OutputTokens int // tokens generated so far
+}
+
+// Event is one KV event with its per-engine id (monotonic, no gaps).
+type Event struct {
+	ID uint64
+	At time.Duration
+	KV router.KVEvent
+}
+
+// Stats is a snapshot of the engine.
+type Stats struct {
+	Now                                                     time.Duration
+	Running, Waiting                                        int
+	CapacityBlocks, UsedBlocks, FreeBlocks, CachedBlocks    int
+	Fill                                                    float64 // UsedBlocks / CapacityBlocks
+	Submitted, Finished, Cancelled, Preemptions, Steps      uint64
+	PromptTokens, CachedTokens, PrefillTokens, OutputTokens uint64
+	StoredBlocks, EvictedBlocks, Events                     uint64
+	BusyTime                                                time.Duration
+}
+
+type seqState uint8
+
+const (
+	stWaiting seqState = iota
+	stRunning
+	stDone
+)
+
+// seq is one request inside the engine.
+type seq struct {
+	id        string
+	serial    uint64
+	promptLen int
+	target    int
+	hashes    []uint64 // full-block content hashes known so far: prompt, then output blocks
+	generated int      // tokens sampled so far
+	computed  int      // tokens whose KV is computed (vLLM num_computed_tokens)
+	blocks    []int32
+	nStored   int // blocks[:nStored] are cached under hashes[:nStored]
+	inDecode  bool
+	cached    int // cached tokens at first schedule
+	scheduled bool
+	cancelled bool
+	state     seqState
+}
+
+func (s *seq) numTokens() int { return s.promptLen + s.generated }
+
+type work struct {
+	s      *seq
+	n      int
+	decode bool
+}
+
+// Engine is one simulated worker.
+type Engine struct {
+	id   string
+	cfg  Config
+	prof Profile
+	pool *pool
+	salt uint64
+
+	now      time.Duration
+	pending  bool // a step is due to start at startAt
+	startAt  time.Duration
+	inflight bool // a step runs until stepEnd
+	stepEnd  time.Duration
+	batch    []work
+
+	running []*seq
+	waiting []*seq
+	byID    map[string]*seq
+	serial  uint64
+
+	outputs   []Output
+	events    []Event
+	nextEvent uint64
+	hitBuf    []int32
+	st        Stats
+}
+
+// New validates cfg and returns an idle engine with an empty cache.
+func New(id string, cfg Config) (*Engine, error) {
+	if cfg.BlockSize <= 0 {
+		return nil, fmt.Errorf("engine %s: block size %d: %w", id, cfg.BlockSize, ErrConfig)
+	}
+	if cfg.CapacityBlocks <= 0 {
+		return nil, fmt.Errorf("engine %s: capacity %d blocks: %w", id, cfg.CapacityBlocks, ErrConfig)
+	}
+	if cfg.CapacityBlocks > math.MaxInt32-1 {
+		return nil, fmt.Errorf("engine %s: capacity %d blocks is too large: %w", id, cfg.CapacityBlocks, ErrConfig)
+	}
+	if cfg.MaxRunning == 0 {
+		cfg.MaxRunning = DefaultMaxRunning
+	}
+	if cfg.MaxRunning < 0 {
+		return nil, fmt.Errorf("engine %s: max running %d: %w", id, cfg.MaxRunning, ErrConfig)
+	}
+	if cfg.MaxBatchedTokens == 0 {
+		cfg.MaxBatchedTokens = DefaultMaxBatchedTokens
+	}
+	if cfg.MaxBatchedTokens < 0 {
+		return nil, fmt.Errorf("engine %s: max batched tokens %d: %w", id, cfg.MaxBatchedTokens, ErrConfig)
+	}
+	capTokens := cfg.CapacityBlocks * cfg.BlockSize
+	if cfg.MaxModelLen == 0 {
+		cfg.MaxModelLen = capTokens
+	}
+	if cfg.MaxModelLen < 0 || cfg.MaxModelLen > capTokens {
+		return nil, fmt.Errorf("engine %s: max model len %d tokens, KV cache holds %d (%d blocks of %d): %w",
+			id, cfg.MaxModelLen, capTokens, cfg.CapacityBlocks, cfg.BlockSize, ErrConfig)
+	}
+	if cfg.Speedup == 0 {
+		cfg.Speedup = 1
+	}
+	if !(cfg.Speedup > 0) || math.IsInf(cfg.Speedup, 0) {
+		return nil, fmt.Errorf("engine %s: speedup %v: %w", id, cfg.Speedup, ErrConfig)
+	}
+	prof, err := LookupProfile(cfg.Profile)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Profile = prof.Name
+	e := &Engine{
+		id:        id,
+		cfg:       cfg,
+		prof:      prof,
+		pool:      newPool(cfg.CapacityBlocks),
+		salt:      mix64(fnv64(id) ^ 0x6b766d6f636b2121),
+		byID:      make(map[string]*seq),
+		nextEvent: cfg.EventIDBase,
+	}
+	return e, nil
+}
+
+// ID returns the engine's id.
+func (e *Engine) ID() string { return e.id }
+
+// Config returns the configuration with defaults filled in.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Profile returns the timing profile.
+func (e *Engine) Profile() Profile { return e.prof }
+
+// EngineHash is the engine's name for a block of content hash h.
+func (e *Engine) EngineHash(h uint64) uint64 {
+	if e.cfg.EngineHashSeed == 0 {
+		return h
+	}
+	return mix64(h ^ e.cfg.EngineHashSeed)
+}
+
+// Submit queues r at virtual time now (FCFS). It first runs every step that
+// completes before now; their outputs wait for the next Advance.
+func (e *Engine) Submit(now time.Duration, r Request) error {
+	if now < e.now {
+		return fmt.Errorf("engine %s: submit %s at %v, engine is at %v: %w", e.id, r.ID, now, e.now, ErrTime)
+	}
+	bs := e.cfg.BlockSize
+	promptLen := len(r.Tokens)
+	if r.Tokens == nil {
+		promptLen = r.NumTokens
+	}
+	if promptLen <= 0 {
+		return fmt.Errorf("engine %s: request %s: empty prompt: %w", e.id, r.ID, ErrRequest)
+	}
+	target := r.OutputTokens
+	if target < 0 {
+		return fmt.Errorf("engine %s: request %s: %d output tokens: %w", e.id, r.ID, target, ErrRequest)
+	}
+	if target == 0 {
+		target = 1
+	}
+	if promptLen+target > e.cfg.MaxModelLen {
+		return fmt.Errorf("engine %s: request %s: %d prompt + %d output tokens exceed max model len %d: %w",
+			e.id, r.ID, promptLen, target, e.cfg.MaxModelLen, ErrRequest)
+	}
+	hashes := r.BlockHashes
+	switch {
+	case hashes != nil:
+		if len(hashes) != promptLen/bs {
+			return fmt.Errorf("engine %s: request %s: %d block hashes for %d tokens of block size %d: %w",
+				e.id, r.ID, len(hashes), promptLen, bs, ErrRequest)
+		}
+		hashes = slices.Clone(hashes)
+	case r.Tokens != nil:
+		hashes = router.SequenceHashes(r.Tokens, bs, r.LoRA)
+	case promptLen >= bs:
+		return fmt.Errorf("engine %s: request %s: neither tokens nor block hashes: %w", e.id, r.ID, ErrRequest)
+	}
+	if _, ok := e.byID[r.ID]; ok {
+		return fmt.Errorf("engine %s: request %s: %w", e.id, r.ID, ErrDuplicate)
+	}
+	e.advanceTo(now)
+	e.serial++
+	s := &seq{
+		id:        r.ID,
+		serial:    e.serial,
+		promptLen: promptLen,
+		target:    target,
+		hashes:    hashes,
+		state:     stWaiting,
+	}
+	e.byID[r.ID] = s
+	e.waiting = append(e.waiting, s)
+	e.st.Submitted++
+	if !e.pending && !e.inflight {
+		e.pending, e.startAt = true, now
+	}
+	return nil
+}
+
+// NextEventTime returns when the running step completes (starting a step
+// that is due, which may emit KV events); false when the engine is idle.
+func (e *Engine) NextEventTime() (time.Duration, bool) {
+	if e.pending {
+		e.startStep(e.startAt)
+	}
+	if e.inflight {
+		return e.stepEnd, true
+	}
+	return 0, false
+}
+
+// Advance runs every step that completes at or before now and returns the
+// outputs produced since the last call, in order. A step due to start at
+// exactly now is left to start later, so that requests submitted at now
+// join it.
+func (e *Engine) Advance(now time.Duration) []Output {
+	e.advanceTo(now)
+	out := e.outputs
+	e.outputs = nil
+	return out
+}
+
+// DrainEvents returns the KV events produced since the last call, in order.
+func (e *Engine) DrainEvents() []Event {
+	out := e.events
+	e.events = nil
+	return out
+}
+
+// Cancel aborts request id at virtual time now: a waiting request leaves the
+// queue; a running one frees its blocks at the end of the current step (at
+// once when no step runs) and produces no more outputs. False when id is not
+// in flight.
+func (e *Engine) Cancel(now time.Duration, id string) bool {
+	e.advanceTo(now)
+	s, ok := e.byID[id]
+	if !ok {
+		return false
+	}
+	switch {
+	case s.state == stWaiting:
+		i := slices.Index(e.waiting, s)
+		e.waiting = slices.Delete(e.waiting, i, i+1)
+		e.done(s)
+		e.st.Cancelled++
+	case !e.inflight:
+		s.cancelled = true
+		e.reapCancelled()
+	default:
+		s.cancelled = true
+	}
+	if len(e.running)+len(e.waiting) == 0 {
+		e.pending = false
+	}
+	return true
+}
+
+// Clear drops every cached block and emits a cleared event, like vLLM's
+// reset_prefix_cache. As there, it fails (ErrBusy) while running requests
+// hold blocks.
+func (e *Engine) Clear(now time.Duration) error {
+	e.advanceTo(now)
+	if u := e.pool.used(); u > 0 {
+		return fmt.Errorf("engine %s: clear: %d blocks in use: %w", e.id, u, ErrBusy)
+	}
+	for b := range int32(e.pool.capacity()) {
+		if e.pool.blocks[b].cached {
+			e.pool.uncache(b)
+		}
+	}
+	e.emit(e.now, router.KVEvent{Kind: router.EventCleared, BlockSize: e.cfg.BlockSize})
+	return nil
+}
+
+// CachedBlocks returns every block the cache holds (running requests' and
+// free ones), parents before children: the full state to republish on a
+// resync.
+func (e *Engine) CachedBlocks() []router.StoredBlock {
+	idx := make([]int32, 0, e.pool.ncached)
+	for b := range int32(e.pool.capacity()) {
+		if e.pool.blocks[b].cached {
+			idx = append(idx, b)
+		}
+	}
+	slices.SortFunc(idx, func(a, b int32) int {
+		if d := e.pool.blocks[a].depth - e.pool.blocks[b].depth; d != 0 {
+			return int(d)
+		}
+		return int(a - b)
+	})
+	out := make([]router.StoredBlock, len(idx))
+	for i, b := range idx {
+		out[i] = router.StoredBlock{EngineHash: e.pool.blocks[b].ehash, ContentHash: e.pool.blocks[b].hash}
+	}
+	return out
+}
+
+// Stats returns a snapshot.
+func (e *Engine) Stats() Stats {
+	s := e.st
+	s.Now = e.now
+	s.Running = len(e.running)
+	s.Waiting = len(e.waiting)
+	s.CapacityBlocks = e.pool.capacity()
+	s.UsedBlocks = e.pool.used()
+	s.FreeBlocks = e.pool.nfree
+	s.CachedBlocks = e.pool.ncached
+	s.Fill = float64(s.UsedBlocks) / float64(s.CapacityBlocks)
+	return s
+}
+
+// advanceTo starts due steps and completes finished ones up to now.
+func (e *Engine) advanceTo(now time.Duration) {
+	for {
+		if e.pending && e.startAt < now {
+			e.startStep(e.startAt)
+			continue
+		}
+		if e.inflight && e.stepEnd <= now {
+			e.finishStep()
+			continue
+		}
+		break
+	}
+	if now > e.now {
+		e.now = now
+	}
+}
+
+// startStep schedules one step at t (vLLM's Scheduler.schedule) and sets
+// its completion time.
+func (e *Engine) startStep(t time.Duration) {
+	e.pending = false
+	if !e.schedule(t) && len(e.batch) == 0 {
+		// Everything running was preempted: schedule again from the queue.
+		e.schedule(t)
+	}
+	if len(e.batch) == 0 {
+		return
+	}
+	prefill, decode := 0, 0
+	for _, w := range e.batch {
+		if w.decode {
+			decode++
+		} else {
+			prefill += w.n
+		}
+	}
+	fill := float64(e.pool.used()) / float64(e.pool.capacity())
+	d := msToDuration(e.prof.StepMs(prefill, decode, fill), e.cfg.Speedup)
+	e.inflight = true
+	e.stepEnd = t + d
+	e.st.Steps++
+	e.st.BusyTime += d
+	e.st.PrefillTokens += uint64(prefill)
+}
+
+// schedule fills e.batch; false when it preempted someone.
+func (e *Engine) schedule(t time.Duration) bool {
+	e.batch = e.batch[:0]
+	budget := e.cfg.MaxBatchedTokens
+	preempted := false
+	// Running requests first, in the order they started: decode tokens and
+	// the next chunks of partial prefills.
+	for i := 0; i < len(e.running) && budget > 0; i++ {
+		s := e.running[i]
+		n := min(s.numTokens()-s.computed, budget)
+		for !e.allocate(s, n, nil, t) {
+			victim := e.running[len(e.running)-1]
+			e.running = e.running[:len(e.running)-1]
+			e.preempt(victim, t)
+			preempted = true
+			if victim == s {
+				s = nil
+				break
+			}
+		}
+		if s == nil {
+			break
+		}
+		e.batch = append(e.batch, work{s: s, n: n, decode: s.inDecode})
+		budget -= n
+	}
+	if preempted {
+		return false
+	}
+	// Then waiting requests, FCFS, while they fit.
+	for len(e.waiting) > 0 && budget > 0 && len(e.running) < e.cfg.MaxRunning {
+		s := e.waiting[0]
+		hits := e.lookup(s)
+		n := min(s.numTokens()-len(hits)*e.cfg.BlockSize, budget)
+		if !e.allocate(s, n, hits, t) {
+			break
+		}
+		e.waiting[0] = nil
+		e.waiting = e.waiting[1:]
+		s.state = stRunning
+		e.running = append(e.running, s)
+		if !s.scheduled {
+			s.scheduled = true
+			s.cached = len(hits) * e.cfg.BlockSize
+			e.st.PromptTokens += uint64(s.promptLen)
+			e.st.CachedTokens += uint64(s.cached)
+		}
+		e.batch = append(e.batch, work{s: s, n: n})
+		budget -= n
+	}
+	return true
+}
+
+// lookup returns the blocks caching s's leading full blocks (vLLM's
+// get_computed_blocks): at most numTokens-1 tokens, so that at least one
+// token is computed.
+func (e *Engine) lookup(s *seq) []int32 {
+	maxHit := (s.numTokens() - 1) / e.cfg.BlockSize
+	hits := e.hitBuf[:0]
+	for i := range maxHit {
+		b, ok := e.pool.lookup(e.hashAt(s, i))
+		if !ok {
+			break
+		}
+		hits = append(hits, b)
+	}
+	e.hitBuf = hits
+	return hits
+}
+
+// allocate gives s the blocks for n more tokens (vLLM's allocate_slots).
+// hits is non-nil for a request leaving the waiting queue: its cached prefix.
+// The newly full blocks are cached at once, as vLLM does at schedule time.
+// False (and nothing changed) when the free queue is too short.
+func (e *Engine) allocate(s *seq, n int, hits []int32, t time.Duration) bool {
+	bs := e.cfg.BlockSize
+	base := s.computed
+	have := len(s.blocks)
+	fresh := s.state == stWaiting
+	if fresh {
+		base, have = len(hits)*bs, len(hits)
+	}
+	need := (base + n + bs - 1) / bs
+	toAlloc := max(0, need-have)
+	evictable := 0
+	for _, b := range hits {
+		if e.pool.blocks[b].ref == 0 {
+			evictable++
+		}
+	}
+	if toAlloc+evictable > e.pool.nfree {
+		return false
+	}
+	if fresh {
+		for _, b := range hits {
+			e.pool.touch(b)
+		}
+		s.blocks = append(s.blocks[:0], hits...)
+		s.computed, s.nStored = base, len(hits)
+	}
+	for range toAlloc {
+		s.blocks = append(s.blocks, e.pool.take())
+	}
+	if ev := e.pool.takeEvicted(); ev != nil {
+		e.st.EvictedBlocks += uint64(len(ev))
+		e.emit(t, router.KVEvent{Kind: router.EventRemoved, Removed: ev, BlockSize: bs})
+	}
+	e.cacheFull(s, (base+n)/bs, t)
+	return true
+}
+
+// cacheFull caches s's blocks up to full (exclusive) and emits their stored
+// event. A block whose content another block already caches is swapped for
+// that block (vLLM v0's dedup), so that every cached block has one name and
+// the chain parent of a stored block is always cached.
+func (e *Engine) cacheFull(s *seq, full int, t time.Duration) {
+	if s.nStored >= full {
+		return
+	}
+	var ev router.KVEvent
+	flush := func() {
+		if len(ev.Blocks) > 0 {
+			e.st.StoredBlocks += uint64(len(ev.Blocks))
+			e.emit(t, ev)
+		}
+		ev = router.KVEvent{}
+	}
+	for i := s.nStored; i < full; i++ {
+		h := e.hashAt(s, i)
+		b := s.blocks[i]
+		if len(ev.Blocks) == 0 {
+			ev.Kind, ev.BlockSize = router.EventStored, e.cfg.BlockSize
+			if i > 0 {
+				ev.HasParent, ev.Parent = true, e.pool.blocks[s.blocks[i-1]].ehash
+			}
+		}
+		if x, ok := e.pool.lookup(h); ok {
+			if x != b {
+				e.pool.touch(x)
+				s.blocks[i] = x
+				e.pool.blocks[b].ref--
+				e.pool.pushHead(b) // empty now: reuse it first
+			}
+			flush()
+			continue
+		}
+		eh := e.EngineHash(h)
+		e.pool.cache(b, h, eh, i)
+		ev.Blocks = append(ev.Blocks, router.StoredBlock{EngineHash: eh, ContentHash: h})
+	}
+	flush()
+	s.nStored = full
+}
+
+// hashAt returns the content hash of s's block i, extending the known
+// hashes past the prompt with unique output-block hashes (the model's output
+// tokens are not simulated; their blocks can only hit for s itself, after a
+// preemption). Block i must be full.
+func (e *Engine) hashAt(s *seq, i int) uint64 {
+	for len(s.hashes) <= i {
+		j := uint64(len(s.hashes))
+		var parent uint64
+		if j > 0 {
+			parent = s.hashes[j-1]
+		}
+		salt := mix64(e.salt ^ s.serial*0x9e3779b97f4a7c15 ^ (j+1)*0xc2b2ae3d27d4eb4f)
+		s.hashes = append(s.hashes, router.ChainHash(parent, salt))
+	}
+	return s.hashes[i]
+}
+
+// free releases s's blocks in reverse order, as vLLM does: the tail joins
+// the free queue first and so is evicted before the prefix.
+func (e *Engine) free(s *seq) {
+	for i := len(s.blocks) - 1; i >= 0; i-- {
+		e.pool.release(s.blocks[i])
+	}
+	s.blocks = s.blocks[:0]
+	s.computed, s.nStored, s.inDecode = 0, 0, false
+}
+
+// preempt frees s and puts it at the head of the waiting queue; it will be
+// recomputed (with whatever prefix is still cached).
+func (e *Engine) preempt(s *seq, t time.Duration) {
+	e.free(s)
+	s.state = stWaiting
+	e.waiting = slices.Insert(e.waiting, 0, s)
+	e.st.Preemptions++
+	e.outputs = append(e.outputs, Output{
+		RequestID: s.id, Kind: Preempted, At: t,
+		CachedTokens: s.cached, PromptTokens: s.promptLen, OutputTokens: s.generated,
+	})
+}
+
+// finishStep completes the running step (vLLM's update_from_output).
+func (e *Engine) finishStep() {
+	t := e.stepEnd
+	e.inflight = false
+	finished := false
+	for _, w := range e.batch {
+		s := w.s
+		if s.cancelled {
+			continue
+		}
+		s.computed += w.n
+		if s.computed < s.numTokens() {
+			continue // a prefill chunk
+		}
+		s.inDecode = true
+		s.generated++
+		e.st.OutputTokens++
+		if s.generated == 1 {
+			e.outputs = append(e.outputs, Output{
+				RequestID: s.id, Kind: FirstToken, At: t,
+				CachedTokens: s.cached, PromptTokens: s.promptLen, OutputTokens: 1,
+			})
+		}
+		if s.generated >= s.target {
+			e.free(s)
+			e.done(s)
+			e.st.Finished++
+			finished = true
+			e.outputs = append(e.outputs, Output{
+				RequestID: s.id, Kind: Finished, At: t,
+				CachedTokens: s.cached, PromptTokens: s.promptLen, OutputTokens: s.generated,
+			})
+		}
+	}
+	clear(e.batch)
+	e.batch = e.batch[:0]
+	if finished {
+		e.running = slices.DeleteFunc(e.running, func(s *seq) bool { return s.state == stDone })
+	}
+	e.reapCancelled()
+	if len(e.running)+len(e.waiting) > 0 {
+		e.pending, e.startAt = true, t
+	}
+}
+
+// reapCancelled frees cancelled running requests.
+func (e *Engine) reapCancelled() {
+	n := 0
+	for _, s := range e.running {
+		if s.cancelled {
+			e.free(s)
+			e.done(s)
+			e.st.Cancelled++
+			n++
+		}
+	}
+	if n > 0 {
+		e.running = slices.DeleteFunc(e.running, func(s *seq) bool { return s.state == stDone })
+	}
+}
+
+func (e *Engine) done(s *seq) {
+	s.state = stDone
+	delete(e.byID, s.id)
+}
+
+func (e *Engine) emit(t time.Duration, kv router.KVEvent) {
+	e.nextEvent++
+	e.st.Events++
+	e.events = append(e.events, Event{ID: e.nextEvent, At: t, KV: kv})
+}
+
+// mix64 is SplitMix64's finalizer, a bijection on uint64.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+func fnv64(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
+}

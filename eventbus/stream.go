@@ -1,0 +1,196 @@
+package eventbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Names on the bus. They are contracts with workers, engine bridges and
+// operators: change them only on purpose.
+const (
+	StreamName         = "KV_EVENTS"
+	EventSubjectPrefix = "kv.events."    // + SubjectToken(worker)
+	EventSubjects      = "kv.events.>"   // the stream's subject filter
+	SyncSubjectPrefix  = "kv.sync."      // + SubjectToken(model), "all" for every model
+	ResyncSubjectPrefix = "kv.resync."   // + SubjectToken(worker)
+	DefaultDurable     = "kv-apply"      // the leader's durable consumer
+)
+
+// SubjectToken turns any name into one NATS subject token. Letters, digits,
+// '-' and '_' pass unchanged; every other byte becomes "~XX" (hex), so the
+// mapping is injective and "a.b" and "a_b" never share a subject. The empty
+// name maps to "~".
+func SubjectToken(name string) string {
+	if name == "" {
+		return "~"
+	}
+	plain := true
+	for i := 0; i < len(name); i++ {
+		if !tokenSafe(name[i]) {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return name
+	}
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	b.Grow(len(name) + 8)
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if tokenSafe(c) {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('~')
+		b.WriteByte(hex[c>>4])
+		b.WriteByte(hex[c&0xf])
+	}
+	return b.String()
+}
+
+func tokenSafe(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_'
+}
+
+// EventSubject is the subject a worker publishes its KV events on.
+func EventSubject(worker string) string { return EventSubjectPrefix + SubjectToken(worker) }
+
+// SyncSubject is the replica-sync subject of a model ("" = "all").
+func SyncSubject(model string) string {
+	if model == "" {
+		model = "all"
+	}
+	return SyncSubjectPrefix + SubjectToken(model)
+}
+
+// ResyncSubject is where a worker (or its bridge) serves resync requests.
+func ResyncSubject(worker string) string { return ResyncSubjectPrefix + SubjectToken(worker) }
+
+// MsgID is the JetStream deduplication id of an event: worker:dp_rank:event_id.
+func MsgID(worker string, dpRank uint32, eventID uint64) string {
+	return worker + ":" + strconv.FormatUint(uint64(dpRank), 10) + ":" + strconv.FormatUint(eventID, 10)
+}
+
+// StreamOptions configures KV_EVENTS. Zero fields take the defaults.
+type StreamOptions struct {
+	// Replicas: 3 in a three-replica cluster, 1 single-node (default 1).
+	Replicas int
+	// Duplicates is the deduplication window: a retry with the same
+	// Nats-Msg-Id inside it is stored once (default 2m).
+	Duplicates time.Duration
+	// MaxAge bounds how long an event waits for the consumer (default 24h).
+	// An event older than that is dropped unapplied; its worker sees a gap.
+	MaxAge time.Duration
+	// MaxBytes bounds the unapplied backlog (default 1 GiB). When full the
+	// stream refuses new events (discard new), which the publishers see as
+	// backpressure, instead of silently dropping old unapplied ones.
+	MaxBytes int64
+	// MaxMsgSize bounds one event (default 1 MiB).
+	MaxMsgSize int32
+}
+
+func (o StreamOptions) withDefaults() StreamOptions {
+	if o.Replicas <= 0 {
+		o.Replicas = 1
+	}
+	if o.Duplicates <= 0 {
+		o.Duplicates = 2 * time.Minute
+	}
+	if o.MaxAge <= 0 {
+		o.MaxAge = 24 * time.Hour
+	}
+	if o.Duplicates > o.MaxAge {
+		o.Duplicates = o.MaxAge
+	}
+	if o.MaxBytes <= 0 {
+		o.MaxBytes = 1 << 30
+	}
+	if o.MaxMsgSize <= 0 {
+		o.MaxMsgSize = 1 << 20
+	}
+	return o
+}
+
+// StreamConfig is the KV_EVENTS configuration EnsureStream applies.
+//
+// Work-queue retention: an event leaves the stream when the leader acks it,
+// which happens only after its Raft commit, so the stream holds exactly the
+// events not yet in the Raft log. File storage; with the embedded server
+// every write is fsynced (SyncAlways).
+func StreamConfig(o StreamOptions) jetstream.StreamConfig {
+	o = o.withDefaults()
+	return jetstream.StreamConfig{
+		Name:        StreamName,
+		Description: "KV cache events from workers, waiting for the Raft commit",
+		Subjects:    []string{EventSubjects},
+		Retention:   jetstream.WorkQueuePolicy,
+		Discard:     jetstream.DiscardNew,
+		Storage:     jetstream.FileStorage,
+		Replicas:    o.Replicas,
+		Duplicates:  o.Duplicates,
+		MaxAge:      o.MaxAge,
+		MaxBytes:    o.MaxBytes,
+		MaxMsgSize:  o.MaxMsgSize,
+		MaxMsgs:     -1,
+		MaxConsumers: -1,
+		MaxMsgsPerSubject: -1,
+		DenyDelete:  true,
+	}
+}
+
+// EnsureStream creates KV_EVENTS or updates it to the current configuration;
+// calling it again is harmless. A JetStream that is not ready yet (a cluster
+// still electing its meta leader) is retried until ctx ends.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamOptions) (jetstream.Stream, error) {
+	cfg := StreamConfig(o)
+	backoff := 50 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		s, err := js.CreateOrUpdateStream(actx, cfg)
+		cancel()
+		if err == nil {
+			return s, nil
+		}
+		if !transientJSError(err) || ctx.Err() != nil {
+			return nil, fmt.Errorf("ensure stream %s (replicas %d): %w", cfg.Name, cfg.Replicas, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("ensure stream %s: %w (last error: %v)", cfg.Name, ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// transientJSError: worth retrying (no responders, timeouts, JetStream
+// temporarily unavailable or without quorum).
+func transientJSError(err error) bool {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, nats.ErrNoResponders),
+		errors.Is(err, jetstream.ErrNoStreamResponse),
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled),
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout),
+		errors.Is(err, jetstream.ErrTooManyStalledMsgs),
+		errors.Is(err, nats.ErrConnectionReconnecting),
+		errors.Is(err, nats.ErrDisconnected),
+		errors.Is(err, nats.ErrReconnectBufExceeded):
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.Code == 503 || apiErr.Code == 500 || apiErr.Code == 408
+	}
+	return false
+}

@@ -1,0 +1,197 @@
+package router
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+)
+
+// benchIndex builds an index of blocks distinct blocks in chains of chainLen,
+// each chain stored on two of workers workers, with engine hashes that differ
+// from content hashes (as vLLM's do), and returns it with its chains.
+func benchIndex(b testing.TB, blocks, workers, chainLen int) (*Index, [][]uint64) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	ix := NewIndex(16)
+	for w := range workers {
+		ix.AddWorker(WorkerID(fmt.Sprintf("w%02d", w)))
+	}
+	chains := make([][]uint64, blocks/chainLen)
+	for c := range chains {
+		seq := make([]uint64, chainLen)
+		sb := make([]StoredBlock, chainLen)
+		for i := range seq {
+			seq[i] = rng.Uint64()
+			sb[i] = StoredBlock{EngineHash: seq[i] ^ 0x5bd1e995, ContentHash: seq[i]}
+		}
+		chains[c] = seq
+		w1 := rng.IntN(workers)
+		w2 := (w1 + 1 + rng.IntN(workers-1)) % workers
+		for _, w := range []int{w1, w2} {
+			if err := ix.Apply(WorkerID(fmt.Sprintf("w%02d", w)), KVEvent{Kind: EventStored, Blocks: sb}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	return ix, chains
+}
+
+// BenchmarkFindMatches: one overlap lookup of a 256-block prompt that is
+// fully cached (the worst case: no early exit) over 1M blocks and 64 workers.
+func BenchmarkFindMatches(b *testing.B) {
+	b.Run("blocks=1M/workers=64/prompt=256", func(b *testing.B) {
+		ix, chains := benchIndex(b, 1<<20, 64, 256)
+		var dst []Overlap
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			dst = ix.FindMatches(chains[(i*4099)%len(chains)], dst)
+			if len(dst) == 0 || dst[0].Blocks != 256 {
+				b.Fatalf("overlap %v", dst)
+			}
+		}
+	})
+}
+
+// BenchmarkApplyStored: ns per stored block at a steady 1M blocks over 64
+// workers, as in a full cache: each iteration stores a fresh 16-block chain
+// on a worker and removes that worker's oldest chain, so the figure includes
+// the matching removal and the maps never grow.
+func BenchmarkApplyStored(b *testing.B) {
+	b.Run("blocks=1M/workers=64", func(b *testing.B) {
+		ix, _ := benchIndex(b, 1<<20, 64, 256)
+		const chain, ring = 16, 64
+		rng := rand.New(rand.NewPCG(9, 9))
+		fresh := func() KVEvent {
+			sb := make([]StoredBlock, chain)
+			for i := range sb {
+				h := rng.Uint64()
+				sb[i] = StoredBlock{EngineHash: h ^ 0x5bd1e995, ContentHash: h}
+			}
+			return KVEvent{Kind: EventStored, Blocks: sb, BlockSize: 16}
+		}
+		workers := ix.Workers()
+		// Each worker keeps a ring of its last chains to evict from.
+		rings := make([][]KVEvent, len(workers))
+		for w := range rings {
+			for range ring {
+				ev := fresh()
+				_ = ix.Apply(workers[w], ev)
+				rings[w] = append(rings[w], ev)
+			}
+		}
+		pool := make([]KVEvent, 4096)
+		for i := range pool {
+			pool[i] = fresh()
+		}
+		removal := make([]uint64, chain)
+		b.ResetTimer()
+		for e := 0; e*chain < b.N; e++ {
+			w := e % len(workers)
+			slot := (e / len(workers)) % ring
+			old := rings[w][slot]
+			for i, blk := range old.Blocks {
+				removal[i] = blk.EngineHash
+			}
+			if err := ix.Apply(workers[w], KVEvent{Kind: EventRemoved, Removed: removal}); err != nil {
+				b.Fatal(err)
+			}
+			ev := pool[e%len(pool)]
+			if err := ix.Apply(workers[w], ev); err != nil {
+				b.Fatal(err)
+			}
+			rings[w][slot] = ev
+		}
+	})
+}
+
+// selectBench is a 64-worker router over a 256K-block index with four
+// in-flight requests per worker, and prompts of promptBlocks blocks.
+func selectBench(b *testing.B, promptBlocks int) (*Router, [][]uint64) {
+	ix, chains := benchIndex(b, 1<<18, 64, promptBlocks)
+	r, err := New(DefaultConfig(), ix, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ws := make([]WorkerInfo, 0, 64)
+	for _, w := range ix.Workers() {
+		ws = append(ws, WorkerInfo{ID: w, TotalBlocks: 10000, MaxBatchedTokens: 8192})
+	}
+	r.SetWorkers(ws)
+	for i := range 256 {
+		r.Load().Add(Booking{ID: fmt.Sprint("bg", i), Worker: ws[i%64].ID, Hashes: chains[i], PrefillTokens: 512, Added: t0})
+	}
+	return r, chains
+}
+
+// BenchmarkSelect: one whole routing decision (overlap lookup, load rows,
+// cost of every worker, pick) for a 32-block (512-token) prompt over 64
+// workers. Booking the load is measured separately by BenchmarkRoute.
+func BenchmarkSelect(b *testing.B) {
+	b.Run("workers=64", func(b *testing.B) {
+		r, chains := selectBench(b, 32)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if _, err := r.Decide(Request{ID: "q", Hashes: chains[(i*31)%len(chains)], Tokens: 32 * 16}, t0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkRoute: decide, book the load and free it, for a 64-block prompt.
+func BenchmarkRoute(b *testing.B) {
+	b.Run("workers=64/prompt=64", func(b *testing.B) {
+		r, chains := selectBench(b, 64)
+		ids := make([]string, 1024)
+		for i := range ids {
+			ids[i] = fmt.Sprint("r", i)
+		}
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			id := ids[i%len(ids)]
+			if _, err := r.Route(Request{ID: id, Hashes: chains[(i*31)%len(chains)], Tokens: 64 * 16}, t0); err != nil {
+				b.Fatal(err)
+			}
+			r.Free(id)
+		}
+	})
+}
+
+// BenchmarkIndexMemory reports heap bytes per (block, worker) entry at 1M
+// blocks over 64 workers, with engine hashes that differ from content hashes
+// (vLLM) and with equal ones (kvmock, our bridge).
+func BenchmarkIndexMemory(b *testing.B) {
+	for _, aliased := range []bool{true, false} {
+		b.Run(fmt.Sprintf("blocks=1M/workers=64/engine-names=%v", aliased), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				runtime.GC()
+				var before, after runtime.MemStats
+				runtime.ReadMemStats(&before)
+				ix := NewIndex(16)
+				rng := rand.New(rand.NewPCG(3, 4))
+				for w := range 64 {
+					ix.AddWorker(WorkerID(fmt.Sprint("w", w)))
+				}
+				entries := 0
+				sb := make([]StoredBlock, 256)
+				for c := 0; c < (1<<20)/256; c++ {
+					for j := range sb {
+						h := rng.Uint64()
+						sb[j] = StoredBlock{EngineHash: h, ContentHash: h}
+						if aliased {
+							sb[j].EngineHash ^= 0x5bd1e995
+						}
+					}
+					for _, w := range []int{c % 64, (c + 7) % 64} {
+						_ = ix.Apply(WorkerID(fmt.Sprint("w", w)), KVEvent{Kind: EventStored, Blocks: sb})
+						entries += len(sb)
+					}
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(entries), "B/entry")
+				runtime.KeepAlive(ix)
+			}
+		})
+	}
+}

@@ -1,0 +1,109 @@
+package router
+
+import (
+	"testing"
+	"time"
+)
+
+func TestActiveLoadLifecycle(t *testing.T) {
+	a := NewActiveLoad(300 * time.Second)
+	a.Add(Booking{ID: "r1", Worker: "w", Hashes: []uint64{1, 2, 3}, PrefillTokens: 40, Added: t0})
+	a.Add(Booking{ID: "r2", Worker: "w", Hashes: []uint64{1, 2, 9}, PrefillTokens: 10, Added: t0.Add(time.Second)})
+	steps := []struct {
+		name         string
+		do           func()
+		prefill, blk int
+	}{
+		{"both booked; shared prefix counted once", func() {}, 50, 4},
+		{"r1 first token", func() { a.PrefillDone("r1") }, 10, 4},
+		{"r1 first token again", func() { a.PrefillDone("r1") }, 10, 4},
+		{"r1 freed", func() { a.Free("r1") }, 10, 3},
+		{"unknown free", func() { a.Free("nope") }, 10, 3},
+		{"r2 expired after 300 s", func() { a.Expire(t0.Add(302 * time.Second)) }, 0, 0},
+	}
+	for _, s := range steps {
+		s.do()
+		if l := a.Load("w"); l.ActivePrefillTokens != s.prefill || l.ActiveBlocks != s.blk {
+			t.Errorf("%s: %+v, want prefill %d blocks %d", s.name, l, s.prefill, s.blk)
+		}
+	}
+	if n := a.NewBlocks("w", []uint64{1, 2}); n != 2 {
+		t.Errorf("new blocks on empty worker = %d", n)
+	}
+}
+
+func TestActiveLoadNewBlocksAndOrigins(t *testing.T) {
+	a := NewActiveLoad(0)
+	a.Add(Booking{ID: "x", Origin: "r2", Worker: "w", Hashes: []uint64{1, 2}, Added: t0})
+	a.Add(Booking{ID: "y", Worker: "w", Hashes: []uint64{5}, Added: t0})
+	if n := a.NewBlocks("w", []uint64{1, 2, 3}); n != 1 {
+		t.Errorf("new blocks %d, want 1", n)
+	}
+	if got := a.Bookings("r2"); len(got) != 1 || got[0].ID != "x" {
+		t.Errorf("bookings %v", got)
+	}
+	if n := a.DropOrigin("r2"); n != 1 || a.Load("w").ActiveBlocks != 1 {
+		t.Errorf("drop origin: %d, load %+v", n, a.Load("w"))
+	}
+	// Re-adding a booking replaces it instead of double counting.
+	a.Add(Booking{ID: "y", Worker: "w", Hashes: []uint64{5}, PrefillTokens: 3, Added: t0})
+	if l := a.Load("w"); l.Requests != 1 || l.ActivePrefillTokens != 3 {
+		t.Errorf("re-add: %+v", l)
+	}
+	if len(a.Expire(t0.Add(time.Hour))) != 0 {
+		t.Error("expiry 0 must never expire")
+	}
+}
+
+func TestQueuePolicies(t *testing.T) {
+	reqs := []Request{{ID: "long", Tokens: 900}, {ID: "short", Tokens: 100}, {ID: "vip", Tokens: 500, Priority: 5}, {ID: "mid", Tokens: 300}}
+	tests := []struct {
+		policy QueuePolicy
+		want   []string
+	}{
+		{QueueFCFS, []string{"vip", "long", "short", "mid"}},
+		{QueueLCFS, []string{"vip", "mid", "short", "long"}},
+		{QueueWSPT, []string{"vip", "short", "mid", "long"}},
+	}
+	for _, tc := range tests {
+		q := NewQueue(tc.policy)
+		for i, r := range reqs {
+			q.Push(Waiting{Request: r, Arrived: t0.Add(time.Duration(i))})
+		}
+		var got []string
+		for q.Len() > 0 {
+			w, _ := q.Pop()
+			got = append(got, w.Request.ID)
+		}
+		if len(got) != len(tc.want) {
+			t.Fatalf("%s: %v", tc.policy, got)
+		}
+		for i := range got {
+			if got[i] != tc.want[i] {
+				t.Errorf("%s: order %v, want %v", tc.policy, got, tc.want)
+				break
+			}
+		}
+		if _, ok := q.Pop(); ok {
+			t.Errorf("%s: pop from empty", tc.policy)
+		}
+	}
+}
+
+func TestRouterShouldQueue(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.QueueThreshold = ptr(0.5)
+	r := newTestRouter(t, cfg, nil, WorkerInfo{ID: "a", MaxBatchedTokens: 100}, WorkerInfo{ID: "b", MaxBatchedTokens: 100})
+	r.Load().Add(Booking{ID: "1", Worker: "a", PrefillTokens: 60, Added: t0})
+	if r.ShouldQueue() {
+		t.Error("b is below the threshold")
+	}
+	r.Load().Add(Booking{ID: "2", Worker: "b", PrefillTokens: 60, Added: t0})
+	if !r.ShouldQueue() {
+		t.Error("every worker is above the threshold")
+	}
+	r.PrefillDone("2")
+	if r.ShouldQueue() {
+		t.Error("b's prefill finished")
+	}
+}
