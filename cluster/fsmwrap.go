@@ -28,8 +28,8 @@ type fsmAdapter struct {
 	restores atomic.Uint64
 }
 
-func (f *fsmAdapter) Apply(l *raft.Log) any                { return f.sm.Apply(l) }
-func (f *fsmAdapter) ApplyBatch(logs []*raft.Log) []any     { return f.sm.ApplyBatch(logs) }
+func (f *fsmAdapter) Apply(l *raft.Log) any             { return f.sm.Apply(l) }
+func (f *fsmAdapter) ApplyBatch(logs []*raft.Log) []any { return f.sm.ApplyBatch(logs) }
 
 func (f *fsmAdapter) Snapshot() (raft.FSMSnapshot, error) {
 	s, err := f.sm.Snapshot()

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -15,11 +16,10 @@ type metrics struct {
 	leaderChanges prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
-	m := &metrics{reg: reg}
+// newMetrics builds the collectors; the gauges read n.raft and n.sm at
+// scrape time, so register only once n.raft is set.
+func newMetrics(n *Node) *metrics {
+	m := &metrics{}
 	m.applySeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "kvrouter_raft_apply_seconds",
 		Help:    "Time from raft.Apply on the leader to the entry being committed and applied locally.",
@@ -49,6 +49,14 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		gauge("kvrouter_raft_commit_index", "Raft commit index known to this node.",
 			func() float64 { return float64(n.raft.CommitIndex()) }),
 	}
+	return m
+}
+
+func (m *metrics) register(reg prometheus.Registerer) error {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m.reg = reg
 	for i, c := range m.collectors {
 		if err := reg.Register(c); err != nil {
 			for _, done := range m.collectors[:i] {
@@ -56,12 +64,12 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 			}
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
-				return nil, errors.New("register metrics: already registered (one node per registry, or Shutdown the previous node first)")
+				return errors.New("register metrics: already registered (one node per registry, or Shutdown the previous node first)")
 			}
-			return nil, err
+			return fmt.Errorf("register metrics: %w", err)
 		}
 	}
-	return m, nil
+	return nil
 }
 
 func (m *metrics) unregister() {

@@ -102,8 +102,8 @@ type Output struct {
 	Kind      OutputKind
 	At        time.Duration
 	// CachedTokens is the prefix-cache hit when the request was first
-	// scheduled (vLLM's usage.prompt_tokens_details.cached_tokens); 0 in a
-	// Preempted output of a request that never ran.
+	// scheduled (vLLM's usage.prompt_tokens_details.cached_tokens); a
+	// recompute after preemption does not change it.
 	CachedTokens int
 	PromptTokens int
 	OutputTokens int // tokens generated so far
@@ -118,14 +118,18 @@ type Event struct {
 
 // Stats is a snapshot of the engine.
 type Stats struct {
-	Now                                                     time.Duration
-	Running, Waiting                                        int
-	CapacityBlocks, UsedBlocks, FreeBlocks, CachedBlocks    int
-	Fill                                                    float64 // UsedBlocks / CapacityBlocks
-	Submitted, Finished, Cancelled, Preemptions, Steps      uint64
-	PromptTokens, CachedTokens, PrefillTokens, OutputTokens uint64
-	StoredBlocks, EvictedBlocks, Events                     uint64
-	BusyTime                                                time.Duration
+	Now              time.Duration // latest virtual time the engine has seen
+	Running, Waiting int           // requests
+	// Blocks: Used are held by running requests (pinned), Free are in the
+	// free queue, Cached hold a content hash (pinned or free).
+	CapacityBlocks, UsedBlocks, FreeBlocks, CachedBlocks int
+	Fill                                                 float64 // UsedBlocks / CapacityBlocks (the decode model's p)
+	// Totals since New.
+	Submitted, Finished, Cancelled, Preemptions, Steps uint64
+	PromptTokens, CachedTokens                         uint64 // of requests at their first schedule
+	PrefillTokens, OutputTokens                        uint64 // prompt tokens computed (incl. recompute), tokens generated
+	StoredBlocks, EvictedBlocks, Events                uint64
+	BusyTime                                           time.Duration // sum of step times
 }
 
 type seqState uint8
@@ -285,16 +289,18 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		return fmt.Errorf("engine %s: request %s: %d prompt + %d output tokens exceed max model len %d: %w",
 			e.id, r.ID, promptLen, target, e.cfg.MaxModelLen, ErrRequest)
 	}
-	hashes := r.BlockHashes
+	maxBlocks := (promptLen + target + bs - 1) / bs
+	var hashes []uint64
 	switch {
-	case hashes != nil:
-		if len(hashes) != promptLen/bs {
+	case r.BlockHashes != nil:
+		if len(r.BlockHashes) != promptLen/bs {
 			return fmt.Errorf("engine %s: request %s: %d block hashes for %d tokens of block size %d: %w",
-				e.id, r.ID, len(hashes), promptLen, bs, ErrRequest)
+				e.id, r.ID, len(r.BlockHashes), promptLen, bs, ErrRequest)
 		}
-		hashes = slices.Clone(hashes)
+		hashes = append(make([]uint64, 0, maxBlocks), r.BlockHashes...)
 	case r.Tokens != nil:
 		hashes = router.SequenceHashes(r.Tokens, bs, r.LoRA)
+		hashes = slices.Grow(hashes, maxBlocks-len(hashes))
 	case promptLen >= bs:
 		return fmt.Errorf("engine %s: request %s: neither tokens nor block hashes: %w", e.id, r.ID, ErrRequest)
 	}
@@ -309,6 +315,7 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		promptLen: promptLen,
 		target:    target,
 		hashes:    hashes,
+		blocks:    make([]int32, 0, maxBlocks),
 		state:     stWaiting,
 	}
 	e.byID[r.ID] = s
@@ -353,11 +360,11 @@ func (e *Engine) DrainEvents() []Event {
 // Cancel aborts request id at virtual time now: a waiting request leaves the
 // queue; a running one frees its blocks at the end of the current step (at
 // once when no step runs) and produces no more outputs. False when id is not
-// in flight.
+// in flight (or already cancelled).
 func (e *Engine) Cancel(now time.Duration, id string) bool {
 	e.advanceTo(now)
 	s, ok := e.byID[id]
-	if !ok {
+	if !ok || s.cancelled {
 		return false
 	}
 	switch {
@@ -594,26 +601,10 @@ func (e *Engine) allocate(s *seq, n int, hits []int32, t time.Duration) bool {
 // that block (vLLM v0's dedup), so that every cached block has one name and
 // the chain parent of a stored block is always cached.
 func (e *Engine) cacheFull(s *seq, full int, t time.Duration) {
-	if s.nStored >= full {
-		return
-	}
 	var ev router.KVEvent
-	flush := func() {
-		if len(ev.Blocks) > 0 {
-			e.st.StoredBlocks += uint64(len(ev.Blocks))
-			e.emit(t, ev)
-		}
-		ev = router.KVEvent{}
-	}
 	for i := s.nStored; i < full; i++ {
 		h := e.hashAt(s, i)
 		b := s.blocks[i]
-		if len(ev.Blocks) == 0 {
-			ev.Kind, ev.BlockSize = router.EventStored, e.cfg.BlockSize
-			if i > 0 {
-				ev.HasParent, ev.Parent = true, e.pool.blocks[s.blocks[i-1]].ehash
-			}
-		}
 		if x, ok := e.pool.lookup(h); ok {
 			if x != b {
 				e.pool.touch(x)
@@ -621,15 +612,30 @@ func (e *Engine) cacheFull(s *seq, full int, t time.Duration) {
 				e.pool.blocks[b].ref--
 				e.pool.pushHead(b) // empty now: reuse it first
 			}
-			flush()
+			e.flushStored(&ev, t)
 			continue
+		}
+		if ev.Blocks == nil {
+			ev = router.KVEvent{Kind: router.EventStored, BlockSize: e.cfg.BlockSize,
+				Blocks: make([]router.StoredBlock, 0, full-i)}
+			if i > 0 {
+				ev.HasParent, ev.Parent = true, e.pool.blocks[s.blocks[i-1]].ehash
+			}
 		}
 		eh := e.EngineHash(h)
 		e.pool.cache(b, h, eh, i)
 		ev.Blocks = append(ev.Blocks, router.StoredBlock{EngineHash: eh, ContentHash: h})
 	}
-	flush()
-	s.nStored = full
+	e.flushStored(&ev, t)
+	s.nStored = max(s.nStored, full)
+}
+
+func (e *Engine) flushStored(ev *router.KVEvent, t time.Duration) {
+	if len(ev.Blocks) > 0 {
+		e.st.StoredBlocks += uint64(len(ev.Blocks))
+		e.emit(t, *ev)
+	}
+	*ev = router.KVEvent{}
 }
 
 // hashAt returns the content hash of s's block i, extending the known

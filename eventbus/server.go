@@ -191,8 +191,8 @@ func (s *Server) Shutdown() {
 type natsLogger struct {
 	log *slog.Logger
 
-	mu        sync.Mutex
-	fatalErr  error
+	mu       sync.Mutex
+	fatalErr error
 }
 
 func (l *natsLogger) Noticef(format string, v ...any) { l.log.Info(fmt.Sprintf(format, v...)) }

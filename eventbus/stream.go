@@ -15,12 +15,12 @@ import (
 // Names on the bus. They are contracts with workers, engine bridges and
 // operators: change them only on purpose.
 const (
-	StreamName         = "KV_EVENTS"
-	EventSubjectPrefix = "kv.events."    // + SubjectToken(worker)
-	EventSubjects      = "kv.events.>"   // the stream's subject filter
-	SyncSubjectPrefix  = "kv.sync."      // + SubjectToken(model), "all" for every model
-	ResyncSubjectPrefix = "kv.resync."   // + SubjectToken(worker)
-	DefaultDurable     = "kv-apply"      // the leader's durable consumer
+	StreamName          = "KV_EVENTS"
+	EventSubjectPrefix  = "kv.events."  // + SubjectToken(worker)
+	EventSubjects       = "kv.events.>" // the stream's subject filter
+	SyncSubjectPrefix   = "kv.sync."    // + SubjectToken(model), "all" for every model
+	ResyncSubjectPrefix = "kv.resync."  // + SubjectToken(worker)
+	DefaultDurable      = "kv-apply"    // the leader's durable consumer
 )
 
 // SubjectToken turns any name into one NATS subject token. Letters, digits,
@@ -129,21 +129,21 @@ func (o StreamOptions) withDefaults() StreamOptions {
 func StreamConfig(o StreamOptions) jetstream.StreamConfig {
 	o = o.withDefaults()
 	return jetstream.StreamConfig{
-		Name:        StreamName,
-		Description: "KV cache events from workers, waiting for the Raft commit",
-		Subjects:    []string{EventSubjects},
-		Retention:   jetstream.WorkQueuePolicy,
-		Discard:     jetstream.DiscardNew,
-		Storage:     jetstream.FileStorage,
-		Replicas:    o.Replicas,
-		Duplicates:  o.Duplicates,
-		MaxAge:      o.MaxAge,
-		MaxBytes:    o.MaxBytes,
-		MaxMsgSize:  o.MaxMsgSize,
-		MaxMsgs:     -1,
-		MaxConsumers: -1,
+		Name:              StreamName,
+		Description:       "KV cache events from workers, waiting for the Raft commit",
+		Subjects:          []string{EventSubjects},
+		Retention:         jetstream.WorkQueuePolicy,
+		Discard:           jetstream.DiscardNew,
+		Storage:           jetstream.FileStorage,
+		Replicas:          o.Replicas,
+		Duplicates:        o.Duplicates,
+		MaxAge:            o.MaxAge,
+		MaxBytes:          o.MaxBytes,
+		MaxMsgSize:        o.MaxMsgSize,
+		MaxMsgs:           -1,
+		MaxConsumers:      -1,
 		MaxMsgsPerSubject: -1,
-		DenyDelete:  true,
+		DenyDelete:        true,
 	}
 }
 

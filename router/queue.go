@@ -47,6 +47,14 @@ func (q *Queue) Pop() (Waiting, bool) {
 	return heap.Pop(&q.items).(Waiting), true
 }
 
+// Peek returns the next request by policy without removing it.
+func (q *Queue) Peek() (Waiting, bool) {
+	if len(q.items.w) == 0 {
+		return Waiting{}, false
+	}
+	return q.items.w[0], true
+}
+
 // Len is the number of waiting requests.
 func (q *Queue) Len() int { return len(q.items.w) }
 

@@ -28,6 +28,8 @@ type Request struct {
 	Hashes   []uint64 // sequence hashes of the prompt's full blocks
 	Tokens   int      // prompt length in tokens (isl)
 	Priority int      // nvext.agent_hints.priority: higher goes first in the queue
+	// Exclude lists workers not to choose (a retry after a failed connection).
+	Exclude []WorkerID
 }
 
 // Decision is a routing decision with its whole cost table.
@@ -204,7 +206,9 @@ func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
 			ActiveBlocks: load.ActiveBlocks, NewBlocks: in.newBlocks,
 			PrefillBlocks: prefill, DecodeBlocks: decode, Cost: cost,
 		}
-		if reason := busyReason(&cfg.Thresholds, w, load); reason != "" {
+		if slices.Contains(req.Exclude, w.ID) {
+			row.Busy, row.BusyReason = true, "excluded by the caller"
+		} else if reason := busyReason(&cfg.Thresholds, w, load); reason != "" {
 			row.Busy, row.BusyReason = true, reason
 		} else {
 			candidates = append(candidates, i)

@@ -113,7 +113,9 @@ func parseHF(data []byte, name string) (*HF, error) {
 		for int(t.id) >= len(table) {
 			table = append(table, nil)
 		}
-		table[t.id] = addedDecodeBytes(at.Content)
+		// Decoding uses the normalised form for normalised tokens, as
+		// current HF does.
+		table[t.id] = addedDecodeBytes(t.content)
 	}
 	h.added = newAddedMatcher(raw)
 	h.addedNorm = newAddedMatcher(normalized)
@@ -129,7 +131,9 @@ func parseHF(data []byte, name string) (*HF, error) {
 // addedDecodeBytes mirrors the HF ByteLevel decoder on an added token: the
 // token's text goes through the byte-level mapping if every rune is a
 // byte-level rune, otherwise its UTF-8 is used as is. For "<|im_end|>"
-// both give the same bytes.
+// both give the same bytes; for an added token "é" (itself the byte-level
+// rune of byte 0xE9) HF decodes the lone byte 0xE9, i.e. U+FFFD, and so
+// do we.
 func addedDecodeBytes(content string) []byte {
 	if b, ok := vocabBytes(content); ok {
 		return b

@@ -91,10 +91,10 @@ func class(s string) (charClass, rune, int) {
 }
 
 // run returns the byte length of the longest prefix of s whose runes are all
-// of class c, taking at most max runes (max <= 0: unbounded).
+// of class c, taking at most max runes (max < 0: unbounded).
 func run(s string, c charClass, max int) int {
 	n := 0
-	for k := 0; n < len(s) && (max <= 0 || k < max); k++ {
+	for k := 0; n < len(s) && (max < 0 || k < max); k++ {
 		cc, _, w := class(s[n:])
 		if cc != c {
 			break
@@ -218,14 +218,14 @@ func (p llamaSplitter) next(s string) int {
 	}
 	switch c {
 	case classLetter:
-		return w + run(s[w:], classLetter, 0)
+		return w + run(s[w:], classLetter, -1)
 	case classNumber:
 		return w + run(s[w:], classNumber, p.maxDigits-1)
 	}
 	// [^\r\n\p{L}\p{N}]? before letters: any one other or whitespace rune
 	// except CR and LF (" world", "\tfoo", "(bar").
 	if r != '\r' && r != '\n' && w < len(s) {
-		if n := run(s[w:], classLetter, 0); n > 0 {
+		if n := run(s[w:], classLetter, -1); n > 0 {
 			return w + n
 		}
 	}
@@ -235,7 +235,7 @@ func (p llamaSplitter) next(s string) int {
 	if r == ' ' {
 		start = 1
 	}
-	if n := run(s[start:], classOther, 0); n > 0 {
+	if n := run(s[start:], classOther, -1); n > 0 {
 		n += start
 		for n < len(s) && (s[n] == '\r' || s[n] == '\n') {
 			n++
@@ -271,11 +271,11 @@ func gpt2Next(s string) int {
 	// of the rune after it.
 	if r == ' ' && len(s) > 1 {
 		if c2, _, w2 := class(s[1:]); c2 != classSpace {
-			return 1 + w2 + run(s[1+w2:], c2, 0)
+			return 1 + w2 + run(s[1+w2:], c2, -1)
 		}
 	}
 	if c != classSpace {
-		return w + run(s[w:], c, 0)
+		return w + run(s[w:], c, -1)
 	}
 	return whitespace(s, false)
 }

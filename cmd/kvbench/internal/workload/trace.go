@@ -198,11 +198,15 @@ func fromRows(rows []TraceRow, s TraceSpec, name string) *Workload {
 				sessions[row.SessionID] = k
 				w.Sessions = append(w.Sessions, nil)
 			}
+			if turns := w.Sessions[k]; len(turns) > 0 {
+				w.Requests[turns[len(turns)-1]].NextTurn = i
+			}
 			w.Sessions[k] = append(w.Sessions[k], i)
 			sess = k
 		}
 		w.hashIDs[i] = row.HashIDs
 		w.Requests[i] = Request{
+			NextTurn:     -1,
 			ID:           fmt.Sprintf("t%d", i),
 			PromptTokens: row.InputLength,
 			OutputTokens: max(row.OutputLength, 1), // an engine emits at least one token

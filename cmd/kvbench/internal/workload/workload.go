@@ -54,6 +54,8 @@ type Request struct {
 	At time.Duration
 	// Session is an index into Workload.Sessions, or NoSession.
 	Session int
+	// NextTurn is the index of the session's next turn, or -1.
+	NextTurn int
 	// HitTokens is how many cached prompt tokens make this request a hit:
 	// half its shared prefix (synthetic) or one block (traces).
 	HitTokens int
@@ -85,6 +87,15 @@ type Workload struct {
 // ErrSpec marks an impossible workload specification.
 var ErrSpec = errors.New("invalid workload")
 
+// Prefix orders of the synthetic workload.
+const (
+	// PrefixRandom: each request draws its prefix uniformly at random.
+	PrefixRandom = "random"
+	// PrefixShuffled: every prefix equally often (±1), in a random order, as
+	// in seed 001 ("each prefix sent 6 times, mixed").
+	PrefixShuffled = "shuffled"
+)
+
 // SyntheticSpec describes seed 002's workload: K prefixes of P random tokens,
 // each request one of them (uniformly at random) plus T fresh random tokens.
 type SyntheticSpec struct {
@@ -96,6 +107,7 @@ type SyntheticSpec struct {
 	Concurrency  int
 	BlockSize    int
 	Seed         uint64
+	Order        string // PrefixRandom (default) or PrefixShuffled
 }
 
 // NewSynthetic generates the workload of spec. The same spec gives the same
@@ -116,6 +128,8 @@ func NewSynthetic(s SyntheticSpec) (*Workload, error) {
 		return nil, fmt.Errorf("concurrency %d: need at least one client: %w", s.Concurrency, ErrSpec)
 	case s.BlockSize <= 0:
 		return nil, fmt.Errorf("block size %d: %w", s.BlockSize, ErrSpec)
+	case s.Order != "" && s.Order != PrefixRandom && s.Order != PrefixShuffled:
+		return nil, fmt.Errorf("prefix order %q: %w", s.Order, ErrSpec)
 	}
 	w := &Workload{
 		Kind:        Synthetic,
@@ -135,14 +149,26 @@ func NewSynthetic(s SyntheticSpec) (*Workload, error) {
 	for k := range w.prefixes {
 		w.prefixes[k] = randomTokens(prefixRng, s.PrefixTokens)
 	}
+	order := make([]int, s.Requests)
+	for i := range order {
+		if s.Order == PrefixShuffled {
+			order[i] = i % s.Prefixes
+		} else {
+			order[i] = drawRng.IntN(s.Prefixes)
+		}
+	}
+	if s.Order == PrefixShuffled {
+		drawRng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	}
 	for i := range w.Requests {
-		k := drawRng.IntN(s.Prefixes)
+		k := order[i]
 		w.tails[i] = randomTokens(tailRng, s.TailTokens)
 		w.Requests[i] = Request{
 			ID:           fmt.Sprintf("r%d", i),
 			PromptTokens: s.PrefixTokens + s.TailTokens,
 			OutputTokens: s.OutputTokens,
 			Session:      NoSession,
+			NextTurn:     -1,
 			// "covers at least half of the shared prefix"; a prefix-less
 			// workload counts any cached block.
 			HitTokens:    max((s.PrefixTokens+1)/2, 1),

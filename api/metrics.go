@@ -1,0 +1,98 @@
+package api
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the HTTP layer's Prometheus series, on the replica's own
+// registry (no globals: three replicas can share a test process).
+type metrics struct {
+	requests        *prometheus.CounterVec
+	routed          *prometheus.CounterVec
+	rejected        *prometheus.CounterVec
+	retries         *prometheus.CounterVec
+	ttft            *prometheus.HistogramVec
+	itl             *prometheus.HistogramVec
+	e2e             *prometheus.HistogramVec
+	inputTokens     *prometheus.CounterVec
+	outputTokens    *prometheus.CounterVec
+	promptTokens    *prometheus.CounterVec
+	engineCached    *prometheus.CounterVec
+	predictedCached *prometheus.CounterVec
+	queued          *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer, rep Replica) *metrics {
+	latency := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_requests_total",
+			Help: "Inference requests answered, by model and outcome (HTTP status or client_gone/upstream_error)."}, []string{"model", "status"}),
+		routed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_routed_total",
+			Help: "Routing decisions, by model and chosen worker."}, []string{"model", "worker"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_rejected_requests_total",
+			Help: "Requests refused before reaching a worker, by reason."}, []string{"reason"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_worker_retries_total",
+			Help: "Connections to a worker that failed before the first byte and were retried elsewhere."}, []string{"worker"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvrouter_ttft_seconds",
+			Help: "Time from request arrival to the worker's first response bytes.", Buckets: latency}, []string{"model"}),
+		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvrouter_itl_seconds",
+			Help: "Time between streamed chunks.", Buckets: latency}, []string{"model"}),
+		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvrouter_request_duration_seconds",
+			Help: "Time from request arrival to the end of the answer.", Buckets: latency}, []string{"model"}),
+		inputTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_input_tokens_total",
+			Help: "Prompt tokens as the router tokenized them."}, []string{"model"}),
+		outputTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_output_tokens_total",
+			Help: "Completion tokens as the workers reported them."}, []string{"model"}),
+		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_worker_prompt_tokens_total",
+			Help: "Prompt tokens as the workers reported them."}, []string{"worker"}),
+		engineCached: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_worker_cached_tokens_total",
+			Help: "Cached prompt tokens as the workers reported them (usage.prompt_tokens_details.cached_tokens)."}, []string{"worker"}),
+		predictedCached: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_predicted_cached_tokens_total",
+			Help: "Cached prompt tokens the router predicted from its index, for requests whose usage the worker reported; compare with kvrouter_worker_cached_tokens_total."}, []string{"worker"}),
+		queued: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvrouter_queue_depth",
+			Help: "Requests waiting for a worker below the queue threshold."}, []string{"model"}),
+	}
+	reg.MustRegister(m.requests, m.routed, m.rejected, m.retries, m.ttft, m.itl, m.e2e, m.inputTokens,
+		m.outputTokens, m.promptTokens, m.engineCached, m.predictedCached, m.queued, &loadCollector{rep: rep})
+	return m
+}
+
+func (m *metrics) observeUsage(model, worker string, u usage, predicted int) {
+	m.outputTokens.WithLabelValues(model).Add(float64(u.CompletionTokens))
+	m.promptTokens.WithLabelValues(worker).Add(float64(u.PromptTokens))
+	if u.Details != nil {
+		m.engineCached.WithLabelValues(worker).Add(float64(u.Details.CachedTokens))
+		m.predictedCached.WithLabelValues(worker).Add(float64(predicted))
+	}
+}
+
+// loadCollector reports every worker's load at scrape time, read from the
+// routers, so the gauges never go stale.
+type loadCollector struct{ rep Replica }
+
+var (
+	descDecode  = prometheus.NewDesc("kvrouter_worker_active_decode_blocks", "KV blocks held by in-flight requests on the worker, as this replica sees it (all replicas' requests).", []string{"model", "worker"}, nil)
+	descPrefill = prometheus.NewDesc("kvrouter_worker_active_prefill_tokens", "Prompt tokens still to prefill on the worker, as this replica sees it.", []string{"model", "worker"}, nil)
+	descInfl    = prometheus.NewDesc("kvrouter_worker_inflight_requests", "In-flight requests on the worker, as this replica sees it.", []string{"model", "worker"}, nil)
+)
+
+func (l *loadCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descDecode
+	ch <- descPrefill
+	ch <- descInfl
+}
+
+func (l *loadCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, model := range l.rep.Models() {
+		rt, ok := l.rep.Router(model)
+		if !ok {
+			continue
+		}
+		for _, w := range rt.Workers() {
+			ld := rt.Load().Load(w.ID)
+			ch <- prometheus.MustNewConstMetric(descDecode, prometheus.GaugeValue, float64(ld.ActiveBlocks), model, string(w.ID))
+			ch <- prometheus.MustNewConstMetric(descPrefill, prometheus.GaugeValue, float64(ld.ActivePrefillTokens), model, string(w.ID))
+			ch <- prometheus.MustNewConstMetric(descInfl, prometheus.GaugeValue, float64(ld.Requests), model, string(w.ID))
+		}
+	}
+}

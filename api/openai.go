@@ -1,0 +1,280 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/kvrouter/kvrouter/api/tokenize"
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// inferenceRequest is the part of an OpenAI request body the router reads.
+// The body itself is forwarded to the worker unchanged.
+type inferenceRequest struct {
+	Model    string             `json:"model"`
+	Messages []tokenize.Message `json:"messages"`
+	Prompt   json.RawMessage    `json:"prompt"`
+	Stream   bool               `json:"stream"`
+	Nvext    struct {
+		AgentHints struct {
+			Priority int `json:"priority"`
+		} `json:"agent_hints"`
+	} `json:"nvext"`
+}
+
+// prepared is a parsed, tokenized request ready to route.
+type prepared struct {
+	body   []byte
+	path   string
+	model  string
+	stream bool
+	rt     *router.Router
+	req    router.Request
+	start  time.Time
+}
+
+var requestSeq atomic.Uint64
+
+func (s *Server) chatCompletions(c *gin.Context) { s.infer(c, true) }
+func (s *Server) completions(c *gin.Context)     { s.infer(c, false) }
+
+func (s *Server) infer(c *gin.Context, chat bool) {
+	p, ok := s.prepare(c, chat)
+	if !ok {
+		return
+	}
+	if !s.admit(c, p) {
+		return
+	}
+	s.forward(c, p)
+}
+
+// prepare reads, parses and tokenizes the request, answering the client
+// itself on any error.
+func (s *Server) prepare(c *gin.Context, chat bool) (*prepared, bool) {
+	start := time.Now()
+	body, err := io.ReadAll(c.Request.Body)
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			s.metrics.rejected.WithLabelValues("body_too_large").Inc()
+			openAIError(c, http.StatusRequestEntityTooLarge, "invalid_request_error", fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes))
+			return nil, false
+		}
+		openAIError(c, http.StatusBadRequest, "invalid_request_error", "reading body: "+err.Error())
+		return nil, false
+	}
+	var in inferenceRequest
+	if err := json.Unmarshal(body, &in); err != nil {
+		s.metrics.rejected.WithLabelValues("invalid_json").Inc()
+		openAIError(c, http.StatusBadRequest, "invalid_request_error", "invalid JSON body: "+err.Error())
+		return nil, false
+	}
+	if in.Model == "" {
+		openAIError(c, http.StatusBadRequest, "invalid_request_error", "model is required")
+		return nil, false
+	}
+	rt, ok := s.rep.Router(in.Model)
+	if !ok {
+		s.metrics.rejected.WithLabelValues("unknown_model").Inc()
+		openAIError(c, http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q is not served here", in.Model))
+		return nil, false
+	}
+	var tokens []uint32
+	if chat {
+		if len(in.Messages) == 0 {
+			openAIError(c, http.StatusBadRequest, "invalid_request_error", "messages must not be empty")
+			return nil, false
+		}
+		text, err := tokenize.RenderChat(in.Messages, s.cfg.ChatTemplate, true)
+		if err != nil {
+			openAIError(c, http.StatusBadRequest, "invalid_request_error", err.Error())
+			return nil, false
+		}
+		tokens = s.cfg.Tokenizer.Encode(text)
+	} else {
+		tokens, err = s.promptTokens(in.Prompt)
+		if err != nil {
+			openAIError(c, http.StatusBadRequest, "invalid_request_error", err.Error())
+			return nil, false
+		}
+	}
+	bs := rt.Config().BlockSize
+	id := fmt.Sprintf("%s-%d-%d", s.rep.NodeID(), start.UnixNano(), requestSeq.Add(1))
+	s.metrics.inputTokens.WithLabelValues(in.Model).Add(float64(len(tokens)))
+	return &prepared{
+		body: body, path: c.Request.URL.Path, model: in.Model, stream: in.Stream, rt: rt, start: start,
+		req: router.Request{ID: id, Hashes: router.SequenceHashes(tokens, bs, ""), Tokens: len(tokens), Priority: in.Nvext.AgentHints.Priority},
+	}, true
+}
+
+// promptTokens reads a completions prompt: a string, an array of token ids,
+// or an array with one string.
+func (s *Server) promptTokens(raw json.RawMessage) ([]uint32, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, errors.New("prompt is required")
+	}
+	var text string
+	if err := json.Unmarshal(raw, &text); err == nil {
+		return s.cfg.Tokenizer.Encode(text), nil
+	}
+	var ids []uint32
+	if err := json.Unmarshal(raw, &ids); err == nil {
+		return ids, nil
+	}
+	var texts []string
+	if err := json.Unmarshal(raw, &texts); err == nil && len(texts) == 1 {
+		return s.cfg.Tokenizer.Encode(texts[0]), nil
+	}
+	return nil, errors.New("prompt must be a string, one string in an array, or an array of token ids")
+}
+
+// forward routes the request and proxies it, retrying on another worker when
+// the connection fails before the worker answered.
+func (s *Server) forward(c *gin.Context, p *prepared) {
+	for attempt := 0; ; attempt++ {
+		d, err := p.rt.Route(p.req, time.Now())
+		if err != nil {
+			s.routeError(c, p, err, attempt)
+			return
+		}
+		s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
+		booking := router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: p.req.Hashes,
+			PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Added: p.start}
+		s.rep.Booked(p.model, booking)
+		base, ok := s.rep.WorkerURL(d.Worker)
+		if !ok {
+			s.free(p)
+			p.req.Exclude = append(p.req.Exclude, d.Worker)
+			continue
+		}
+		resp, err := s.send(c, base+p.path, p.body)
+		if err != nil {
+			s.free(p)
+			s.metrics.retries.WithLabelValues(string(d.Worker)).Inc()
+			s.log.Warn("worker connection failed", "worker", d.Worker, "attempt", attempt, "err", err)
+			if c.Request.Context().Err() != nil {
+				return
+			}
+			p.req.Exclude = append(p.req.Exclude, d.Worker)
+			if attempt >= s.cfg.Retries {
+				openAIError(c, http.StatusBadGateway, "worker_unavailable", fmt.Sprintf("worker %s: %v", d.Worker, err))
+				return
+			}
+			continue
+		}
+		s.relay(c, p, d, resp)
+		return
+	}
+}
+
+func (s *Server) routeError(c *gin.Context, p *prepared, err error, attempt int) {
+	switch {
+	case errors.Is(err, router.ErrAllBusy) && attempt == 0:
+		s.metrics.rejected.WithLabelValues("all_busy").Inc()
+		openAIError(c, s.cfg.BusyStatus, "service_overloaded", "all workers are busy; retry later")
+	case errors.Is(err, router.ErrAllBusy):
+		openAIError(c, http.StatusBadGateway, "worker_unavailable", "no other worker could take the request")
+	case errors.Is(err, router.ErrNoWorkers):
+		s.metrics.rejected.WithLabelValues("no_workers").Inc()
+		openAIError(c, http.StatusServiceUnavailable, "no_workers", fmt.Sprintf("no workers registered for model %q", p.model))
+	default:
+		openAIError(c, http.StatusInternalServerError, "internal_error", err.Error())
+	}
+}
+
+func (s *Server) send(c *gin.Context, url string, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(c.Request.Context(), http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if a := c.GetHeader("Accept"); a != "" {
+		req.Header.Set("Accept", a)
+	}
+	return s.client.Do(req)
+}
+
+// relay streams the worker's answer back byte for byte, marking prefill done
+// at the first body bytes and freeing the load at the end, on error, or when
+// the client goes away.
+func (s *Server) relay(c *gin.Context, p *prepared, d router.Decision, resp *http.Response) {
+	defer resp.Body.Close()
+	defer s.free(p)
+	h := c.Writer.Header()
+	for k, vs := range resp.Header {
+		if k == "Content-Length" {
+			continue
+		}
+		for _, v := range vs {
+			h.Add(k, v)
+		}
+	}
+	h.Set("X-Worker-Id", string(d.Worker))
+	h.Set("X-Cached-Blocks", strconv.Itoa(d.Overlap))
+	c.Status(resp.StatusCode)
+
+	audit := newUsageScanner(p.stream)
+	buf := make([]byte, 32<<10)
+	first := true
+	last := time.Now()
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			now := time.Now()
+			if first {
+				first = false
+				p.rt.PrefillDone(p.req.ID)
+				s.rep.PrefillDone(p.model, p.req.ID)
+				s.metrics.ttft.WithLabelValues(p.model).Observe(now.Sub(p.start).Seconds())
+			} else if p.stream {
+				s.metrics.itl.WithLabelValues(p.model).Observe(now.Sub(last).Seconds())
+			}
+			last = now
+			audit.write(buf[:n])
+			if _, werr := c.Writer.Write(buf[:n]); werr != nil {
+				s.metrics.requests.WithLabelValues(p.model, "client_gone").Inc()
+				return
+			}
+			c.Writer.Flush()
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			s.metrics.requests.WithLabelValues(p.model, "upstream_error").Inc()
+			s.log.Warn("worker stream broke", "worker", d.Worker, "err", err)
+			return
+		}
+	}
+	s.metrics.requests.WithLabelValues(p.model, strconv.Itoa(resp.StatusCode)).Inc()
+	s.metrics.e2e.WithLabelValues(p.model).Observe(time.Since(p.start).Seconds())
+	if u, ok := audit.usage(); ok {
+		bs := p.rt.Config().BlockSize
+		s.metrics.observeUsage(p.model, string(d.Worker), u, d.Overlap*bs)
+	}
+}
+
+func (s *Server) free(p *prepared) {
+	p.rt.Free(p.req.ID)
+	s.rep.Freed(p.model, p.req.ID)
+	s.gates.wake(p.model)
+}
+
+func (s *Server) listModels(c *gin.Context) {
+	data := []gin.H{}
+	for _, m := range s.rep.Models() {
+		data = append(data, gin.H{"id": m, "object": "model", "created": 0, "owned_by": "kvrouter"})
+	}
+	c.JSON(http.StatusOK, gin.H{"object": "list", "data": data})
+}

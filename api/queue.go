@@ -1,0 +1,111 @@
+package api
+
+import (
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// gates hold requests while every worker of a model is above the queue
+// threshold, releasing them in the order of the model's queue policy.
+// Waiters re-check on every load drop this replica sees and on a short tick,
+// because load also drops on other replicas (replica sync) without a wake.
+type gates struct {
+	mu     sync.Mutex
+	queues map[string]*router.Queue
+	wakeCh chan struct{}
+}
+
+type waiter struct {
+	gone bool // mu held: the client left; skipped when at the head
+}
+
+func newGates() *gates {
+	return &gates{queues: make(map[string]*router.Queue), wakeCh: make(chan struct{})}
+}
+
+// wake tells waiters that load dropped.
+func (g *gates) wake(string) {
+	g.mu.Lock()
+	close(g.wakeCh)
+	g.wakeCh = make(chan struct{})
+	g.mu.Unlock()
+}
+
+const gateTick = 10 * time.Millisecond
+
+// admit waits while the model's workers are all above the queue threshold.
+// It returns false when it answered the client (gave up or timed out).
+func (s *Server) admit(c *gin.Context, p *prepared) bool {
+	if !p.rt.ShouldQueue() {
+		return true
+	}
+	g := s.gates
+	me := &waiter{}
+	g.mu.Lock()
+	q := g.queues[p.model]
+	if q == nil {
+		q = router.NewQueue(p.rt.Config().QueuePolicy)
+		g.queues[p.model] = q
+	}
+	q.Push(router.Waiting{Request: p.req, Arrived: time.Now(), Value: me})
+	g.mu.Unlock()
+	gauge := s.metrics.queued.WithLabelValues(p.model)
+	gauge.Inc()
+	defer gauge.Dec()
+
+	deadline := time.NewTimer(s.cfg.QueueTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(gateTick)
+	defer tick.Stop()
+	for {
+		g.mu.Lock()
+		wake := g.wakeCh
+		admitted := g.headLocked(q, me) && !p.rt.ShouldQueue()
+		if admitted {
+			q.Pop()
+		}
+		g.mu.Unlock()
+		if admitted {
+			return true
+		}
+		select {
+		case <-wake:
+		case <-tick.C:
+		case <-c.Request.Context().Done():
+			g.leave(me)
+			return false
+		case <-deadline.C:
+			g.leave(me)
+			s.metrics.rejected.WithLabelValues("queue_timeout").Inc()
+			openAIError(c, s.cfg.BusyStatus, "service_overloaded", "timed out waiting for a worker below the queue threshold")
+			return false
+		}
+	}
+}
+
+// headLocked drops departed waiters from the head and reports whether me is
+// next. g.mu must be held.
+func (g *gates) headLocked(q *router.Queue, me *waiter) bool {
+	for {
+		w, ok := q.Peek()
+		if !ok {
+			return false
+		}
+		if h := w.Value.(*waiter); h.gone {
+			q.Pop()
+			continue
+		} else {
+			return h == me
+		}
+	}
+}
+
+func (g *gates) leave(me *waiter) {
+	g.mu.Lock()
+	me.gone = true
+	g.mu.Unlock()
+}

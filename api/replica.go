@@ -1,0 +1,116 @@
+package api
+
+import (
+	"context"
+	"errors"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// Replica is what the HTTP layer needs from the replica it serves. The
+// composition in cmd/kvrouter implements it over the Raft node, the FSM and
+// the event bus; tests use a fake. Writes go through Raft, so any replica can
+// take them.
+type Replica interface {
+	NodeID() string
+	// Models lists the served models, sorted.
+	Models() []string
+	// Router returns the router of a model.
+	Router(model string) (*router.Router, bool)
+	// WorkerURL is the OpenAI base URL of a worker (http://host:port).
+	WorkerURL(id router.WorkerID) (string, bool)
+
+	// Thresholds are the busy thresholds of a model as replicated.
+	Thresholds(model string) (router.Thresholds, bool)
+	// SetThresholds proposes a threshold change and waits for its commit.
+	SetThresholds(ctx context.Context, model string, upd ThresholdUpdate) (router.Thresholds, error)
+
+	RegisterWorker(ctx context.Context, w WorkerSpec) error
+	DeregisterWorker(ctx context.Context, id string) error
+
+	// Ready says whether this replica can route: knows a leader, caught up,
+	// has workers. The string is the reason when it cannot.
+	Ready() (bool, string)
+	// Status is the /cluster/status document.
+	Status() map[string]any
+
+	// Load notifications, published to the other replicas (replica sync).
+	Booked(model string, b router.Booking)
+	PrefillDone(model, id string)
+	Freed(model, id string)
+}
+
+// ThresholdUpdate is a partial change of busy thresholds: a nil Set* leaves
+// the value alone, Clear* turns a threshold off (JSON null).
+type ThresholdUpdate struct {
+	ActiveDecodeBlocks           *float64
+	ClearActiveDecodeBlocks      bool
+	ActivePrefillTokens          *int64
+	ClearActivePrefillTokens     bool
+	ActivePrefillTokensFrac      *float64
+	ClearActivePrefillTokensFrac bool
+}
+
+// Empty reports whether the update changes nothing (a read).
+func (u ThresholdUpdate) Empty() bool {
+	return u.ActiveDecodeBlocks == nil && u.ActivePrefillTokens == nil && u.ActivePrefillTokensFrac == nil &&
+		!u.ClearActiveDecodeBlocks && !u.ClearActivePrefillTokens && !u.ClearActivePrefillTokensFrac
+}
+
+// Apply returns t changed by u.
+func (u ThresholdUpdate) Apply(t router.Thresholds) router.Thresholds {
+	if u.ClearActiveDecodeBlocks {
+		t.ActiveDecodeBlocks = nil
+	}
+	if u.ActiveDecodeBlocks != nil {
+		t.ActiveDecodeBlocks = u.ActiveDecodeBlocks
+	}
+	if u.ClearActivePrefillTokens {
+		t.ActivePrefillTokens = nil
+	}
+	if u.ActivePrefillTokens != nil {
+		t.ActivePrefillTokens = u.ActivePrefillTokens
+	}
+	if u.ClearActivePrefillTokensFrac {
+		t.ActivePrefillTokensFrac = nil
+	}
+	if u.ActivePrefillTokensFrac != nil {
+		t.ActivePrefillTokensFrac = u.ActivePrefillTokensFrac
+	}
+	return t
+}
+
+// WorkerSpec registers a worker.
+type WorkerSpec struct {
+	ID               string `json:"id"`
+	URL              string `json:"url"`
+	Model            string `json:"model"`
+	BlockSize        int    `json:"block_size"`
+	TotalBlocks      int    `json:"total_kv_blocks"`
+	MaxBatchedTokens int    `json:"max_num_batched_tokens"`
+	DPRanks          int    `json:"dp_ranks,omitempty"`
+}
+
+// Validate rejects a spec the router could not use.
+func (w WorkerSpec) Validate() error {
+	switch {
+	case w.ID == "":
+		return errors.New("worker id is required")
+	case w.URL == "":
+		return errors.New("worker url is required")
+	case w.Model == "":
+		return errors.New("worker model is required")
+	case w.BlockSize <= 0:
+		return errors.New("block_size must be positive")
+	case w.TotalBlocks < 0 || w.MaxBatchedTokens < 0 || w.DPRanks < 0:
+		return errors.New("sizes must not be negative")
+	}
+	return nil
+}
+
+// Errors the Replica returns that map to HTTP statuses.
+var (
+	ErrUnknownModel = errors.New("unknown model")
+	ErrInvalid      = errors.New("invalid request")
+	ErrUnavailable  = errors.New("cluster unavailable")
+)

@@ -1,0 +1,169 @@
+// Package api is the replica's HTTP surface: the OpenAI-compatible routing
+// proxy, Dynamo's /busy_threshold, health, readiness, metrics, cluster and
+// debug endpoints. It owns no state of its own beyond metrics: routing state
+// lives in the router package, replicated state behind the Replica interface.
+package api
+
+import (
+	"crypto/subtle"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvrouter/kvrouter/api/tokenize"
+)
+
+// Config holds the HTTP layer's settings.
+type Config struct {
+	MaxBodyBytes   int64              // request body limit (default 8 MiB → 413 above)
+	BusyStatus     int                // status when every worker is busy: 529 (Dynamo) or 503
+	AdminToken     string             // bearer token for admin endpoints; "" = open
+	APIKeys        []string           // accepted bearer keys for inference; empty = open
+	Tokenizer      tokenize.Tokenizer // must match the workers'
+	ChatTemplate   tokenize.Template
+	ConnectTimeout time.Duration // dialing a worker
+	Retries        int           // other workers tried when connecting fails before the first byte
+	QueueTimeout   time.Duration // longest wait in the admission queue
+	Logger         *slog.Logger
+	Registry       *prometheus.Registry // this replica's own registry
+	ClusterHandler http.Handler         // mounted at /cluster/* for join/remove/apply (Raft layer)
+}
+
+// Server is one replica's HTTP server.
+type Server struct {
+	cfg     Config
+	rep     Replica
+	engine  *gin.Engine
+	metrics *metrics
+	client  *http.Client
+	log     *slog.Logger
+	gates   *gates
+}
+
+// New builds the server; Handler serves it.
+func New(cfg Config, rep Replica) *Server {
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 8 << 20
+	}
+	if cfg.BusyStatus == 0 {
+		cfg.BusyStatus = 529
+	}
+	if cfg.Tokenizer == nil {
+		cfg.Tokenizer = tokenize.Builtin()
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = 2 * time.Second
+	}
+	if cfg.Retries < 0 {
+		cfg.Retries = 0
+	}
+	if cfg.QueueTimeout <= 0 {
+		cfg.QueueTimeout = 60 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	s := &Server{
+		cfg:     cfg,
+		rep:     rep,
+		metrics: newMetrics(cfg.Registry, rep),
+		client:  newWorkerClient(cfg.ConnectTimeout),
+		log:     cfg.Logger,
+		gates:   newGates(),
+	}
+	s.engine = s.routes()
+	return s
+}
+
+// Handler returns the HTTP handler.
+func (s *Server) Handler() http.Handler { return s.engine }
+
+func (s *Server) routes() *gin.Engine {
+	gin.SetMode(gin.ReleaseMode)
+	e := gin.New()
+	e.Use(gin.Recovery(), s.limitBody)
+
+	infer := e.Group("/v1", s.requireKey)
+	infer.POST("/chat/completions", s.chatCompletions)
+	infer.POST("/completions", s.completions)
+	infer.GET("/models", s.listModels)
+
+	e.GET("/health", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok", "node_id": s.rep.NodeID()}) })
+	e.GET("/ready", s.ready)
+	e.GET("/metrics", gin.WrapH(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
+	e.GET("/cluster/status", func(c *gin.Context) { c.JSON(http.StatusOK, s.rep.Status()) })
+
+	admin := e.Group("/", s.requireAdmin)
+	admin.GET("/busy_threshold", s.getBusyThreshold)
+	admin.POST("/busy_threshold", s.postBusyThreshold)
+	admin.POST("/debug/route", s.debugRoute)
+	admin.GET("/workers", s.listWorkers)
+	admin.POST("/workers/register", s.registerWorker)
+	admin.POST("/workers/deregister", s.deregisterWorker)
+	if s.cfg.ClusterHandler != nil {
+		h := gin.WrapH(s.cfg.ClusterHandler)
+		for _, p := range []string{"/cluster/join", "/cluster/remove", "/cluster/apply"} {
+			admin.POST(p, h)
+		}
+	}
+	e.NoRoute(func(c *gin.Context) { openAIError(c, http.StatusNotFound, "not_found", "no route "+c.Request.URL.Path) })
+	return e
+}
+
+// limitBody caps request bodies; reading past the cap fails and the handler
+// answers 413.
+func (s *Server) limitBody(c *gin.Context) {
+	if c.Request.ContentLength > s.cfg.MaxBodyBytes {
+		openAIError(c, http.StatusRequestEntityTooLarge, "invalid_request_error", "request body too large")
+		return
+	}
+	c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, s.cfg.MaxBodyBytes)
+	c.Next()
+}
+
+func bearer(c *gin.Context) string {
+	h := c.GetHeader("Authorization")
+	if t, ok := strings.CutPrefix(h, "Bearer "); ok {
+		return strings.TrimSpace(t)
+	}
+	return ""
+}
+
+func (s *Server) requireKey(c *gin.Context) {
+	if len(s.cfg.APIKeys) == 0 {
+		return
+	}
+	got := bearer(c)
+	for _, k := range s.cfg.APIKeys {
+		if subtle.ConstantTimeCompare([]byte(got), []byte(k)) == 1 {
+			return
+		}
+	}
+	openAIError(c, http.StatusUnauthorized, "authentication_error", "missing or invalid API key")
+}
+
+func (s *Server) requireAdmin(c *gin.Context) {
+	if s.cfg.AdminToken == "" {
+		return
+	}
+	if subtle.ConstantTimeCompare([]byte(bearer(c)), []byte(s.cfg.AdminToken)) != 1 {
+		c.AbortWithStatusJSON(http.StatusUnauthorized, gin.H{"error": "admin endpoints need the bearer token"})
+	}
+}
+
+func (s *Server) ready(c *gin.Context) {
+	ok, reason := s.rep.Ready()
+	if !ok {
+		c.JSON(http.StatusServiceUnavailable, gin.H{"ready": false, "reason": reason, "node_id": s.rep.NodeID()})
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"ready": true, "node_id": s.rep.NodeID()})
+}

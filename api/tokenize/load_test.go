@@ -1,0 +1,119 @@
+package tokenize
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestLoadHFErrors(t *testing.T) {
+	set := func(f func(m map[string]any)) []byte {
+		m := synth("a b")
+		f(m)
+		return mustJSON(t, m)
+	}
+	tests := []struct {
+		name        string
+		data        []byte
+		unsupported bool // want errors.Is(err, ErrUnsupported)
+	}{
+		{"not json", []byte("{nope"), false},
+		{"json array", []byte("[]"), false},
+		{"empty object", []byte("{}"), true}, // no pre_tokenizer
+		{"model missing", set(func(m map[string]any) { delete(m, "model") }), false},
+		{"model not object", set(func(m map[string]any) { m["model"] = 7 }), false},
+		{"WordPiece model", set(func(m map[string]any) { model(m)["type"] = "WordPiece" }), true},
+		{"dropout", set(func(m map[string]any) { model(m)["dropout"] = 0.1 }), true},
+		{"byte_fallback", set(func(m map[string]any) { model(m)["byte_fallback"] = true }), true},
+		{"subword prefix", set(func(m map[string]any) { model(m)["continuing_subword_prefix"] = "##" }), true},
+		{"empty vocab", set(func(m map[string]any) { model(m)["vocab"] = map[string]any{} }), false},
+		{"negative id", set(func(m map[string]any) { model(m)["vocab"].(map[string]any)["zz"] = -1 }), false},
+		{"huge id", set(func(m map[string]any) { model(m)["vocab"].(map[string]any)["zz"] = 1 << 30 }), false},
+		{"non byte-level token", set(func(m map[string]any) { model(m)["vocab"].(map[string]any)["a b"] = 999 }), true},
+		{"merge of unknown token", set(func(m map[string]any) { model(m)["merges"] = []any{"a qq"} }), false},
+		{"merge result not in vocab", set(func(m map[string]any) { model(m)["merges"] = []any{"b c"} }), false},
+		{"merge with one token", set(func(m map[string]any) { model(m)["merges"] = []any{"ab"} }), false},
+		{"merge with three tokens", set(func(m map[string]any) { model(m)["merges"] = []any{"a b c"} }), false},
+		{"merge pair of three", set(func(m map[string]any) { model(m)["merges"] = []any{[]any{"a", "b", "c"}} }), false},
+		{"merge is a number", set(func(m map[string]any) { model(m)["merges"] = []any{1} }), false},
+		{"lowercase normalizer", set(func(m map[string]any) { m["normalizer"] = map[string]any{"type": "Lowercase"} }), true},
+		{"normalizer not object", set(func(m map[string]any) { m["normalizer"] = "NFC" }), false},
+		{"unknown split regex", set(func(m map[string]any) {
+			m["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)[0].(map[string]any)["pattern"] = map[string]any{"Regex": `\w+`}
+		}), true},
+		{"split behavior", set(func(m map[string]any) {
+			m["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)[0].(map[string]any)["behavior"] = "Removed"
+		}), true},
+		{"whitespace pre-tokenizer", set(func(m map[string]any) { m["pre_tokenizer"] = map[string]any{"type": "Whitespace"} }), true},
+		{"metaspace decoder", set(func(m map[string]any) { m["decoder"] = map[string]any{"type": "Metaspace"} }), true},
+		{"no decoder", set(func(m map[string]any) { m["decoder"] = nil }), true},
+		{"added token without id", set(func(m map[string]any) { m["added_tokens"] = []any{map[string]any{"content": "<x>"}} }), false},
+		{"added token huge id", set(func(m map[string]any) { m["added_tokens"] = []any{map[string]any{"id": 1 << 30, "content": "<x>"}} }), false},
+		{"added tokens not array", set(func(m map[string]any) { m["added_tokens"] = "x" }), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseHF(tt.data, "t")
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if got := errors.Is(err, ErrUnsupported); got != tt.unsupported {
+				t.Errorf("errors.Is(%v, ErrUnsupported) = %v, want %v", err, got, tt.unsupported)
+			}
+		})
+	}
+}
+
+// TestLoadHFTruncated feeds every prefix of a valid file to the parser: it
+// must return an error (or, for the full file, succeed) and never panic.
+func TestLoadHFTruncated(t *testing.T) {
+	m := synth("a b", "ab c")
+	m["added_tokens"] = []any{map[string]any{"id": 400, "content": "<x>", "special": true}}
+	data := mustJSON(t, m)
+	for n := 0; n < len(data); n += 1 + n/200 {
+		if _, err := parseHF(data[:n], "t"); err == nil {
+			t.Fatalf("prefix of %d/%d bytes parsed without error", n, len(data))
+		}
+	}
+	if _, err := parseHF(data, "t"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLoadHFPaths(t *testing.T) {
+	dir := t.TempDir()
+	sub := filepath.Join(dir, "tiny")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(sub, "tokenizer.json")
+	if err := os.WriteFile(file, mustJSON(t, synth("a b")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{file, sub} {
+		h, err := LoadHF(p)
+		if err != nil {
+			t.Fatalf("LoadHF(%s): %v", p, err)
+		}
+		if h.Name() != "hf:tiny" {
+			t.Errorf("Name() = %q, want hf:tiny", h.Name())
+		}
+	}
+
+	_, err := LoadHF(filepath.Join(dir, "missing.json"))
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("missing file: err = %v, want fs.ErrNotExist", err)
+	}
+
+	bad := filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"model":`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = LoadHF(bad)
+	if err == nil || !strings.Contains(err.Error(), bad) {
+		t.Errorf("malformed file: err = %v, want an error naming the file", err)
+	}
+}

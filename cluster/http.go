@@ -1,0 +1,423 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Wire format of the internal endpoints (all under /cluster/).
+const (
+	// headerForwardedBy marks a request a follower forwarded; a non-leader
+	// receiving one answers 503 instead of forwarding again (no loops).
+	headerForwardedBy = "X-Kvrouter-Forwarded-By"
+	maxCommandBytes   = 64 << 20
+	// defaultForwardTimeout bounds a forwarded request whose ctx has no deadline.
+	defaultForwardTimeout = 30 * time.Second
+)
+
+// Envelope codes (applyEnvelope.Code, adminResponse.Code).
+const (
+	codeRejected       = "rejected"        // committed; the FSM returned a domain error
+	codeNoLeader       = "no_leader"       // not applied
+	codeOutcomeUnknown = "outcome_unknown" // may still commit
+	codeShutdown       = "shutdown"        // node shutting down
+	codeUnencodable    = "unencodable"     // committed; the response is not JSON-encodable
+	codeBadRequest     = "bad_request"
+	codeUnauthorized   = "unauthorized"
+	codeFailed         = "failed"
+)
+
+// applyEnvelope is the body of a POST /cluster/apply response.
+type applyEnvelope struct {
+	Result   json.RawMessage `json:"result,omitempty"`
+	Error    string          `json:"error,omitempty"`
+	Code     string          `json:"code,omitempty"`
+	Sentinel string          `json:"sentinel,omitempty"` // Error() of the matched Config.ForwardErrors entry
+}
+
+type joinRequest struct {
+	NodeID   string `json:"node_id"`
+	RaftAddr string `json:"raft_addr"`
+	HTTPAddr string `json:"http_addr,omitempty"`
+}
+
+type removeRequest struct {
+	NodeID string `json:"node_id"`
+}
+
+type adminResponse struct {
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+	Code  string `json:"code,omitempty"`
+}
+
+// Handler serves the cluster endpoints; mount it so it sees paths starting
+// with /cluster/:
+//
+//	POST /cluster/join    {"node_id","raft_addr"[,"http_addr"]} → add voter (idempotent)
+//	POST /cluster/remove  {"node_id"}                           → remove server
+//	POST /cluster/apply   raw command bytes → {"result"} | {"error","code"[,"sentinel"]}
+//	GET  /cluster/status  Status (+ Config.StatusExtra fields)
+//
+// The POSTs are executed by the leader; a follower forwards them once to the
+// leader and a forwarded request reaching a non-leader gets 503.
+func (n *Node) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /cluster/join", n.handleJoin)
+	mux.HandleFunc("POST /cluster/remove", n.handleRemove)
+	mux.HandleFunc("POST /cluster/apply", n.handleApply)
+	mux.HandleFunc("GET /cluster/status", n.handleStatus)
+	return n.authorize(mux)
+}
+
+func (n *Node) authorize(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var err error
+		switch {
+		case n.cfg.Authorize != nil:
+			err = n.cfg.Authorize(r)
+		case n.cfg.AuthToken != "":
+			want := "Bearer " + n.cfg.AuthToken
+			if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte(want)) != 1 {
+				err = errors.New("missing or wrong bearer token")
+			}
+		}
+		if err != nil {
+			writeJSON(w, http.StatusUnauthorized, adminResponse{Error: err.Error(), Code: codeUnauthorized})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (n *Node) handleStatus(w http.ResponseWriter, r *http.Request) {
+	st := n.Status()
+	if n.cfg.StatusExtra == nil {
+		writeJSON(w, http.StatusOK, st)
+		return
+	}
+	raw, _ := json.Marshal(st)
+	out := map[string]any{}
+	_ = json.Unmarshal(raw, &out)
+	for k, v := range n.cfg.StatusExtra() {
+		out[k] = v
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (n *Node) handleApply(w http.ResponseWriter, r *http.Request) {
+	cmd, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxCommandBytes))
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, applyEnvelope{Error: err.Error(), Code: codeBadRequest})
+		return
+	}
+	if n.isClosing() {
+		n.writeApplyResult(w, nil, ErrShutdown)
+		return
+	}
+	if n.raft.State() == raft.Leader {
+		resp, err := n.applyLeader(r.Context(), cmd)
+		if !errors.Is(err, raft.ErrNotLeader) {
+			n.writeApplyResult(w, resp, err)
+			return
+		}
+	}
+	if by := r.Header.Get(headerForwardedBy); by != "" {
+		n.writeApplyResult(w, nil, fmt.Errorf("%w: %s is not the leader (forwarded by %s)", ErrNoLeader, n.cfg.NodeID, by))
+		return
+	}
+	status, body, _, err := n.forward(r.Context(), "/cluster/apply", "application/octet-stream", cmd)
+	if err != nil {
+		n.writeApplyResult(w, nil, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// writeApplyResult encodes an applyLeader outcome (the leader side of
+// forwarding).
+func (n *Node) writeApplyResult(w http.ResponseWriter, resp any, err error) {
+	var rej *RejectedError
+	switch {
+	case err == nil:
+		raw, merr := json.Marshal(resp)
+		if merr != nil {
+			writeJSON(w, http.StatusOK, applyEnvelope{Error: merr.Error(), Code: codeUnencodable})
+			return
+		}
+		writeJSON(w, http.StatusOK, applyEnvelope{Result: raw})
+	case errors.As(err, &rej):
+		env := applyEnvelope{Error: rej.Message, Code: codeRejected}
+		for _, s := range n.cfg.ForwardErrors {
+			if errors.Is(rej.Err, s) {
+				env.Sentinel = s.Error()
+				break
+			}
+		}
+		writeJSON(w, http.StatusOK, env)
+	case errors.Is(err, ErrOutcomeUnknown):
+		writeJSON(w, http.StatusInternalServerError, applyEnvelope{Error: err.Error(), Code: codeOutcomeUnknown})
+	case errors.Is(err, ErrNoLeader):
+		writeJSON(w, http.StatusServiceUnavailable, applyEnvelope{Error: err.Error(), Code: codeNoLeader})
+	case errors.Is(err, ErrShutdown):
+		writeJSON(w, http.StatusServiceUnavailable, applyEnvelope{Error: err.Error(), Code: codeShutdown})
+	default:
+		writeJSON(w, http.StatusInternalServerError, applyEnvelope{Error: err.Error(), Code: codeFailed})
+	}
+}
+
+// forwardApply sends cmd to the leader and decodes its envelope.
+func (n *Node) forwardApply(ctx context.Context, cmd []byte) (any, error) {
+	status, body, leader, err := n.forward(ctx, "/cluster/apply", "application/octet-stream", cmd)
+	if err != nil {
+		return nil, err
+	}
+	var env applyEnvelope
+	if err := json.Unmarshal(body, &env); err != nil {
+		if status == http.StatusServiceUnavailable {
+			return nil, fmt.Errorf("%w: leader %s: HTTP %d", ErrNoLeader, leader, status)
+		}
+		return nil, fmt.Errorf("%w: leader %s: HTTP %d: undecodable response: %v", ErrOutcomeUnknown, leader, status, err)
+	}
+	switch env.Code {
+	case "":
+		if status != http.StatusOK {
+			return nil, fmt.Errorf("%w: leader %s: HTTP %d", ErrOutcomeUnknown, leader, status)
+		}
+		if len(env.Result) == 0 || string(env.Result) == "null" {
+			return nil, nil
+		}
+		if n.cfg.DecodeResult != nil {
+			return n.cfg.DecodeResult(cmd, env.Result)
+		}
+		return env.Result, nil
+	case codeRejected:
+		rej := &RejectedError{Message: env.Error}
+		for _, s := range n.cfg.ForwardErrors {
+			if env.Sentinel != "" && s.Error() == env.Sentinel {
+				rej.Err = s
+				break
+			}
+		}
+		return nil, rej
+	case codeNoLeader, codeShutdown:
+		return nil, fmt.Errorf("%w: via %s: %s", ErrNoLeader, leader, env.Error)
+	case codeOutcomeUnknown:
+		return nil, fmt.Errorf("%w: via %s: %s", ErrOutcomeUnknown, leader, env.Error)
+	case codeUnencodable:
+		return nil, fmt.Errorf("cluster: leader %s applied the command but could not encode the response: %s", leader, env.Error)
+	default:
+		return nil, fmt.Errorf("cluster: leader %s: %s: %s", leader, env.Code, env.Error)
+	}
+}
+
+// forward POSTs body to path on the current leader. Errors: ErrNoLeader when
+// the request was certainly not delivered (no leader, no address, dial
+// failure); ErrOutcomeUnknown when it may have been.
+func (n *Node) forward(ctx context.Context, path, contentType string, body []byte) (status int, respBody []byte, leader string, err error) {
+	_, sid := n.raft.LeaderWithID()
+	leader = string(sid)
+	if leader == "" {
+		return 0, nil, "", fmt.Errorf("%w: none known to %s", ErrNoLeader, n.cfg.NodeID)
+	}
+	if leader == n.cfg.NodeID {
+		return 0, nil, leader, fmt.Errorf("%w: %s lost leadership", ErrNoLeader, n.cfg.NodeID)
+	}
+	base := ""
+	if n.cfg.LeaderHTTP != nil {
+		base = n.cfg.LeaderHTTP(leader)
+	}
+	if base == "" {
+		return 0, nil, leader, fmt.Errorf("%w: no HTTP address known for leader %s", ErrNoLeader, leader)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, defaultForwardTimeout)
+		defer cancel()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL(base)+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, leader, fmt.Errorf("%w: leader %s: %v", ErrNoLeader, leader, err)
+	}
+	req.Header.Set("Content-Type", contentType)
+	req.Header.Set(headerForwardedBy, n.cfg.NodeID)
+	n.setAuth(req)
+	resp, err := n.client.Do(req)
+	if err != nil {
+		if isDialError(err) {
+			return 0, nil, leader, fmt.Errorf("%w: leader %s unreachable: %v", ErrNoLeader, leader, err)
+		}
+		return 0, nil, leader, fmt.Errorf("%w: forward to leader %s: %v", ErrOutcomeUnknown, leader, err)
+	}
+	defer resp.Body.Close()
+	respBody, err = io.ReadAll(io.LimitReader(resp.Body, maxCommandBytes))
+	if err != nil {
+		return 0, nil, leader, fmt.Errorf("%w: read leader %s response: %v", ErrOutcomeUnknown, leader, err)
+	}
+	return resp.StatusCode, respBody, leader, nil
+}
+
+func (n *Node) setAuth(req *http.Request) {
+	if n.cfg.AuthToken != "" {
+		req.Header.Set("Authorization", "Bearer "+n.cfg.AuthToken)
+	}
+}
+
+// isDialError: the connection was never established, so nothing was sent.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// baseURL accepts "host:port" as well as "http(s)://host:port[/]".
+func baseURL(s string) string {
+	s = strings.TrimRight(s, "/")
+	if !strings.Contains(s, "://") {
+		s = "http://" + s
+	}
+	return s
+}
+
+func (n *Node) handleJoin(w http.ResponseWriter, r *http.Request) {
+	var req joinRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil || req.NodeID == "" || req.RaftAddr == "" {
+		writeJSON(w, http.StatusBadRequest, adminResponse{Error: "want {\"node_id\",\"raft_addr\"}", Code: codeBadRequest})
+		return
+	}
+	n.serveAdmin(w, r, "/cluster/join", req, func(ctx context.Context) error {
+		return n.addVoter(ctx, raft.ServerID(req.NodeID), raft.ServerAddress(req.RaftAddr))
+	})
+}
+
+func (n *Node) handleRemove(w http.ResponseWriter, r *http.Request) {
+	var req removeRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil || req.NodeID == "" {
+		writeJSON(w, http.StatusBadRequest, adminResponse{Error: "want {\"node_id\"}", Code: codeBadRequest})
+		return
+	}
+	n.serveAdmin(w, r, "/cluster/remove", req, func(ctx context.Context) error {
+		return waitFuture(ctx, n.raft.RemoveServer(raft.ServerID(req.NodeID), 0, n.cfg.ApplyTimeout))
+	})
+}
+
+// serveAdmin runs op on the leader, or forwards the request once.
+func (n *Node) serveAdmin(w http.ResponseWriter, r *http.Request, path string, req any, op func(context.Context) error) {
+	if n.raft.State() == raft.Leader {
+		if err := mapRaftError(op(r.Context())); err != nil {
+			n.writeAdminError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, adminResponse{OK: true})
+		return
+	}
+	if by := r.Header.Get(headerForwardedBy); by != "" {
+		n.writeAdminError(w, fmt.Errorf("%w: %s is not the leader (forwarded by %s)", ErrNoLeader, n.cfg.NodeID, by))
+		return
+	}
+	body, _ := json.Marshal(req)
+	status, resp, _, err := n.forward(r.Context(), path, "application/json", body)
+	if err != nil {
+		n.writeAdminError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(resp)
+}
+
+func (n *Node) writeAdminError(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, ErrNoLeader), errors.Is(err, ErrShutdown):
+		writeJSON(w, http.StatusServiceUnavailable, adminResponse{Error: err.Error(), Code: codeNoLeader})
+	case errors.Is(err, ErrOutcomeUnknown):
+		writeJSON(w, http.StatusInternalServerError, adminResponse{Error: err.Error(), Code: codeOutcomeUnknown})
+	default:
+		writeJSON(w, http.StatusInternalServerError, adminResponse{Error: err.Error(), Code: codeFailed})
+	}
+}
+
+// forwardAdmin sends a join/remove to the leader and checks the answer.
+func (n *Node) forwardAdmin(ctx context.Context, path string, req any) error {
+	body, _ := json.Marshal(req)
+	status, resp, leader, err := n.forward(ctx, path, "application/json", body)
+	if err != nil {
+		return err
+	}
+	return adminResult(leader, status, resp)
+}
+
+func adminResult(target string, status int, body []byte) error {
+	var ar adminResponse
+	_ = json.Unmarshal(body, &ar)
+	if status == http.StatusOK && ar.OK {
+		return nil
+	}
+	msg := ar.Error
+	if msg == "" {
+		msg = strings.TrimSpace(string(body))
+	}
+	switch ar.Code {
+	case codeNoLeader:
+		return fmt.Errorf("%w: %s: %s", ErrNoLeader, target, msg)
+	case codeOutcomeUnknown:
+		return fmt.Errorf("%w: %s: %s", ErrOutcomeUnknown, target, msg)
+	}
+	return fmt.Errorf("cluster: %s: HTTP %d: %s", target, status, msg)
+}
+
+// joinOnce asks each Join target in turn to add this node; nil on the first
+// acceptance.
+func (n *Node) joinOnce(ctx context.Context) error {
+	body, _ := json.Marshal(joinRequest{NodeID: n.cfg.NodeID, RaftAddr: n.cfg.AdvertiseAddr, HTTPAddr: n.cfg.HTTPAddr})
+	var errs []error
+	for _, target := range n.cfg.Join {
+		if n.cfg.HTTPAddr != "" && baseURL(target) == baseURL(n.cfg.HTTPAddr) {
+			continue // the same --join list is given to every node
+		}
+		err := func() error {
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL(target)+"/cluster/join", bytes.NewReader(body))
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Content-Type", "application/json")
+			n.setAuth(req)
+			resp, err := n.client.Do(req)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			rb, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			return adminResult(target, resp.StatusCode, rb)
+		}()
+		if err == nil {
+			n.log.Info("joined cluster", "via", target)
+			return nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", target, err))
+	}
+	if len(errs) == 0 {
+		return errors.New("no join target other than this node")
+	}
+	return errors.Join(errs...)
+}

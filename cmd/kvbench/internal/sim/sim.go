@@ -1,0 +1,409 @@
+// Package sim runs a workload through N simulated engines routed by the real
+// router, in virtual time: a discrete-event loop with no goroutines and no
+// clock, so a run is a pure function of its inputs.
+//
+// The router sees what it sees in production: Route when a request arrives,
+// PrefillDone at its first token, Free when it finishes, and (in kv mode) an
+// index fed by the engines' KV events, each delivered EventDelay after the
+// engine emitted it.
+package sim
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// Config describes one simulation run: one policy over one workload.
+type Config struct {
+	Workers  int
+	KVBlocks []int // per worker
+	// Engine is the template for every engine; CapacityBlocks comes from
+	// KVBlocks and EngineHashSeed is derived per worker.
+	Engine     engine.Config
+	Router     router.Config // Mode selects the policy
+	EventDelay time.Duration
+	Seed       uint64 // router tie-breaks and sampling
+	// Progress, when set, is called after every finished request.
+	Progress func()
+}
+
+// ErrConfig marks an impossible simulation.
+var ErrConfig = errors.New("invalid simulation")
+
+// RequestResult is what happened to one request.
+type RequestResult struct {
+	Worker       int // -1 if never routed
+	Sent         time.Duration
+	FirstToken   time.Duration
+	Finished     time.Duration
+	CachedTokens int
+	Done         bool
+	Err          string // routing or engine rejection; "" when fine
+	Preemptions  int
+}
+
+// Result is one run's outcome.
+type Result struct {
+	Policy   string
+	Requests []RequestResult // by workload request index
+	// Preemptions over all engines.
+	Preemptions uint64
+	// IndexErrors counts KV events the router's index rejected.
+	IndexErrors int
+	// EventsDelivered counts KV events applied to the router's index.
+	EventsDelivered int
+	// End is the virtual time the last request finished.
+	End time.Duration
+}
+
+// usesIndex reports whether a mode reads the event-fed index. Modes this
+// harness does not know (added to the router later) get events, to be safe.
+func usesIndex(m router.Mode) bool {
+	switch m {
+	case router.ModeRoundRobin, router.ModeRandom, router.ModeLeastLoaded, router.ModeLoadAware, router.ModeKVApprox:
+		return false
+	}
+	return true
+}
+
+// epoch anchors virtual time for the router, which speaks time.Time.
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// WorkerID names worker i of n for the router and the engines ("w0"…, zero
+// padded so that the router's sorted order is the numeric order).
+func WorkerID(i, n int) string {
+	width := len(fmt.Sprint(max(n-1, 0)))
+	return fmt.Sprintf("w%0*d", width, i)
+}
+
+// Run simulates w under cfg.
+func Run(w *workload.Workload, cfg Config) (*Result, error) {
+	if cfg.Workers <= 0 || len(cfg.KVBlocks) != cfg.Workers {
+		return nil, fmt.Errorf("%d workers with %d capacities: %w", cfg.Workers, len(cfg.KVBlocks), ErrConfig)
+	}
+	if cfg.Router.BlockSize != w.BlockSize || cfg.Engine.BlockSize != w.BlockSize {
+		return nil, fmt.Errorf("block sizes differ: workload %d, router %d, engine %d: %w",
+			w.BlockSize, cfg.Router.BlockSize, cfg.Engine.BlockSize, ErrConfig)
+	}
+	s := &state{w: w, cfg: cfg, feed: usesIndex(cfg.Router.Mode)}
+	if err := s.build(); err != nil {
+		return nil, err
+	}
+	s.start()
+	s.loop()
+	return s.finish(), nil
+}
+
+type state struct {
+	w    *workload.Workload
+	cfg  Config
+	feed bool // deliver KV events to the index
+
+	engines  []*engine.Engine
+	ids      []router.WorkerID
+	byWorker map[router.WorkerID]int
+	next     []time.Duration
+	busy     []bool // next is valid
+	dirty    []bool // touched this instant: refresh next, drain events
+	index    *router.Index
+	rt       *router.Router
+
+	byID     map[string]int
+	res      []RequestResult
+	arrivals timeHeap // request indices
+	deliver  eventHeap
+	seq      uint64 // insertion order, for deterministic ties
+
+	issued    int // closed loop: next request to send
+	finished  int
+	preempts  uint64
+	idxErrs   int
+	delivered int
+	now       time.Duration
+}
+
+func (s *state) build() error {
+	n := s.cfg.Workers
+	s.engines = make([]*engine.Engine, n)
+	s.ids = make([]router.WorkerID, n)
+	s.byWorker = make(map[router.WorkerID]int, n)
+	s.next = make([]time.Duration, n)
+	s.busy = make([]bool, n)
+	s.dirty = make([]bool, n)
+	s.index = router.NewIndex(s.w.BlockSize)
+	infos := make([]router.WorkerInfo, n)
+	for i := range n {
+		id := WorkerID(i, n)
+		ec := s.cfg.Engine
+		ec.CapacityBlocks = s.cfg.KVBlocks[i]
+		if ec.EngineHashSeed != 0 {
+			// Distinct opaque names per worker, like engines without a
+			// shared PYTHONHASHSEED.
+			ec.EngineHashSeed += uint64(i)
+		}
+		e, err := engine.New(id, ec)
+		if err != nil {
+			return fmt.Errorf("worker %s: %w", id, err)
+		}
+		s.engines[i] = e
+		s.ids[i] = router.WorkerID(id)
+		s.byWorker[s.ids[i]] = i
+		s.index.AddWorker(s.ids[i])
+		infos[i] = router.WorkerInfo{ID: s.ids[i], TotalBlocks: s.cfg.KVBlocks[i], MaxBatchedTokens: e.Config().MaxBatchedTokens}
+	}
+	rt, err := router.New(s.cfg.Router, s.index, s.cfg.Seed)
+	if err != nil {
+		return err
+	}
+	rt.SetWorkers(infos)
+	s.rt = rt
+	s.byID = make(map[string]int, len(s.w.Requests))
+	s.res = make([]RequestResult, len(s.w.Requests))
+	for i, r := range s.w.Requests {
+		s.byID[r.ID] = i
+		s.res[i].Worker = -1
+	}
+	return nil
+}
+
+// start queues the first arrivals: C clients' first requests, or every
+// open-loop row and every session's first turn.
+func (s *state) start() {
+	switch s.w.Kind {
+	case workload.Synthetic:
+		for s.issued < s.w.Concurrency && s.issued < len(s.w.Requests) {
+			s.push(0, s.issued)
+			s.issued++
+		}
+	case workload.Trace:
+		for i, r := range s.w.Requests {
+			if r.Session == workload.NoSession || s.w.Sessions[r.Session][0] == i {
+				s.push(r.At, i)
+			}
+		}
+	}
+}
+
+func (s *state) push(at time.Duration, i int) {
+	s.seq++
+	heap.Push(&s.arrivals, timed{at: at, seq: s.seq, i: i})
+}
+
+func (s *state) loop() {
+	for {
+		t, ok := s.nextTime()
+		if !ok {
+			return
+		}
+		s.now = t
+		// Same-instant order: events become visible, engines finish steps
+		// (the router sees Free before it routes the next request), then
+		// arrivals are routed and submitted, then due steps start.
+		for len(s.deliver) > 0 && s.deliver[0].at <= t {
+			d := heap.Pop(&s.deliver).(delivery)
+			s.delivered++
+			if err := s.index.Apply(s.ids[d.worker], d.kv); err != nil {
+				s.idxErrs++
+			}
+		}
+		for i, e := range s.engines {
+			if s.busy[i] && s.next[i] <= t {
+				s.handle(i, e.Advance(t))
+				s.dirty[i] = true
+			}
+		}
+		for len(s.arrivals) > 0 && s.arrivals[0].at <= t {
+			a := heap.Pop(&s.arrivals).(timed)
+			s.send(a.i)
+		}
+		for i, e := range s.engines {
+			if !s.dirty[i] {
+				continue
+			}
+			s.dirty[i] = false
+			s.next[i], s.busy[i] = e.NextEventTime()
+			s.drain(i)
+		}
+	}
+}
+
+func (s *state) nextTime() (time.Duration, bool) {
+	var t time.Duration
+	ok := false
+	if len(s.arrivals) > 0 {
+		t, ok = s.arrivals[0].at, true
+	}
+	if len(s.deliver) > 0 && (!ok || s.deliver[0].at < t) {
+		t, ok = s.deliver[0].at, true
+	}
+	for i := range s.engines {
+		if s.busy[i] && (!ok || s.next[i] < t) {
+			t, ok = s.next[i], true
+		}
+	}
+	return t, ok
+}
+
+// drain moves engine i's KV events into the delivery queue (or drops them
+// when the policy does not read the index).
+func (s *state) drain(i int) {
+	evs := s.engines[i].DrainEvents()
+	if !s.feed {
+		return
+	}
+	for _, ev := range evs {
+		s.seq++
+		heap.Push(&s.deliver, delivery{at: ev.At + s.cfg.EventDelay, seq: s.seq, worker: i, kv: ev.KV})
+	}
+}
+
+// send routes request i and submits it to the chosen engine.
+func (s *state) send(i int) {
+	r := &s.w.Requests[i]
+	rr := &s.res[i]
+	rr.Sent = s.now
+	d, err := s.rt.Route(router.Request{ID: r.ID, Hashes: r.Hashes, Tokens: r.PromptTokens}, epoch.Add(s.now))
+	if err != nil {
+		s.fail(i, fmt.Sprintf("route: %v", err))
+		return
+	}
+	wi := s.byWorker[d.Worker]
+	rr.Worker = wi
+	err = s.engines[wi].Submit(s.now, engine.Request{
+		ID: r.ID, NumTokens: r.PromptTokens, BlockHashes: r.Hashes, OutputTokens: r.OutputTokens,
+	})
+	if err != nil {
+		s.rt.Free(r.ID)
+		s.fail(i, fmt.Sprintf("submit: %v", err))
+		return
+	}
+	s.dirty[wi] = true
+}
+
+// fail ends request i with an error at now (the client sees it at once).
+func (s *state) fail(i int, msg string) {
+	s.res[i].Err = msg
+	s.complete(i)
+}
+
+func (s *state) handle(wi int, outs []engine.Output) {
+	for _, o := range outs {
+		i, ok := s.byID[o.RequestID]
+		if !ok {
+			continue
+		}
+		rr := &s.res[i]
+		switch o.Kind {
+		case engine.FirstToken:
+			rr.FirstToken = o.At
+			rr.CachedTokens = o.CachedTokens
+			s.rt.PrefillDone(o.RequestID)
+		case engine.Preempted:
+			rr.Preemptions++
+			s.preempts++
+		case engine.Finished:
+			if rr.FirstToken == 0 && rr.CachedTokens == 0 {
+				rr.FirstToken, rr.CachedTokens = o.At, o.CachedTokens
+			}
+			rr.Finished = o.At
+			rr.Done = true
+			s.rt.Free(o.RequestID)
+			s.complete(i)
+		}
+	}
+}
+
+// complete records the end of request i and lets its client (closed loop)
+// or its session's next turn go.
+func (s *state) complete(i int) {
+	s.finished++
+	if s.cfg.Progress != nil {
+		s.cfg.Progress()
+	}
+	switch s.w.Kind {
+	case workload.Synthetic:
+		if s.issued < len(s.w.Requests) {
+			s.push(s.now, s.issued)
+			s.issued++
+		}
+	case workload.Trace:
+		if nxt := s.w.Requests[i].NextTurn; nxt >= 0 {
+			s.push(max(s.w.Requests[nxt].At, s.now), nxt)
+		}
+	}
+}
+
+func (s *state) finish() *Result {
+	res := &Result{
+		Policy:          string(s.cfg.Router.Mode),
+		Requests:        s.res,
+		Preemptions:     s.preempts,
+		IndexErrors:     s.idxErrs,
+		EventsDelivered: s.delivered,
+	}
+	for i := range s.res {
+		rr := &s.res[i]
+		if !rr.Done && rr.Err == "" {
+			rr.Err = "did not complete"
+		}
+		if rr.Done {
+			res.End = max(res.End, rr.Finished)
+		}
+	}
+	return res
+}
+
+type timed struct {
+	at  time.Duration
+	seq uint64
+	i   int
+}
+
+type timeHeap []timed
+
+func (h timeHeap) Len() int { return len(h) }
+func (h timeHeap) Less(a, b int) bool {
+	if h[a].at != h[b].at {
+		return h[a].at < h[b].at
+	}
+	return h[a].seq < h[b].seq
+}
+func (h timeHeap) Swap(a, b int) { h[a], h[b] = h[b], h[a] }
+func (h *timeHeap) Push(x any)   { *h = append(*h, x.(timed)) }
+func (h *timeHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+type delivery struct {
+	at     time.Duration
+	seq    uint64
+	worker int
+	kv     router.KVEvent
+}
+
+type eventHeap []delivery
+
+func (h eventHeap) Len() int { return len(h) }
+func (h eventHeap) Less(a, b int) bool {
+	if h[a].at != h[b].at {
+		return h[a].at < h[b].at
+	}
+	return h[a].seq < h[b].seq
+}
+func (h eventHeap) Swap(a, b int) { h[a], h[b] = h[b], h[a] }
+func (h *eventHeap) Push(x any)   { *h = append(*h, x.(delivery)) }
+func (h *eventHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}

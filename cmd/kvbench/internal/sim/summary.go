@@ -1,0 +1,112 @@
+package sim
+
+import (
+	"slices"
+	"time"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+)
+
+// Quantiles are latency percentiles in milliseconds.
+type Quantiles struct {
+	P50 float64 `json:"p50"`
+	P99 float64 `json:"p99"`
+}
+
+// Summary is one run's figures.
+type Summary struct {
+	Requests  int
+	Completed int
+	Errors    int
+	// RequestHitRate is the share of all requests whose cached prefix
+	// reached their HitTokens.
+	RequestHitRate float64
+	// CachedTokenRatio is engine-reported cached prompt tokens over prompt
+	// tokens, over completed requests.
+	CachedTokenRatio float64
+	TTFT, E2E        Quantiles
+	ThroughputRPS    float64
+	Preemptions      float64
+	IndexErrors      float64
+	// WorkersPerPrefix is how many distinct workers a synthetic prefix was
+	// sent to, averaged over the prefixes that occur (seed 002 §4).
+	WorkersPerPrefix float64
+	// VirtualSeconds is the span from the first request sent to the last
+	// one finished.
+	VirtualSeconds float64
+}
+
+// Summarize computes res's figures against its workload.
+func Summarize(w *workload.Workload, res *Result) Summary {
+	s := Summary{Requests: len(w.Requests), Preemptions: float64(res.Preemptions), IndexErrors: float64(res.IndexErrors)}
+	var cached, prompt int64
+	var ttft, e2e []float64
+	hits := 0
+	first, last := time.Duration(-1), time.Duration(0)
+	perPrefix := map[int]map[int]bool{}
+	for i, rr := range res.Requests {
+		r := &w.Requests[i]
+		if first < 0 || rr.Sent < first {
+			first = rr.Sent
+		}
+		if r.Prefix >= 0 && rr.Worker >= 0 {
+			m := perPrefix[r.Prefix]
+			if m == nil {
+				m = map[int]bool{}
+				perPrefix[r.Prefix] = m
+			}
+			m[rr.Worker] = true
+		}
+		if !rr.Done {
+			s.Errors++
+			continue
+		}
+		s.Completed++
+		last = max(last, rr.Finished)
+		cached += int64(rr.CachedTokens)
+		prompt += int64(r.PromptTokens)
+		if rr.CachedTokens >= r.HitTokens {
+			hits++
+		}
+		ttft = append(ttft, ms(rr.FirstToken-rr.Sent))
+		e2e = append(e2e, ms(rr.Finished-rr.Sent))
+	}
+	if s.Requests > 0 {
+		s.RequestHitRate = float64(hits) / float64(s.Requests)
+	}
+	if prompt > 0 {
+		s.CachedTokenRatio = float64(cached) / float64(prompt)
+	}
+	s.TTFT = Quantiles{P50: Percentile(ttft, 50), P99: Percentile(ttft, 99)}
+	s.E2E = Quantiles{P50: Percentile(e2e, 50), P99: Percentile(e2e, 99)}
+	if s.Completed > 0 && last > first {
+		s.VirtualSeconds = (last - first).Seconds()
+		s.ThroughputRPS = float64(s.Completed) / s.VirtualSeconds
+	}
+	if len(perPrefix) > 0 {
+		n := 0
+		for _, m := range perPrefix {
+			n += len(m)
+		}
+		s.WorkersPerPrefix = float64(n) / float64(len(perPrefix))
+	}
+	return s
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// Percentile is the p-th percentile of xs by linear interpolation between
+// closest ranks (NumPy's default); 0 for no data. xs is sorted in place.
+func Percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	pos := p / 100 * float64(len(xs)-1)
+	lo := int(pos)
+	if lo >= len(xs)-1 {
+		return xs[len(xs)-1]
+	}
+	frac := pos - float64(lo)
+	return xs[lo] + frac*(xs[lo+1]-xs[lo])
+}

@@ -1,0 +1,78 @@
+// Command kvbench runs kvrouter's workloads and A/B benchmarks.
+//
+//	kvbench sim …     in-process, virtual-time simulation (engines + the real router)
+//	kvbench load …    the same workloads against live endpoints (not implemented yet)
+//	kvbench ingest …  KV-event ingest throughput of a cluster (not implemented yet)
+//
+// Exit codes: 0 success, 1 a run failed, 2 bad usage or bad input.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitFail  = 1
+	exitUsage = 2
+)
+
+// command is one subcommand. run gets the arguments after the subcommand's
+// name and returns the process exit code.
+type command struct {
+	name    string
+	summary string
+	run     func(args []string, stdout, stderr io.Writer) int
+}
+
+// commands is the subcommand table; add new subcommands here.
+var commands = []command{
+	{"sim", "simulate N engines routed by the real router, in virtual time", runSim},
+	{"load", "replay a workload in real time against live endpoints", notImplemented("load")},
+	{"ingest", "publish synthetic KV events to a cluster and measure ingest", notImplemented("ingest")},
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		usage(stdout)
+		return exitOK
+	}
+	for _, c := range commands {
+		if c.name == args[0] {
+			return c.run(args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "kvbench: unknown command %q\n", args[0])
+	usage(stderr)
+	return exitUsage
+}
+
+func usage(w io.Writer) {
+	var b strings.Builder
+	b.WriteString("usage: kvbench <command> [flags]\n\ncommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(&b, "  %-8s %s\n", c.name, c.summary)
+	}
+	b.WriteString("\nRun 'kvbench <command> -h' for a command's flags.\n")
+	io.WriteString(w, b.String())
+}
+
+func notImplemented(name string) func([]string, io.Writer, io.Writer) int {
+	return func(_ []string, _, stderr io.Writer) int {
+		fmt.Fprintf(stderr, "kvbench %s: not implemented yet\n", name)
+		return exitUsage
+	}
+}

@@ -1,0 +1,314 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/report"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+)
+
+// runSim is the `kvbench sim` subcommand.
+func runSim(args []string, stdout, stderr io.Writer) int {
+	o, err := parseSimFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvbench sim: %s\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+		return exitUsage
+	}
+	if o.CPUProfile != "" {
+		f, err := os.Create(o.CPUProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvbench sim: %v\n", err)
+			return exitFail
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "kvbench sim: %v\n", err)
+			return exitFail
+		}
+		defer pprof.StopCPUProfile()
+	}
+	rep, header, err := executeSim(o, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvbench sim: %v\n", err)
+		if badInput(err) {
+			return exitUsage
+		}
+		return exitFail
+	}
+	if err := report.WriteTable(stdout, header, rep); err != nil {
+		fmt.Fprintf(stderr, "kvbench sim: %v\n", err)
+		return exitFail
+	}
+	if o.JSON != "" {
+		if err := report.WriteJSON(o.JSON, rep); err != nil {
+			fmt.Fprintf(stderr, "kvbench sim: write report: %v\n", err)
+			return exitFail
+		}
+	}
+	if o.Plot != "" {
+		if err := report.Plot(o.Plot, header, rep.Results); err != nil {
+			fmt.Fprintf(stderr, "kvbench sim: write plot: %v\n", err)
+			return exitFail
+		}
+	}
+	return exitOK
+}
+
+// badInput: the user's input is wrong (exit 2), not the run.
+func badInput(err error) bool {
+	return errors.Is(err, workload.ErrTraceLine) || errors.Is(err, workload.ErrSpec) || errors.Is(err, fs.ErrNotExist)
+}
+
+// simConfig is the report's "config" object: every setting of the run.
+type simConfig struct {
+	Workload         string    `json:"workload"`
+	Workers          int       `json:"workers"`
+	KVBlocks         []int     `json:"kv_blocks"`
+	BlockSize        int       `json:"block_size"`
+	MaxBatchedTokens int       `json:"max_batched_tokens"`
+	MaxRunning       int       `json:"max_running"`
+	Profile          string    `json:"profile"`
+	Speedup          float64   `json:"speedup"`
+	EventDelayMs     float64   `json:"event_delay_ms"`
+	EngineHashSeed   uint64    `json:"engine_hash_seed"`
+	Policies         []string  `json:"policies"`
+	PrefillLoadScale *float64  `json:"prefill_load_scale,omitempty"`
+	OverlapCredit    *float64  `json:"overlap_credit,omitempty"`
+	Temperature      *float64  `json:"temperature,omitempty"`
+	Seed             uint64    `json:"seed"`
+	Reps             int       `json:"reps"`
+	Synthetic        *synthCfg `json:"synthetic,omitempty"`
+	Trace            *traceCfg `json:"trace,omitempty"`
+	Requests         int       `json:"requests"`
+	HitRule          string    `json:"hit_rule"`
+	WallSeconds      float64   `json:"wall_seconds"`
+}
+
+type synthCfg struct {
+	Prefixes     int    `json:"prefixes"`
+	PrefixTokens int    `json:"prefix_tokens"`
+	TailTokens   int    `json:"tail_tokens"`
+	OutputTokens int    `json:"output_tokens"`
+	Concurrency  int    `json:"concurrency"`
+	PrefixOrder  string `json:"prefix_order"`
+}
+
+type traceCfg struct {
+	Path        string `json:"path"`
+	MaxRequests int    `json:"max_requests"`
+	Sessions    int    `json:"sessions"`
+}
+
+// executeSim builds the workloads (one per rep), runs every policy on each,
+// and folds the reps into a report.
+func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error) {
+	start := time.Now()
+	loads := make([]*workload.Workload, o.Reps)
+	if o.Trace != "" {
+		w, err := workload.LoadTrace(workload.TraceSpec{Path: o.Trace, Speedup: o.Speedup, MaxRequests: o.MaxRequests, BlockSize: o.BlockSize})
+		if err != nil {
+			return nil, "", err
+		}
+		for r := range loads {
+			loads[r] = w // a trace is the same every rep; the router's seed changes
+		}
+		if n := tooLarge(w, o); n > 0 {
+			fmt.Fprintf(stderr, "kvbench sim: warning: %d of %d requests need more tokens than a worker's KV cache holds; they will fail\n", n, len(w.Requests))
+		}
+	} else {
+		for r := range loads {
+			w, err := workload.NewSynthetic(workload.SyntheticSpec{
+				Prefixes: o.Prefixes, PrefixTokens: o.PrefixTokens, TailTokens: o.TailTokens,
+				OutputTokens: o.OutputTokens, Requests: o.Requests, Concurrency: o.Concurrency,
+				BlockSize: o.BlockSize, Seed: o.Seed + uint64(r), Order: o.PrefixOrder,
+			})
+			if err != nil {
+				return nil, "", err
+			}
+			loads[r] = w
+		}
+	}
+
+	capacity := 0
+	for _, b := range o.KVBlocks {
+		capacity += b
+	}
+	np := len(o.Policies)
+	runs := make([][]report.Run, np) // [policy][rep]
+	for p := range runs {
+		runs[p] = make([]report.Run, o.Reps)
+	}
+	refs := make([]sim.Reference, o.Reps)
+	errs := make([]error, np*o.Reps)
+
+	var done atomic.Int64
+	total := int64(np * o.Reps * len(loads[0].Requests))
+	stop := startProgress(o, stderr, &done, total)
+
+	type job struct{ p, r int } // p < 0: the reference of rep r
+	jobs := make(chan job)
+	var wg sync.WaitGroup
+	for range o.Parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				if j.p < 0 {
+					if o.Trace != "" && j.r > 0 {
+						continue // same workload: filled in below
+					}
+					refs[j.r] = sim.ComputeReference(loads[j.r], capacity)
+					continue
+				}
+				t0 := time.Now()
+				seed := o.Seed + uint64(j.r)
+				res, err := sim.Run(loads[j.r], sim.Config{
+					Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(),
+					Router: o.routerConfig(o.Policies[j.p]), EventDelay: o.EventDelay, Seed: seed,
+					Progress: func() { done.Add(1) },
+				})
+				if err != nil {
+					errs[j.p*o.Reps+j.r] = fmt.Errorf("policy %s, rep %d: %w", o.Policies[j.p], j.r, err)
+					continue
+				}
+				runs[j.p][j.r] = report.Run{Seed: seed, Summary: sim.Summarize(loads[j.r], res), WallSeconds: time.Since(t0).Seconds()}
+			}
+		}()
+	}
+	for r := range o.Reps {
+		jobs <- job{-1, r}
+	}
+	for r := range o.Reps {
+		for p := range np {
+			jobs <- job{p, r}
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	stop()
+	if err := errors.Join(errs...); err != nil {
+		return nil, "", err
+	}
+	if o.Trace != "" {
+		for r := 1; r < o.Reps; r++ {
+			refs[r] = refs[0]
+		}
+	}
+
+	wall := time.Since(start)
+	rep := &report.Report{Reference: report.MedianReference(refs)}
+	for p, m := range o.Policies {
+		rep.Results = append(rep.Results, report.Median(string(m), runs[p]))
+	}
+	rep.Config = o.reportConfig(loads[0], wall)
+	header := fmt.Sprintf("kvbench sim: %s, %d requests, %d workers × %s blocks of %d tokens, seed %d",
+		loads[0].Name, len(loads[0].Requests), o.Workers, blocksLabel(o.KVBlocks), o.BlockSize, o.Seed)
+	if o.Reps > 1 {
+		header += fmt.Sprintf(", medians of %d reps", o.Reps)
+	}
+	header += fmt.Sprintf(" (%.1fs)", wall.Seconds())
+	return rep, header, nil
+}
+
+func blocksLabel(b []int) string {
+	for _, v := range b[1:] {
+		if v != b[0] {
+			return fmt.Sprint(b)
+		}
+	}
+	return fmt.Sprint(b[0])
+}
+
+// tooLarge counts requests that fit no worker.
+func tooLarge(w *workload.Workload, o *simOptions) int {
+	biggest := 0
+	for _, b := range o.KVBlocks {
+		biggest = max(biggest, b*o.BlockSize)
+	}
+	n := 0
+	for _, r := range w.Requests {
+		if r.PromptTokens+r.OutputTokens > biggest {
+			n++
+		}
+	}
+	return n
+}
+
+func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simConfig {
+	c := simConfig{
+		Workload: w.Kind.String(), Workers: o.Workers, KVBlocks: o.KVBlocks, BlockSize: o.BlockSize,
+		MaxBatchedTokens: o.MaxBatchedTokens, MaxRunning: o.MaxRunning, Profile: o.Profile, Speedup: o.Speedup,
+		EventDelayMs:   float64(o.EventDelay) / float64(time.Millisecond),
+		EngineHashSeed: o.EngineHashSeed, PrefillLoadScale: o.PrefillLoadScale, OverlapCredit: o.OverlapCredit,
+		Temperature: o.Temperature, Seed: o.Seed, Reps: o.Reps, Requests: len(w.Requests),
+		WallSeconds: wall.Seconds(),
+	}
+	for _, m := range o.Policies {
+		c.Policies = append(c.Policies, string(m))
+	}
+	if w.Kind == workload.Trace {
+		c.Trace = &traceCfg{Path: o.Trace, MaxRequests: o.MaxRequests, Sessions: len(w.Sessions)}
+		c.HitRule = fmt.Sprintf("cached prompt tokens >= one block (%d tokens)", o.BlockSize)
+	} else {
+		c.Synthetic = &synthCfg{Prefixes: o.Prefixes, PrefixTokens: o.PrefixTokens, TailTokens: o.TailTokens,
+			OutputTokens: o.OutputTokens, Concurrency: o.Concurrency, PrefixOrder: o.PrefixOrder}
+		c.HitRule = fmt.Sprintf("cached prompt tokens >= half the shared prefix (%d tokens)", (o.PrefixTokens+1)/2)
+	}
+	return c
+}
+
+// startProgress prints finished/total requests on stderr a few times a
+// second, when stderr is a terminal or --progress is set. The returned
+// function stops it and clears the line.
+func startProgress(o *simOptions, stderr io.Writer, done *atomic.Int64, total int64) func() {
+	if !o.Progress && !isTerminal(stderr) {
+		return func() {}
+	}
+	quit := make(chan struct{})
+	finished := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				fmt.Fprintf(stderr, "\r%-70s\r", "")
+				return
+			case <-t.C:
+				n := done.Load()
+				fmt.Fprintf(stderr, "\rkvbench sim: %d/%d requests simulated (%.0f%%), %.0fs",
+					n, total, 100*float64(n)/float64(max(total, 1)), time.Since(start).Seconds())
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-finished
+	}
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+

@@ -1,0 +1,523 @@
+package eventbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// Applier commits a batch of valid events, in stream order. The cluster
+// implements it with one raft.Apply of a batch command. nil means committed
+// (the messages are acked after it returns); any error means "not committed
+// or unknown" (ErrLeadershipLost, a timeout): nothing is acked and the
+// events come back, so applying must be idempotent per
+// (worker, dp_rank, event_id).
+type Applier interface {
+	ApplyEvents(ctx context.Context, events []WireEvent) error
+}
+
+// ApplierFunc adapts a function to Applier.
+type ApplierFunc func(ctx context.Context, events []WireEvent) error
+
+// ApplyEvents calls f.
+func (f ApplierFunc) ApplyEvents(ctx context.Context, events []WireEvent) error {
+	return f(ctx, events)
+}
+
+// Validator checks an event's worker against the replicated registry before
+// it is proposed. worker is the router's id (router.WorkerKey of the event's
+// worker and dp rank); blockSize is the stored event's block size (0 = not
+// reported, and always 0 for removed and cleared events). Errors wrapping
+// router.ErrUnknownWorker or router.ErrBlockSizeMismatch are counted under
+// their own reasons; any other error as "rejected".
+type Validator interface {
+	CheckWorker(worker string, blockSize int) error
+}
+
+// Rejection describes one event the consumer terminated.
+type Rejection struct {
+	Reason    Reason
+	Err       error
+	Subject   string
+	StreamSeq uint64
+	Event     *WireEvent // nil when undecodable
+}
+
+// ConsumerConfig configures the leader's consumer. Zero fields take the
+// defaults.
+type ConsumerConfig struct {
+	Stream  string // default KV_EVENTS
+	Durable string // default "kv-apply"
+
+	MaxBatch  int           // messages per batch (default 1024)
+	BatchWait time.Duration // how long a batch collects after its first message (default 5ms)
+	IdleWait  time.Duration // one long poll while the stream is empty (default 1s)
+
+	AckWait       time.Duration // redelivery after this without an ack (default 10s)
+	MaxAckPending int           // default 65536
+
+	// RetryBackoff is the first pause after a failed apply or fetch; it
+	// doubles up to 1s (default 50ms).
+	RetryBackoff time.Duration
+
+	MaxBlocks int       // Validate's cap (default DefaultMaxBlocks)
+	Validator Validator // optional
+	// OnReject, if set, sees every terminated event (the cluster may mark
+	// its worker stale at once instead of waiting for the gap).
+	OnReject func(Rejection)
+
+	// Registerer receives the consumer's metrics (nil: not registered).
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+func (c ConsumerConfig) withDefaults() ConsumerConfig {
+	if c.Stream == "" {
+		c.Stream = StreamName
+	}
+	if c.Durable == "" {
+		c.Durable = DefaultDurable
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 1024
+	}
+	if c.BatchWait <= 0 {
+		c.BatchWait = 5 * time.Millisecond
+	}
+	if c.IdleWait <= 0 {
+		c.IdleWait = time.Second
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = 10 * time.Second
+	}
+	if c.MaxAckPending <= 0 {
+		c.MaxAckPending = 65536
+	}
+	if c.RetryBackoff <= 0 {
+		c.RetryBackoff = 50 * time.Millisecond
+	}
+	if c.MaxBlocks <= 0 {
+		c.MaxBlocks = DefaultMaxBlocks
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// ConsumerMetrics are the consumer's Prometheus metrics.
+type ConsumerMetrics struct {
+	Batches       prometheus.Counter     // batches committed
+	EventsApplied prometheus.Counter     // events committed
+	BatchSeconds  prometheus.Histogram   // first message fetched → acks sent
+	Rejected      *prometheus.CounterVec // terminated events by reason
+	ApplyErrors   prometheus.Counter     // batches the applier refused (redelivered)
+	FetchErrors   prometheus.Counter
+	AckErrors     prometheus.Counter // acks that failed to send (the events come back, harmlessly)
+}
+
+func newConsumerMetrics(reg prometheus.Registerer) *ConsumerMetrics {
+	m := &ConsumerMetrics{
+		Batches: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "batches_total",
+			Help: "KV event batches committed through the applier and acked."}),
+		EventsApplied: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "events_applied_total",
+			Help: "KV events committed through the applier and acked."}),
+		BatchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "batch_seconds",
+			Help:    "Time from a batch's fetch to its acks, including the commit.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		Rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "events_rejected_total",
+			Help: "KV events terminated without being applied, by reason."}, []string{"reason"}),
+		ApplyErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "apply_errors_total",
+			Help: "Batches the applier did not commit (left for redelivery)."}),
+		FetchErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "fetch_errors_total",
+			Help: "Failed fetches from the KV event stream."}),
+		AckErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "ack_errors_total",
+			Help: "Acks that could not be sent (those events are redelivered and skipped as duplicates)."}),
+	}
+	for _, r := range AllReasons {
+		m.Rejected.WithLabelValues(string(r))
+	}
+	if reg != nil {
+		m.Batches = register(reg, m.Batches)
+		m.EventsApplied = register(reg, m.EventsApplied)
+		m.BatchSeconds = register(reg, m.BatchSeconds)
+		m.Rejected = register(reg, m.Rejected)
+		m.ApplyErrors = register(reg, m.ApplyErrors)
+		m.FetchErrors = register(reg, m.FetchErrors)
+		m.AckErrors = register(reg, m.AckErrors)
+	}
+	return m
+}
+
+// register registers c, or returns the collector already registered under
+// its name (a second consumer on the same registry shares the metrics).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+	}
+	return c
+}
+
+// Consumer is the durable pull consumer that moves KV events from the stream
+// into the Raft log. Exactly one Run should be active in the cluster, on the
+// Raft leader.
+type Consumer struct {
+	js      jetstream.JetStream
+	cfg     ConsumerConfig
+	log     *slog.Logger
+	metrics *ConsumerMetrics
+	limiter *logLimiter
+
+	mu   sync.Mutex // guards cons
+	cons jetstream.Consumer
+}
+
+// NewConsumer creates (or updates) the durable consumer on the stream, which
+// must exist (EnsureStream).
+func NewConsumer(ctx context.Context, js jetstream.JetStream, cfg ConsumerConfig) (*Consumer, error) {
+	cfg = cfg.withDefaults()
+	c := &Consumer{
+		js:      js,
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "kv-consumer", "durable", cfg.Durable),
+		metrics: newConsumerMetrics(cfg.Registerer),
+		limiter: newLogLimiter(10 * time.Second),
+	}
+	if _, err := c.consumer(ctx, true); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Metrics returns the consumer's metrics.
+func (c *Consumer) Metrics() *ConsumerMetrics { return c.metrics }
+
+// ConsumerConfig is the durable's JetStream configuration.
+func (c *Consumer) ConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       c.cfg.Durable,
+		Description:   "kvrouter leader: KV events into the Raft log",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.cfg.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: c.cfg.MaxAckPending,
+		FilterSubject: EventSubjects,
+	}
+}
+
+func (c *Consumer) consumer(ctx context.Context, refresh bool) (jetstream.Consumer, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cons != nil && !refresh {
+		return c.cons, nil
+	}
+	backoff := c.cfg.RetryBackoff
+	for {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		cons, err := c.js.CreateOrUpdateConsumer(actx, c.cfg.Stream, c.ConsumerConfig())
+		cancel()
+		if err == nil {
+			c.cons = cons
+			return cons, nil
+		}
+		if !transientJSError(err) || ctx.Err() != nil {
+			return nil, fmt.Errorf("consumer %s on %s: %w", c.cfg.Durable, c.cfg.Stream, err)
+		}
+		if !sleepCtx(ctx, backoff) {
+			return nil, fmt.Errorf("consumer %s on %s: %w (last error: %v)", c.cfg.Durable, c.cfg.Stream, ctx.Err(), err)
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// Run moves events from the stream to applier until ctx is cancelled (the
+// caller cancels it when this replica loses the Raft leadership), then
+// returns nil; it returns an error only if the consumer cannot be set up.
+//
+// Each round fetches up to MaxBatch messages, waiting at most BatchWait
+// after the first; decodes and validates each (invalid ones are terminated
+// at once and counted, so they never block the stream); hands the valid
+// ones, in stream order, to applier; and acks them only after it returns
+// nil. On an error nothing is acked: the batch is nak'ed so JetStream
+// redelivers it, in order, in the next round, after a pause.
+//
+// Run first resets the consumer to its ack floor, so whatever a previous
+// leader fetched but never acked is redelivered now and in stream order,
+// not after AckWait and behind newer events.
+func (c *Consumer) Run(ctx context.Context, applier Applier) error {
+	cons, err := c.consumer(ctx, false)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_, err = c.js.ResetConsumer(rctx, c.cfg.Stream, c.cfg.Durable)
+	cancel()
+	if err != nil && ctx.Err() == nil {
+		// An old server without the reset API: unacked events of the
+		// previous leader come back after AckWait instead.
+		c.log.Warn("reset consumer to ack floor failed", "err", err)
+	}
+	c.log.Info("consuming KV events")
+	defer c.log.Info("stopped consuming KV events")
+	backoff := c.cfg.RetryBackoff
+	busy := false
+	for ctx.Err() == nil {
+		msgs, err := c.fetch(ctx, cons, busy)
+		if ctx.Err() != nil {
+			nakAll(msgs)
+			return nil
+		}
+		if err != nil {
+			c.metrics.FetchErrors.Inc()
+			if ok, n := c.limiter.allow("fetch"); ok {
+				c.log.Warn("fetch KV events failed", "err", err, "suppressed", n)
+			}
+			if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+				if fresh, cerr := c.consumer(ctx, true); cerr == nil {
+					cons = fresh
+				}
+			}
+			nakAll(msgs)
+			if !sleepCtx(ctx, backoff) {
+				return nil
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		busy = len(msgs) > 0
+		if !busy {
+			continue
+		}
+		if c.process(ctx, msgs, applier) {
+			backoff = c.cfg.RetryBackoff
+			continue
+		}
+		busy = true // the nak'ed batch is waiting
+		if !sleepCtx(ctx, backoff) {
+			return nil
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+	return nil
+}
+
+// fetch returns the next batch. While the stream is busy one request
+// collects up to MaxBatch messages for at most BatchWait; when it was idle,
+// a long poll of IdleWait waits for the first message (and returns as soon
+// as it arrives), then a short request collects the rest of the batch.
+func (c *Consumer) fetch(ctx context.Context, cons jetstream.Consumer, busy bool) ([]jetstream.Msg, error) {
+	var msgs []jetstream.Msg
+	if !busy {
+		ictx, cancel := context.WithTimeout(ctx, c.cfg.IdleWait)
+		b, err := cons.Fetch(1, jetstream.FetchContext(ictx))
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		for m := range b.Messages() {
+			msgs = append(msgs, m)
+		}
+		err = b.Error()
+		cancel()
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			return msgs, err
+		}
+		if len(msgs) == 0 || c.cfg.MaxBatch == 1 {
+			return msgs, nil
+		}
+	}
+	b, err := cons.Fetch(c.cfg.MaxBatch-len(msgs), jetstream.FetchMaxWait(c.cfg.BatchWait))
+	if err != nil {
+		return msgs, err
+	}
+	for m := range b.Messages() {
+		msgs = append(msgs, m)
+	}
+	return msgs, b.Error()
+}
+
+// process handles one fetched batch; it reports whether the batch is done
+// with (applied and acked, or nothing valid in it).
+func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg, applier Applier) bool {
+	start := time.Now()
+	events := make([]WireEvent, 0, len(msgs))
+	valid := make([]jetstream.Msg, 0, len(msgs))
+	for _, m := range msgs {
+		ev, err := c.check(m)
+		if err != nil {
+			c.reject(m, ev, err)
+			continue
+		}
+		events = append(events, ev)
+		valid = append(valid, m)
+	}
+	if len(events) == 0 {
+		return true
+	}
+	if err := applier.ApplyEvents(ctx, events); err != nil {
+		c.metrics.ApplyErrors.Inc()
+		if ctx.Err() == nil {
+			if ok, n := c.limiter.allow("apply"); ok {
+				c.log.Warn("apply KV event batch failed; left for redelivery", "events", len(events), "err", err, "suppressed", n)
+			}
+		}
+		nakAll(valid)
+		return false
+	}
+	c.ackAll(ctx, valid)
+	c.metrics.Batches.Inc()
+	c.metrics.EventsApplied.Add(float64(len(events)))
+	c.metrics.BatchSeconds.Observe(time.Since(start).Seconds())
+	return true
+}
+
+// check decodes and validates one message.
+func (c *Consumer) check(m jetstream.Msg) (WireEvent, error) {
+	ev, err := Decode(m.Data())
+	if err != nil {
+		return ev, &InvalidEventError{Reason: ReasonUndecodable, Detail: err.Error(), Err: err}
+	}
+	if err := Validate(&ev, c.cfg.MaxBlocks); err != nil {
+		return ev, err
+	}
+	if subj := m.Subject(); subj != EventSubject(ev.Worker) {
+		return ev, invalid(ReasonSubjectMismatch, "%s on subject %s", ev.MsgID(), subj)
+	}
+	if id := m.Headers().Get(jetstream.MsgIDHeader); id != "" && id != ev.MsgID() {
+		return ev, invalid(ReasonMsgIDMismatch, "%s with Nats-Msg-Id %q", ev.MsgID(), id)
+	}
+	if c.cfg.Validator != nil {
+		bs := 0
+		if ev.Kind == KindStored {
+			bs = ev.BlockSize
+		}
+		if err := c.cfg.Validator.CheckWorker(string(ev.WorkerID()), bs); err != nil {
+			r := ReasonRejected
+			switch {
+			case errors.Is(err, router.ErrUnknownWorker):
+				r = ReasonUnknownWorker
+			case errors.Is(err, router.ErrBlockSizeMismatch):
+				r = ReasonBlockSizeMismatch
+			}
+			return ev, &InvalidEventError{Reason: r, Detail: ev.MsgID() + ": " + err.Error(), Err: err}
+		}
+	}
+	return ev, nil
+}
+
+// reject terminates m so it is never redelivered, counts and logs it.
+func (c *Consumer) reject(m jetstream.Msg, ev WireEvent, err error) {
+	r := ReasonOf(err)
+	if r == "" {
+		r = ReasonRejected
+	}
+	c.metrics.Rejected.WithLabelValues(string(r)).Inc()
+	var seq uint64
+	if md, merr := m.Metadata(); merr == nil {
+		seq = md.Sequence.Stream
+	}
+	if ok, n := c.limiter.allow("reject:" + string(r)); ok {
+		c.log.Warn("rejected KV event", "reason", r, "subject", m.Subject(), "stream_seq", seq, "err", err, "suppressed", n)
+	}
+	if terr := m.TermWithReason(string(r)); terr != nil {
+		c.metrics.AckErrors.Inc()
+	}
+	if c.cfg.OnReject != nil {
+		rej := Rejection{Reason: r, Err: err, Subject: m.Subject(), StreamSeq: seq}
+		if r != ReasonUndecodable {
+			rej.Event = &ev
+		}
+		c.cfg.OnReject(rej)
+	}
+}
+
+// ackAll acks a committed batch: fire-and-forget acks for all but the last,
+// which is acked synchronously so the batch's acks are known to have reached
+// the server (they travel in order on one connection). A lost ack costs a
+// redelivery that the state machine skips as a duplicate.
+func (c *Consumer) ackAll(ctx context.Context, msgs []jetstream.Msg) {
+	for _, m := range msgs[:len(msgs)-1] {
+		if err := m.Ack(); err != nil {
+			c.metrics.AckErrors.Inc()
+		}
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := msgs[len(msgs)-1].DoubleAck(actx); err != nil {
+		c.metrics.AckErrors.Inc()
+		if ok, n := c.limiter.allow("ack"); ok {
+			c.log.Warn("ack of committed batch not confirmed; it will be redelivered and skipped", "err", err, "suppressed", n)
+		}
+	}
+}
+
+// nakAll asks for immediate redelivery, in order (JetStream serves its
+// redelivery queue before new messages).
+func nakAll(msgs []jetstream.Msg) {
+	for _, m := range msgs {
+		_ = m.Nak()
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// logLimiter lets one line per key through per interval and counts the rest.
+type logLimiter struct {
+	every time.Duration
+	mu    sync.Mutex
+	last  map[string]time.Time
+	supp  map[string]int
+}
+
+func newLogLimiter(every time.Duration) *logLimiter {
+	return &logLimiter{every: every, last: map[string]time.Time{}, supp: map[string]int{}}
+}
+
+// allow reports whether to log now, and how many lines were suppressed since
+// the last one.
+func (l *logLimiter) allow(key string) (bool, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	if t, ok := l.last[key]; ok && now.Sub(t) < l.every {
+		l.supp[key]++
+		return false, 0
+	}
+	n := l.supp[key]
+	l.last[key] = now
+	l.supp[key] = 0
+	return true, n
+}

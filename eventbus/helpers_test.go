@@ -1,0 +1,318 @@
+package eventbus
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// testLogger writes slog lines into t.Log (shown only on failure). Lines
+// logged after the test ended (late NATS goroutines) are dropped.
+func testLogger(t testing.TB) *slog.Logger {
+	w := &tWriter{t: t}
+	t.Cleanup(w.stop) // registered first, so it runs after every later cleanup
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct {
+	t    testing.TB
+	mu   sync.Mutex
+	done bool
+}
+
+func (w *tWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func (w *tWriter) stop() {
+	w.mu.Lock()
+	w.done = true
+	w.mu.Unlock()
+}
+
+// freePort reserves a port by listening on :0 and closing it.
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return port
+}
+
+// checkFor polls fn every `every` until it returns nil or total elapses.
+func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	var err error
+	for {
+		if err = fn(); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met after %v: %v", total, err)
+		}
+		time.Sleep(every)
+	}
+}
+
+func startSingle(t testing.TB, log *slog.Logger) *Server {
+	t.Helper()
+	s, err := StartServer(ServerConfig{Name: "single", StoreDir: t.TempDir(), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+// startCluster starts n clustered servers on pre-allocated ports, each with
+// its own store directory and logger.
+func startCluster(t testing.TB, n int) []*Server {
+	t.Helper()
+	cports := make([]int, n)
+	routes := make([]string, n)
+	for i := range cports {
+		cports[i] = freePort(t)
+		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", cports[i])
+	}
+	servers := make([]*Server, n)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := fmt.Sprintf("n%d", i+1)
+			servers[i], errs[i] = StartServer(ServerConfig{
+				Name: name, Port: freePort(t),
+				ClusterName: "kvtest", ClusterPort: cports[i], Routes: routes,
+				StoreDir: t.TempDir(), Logger: testLogger(t).With("node", name),
+			})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("server %d: %v", i+1, err)
+		}
+		t.Cleanup(servers[i].Shutdown)
+	}
+	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		for _, s := range servers {
+			if got := s.NATS().NumRoutes(); got < n-1 {
+				return fmt.Errorf("%s has %d routes", s.Name(), got)
+			}
+		}
+		return nil
+	})
+	return servers
+}
+
+func connect(t testing.TB, url, name string, log *slog.Logger) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := Connect(url, name, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+func ensureStream(t testing.TB, js jetstream.JetStream, replicas int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := EnsureStream(ctx, js, StreamOptions{Replicas: replicas}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fakeApplier records applied events; fail, when set, may refuse a batch.
+type fakeApplier struct {
+	mu      sync.Mutex
+	count   map[string]int      // msg id → times applied
+	order   map[string][]uint64 // worker key → event ids in apply order
+	total   int
+	batches int
+	fail    func(batch []WireEvent) error
+}
+
+func newFakeApplier() *fakeApplier {
+	return &fakeApplier{count: map[string]int{}, order: map[string][]uint64{}}
+}
+
+func (a *fakeApplier) ApplyEvents(_ context.Context, events []WireEvent) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.fail != nil {
+		if err := a.fail(events); err != nil {
+			return err
+		}
+	}
+	a.batches++
+	for i := range events {
+		ev := &events[i]
+		a.count[ev.MsgID()]++
+		k := string(ev.WorkerID())
+		a.order[k] = append(a.order[k], ev.EventID)
+		a.total++
+	}
+	return nil
+}
+
+func (a *fakeApplier) applied() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.total
+}
+
+// check: every id in want applied exactly once, nothing else applied, and
+// each worker's events applied in increasing id order.
+func (a *fakeApplier) check(t testing.TB, want []string) {
+	t.Helper()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, id := range want {
+		if a.count[id] != 1 {
+			t.Errorf("event %s applied %d times, want 1", id, a.count[id])
+		}
+	}
+	if len(a.count) != len(want) {
+		t.Errorf("%d distinct events applied, want %d", len(a.count), len(want))
+	}
+	for w, ids := range a.order {
+		for i := 1; i < len(ids); i++ {
+			if ids[i] <= ids[i-1] {
+				t.Errorf("worker %s: event %d applied after %d", w, ids[i], ids[i-1])
+				break
+			}
+		}
+	}
+}
+
+// runConsumer runs c until the test ends (or the returned cancel).
+func runConsumer(t testing.TB, c *Consumer, a Applier) (cancel func()) {
+	t.Helper()
+	ctx, cancelCtx := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, a) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancelCtx()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("consumer run: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Errorf("consumer did not stop")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// ackLedger collects publisher acks.
+type ackLedger struct {
+	mu    sync.Mutex
+	acked []string
+	dups  int
+	errs  []error
+}
+
+func (l *ackLedger) onAck(worker string, dp uint32) func(PublishAck) {
+	return func(a PublishAck) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.acked = append(l.acked, MsgID(worker, dp, a.EventID))
+		if a.Duplicate {
+			l.dups++
+		}
+	}
+}
+
+func (l *ackLedger) onError(_ uint64, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.errs = append(l.errs, err)
+}
+
+func (l *ackLedger) ids() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.acked...)
+}
+
+func counterValue(t testing.TB, c prometheus.Collector) float64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 64)
+	c.Collect(ch)
+	close(ch)
+	var sum float64
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case d.Counter != nil:
+			sum += d.Counter.GetValue()
+		case d.Histogram != nil:
+			sum += float64(d.Histogram.GetSampleCount())
+		}
+	}
+	return sum
+}
+
+func rejected(t testing.TB, c *Consumer, r Reason) float64 {
+	return counterValue(t, c.Metrics().Rejected.WithLabelValues(string(r)))
+}
+
+func storedEvent(id uint64, blocks ...uint64) WireEvent {
+	ev := WireEvent{EventID: id, Kind: KindStored, BlockSize: 16}
+	for _, b := range blocks {
+		ev.Blocks = append(ev.Blocks, WireBlock{Engine: b, Content: b * 31})
+	}
+	if len(blocks) > 0 && id > 1 {
+		ev.HasParent, ev.Parent = true, blocks[0]-1
+	}
+	return ev
+}
+
+func mustEncode(t testing.TB, ev WireEvent) []byte {
+	t.Helper()
+	b, err := Encode(&ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+var _ = bytes.Equal

@@ -1,0 +1,494 @@
+package eventbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrPublisherClosed is returned (and reported through OnError) for events
+// that were not acknowledged before Close.
+var ErrPublisherClosed = errors.New("publisher closed")
+
+// PublishAck says the stream has durably stored an event (or already had it:
+// Duplicate). Only acknowledged events are guaranteed to reach the index.
+type PublishAck struct {
+	EventID   uint64
+	Stream    string
+	Sequence  uint64 // stream sequence
+	Duplicate bool   // the stream had this Nats-Msg-Id already
+}
+
+// PublisherStats are cumulative counters of one publisher.
+type PublisherStats struct {
+	Published  uint64 // events handed to the stream (first attempt)
+	Acked      uint64 // acknowledged (including duplicates)
+	Duplicates uint64 // acknowledged as duplicates
+	Retries    uint64 // re-sends with the same Nats-Msg-Id
+	Failed     uint64 // given up (permanent error or Close)
+	InFlight   int    // sent, not yet acknowledged
+}
+
+type publisherOptions struct {
+	window     int
+	ackTimeout time.Duration
+	backoffMin time.Duration
+	backoffMax time.Duration
+	nextID     uint64
+	onAck      func(PublishAck)
+	onError    func(eventID uint64, err error)
+	logger     *slog.Logger
+}
+
+// PublisherOption configures NewPublisher.
+type PublisherOption func(*publisherOptions)
+
+// WithWindow bounds the events in flight (sent, not yet acknowledged);
+// Publish and PublishAsync block while it is full. Default 256.
+func WithWindow(n int) PublisherOption {
+	return func(o *publisherOptions) {
+		if n > 0 {
+			o.window = n
+		}
+	}
+}
+
+// WithAckTimeout bounds one attempt's wait for the stream's ack (default 5s);
+// after it the event is re-sent with the same Nats-Msg-Id.
+func WithAckTimeout(d time.Duration) PublisherOption {
+	return func(o *publisherOptions) {
+		if d > 0 {
+			o.ackTimeout = d
+		}
+	}
+}
+
+// WithRetryBackoff sets the wait between re-sends: it starts at min and
+// doubles up to max (defaults 50ms, 2s), with jitter.
+func WithRetryBackoff(min, max time.Duration) PublisherOption {
+	return func(o *publisherOptions) {
+		if min > 0 {
+			o.backoffMin = min
+		}
+		if max >= o.backoffMin {
+			o.backoffMax = max
+		}
+	}
+}
+
+// WithNextEventID sets the id the publisher assigns next (default 1), e.g.
+// to continue after a restart.
+func WithNextEventID(id uint64) PublisherOption {
+	return func(o *publisherOptions) {
+		if id > 0 {
+			o.nextID = id
+		}
+	}
+}
+
+// WithOnAck reports every acknowledged event, in publish order, from the
+// publisher's goroutine: a ledger records exactly these ids. The callback
+// must not block for long and must not call the publisher.
+func WithOnAck(fn func(PublishAck)) PublisherOption {
+	return func(o *publisherOptions) { o.onAck = fn }
+}
+
+// WithOnError reports events the publisher gave up on (a permanent stream
+// error, or Close before the ack). Same goroutine rules as WithOnAck.
+func WithOnError(fn func(eventID uint64, err error)) PublisherOption {
+	return func(o *publisherOptions) { o.onError = fn }
+}
+
+// WithPublisherLogger sets the logger (default slog.Default()).
+func WithPublisherLogger(l *slog.Logger) PublisherOption {
+	return func(o *publisherOptions) { o.logger = l }
+}
+
+// Publisher publishes one worker rank's KV events into KV_EVENTS: it assigns
+// event ids, deduplicates retries through Nats-Msg-Id, bounds what is in
+// flight and reports acknowledgements in order.
+//
+// Ordering: events are sent in event-id order and acknowledged in that
+// order. A failed send is re-sent before later events are acknowledged, and
+// new sends wait while a re-send is in progress; events already in flight
+// behind a lost one can still be stored before its re-send, so the stream
+// can (rarely, after a failure) hold a worker's events out of order. The
+// state machine's per-worker gap rule catches that (see DESIGN.md).
+type Publisher struct {
+	js      jetstream.JetStream
+	worker  string
+	dpRank  uint32
+	subject string
+	opts    publisherOptions
+	log     *slog.Logger
+
+	sem    chan struct{}   // one token per event in flight
+	wake   chan struct{}   // cap 1: something was queued
+	done   chan struct{}   // closed by Close
+	base   context.Context // cancelled by Close: aborts a re-send in progress
+	cancel context.CancelFunc
+	closed atomic.Bool
+	wg     sync.WaitGroup
+
+	// mu serialises sends so the wire order is the event-id order; it
+	// guards the fields below.
+	mu      sync.Mutex
+	next    uint64
+	queue   []*pending    // in flight, in send order
+	blocked chan struct{} // non-nil while the head is being re-sent; closed when done
+	empty   chan struct{} // non-nil while a Flush waits; closed when queue drains
+
+	published, acked, dups, retries, failed atomic.Uint64
+}
+
+type pending struct {
+	id   uint64
+	msg  *nats.Msg
+	paf  jetstream.PubAckFuture // nil: the first send failed, re-send
+	done chan struct{}          // closed when ack or err is set
+	ack  PublishAck
+	err  error
+}
+
+// NewPublisher returns a publisher for rank dpRank of worker on nc. It
+// creates its own JetStream context (and so its own ack subscription).
+func NewPublisher(nc *nats.Conn, worker string, dpRank uint32, opts ...PublisherOption) (*Publisher, error) {
+	o := publisherOptions{
+		window:     256,
+		ackTimeout: 5 * time.Second,
+		backoffMin: 50 * time.Millisecond,
+		backoffMax: 2 * time.Second,
+		nextID:     1,
+	}
+	for _, fn := range opts {
+		fn(&o)
+	}
+	if o.logger == nil {
+		o.logger = slog.Default()
+	}
+	probe := WireEvent{Worker: worker, DPRank: dpRank, EventID: 1, Kind: KindCleared}
+	if err := Validate(&probe, 0); err != nil {
+		return nil, fmt.Errorf("new publisher: %w", err)
+	}
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(o.window+16),
+		jetstream.WithPublishAsyncTimeout(o.ackTimeout),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("new publisher: %w", err)
+	}
+	p := &Publisher{
+		js:      js,
+		worker:  worker,
+		dpRank:  dpRank,
+		subject: EventSubject(worker),
+		opts:    o,
+		log:     o.logger.With("component", "publisher", "worker", worker, "dp_rank", dpRank),
+		sem:     make(chan struct{}, o.window),
+		wake:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		next:    o.nextID,
+	}
+	p.base, p.cancel = context.WithCancel(context.Background())
+	p.wg.Add(1)
+	go p.ackLoop()
+	return p, nil
+}
+
+// NextEventID is the id the next event without one will get.
+func (p *Publisher) NextEventID() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.next
+}
+
+// Publish sends ev and waits for the stream's acknowledgement, re-sending
+// with the same Nats-Msg-Id on timeouts and missing responders. Worker and
+// DPRank are the publisher's; EventID 0 means "assign the next id". It
+// blocks while the window is full. If ctx ends first, the event may still
+// be acknowledged later (reported through OnAck); the error says so.
+func (p *Publisher) Publish(ctx context.Context, ev WireEvent) (PublishAck, error) {
+	pd, err := p.send(ctx, ev)
+	if err != nil {
+		return PublishAck{}, err
+	}
+	select {
+	case <-pd.done:
+		return pd.ack, pd.err
+	case <-ctx.Done():
+		return PublishAck{EventID: pd.id}, fmt.Errorf("event %d sent, ack outstanding: %w", pd.id, ctx.Err())
+	}
+}
+
+// PublishAsync sends ev without waiting for the acknowledgement and returns
+// its event id; OnAck reports the ack. It blocks (respecting ctx) while the
+// window is full or a failed send is being repeated: that is the
+// backpressure of a stream that does not acknowledge.
+func (p *Publisher) PublishAsync(ctx context.Context, ev WireEvent) (uint64, error) {
+	pd, err := p.send(ctx, ev)
+	if err != nil {
+		return 0, err
+	}
+	return pd.id, nil
+}
+
+func (p *Publisher) send(ctx context.Context, ev WireEvent) (*pending, error) {
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-p.done:
+		return nil, ErrPublisherClosed
+	}
+	release := true
+	defer func() {
+		if release {
+			<-p.sem
+		}
+	}()
+	p.mu.Lock()
+	for p.blocked != nil {
+		b := p.blocked
+		p.mu.Unlock()
+		select {
+		case <-b:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-p.done:
+			return nil, ErrPublisherClosed
+		}
+		p.mu.Lock()
+	}
+	defer p.mu.Unlock()
+	if p.closed.Load() {
+		return nil, ErrPublisherClosed
+	}
+	ev.Worker, ev.DPRank = p.worker, p.dpRank
+	if ev.EventID == 0 {
+		ev.EventID = p.next
+	}
+	if err := Validate(&ev, 0); err != nil {
+		return nil, fmt.Errorf("publish: %w", err)
+	}
+	data, err := Encode(&ev)
+	if err != nil {
+		return nil, err
+	}
+	msg := &nats.Msg{Subject: p.subject, Data: data, Header: nats.Header{}}
+	msg.Header.Set(jetstream.MsgIDHeader, ev.MsgID())
+	paf, err := p.js.PublishMsgAsync(msg)
+	if err != nil && !transientJSError(err) {
+		return nil, fmt.Errorf("publish %s: %w", ev.MsgID(), err)
+	}
+	if ev.EventID >= p.next {
+		p.next = ev.EventID + 1
+	}
+	pd := &pending{id: ev.EventID, msg: msg, paf: paf, done: make(chan struct{})}
+	p.queue = append(p.queue, pd)
+	p.published.Add(1)
+	release = false // the ack loop returns the token
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	return pd, nil
+}
+
+// ackLoop resolves in-flight events in send order.
+func (p *Publisher) ackLoop() {
+	defer p.wg.Done()
+	for {
+		p.mu.Lock()
+		var head *pending
+		if len(p.queue) > 0 {
+			head = p.queue[0]
+		}
+		p.mu.Unlock()
+		if head == nil {
+			select {
+			case <-p.wake:
+				continue
+			case <-p.done:
+				return
+			}
+		}
+		ack, err := p.await(head)
+		if err != nil && transientJSError(err) {
+			ack, err = p.resend(head, err)
+		}
+		if errors.Is(err, ErrPublisherClosed) {
+			return // Close fails what is left
+		}
+		p.resolve(head, ack, err)
+	}
+}
+
+func (p *Publisher) await(pd *pending) (*jetstream.PubAck, error) {
+	if pd.paf == nil {
+		return nil, nats.ErrTimeout // first send failed: treat like a lost one
+	}
+	select {
+	case a := <-pd.paf.Ok():
+		return a, nil
+	case err := <-pd.paf.Err():
+		return nil, err
+	case <-p.done:
+		return nil, ErrPublisherClosed
+	}
+}
+
+// resend repeats the head synchronously with its Nats-Msg-Id until the
+// stream answers, the error is permanent or the publisher closes. New sends
+// wait meanwhile.
+func (p *Publisher) resend(pd *pending, cause error) (*jetstream.PubAck, error) {
+	p.mu.Lock()
+	if p.blocked == nil {
+		p.blocked = make(chan struct{})
+	}
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		if p.blocked != nil {
+			close(p.blocked)
+			p.blocked = nil
+		}
+		p.mu.Unlock()
+	}()
+	backoff := p.opts.backoffMin
+	for attempt := 1; ; attempt++ {
+		if attempt == 1 || attempt%20 == 0 {
+			p.log.Warn("re-sending event", "event_id", pd.id, "attempt", attempt, "err", cause)
+		}
+		wait := backoff/2 + rand.N(backoff/2+1)
+		select {
+		case <-time.After(wait):
+		case <-p.done:
+			return nil, ErrPublisherClosed
+		}
+		backoff = min(2*backoff, p.opts.backoffMax)
+		p.retries.Add(1)
+		ctx, cancel := context.WithTimeout(p.base, p.opts.ackTimeout)
+		ack, err := p.js.PublishMsg(ctx, pd.msg)
+		cancel()
+		if err == nil {
+			return ack, nil
+		}
+		if p.closed.Load() {
+			return nil, ErrPublisherClosed
+		}
+		if !transientJSError(err) {
+			return nil, err
+		}
+		cause = err
+	}
+}
+
+func (p *Publisher) resolve(pd *pending, a *jetstream.PubAck, err error) {
+	if err == nil && a != nil {
+		pd.ack = PublishAck{EventID: pd.id, Stream: a.Stream, Sequence: a.Sequence, Duplicate: a.Duplicate}
+		p.acked.Add(1)
+		if a.Duplicate {
+			p.dups.Add(1)
+		}
+	} else {
+		if err == nil {
+			err = errors.New("empty ack")
+		}
+		pd.err = fmt.Errorf("publish %s: %w", pd.msg.Header.Get(jetstream.MsgIDHeader), err)
+		p.failed.Add(1)
+		p.log.Error("event not published", "event_id", pd.id, "err", err)
+	}
+	p.mu.Lock()
+	if len(p.queue) > 0 && p.queue[0] == pd {
+		p.queue[0] = nil
+		p.queue = p.queue[1:]
+	}
+	if len(p.queue) == 0 && p.empty != nil {
+		close(p.empty)
+		p.empty = nil
+	}
+	p.mu.Unlock()
+	close(pd.done)
+	<-p.sem
+	if pd.err == nil {
+		if p.opts.onAck != nil {
+			p.opts.onAck(pd.ack)
+		}
+	} else if p.opts.onError != nil {
+		p.opts.onError(pd.id, pd.err)
+	}
+}
+
+// Flush waits until every event sent so far is acknowledged or given up.
+func (p *Publisher) Flush(ctx context.Context) error {
+	p.mu.Lock()
+	if len(p.queue) == 0 {
+		p.mu.Unlock()
+		return nil
+	}
+	if p.empty == nil {
+		p.empty = make(chan struct{})
+	}
+	ch := p.empty
+	p.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("flush: %d events in flight: %w", p.Stats().InFlight, ctx.Err())
+	case <-p.done:
+		return ErrPublisherClosed
+	}
+}
+
+// Close stops the publisher. Events not yet acknowledged are reported
+// through OnError with ErrPublisherClosed: they may or may not be in the
+// stream (a ledger counts them as unknown). Call Flush first to wait.
+func (p *Publisher) Close() {
+	if p.closed.Swap(true) {
+		return
+	}
+	close(p.done)
+	p.cancel()
+	p.wg.Wait()
+	p.mu.Lock()
+	left := p.queue
+	p.queue = nil
+	if p.empty != nil {
+		close(p.empty)
+		p.empty = nil
+	}
+	p.mu.Unlock()
+	for _, pd := range left {
+		pd.err = fmt.Errorf("event %d: %w", pd.id, ErrPublisherClosed)
+		p.failed.Add(1)
+		close(pd.done)
+		if p.opts.onError != nil {
+			p.opts.onError(pd.id, pd.err)
+		}
+	}
+	p.js.CleanupPublisher()
+}
+
+// Stats returns the publisher's counters.
+func (p *Publisher) Stats() PublisherStats {
+	p.mu.Lock()
+	inflight := len(p.queue)
+	p.mu.Unlock()
+	return PublisherStats{
+		Published:  p.published.Load(),
+		Acked:      p.acked.Load(),
+		Duplicates: p.dups.Load(),
+		Retries:    p.retries.Load(),
+		Failed:     p.failed.Load(),
+		InFlight:   inflight,
+	}
+}

@@ -1,0 +1,410 @@
+package eventbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// SyncOp is a replica-sync operation. The numbers are on the wire: append
+// only.
+type SyncOp uint8
+
+// Replica-sync operations.
+const (
+	SyncAdd         SyncOp = 1 // a request was routed to a worker
+	SyncPrefillDone SyncOp = 2 // its prefill finished (first token)
+	SyncFree        SyncOp = 3 // it finished
+	SyncFull        SyncOp = 4 // the sender's whole active set (repairs losses)
+)
+
+func (o SyncOp) String() string {
+	switch o {
+	case SyncAdd:
+		return "add"
+	case SyncPrefillDone:
+		return "prefill_done"
+	case SyncFree:
+		return "free"
+	case SyncFull:
+		return "full"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// ActiveRequest is one request a replica routed and has not seen finish.
+type ActiveRequest struct {
+	Request     string          `msgpack:"q"`
+	Worker      router.WorkerID `msgpack:"w"`
+	Hashes      []uint64        `msgpack:"h,omitempty"` // the prompt's block (sequence) hashes
+	ISL         int             `msgpack:"n,omitempty"` // prompt tokens
+	Overlap     int             `msgpack:"o,omitempty"` // blocks the worker had cached
+	PrefillDone bool            `msgpack:"d,omitempty"`
+}
+
+// SyncMsg is one replica-sync message on kv.sync.<model>. Seq counts the
+// sender's messages (one sequence per Epoch, i.e. per process start), so a
+// receiver detects losses; a SyncFull carries the whole active set.
+type SyncMsg struct {
+	Replica string          `msgpack:"r"`
+	Epoch   uint64          `msgpack:"e"`
+	Seq     uint64          `msgpack:"s"`
+	Op      SyncOp          `msgpack:"op"`
+	Request string          `msgpack:"q,omitempty"`
+	Worker  router.WorkerID `msgpack:"w,omitempty"`
+	Hashes  []uint64        `msgpack:"h,omitempty"`
+	ISL     int             `msgpack:"n,omitempty"`
+	Overlap int             `msgpack:"o,omitempty"`
+	Full    []ActiveRequest `msgpack:"f,omitempty"`
+}
+
+// LoadSink receives other replicas' load, in the order each replica sent
+// it. The Syncer calls it from one goroutine at a time; it must not block
+// and must not call the Syncer.
+type LoadSink interface {
+	// AddRemote: replica routed req.
+	AddRemote(replica string, req ActiveRequest)
+	// PrefillDoneRemote: the prefill of replica's request finished.
+	PrefillDoneRemote(replica, request string)
+	// FreeRemote: replica's request finished.
+	FreeRemote(replica, request string)
+	// ReplaceReplica: replica's active set is exactly active (a snapshot;
+	// nil after a restart of that replica).
+	ReplaceReplica(replica string, active []ActiveRequest)
+	// DropReplica: replica went silent; forget all its load.
+	DropReplica(replica string)
+}
+
+// Clock is the time source of the Syncer (a fake one in tests).
+type Clock interface {
+	Now() time.Time
+	NewTicker(d time.Duration) Ticker
+}
+
+// Ticker is Clock's ticker.
+type Ticker interface {
+	C() <-chan time.Time
+	Stop()
+}
+
+// SystemClock is the real clock.
+type SystemClock struct{}
+
+// Now is time.Now.
+func (SystemClock) Now() time.Time { return time.Now() }
+
+// NewTicker wraps time.NewTicker.
+func (SystemClock) NewTicker(d time.Duration) Ticker { return realTicker{time.NewTicker(d)} }
+
+type realTicker struct{ t *time.Ticker }
+
+func (r realTicker) C() <-chan time.Time { return r.t.C }
+func (r realTicker) Stop()               { r.t.Stop() }
+
+// SyncConfig configures a Syncer. Zero fields take the defaults.
+type SyncConfig struct {
+	Replica      string        // this replica's id (required)
+	Model        string        // "" = "all"
+	FullInterval time.Duration // full snapshot period (default 1s)
+	ExpireAfter  time.Duration // a replica silent this long is dropped (default 3s)
+	// SweepInterval is how often expiry is checked (default ExpireAfter/6).
+	SweepInterval time.Duration
+	Clock         Clock // default SystemClock
+	Registerer    prometheus.Registerer
+	Logger        *slog.Logger
+}
+
+// SyncStats are a Syncer's counters.
+type SyncStats struct {
+	Sent, Received uint64
+	Gaps           uint64 // detected holes in another replica's sequence
+	Undecodable    uint64
+	Expired        uint64 // replicas dropped for silence
+	Replicas       int    // replicas currently heard from
+}
+
+type remoteState struct {
+	epoch    uint64
+	lastSeq  uint64
+	lastSeen time.Time
+}
+
+// Syncer shares this replica's transient load (requests routed, prefills
+// done, requests finished) with the other replicas over NATS core, and
+// feeds theirs into a LoadSink. It is fire-and-forget like Dynamo's, but
+// with sequence numbers, a full snapshot every FullInterval that repairs any
+// loss, and expiry of silent replicas, so a view is wrong for seconds at
+// most.
+type Syncer struct {
+	nc      *nats.Conn
+	cfg     SyncConfig
+	subject string
+	epoch   uint64
+	sink    LoadSink
+	clock   Clock
+	log     *slog.Logger
+
+	// lmu guards the local side: seq, active, and publishing (so messages
+	// leave in seq order).
+	lmu    sync.Mutex
+	seq    uint64
+	active map[string]*ActiveRequest
+
+	// rmu guards the remote side and serialises calls into the sink.
+	rmu     sync.Mutex
+	remotes map[string]*remoteState
+
+	sent, received, gaps, undecodable, expired atomic.Uint64
+	mGaps, mExpired, mReceived                 prometheus.Counter
+}
+
+// NewSyncer returns a syncer for cfg.Model on nc that feeds sink. Call Run to
+// start receiving and the periodic snapshots; Add, PrefillDone and Free work
+// (and publish) at any time.
+func NewSyncer(nc *nats.Conn, cfg SyncConfig, sink LoadSink) (*Syncer, error) {
+	if cfg.Replica == "" {
+		return nil, errors.New("syncer: Replica is required")
+	}
+	if sink == nil {
+		return nil, errors.New("syncer: sink is required")
+	}
+	if cfg.FullInterval <= 0 {
+		cfg.FullInterval = time.Second
+	}
+	if cfg.ExpireAfter <= 0 {
+		cfg.ExpireAfter = 3 * time.Second
+	}
+	if cfg.SweepInterval <= 0 {
+		cfg.SweepInterval = cfg.ExpireAfter / 6
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = SystemClock{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Syncer{
+		nc:      nc,
+		cfg:     cfg,
+		subject: SyncSubject(cfg.Model),
+		epoch:   rand.Uint64() | 1, // never 0
+		sink:    sink,
+		clock:   cfg.Clock,
+		log:     cfg.Logger.With("component", "replica-sync", "replica", cfg.Replica, "model", cfg.Model),
+		active:  map[string]*ActiveRequest{},
+		remotes: map[string]*remoteState{},
+		mGaps: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvrouter", Subsystem: "sync", Name: "gaps_total",
+			Help: "Holes detected in other replicas' load-sync sequences (repaired by the next snapshot)."}),
+		mExpired: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvrouter", Subsystem: "sync", Name: "replicas_expired_total",
+			Help: "Replicas whose load was dropped after silence."}),
+		mReceived: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvrouter", Subsystem: "sync", Name: "messages_received_total",
+			Help: "Load-sync messages received from other replicas."}),
+	}
+	if cfg.Registerer != nil {
+		s.mGaps = register(cfg.Registerer, s.mGaps)
+		s.mExpired = register(cfg.Registerer, s.mExpired)
+		s.mReceived = register(cfg.Registerer, s.mReceived)
+	}
+	return s, nil
+}
+
+// Run receives other replicas' messages, publishes a full snapshot every
+// FullInterval and expires silent replicas, until ctx is cancelled.
+func (s *Syncer) Run(ctx context.Context) error {
+	sub, err := s.nc.Subscribe(s.subject, s.handle)
+	if err != nil {
+		return fmt.Errorf("syncer subscribe %s: %w", s.subject, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = sub.SetPendingLimits(-1, 64<<20)
+	s.publishFull()
+	tick := s.clock.NewTicker(s.cfg.SweepInterval)
+	defer tick.Stop()
+	lastFull := s.clock.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C():
+			now := s.clock.Now()
+			if now.Sub(lastFull) >= s.cfg.FullInterval {
+				lastFull = now
+				s.publishFull()
+			}
+			s.sweep(now)
+		}
+	}
+}
+
+// Add records and announces a request this replica routed. A request id
+// already active is replaced.
+func (s *Syncer) Add(req ActiveRequest) error {
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
+	r := req
+	r.Hashes = slices.Clone(req.Hashes)
+	s.active[req.Request] = &r
+	return s.publishLocked(SyncMsg{Op: SyncAdd, Request: req.Request, Worker: req.Worker,
+		Hashes: req.Hashes, ISL: req.ISL, Overlap: req.Overlap})
+}
+
+// PrefillDone announces that a request's prefill finished.
+func (s *Syncer) PrefillDone(request string) error {
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
+	if r, ok := s.active[request]; ok {
+		r.PrefillDone = true
+	}
+	return s.publishLocked(SyncMsg{Op: SyncPrefillDone, Request: request})
+}
+
+// Free announces that a request finished.
+func (s *Syncer) Free(request string) error {
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
+	delete(s.active, request)
+	return s.publishLocked(SyncMsg{Op: SyncFree, Request: request})
+}
+
+// Active returns this replica's active set, sorted by request id.
+func (s *Syncer) Active() []ActiveRequest {
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
+	return s.activeLocked()
+}
+
+// activeLocked: lmu must be held.
+func (s *Syncer) activeLocked() []ActiveRequest {
+	out := make([]ActiveRequest, 0, len(s.active))
+	for _, r := range s.active {
+		out = append(out, *r)
+	}
+	slices.SortFunc(out, func(a, b ActiveRequest) int { return strings.Compare(a.Request, b.Request) })
+	return out
+}
+
+func (s *Syncer) publishFull() {
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
+	if err := s.publishLocked(SyncMsg{Op: SyncFull, Full: s.activeLocked()}); err != nil {
+		s.log.Warn("publish load snapshot failed", "err", err)
+	}
+}
+
+// publishLocked: lmu must be held (seq order = wire order).
+func (s *Syncer) publishLocked(m SyncMsg) error {
+	s.seq++
+	m.Replica, m.Epoch, m.Seq = s.cfg.Replica, s.epoch, s.seq
+	data, err := msgpack.Marshal(&m)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", m.Op, err)
+	}
+	if err := s.nc.Publish(s.subject, data); err != nil {
+		// The sequence has a hole now; receivers count it and the next
+		// snapshot repairs their view.
+		return fmt.Errorf("sync %s: %w", m.Op, err)
+	}
+	s.sent.Add(1)
+	return nil
+}
+
+func (s *Syncer) handle(msg *nats.Msg) {
+	var m SyncMsg
+	if err := msgpack.Unmarshal(msg.Data, &m); err != nil || m.Replica == "" || m.Seq == 0 {
+		s.undecodable.Add(1)
+		return
+	}
+	if m.Replica == s.cfg.Replica {
+		return // our own (or a misconfigured twin's)
+	}
+	s.deliver(m, s.clock.Now())
+}
+
+// deliver applies one message from another replica.
+func (s *Syncer) deliver(m SyncMsg, now time.Time) {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	s.received.Add(1)
+	s.mReceived.Inc()
+	st, known := s.remotes[m.Replica]
+	switch {
+	case !known:
+		st = &remoteState{epoch: m.Epoch}
+		s.remotes[m.Replica] = st
+		if m.Op != SyncFull && m.Seq != 1 {
+			s.gap(m, 0) // joined mid-stream: history missing until the snapshot
+		}
+	case st.epoch != m.Epoch:
+		// The replica restarted: its old requests are gone with it.
+		s.log.Info("replica restarted", "peer", m.Replica)
+		s.sink.ReplaceReplica(m.Replica, nil)
+		*st = remoteState{epoch: m.Epoch}
+		if m.Op != SyncFull && m.Seq != 1 {
+			s.gap(m, 0)
+		}
+	case m.Seq <= st.lastSeq:
+		st.lastSeen = now
+		return // duplicate or stale
+	case m.Seq != st.lastSeq+1:
+		s.gap(m, st.lastSeq)
+	}
+	st.lastSeq, st.lastSeen = m.Seq, now
+	switch m.Op {
+	case SyncAdd:
+		s.sink.AddRemote(m.Replica, ActiveRequest{Request: m.Request, Worker: m.Worker, Hashes: m.Hashes, ISL: m.ISL, Overlap: m.Overlap})
+	case SyncPrefillDone:
+		s.sink.PrefillDoneRemote(m.Replica, m.Request)
+	case SyncFree:
+		s.sink.FreeRemote(m.Replica, m.Request)
+	case SyncFull:
+		s.sink.ReplaceReplica(m.Replica, m.Full)
+	default:
+		s.undecodable.Add(1)
+	}
+}
+
+// gap: rmu must be held.
+func (s *Syncer) gap(m SyncMsg, last uint64) {
+	s.gaps.Add(1)
+	s.mGaps.Inc()
+	s.log.Debug("replica-sync gap", "peer", m.Replica, "last_seq", last, "seq", m.Seq)
+}
+
+// sweep drops replicas silent for longer than ExpireAfter.
+func (s *Syncer) sweep(now time.Time) {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	for r, st := range s.remotes {
+		if now.Sub(st.lastSeen) > s.cfg.ExpireAfter {
+			delete(s.remotes, r)
+			s.expired.Add(1)
+			s.mExpired.Inc()
+			s.log.Info("replica silent; dropping its load", "peer", r, "silent_for", now.Sub(st.lastSeen))
+			s.sink.DropReplica(r)
+		}
+	}
+}
+
+// Stats returns the syncer's counters.
+func (s *Syncer) Stats() SyncStats {
+	s.rmu.Lock()
+	n := len(s.remotes)
+	s.rmu.Unlock()
+	return SyncStats{
+		Sent: s.sent.Load(), Received: s.received.Load(), Gaps: s.gaps.Load(),
+		Undecodable: s.undecodable.Load(), Expired: s.expired.Load(), Replicas: n,
+	}
+}

@@ -1,0 +1,585 @@
+package fsm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// CommandType is the first byte of every Raft log entry the FSM applies.
+// The numbers are in the log forever: only add to the end, never renumber or
+// reuse one (TestFSMCommandTypesPinned pins them).
+type CommandType uint8
+
+// Command types.
+const (
+	CmdRegisterWorker   CommandType = 1
+	CmdDeregisterWorker CommandType = 2
+	CmdKVEventBatch     CommandType = 3
+	CmdSetModelConfig   CommandType = 4
+	CmdPredictions      CommandType = 5
+	CmdTick             CommandType = 6
+	CmdRegisterNode     CommandType = 7
+	CmdResyncWorker     CommandType = 8
+	CmdRemoveNode       CommandType = 9
+	// Add new types here, with the next number.
+)
+
+// IgnoreIfUnknown is or-ed into the type byte of a command that replicas
+// which do not know the type (or its envelope version) may skip safely.
+const IgnoreIfUnknown byte = 0x80
+
+// EnvelopeVersion is the payload version this package writes and reads.
+const EnvelopeVersion byte = 1
+
+func (t CommandType) String() string {
+	switch t {
+	case CmdRegisterWorker:
+		return "RegisterWorker"
+	case CmdDeregisterWorker:
+		return "DeregisterWorker"
+	case CmdKVEventBatch:
+		return "KVEventBatch"
+	case CmdSetModelConfig:
+		return "SetModelConfig"
+	case CmdPredictions:
+		return "Predictions"
+	case CmdTick:
+		return "Tick"
+	case CmdRegisterNode:
+		return "RegisterNode"
+	case CmdResyncWorker:
+		return "ResyncWorker"
+	case CmdRemoveNode:
+		return "RemoveNode"
+	}
+	return fmt.Sprintf("CommandType(%d)", uint8(t))
+}
+
+func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdRemoveNode }
+
+// Errors of commands. The router's sentinels are aliased so errors.Is works
+// across layers.
+var (
+	// ErrUnknownCommand: a type byte this build does not know, without the
+	// ignore bit (or an envelope version it does not know).
+	ErrUnknownCommand = errors.New("unknown command type")
+	// ErrInvalidCommand: a command that decodes but breaks a domain rule
+	// (empty id, zero ranks, '#' in a worker id…), or one an encoder refuses.
+	ErrInvalidCommand = errors.New("invalid command")
+	// ErrUnknownWorker: a command names a worker (rank) that is not registered.
+	ErrUnknownWorker = router.ErrUnknownWorker
+	// ErrUnknownNode: RemoveNode of a node that is not registered.
+	ErrUnknownNode = errors.New("unknown node")
+	// ErrBlockSizeMismatch: a worker or event block size differs from the index's.
+	ErrBlockSizeMismatch = router.ErrBlockSizeMismatch
+	// ErrInvalidConfig: a model configuration the router would reject.
+	ErrInvalidConfig = router.ErrInvalidConfig
+)
+
+// MaxDPRanks bounds a worker's data-parallel ranks: each rank is one router
+// worker, and the bound keeps a hostile or mistaken command from creating
+// millions of them.
+const MaxDPRanks = 1024
+
+// Command is any of the command structs below; Encode writes one, Decode
+// reads one.
+type Command interface {
+	Type() CommandType
+}
+
+// RegisterWorker adds a worker with DPRanks ranks, or updates and renews a
+// registered one (same ID): changed fields are replaced, ranks beyond a
+// lower DPRanks are removed with their blocks, new ranks are added empty.
+type RegisterWorker struct {
+	ID               string // no '#': rank ids are "id#rank" (router.WorkerKey)
+	DPRanks          uint32 // >= 1
+	Address          string
+	Model            string
+	BlockSize        int   // 0 = the index's block size; anything else must equal it
+	TotalBlocks      int   // KV capacity in blocks (decode threshold)
+	MaxBatchedTokens int   // prefill fraction threshold
+	LeaseUntil       int64 // unix nanos stamped by the proposer; 0 = no lease
+}
+
+// DeregisterWorker removes a worker, all its ranks, blocks, predictions and
+// cursors.
+type DeregisterWorker struct {
+	ID string
+}
+
+// KVBatchEvent is one worker event in a KVEventBatch. EventID is the
+// worker rank's sequence number (1, 2, 3…) used for dedupe and gap
+// detection; 0 means unsequenced: always applied, never deduplicated.
+type KVBatchEvent struct {
+	Worker  string
+	DPRank  uint32
+	EventID uint64
+	Event   router.KVEvent
+}
+
+// KVEventBatch carries many worker events in one log entry (the hot path).
+type KVEventBatch struct {
+	Events []KVBatchEvent
+}
+
+// ModelField names one optional knob of a model configuration (a bit set).
+// The bits travel in the log: append only.
+type ModelField uint32
+
+// Model configuration fields.
+const (
+	FieldActiveDecodeBlocks ModelField = 1 << iota
+	FieldActivePrefillTokens
+	FieldActivePrefillTokensFrac
+	FieldOverlapCredit
+	FieldPrefillLoadScale
+	FieldTemperature
+	FieldTrackPrefillTokens
+	FieldQueueThreshold
+	FieldQueuePolicy
+
+	allModelFields = FieldQueuePolicy<<1 - 1
+)
+
+// SetModelConfig is a partial update of one model's router configuration:
+// fields in Reset return to the base configuration, then every non-nil field
+// is set; everything else keeps its value. The result must pass
+// router.Config.Validate, or the update is refused (domain error).
+type SetModelConfig struct {
+	Model      string
+	Thresholds router.Thresholds // nil members = unchanged
+
+	OverlapCredit      *float64
+	PrefillLoadScale   *float64
+	Temperature        *float64
+	TrackPrefillTokens *bool
+	QueueThreshold     *float64
+	QueuePolicy        *router.QueuePolicy
+
+	Reset ModelField
+}
+
+// Predictions records blocks a router placed on Worker in kv-approx mode;
+// they expire at Until (unix nanos, stamped by the leader) on a Tick.
+type Predictions struct {
+	Worker router.WorkerID // router key: router.WorkerKey(id, rank)
+	Hashes []uint64
+	Until  int64
+}
+
+// Tick carries the leader's clock into the log: predictions with
+// Until <= Now and worker leases with LeaseUntil <= Now expire. The FSM's
+// clock is the largest Now seen, so it never runs backwards.
+type Tick struct {
+	Now int64
+}
+
+// RegisterNode records (or updates) a replica's addresses so followers can
+// forward writes to the leader's HTTP address.
+type RegisterNode struct {
+	NodeID   string
+	RaftAddr string
+	HTTPAddr string
+}
+
+// RemoveNode forgets a replica's addresses (it left the cluster).
+type RemoveNode struct {
+	NodeID string
+}
+
+// ResyncWorker clears one worker rank's blocks, cursor and stale flag; the
+// rank's next sequenced event is taken as its new baseline (no gap), so the
+// worker can republish its cache from scratch.
+type ResyncWorker struct {
+	Worker string
+	DPRank uint32
+}
+
+func (RegisterWorker) Type() CommandType   { return CmdRegisterWorker }
+func (DeregisterWorker) Type() CommandType { return CmdDeregisterWorker }
+func (KVEventBatch) Type() CommandType     { return CmdKVEventBatch }
+func (SetModelConfig) Type() CommandType   { return CmdSetModelConfig }
+func (Predictions) Type() CommandType      { return CmdPredictions }
+func (Tick) Type() CommandType             { return CmdTick }
+func (RegisterNode) Type() CommandType     { return CmdRegisterNode }
+func (ResyncWorker) Type() CommandType     { return CmdResyncWorker }
+func (RemoveNode) Type() CommandType       { return CmdRemoveNode }
+
+// Validate checks the domain rules Apply enforces (except the block size,
+// which needs the index). Proposers call it before proposing.
+func (c RegisterWorker) Validate() error {
+	switch {
+	case c.ID == "":
+		return fmt.Errorf("register worker: empty id: %w", ErrInvalidCommand)
+	case strings.ContainsRune(c.ID, '#'):
+		return fmt.Errorf("register worker %q: '#' is reserved for dp ranks: %w", c.ID, ErrInvalidCommand)
+	case c.DPRanks < 1 || c.DPRanks > MaxDPRanks:
+		return fmt.Errorf("register worker %q: dp ranks %d outside [1,%d]: %w", c.ID, c.DPRanks, MaxDPRanks, ErrInvalidCommand)
+	case c.BlockSize < 0 || c.TotalBlocks < 0 || c.MaxBatchedTokens < 0:
+		return fmt.Errorf("register worker %q: negative size: %w", c.ID, ErrInvalidCommand)
+	case c.LeaseUntil < 0:
+		return fmt.Errorf("register worker %q: negative lease: %w", c.ID, ErrInvalidCommand)
+	}
+	return nil
+}
+
+// Validate checks the update's own fields; the merged configuration is
+// checked by FSM.CheckModelConfig and on apply.
+func (c SetModelConfig) Validate() error {
+	if c.Model == "" {
+		return fmt.Errorf("set model config: empty model: %w", ErrInvalidCommand)
+	}
+	if c.Reset&^allModelFields != 0 {
+		return fmt.Errorf("set model config %q: unknown reset fields %#x: %w", c.Model, uint32(c.Reset), ErrInvalidCommand)
+	}
+	return nil
+}
+
+// Fields is the set of fields the update sets (non-nil).
+func (c SetModelConfig) Fields() ModelField {
+	var m ModelField
+	t := &c.Thresholds
+	for _, f := range []struct {
+		on  bool
+		bit ModelField
+	}{
+		{t.ActiveDecodeBlocks != nil, FieldActiveDecodeBlocks},
+		{t.ActivePrefillTokens != nil, FieldActivePrefillTokens},
+		{t.ActivePrefillTokensFrac != nil, FieldActivePrefillTokensFrac},
+		{c.OverlapCredit != nil, FieldOverlapCredit},
+		{c.PrefillLoadScale != nil, FieldPrefillLoadScale},
+		{c.Temperature != nil, FieldTemperature},
+		{c.TrackPrefillTokens != nil, FieldTrackPrefillTokens},
+		{c.QueueThreshold != nil, FieldQueueThreshold},
+		{c.QueuePolicy != nil, FieldQueuePolicy},
+	} {
+		if f.on {
+			m |= f.bit
+		}
+	}
+	return m
+}
+
+// Validate checks the prediction's own fields.
+func (c Predictions) Validate() error {
+	if c.Worker == "" {
+		return fmt.Errorf("predictions: empty worker: %w", ErrInvalidCommand)
+	}
+	if c.Until <= 0 {
+		return fmt.Errorf("predictions for %s: until %d must be a positive unix-nano time: %w", c.Worker, c.Until, ErrInvalidCommand)
+	}
+	return nil
+}
+
+// Encode writes c as a complete log entry: type byte, envelope version,
+// payload. It refuses what replicas could not decode (over-long strings,
+// unknown event kinds, negative sizes).
+func Encode(c Command) ([]byte, error) {
+	b := []byte{byte(c.Type()), EnvelopeVersion}
+	switch c := c.(type) {
+	case RegisterWorker:
+		return appendRegisterWorker(b, &c)
+	case DeregisterWorker:
+		if err := checkString("worker id", c.ID); err != nil {
+			return nil, err
+		}
+		return appendString(b, c.ID), nil
+	case KVEventBatch:
+		return AppendKVBatch(b[:0], c.Events)
+	case SetModelConfig:
+		return appendSetModelConfig(b, &c)
+	case Predictions:
+		if err := checkString("worker", string(c.Worker)); err != nil {
+			return nil, err
+		}
+		b = appendString(b, string(c.Worker))
+		b = binary.AppendVarint(b, c.Until)
+		b = binary.AppendUvarint(b, uint64(len(c.Hashes)))
+		for _, h := range c.Hashes {
+			b = appendU64(b, h)
+		}
+		return b, nil
+	case Tick:
+		return binary.AppendVarint(b, c.Now), nil
+	case RegisterNode:
+		for _, s := range []string{c.NodeID, c.RaftAddr, c.HTTPAddr} {
+			if err := checkString("node field", s); err != nil {
+				return nil, err
+			}
+			b = appendString(b, s)
+		}
+		return b, nil
+	case ResyncWorker:
+		if err := checkString("worker id", c.Worker); err != nil {
+			return nil, err
+		}
+		b = appendString(b, c.Worker)
+		return binary.AppendUvarint(b, uint64(c.DPRank)), nil
+	case RemoveNode:
+		if err := checkString("node id", c.NodeID); err != nil {
+			return nil, err
+		}
+		return appendString(b, c.NodeID), nil
+	}
+	return nil, fmt.Errorf("encode %T: %w", c, ErrInvalidCommand)
+}
+
+// Typed encoders, for callers that prefer them to Encode.
+
+func EncodeRegisterWorker(c RegisterWorker) ([]byte, error)     { return Encode(c) }
+func EncodeDeregisterWorker(c DeregisterWorker) ([]byte, error) { return Encode(c) }
+func EncodeKVBatch(events []KVBatchEvent) ([]byte, error)       { return AppendKVBatch(nil, events) }
+func EncodeSetModelConfig(c SetModelConfig) ([]byte, error)     { return Encode(c) }
+func EncodePredictions(c Predictions) ([]byte, error)           { return Encode(c) }
+func EncodeTick(c Tick) ([]byte, error)                         { return Encode(c) }
+func EncodeRegisterNode(c RegisterNode) ([]byte, error)         { return Encode(c) }
+func EncodeResyncWorker(c ResyncWorker) ([]byte, error)         { return Encode(c) }
+func EncodeRemoveNode(c RemoveNode) ([]byte, error)             { return Encode(c) }
+
+func appendRegisterWorker(b []byte, c *RegisterWorker) ([]byte, error) {
+	for _, s := range []struct{ what, v string }{{"worker id", c.ID}, {"address", c.Address}, {"model", c.Model}} {
+		if err := checkString(s.what, s.v); err != nil {
+			return nil, err
+		}
+	}
+	for _, v := range []struct {
+		what string
+		v    int
+	}{{"block size", c.BlockSize}, {"total blocks", c.TotalBlocks}, {"max batched tokens", c.MaxBatchedTokens}} {
+		if err := checkInt(v.what, v.v); err != nil {
+			return nil, err
+		}
+	}
+	b = appendString(b, c.ID)
+	b = binary.AppendUvarint(b, uint64(c.DPRanks))
+	b = appendString(b, c.Address)
+	b = appendString(b, c.Model)
+	b = binary.AppendUvarint(b, uint64(c.BlockSize))
+	b = binary.AppendUvarint(b, uint64(c.TotalBlocks))
+	b = binary.AppendUvarint(b, uint64(c.MaxBatchedTokens))
+	return binary.AppendVarint(b, c.LeaseUntil), nil
+}
+
+func appendSetModelConfig(b []byte, c *SetModelConfig) ([]byte, error) {
+	if err := checkString("model", c.Model); err != nil {
+		return nil, err
+	}
+	if c.Reset&^allModelFields != 0 {
+		return nil, fmt.Errorf("reset fields %#x: %w", uint32(c.Reset), ErrInvalidCommand)
+	}
+	if p := c.QueuePolicy; p != nil {
+		if err := checkString("queue policy", string(*p)); err != nil {
+			return nil, err
+		}
+	}
+	b = appendString(b, c.Model)
+	b = binary.AppendUvarint(b, uint64(c.Reset))
+	return appendModelValues(b, c), nil
+}
+
+// appendModelValues writes the set mask and the values of the set fields in
+// bit order. Shared by the command and the snapshot's model records.
+func appendModelValues(b []byte, c *SetModelConfig) []byte {
+	b = binary.AppendUvarint(b, uint64(c.Fields()))
+	t := &c.Thresholds
+	if t.ActiveDecodeBlocks != nil {
+		b = appendF64(b, *t.ActiveDecodeBlocks)
+	}
+	if t.ActivePrefillTokens != nil {
+		b = binary.AppendVarint(b, *t.ActivePrefillTokens)
+	}
+	if t.ActivePrefillTokensFrac != nil {
+		b = appendF64(b, *t.ActivePrefillTokensFrac)
+	}
+	for _, p := range []*float64{c.OverlapCredit, c.PrefillLoadScale, c.Temperature} {
+		if p != nil {
+			b = appendF64(b, *p)
+		}
+	}
+	if c.TrackPrefillTokens != nil {
+		v := byte(0)
+		if *c.TrackPrefillTokens {
+			v = 1
+		}
+		b = append(b, v)
+	}
+	if c.QueueThreshold != nil {
+		b = appendF64(b, *c.QueueThreshold)
+	}
+	if c.QueuePolicy != nil {
+		b = appendString(b, string(*c.QueuePolicy))
+	}
+	return b
+}
+
+func readModelValues(r *reader, c *SetModelConfig) {
+	mask := ModelField(r.uvarint())
+	if mask&^allModelFields != 0 {
+		r.fail("unknown model fields %#x", uint32(mask))
+		return
+	}
+	f64 := func() *float64 { v := r.f64(); return &v }
+	t := &c.Thresholds
+	if mask&FieldActiveDecodeBlocks != 0 {
+		t.ActiveDecodeBlocks = f64()
+	}
+	if mask&FieldActivePrefillTokens != 0 {
+		v := r.varint()
+		t.ActivePrefillTokens = &v
+	}
+	if mask&FieldActivePrefillTokensFrac != 0 {
+		t.ActivePrefillTokensFrac = f64()
+	}
+	if mask&FieldOverlapCredit != 0 {
+		c.OverlapCredit = f64()
+	}
+	if mask&FieldPrefillLoadScale != 0 {
+		c.PrefillLoadScale = f64()
+	}
+	if mask&FieldTemperature != 0 {
+		c.Temperature = f64()
+	}
+	if mask&FieldTrackPrefillTokens != 0 {
+		switch r.byte() {
+		case 0:
+			v := false
+			c.TrackPrefillTokens = &v
+		case 1:
+			v := true
+			c.TrackPrefillTokens = &v
+		default:
+			r.fail("bad bool")
+		}
+	}
+	if mask&FieldQueueThreshold != 0 {
+		c.QueueThreshold = f64()
+	}
+	if mask&FieldQueuePolicy != 0 {
+		p := router.QueuePolicy(r.string("queue policy"))
+		c.QueuePolicy = &p
+	}
+}
+
+// header splits an entry into its type, ignore bit, version and payload.
+func header(data []byte) (t CommandType, ignore bool, version byte, payload []byte, err error) {
+	if len(data) < 2 {
+		return 0, false, 0, nil, fmt.Errorf("entry of %d bytes has no envelope: %w", len(data), ErrUndecodable)
+	}
+	return CommandType(data[0] &^ IgnoreIfUnknown), data[0]&IgnoreIfUnknown != 0, data[1], data[2:], nil
+}
+
+// Decode reads a complete log entry written by Encode. Unknown types and
+// versions give ErrUnknownCommand (whatever the ignore bit: skipping is the
+// FSM's decision), malformed bytes ErrUndecodable.
+func Decode(data []byte) (Command, error) {
+	t, _, v, p, err := header(data)
+	if err != nil {
+		return nil, err
+	}
+	if !t.known() || v != EnvelopeVersion {
+		return nil, fmt.Errorf("type %d version %d: %w", uint8(t), v, ErrUnknownCommand)
+	}
+	return decodePayload(t, p)
+}
+
+func decodePayload(t CommandType, p []byte) (Command, error) {
+	if t == CmdKVEventBatch {
+		evs, err := decodeKVBatchPayload(p)
+		if err != nil {
+			return nil, err
+		}
+		return KVEventBatch{Events: evs}, nil
+	}
+	r := &reader{b: p}
+	var c Command
+	switch t {
+	case CmdRegisterWorker:
+		c = RegisterWorker{
+			ID:               r.string("worker id"),
+			DPRanks:          r.u32("dp ranks"),
+			Address:          r.string("address"),
+			Model:            r.string("model"),
+			BlockSize:        r.int("block size"),
+			TotalBlocks:      r.int("total blocks"),
+			MaxBatchedTokens: r.int("max batched tokens"),
+			LeaseUntil:       r.varint(),
+		}
+	case CmdDeregisterWorker:
+		c = DeregisterWorker{ID: r.string("worker id")}
+	case CmdSetModelConfig:
+		m := SetModelConfig{Model: r.string("model")}
+		m.Reset = ModelField(r.uvarint())
+		if m.Reset&^allModelFields != 0 {
+			r.fail("unknown reset fields %#x", uint32(m.Reset))
+		}
+		readModelValues(r, &m)
+		c = m
+	case CmdPredictions:
+		pr := Predictions{Worker: router.WorkerID(r.string("worker")), Until: r.varint()}
+		if n := r.count("hashes", 8); n > 0 {
+			pr.Hashes = make([]uint64, n)
+			for i := range pr.Hashes {
+				pr.Hashes[i] = r.u64()
+			}
+		}
+		c = pr
+	case CmdTick:
+		c = Tick{Now: r.varint()}
+	case CmdRegisterNode:
+		c = RegisterNode{NodeID: r.string("node id"), RaftAddr: r.string("raft addr"), HTTPAddr: r.string("http addr")}
+	case CmdResyncWorker:
+		c = ResyncWorker{Worker: r.string("worker id"), DPRank: r.u32("dp rank")}
+	case CmdRemoveNode:
+		c = RemoveNode{NodeID: r.string("node id")}
+	default:
+		return nil, fmt.Errorf("type %d: %w", uint8(t), ErrUnknownCommand)
+	}
+	if err := r.done(); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", t, err)
+	}
+	return c, nil
+}
+
+// decodeAs decodes an entry that must be of type T.
+func decodeAs[T Command](data []byte) (T, error) {
+	var zero T
+	c, err := Decode(data)
+	if err != nil {
+		return zero, err
+	}
+	v, ok := c.(T)
+	if !ok {
+		return zero, fmt.Errorf("entry is %s, not %s: %w", c.Type(), zero.Type(), ErrUndecodable)
+	}
+	return v, nil
+}
+
+// Typed decoders of complete entries.
+
+func DecodeRegisterWorker(data []byte) (RegisterWorker, error) { return decodeAs[RegisterWorker](data) }
+func DecodeDeregisterWorker(data []byte) (DeregisterWorker, error) {
+	return decodeAs[DeregisterWorker](data)
+}
+func DecodeSetModelConfig(data []byte) (SetModelConfig, error) { return decodeAs[SetModelConfig](data) }
+func DecodePredictions(data []byte) (Predictions, error)       { return decodeAs[Predictions](data) }
+func DecodeTick(data []byte) (Tick, error)                     { return decodeAs[Tick](data) }
+func DecodeRegisterNode(data []byte) (RegisterNode, error)     { return decodeAs[RegisterNode](data) }
+func DecodeResyncWorker(data []byte) (ResyncWorker, error)     { return decodeAs[ResyncWorker](data) }
+func DecodeRemoveNode(data []byte) (RemoveNode, error)         { return decodeAs[RemoveNode](data) }
+
+// DecodeKVBatch reads a complete KVEventBatch entry. The events' block
+// slices share one backing array (capacity-limited, so appending copies).
+func DecodeKVBatch(data []byte) ([]KVBatchEvent, error) {
+	t, _, v, p, err := header(data)
+	if err != nil {
+		return nil, err
+	}
+	if t != CmdKVEventBatch || v != EnvelopeVersion {
+		return nil, fmt.Errorf("entry type %d version %d is not a KVEventBatch v%d: %w", uint8(t), v, EnvelopeVersion, ErrUndecodable)
+	}
+	return decodeKVBatchPayload(p)
+}

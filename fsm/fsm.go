@@ -1,0 +1,1003 @@
+// Package fsm is kvrouter's Raft state machine: the worker registry, the
+// per-model router configuration, the KV block index with its per-worker
+// event cursors, replicated kv-approx predictions and cluster node metadata.
+//
+// It is pure: Apply never reads the clock, draws random numbers or lets map
+// order reach the state, so a Raft log replays offline into the same state
+// on any machine (compare with Digest). See DESIGN.md.
+package fsm
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// WorkerRecord is a registered worker, as its last RegisterWorker set it
+// (BlockSize filled in with the index's when the command left it 0).
+type WorkerRecord struct {
+	ID               string
+	DPRanks          uint32
+	Address          string
+	Model            string
+	BlockSize        int
+	TotalBlocks      int
+	MaxBatchedTokens int
+	LeaseUntil       int64
+}
+
+// Keys are the router worker ids of the worker's ranks, in rank order.
+func (w WorkerRecord) Keys() []router.WorkerID {
+	out := make([]router.WorkerID, w.DPRanks)
+	for r := range out {
+		out[r] = router.WorkerKey(w.ID, uint32(r))
+	}
+	return out
+}
+
+// NodeRecord is one replica's addresses.
+type NodeRecord struct {
+	ID       string
+	RaftAddr string
+	HTTPAddr string
+}
+
+// RankKey names one data-parallel rank of a worker.
+type RankKey struct {
+	Worker string
+	DPRank uint32
+}
+
+// ID is the rank's router worker id.
+func (k RankKey) ID() router.WorkerID { return router.WorkerKey(k.Worker, k.DPRank) }
+
+// StaleInfo says why a worker rank's blocks may not match its cache: a gap
+// in its event ids or an event whose parent block it does not hold. It stays
+// until a ResyncWorker (the first reason is kept: later ones are symptoms).
+type StaleInfo struct {
+	Reason  string // "gap from X to Y" (event Y followed X) or "missing parent"
+	EventID uint64 // the event that revealed it (0 = unsequenced)
+}
+
+// Reasons a KV event is rejected, the keys of Stats.Rejected.
+const (
+	RejectUnknownWorker = "unknown_worker"
+	RejectBlockSize     = "block_size_mismatch"
+	RejectMissingParent = "missing_parent"
+	RejectInvalid       = "invalid_event"
+)
+
+// ApplyResult is the response of every command entry (raft's
+// ApplyFuture.Response()). Domain errors are in Err; Apply never panics on
+// log content.
+type ApplyResult struct {
+	Type       CommandType
+	Applied    int // KV events applied; for other commands 1 on success (hashes recorded for Predictions)
+	Duplicates int // KV events skipped: event id at or below the rank's cursor
+	Gaps       int // KV events that followed a gap (applied, rank marked stale)
+	Rejected   int // KV events not applied: unknown worker, block size, missing parent
+	Unknown    int // of Rejected: events of unregistered worker ranks
+	Expired    int // Tick: predictions and leases expired
+
+	UnknownWorkers []router.WorkerID // distinct unregistered ranks named (first 16)
+	Stale          []router.WorkerID // ranks this entry marked stale
+
+	Ignored  bool // unknown type or version with the ignore bit: skipped
+	Replayed bool // index at or below the applied index: skipped
+	Err      error
+}
+
+const maxReportedUnknown = 16
+
+// ChangeKind says what an applied entry changed, for observers.
+type ChangeKind uint8
+
+// Change kinds.
+const (
+	ChangeWorkers     ChangeKind = iota + 1 // a worker registered, changed, deregistered or its lease expired
+	ChangeModelConfig                       // a model's configuration changed
+	ChangeNodes                             // a node registered, changed or was removed
+	ChangeStale                             // a worker rank was marked stale
+	ChangeResync                            // a worker rank's blocks and cursor were cleared
+	ChangeRestored                          // the whole state was replaced from a snapshot
+)
+
+func (k ChangeKind) String() string {
+	switch k {
+	case ChangeWorkers:
+		return "workers"
+	case ChangeModelConfig:
+		return "model-config"
+	case ChangeNodes:
+		return "nodes"
+	case ChangeStale:
+		return "stale"
+	case ChangeResync:
+		return "resync"
+	case ChangeRestored:
+		return "restored"
+	}
+	return fmt.Sprintf("ChangeKind(%d)", uint8(k))
+}
+
+// Change is one change observers hear about after it is applied.
+type Change struct {
+	Kind    ChangeKind
+	Index   uint64 // log index (the snapshot's applied index for ChangeRestored)
+	Worker  string
+	DPRank  uint32
+	Model   string
+	Node    string
+	Removed bool   // the worker or node is gone
+	Reason  string // "registered", "updated", "deregistered", "lease expired", a stale reason
+}
+
+// Stats are this replica's counters since NewFSM. They are diagnostics, not
+// replicated state: they are not in snapshots or the digest.
+type Stats struct {
+	Commands     uint64 // command entries applied (with or without a domain error)
+	DomainErrors uint64 // commands refused with a domain error (state unchanged)
+	Undecodable  uint64 // entries that did not decode (state unchanged)
+	UnknownTypes uint64 // unknown type or version without the ignore bit (state unchanged)
+	Ignored      uint64 // unknown type or version with the ignore bit
+	Replayed     uint64 // entries at or below the applied index
+
+	Events     uint64            // KV events seen
+	Applied    uint64            // KV events applied
+	Duplicates uint64            // KV events skipped as already applied
+	Gaps       uint64            // gaps in event ids
+	Rejected   map[string]uint64 // KV events rejected, by Reject* reason
+
+	ExpiredPredictions uint64
+	ExpiredLeases      uint64
+}
+
+type counters struct {
+	commands, domainErrors, undecodable, unknownTypes, ignored, replayed atomic.Uint64
+	events, applied, duplicates, gaps                                    atomic.Uint64
+	unknownWorker, blockSize, missingParent, invalid                     atomic.Uint64
+	expiredPredictions, expiredLeases                                    atomic.Uint64
+}
+
+// FSM is the replicated state machine. Raft calls Apply, ApplyBatch,
+// Snapshot and Restore from one goroutine; every read method is safe to
+// call concurrently with them.
+type FSM struct {
+	base router.Config // validated; never mutated
+
+	// mu guards st and the apply scratch below. Apply holds it for writing
+	// for a whole batch; readers take it for reading. The indexes have their
+	// own locks, so routing (FindMatches) never waits for mu.
+	mu      sync.RWMutex
+	st      *state
+	applied atomic.Uint64 // written with mu held
+	gen     atomic.Uint64 // bumped by Restore (digest cache key)
+	dec     kvDecoder     // mu held
+	changes []Change      // mu held: collected during apply, sent after unlock
+	one     [1]uint64     // mu held: scratch for single removals
+
+	// The current indexes, readable without mu. Restore swaps them.
+	index     atomic.Pointer[router.Index]
+	predicted atomic.Pointer[router.Index]
+
+	stats counters
+
+	obsMu     sync.Mutex
+	observers []func(Change)
+
+	digestMu    sync.Mutex
+	digestKey   [2]uint64 // applied index, generation
+	digestValue string
+}
+
+// state is everything replicated: Restore builds a fresh one and swaps it in.
+type state struct {
+	blockSize int
+	lastTick  int64 // largest Tick.Now applied: the FSM's clock
+
+	index     *router.Index // worker events
+	predicted *router.Index // kv-approx predictions
+
+	workers map[string]*workerState
+	ranks   map[router.WorkerID]*rankState
+	models  map[string]*SetModelConfig // overrides of the base config (Reset always 0)
+	nodes   map[string]NodeRecord
+
+	preds map[router.WorkerID]map[uint64]int64 // rank → hash → until
+	heap  predHeap                             // expiry order; stale entries skipped lazily
+	live  int                                  // entries in preds
+}
+
+type workerState struct {
+	rec   WorkerRecord
+	ranks []*rankState // len = rec.DPRanks
+}
+
+// rankState is one worker rank's cursor and health.
+type rankState struct {
+	worker string
+	rank   uint32
+	key    router.WorkerID
+
+	last     uint64 // last sequenced event id consumed (applied or rejected)
+	resynced bool   // the next sequenced event sets the baseline
+	stale    bool
+	reason   string
+	staleID  uint64
+}
+
+func newState(blockSize int) *state {
+	return &state{
+		blockSize: blockSize,
+		index:     router.NewIndex(blockSize),
+		predicted: router.NewIndex(blockSize),
+		workers:   make(map[string]*workerState),
+		ranks:     make(map[router.WorkerID]*rankState),
+		models:    make(map[string]*SetModelConfig),
+		nodes:     make(map[string]NodeRecord),
+		preds:     make(map[router.WorkerID]map[uint64]int64),
+	}
+}
+
+// NewFSM returns an empty state machine. base is the router configuration
+// every model starts from (SetModelConfig overrides it per model); its
+// BlockSize is the index's, fixed for the life of the cluster.
+func NewFSM(base router.Config) (*FSM, error) {
+	if err := base.Validate(); err != nil {
+		return nil, fmt.Errorf("fsm base config: %w", err)
+	}
+	f := &FSM{base: cloneConfig(base), st: newState(base.BlockSize)}
+	f.index.Store(f.st.index)
+	f.predicted.Store(f.st.predicted)
+	return f, nil
+}
+
+var _ raft.BatchingFSM = (*FSM)(nil)
+
+// Apply applies one log entry. The response is a *ApplyResult for command
+// entries, nil for others.
+func (f *FSM) Apply(l *raft.Log) any {
+	f.mu.Lock()
+	res := f.applyLocked(l)
+	changes := f.takeChangesLocked()
+	f.mu.Unlock()
+	f.notify(changes)
+	if res == nil {
+		return nil
+	}
+	return res
+}
+
+// ApplyBatch applies entries in order under one lock hold; observers hear
+// about the changes after the whole batch.
+func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
+	out := make([]any, len(logs))
+	f.mu.Lock()
+	for i, l := range logs {
+		if res := f.applyLocked(l); res != nil {
+			out[i] = res
+		}
+	}
+	changes := f.takeChangesLocked()
+	f.mu.Unlock()
+	f.notify(changes)
+	return out
+}
+
+// applyLocked applies one entry. f.mu must be held for writing.
+func (f *FSM) applyLocked(l *raft.Log) *ApplyResult {
+	if l.Index <= f.applied.Load() {
+		f.stats.replayed.Add(1)
+		if l.Type != raft.LogCommand {
+			return nil
+		}
+		return &ApplyResult{Replayed: true}
+	}
+	f.applied.Store(l.Index)
+	if l.Type != raft.LogCommand {
+		return nil
+	}
+	t, ignore, version, payload, err := header(l.Data)
+	res := &ApplyResult{Type: t}
+	if err != nil {
+		f.stats.undecodable.Add(1)
+		res.Err = fmt.Errorf("apply log %d: %w", l.Index, err)
+		return res
+	}
+	if !t.known() || version != EnvelopeVersion {
+		if ignore {
+			f.stats.ignored.Add(1)
+			res.Ignored = true
+			return res
+		}
+		f.stats.unknownTypes.Add(1)
+		res.Err = fmt.Errorf("apply log %d: type %d version %d: %w", l.Index, uint8(t), version, ErrUnknownCommand)
+		return res
+	}
+	if t == CmdKVEventBatch {
+		evs, err := f.dec.decode(payload)
+		if err != nil {
+			f.stats.undecodable.Add(1)
+			res.Err = fmt.Errorf("apply log %d: %w", l.Index, err)
+			return res
+		}
+		f.stats.commands.Add(1)
+		f.applyEventsLocked(l.Index, evs, res)
+		return res
+	}
+	c, err := decodePayload(t, payload)
+	if err != nil {
+		f.stats.undecodable.Add(1)
+		res.Err = fmt.Errorf("apply log %d: %w", l.Index, err)
+		return res
+	}
+	f.stats.commands.Add(1)
+	if err := f.applyCommandLocked(l.Index, c, res); err != nil {
+		f.stats.domainErrors.Add(1)
+		res.Err = fmt.Errorf("apply log %d %s: %w", l.Index, t, err)
+		return res
+	}
+	return res
+}
+
+// applyCommandLocked applies every command but KV batches. A returned error
+// is a domain error and means the state did not change.
+func (f *FSM) applyCommandLocked(idx uint64, c Command, res *ApplyResult) error {
+	st := f.st
+	switch c := c.(type) {
+	case RegisterWorker:
+		return f.registerLocked(idx, c, res)
+	case DeregisterWorker:
+		if st.workers[c.ID] == nil {
+			return fmt.Errorf("worker %q: %w", c.ID, ErrUnknownWorker)
+		}
+		f.removeWorkerLocked(idx, c.ID, "deregistered")
+		res.Applied = 1
+	case SetModelConfig:
+		next, _, err := f.mergeModelLocked(c)
+		if err != nil {
+			return err
+		}
+		st.models[c.Model] = next
+		f.changes = append(f.changes, Change{Kind: ChangeModelConfig, Index: idx, Model: c.Model})
+		res.Applied = 1
+	case Predictions:
+		return f.predictLocked(c, res)
+	case Tick:
+		f.tickLocked(idx, c.Now, res)
+	case RegisterNode:
+		if c.NodeID == "" {
+			return fmt.Errorf("register node: empty id: %w", ErrInvalidCommand)
+		}
+		rec := NodeRecord{ID: c.NodeID, RaftAddr: c.RaftAddr, HTTPAddr: c.HTTPAddr}
+		if old, ok := st.nodes[c.NodeID]; !ok || old != rec {
+			st.nodes[c.NodeID] = rec
+			f.changes = append(f.changes, Change{Kind: ChangeNodes, Index: idx, Node: c.NodeID})
+		}
+		res.Applied = 1
+	case RemoveNode:
+		if _, ok := st.nodes[c.NodeID]; !ok {
+			return fmt.Errorf("node %q: %w", c.NodeID, ErrUnknownNode)
+		}
+		delete(st.nodes, c.NodeID)
+		f.changes = append(f.changes, Change{Kind: ChangeNodes, Index: idx, Node: c.NodeID, Removed: true})
+		res.Applied = 1
+	case ResyncWorker:
+		rs := st.rank(c.Worker, c.DPRank)
+		if rs == nil {
+			return fmt.Errorf("resync %s: %w", router.WorkerKey(c.Worker, c.DPRank), ErrUnknownWorker)
+		}
+		if err := st.index.Apply(rs.key, router.KVEvent{Kind: router.EventCleared}); err != nil {
+			// The registry and the index agree by construction; say so loudly if not.
+			return fmt.Errorf("resync %s: index: %w", rs.key, err)
+		}
+		rs.last, rs.resynced = 0, true
+		rs.stale, rs.reason, rs.staleID = false, "", 0
+		f.changes = append(f.changes, Change{Kind: ChangeResync, Index: idx, Worker: c.Worker, DPRank: c.DPRank})
+		res.Applied = 1
+	default:
+		return fmt.Errorf("%T: %w", c, ErrUnknownCommand)
+	}
+	return nil
+}
+
+// rank returns a registered worker rank, or nil.
+func (st *state) rank(worker string, rank uint32) *rankState {
+	ws := st.workers[worker]
+	if ws == nil || rank >= uint32(len(ws.ranks)) {
+		return nil
+	}
+	return ws.ranks[rank]
+}
+
+// registerLocked adds or updates a worker. f.mu held.
+func (f *FSM) registerLocked(idx uint64, c RegisterWorker, res *ApplyResult) error {
+	st := f.st
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = st.blockSize
+	} else if c.BlockSize != st.blockSize {
+		// The index is keyed by hashes of blockSize-token blocks: a worker
+		// with another block size could never match, so refuse it loudly.
+		return fmt.Errorf("register worker %q: block size %d, index uses %d: %w", c.ID, c.BlockSize, st.blockSize, ErrBlockSizeMismatch)
+	}
+	rec := WorkerRecord(c)
+	ws := st.workers[c.ID]
+	reason := "updated"
+	if ws == nil {
+		ws = &workerState{}
+		st.workers[c.ID] = ws
+		reason = "registered"
+	}
+	old := ws.rec
+	ws.rec = rec
+	for r := uint32(len(ws.ranks)); r < rec.DPRanks; r++ {
+		ws.ranks = append(ws.ranks, st.addRank(c.ID, r))
+	}
+	for r := len(ws.ranks) - 1; r >= int(rec.DPRanks); r-- {
+		st.removeRank(ws.ranks[r])
+		ws.ranks[r] = nil
+	}
+	ws.ranks = ws.ranks[:rec.DPRanks]
+	old.LeaseUntil = rec.LeaseUntil
+	if reason == "registered" || old != rec {
+		// A lease renewal alone changes no candidate set: stay quiet.
+		f.changes = append(f.changes, Change{Kind: ChangeWorkers, Index: idx, Worker: c.ID, Model: c.Model, Reason: reason})
+	}
+	res.Applied = 1
+	return nil
+}
+
+func (st *state) addRank(worker string, r uint32) *rankState {
+	rs := &rankState{worker: worker, rank: r, key: router.WorkerKey(worker, r)}
+	st.index.AddWorker(rs.key)
+	st.predicted.AddWorker(rs.key)
+	st.ranks[rs.key] = rs
+	return rs
+}
+
+func (st *state) removeRank(rs *rankState) {
+	st.index.RemoveWorker(rs.key)
+	st.predicted.RemoveWorker(rs.key)
+	delete(st.ranks, rs.key)
+	if m := st.preds[rs.key]; m != nil {
+		st.live -= len(m)
+		delete(st.preds, rs.key) // its heap entries are skipped when they surface
+	}
+}
+
+// removeWorkerLocked drops a worker with its ranks, blocks, predictions and
+// cursors: a worker that comes back starts afresh. f.mu held.
+func (f *FSM) removeWorkerLocked(idx uint64, id, reason string) {
+	st := f.st
+	ws := st.workers[id]
+	for _, rs := range ws.ranks {
+		st.removeRank(rs)
+	}
+	delete(st.workers, id)
+	f.changes = append(f.changes, Change{Kind: ChangeWorkers, Index: idx, Worker: id, Model: ws.rec.Model, Removed: true, Reason: reason})
+}
+
+// applyEventsLocked applies a decoded KV batch. Per event: look up the rank,
+// dedupe and gap-check by event id, check the block size, apply to the
+// index. Nothing here fails the entry: each event's outcome is counted.
+func (f *FSM) applyEventsLocked(idx uint64, evs []KVBatchEvent, res *ApplyResult) {
+	st := f.st
+	var applied, dups, gaps, rejUnknown, rejSize, rejParent, rejInvalid int
+	for i := range evs {
+		e := &evs[i]
+		ws := st.workers[e.Worker]
+		if ws == nil || e.DPRank >= uint32(len(ws.ranks)) {
+			rejUnknown++
+			if len(res.UnknownWorkers) < maxReportedUnknown {
+				if k := router.WorkerKey(e.Worker, e.DPRank); !slices.Contains(res.UnknownWorkers, k) {
+					res.UnknownWorkers = append(res.UnknownWorkers, k)
+				}
+			}
+			continue
+		}
+		rs := ws.ranks[e.DPRank]
+		if id := e.EventID; id != 0 {
+			switch {
+			case rs.resynced:
+				rs.resynced = false // a new baseline after a resync: no gap
+			case id <= rs.last:
+				dups++
+				continue
+			case id > rs.last+1:
+				gaps++
+				f.markStaleLocked(idx, rs, fmt.Sprintf("gap from %d to %d", rs.last, id), id, res)
+			}
+			// The cursor moves for every event consumed, applied or rejected:
+			// a rejected event would be rejected again, and it is no gap.
+			rs.last = id
+		}
+		if bs := e.Event.BlockSize; bs != 0 && bs != ws.rec.BlockSize {
+			rejSize++
+			continue
+		}
+		err := st.index.Apply(rs.key, e.Event)
+		if err == nil {
+			applied++
+			continue
+		}
+		var mp *router.MissingParentError
+		switch {
+		case errors.As(err, &mp):
+			rejParent++
+			f.markStaleLocked(idx, rs, "missing parent", e.EventID, res)
+		case errors.Is(err, router.ErrBlockSizeMismatch):
+			rejSize++
+		case errors.Is(err, router.ErrUnknownWorker):
+			rejUnknown++ // registry and index disagree: cannot happen, count it anyway
+		default:
+			rejInvalid++
+		}
+	}
+	rejected := rejUnknown + rejSize + rejParent + rejInvalid
+	res.Applied, res.Duplicates, res.Gaps, res.Rejected, res.Unknown = applied, dups, gaps, rejected, rejUnknown
+	slices.Sort(res.UnknownWorkers)
+	s := &f.stats
+	s.events.Add(uint64(len(evs)))
+	s.applied.Add(uint64(applied))
+	s.duplicates.Add(uint64(dups))
+	s.gaps.Add(uint64(gaps))
+	s.unknownWorker.Add(uint64(rejUnknown))
+	s.blockSize.Add(uint64(rejSize))
+	s.missingParent.Add(uint64(rejParent))
+	s.invalid.Add(uint64(rejInvalid))
+}
+
+// markStaleLocked records the first reason a rank went stale. f.mu held.
+func (f *FSM) markStaleLocked(idx uint64, rs *rankState, reason string, eventID uint64, res *ApplyResult) {
+	if rs.stale {
+		return
+	}
+	rs.stale, rs.reason, rs.staleID = true, reason, eventID
+	res.Stale = append(res.Stale, rs.key)
+	f.changes = append(f.changes, Change{Kind: ChangeStale, Index: idx, Worker: rs.worker, DPRank: rs.rank, Reason: reason})
+}
+
+// predictLocked records predicted blocks. f.mu held.
+func (f *FSM) predictLocked(c Predictions, res *ApplyResult) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	st := f.st
+	rs := st.ranks[c.Worker]
+	if rs == nil {
+		return fmt.Errorf("predictions for %s: %w", c.Worker, ErrUnknownWorker)
+	}
+	if c.Until <= st.lastTick || len(c.Hashes) == 0 {
+		return nil // already expired by the FSM's clock: nothing to keep
+	}
+	m := st.preds[rs.key]
+	if m == nil {
+		m = make(map[uint64]int64, len(c.Hashes))
+		st.preds[rs.key] = m
+	}
+	var fresh []router.StoredBlock
+	for _, h := range c.Hashes {
+		old, ok := m[h]
+		if ok && old >= c.Until {
+			continue // a prediction never shortens another
+		}
+		if !ok {
+			fresh = append(fresh, router.StoredBlock{EngineHash: h, ContentHash: h})
+			st.live++
+		}
+		m[h] = c.Until
+		st.heap.push(predEntry{until: c.Until, key: rs.key, hash: h})
+		res.Applied++
+	}
+	if len(fresh) > 0 {
+		// Predictions need no parent: the router placed the whole chain.
+		if err := st.predicted.Apply(rs.key, router.KVEvent{Kind: router.EventStored, Blocks: fresh}); err != nil {
+			return fmt.Errorf("predictions for %s: index: %w", c.Worker, err)
+		}
+	}
+	st.compactHeap()
+	return nil
+}
+
+// tickLocked advances the FSM's clock and expires leases and predictions at
+// or before it. f.mu held.
+func (f *FSM) tickLocked(idx uint64, now int64, res *ApplyResult) {
+	st := f.st
+	now = max(now, st.lastTick)
+	st.lastTick = now
+	var expired []string
+	for id, ws := range st.workers {
+		if l := ws.rec.LeaseUntil; l != 0 && l <= now {
+			expired = append(expired, id)
+		}
+	}
+	slices.Sort(expired) // map order must not reach the change stream
+	for _, id := range expired {
+		f.removeWorkerLocked(idx, id, "lease expired")
+	}
+	f.stats.expiredLeases.Add(uint64(len(expired)))
+	n := 0
+	for len(st.heap) > 0 && st.heap[0].until <= now {
+		e := st.heap.pop()
+		m := st.preds[e.key]
+		if until, ok := m[e.hash]; !ok || until != e.until {
+			continue // refreshed or removed since: a stale heap entry
+		}
+		delete(m, e.hash)
+		if len(m) == 0 {
+			delete(st.preds, e.key)
+		}
+		st.live--
+		n++
+		f.one[0] = e.hash
+		_ = st.predicted.Apply(e.key, router.KVEvent{Kind: router.EventRemoved, Removed: f.one[:]})
+	}
+	f.stats.expiredPredictions.Add(uint64(n))
+	res.Expired = len(expired) + n
+	res.Applied = 1
+}
+
+// mergeModelLocked computes the overrides and configuration c would leave
+// for its model, or the domain error that refuses it. f.mu held (read).
+func (f *FSM) mergeModelLocked(c SetModelConfig) (*SetModelConfig, router.Config, error) {
+	if err := c.Validate(); err != nil {
+		return nil, router.Config{}, err
+	}
+	next := &SetModelConfig{Model: c.Model}
+	if cur := f.st.models[c.Model]; cur != nil {
+		*next = *cur
+	}
+	next.clear(c.Reset)
+	next.set(&c)
+	next.Reset = 0
+	cfg := overlay(f.base, next)
+	if err := cfg.Validate(); err != nil {
+		return nil, router.Config{}, fmt.Errorf("model %q: %w", c.Model, err)
+	}
+	return next, cfg, nil
+}
+
+// clear drops the overrides in mask.
+func (o *SetModelConfig) clear(mask ModelField) {
+	t := &o.Thresholds
+	if mask&FieldActiveDecodeBlocks != 0 {
+		t.ActiveDecodeBlocks = nil
+	}
+	if mask&FieldActivePrefillTokens != 0 {
+		t.ActivePrefillTokens = nil
+	}
+	if mask&FieldActivePrefillTokensFrac != 0 {
+		t.ActivePrefillTokensFrac = nil
+	}
+	if mask&FieldOverlapCredit != 0 {
+		o.OverlapCredit = nil
+	}
+	if mask&FieldPrefillLoadScale != 0 {
+		o.PrefillLoadScale = nil
+	}
+	if mask&FieldTemperature != 0 {
+		o.Temperature = nil
+	}
+	if mask&FieldTrackPrefillTokens != 0 {
+		o.TrackPrefillTokens = nil
+	}
+	if mask&FieldQueueThreshold != 0 {
+		o.QueueThreshold = nil
+	}
+	if mask&FieldQueuePolicy != 0 {
+		o.QueuePolicy = nil
+	}
+}
+
+// set copies u's present fields (fresh pointers: nothing aliases the caller).
+func (o *SetModelConfig) set(u *SetModelConfig) {
+	t, ut := &o.Thresholds, &u.Thresholds
+	setPtr(&t.ActiveDecodeBlocks, ut.ActiveDecodeBlocks)
+	setPtr(&t.ActivePrefillTokens, ut.ActivePrefillTokens)
+	setPtr(&t.ActivePrefillTokensFrac, ut.ActivePrefillTokensFrac)
+	setPtr(&o.OverlapCredit, u.OverlapCredit)
+	setPtr(&o.PrefillLoadScale, u.PrefillLoadScale)
+	setPtr(&o.Temperature, u.Temperature)
+	setPtr(&o.TrackPrefillTokens, u.TrackPrefillTokens)
+	setPtr(&o.QueueThreshold, u.QueueThreshold)
+	setPtr(&o.QueuePolicy, u.QueuePolicy)
+}
+
+func setPtr[T any](dst **T, src *T) {
+	if src != nil {
+		v := *src
+		*dst = &v
+	}
+}
+
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}
+
+// cloneConfig deep-copies the pointer fields so callers cannot reach ours.
+func cloneConfig(c router.Config) router.Config {
+	c.Thresholds.ActiveDecodeBlocks = clonePtr(c.Thresholds.ActiveDecodeBlocks)
+	c.Thresholds.ActivePrefillTokens = clonePtr(c.Thresholds.ActivePrefillTokens)
+	c.Thresholds.ActivePrefillTokensFrac = clonePtr(c.Thresholds.ActivePrefillTokensFrac)
+	c.QueueThreshold = clonePtr(c.QueueThreshold)
+	return c
+}
+
+// overlay returns base with o's overrides applied (o may be nil).
+func overlay(base router.Config, o *SetModelConfig) router.Config {
+	c := cloneConfig(base)
+	if o == nil {
+		return c
+	}
+	t := &c.Thresholds
+	setPtr(&t.ActiveDecodeBlocks, o.Thresholds.ActiveDecodeBlocks)
+	setPtr(&t.ActivePrefillTokens, o.Thresholds.ActivePrefillTokens)
+	setPtr(&t.ActivePrefillTokensFrac, o.Thresholds.ActivePrefillTokensFrac)
+	if o.OverlapCredit != nil {
+		c.OverlapCredit = *o.OverlapCredit
+	}
+	if o.PrefillLoadScale != nil {
+		c.PrefillLoadScale = *o.PrefillLoadScale
+	}
+	if o.Temperature != nil {
+		c.Temperature = *o.Temperature
+	}
+	if o.TrackPrefillTokens != nil {
+		c.TrackPrefillTokens = *o.TrackPrefillTokens
+	}
+	setPtr(&c.QueueThreshold, o.QueueThreshold)
+	if o.QueuePolicy != nil {
+		c.QueuePolicy = *o.QueuePolicy
+	}
+	return c
+}
+
+func (o *SetModelConfig) clone() SetModelConfig {
+	var c SetModelConfig
+	c.Model = o.Model
+	c.set(o)
+	c.Reset = o.Reset
+	return c
+}
+
+// takeChangesLocked hands over the collected changes. f.mu held.
+func (f *FSM) takeChangesLocked() []Change {
+	c := f.changes
+	f.changes = nil
+	return c
+}
+
+// OnChange registers an observer, called (in registration order, on the
+// applying goroutine, with no lock held) after each entry or batch that
+// changed the registry, configuration, nodes, staleness, or after a Restore.
+// Observers must not block: raft waits for them.
+func (f *FSM) OnChange(fn func(Change)) {
+	f.obsMu.Lock()
+	defer f.obsMu.Unlock()
+	f.observers = append(f.observers, fn)
+}
+
+func (f *FSM) notify(changes []Change) {
+	if len(changes) == 0 {
+		return
+	}
+	f.obsMu.Lock()
+	obs := slices.Clone(f.observers)
+	f.obsMu.Unlock()
+	for _, c := range changes {
+		for _, fn := range obs {
+			fn(c)
+		}
+	}
+}
+
+// indexView reads whichever index is current, so holders survive a Restore.
+type indexView struct{ p *atomic.Pointer[router.Index] }
+
+func (v indexView) FindMatches(seq []uint64, dst []router.Overlap) []router.Overlap {
+	return v.p.Load().FindMatches(seq, dst)
+}
+
+// Index is the current block index, fed by worker events. Restore replaces
+// it: hold Overlaps() instead of this pointer across restores, or re-read it
+// on ChangeRestored.
+func (f *FSM) Index() *router.Index { return f.index.Load() }
+
+// Predicted is the current index of kv-approx predictions (see Index).
+func (f *FSM) Predicted() *router.Index { return f.predicted.Load() }
+
+// Overlaps is a router.OverlapSource over the current event-fed index that
+// follows restores.
+func (f *FSM) Overlaps() router.OverlapSource { return indexView{&f.index} }
+
+// PredictedOverlaps is a router.OverlapSource over the current predictions.
+func (f *FSM) PredictedOverlaps() router.OverlapSource { return indexView{&f.predicted} }
+
+// BlockSize is the index's tokens per block (the base configuration's).
+func (f *FSM) BlockSize() int { return f.base.BlockSize }
+
+// AppliedIndex is the index of the last log entry applied (or restored).
+func (f *FSM) AppliedIndex() uint64 { return f.applied.Load() }
+
+// LastTick is the FSM's clock: the largest Tick.Now applied (unix nanos).
+func (f *FSM) LastTick() int64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.lastTick
+}
+
+// Workers lists the registered workers sorted by id.
+func (f *FSM) Workers() []WorkerRecord {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]WorkerRecord, 0, len(f.st.workers))
+	for _, ws := range f.st.workers {
+		out = append(out, ws.rec)
+	}
+	slices.SortFunc(out, func(a, b WorkerRecord) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Worker returns one registered worker.
+func (f *FSM) Worker(id string) (WorkerRecord, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if ws := f.st.workers[id]; ws != nil {
+		return ws.rec, true
+	}
+	return WorkerRecord{}, false
+}
+
+// WorkerInfos is the router candidate set for model ("" = every model): one
+// entry per rank, sorted by router worker id.
+func (f *FSM) WorkerInfos(model string) []router.WorkerInfo {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	var out []router.WorkerInfo
+	for _, ws := range f.st.workers {
+		if model != "" && ws.rec.Model != model {
+			continue
+		}
+		for _, rs := range ws.ranks {
+			out = append(out, router.WorkerInfo{ID: rs.key, TotalBlocks: ws.rec.TotalBlocks, MaxBatchedTokens: ws.rec.MaxBatchedTokens})
+		}
+	}
+	slices.SortFunc(out, func(a, b router.WorkerInfo) int { return strings.Compare(string(a.ID), string(b.ID)) })
+	return out
+}
+
+// Models lists, sorted, every model that has a configuration or a
+// registered worker.
+func (f *FSM) Models() []string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	seen := make(map[string]bool, len(f.st.models))
+	var out []string
+	add := func(m string) {
+		if m != "" && !seen[m] {
+			seen[m] = true
+			out = append(out, m)
+		}
+	}
+	for m := range f.st.models {
+		add(m)
+	}
+	for _, ws := range f.st.workers {
+		add(ws.rec.Model)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// ModelConfig is the router configuration of model: the base configuration
+// with the model's overrides applied. Unknown models get the base.
+func (f *FSM) ModelConfig(model string) router.Config {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return overlay(f.base, f.st.models[model])
+}
+
+// ModelOverrides returns the fields SetModelConfig has set for model.
+func (f *FSM) ModelOverrides(model string) (SetModelConfig, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	o := f.st.models[model]
+	if o == nil {
+		return SetModelConfig{}, false
+	}
+	return o.clone(), true
+}
+
+// CheckModelConfig returns the configuration u would produce, or the domain
+// error Apply would return, without changing anything: proposers validate
+// with it before proposing.
+func (f *FSM) CheckModelConfig(u SetModelConfig) (router.Config, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	_, cfg, err := f.mergeModelLocked(u)
+	return cfg, err
+}
+
+// Nodes lists the registered replicas sorted by id.
+func (f *FSM) Nodes() []NodeRecord {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]NodeRecord, 0, len(f.st.nodes))
+	for _, n := range f.st.nodes {
+		out = append(out, n)
+	}
+	slices.SortFunc(out, func(a, b NodeRecord) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Node returns one replica's addresses.
+func (f *FSM) Node(id string) (NodeRecord, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	n, ok := f.st.nodes[id]
+	return n, ok
+}
+
+// Stale returns the worker ranks marked stale and why.
+func (f *FSM) Stale() map[RankKey]StaleInfo {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make(map[RankKey]StaleInfo)
+	for _, rs := range f.st.ranks {
+		if rs.stale {
+			out[RankKey{rs.worker, rs.rank}] = StaleInfo{Reason: rs.reason, EventID: rs.staleID}
+		}
+	}
+	return out
+}
+
+// Cursors returns every registered rank's last consumed event id (0 = none
+// yet, or cleared by a resync).
+func (f *FSM) Cursors() map[RankKey]uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make(map[RankKey]uint64, len(f.st.ranks))
+	for _, rs := range f.st.ranks {
+		out[RankKey{rs.worker, rs.rank}] = rs.last
+	}
+	return out
+}
+
+// PredictionCount is the number of live (worker, hash) predictions.
+func (f *FSM) PredictionCount() int {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.live
+}
+
+// Stats returns the counters.
+func (f *FSM) Stats() Stats {
+	s := &f.stats
+	return Stats{
+		Commands: s.commands.Load(), DomainErrors: s.domainErrors.Load(), Undecodable: s.undecodable.Load(),
+		UnknownTypes: s.unknownTypes.Load(), Ignored: s.ignored.Load(), Replayed: s.replayed.Load(),
+		Events: s.events.Load(), Applied: s.applied.Load(), Duplicates: s.duplicates.Load(), Gaps: s.gaps.Load(),
+		Rejected: map[string]uint64{
+			RejectUnknownWorker: s.unknownWorker.Load(),
+			RejectBlockSize:     s.blockSize.Load(),
+			RejectMissingParent: s.missingParent.Load(),
+			RejectInvalid:       s.invalid.Load(),
+		},
+		ExpiredPredictions: s.expiredPredictions.Load(),
+		ExpiredLeases:      s.expiredLeases.Load(),
+	}
+}

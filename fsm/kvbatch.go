@@ -1,0 +1,245 @@
+package fsm
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// KVEventBatch payload (after the type byte and envelope version), version 1:
+//
+//	uvarint  nWorkers                      string table of worker ids
+//	nWorkers × (uvarint len, bytes)
+//	uvarint  nEvents
+//	nEvents × event:
+//	  uvarint workerIdx (< nWorkers)
+//	  uvarint dpRank    (fits uint32)
+//	  uvarint eventID   (0 = unsequenced)
+//	  byte    kind      (router.EventKind: 1 stored, 2 removed, 3 cleared)
+//	  byte    flags     (stored only: bit0 has parent, bit1 engine hashes follow)
+//	  uvarint blockSize (0 = not reported)
+//	  stored:  [u64 parent] uvarint n, n × (u64 content [u64 engine])
+//	  removed: uvarint n, n × u64 engine hash
+//	  cleared: nothing
+//
+// Hashes are fixed 8-byte little endian (they are uniformly random, so a
+// varint would take 9–10 bytes). Engines that name blocks by our content hash
+// (kvmock) cost 8 bytes per block; others 16. Fields an event kind does not use
+// are not encoded. Every count is checked against the bytes left before
+// anything is allocated from it.
+const (
+	kvFlagParent  = 1 << 0
+	kvFlagAliased = 1 << 1
+	kvMinEvent    = 6 // idx, rank, id, kind, flags, block size: one byte each at least
+)
+
+// AppendKVBatch appends a complete KVEventBatch log entry (type byte,
+// envelope version, payload) to dst. It refuses events the decoder would
+// refuse: unknown kinds, negative or huge block sizes, over-long worker ids.
+func AppendKVBatch(dst []byte, events []KVBatchEvent) ([]byte, error) {
+	var tab nameTable
+	for i := range events {
+		e := &events[i]
+		if err := checkString("worker id", e.Worker); err != nil {
+			return nil, err
+		}
+		switch e.Event.Kind {
+		case router.EventStored, router.EventRemoved, router.EventCleared:
+		default:
+			return nil, fmt.Errorf("event %d of worker %s: kind %d: %w", i, e.Worker, e.Event.Kind, ErrInvalidCommand)
+		}
+		if err := checkInt("block size", e.Event.BlockSize); err != nil {
+			return nil, err
+		}
+		tab.index(e.Worker)
+	}
+	dst = append(dst, byte(CmdKVEventBatch), EnvelopeVersion)
+	dst = binary.AppendUvarint(dst, uint64(len(tab.names)))
+	for _, n := range tab.names {
+		dst = appendString(dst, n)
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(events)))
+	for i := range events {
+		e := &events[i]
+		ev := &e.Event
+		dst = binary.AppendUvarint(dst, uint64(tab.index(e.Worker)))
+		dst = binary.AppendUvarint(dst, uint64(e.DPRank))
+		dst = binary.AppendUvarint(dst, e.EventID)
+		dst = append(dst, byte(ev.Kind))
+		switch ev.Kind {
+		case router.EventStored:
+			flags := byte(0)
+			if ev.HasParent {
+				flags |= kvFlagParent
+			}
+			for _, b := range ev.Blocks {
+				if b.EngineHash != b.ContentHash {
+					flags |= kvFlagAliased
+					break
+				}
+			}
+			dst = append(dst, flags)
+			dst = binary.AppendUvarint(dst, uint64(ev.BlockSize))
+			if ev.HasParent {
+				dst = appendU64(dst, ev.Parent)
+			}
+			dst = binary.AppendUvarint(dst, uint64(len(ev.Blocks)))
+			for _, b := range ev.Blocks {
+				dst = appendU64(dst, b.ContentHash)
+				if flags&kvFlagAliased != 0 {
+					dst = appendU64(dst, b.EngineHash)
+				}
+			}
+		case router.EventRemoved:
+			dst = append(dst, 0)
+			dst = binary.AppendUvarint(dst, uint64(ev.BlockSize))
+			dst = binary.AppendUvarint(dst, uint64(len(ev.Removed)))
+			for _, h := range ev.Removed {
+				dst = appendU64(dst, h)
+			}
+		case router.EventCleared:
+			dst = append(dst, 0)
+			dst = binary.AppendUvarint(dst, uint64(ev.BlockSize))
+		}
+	}
+	return dst, nil
+}
+
+// nameTable numbers worker ids in order of first appearance. Batches name
+// few workers, usually in runs, so a last-hit check and a linear scan beat a
+// map until the table grows.
+type nameTable struct {
+	names []string
+	last  int
+	m     map[string]int
+}
+
+func (t *nameTable) index(s string) int {
+	if t.last < len(t.names) && t.names[t.last] == s {
+		return t.last
+	}
+	if t.m != nil {
+		if i, ok := t.m[s]; ok {
+			t.last = i
+			return i
+		}
+	} else {
+		for i, n := range t.names {
+			if n == s {
+				t.last = i
+				return i
+			}
+		}
+	}
+	t.names = append(t.names, s)
+	t.last = len(t.names) - 1
+	if t.m == nil && len(t.names) > 16 {
+		t.m = make(map[string]int, 32)
+		for i, n := range t.names {
+			t.m[n] = i
+		}
+	} else if t.m != nil {
+		t.m[s] = t.last
+	}
+	return t.last
+}
+
+// kvDecoder decodes KVEventBatch payloads into buffers it reuses from batch
+// to batch (the FSM keeps one), so the hot path allocates only the worker
+// id strings. Events' slices point into the buffers until the next decode.
+type kvDecoder struct {
+	events []KVBatchEvent
+	blocks []router.StoredBlock
+	hashes []uint64
+	names  []string
+}
+
+// decodeKVBatchPayload decodes into fresh buffers (for callers that keep
+// the result).
+func decodeKVBatchPayload(p []byte) ([]KVBatchEvent, error) {
+	var d kvDecoder
+	return d.decode(p)
+}
+
+func (d *kvDecoder) decode(p []byte) ([]KVBatchEvent, error) {
+	r := &reader{b: p}
+	nNames := r.count("worker ids", 1)
+	d.names = d.names[:0]
+	for range nNames {
+		d.names = append(d.names, r.string("worker id"))
+	}
+	nEvents := r.count("events", kvMinEvent)
+	if r.err != nil {
+		return nil, fmt.Errorf("decode kv batch: %w", r.err)
+	}
+	if cap(d.events) < nEvents {
+		d.events = make([]KVBatchEvent, nEvents)
+	}
+	evs := d.events[:nEvents]
+	blocks, hashes := d.blocks[:0], d.hashes[:0]
+	for i := range evs {
+		e := &evs[i]
+		wi := r.uvarint()
+		if r.err == nil && wi >= uint64(len(d.names)) {
+			r.fail("event %d: worker index %d of %d", i, wi, len(d.names))
+		}
+		if r.err != nil {
+			break
+		}
+		*e = KVBatchEvent{Worker: d.names[wi], DPRank: r.u32("dp rank"), EventID: r.uvarint()}
+		ev := &e.Event
+		ev.Kind = router.EventKind(r.byte())
+		flags := r.byte()
+		ev.BlockSize = r.int("block size")
+		switch ev.Kind {
+		case router.EventStored:
+			if flags&^(kvFlagParent|kvFlagAliased) != 0 {
+				r.fail("event %d: flags %#x", i, flags)
+			}
+			if flags&kvFlagParent != 0 {
+				ev.HasParent, ev.Parent = true, r.u64()
+			}
+			size := 8
+			if flags&kvFlagAliased != 0 {
+				size = 16
+			}
+			n := r.count("blocks", size)
+			start := len(blocks)
+			for range n {
+				ch := r.u64()
+				eh := ch
+				if flags&kvFlagAliased != 0 {
+					eh = r.u64()
+				}
+				blocks = append(blocks, router.StoredBlock{EngineHash: eh, ContentHash: ch})
+			}
+			if n > 0 {
+				ev.Blocks = blocks[start:len(blocks):len(blocks)]
+			}
+		case router.EventRemoved:
+			if flags != 0 {
+				r.fail("event %d: flags %#x", i, flags)
+			}
+			n := r.count("removed", 8)
+			start := len(hashes)
+			for range n {
+				hashes = append(hashes, r.u64())
+			}
+			if n > 0 {
+				ev.Removed = hashes[start:len(hashes):len(hashes)]
+			}
+		case router.EventCleared:
+			if flags != 0 {
+				r.fail("event %d: flags %#x", i, flags)
+			}
+		default:
+			r.fail("event %d: kind %d", i, ev.Kind)
+		}
+	}
+	d.blocks, d.hashes = blocks, hashes
+	if err := r.done(); err != nil {
+		return nil, fmt.Errorf("decode kv batch: %w", err)
+	}
+	return evs, nil
+}

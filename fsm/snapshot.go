@@ -1,0 +1,600 @@
+package fsm
+
+import (
+	"bufio"
+	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// Snapshot stream, format version 1 (see DESIGN.md):
+//
+//	"KVRS" | byte format version
+//	records: byte type | uvarint body length (<= maxRecordLen) | body
+//	  1 header (exactly once, first): u64 applied index, uvarint block size,
+//	    varint clock, uvarint counts of nodes, workers, models, cursors,
+//	    block records, prediction records
+//	  2 node, 3 worker, 4 model, 5 cursor, 6 blocks, 7 predictions
+//	    (in this type order; within a type sorted by id, then rank, then hash)
+//	  0 end (empty body)
+//	u32 LE CRC-32C (Castagnoli) of every byte before it
+//
+// Blocks and predictions of one rank are split into records of at most
+// snapshotChunk entries, so no record is large and a reader never allocates
+// more than maxRecordLen from a length it has not verified.
+const (
+	snapshotMagic   = "KVRS"
+	SnapshotVersion = 1 // the format this build writes; Restore reads 1
+
+	recEnd     = 0
+	recHeader  = 1
+	recNode    = 2
+	recWorker  = 3
+	recModel   = 4
+	recCursor  = 5
+	recBlocks  = 6
+	recPreds   = 7
+	recMaxType = recPreds
+
+	snapshotChunk = 16384
+	maxRecordLen  = 1 << 20
+
+	cursorResynced = 1 << 0
+	cursorStale    = 1 << 1
+)
+
+// ErrCorruptSnapshot marks a snapshot Restore refused (bad magic, version,
+// CRC, record, or a state that breaks an invariant). The FSM is unchanged.
+var ErrCorruptSnapshot = errors.New("corrupt snapshot")
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// image is a consistent copy of the state, taken under the lock and written
+// without it. Everything in it is sorted: the bytes depend only on the state.
+type image struct {
+	applied   uint64
+	blockSize int
+	lastTick  int64
+	nodes     []NodeRecord
+	workers   []WorkerRecord
+	models    []SetModelConfig
+	cursors   []cursorImage
+	blocks    []rankBlocks
+	preds     []rankPreds
+}
+
+type cursorImage struct {
+	worker   string
+	rank     uint32
+	last     uint64
+	resynced bool
+	stale    bool
+	reason   string
+	staleID  uint64
+}
+
+type rankBlocks struct {
+	worker string
+	rank   uint32
+	blocks []router.StoredBlock // sorted by content, then engine hash (Index.WorkerBlocks)
+}
+
+type predHash struct {
+	hash  uint64
+	until int64
+}
+
+type rankPreds struct {
+	worker  string
+	rank    uint32
+	entries []predHash // sorted by hash
+}
+
+// captureLocked copies the state. f.mu must be held (read is enough); the
+// indexes are read through their own locks, and no apply runs meanwhile.
+func (f *FSM) captureLocked() *image {
+	st := f.st
+	img := &image{applied: f.applied.Load(), blockSize: st.blockSize, lastTick: st.lastTick}
+	for _, n := range st.nodes {
+		img.nodes = append(img.nodes, n)
+	}
+	slices.SortFunc(img.nodes, func(a, b NodeRecord) int { return strings.Compare(a.ID, b.ID) })
+	for _, o := range st.models {
+		img.models = append(img.models, o.clone())
+	}
+	slices.SortFunc(img.models, func(a, b SetModelConfig) int { return strings.Compare(a.Model, b.Model) })
+	ids := make([]string, 0, len(st.workers))
+	for id := range st.workers {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		ws := st.workers[id]
+		img.workers = append(img.workers, ws.rec)
+		for _, rs := range ws.ranks {
+			img.cursors = append(img.cursors, cursorImage{worker: rs.worker, rank: rs.rank, last: rs.last,
+				resynced: rs.resynced, stale: rs.stale, reason: rs.reason, staleID: rs.staleID})
+			if b := st.index.WorkerBlocks(rs.key); len(b) > 0 {
+				img.blocks = append(img.blocks, rankBlocks{worker: rs.worker, rank: rs.rank, blocks: b})
+			}
+			if m := st.preds[rs.key]; len(m) > 0 {
+				e := make([]predHash, 0, len(m))
+				for h, u := range m {
+					e = append(e, predHash{hash: h, until: u})
+				}
+				slices.SortFunc(e, func(a, b predHash) int { return cmp.Compare(a.hash, b.hash) })
+				img.preds = append(img.preds, rankPreds{worker: rs.worker, rank: rs.rank, entries: e})
+			}
+		}
+	}
+	return img
+}
+
+func chunks(n int) int { return (n + snapshotChunk - 1) / snapshotChunk }
+
+// crcWriter computes the CRC of what passes through it.
+type crcWriter struct {
+	w   io.Writer
+	crc uint32
+	err error
+	buf []byte
+}
+
+func (c *crcWriter) write(p []byte) {
+	if c.err != nil {
+		return
+	}
+	c.crc = crc32.Update(c.crc, castagnoli, p)
+	_, c.err = c.w.Write(p)
+}
+
+// record writes one typed record whose body is c.buf.
+func (c *crcWriter) record(typ byte) {
+	var hdr [1 + binary.MaxVarintLen64]byte
+	hdr[0] = typ
+	n := binary.PutUvarint(hdr[1:], uint64(len(c.buf)))
+	c.write(hdr[:1+n])
+	c.write(c.buf)
+}
+
+// writeImage streams img in the snapshot format. withApplied false writes
+// 0 for the applied index: that is the digest's canonical form.
+func writeImage(w io.Writer, img *image, withApplied bool) error {
+	c := &crcWriter{w: w, buf: make([]byte, 0, 4096)}
+	c.write([]byte(snapshotMagic))
+	c.write([]byte{SnapshotVersion})
+
+	nBlocks, nPreds := 0, 0
+	for _, rb := range img.blocks {
+		nBlocks += chunks(len(rb.blocks))
+	}
+	for _, rp := range img.preds {
+		nPreds += chunks(len(rp.entries))
+	}
+	applied := img.applied
+	if !withApplied {
+		applied = 0
+	}
+	b := appendU64(c.buf[:0], applied)
+	b = binary.AppendUvarint(b, uint64(img.blockSize))
+	b = binary.AppendVarint(b, img.lastTick)
+	for _, n := range []int{len(img.nodes), len(img.workers), len(img.models), len(img.cursors), nBlocks, nPreds} {
+		b = binary.AppendUvarint(b, uint64(n))
+	}
+	c.buf = b
+	c.record(recHeader)
+
+	for _, n := range img.nodes {
+		b = appendString(c.buf[:0], n.ID)
+		b = appendString(b, n.RaftAddr)
+		c.buf = appendString(b, n.HTTPAddr)
+		c.record(recNode)
+	}
+	for _, w := range img.workers {
+		rw := RegisterWorker(w)
+		b, err := appendRegisterWorker(c.buf[:0], &rw)
+		if err != nil {
+			return fmt.Errorf("snapshot worker %q: %w", w.ID, err)
+		}
+		c.buf = b
+		c.record(recWorker)
+	}
+	for i := range img.models {
+		m := &img.models[i]
+		c.buf = appendModelValues(appendString(c.buf[:0], m.Model), m)
+		c.record(recModel)
+	}
+	for _, cu := range img.cursors {
+		b = appendString(c.buf[:0], cu.worker)
+		b = binary.AppendUvarint(b, uint64(cu.rank))
+		b = binary.AppendUvarint(b, cu.last)
+		flags := byte(0)
+		if cu.resynced {
+			flags |= cursorResynced
+		}
+		if cu.stale {
+			flags |= cursorStale
+		}
+		b = append(b, flags)
+		if cu.stale {
+			b = appendString(b, cu.reason)
+			b = binary.AppendUvarint(b, cu.staleID)
+		}
+		c.buf = b
+		c.record(recCursor)
+	}
+	for _, rb := range img.blocks {
+		for part := range slices.Chunk(rb.blocks, snapshotChunk) {
+			b = appendString(c.buf[:0], rb.worker)
+			b = binary.AppendUvarint(b, uint64(rb.rank))
+			b = binary.AppendUvarint(b, uint64(len(part)))
+			for _, sb := range part {
+				b = appendU64(b, sb.ContentHash)
+				if sb.EngineHash == sb.ContentHash {
+					b = append(b, 0)
+				} else {
+					b = appendU64(append(b, 1), sb.EngineHash)
+				}
+			}
+			c.buf = b
+			c.record(recBlocks)
+		}
+	}
+	for _, rp := range img.preds {
+		for part := range slices.Chunk(rp.entries, snapshotChunk) {
+			b = appendString(c.buf[:0], rp.worker)
+			b = binary.AppendUvarint(b, uint64(rp.rank))
+			b = binary.AppendUvarint(b, uint64(len(part)))
+			for _, e := range part {
+				b = binary.AppendVarint(appendU64(b, e.hash), e.until)
+			}
+			c.buf = b
+			c.record(recPreds)
+		}
+	}
+	c.buf = c.buf[:0]
+	c.record(recEnd)
+	if c.err != nil {
+		return c.err
+	}
+	var trailer [4]byte
+	binary.LittleEndian.PutUint32(trailer[:], c.crc)
+	_, err := w.Write(trailer[:])
+	return err
+}
+
+// fsmSnapshot is a captured image waiting to be persisted.
+type fsmSnapshot struct{ img *image }
+
+// Snapshot captures the state under the read lock (raft calls it between
+// applies); Persist writes it while applies continue.
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return &fsmSnapshot{img: f.captureLocked()}, nil
+}
+
+// Persist streams the snapshot to sink and closes it, or cancels it on error.
+func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	bw := bufio.NewWriterSize(sink, 256<<10)
+	err := writeImage(bw, s.img, true)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err != nil {
+		_ = sink.Cancel()
+		return fmt.Errorf("persist snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+// Release drops the image.
+func (s *fsmSnapshot) Release() { s.img = nil }
+
+// Digest is the hex SHA-256 of the state's canonical serialization (the
+// snapshot format with the applied index left out): replicas that applied
+// the same commands have equal digests whenever and however they got there,
+// and equal digests mean equal state. Cached until the next apply.
+func (f *FSM) Digest() string {
+	f.mu.RLock()
+	key := [2]uint64{f.applied.Load(), f.gen.Load()}
+	f.digestMu.Lock()
+	if f.digestValue != "" && f.digestKey == key {
+		d := f.digestValue
+		f.digestMu.Unlock()
+		f.mu.RUnlock()
+		return d
+	}
+	f.digestMu.Unlock()
+	img := f.captureLocked()
+	f.mu.RUnlock()
+
+	h := sha256.New()
+	_ = writeImage(h, img, false) // hashes never fail to write
+	d := hex.EncodeToString(h.Sum(nil))
+	f.digestMu.Lock()
+	f.digestKey, f.digestValue = key, d
+	f.digestMu.Unlock()
+	return d
+}
+
+// Restore replaces the state with a snapshot. It reads the stream into a
+// fresh state, checks magic, version, every record, the invariants and the
+// CRC, and only then swaps it in; on any error the FSM is unchanged.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	st, applied, err := readSnapshot(rc, f.base)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	f.mu.Lock()
+	f.st = st
+	f.applied.Store(applied)
+	f.gen.Add(1)
+	f.index.Store(st.index)
+	f.predicted.Store(st.predicted)
+	f.mu.Unlock()
+	f.notify([]Change{{Kind: ChangeRestored, Index: applied}})
+	return nil
+}
+
+// snapReader reads a snapshot stream and keeps the CRC of what it read.
+type snapReader struct {
+	br  *bufio.Reader
+	crc uint32
+	buf []byte
+}
+
+func (s *snapReader) ReadByte() (byte, error) {
+	c, err := s.br.ReadByte()
+	if err != nil {
+		return 0, err
+	}
+	s.crc = crc32.Update(s.crc, castagnoli, []byte{c})
+	return c, nil
+}
+
+func (s *snapReader) readFull(p []byte) error {
+	if _, err := io.ReadFull(s.br, p); err != nil {
+		return err
+	}
+	s.crc = crc32.Update(s.crc, castagnoli, p)
+	return nil
+}
+
+// next reads one record: its type and body (valid until the next call).
+func (s *snapReader) next() (byte, []byte, error) {
+	typ, err := s.ReadByte()
+	if err != nil {
+		return 0, nil, err
+	}
+	n, err := binary.ReadUvarint(s)
+	if err != nil {
+		return 0, nil, err
+	}
+	if n > maxRecordLen {
+		return 0, nil, fmt.Errorf("record type %d length %d over %d", typ, n, maxRecordLen)
+	}
+	if uint64(cap(s.buf)) < n {
+		s.buf = make([]byte, n)
+	}
+	s.buf = s.buf[:n]
+	return typ, s.buf, s.readFull(s.buf)
+}
+
+func corrupt(format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrCorruptSnapshot)
+}
+
+// readSnapshot builds a fresh state from a snapshot stream.
+func readSnapshot(r io.Reader, base router.Config) (*state, uint64, error) {
+	s := &snapReader{br: bufio.NewReaderSize(r, 256<<10)}
+	var magic [len(snapshotMagic) + 1]byte
+	if err := s.readFull(magic[:]); err != nil {
+		return nil, 0, corrupt("read magic: %v", err)
+	}
+	if string(magic[:4]) != snapshotMagic {
+		return nil, 0, corrupt("bad magic %q", magic[:4])
+	}
+	if magic[4] != SnapshotVersion {
+		return nil, 0, corrupt("format version %d, this build reads %d", magic[4], SnapshotVersion)
+	}
+	st := newState(base.BlockSize)
+	var applied uint64
+	var want, got [recMaxType + 1]int
+	lastType := byte(0)
+	for {
+		typ, body, err := s.next()
+		if err != nil {
+			return nil, 0, corrupt("read record after type %d: %v", lastType, err)
+		}
+		if typ == recEnd {
+			if len(body) != 0 {
+				return nil, 0, corrupt("end record with a body")
+			}
+			break
+		}
+		if typ > recMaxType || typ < lastType || (typ == recHeader) != (lastType == 0) {
+			return nil, 0, corrupt("record type %d after %d", typ, lastType)
+		}
+		lastType = typ
+		got[typ]++
+		rd := &reader{b: body}
+		switch typ {
+		case recHeader:
+			if got[recHeader] > 1 {
+				return nil, 0, corrupt("second header")
+			}
+			applied = rd.u64()
+			if bs := rd.int("block size"); rd.err == nil && bs != base.BlockSize {
+				return nil, 0, corrupt("block size %d, this index uses %d", bs, base.BlockSize)
+			}
+			st.lastTick = rd.varint()
+			want[recHeader] = 1
+			for t := recNode; t <= recPreds; t++ {
+				want[t] = rd.int("count")
+			}
+		case recNode:
+			n := NodeRecord{ID: rd.string("node id"), RaftAddr: rd.string("raft addr"), HTTPAddr: rd.string("http addr")}
+			if _, dup := st.nodes[n.ID]; rd.err == nil && (dup || n.ID == "") {
+				return nil, 0, corrupt("node %q empty or repeated", n.ID)
+			}
+			st.nodes[n.ID] = n
+		case recWorker:
+			c := readRegisterWorker(rd)
+			if rd.err == nil {
+				if err := c.Validate(); err != nil {
+					return nil, 0, corrupt("worker: %v", err)
+				}
+				if c.BlockSize != base.BlockSize || st.workers[c.ID] != nil {
+					return nil, 0, corrupt("worker %q block size %d or repeated", c.ID, c.BlockSize)
+				}
+				ws := &workerState{rec: WorkerRecord(c)}
+				for r := range c.DPRanks {
+					ws.ranks = append(ws.ranks, st.addRank(c.ID, r))
+				}
+				st.workers[c.ID] = ws
+			}
+		case recModel:
+			m := &SetModelConfig{Model: rd.string("model")}
+			readModelValues(rd, m)
+			if rd.err == nil {
+				if m.Model == "" || st.models[m.Model] != nil {
+					return nil, 0, corrupt("model %q empty or repeated", m.Model)
+				}
+				if err := overlay(base, m).Validate(); err != nil {
+					return nil, 0, corrupt("model %q: %v", m.Model, err)
+				}
+				st.models[m.Model] = m
+			}
+		case recCursor:
+			rs := snapRank(st, rd)
+			last := rd.uvarint()
+			flags := rd.byte()
+			var reason string
+			var staleID uint64
+			if flags&cursorStale != 0 {
+				reason, staleID = rd.string("stale reason"), rd.uvarint()
+			}
+			if rd.err == nil {
+				if rs == nil || flags&^(cursorResynced|cursorStale) != 0 || rs.restored {
+					return nil, 0, corrupt("cursor of unknown or repeated rank, or flags %#x", flags)
+				}
+				rs.restored = true
+				rs.last, rs.resynced, rs.stale, rs.reason, rs.staleID = last, flags&cursorResynced != 0, flags&cursorStale != 0, reason, staleID
+			}
+		case recBlocks:
+			rs := snapRank(st, rd)
+			n := rd.count("blocks", 9)
+			blocks := make([]router.StoredBlock, 0, n)
+			for range n {
+				ch := rd.u64()
+				eh := ch
+				switch rd.byte() {
+				case 0:
+				case 1:
+					eh = rd.u64()
+				default:
+					rd.fail("bad block flag")
+				}
+				blocks = append(blocks, router.StoredBlock{EngineHash: eh, ContentHash: ch})
+			}
+			if rd.err == nil {
+				if rs == nil {
+					return nil, 0, corrupt("blocks of an unknown rank")
+				}
+				if err := st.index.Apply(rs.key, router.KVEvent{Kind: router.EventStored, Blocks: blocks}); err != nil {
+					return nil, 0, corrupt("blocks of %s: %v", rs.key, err)
+				}
+			}
+		case recPreds:
+			rs := snapRank(st, rd)
+			n := rd.count("predictions", 9)
+			entries := make([]predHash, 0, n)
+			for range n {
+				entries = append(entries, predHash{hash: rd.u64(), until: rd.varint()})
+			}
+			if rd.err == nil {
+				if rs == nil {
+					return nil, 0, corrupt("predictions of an unknown rank")
+				}
+				m := st.preds[rs.key]
+				if m == nil {
+					m = make(map[uint64]int64, n)
+					st.preds[rs.key] = m
+				}
+				fresh := make([]router.StoredBlock, 0, n)
+				for _, e := range entries {
+					if _, dup := m[e.hash]; dup || e.until <= st.lastTick {
+						return nil, 0, corrupt("prediction %d of %s repeated or expired", e.hash, rs.key)
+					}
+					m[e.hash] = e.until
+					fresh = append(fresh, router.StoredBlock{EngineHash: e.hash, ContentHash: e.hash})
+				}
+				st.live += n
+				if err := st.predicted.Apply(rs.key, router.KVEvent{Kind: router.EventStored, Blocks: fresh}); err != nil {
+					return nil, 0, corrupt("predictions of %s: %v", rs.key, err)
+				}
+			}
+		}
+		if err := rd.done(); err != nil {
+			return nil, 0, corrupt("record type %d: %v", typ, err)
+		}
+	}
+	sum := s.crc
+	var trailer [4]byte
+	if _, err := io.ReadFull(s.br, trailer[:]); err != nil {
+		return nil, 0, corrupt("read crc: %v", err)
+	}
+	if got := binary.LittleEndian.Uint32(trailer[:]); got != sum {
+		return nil, 0, corrupt("crc %08x, computed %08x", got, sum)
+	}
+	if _, err := s.br.ReadByte(); err != io.EOF {
+		return nil, 0, corrupt("bytes after the crc")
+	}
+	if got != want {
+		return nil, 0, corrupt("record counts %v, header says %v", got, want)
+	}
+	for _, rs := range st.ranks {
+		if !rs.restored {
+			return nil, 0, corrupt("rank %s has no cursor", rs.key)
+		}
+		rs.restored = false
+	}
+	st.rebuildHeap()
+	return st, applied, nil
+}
+
+// snapRank reads a (worker, rank) reference and returns the rank, or nil.
+func snapRank(st *state, rd *reader) *rankState {
+	w := rd.bytes("worker id")
+	r := rd.u32("dp rank")
+	if rd.err != nil {
+		return nil
+	}
+	return st.rank(string(w), r)
+}
+
+func readRegisterWorker(r *reader) RegisterWorker {
+	return RegisterWorker{
+		ID:               r.string("worker id"),
+		DPRanks:          r.u32("dp ranks"),
+		Address:          r.string("address"),
+		Model:            r.string("model"),
+		BlockSize:        r.int("block size"),
+		TotalBlocks:      r.int("total blocks"),
+		MaxBatchedTokens: r.int("max batched tokens"),
+		LeaseUntil:       r.varint(),
+	}
+}
