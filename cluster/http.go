@@ -69,6 +69,7 @@ type adminResponse struct {
 //	POST /cluster/remove  {"node_id"}                           → remove server
 //	POST /cluster/apply   raw command bytes → {"result"} | {"error","code"[,"sentinel"]}
 //	GET  /cluster/status  Status (+ Config.StatusExtra fields)
+//	GET  /cluster/commit  {"commit_index","term"}; leader only (after its barrier), else 503
 //
 // The POSTs are executed by the leader; a follower forwards them once to the
 // leader and a forwarded request reaching a non-leader gets 503.
@@ -78,6 +79,7 @@ func (n *Node) Handler() http.Handler {
 	mux.HandleFunc("POST /cluster/remove", n.handleRemove)
 	mux.HandleFunc("POST /cluster/apply", n.handleApply)
 	mux.HandleFunc("GET /cluster/status", n.handleStatus)
+	mux.HandleFunc("GET /cluster/commit", n.handleCommit)
 	return n.authorize(mux)
 }
 
@@ -120,6 +122,55 @@ func (n *Node) handleStatus(w http.ResponseWriter, r *http.Request) {
 		out[k] = v
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+type commitResponse struct {
+	CommitIndex uint64 `json:"commit_index"`
+	Term        uint64 `json:"term"`
+}
+
+// handleCommit tells followers the leader's commit index (readiness target).
+func (n *Node) handleCommit(w http.ResponseWriter, r *http.Request) {
+	if !n.leaderReadyTermIsCurrent() {
+		writeJSON(w, http.StatusServiceUnavailable, adminResponse{Error: n.cfg.NodeID + " is not a ready leader", Code: codeNoLeader})
+		return
+	}
+	writeJSON(w, http.StatusOK, commitResponse{CommitIndex: n.raft.CommitIndex(), Term: n.raft.CurrentTerm()})
+}
+
+// leaderCommitIndex fetches the commit index of leader over HTTP.
+func (n *Node) leaderCommitIndex(leader string) (uint64, error) {
+	base := n.cfg.LeaderHTTP(leader)
+	if base == "" {
+		return 0, fmt.Errorf("no HTTP address known for %s", leader)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	go func() {
+		select {
+		case <-n.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL(base)+"/cluster/commit", nil)
+	if err != nil {
+		return 0, err
+	}
+	n.setAuth(req)
+	resp, err := n.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var cr commitResponse
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&cr); err != nil {
+		return 0, err
+	}
+	return cr.CommitIndex, nil
 }
 
 func (n *Node) handleApply(w http.ResponseWriter, r *http.Request) {

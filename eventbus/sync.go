@@ -230,6 +230,11 @@ func (s *Syncer) Run(ctx context.Context) error {
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	_ = sub.SetPendingLimits(-1, 64<<20)
+	// Make sure the server knows of our interest before announcing
+	// ourselves, so peers' answers are not lost.
+	if err := s.nc.FlushWithContext(ctx); err != nil && ctx.Err() == nil {
+		s.log.Warn("flush after subscribe failed", "err", err)
+	}
 	s.publishFull()
 	tick := s.clock.NewTicker(s.cfg.SweepInterval)
 	defer tick.Stop()

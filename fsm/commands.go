@@ -498,16 +498,7 @@ func decodePayload(t CommandType, p []byte) (Command, error) {
 	var c Command
 	switch t {
 	case CmdRegisterWorker:
-		c = RegisterWorker{
-			ID:               r.string("worker id"),
-			DPRanks:          r.u32("dp ranks"),
-			Address:          r.string("address"),
-			Model:            r.string("model"),
-			BlockSize:        r.int("block size"),
-			TotalBlocks:      r.int("total blocks"),
-			MaxBatchedTokens: r.int("max batched tokens"),
-			LeaseUntil:       r.varint(),
-		}
+		c = readRegisterWorker(r)
 	case CmdDeregisterWorker:
 		c = DeregisterWorker{ID: r.string("worker id")}
 	case CmdSetModelConfig:

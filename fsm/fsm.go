@@ -231,6 +231,8 @@ type rankState struct {
 	stale    bool
 	reason   string
 	staleID  uint64
+
+	restored bool // readSnapshot only: its cursor record was read
 }
 
 func newState(blockSize int) *state {

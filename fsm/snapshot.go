@@ -563,7 +563,7 @@ func readSnapshot(r io.Reader, base router.Config) (*state, uint64, error) {
 	if _, err := s.br.ReadByte(); err != io.EOF {
 		return nil, 0, corrupt("bytes after the crc")
 	}
-	if got != want {
+	if got[recHeader] != 1 || got != want {
 		return nil, 0, corrupt("record counts %v, header says %v", got, want)
 	}
 	for _, rs := range st.ranks {

@@ -20,7 +20,7 @@ type Reference struct {
 func ComputeReference(w *workload.Workload, capacity int) Reference {
 	var prompt, pooled, ideal int64
 	lru := newLRU(capacity)
-	seen := make(map[uint64]struct{})
+	seen := newHashSet()
 	for i := range w.Requests {
 		r := &w.Requests[i]
 		prompt += int64(r.PromptTokens)
@@ -29,14 +29,14 @@ func ComputeReference(w *workload.Workload, capacity int) Reference {
 
 		m := 0
 		for m < len(r.Hashes) {
-			if _, ok := seen[r.Hashes[m]]; !ok {
+			if !seen.has(r.Hashes[m]) {
 				break
 			}
 			m++
 		}
 		ideal += int64(cachedTokens(m, r, w.BlockSize))
 		for _, h := range r.Hashes[m:] {
-			seen[h] = struct{}{}
+			seen.add(h)
 		}
 	}
 	if prompt == 0 {
@@ -59,7 +59,7 @@ func cachedTokens(m int, r *workload.Request, bs int) int {
 // (evicted from the head, freed blocks appended at the tail).
 type lru struct {
 	capacity int
-	byHash   map[uint64]int32
+	byHash   *blockMap
 	nodes    []lruNode // node 0 is the queue's sentinel
 	inUse    []int32   // scratch: the current request's nodes
 }
@@ -70,14 +70,14 @@ type lruNode struct {
 }
 
 func newLRU(capacity int) *lru {
-	return &lru{capacity: capacity, byHash: make(map[uint64]int32), nodes: make([]lruNode, 1)}
+	return &lru{capacity: capacity, byHash: newBlockMap(min(capacity, 1<<20)), nodes: make([]lruNode, 1)}
 }
 
 // match is the number of leading hashes cached.
 func (c *lru) match(hashes []uint64) int {
 	m := 0
 	for m < len(hashes) {
-		if _, ok := c.byHash[hashes[m]]; !ok {
+		if _, ok := c.byHash.get(hashes[m]); !ok {
 			break
 		}
 		m++
@@ -103,7 +103,7 @@ func (c *lru) pushTail(n int32) {
 func (c *lru) admit(hashes []uint64) {
 	c.inUse = c.inUse[:0]
 	for _, h := range hashes {
-		if n, ok := c.byHash[h]; ok {
+		if n, ok := c.byHash.get(h); ok {
 			c.unlink(n)
 			c.inUse = append(c.inUse, n)
 			continue
@@ -113,7 +113,7 @@ func (c *lru) admit(hashes []uint64) {
 			break // the request alone overflows the cache: the rest is not cached
 		}
 		c.nodes[n].hash = h
-		c.byHash[h] = n
+		c.byHash.put(h, n)
 		c.inUse = append(c.inUse, n)
 	}
 	for i := len(c.inUse) - 1; i >= 0; i-- {
@@ -133,6 +133,6 @@ func (c *lru) alloc() int32 {
 		return -1
 	}
 	c.unlink(head)
-	delete(c.byHash, c.nodes[head].hash)
+	c.byHash.del(c.nodes[head].hash)
 	return head
 }

@@ -1,0 +1,263 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// fakeWorker answers OpenAI requests like a worker: plain JSON with usage,
+// or an SSE stream of three chunks.
+func fakeWorker(t *testing.T, hits *atomic.Int64) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		var body struct {
+			Stream bool `json:"stream"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		if body.Stream {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for i := range 3 {
+				fmt.Fprintf(w, "data: {\"choices\":[{\"delta\":{\"content\":\"t%d\"}}]}\n\n", i)
+				w.(http.Flusher).Flush()
+			}
+			fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":16}}}\n\ndata: [DONE]\n\n")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":40,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}}}`)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func newTestServer(t *testing.T, cfg router.Config) (*Server, *fakeReplica, *atomic.Int64) {
+	t.Helper()
+	rep := newFakeReplica("m", cfg)
+	var hits atomic.Int64
+	w := fakeWorker(t, &hits)
+	rep.addWorker("m", "w1", w.URL)
+	s := New(Config{Registry: prometheus.NewRegistry(), Retries: 2}, rep)
+	return s, rep, &hits
+}
+
+func do(s *Server, method, path, body string) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	s.Handler().ServeHTTP(rec, req)
+	return rec
+}
+
+const chatBody = `{"model":"m","messages":[{"role":"user","content":"hello there, a prompt long enough to fill a couple of blocks of sixteen tokens each, yes"}]%s}`
+
+func TestAPIChatPlainAndStream(t *testing.T) {
+	s, rep, hits := newTestServer(t, router.DefaultConfig())
+	rec := do(s, "POST", "/v1/chat/completions", fmt.Sprintf(chatBody, ""))
+	if rec.Code != 200 || rec.Header().Get("X-Worker-Id") != "w1" || !strings.Contains(rec.Body.String(), `"hi"`) {
+		t.Fatalf("plain: %d %q %s", rec.Code, rec.Header().Get("X-Worker-Id"), rec.Body)
+	}
+	rec = do(s, "POST", "/v1/chat/completions", fmt.Sprintf(chatBody, `,"stream":true`))
+	if rec.Code != 200 || !strings.Contains(rec.Body.String(), "data: [DONE]") || strings.Count(rec.Body.String(), "data:") != 5 {
+		t.Fatalf("stream: %d %s", rec.Code, rec.Body)
+	}
+	if hits.Load() != 2 {
+		t.Errorf("worker hits %d", hits.Load())
+	}
+	rt, _ := rep.Router("m")
+	if n := rt.Load().Len(); n != 0 {
+		t.Errorf("%d requests still booked after completion", n)
+	}
+	// Each request: add, prefill done, free — in that order.
+	if len(rep.events) != 6 || !strings.HasPrefix(rep.events[0], "add ") || !strings.HasPrefix(rep.events[1], "prefill ") || !strings.HasPrefix(rep.events[2], "free ") {
+		t.Errorf("load notifications %v", rep.events)
+	}
+	rec = do(s, "POST", "/v1/completions", `{"model":"m","prompt":"once upon a time"}`)
+	if rec.Code != 200 {
+		t.Errorf("completions: %d %s", rec.Code, rec.Body)
+	}
+	rec = do(s, "GET", "/v1/models", "")
+	if rec.Code != 200 || !strings.Contains(rec.Body.String(), `"id":"m"`) {
+		t.Errorf("models: %d %s", rec.Code, rec.Body)
+	}
+}
+
+func TestAPIBadInput(t *testing.T) {
+	s, _, hits := newTestServer(t, router.DefaultConfig())
+	big := fmt.Sprintf(`{"model":"m","prompt":"%s"}`, strings.Repeat("x", 9<<20))
+	tests := []struct {
+		name, path, body string
+		code             int
+	}{
+		{"invalid json", "/v1/chat/completions", `{"model":`, 400},
+		{"no model", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`, 400},
+		{"unknown model", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`, 404},
+		{"no messages", "/v1/chat/completions", `{"model":"m","messages":[]}`, 400},
+		{"image part", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400},
+		{"bad prompt", "/v1/completions", `{"model":"m","prompt":{"a":1}}`, 400},
+		{"too large", "/v1/completions", big, 413},
+		{"unknown path", "/v2/x", `{}`, 404},
+	}
+	for _, tc := range tests {
+		rec := do(s, "POST", tc.path, tc.body)
+		if rec.Code != tc.code {
+			t.Errorf("%s: %d, want %d: %s", tc.name, rec.Code, tc.code, rec.Body.String()[:min(200, rec.Body.Len())])
+		}
+		var doc struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(rec.Body.Bytes(), &doc) != nil || doc.Error.Message == "" {
+			t.Errorf("%s: not an OpenAI error body: %s", tc.name, rec.Body.String()[:min(200, rec.Body.Len())])
+		}
+	}
+	if hits.Load() != 0 {
+		t.Errorf("bad requests reached the worker %d times", hits.Load())
+	}
+}
+
+func TestAPIAllBusyAndRetry(t *testing.T) {
+	cfg := router.DefaultConfig()
+	cfg.Thresholds.ActivePrefillTokens = ptr(int64(0))
+	s, rep, _ := newTestServer(t, cfg)
+	rt, _ := rep.Router("m")
+	rt.Load().Add(router.Booking{ID: "x", Worker: "w1", PrefillTokens: 5, Added: time.Now()})
+	rec := do(s, "POST", "/v1/chat/completions", fmt.Sprintf(chatBody, ""))
+	if rec.Code != 529 || !strings.Contains(rec.Body.String(), "busy") {
+		t.Errorf("all busy: %d %s", rec.Code, rec.Body)
+	}
+
+	// A dead worker: the request is retried on the live one.
+	s, rep, hits := newTestServer(t, router.DefaultConfig())
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	rep.addWorker("m", "w0-dead", dead)
+	for range 4 {
+		rec := do(s, "POST", "/v1/chat/completions", fmt.Sprintf(chatBody, ""))
+		if rec.Code != 200 || rec.Header().Get("X-Worker-Id") != "w1" {
+			t.Fatalf("retry: %d via %q", rec.Code, rec.Header().Get("X-Worker-Id"))
+		}
+	}
+	if hits.Load() != 4 {
+		t.Errorf("live worker hits %d", hits.Load())
+	}
+}
+
+func TestAPIBusyThreshold(t *testing.T) {
+	s, _, _ := newTestServer(t, router.DefaultConfig())
+	tests := []struct {
+		name, method, body string
+		code               int
+		want               string
+	}{
+		{"get empty", "GET", "", 200, `{"thresholds":[{"model":"m","active_decode_blocks_threshold":null,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null}]}`},
+		{"set decode", "POST", `{"model":"m","active_decode_blocks_threshold":0.77}`, 200, `{"model":"m","active_decode_blocks_threshold":0.77,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null}`},
+		{"read only", "POST", `{"model":"m"}`, 200, `"active_decode_blocks_threshold":0.77`},
+		{"set prefill keeps decode", "POST", `{"model":"m","active_prefill_tokens_threshold":500}`, 200, `{"model":"m","active_decode_blocks_threshold":0.77,"active_prefill_tokens_threshold":500,"active_prefill_tokens_threshold_frac":null}`},
+		{"null clears", "POST", `{"model":"m","active_decode_blocks_threshold":null}`, 200, `"active_decode_blocks_threshold":null`},
+		{"decode above 1", "POST", `{"model":"m","active_decode_blocks_threshold":1.5}`, 400, `"error"`},
+		{"negative", "POST", `{"model":"m","active_prefill_tokens_threshold":-3}`, 400, `"error"`},
+		{"negative frac", "POST", `{"model":"m","active_prefill_tokens_threshold_frac":-0.1}`, 400, `"error"`},
+		{"string value", "POST", `{"model":"m","active_decode_blocks_threshold":"high"}`, 400, `"error"`},
+		{"unknown field", "POST", `{"model":"m","threshold":1}`, 400, `"error"`},
+		{"unknown model", "POST", `{"model":"zz","active_decode_blocks_threshold":0.5}`, 404, `"error"`},
+		{"malformed", "POST", `{"model":`, 400, `"error"`},
+	}
+	for _, tc := range tests {
+		rec := do(s, tc.method, "/busy_threshold", tc.body)
+		if rec.Code != tc.code || !strings.Contains(rec.Body.String(), tc.want) {
+			t.Errorf("%s: %d %s, want %d containing %s", tc.name, rec.Code, rec.Body, tc.code, tc.want)
+		}
+	}
+}
+
+func TestAPIReadyDebugAndMetrics(t *testing.T) {
+	s, rep, _ := newTestServer(t, router.DefaultConfig())
+	if rec := do(s, "GET", "/ready", ""); rec.Code != 200 {
+		t.Errorf("ready: %d", rec.Code)
+	}
+	rep.ready = false
+	if rec := do(s, "GET", "/ready", ""); rec.Code != 503 || !strings.Contains(rec.Body.String(), "no leader") {
+		t.Errorf("not ready: %d %s", rec.Code, rec.Body)
+	}
+	rec := do(s, "POST", "/debug/route", fmt.Sprintf(chatBody, ""))
+	if rec.Code != 200 || !strings.Contains(rec.Body.String(), `"chosen":"w1"`) || !strings.Contains(rec.Body.String(), "Formula for worker_id=w1") {
+		t.Errorf("debug route: %d %s", rec.Code, rec.Body)
+	}
+	do(s, "POST", "/v1/chat/completions", fmt.Sprintf(chatBody, `,"stream":true`))
+	rec = do(s, "GET", "/metrics", "")
+	for _, name := range []string{"kvrouter_ttft_seconds", "kvrouter_requests_total", "kvrouter_worker_active_decode_blocks", "kvrouter_worker_cached_tokens_total"} {
+		if !strings.Contains(rec.Body.String(), name) {
+			t.Errorf("metrics lack %s", name)
+		}
+	}
+	problems, err := promlint.New(strings.NewReader(rec.Body.String())).Lint()
+	if err != nil || len(problems) > 0 {
+		t.Errorf("promlint: %v %v", err, problems)
+	}
+}
+
+func TestAPIAuth(t *testing.T) {
+	rep := newFakeReplica("m", router.DefaultConfig())
+	s := New(Config{Registry: prometheus.NewRegistry(), AdminToken: "sekret", APIKeys: []string{"k1"}}, rep)
+	if rec := do(s, "GET", "/busy_threshold", ""); rec.Code != 401 {
+		t.Errorf("admin without token: %d", rec.Code)
+	}
+	if rec := do(s, "GET", "/v1/models", ""); rec.Code != 401 {
+		t.Errorf("models without key: %d", rec.Code)
+	}
+	req := httptest.NewRequest("GET", "/v1/models", nil)
+	req.Header.Set("Authorization", "Bearer k1")
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, req)
+	if rec.Code != 200 {
+		t.Errorf("models with key: %d", rec.Code)
+	}
+	if rec := do(s, "GET", "/health", ""); rec.Code != 200 {
+		t.Errorf("health must stay open: %d", rec.Code)
+	}
+}
+
+func TestAPIQueueAdmitsInPolicyOrder(t *testing.T) {
+	cfg := router.DefaultConfig()
+	cfg.QueueThreshold = ptr(0.0)
+	s, rep, _ := newTestServer(t, cfg)
+	rt, _ := rep.Router("m")
+	rt.Load().Add(router.Booking{ID: "blocker", Worker: "w1", PrefillTokens: 100, Added: time.Now()})
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	done := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(fmt.Sprintf(chatBody, "")))
+		if err != nil {
+			done <- 0
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	checkFor(t, func() bool { return testutilGauge(s) == 1 })
+	rt.PrefillDone("blocker")
+	s.gates.wake("m")
+	if code := <-done; code != 200 {
+		t.Errorf("queued request: %d", code)
+	}
+}
+
+func testutilGauge(s *Server) float64 { return readGauge(s.metrics.queued.WithLabelValues("m")) }

@@ -1,0 +1,587 @@
+// Package clustertest is an in-process harness for cluster.Node: real
+// raft-boltdb stores in t.TempDir(), real TCP transports on 127.0.0.1, a
+// controllable network (Partition, Isolate, Heal), Restart, Wipe, AddNode,
+// and polling helpers (never sleep to synchronise).
+package clustertest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/cluster"
+)
+
+// Formation selects how New forms the initial members.
+type Formation int
+
+const (
+	// FormPeers: every initial member bootstraps the same full peer set.
+	FormPeers Formation = iota
+	// FormJoin: member 0 bootstraps alone; the others join it over HTTP.
+	FormJoin
+)
+
+// Options tune a harness cluster. Zero values take the defaults below.
+type Options struct {
+	Formation Formation
+	// Raft timing; defaults 500ms / 500ms / 250ms / 5ms (shrunk for tests,
+	// still safe under -race on a loaded 2-core host).
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	CommitTimeout      time.Duration
+	// Snapshots; defaults 64 entries, checked every 200ms, keeping 16 trailing
+	// entries, so snapshot install is exercised by any test writing a few
+	// hundred entries.
+	SnapshotThreshold uint64
+	SnapshotInterval  time.Duration
+	TrailingLogs      uint64
+	// NewFSM builds member i's state machine on every start. Default: NewFSM().
+	NewFSM func(i int) cluster.StateMachine
+	// Configure may adjust member i's config just before cluster.New.
+	Configure func(i int, c *cluster.Config)
+	// LogLevel for per-node logs into t.Log; default Info. Quiet drops them.
+	LogLevel slog.Level
+	Quiet    bool
+	// FormTimeout bounds Form on each start; default 30s.
+	FormTimeout time.Duration
+}
+
+func (o *Options) defaults() {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.HeartbeatTimeout, 500*time.Millisecond)
+	def(&o.ElectionTimeout, 500*time.Millisecond)
+	def(&o.LeaderLeaseTimeout, 250*time.Millisecond)
+	def(&o.CommitTimeout, 5*time.Millisecond)
+	def(&o.SnapshotInterval, 200*time.Millisecond)
+	def(&o.FormTimeout, 30*time.Second)
+	if o.SnapshotThreshold == 0 {
+		o.SnapshotThreshold = 64
+	}
+	if o.TrailingLogs == 0 {
+		o.TrailingLogs = 16
+	}
+	if o.NewFSM == nil {
+		o.NewFSM = func(int) cluster.StateMachine { return NewFSM() }
+	}
+}
+
+// Member is one slot of the cluster; it keeps its id, Raft address and data
+// dir across restarts.
+type Member struct {
+	Index    int
+	ID       string
+	RaftAddr string
+	DataDir  string
+
+	c       *Cluster
+	mu      sync.Mutex // guards the fields below
+	node    *cluster.Node
+	fsm     cluster.StateMachine
+	reg     *prometheus.Registry
+	httpURL string
+	srv     *http.Server
+}
+
+// Node is the running node, nil while stopped.
+func (m *Member) Node() *cluster.Node {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.node
+}
+
+// FSM is the running node's state machine (the last one when stopped).
+func (m *Member) FSM() cluster.StateMachine {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.fsm
+}
+
+// Registry is the running node's Prometheus registry.
+func (m *Member) Registry() *prometheus.Registry {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.reg
+}
+
+// HTTPURL is the base URL of the member's cluster HTTP handler ("" when stopped).
+func (m *Member) HTTPURL() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.httpURL
+}
+
+// Running reports whether the member has a live node.
+func (m *Member) Running() bool { return m.Node() != nil }
+
+// Cluster is a set of in-process members.
+type Cluster struct {
+	T    testing.TB
+	Net  *Network
+	opts Options
+	base string
+	logs *testLogSink
+
+	mu      sync.Mutex
+	members []*Member
+	peers   []cluster.Peer // the initial set (FormPeers)
+}
+
+// New starts n members and waits until they have formed (not for a leader).
+func New(t testing.TB, n int, opts Options) *Cluster {
+	t.Helper()
+	opts.defaults()
+	c := &Cluster{T: t, Net: NewNetwork(), opts: opts, base: t.TempDir(), logs: &testLogSink{t: t}}
+	// Cleanups run last-in first-out: stop the log sink after the nodes.
+	t.Cleanup(c.logs.close)
+	t.Cleanup(c.shutdownAll)
+
+	for i := 0; i < n; i++ {
+		c.members = append(c.members, c.newMember())
+	}
+	if opts.Formation == FormPeers {
+		for _, m := range c.members {
+			c.peers = append(c.peers, cluster.Peer{ID: m.ID, RaftAddr: m.RaftAddr})
+		}
+		for _, m := range c.members {
+			c.startOrFail(m, startOpts{peers: c.peers})
+		}
+		return c
+	}
+	m0 := c.members[0]
+	c.startOrFail(m0, startOpts{peers: []cluster.Peer{{ID: m0.ID, RaftAddr: m0.RaftAddr}}})
+	for _, m := range c.members[1:] {
+		c.startOrFail(m, startOpts{join: []string{m0.HTTPURL()}})
+	}
+	return c
+}
+
+func (c *Cluster) newMember() *Member {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := len(c.members)
+	m := &Member{
+		Index:    i,
+		ID:       fmt.Sprintf("n%d", i),
+		RaftAddr: freeAddr(c.T),
+		DataDir:  filepath.Join(c.base, fmt.Sprintf("n%d", i)),
+		c:        c,
+	}
+	c.Net.Register(m.RaftAddr, i)
+	return m
+}
+
+// freeAddr reserves a 127.0.0.1 port by binding and releasing it.
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// Members returns all slots, running or not.
+func (c *Cluster) Members() []*Member {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.members)
+}
+
+// M returns member i.
+func (c *Cluster) M(i int) *Member { return c.Members()[i] }
+
+// Running returns the members with a live node.
+func (c *Cluster) Running() []*Member {
+	var out []*Member
+	for _, m := range c.Members() {
+		if m.Running() {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+type startOpts struct {
+	peers []cluster.Peer
+	join  []string
+}
+
+func (c *Cluster) startOrFail(m *Member, so startOpts) {
+	c.T.Helper()
+	if err := c.start(m, so); err != nil {
+		c.T.Fatalf("start %s: %v", m.ID, err)
+	}
+}
+
+func (c *Cluster) start(m *Member, so startOpts) error {
+	if m.Running() {
+		return fmt.Errorf("%s already running", m.ID)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	httpURL := "http://" + ln.Addr().String()
+	c.Net.Register(ln.Addr().String(), m.Index)
+
+	reg := prometheus.NewRegistry()
+	sm := c.opts.NewFSM(m.Index)
+	cfg := cluster.Config{
+		NodeID:             m.ID,
+		RaftAddr:           m.RaftAddr,
+		DataDir:            m.DataDir,
+		HTTPAddr:           httpURL,
+		Peers:              so.peers,
+		Join:               so.join,
+		LeaderHTTP:         c.httpOf,
+		SnapshotThreshold:  c.opts.SnapshotThreshold,
+		SnapshotInterval:   c.opts.SnapshotInterval,
+		TrailingLogs:       c.opts.TrailingLogs,
+		HeartbeatTimeout:   c.opts.HeartbeatTimeout,
+		ElectionTimeout:    c.opts.ElectionTimeout,
+		LeaderLeaseTimeout: c.opts.LeaderLeaseTimeout,
+		CommitTimeout:      c.opts.CommitTimeout,
+		BarrierTimeout:     10 * time.Second,
+		Dial:               c.Net.Dialer(m.Index),
+		Logger:             c.logs.logger(c.opts),
+		Registry:           reg,
+	}
+	if _, ok := sm.(*FSM); ok {
+		cfg.DecodeResult = DecodeCount
+		cfg.ForwardErrors = []error{ErrRejected}
+	}
+	if c.opts.Configure != nil {
+		c.opts.Configure(m.Index, &cfg)
+	}
+
+	var node *cluster.Node
+	// The Raft port was released by a previous run or by freeAddr; another
+	// process may briefly hold it, so retry binding for a short while.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		node, err = cluster.New(cfg, sm)
+		if err == nil || time.Now().After(deadline) || !strings.Contains(err.Error(), "address already in use") {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	srv := &http.Server{Handler: node.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+
+	m.mu.Lock()
+	m.node, m.fsm, m.reg, m.httpURL, m.srv = node, sm, reg, httpURL, srv
+	m.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), c.opts.FormTimeout)
+	defer cancel()
+	if err := node.Form(ctx); err != nil {
+		c.stop(m)
+		return fmt.Errorf("form: %w", err)
+	}
+	return nil
+}
+
+// DecodeCount decodes FSM's forwarded response (a JSON number) to uint64.
+func DecodeCount(_ []byte, raw []byte) (any, error) {
+	var v uint64
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// httpOf is the harness's LeaderHTTP: the node registry of a real replica.
+func (c *Cluster) httpOf(id string) string {
+	for _, m := range c.Members() {
+		if m.ID == id {
+			return m.HTTPURL()
+		}
+	}
+	return ""
+}
+
+// Stop shuts member i down gracefully (leadership transfer if leader).
+func (c *Cluster) Stop(i int) {
+	c.T.Helper()
+	if err := c.stop(c.M(i)); err != nil {
+		c.T.Errorf("stop n%d: %v", i, err)
+	}
+}
+
+func (c *Cluster) stop(m *Member) error {
+	m.mu.Lock()
+	node, srv := m.node, m.srv
+	m.node, m.srv, m.httpURL = nil, nil, ""
+	m.mu.Unlock()
+	if node == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	srv.Close()
+	return node.Shutdown(ctx)
+}
+
+// Start starts stopped member i from its data dir; with no Raft state it
+// joins the running members.
+func (c *Cluster) Start(i int) {
+	c.T.Helper()
+	m := c.M(i)
+	c.startOrFail(m, startOpts{join: c.joinTargets(m)})
+}
+
+// Restart stops and starts member i on the same data dir.
+func (c *Cluster) Restart(i int) {
+	c.T.Helper()
+	c.Stop(i)
+	c.Start(i)
+}
+
+// Wipe stops member i, deletes its data dir and starts it again; it rejoins
+// the running members with the same id and address.
+func (c *Cluster) Wipe(i int) {
+	c.T.Helper()
+	m := c.M(i)
+	c.Stop(i)
+	if err := os.RemoveAll(m.DataDir); err != nil {
+		c.T.Fatalf("wipe n%d: %v", i, err)
+	}
+	c.startOrFail(m, startOpts{join: c.joinTargets(m)})
+}
+
+// AddNode starts a new member that joins the running ones.
+func (c *Cluster) AddNode() *Member {
+	c.T.Helper()
+	m := c.newMember()
+	c.mu.Lock()
+	c.members = append(c.members, m)
+	c.mu.Unlock()
+	c.startOrFail(m, startOpts{join: c.joinTargets(m)})
+	return m
+}
+
+func (c *Cluster) joinTargets(self *Member) []string {
+	var out []string
+	for _, m := range c.Running() {
+		if m != self {
+			out = append(out, m.HTTPURL())
+		}
+	}
+	return out
+}
+
+func (c *Cluster) shutdownAll() {
+	var wg sync.WaitGroup
+	for _, m := range c.Members() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.stop(m); err != nil {
+				c.T.Logf("shutdown %s: %v", m.ID, err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// Partition cuts every link between members of different groups; members
+// in no group keep their links.
+func (c *Cluster) Partition(groups ...[]int) {
+	for gi, g := range groups {
+		for _, hj := range groups[gi+1:] {
+			for _, a := range g {
+				for _, b := range hj {
+					c.Net.SetLink(a, b, false)
+				}
+			}
+		}
+	}
+}
+
+// Isolate cuts member i off from every other member.
+func (c *Cluster) Isolate(i int) {
+	for _, m := range c.Members() {
+		if m.Index != i {
+			c.Net.SetLink(i, m.Index, false)
+		}
+	}
+}
+
+// Heal restores every link.
+func (c *Cluster) Heal() { c.Net.HealAll() }
+
+// CheckFor polls fn every `every` until it returns nil, failing the test
+// with fn's last error after total.
+func CheckFor(t testing.TB, total, every time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %v", total, err)
+		}
+		time.Sleep(every)
+	}
+}
+
+// WaitLeader waits until one of the given members (default: all running)
+// leads and is ready (its barrier completed), and returns it. With several
+// self-declared leaders (a stale one in a minority) it waits for the one of
+// the highest term among them to be unique.
+func (c *Cluster) WaitLeader(among ...int) *Member {
+	c.T.Helper()
+	var leader *Member
+	CheckFor(c.T, 20*time.Second, 20*time.Millisecond, func() error {
+		leader = nil
+		var best uint64
+		for _, m := range c.pick(among) {
+			n := m.Node()
+			if n == nil || !n.IsLeader() {
+				continue
+			}
+			if ok, _ := n.Ready(); !ok {
+				continue
+			}
+			if t := n.Term(); leader == nil || t > best {
+				leader, best = m, t
+			}
+		}
+		if leader == nil {
+			return errors.New("no ready leader")
+		}
+		return nil
+	})
+	return leader
+}
+
+func (c *Cluster) pick(among []int) []*Member {
+	if len(among) == 0 {
+		return c.Running()
+	}
+	var out []*Member
+	for _, i := range among {
+		if m := c.M(i); m.Running() {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// WaitConverged waits until the given running members (default: all) have
+// equal FSM digests and applied indexes, all at least the leader's commit
+// index as seen by that member's raft, and returns the digest.
+func (c *Cluster) WaitConverged(among ...int) string {
+	c.T.Helper()
+	var digest string
+	CheckFor(c.T, 30*time.Second, 20*time.Millisecond, func() error {
+		ms := c.pick(among)
+		if len(ms) == 0 {
+			return errors.New("no running members")
+		}
+		var first cluster.Status
+		for i, m := range ms {
+			n := m.Node()
+			if n == nil {
+				return fmt.Errorf("%s stopped", m.ID)
+			}
+			st := n.Status()
+			if st.RaftAppliedIndex < st.CommitIndex {
+				return fmt.Errorf("%s: raft applied %d < commit %d", m.ID, st.RaftAppliedIndex, st.CommitIndex)
+			}
+			if i == 0 {
+				first = st
+				continue
+			}
+			if st.Digest != first.Digest || st.AppliedIndex != first.AppliedIndex {
+				return fmt.Errorf("%s digest %s applied %d; %s digest %s applied %d",
+					first.NodeID, first.Digest, first.AppliedIndex, st.NodeID, st.Digest, st.AppliedIndex)
+			}
+		}
+		digest = first.Digest
+		return nil
+	})
+	return digest
+}
+
+// ApplyN applies n distinct commands through the current leader and
+// returns the last response.
+func (c *Cluster) ApplyN(prefix string, n int) any {
+	c.T.Helper()
+	var last any
+	for i := 0; i < n; i++ {
+		cmd := []byte(fmt.Sprintf("%s-%d", prefix, i))
+		var err error
+		CheckFor(c.T, 20*time.Second, 20*time.Millisecond, func() error {
+			l := c.WaitLeader()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			last, err = l.Node().Apply(ctx, cmd)
+			if errors.Is(err, cluster.ErrNoLeader) {
+				return err // never applied: retry
+			}
+			return nil
+		})
+		if err != nil {
+			c.T.Fatalf("apply %s: %v", cmd, err)
+		}
+	}
+	return last
+}
+
+// testLogSink sends per-node slog output into t.Log until closed (t.Log
+// after the test has finished panics, and Raft goroutines may still log).
+type testLogSink struct {
+	t      testing.TB
+	mu     sync.Mutex
+	closed bool
+}
+
+func (s *testLogSink) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+}
+
+func (s *testLogSink) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func (s *testLogSink) logger(o Options) *slog.Logger {
+	if o.Quiet {
+		return slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelError + 100}))
+	}
+	return slog.New(slog.NewTextHandler(s, &slog.HandlerOptions{Level: o.LogLevel}))
+}

@@ -1,0 +1,340 @@
+package eventbus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// fakeClock moves only when told to.
+type fakeClock struct {
+	mu      sync.Mutex
+	now     time.Time
+	tickers []*fakeTicker
+}
+
+type fakeTicker struct {
+	clk     *fakeClock
+	c       chan time.Time
+	d       time.Duration
+	next    time.Time
+	stopped bool
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_700_000_000, 0)} }
+
+func (f *fakeClock) Now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.now
+}
+
+func (f *fakeClock) NewTicker(d time.Duration) Ticker {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := &fakeTicker{clk: f, c: make(chan time.Time, 1), d: d, next: f.now.Add(d)}
+	f.tickers = append(f.tickers, t)
+	return t
+}
+
+func (t *fakeTicker) C() <-chan time.Time { return t.c }
+func (t *fakeTicker) Stop() {
+	t.clk.mu.Lock()
+	t.stopped = true
+	t.clk.mu.Unlock()
+}
+
+// Advance moves the clock and fires due tickers (dropping ticks nobody
+// took, like time.Ticker).
+func (f *fakeClock) Advance(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = f.now.Add(d)
+	for _, t := range f.tickers {
+		for !t.stopped && !t.next.After(f.now) {
+			select {
+			case t.c <- f.now:
+			default:
+			}
+			t.next = t.next.Add(t.d)
+		}
+	}
+}
+
+// recSink records what a Syncer delivers: the remote load view.
+type recSink struct {
+	mu      sync.Mutex
+	active  map[string]map[string]ActiveRequest // replica → request → state
+	drops   []string
+	replace int
+}
+
+func newRecSink() *recSink { return &recSink{active: map[string]map[string]ActiveRequest{}} }
+
+func (s *recSink) AddRemote(replica string, req ActiveRequest) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.active[replica] == nil {
+		s.active[replica] = map[string]ActiveRequest{}
+	}
+	s.active[replica][req.Request] = req
+}
+
+func (s *recSink) PrefillDoneRemote(replica, request string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r, ok := s.active[replica][request]; ok {
+		r.PrefillDone = true
+		s.active[replica][request] = r
+	}
+}
+
+func (s *recSink) FreeRemote(replica, request string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.active[replica], request)
+}
+
+func (s *recSink) ReplaceReplica(replica string, active []ActiveRequest) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.replace++
+	m := map[string]ActiveRequest{}
+	for _, r := range active {
+		m[r.Request] = r
+	}
+	s.active[replica] = m
+}
+
+func (s *recSink) DropReplica(replica string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.active, replica)
+	s.drops = append(s.drops, replica)
+}
+
+// view renders a replica's remote view as sorted "req@worker[/done]".
+func (s *recSink) view(replica string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, r := range s.active[replica] {
+		v := r.Request + "@" + string(r.Worker)
+		if r.PrefillDone {
+			v += "/done"
+		}
+		out = append(out, v)
+	}
+	slices.Sort(out)
+	return fmt.Sprint(out)
+}
+
+func (s *recSink) dropped() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.drops)
+}
+
+func startSyncer(t *testing.T, nc *nats.Conn, replica string, clk Clock, sink LoadSink) (*Syncer, context.CancelFunc) {
+	t.Helper()
+	s, err := NewSyncer(nc, SyncConfig{Replica: replica, Model: "llama", Clock: clk, Logger: testLogger(t)}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := s.Run(ctx); err != nil {
+			t.Errorf("syncer %s: %v", replica, err)
+		}
+	}()
+	stop := func() {
+		cancel()
+		<-done
+	}
+	t.Cleanup(stop)
+	return s, stop
+}
+
+func TestBusReplicaSync(t *testing.T) {
+	log := testLogger(t)
+	srv := startSingle(t, log)
+	ncA, _ := connect(t, srv.ClientURL(), "A", log)
+	ncB, _ := connect(t, srv.ClientURL(), "B", log)
+	clkA, clkB := newFakeClock(), newFakeClock()
+	sinkA, sinkB := newRecSink(), newRecSink()
+	a, stopA := startSyncer(t, ncA, "r1", clkA, sinkA)
+	b, _ := startSyncer(t, ncB, "r2", clkB, sinkB)
+
+	// Wait until each has seen the other's snapshot, so both subscriptions
+	// are live (a snapshot sent before the peer subscribed is lost).
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		a.publishFull()
+		b.publishFull()
+		if a.Stats().Replicas != 1 || b.Stats().Replicas != 1 {
+			return fmt.Errorf("a %+v b %+v", a.Stats(), b.Stats())
+		}
+		return nil
+	})
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(a.Add(ActiveRequest{Request: "q1", Worker: "w1", Hashes: []uint64{1, 2}, ISL: 40, Overlap: 1}))
+	must(a.Add(ActiveRequest{Request: "q2", Worker: "w2", ISL: 8}))
+	must(a.PrefillDone("q1"))
+	must(a.Add(ActiveRequest{Request: "q3", Worker: "w1"}))
+	must(a.Free("q2"))
+	want := "[q1@w1/done q3@w1]"
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if got := sinkB.view("r1"); got != want {
+			return fmt.Errorf("B's view of r1 %s, want %s", got, want)
+		}
+		return nil
+	})
+	// Nothing of our own comes back.
+	if got := sinkA.view("r1"); got != "[]" {
+		t.Fatalf("A sees itself: %s", got)
+	}
+	if st := b.Stats(); st.Gaps != 0 {
+		t.Fatalf("gaps without loss: %+v", st)
+	}
+
+	// The periodic snapshot carries the full set.
+	sinkB.mu.Lock()
+	fullBefore := sinkB.replace
+	sinkB.mu.Unlock()
+	clkA.Advance(1100 * time.Millisecond)
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		sinkB.mu.Lock()
+		defer sinkB.mu.Unlock()
+		if sinkB.replace <= fullBefore {
+			return errors.New("no snapshot yet")
+		}
+		return nil
+	})
+	if got := sinkB.view("r1"); got != want {
+		t.Fatalf("after snapshot %s, want %s", got, want)
+	}
+
+	// Expiry by B's clock: r1 stops; 2.9 s of silence is not enough, more
+	// than 3 s is. sweep is what Run's ticker calls.
+	stopA()
+	last := clkB.Now()
+	b.sweep(last.Add(2900 * time.Millisecond))
+	if len(sinkB.dropped()) != 0 {
+		t.Fatalf("dropped after 2.9s: %v", sinkB.dropped())
+	}
+	// Through the Run loop: advance B's clock past 3 s.
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if d := sinkB.dropped(); len(d) == 1 && d[0] == "r1" {
+			return nil
+		}
+		clkB.Advance(250 * time.Millisecond)
+		return fmt.Errorf("r1 not dropped (clock +%v)", clkB.Now().Sub(last))
+	})
+	if silent := clkB.Now().Sub(last); silent <= 3*time.Second {
+		t.Fatalf("dropped after only %v", silent)
+	}
+	if got := sinkB.view("r1"); got != "[]" || b.Stats().Expired != 1 {
+		t.Fatalf("after expiry %s %+v", got, b.Stats())
+	}
+}
+
+// Sequence gaps are counted and the next snapshot repairs the view; a
+// restarted replica (new epoch) loses its old load.
+func TestBusReplicaSyncGapsAndRestart(t *testing.T) {
+	sink := newRecSink()
+	s, err := NewSyncer(nil, SyncConfig{Replica: "me", Clock: newFakeClock(), Logger: testLogger(t)}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(0, 0)
+	s.deliver(SyncMsg{Replica: "r1", Epoch: 7, Seq: 1, Op: SyncFull}, now)
+	s.deliver(SyncMsg{Replica: "r1", Epoch: 7, Seq: 2, Op: SyncAdd, Request: "q1", Worker: "w1"}, now)
+	// seq 3 (add q2) and 4 (free q1) are lost.
+	s.deliver(SyncMsg{Replica: "r1", Epoch: 7, Seq: 5, Op: SyncAdd, Request: "q3", Worker: "w1"}, now)
+	if st := s.Stats(); st.Gaps != 1 {
+		t.Fatalf("gaps %d, want 1", st.Gaps)
+	}
+	if got := sink.view("r1"); got != "[q1@w1 q3@w1]" {
+		t.Fatalf("view with a hole %s", got)
+	}
+	s.deliver(SyncMsg{Replica: "r1", Epoch: 7, Seq: 5, Op: SyncFree, Request: "q3"}, now) // duplicate seq: ignored
+	s.deliver(SyncMsg{Replica: "r1", Epoch: 7, Seq: 6, Op: SyncFull, Full: []ActiveRequest{
+		{Request: "q2", Worker: "w2"}, {Request: "q3", Worker: "w1"}}}, now)
+	if got := sink.view("r1"); got != "[q2@w2 q3@w1]" {
+		t.Fatalf("repaired view %s", got)
+	}
+	// Restart: a new epoch; the old requests vanish even before a snapshot.
+	s.deliver(SyncMsg{Replica: "r1", Epoch: 8, Seq: 1, Op: SyncAdd, Request: "q9", Worker: "w3"}, now)
+	if got := sink.view("r1"); got != "[q9@w3]" {
+		t.Fatalf("after restart %s", got)
+	}
+	if st := s.Stats(); st.Gaps != 1 {
+		t.Fatalf("gaps %d after clean restart, want 1", st.Gaps)
+	}
+	// Joining mid-stream counts as a gap until the snapshot.
+	s.deliver(SyncMsg{Replica: "r2", Epoch: 1, Seq: 40, Op: SyncAdd, Request: "x", Worker: "w1"}, now)
+	if st := s.Stats(); st.Gaps != 2 {
+		t.Fatalf("gaps %d, want 2", st.Gaps)
+	}
+	// Wire round trip of a message.
+	m := SyncMsg{Replica: "r1", Epoch: 3, Seq: 9, Op: SyncFull, Full: []ActiveRequest{{Request: "a", Worker: "w", Hashes: []uint64{1}, ISL: 4, Overlap: 1, PrefillDone: true}}}
+	b, err := msgpack.Marshal(&m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back SyncMsg
+	if err := msgpack.Unmarshal(b, &back); err != nil || fmt.Sprint(back) != fmt.Sprint(m) {
+		t.Fatalf("sync msg round trip: %v %+v", err, back)
+	}
+}
+
+func TestBusResync(t *testing.T) {
+	log := testLogger(t)
+	srv := startSingle(t, log)
+	nc, _ := connect(t, srv.ClientURL(), "t", log)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := RequestResync(ctx, nc, ResyncRequest{Worker: "w.1"}); !errors.Is(err, ErrNoResync) {
+		t.Fatalf("no server: %v, want ErrNoResync", err)
+	}
+	got := make(chan ResyncRequest, 1)
+	sub, err := ServeResync(nc, "w.1", log, func(req ResyncRequest) ResyncReply {
+		got <- req
+		return ResyncReply{Accepted: true, NextEventID: 42}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	rep, err := RequestResync(ctx, nc, ResyncRequest{Worker: "w.1", DPRank: 1, LastEventID: 17, Reason: "gap"})
+	if err != nil || !rep.Accepted || rep.NextEventID != 42 {
+		t.Fatalf("resync: %+v %v", rep, err)
+	}
+	if req := <-got; req.DPRank != 1 || req.LastEventID != 17 || req.Reason != "gap" {
+		t.Fatalf("served %+v", req)
+	}
+	// A request for another worker on this subject is refused.
+	data, _ := json.Marshal(ResyncRequest{Worker: "other"})
+	msg, err := nc.RequestWithContext(ctx, ResyncSubject("w.1"), data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bad ResyncReply
+	if err := json.Unmarshal(msg.Data, &bad); err != nil || bad.Accepted || bad.Error == "" {
+		t.Fatalf("foreign request: %+v %v", bad, err)
+	}
+}

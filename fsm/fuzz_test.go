@@ -1,0 +1,180 @@
+package fsm
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// fuzzBase is the state every FuzzFSMApply input is applied to, so that
+// fuzzed entries reach registered workers, cursors and predictions.
+func fuzzBase(t testing.TB) *FSM {
+	h := newHarness(t)
+	h.ok(worker("w1", 2))
+	h.ok(worker("w2", 1))
+	h.events(stored("w1", 0, 1, 1, 2), storedAfter("w1", 0, 2, 2, 3), stored("w1", 1, 5, 1), stored("w2", 0, 1, 1))
+	h.ok(Predictions{Worker: "w2", Hashes: []uint64{1, 2}, Until: 100})
+	h.ok(SetModelConfig{Model: "m", Temperature: ptr(0.5)})
+	h.ok(RegisterNode{NodeID: "n1", RaftAddr: "a", HTTPAddr: "b"})
+	return h.f
+}
+
+// fuzzSeeds are valid entries of every type plus near misses.
+func fuzzSeeds(t testing.TB) map[string][]byte {
+	seeds := map[string][]byte{}
+	for _, c := range goldenCommands() {
+		seeds[c.name] = mustEncode(t, c.cmd)
+	}
+	seeds["batch-known-workers"] = mustEncode(t, KVEventBatch{Events: []KVBatchEvent{
+		storedAfter("w1", 0, 3, 3, 4, 5), stored("w1", 1, 9, 2), removed("w2", 0, 2, 1), stored("w1", 0, 3, 4),
+		{Worker: "w2", EventID: 3, Event: router.KVEvent{Kind: router.EventCleared}},
+	}})
+	seeds["tick-expires"] = mustEncode(t, Tick{Now: 100})
+	seeds["resync-w1"] = mustEncode(t, ResyncWorker{Worker: "w1", DPRank: 1})
+	seeds["deregister-w1"] = mustEncode(t, DeregisterWorker{ID: "w1"})
+	seeds["bad-threshold"] = mustEncode(t, SetModelConfig{Model: "m", Thresholds: router.Thresholds{ActiveDecodeBlocks: ptr(2.0)}})
+	seeds["unknown-ignored"] = []byte{77 | IgnoreIfUnknown, 1, 0}
+	seeds["unknown"] = []byte{77, 1, 0}
+	seeds["empty"] = []byte{}
+	return seeds
+}
+
+// FuzzFSMApply: any bytes as a log entry never panic, two replicas applying
+// them agree, undecodable bytes change nothing, the entry is idempotent,
+// and the state survives a snapshot round trip.
+func FuzzFSMApply(f *testing.F) {
+	for _, s := range fuzzSeeds(f) {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		a, b := fuzzBase(t), fuzzBase(t)
+		before := a.Digest()
+		idx := a.AppliedIndex() + 1
+		ra := a.Apply(&raft.Log{Index: idx, Type: raft.LogCommand, Data: data})
+		rb := b.ApplyBatch([]*raft.Log{{Index: idx, Type: raft.LogCommand, Data: data}})[0]
+		res, ok := ra.(*ApplyResult)
+		if !ok || !reflect.DeepEqual(errString(res.Err), errString(rb.(*ApplyResult).Err)) {
+			t.Fatalf("responses %+v / %+v", ra, rb)
+		}
+		if a.Digest() != b.Digest() {
+			t.Fatal("replicas diverged")
+		}
+		if errors.Is(res.Err, ErrUndecodable) || errors.Is(res.Err, ErrUnknownCommand) || res.Ignored {
+			if a.Digest() != before {
+				t.Fatal("an undecodable or skipped entry changed the state")
+			}
+		}
+		after := a.Digest()
+		if r := a.Apply(&raft.Log{Index: idx, Type: raft.LogCommand, Data: data}).(*ApplyResult); !r.Replayed || a.Digest() != after {
+			t.Fatal("re-applying the entry changed the state")
+		}
+		// The same bytes again as a new entry (a redelivery) keep replicas equal.
+		a.Apply(&raft.Log{Index: idx + 1, Type: raft.LogCommand, Data: data})
+		b.Apply(&raft.Log{Index: idx + 1, Type: raft.LogCommand, Data: data})
+		if a.Digest() != b.Digest() {
+			t.Fatal("replicas diverged on the second application")
+		}
+		c := newFSM(t)
+		if err := restoreBytes(c, snapshotBytes(t, a)); err != nil {
+			t.Fatal(err)
+		}
+		if c.Digest() != a.Digest() {
+			t.Fatal("snapshot round trip changed the state")
+		}
+	})
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// FuzzDecodeKVBatch: any payload decodes or fails cleanly (no panic, no
+// allocation from unchecked lengths), and whatever decodes re-encodes to a
+// canonical form that decodes to the same events.
+func FuzzDecodeKVBatch(f *testing.F) {
+	for _, s := range kvSeeds(f) {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		entry := append([]byte{byte(CmdKVEventBatch), EnvelopeVersion}, payload...)
+		evs, err := DecodeKVBatch(entry)
+		if err != nil {
+			if !errors.Is(err, ErrUndecodable) {
+				t.Fatalf("error %v is not ErrUndecodable", err)
+			}
+			return
+		}
+		enc, err := AppendKVBatch(nil, evs)
+		if err != nil {
+			t.Fatalf("decoded events do not encode: %v", err)
+		}
+		again, err := DecodeKVBatch(enc)
+		if err != nil {
+			t.Fatalf("re-encoded batch does not decode: %v", err)
+		}
+		if !reflect.DeepEqual(canonical(KVEventBatch{Events: again}), canonical(KVEventBatch{Events: evs})) {
+			t.Fatal("round trip changed the events")
+		}
+		if enc2, _ := AppendKVBatch(nil, again); !bytes.Equal(enc, enc2) {
+			t.Fatal("encoding is not canonical")
+		}
+	})
+}
+
+// kvSeeds are KVEventBatch payloads (without the envelope).
+func kvSeeds(t testing.TB) map[string][]byte {
+	out := map[string][]byte{}
+	for name, c := range map[string]KVEventBatch{
+		"golden":  goldenCommands()[2].cmd.(KVEventBatch),
+		"known":   {Events: []KVBatchEvent{storedAfter("w1", 0, 3, 3, 4, 5), removed("w2", 0, 2, 1)}},
+		"empty":   {},
+		"cleared": {Events: []KVBatchEvent{{Worker: "w", DPRank: 3, EventID: 1 << 40, Event: router.KVEvent{Kind: router.EventCleared, BlockSize: 16}}}},
+	} {
+		out[name] = mustEncode(t, c)[2:]
+	}
+	return out
+}
+
+// TestFSMFuzzSeedCorpus keeps the committed seed corpora under
+// testdata/fuzz/ in step with the seeds above (-update rewrites them).
+func TestFSMFuzzSeedCorpus(t *testing.T) {
+	for target, seeds := range map[string]map[string][]byte{
+		"FuzzFSMApply":      fuzzSeeds(t),
+		"FuzzDecodeKVBatch": kvSeeds(t),
+	} {
+		dir := filepath.Join("testdata", "fuzz", target)
+		if *update {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for name, data := range seeds {
+				body := fmt.Sprintf("go test fuzz v1\n[]byte(%s)\n", strconv.Quote(string(data)))
+				if err := os.WriteFile(filepath.Join(dir, "seed-"+name), []byte(body), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for name := range seeds {
+			b, err := os.ReadFile(filepath.Join(dir, "seed-"+name))
+			if err != nil {
+				t.Fatalf("%s: %v (run with -update and commit testdata/fuzz)", target, err)
+			}
+			if !strings.HasPrefix(string(b), "go test fuzz v1\n[]byte(") {
+				t.Fatalf("%s/%s: not a corpus file", target, name)
+			}
+		}
+	}
+}
