@@ -330,7 +330,7 @@ func TestClusterReady(t *testing.T) {
 	l := c.WaitLeader()
 	f := followerOf(c, l)
 	c.Stop(f.Index)
-	c.ApplyN("ready", 300)
+	c.ApplyN("ready", 200)
 	want := l.FSM().AppliedIndex()
 
 	slowIdx.Store(int32(f.Index))
@@ -436,6 +436,7 @@ func TestClusterSingleNodeTCP(t *testing.T) {
 			RaftAddr: addr,
 			DataDir:  dir,
 			Registry: reg,
+			Logger:   clustertest.NewTestLogger(t),
 		}, fsm)
 		if err != nil {
 			t.Fatal(err)
@@ -537,4 +538,50 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, op string) float
 		}
 	}
 	return 0
+}
+
+func TestClusterAuthToken(t *testing.T) {
+	const token = "s3cret"
+	c := clustertest.New(t, 3, clustertest.Options{
+		Formation: clustertest.FormJoin, // joins must carry the token
+		Configure: func(_ int, cfg *cluster.Config, _ cluster.StateMachine) { cfg.AuthToken = token },
+	})
+	l := c.WaitLeader()
+	f := followerOf(c, l)
+	if _, err := f.Node().Apply(ctxT(t, 10*time.Second), []byte("authed")); err != nil {
+		t.Fatalf("forwarded apply with token: %v", err)
+	}
+
+	get := func(auth string) (*http.Response, map[string]any) {
+		req, _ := http.NewRequest(http.MethodGet, f.HTTPURL()+"/cluster/status", nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		return resp, body
+	}
+	if resp, _ := get(""); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("status without token: HTTP %d", resp.StatusCode)
+	}
+	if resp, _ := get("Bearer wrong"); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("status with a wrong token: HTTP %d", resp.StatusCode)
+	}
+	resp, st := get("Bearer " + token)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status with token: HTTP %d", resp.StatusCode)
+	}
+	for _, k := range []string{"node_id", "state", "leader_id", "term", "applied_index", "commit_index", "peers", "digest", "pid", "ready"} {
+		if _, ok := st[k]; !ok {
+			t.Errorf("/cluster/status lacks %q: %v", k, st)
+		}
+	}
+	if st["state"] != "follower" || st["leader_id"] != l.ID {
+		t.Errorf("status %v", st)
+	}
 }

@@ -46,7 +46,10 @@ type Config struct {
 	Join []string
 	// JoinAttempts is how many rounds over Join are tried before falling back
 	// to bootstrapping from Peers (only when NodeID is in Peers). Without that
-	// fallback the node retries until the Form context ends. Default 3.
+	// fallback the node retries until the Form context ends. Default 5 (with
+	// backoff 0.1→1.6 s, about 3 s: longer than an election, so a restarted
+	// empty member of a live cluster finds its leader rather than
+	// bootstrapping — which would be safe, only slower).
 	JoinAttempts int
 
 	// LeaderHTTP maps a Raft server id to that node's HTTP base address; the
@@ -56,6 +59,10 @@ type Config struct {
 	// DecodeResult turns a forwarded FSM response (the JSON the leader
 	// encoded) back into the caller's type. Nil: json.RawMessage.
 	DecodeResult func(cmd []byte, result []byte) (any, error)
+	// ResponseError extracts a domain error carried inside an FSM response
+	// (e.g. fsm's *ApplyResult.Err). Nil: only responses that are themselves
+	// errors count. A non-nil result turns into a *RejectedError from Apply.
+	ResponseError func(resp any) error
 	// ForwardErrors are sentinel errors the FSM returns as responses; when a
 	// forwarded command is rejected with one of them the follower's error
 	// still satisfies errors.Is(err, sentinel). Matching is by Error() text.
@@ -136,7 +143,7 @@ type Config struct {
 //     so raft's defaults would keep ~600 MiB of log.
 func DefaultConfig() Config {
 	return Config{
-		JoinAttempts:       3,
+		JoinAttempts:       5,
 		SnapshotThreshold:  2048,
 		SnapshotInterval:   30 * time.Second,
 		TrailingLogs:       2048,
@@ -209,6 +216,9 @@ func (c Config) withDefaults() (Config, error) {
 	for _, p := range c.Peers {
 		if p.ID == "" || p.RaftAddr == "" {
 			errs = append(errs, fmt.Errorf("peer %+v: id and raft_addr are required", p))
+		}
+		if p.ID == c.NodeID && c.AdvertiseAddr != "" && p.RaftAddr != c.AdvertiseAddr {
+			errs = append(errs, fmt.Errorf("peer %q has raft_addr %s but this node advertises %s", p.ID, p.RaftAddr, c.AdvertiseAddr))
 		}
 		if seen[p.ID] {
 			errs = append(errs, fmt.Errorf("peer id %q listed twice", p.ID))

@@ -48,7 +48,8 @@ func mapRaftError(err error) error {
 	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress):
 		return fmt.Errorf("%w: %w", ErrNoLeader, err)
 	case errors.Is(err, raft.ErrRaftShutdown):
-		return fmt.Errorf("%w: %w", ErrShutdown, err)
+		// Raft may have shut down with the entry already replicated.
+		return fmt.Errorf("%w: %w: %w", ErrShutdown, ErrOutcomeUnknown, err)
 	default:
 		return err
 	}

@@ -465,7 +465,7 @@ func (n *Node) joinOnce(ctx context.Context) error {
 			n.log.Info("joined cluster", "via", target)
 			return nil
 		}
-		errs = append(errs, fmt.Errorf("%s: %w", target, err))
+		errs = append(errs, err) // adminResult and url.Error name the target
 	}
 	if len(errs) == 0 {
 		return errors.New("no join target other than this node")

@@ -291,6 +291,9 @@ func (n *Node) ID() string { return n.cfg.NodeID }
 // RaftAddr returns the advertised Raft address.
 func (n *Node) RaftAddr() string { return n.cfg.AdvertiseAddr }
 
+// HTTPAddr returns the advertised HTTP address (Config.HTTPAddr).
+func (n *Node) HTTPAddr() string { return n.cfg.HTTPAddr }
+
 // IsLeader reports whether this node is the Raft leader right now.
 func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
 
@@ -378,10 +381,21 @@ func (n *Node) applyLeader(ctx context.Context, cmd []byte) (any, error) {
 	}
 	n.m.applySeconds.Observe(time.Since(start).Seconds())
 	resp := f.Response()
-	if e, ok := resp.(error); ok {
+	if e := n.responseError(resp); e != nil {
 		return nil, &RejectedError{Message: e.Error(), Err: e}
 	}
 	return resp, nil
+}
+
+// responseError is the domain error in an FSM response, if any.
+func (n *Node) responseError(resp any) error {
+	if e, ok := resp.(error); ok {
+		return e
+	}
+	if n.cfg.ResponseError != nil {
+		return n.cfg.ResponseError(resp)
+	}
+	return nil
 }
 
 // ApplyLocal is raft.Apply for the leader-only ingest consumer: no

@@ -212,8 +212,8 @@ func NewConsumer(ctx context.Context, js jetstream.JetStream, cfg ConsumerConfig
 // Metrics returns the consumer's metrics.
 func (c *Consumer) Metrics() *ConsumerMetrics { return c.metrics }
 
-// ConsumerConfig is the durable's JetStream configuration.
-func (c *Consumer) ConsumerConfig() jetstream.ConsumerConfig {
+// DurableConfig is the durable consumer's JetStream configuration.
+func (c *Consumer) DurableConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       c.cfg.Durable,
 		Description:   "kvrouter leader: KV events into the Raft log",
@@ -235,7 +235,7 @@ func (c *Consumer) consumer(ctx context.Context, refresh bool) (jetstream.Consum
 	backoff := c.cfg.RetryBackoff
 	for {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		cons, err := c.js.CreateOrUpdateConsumer(actx, c.cfg.Stream, c.ConsumerConfig())
+		cons, err := c.js.CreateOrUpdateConsumer(actx, c.cfg.Stream, c.DurableConfig())
 		cancel()
 		if err == nil {
 			c.cons = cons

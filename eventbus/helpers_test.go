@@ -1,7 +1,6 @@
 package eventbus
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -314,5 +313,3 @@ func mustEncode(t testing.TB, ev WireEvent) []byte {
 	}
 	return b
 }
-
-var _ = bytes.Equal

@@ -94,6 +94,13 @@ func WithNextEventID(id uint64) PublisherOption {
 	}
 }
 
+// FreshEventIDBase is a first event id for a worker that does not persist
+// its counter: ids continue above any id it used before a restart (its
+// nanosecond clock), so the state machine never skips them as duplicates.
+// Start such a worker with a Cleared event: the jump in ids is a gap, and a
+// Cleared event is exactly the resync that closes it.
+func FreshEventIDBase(now time.Time) uint64 { return uint64(now.UnixNano()) }
+
 // WithOnAck reports every acknowledged event, in publish order, from the
 // publisher's goroutine: a ledger records exactly these ids. The callback
 // must not block for long and must not call the publisher.

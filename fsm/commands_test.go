@@ -102,6 +102,9 @@ func TestFSMCommandGolden(t *testing.T) {
 		for _, c := range cmds {
 			fmt.Fprintf(&b, "%s %s\n", c.name, hex.EncodeToString(mustEncode(t, c.cmd)))
 		}
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 			t.Fatal(err)
 		}

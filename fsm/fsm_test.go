@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"encoding/json"
 	"errors"
 	"math"
 	"reflect"
@@ -388,7 +389,7 @@ func TestFSMSetModelConfig(t *testing.T) {
 		},
 		{
 			name:    "all knobs",
-			updates: []SetModelConfig{goldenCommands()[3].cmd.(SetModelConfig)},
+			updates: []SetModelConfig{func() SetModelConfig { c := goldenCommands()[3].cmd.(SetModelConfig); c.Model = "m"; return c }()},
 			check: func(t *testing.T, c router.Config) {
 				if c.OverlapCredit != 0.5 || c.PrefillLoadScale != 1.5 || c.Temperature != 0.25 || c.TrackPrefillTokens ||
 					*c.QueueThreshold != 2 || *c.Thresholds.ActivePrefillTokensFrac != 1.5 {
@@ -771,4 +772,34 @@ func TestFSMConcurrentReads(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+}
+
+func TestFSMApplyResultJSON(t *testing.T) {
+	h := newHarness(t)
+	h.ok(worker("w1", 1))
+	results := []*ApplyResult{
+		h.events(stored("w1", 0, 3, 1), stored("ghost", 0, 1, 2)),
+		h.apply(DeregisterWorker{ID: "ghost"}),
+		h.apply(SetModelConfig{Model: "m", OverlapCredit: ptr(5.0)}),
+		h.apply(RegisterWorker{ID: "w2", DPRanks: 1, BlockSize: 64}),
+		h.raw([]byte{99, 1}),
+	}
+	sentinels := []error{nil, ErrUnknownWorker, ErrInvalidConfig, ErrBlockSizeMismatch, ErrUnknownCommand}
+	for i, r := range results {
+		raw, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back ApplyResult
+		if err := json.Unmarshal(raw, &back); err != nil {
+			t.Fatal(err)
+		}
+		if errString(back.Err) != errString(r.Err) || (sentinels[i] != nil && !errors.Is(back.Err, sentinels[i])) {
+			t.Fatalf("%s: err %v → %v", raw, r.Err, back.Err)
+		}
+		back.Err, r.Err = nil, nil
+		if !reflect.DeepEqual(back, *r) {
+			t.Fatalf("round trip %+v → %s → %+v", *r, raw, back)
+		}
+	}
 }

@@ -161,7 +161,7 @@ func TestFSMFuzzSeedCorpus(t *testing.T) {
 				t.Fatal(err)
 			}
 			for name, data := range seeds {
-				body := fmt.Sprintf("go test fuzz v1\n[]byte(%s)\n", strconv.Quote(string(data)))
+				body := fmt.Sprintf("go test fuzz v1\n[]byte(%s)\n", strconv.QuoteToASCII(string(data)))
 				if err := os.WriteFile(filepath.Join(dir, "seed-"+name), []byte(body), 0o644); err != nil {
 					t.Fatal(err)
 				}

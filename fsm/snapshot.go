@@ -85,9 +85,50 @@ type cursorImage struct {
 }
 
 type rankBlocks struct {
-	worker string
-	rank   uint32
-	blocks []router.StoredBlock // sorted by content, then engine hash (Index.WorkerBlocks)
+	worker   string
+	rank     uint32
+	blocks   []router.StoredBlock // sorted by content, then engine hash (Index.WorkerBlocks)
+	dangling []bool               // nil, or per block: an engine alias whose content is not held
+}
+
+// Block entry flags in a blocks record.
+const (
+	blockPlain    = 0 // held, engine hash = content hash
+	blockAlias    = 1 // held under an engine hash that differs (u64 engine hash follows)
+	blockDangling = 2 // an engine alias whose content the rank no longer holds (u64 follows)
+)
+
+// danglingAliases finds the engine aliases in blocks (WorkerBlocks of w)
+// whose content w no longer holds. router.Index keeps an alias when a block
+// is removed under another name (its content hash, or a second engine hash
+// for the same content), and WorkerBlocks lists it like a held block; the
+// alias still satisfies parent checks, so it is state and must survive a
+// snapshot exactly. Usually there is none: the distinct contents listed
+// then equal the blocks held, and nothing more is looked up.
+func danglingAliases(ix *router.Index, w router.WorkerID, blocks []router.StoredBlock) []bool {
+	distinct := 0
+	for i, b := range blocks {
+		if i == 0 || b.ContentHash != blocks[i-1].ContentHash {
+			distinct++
+		}
+	}
+	if distinct == ix.Held(w) {
+		return nil
+	}
+	out := make([]bool, len(blocks))
+	var dst []router.Overlap
+	for i, b := range blocks {
+		if b.EngineHash == b.ContentHash {
+			continue // plain entries come from held blocks
+		}
+		if i > 0 && blocks[i-1].ContentHash == b.ContentHash {
+			out[i] = out[i-1]
+			continue
+		}
+		dst = ix.FindMatches([]uint64{b.ContentHash}, dst)
+		out[i] = !slices.ContainsFunc(dst, func(o router.Overlap) bool { return o.Worker == w })
+	}
+	return out
 }
 
 type predHash struct {
@@ -126,7 +167,8 @@ func (f *FSM) captureLocked() *image {
 			img.cursors = append(img.cursors, cursorImage{worker: rs.worker, rank: rs.rank, last: rs.last,
 				resynced: rs.resynced, stale: rs.stale, reason: rs.reason, staleID: rs.staleID})
 			if b := st.index.WorkerBlocks(rs.key); len(b) > 0 {
-				img.blocks = append(img.blocks, rankBlocks{worker: rs.worker, rank: rs.rank, blocks: b})
+				img.blocks = append(img.blocks, rankBlocks{worker: rs.worker, rank: rs.rank, blocks: b,
+					dangling: danglingAliases(st.index, rs.key, b)})
 			}
 			if m := st.preds[rs.key]; len(m) > 0 {
 				e := make([]predHash, 0, len(m))
@@ -235,16 +277,20 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 		c.record(recCursor)
 	}
 	for _, rb := range img.blocks {
-		for part := range slices.Chunk(rb.blocks, snapshotChunk) {
+		for start := 0; start < len(rb.blocks); start += snapshotChunk {
+			part := rb.blocks[start:min(start+snapshotChunk, len(rb.blocks))]
 			b = appendString(c.buf[:0], rb.worker)
 			b = binary.AppendUvarint(b, uint64(rb.rank))
 			b = binary.AppendUvarint(b, uint64(len(part)))
-			for _, sb := range part {
+			for i, sb := range part {
 				b = appendU64(b, sb.ContentHash)
-				if sb.EngineHash == sb.ContentHash {
-					b = append(b, 0)
-				} else {
-					b = appendU64(append(b, 1), sb.EngineHash)
+				switch {
+				case sb.EngineHash == sb.ContentHash:
+					b = append(b, blockPlain)
+				case rb.dangling != nil && rb.dangling[start+i]:
+					b = appendU64(append(b, blockDangling), sb.EngineHash)
+				default:
+					b = appendU64(append(b, blockAlias), sb.EngineHash)
 				}
 			}
 			c.buf = b
@@ -412,6 +458,11 @@ func readSnapshot(r io.Reader, base router.Config) (*state, uint64, error) {
 	}
 	st := newState(base.BlockSize)
 	var applied uint64
+	type danglingAlias struct {
+		rs *rankState
+		b  router.StoredBlock
+	}
+	var dangling []danglingAlias
 	var want, got [recMaxType + 1]int
 	lastType := byte(0)
 	for {
@@ -501,14 +552,21 @@ func readSnapshot(r io.Reader, base router.Config) (*state, uint64, error) {
 			for range n {
 				ch := rd.u64()
 				eh := ch
-				switch rd.byte() {
-				case 0:
-				case 1:
-					eh = rd.u64()
+				flag := rd.byte()
+				switch flag {
+				case blockPlain:
+				case blockAlias, blockDangling:
+					if eh = rd.u64(); eh == ch {
+						rd.fail("alias to itself")
+					}
 				default:
-					rd.fail("bad block flag")
+					rd.fail("bad block flag %d", flag)
 				}
-				blocks = append(blocks, router.StoredBlock{EngineHash: eh, ContentHash: ch})
+				if flag == blockDangling {
+					dangling = append(dangling, danglingAlias{rs, router.StoredBlock{EngineHash: eh, ContentHash: ch}})
+				} else {
+					blocks = append(blocks, router.StoredBlock{EngineHash: eh, ContentHash: ch})
+				}
 			}
 			if rd.err == nil {
 				if rs == nil {
@@ -571,6 +629,28 @@ func readSnapshot(r io.Reader, base router.Config) (*state, uint64, error) {
 			return nil, 0, corrupt("rank %s has no cursor", rs.key)
 		}
 		rs.restored = false
+	}
+	// Recreate dangling aliases the way they arise: stored under the
+	// engine name, then removed under the content name (the alias stays).
+	var dst []router.Overlap
+	for _, d := range dangling {
+		held := st.index.Held(d.rs.key)
+		for _, ev := range []router.KVEvent{
+			{Kind: router.EventStored, Blocks: []router.StoredBlock{d.b}},
+			{Kind: router.EventRemoved, Removed: []uint64{d.b.ContentHash}},
+		} {
+			if err := st.index.Apply(d.rs.key, ev); err != nil {
+				return nil, 0, corrupt("alias of %s: %v", d.rs.key, err)
+			}
+		}
+		// The content must be neither held before (then it was no dangling
+		// alias) nor after (the removal hit another alias named by this
+		// content hash: a state this format cannot express; astronomically
+		// unlikely with real engine hashes, and refused rather than guessed).
+		dst = st.index.FindMatches([]uint64{d.b.ContentHash}, dst)
+		if st.index.Held(d.rs.key) != held || slices.ContainsFunc(dst, func(o router.Overlap) bool { return o.Worker == d.rs.key }) {
+			return nil, 0, corrupt("dangling alias %d→%d of %s does not restore", d.b.EngineHash, d.b.ContentHash, d.rs.key)
+		}
 	}
 	st.rebuildHeap()
 	return st, applied, nil

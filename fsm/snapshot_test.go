@@ -11,11 +11,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/kvrouter/kvrouter/router"
 )
 
 // goldenState builds the state pinned by testdata/snapshot-v1.bin: every
-// record type, aliased and plain blocks, a stale and a resynced rank.
+// record type, plain, aliased and dangling blocks, a stale and a resynced
+// rank.
 func goldenState(t testing.TB) *FSM {
 	h := newHarness(t)
 	h.ok(RegisterNode{NodeID: "r1", RaftAddr: "10.0.0.1:7000", HTTPAddr: "10.0.0.1:8001"})
@@ -33,6 +36,7 @@ func goldenState(t testing.TB) *FSM {
 		stored("vllm-0", 1, 3, 4945711292740353085), // gap: rank 1 goes stale
 		stored("kvmock-1", 0, 1, 14643705804678351452, 4945711292740353085, 12583592247330656132),
 		removed("kvmock-1", 0, 2, 12583592247330656132),
+		removed("vllm-0", 0, 3, 12583592247330656132), // by content name: engine alias 1003 dangles
 	)
 	h.ok(ResyncWorker{Worker: "kvmock-1", DPRank: 0})
 	h.events(stored("kvmock-1", 0, 0, 77)) // unsequenced: the resync baseline stays pending
@@ -106,6 +110,75 @@ func sameState(t *testing.T, a, b *FSM) {
 			!slices.Equal(a.Predicted().WorkerBlocks(w), b.Predicted().WorkerBlocks(w)) {
 			t.Fatalf("blocks of %s differ", w)
 		}
+		if a.Index().Held(w) != b.Index().Held(w) {
+			t.Fatalf("%s holds %d vs %d blocks", w, a.Index().Held(w), b.Index().Held(w))
+		}
+		// What routing sees: every listed content hash is held by the same workers.
+		for _, blk := range a.Index().WorkerBlocks(w) {
+			x := a.Index().FindMatches([]uint64{blk.ContentHash}, nil)
+			y := b.Index().FindMatches([]uint64{blk.ContentHash}, nil)
+			if !sameOverlaps(x, y) {
+				t.Fatalf("holders of %d differ: %v vs %v", blk.ContentHash, x, y)
+			}
+		}
+	}
+}
+
+func sameOverlaps(x, y []router.Overlap) bool {
+	less := func(a, b router.Overlap) int { return strings.Compare(string(a.Worker), string(b.Worker)) }
+	slices.SortFunc(x, less)
+	slices.SortFunc(y, less)
+	return slices.Equal(x, y)
+}
+
+// TestFSMSnapshotDanglingAliases: the router keeps an engine alias after
+// its block is removed under another name, and the alias still satisfies
+// parent checks. Snapshots and digests must carry it exactly.
+func TestFSMSnapshotDanglingAliases(t *testing.T) {
+	build := func(t *testing.T, evs ...KVBatchEvent) *FSM {
+		h := newHarness(t)
+		h.ok(worker("w", 1))
+		h.events(evs...)
+		return h.f
+	}
+	aliased := func(id uint64, pairs ...uint64) KVBatchEvent {
+		e := KVBatchEvent{Worker: "w", EventID: id, Event: router.KVEvent{Kind: router.EventStored}}
+		for i := 0; i < len(pairs); i += 2 {
+			e.Event.Blocks = append(e.Event.Blocks, router.StoredBlock{EngineHash: pairs[i], ContentHash: pairs[i+1]})
+		}
+		return e
+	}
+	cases := []struct {
+		name   string
+		evs    []KVBatchEvent
+		parent uint64 // a dangling engine name
+	}{
+		{"removed by content name", []KVBatchEvent{aliased(1, 100, 7, 101, 8), removed("w", 0, 2, 7)}, 100},
+		{"two engine names", []KVBatchEvent{aliased(1, 100, 7, 200, 7), removed("w", 0, 2, 100)}, 200},
+		{"two dangling names", []KVBatchEvent{aliased(1, 100, 7, 200, 7), removed("w", 0, 2, 7), stored("w", 0, 3, 9)}, 100},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := build(t, tc.evs...)
+			b := newFSM(t)
+			if err := restoreBytes(b, snapshotBytes(t, a)); err != nil {
+				t.Fatal(err)
+			}
+			sameState(t, a, b)
+			// The dangling alias still serves as a parent on both.
+			next := mustEncode(t, KVEventBatch{Events: []KVBatchEvent{storedAfter("w", 0, 10, tc.parent, 55)}})
+			ra := a.Apply(&raft.Log{Index: a.AppliedIndex() + 1, Type: raft.LogCommand, Data: next}).(*ApplyResult)
+			rb := b.Apply(&raft.Log{Index: b.AppliedIndex() + 1, Type: raft.LogCommand, Data: next}).(*ApplyResult)
+			if ra.Applied != 1 || rb.Applied != 1 {
+				t.Fatalf("parent check: %+v vs %+v", ra, rb)
+			}
+			sameState(t, a, b)
+			// A state without the alias must have another digest.
+			plain := build(t, stored("w", 0, 1, 8))
+			if tc.name == "removed by content name" && plain.Digest() == a.Digest() {
+				t.Fatal("digest does not see the dangling alias")
+			}
+		})
 	}
 }
 

@@ -1,6 +1,7 @@
 package tokenize
 
 import (
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -23,15 +24,24 @@ type addedToken struct {
 // their first bytes ('<', '[') rare in prose, so this is fast enough.
 type addedMatcher struct {
 	byFirst [256][]addedToken // longest first
+	// firsts holds the distinct first bytes; when all are ASCII the scan
+	// jumps between candidates with strings.IndexAny instead of testing
+	// every byte.
+	firsts    string
+	asciiOnly bool
 }
 
 func newAddedMatcher(tokens []addedToken) *addedMatcher {
 	if len(tokens) == 0 {
 		return nil
 	}
-	m := &addedMatcher{}
+	m := &addedMatcher{asciiOnly: true}
 	for _, t := range tokens {
 		b := t.content[0]
+		if m.byFirst[b] == nil {
+			m.firsts += string(rune(b))
+			m.asciiOnly = m.asciiOnly && b < utf8.RuneSelf
+		}
 		list := append(m.byFirst[b], t)
 		// Insertion sort by length, descending; stable so that of two
 		// equal contents the first listed wins.
@@ -62,6 +72,13 @@ func (m *addedMatcher) split(dst []segment, s string) []segment {
 	}
 	plainFrom := 0 // start of the pending plain text
 	for i := 0; i < len(s); {
+		if m.asciiOnly {
+			k := strings.IndexAny(s[i:], m.firsts)
+			if k < 0 {
+				break
+			}
+			i += k
+		}
 		t, ok := m.match(s[i:])
 		if !ok {
 			i++

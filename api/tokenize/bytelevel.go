@@ -51,15 +51,6 @@ func vocabBytes(tok string) (b []byte, ok bool) {
 	return b, true
 }
 
-// vocabString is the inverse of vocabBytes: raw bytes to vocab spelling.
-func vocabString(b []byte) string {
-	out := make([]rune, len(b))
-	for i, c := range b {
-		out[i] = byteRunes[c]
-	}
-	return string(out)
-}
-
 // lossyUTF8 converts decoded bytes to a string the way Rust's
 // String::from_utf8_lossy does (the HF ByteLevel decoder ends with it): each
 // maximal ill-formed subpart becomes one U+FFFD. Go's own conversions replace

@@ -47,7 +47,11 @@ func LoadHF(path string) (*HF, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenize: load %s: %w", path, err)
 	}
-	h, err := parseHF(data, "hf:"+filepath.Base(filepath.Dir(path)))
+	dir := filepath.Dir(path)
+	if abs, err := filepath.Abs(path); err == nil {
+		dir = filepath.Dir(abs) // "tokenizer.json" alone names its directory, not "."
+	}
+	h, err := parseHF(data, "hf:"+filepath.Base(dir))
 	if err != nil {
 		return nil, fmt.Errorf("tokenize: load %s: %w", path, err)
 	}
@@ -71,17 +75,11 @@ func parseHF(data []byte, name string) (*HF, error) {
 	if err := parseDecoder(f.Decoder); err != nil {
 		return nil, err
 	}
-	model, table, err := parseModel(f.Model)
+	model, table, vocab, err := parseModel(f.Model)
 	if err != nil {
 		return nil, err
 	}
-	h := &HF{name: name, nfc: nfc, pre: pre, model: model, cache: newWordCache(cacheEntries)}
-	h.vocab = make(map[string]uint32, len(table)+len(f.AddedTokens))
-	for id, b := range table {
-		if b != nil {
-			h.vocab[vocabString(b)] = uint32(id)
-		}
-	}
+	h := &HF{name: name, nfc: nfc, pre: pre, model: model, vocab: vocab, cache: newWordCache(cacheEntries)}
 
 	var raw, normalized []addedToken
 	for i, at := range f.AddedTokens {
@@ -159,9 +157,8 @@ func (h *HF) TokenID(token string) (uint32, bool) {
 func (h *HF) Encode(text string) []uint32 {
 	text = sanitizeUTF8(text)
 	ids := make([]uint32, 0, len(text)/3+4)
-	var segs, subs []segment
-	var words []string
-	for _, seg := range h.added.split(segs[:0], text) {
+	var subs []segment // reused across segments
+	for _, seg := range h.added.split(nil, text) {
 		if seg.added {
 			ids = append(ids, seg.id)
 			continue
@@ -176,31 +173,32 @@ func (h *HF) Encode(text string) []uint32 {
 				ids = append(ids, sub.id)
 				continue
 			}
-			ids, words = h.encodePlain(ids, words, sub.text)
+			ids = h.encodePlain(ids, sub.text)
 		}
 	}
 	return ids
 }
 
 // encodePlain pre-tokenises and BPEs text that contains no added tokens.
-// words is scratch space, returned for reuse.
-func (h *HF) encodePlain(ids []uint32, words []string, s string) ([]uint32, []string) {
+func (h *HF) encodePlain(ids []uint32, s string) []uint32 {
 	if h.pre.prefixSpace && s[0] != ' ' {
 		s = " " + s
 	}
-	words = h.pre.split.split(words[:0], s)
-	for _, w := range words {
+	for len(s) > 0 {
+		n := h.pre.split.next(s)
+		w := s[:n]
+		s = s[n:]
 		if cached, ok := h.cache.get(w); ok {
 			ids = append(ids, cached...)
 			continue
 		}
-		n := len(ids)
+		k := len(ids)
 		ids = h.model.encodeWord(ids, w)
 		if len(w) > 1 {
-			h.cache.put(w, append([]uint32(nil), ids[n:]...))
+			h.cache.put(w, append([]uint32(nil), ids[k:]...))
 		}
 	}
-	return ids, words
+	return ids
 }
 
 // Decode implements Tokenizer: the bytes of every known id, concatenated,

@@ -206,34 +206,34 @@ func parseDecoder(raw json.RawMessage) error {
 	return nil
 }
 
-// parseModel builds the BPE model and the id -> bytes decode table for the
-// model vocabulary.
-func parseModel(raw json.RawMessage) (*bpeModel, [][]byte, error) {
+// parseModel builds the BPE model, the id -> bytes decode table and the
+// spelling -> id map of the model vocabulary.
+func parseModel(raw json.RawMessage) (*bpeModel, [][]byte, map[string]uint32, error) {
 	if isNull(raw) {
-		return nil, nil, errors.New("missing model")
+		return nil, nil, nil, errors.New("missing model")
 	}
 	var hm hfModel
 	if err := json.Unmarshal(raw, &hm); err != nil {
-		return nil, nil, fmt.Errorf("model: %w", err)
+		return nil, nil, nil, fmt.Errorf("model: %w", err)
 	}
 	switch {
 	case hm.Type != "BPE" && hm.Type != "":
-		return nil, nil, unsupported("model type %q (want BPE)", hm.Type)
+		return nil, nil, nil, unsupported("model type %q (want BPE)", hm.Type)
 	case hm.Dropout != nil && *hm.Dropout != 0:
-		return nil, nil, unsupported("BPE dropout (non-deterministic)")
+		return nil, nil, nil, unsupported("BPE dropout (non-deterministic)")
 	case hm.ByteFallback:
-		return nil, nil, unsupported("BPE byte_fallback")
+		return nil, nil, nil, unsupported("BPE byte_fallback")
 	case hm.ContinuingSubwordPrefix != nil && *hm.ContinuingSubwordPrefix != "",
 		hm.EndOfWordSuffix != nil && *hm.EndOfWordSuffix != "":
-		return nil, nil, unsupported("BPE subword prefix/suffix")
+		return nil, nil, nil, unsupported("BPE subword prefix/suffix")
 	case len(hm.Vocab) == 0:
-		return nil, nil, errors.New("model: empty vocab")
+		return nil, nil, nil, errors.New("model: empty vocab")
 	}
 
 	var maxID uint32
 	for tok, id := range hm.Vocab {
 		if id >= maxTokenID {
-			return nil, nil, fmt.Errorf("model: token %q has id %d (max %d)", tok, id, maxTokenID-1)
+			return nil, nil, nil, fmt.Errorf("model: token %q has id %d (max %d)", tok, id, maxTokenID-1)
 		}
 		maxID = max(maxID, id)
 	}
@@ -248,7 +248,7 @@ func parseModel(raw json.RawMessage) (*bpeModel, [][]byte, error) {
 	for tok, id := range hm.Vocab {
 		b, ok := vocabBytes(tok)
 		if !ok {
-			return nil, nil, unsupported("vocab token %q is not byte-level encoded", tok)
+			return nil, nil, nil, unsupported("vocab token %q is not byte-level encoded", tok)
 		}
 		table[id] = b
 		if len(b) == 1 {
@@ -261,7 +261,7 @@ func parseModel(raw json.RawMessage) (*bpeModel, [][]byte, error) {
 	if hm.UnkToken != nil {
 		for b, id := range m.byteID {
 			if id < 0 {
-				return nil, nil, unsupported("byte 0x%02x missing from vocab with unk_token set", b)
+				return nil, nil, nil, unsupported("byte 0x%02x missing from vocab with unk_token set", b)
 			}
 		}
 	}
@@ -270,10 +270,10 @@ func parseModel(raw json.RawMessage) (*bpeModel, [][]byte, error) {
 		b, okB := hm.Vocab[mg.b]
 		ab, okAB := hm.Vocab[mg.a+mg.b]
 		if !okA || !okB || !okAB {
-			return nil, nil, fmt.Errorf("model: merge %d (%q %q) uses a token missing from the vocab", rank, mg.a, mg.b)
+			return nil, nil, nil, fmt.Errorf("model: merge %d (%q %q) uses a token missing from the vocab", rank, mg.a, mg.b)
 		}
 		// A later duplicate overwrites an earlier one, as in HF.
 		m.merges[pairKey(a, b)] = merge{rank: uint32(rank), id: ab}
 	}
-	return m, table, nil
+	return m, table, hm.Vocab, nil
 }

@@ -103,6 +103,11 @@ func TestLoadHFPaths(t *testing.T) {
 		}
 	}
 
+	t.Chdir(sub)
+	if h, err := LoadHF("tokenizer.json"); err != nil || h.Name() != "hf:tiny" {
+		t.Errorf("relative path: %v, %v", h, err)
+	}
+
 	_, err := LoadHF(filepath.Join(dir, "missing.json"))
 	if !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("missing file: err = %v, want fs.ErrNotExist", err)

@@ -25,10 +25,22 @@ const (
 	patternGPT2 = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 )
 
-// splitter appends the pre-tokens of s to dst. The pieces are substrings of
-// s and concatenate back to s.
+// splitter cuts pre-tokens off the front of the text: next returns the
+// byte length (>= 1) of the first pre-token of a non-empty s. Yielding one
+// piece at a time keeps Encode free of a per-call slice of pieces.
 type splitter interface {
-	split(dst []string, s string) []string
+	next(s string) int
+}
+
+// split appends all pre-tokens of s to dst. The pieces are substrings of s
+// and concatenate back to s.
+func split(sp splitter, dst []string, s string) []string {
+	for len(s) > 0 {
+		n := sp.next(s)
+		dst = append(dst, s[:n])
+		s = s[n:]
+	}
+	return dst
 }
 
 // splitterFor returns the scanner for a known Split regex.
@@ -195,15 +207,6 @@ func whitespace(s string, newlines bool) int {
 //	|\s+
 type llamaSplitter struct{ maxDigits int }
 
-func (p llamaSplitter) split(dst []string, s string) []string {
-	for len(s) > 0 {
-		n := p.next(s)
-		dst = append(dst, s[:n])
-		s = s[n:]
-	}
-	return dst
-}
-
 // next returns the length of the match at the start of the non-empty s. The
 // alternatives are tried in pattern order; the first that matches wins, as
 // in a backtracking engine. Every rune is in one of the four classes and
@@ -250,16 +253,7 @@ func (p llamaSplitter) next(s string) int {
 //	's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 type gpt2Splitter struct{}
 
-func (gpt2Splitter) split(dst []string, s string) []string {
-	for len(s) > 0 {
-		n := gpt2Next(s)
-		dst = append(dst, s[:n])
-		s = s[n:]
-	}
-	return dst
-}
-
-func gpt2Next(s string) int {
+func (gpt2Splitter) next(s string) int {
 	c, r, w := class(s)
 	if r == '\'' {
 		if n := contraction(s[1:], false); n > 0 {

@@ -52,7 +52,7 @@ func TestSplitQwen2(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := (llamaSplitter{maxDigits: 1}).split(nil, tt.in); !slices.Equal(got, tt.want) {
+			if got := split(llamaSplitter{maxDigits: 1}, nil, tt.in); !slices.Equal(got, tt.want) {
 				t.Errorf("split(%q) = %q, want %q", tt.in, got, tt.want)
 			}
 		})
@@ -60,7 +60,7 @@ func TestSplitQwen2(t *testing.T) {
 }
 
 func TestSplitLlama3Digits(t *testing.T) {
-	got := (llamaSplitter{maxDigits: 3}).split(nil, "1234567 in 2024")
+	got := split(llamaSplitter{maxDigits: 3}, nil, "1234567 in 2024")
 	want := []string{"123", "456", "7", " in", " ", "202", "4"}
 	if !slices.Equal(got, want) {
 		t.Errorf("got %q, want %q", got, want)
@@ -82,7 +82,7 @@ func TestSplitGPT2(t *testing.T) {
 		{"end.\n", []string{"end", ".", "\n"}},
 	}
 	for _, tt := range tests {
-		if got := (gpt2Splitter{}).split(nil, tt.in); !slices.Equal(got, tt.want) {
+		if got := split(gpt2Splitter{}, nil, tt.in); !slices.Equal(got, tt.want) {
 			t.Errorf("split(%q) = %q, want %q", tt.in, got, tt.want)
 		}
 	}
@@ -112,7 +112,7 @@ func TestSplitTiles(t *testing.T) {
 		}
 		s := b.String()
 		for name, sp := range splitters {
-			pieces := sp.split(nil, s)
+			pieces := split(sp, nil, s)
 			for _, p := range pieces {
 				if p == "" {
 					t.Fatalf("%s: empty piece splitting %q", name, s)
@@ -174,7 +174,7 @@ func TestSplitGolden(t *testing.T) {
 			if !ok {
 				t.Fatalf("golden: unknown splitter %q", name)
 			}
-			if got := sp.split(nil, c.Text); !slices.Equal(got, want) && len(want) > 0 {
+			if got := split(sp, nil, c.Text); !slices.Equal(got, want) && len(want) > 0 {
 				t.Errorf("%s split(%q)\n got %q\nwant %q", name, c.Text, got, want)
 			}
 		}

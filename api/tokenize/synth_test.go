@@ -71,3 +71,12 @@ func tokens(h *HF, ids []uint32) []string {
 	}
 	return out
 }
+
+// vocabString is the inverse of vocabBytes: raw bytes to vocab spelling.
+func vocabString(b []byte) string {
+	out := make([]rune, len(b))
+	for i, c := range b {
+		out[i] = byteRunes[c]
+	}
+	return string(out)
+}

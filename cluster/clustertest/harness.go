@@ -39,8 +39,10 @@ const (
 // Options tune a harness cluster. Zero values take the defaults below.
 type Options struct {
 	Formation Formation
-	// Raft timing; defaults 500ms / 500ms / 250ms / 5ms (shrunk for tests,
-	// still safe under -race on a loaded 2-core host).
+	// Raft timing; defaults 800ms / 800ms / 400ms / 5ms: shorter than
+	// production so failover tests are quick, long enough that a loaded
+	// 2-core host under -race rarely loses leadership spuriously (the
+	// harness retries idempotent writes when it does).
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
@@ -53,8 +55,12 @@ type Options struct {
 	TrailingLogs      uint64
 	// NewFSM builds member i's state machine on every start. Default: NewFSM().
 	NewFSM func(i int) cluster.StateMachine
-	// Configure may adjust member i's config just before cluster.New.
-	Configure func(i int, c *cluster.Config)
+	// Configure may adjust member i's config just before cluster.New; sm is
+	// the state machine NewFSM built for this start.
+	Configure func(i int, c *cluster.Config, sm cluster.StateMachine)
+	// OnNode is called with each new node after cluster.New and before Form
+	// (register OnLeadership / WhileLeader hooks here: they survive restarts).
+	OnNode func(i int, n *cluster.Node)
 	// LogLevel for per-node logs into t.Log; default Info. Quiet drops them.
 	LogLevel slog.Level
 	Quiet    bool
@@ -68,9 +74,9 @@ func (o *Options) defaults() {
 			*v = d
 		}
 	}
-	def(&o.HeartbeatTimeout, 500*time.Millisecond)
-	def(&o.ElectionTimeout, 500*time.Millisecond)
-	def(&o.LeaderLeaseTimeout, 250*time.Millisecond)
+	def(&o.HeartbeatTimeout, 800*time.Millisecond)
+	def(&o.ElectionTimeout, 800*time.Millisecond)
+	def(&o.LeaderLeaseTimeout, 400*time.Millisecond)
 	def(&o.CommitTimeout, 5*time.Millisecond)
 	def(&o.SnapshotInterval, 200*time.Millisecond)
 	def(&o.FormTimeout, 30*time.Second)
@@ -272,7 +278,7 @@ func (c *Cluster) start(m *Member, so startOpts) error {
 		cfg.ForwardErrors = []error{ErrRejected}
 	}
 	if c.opts.Configure != nil {
-		c.opts.Configure(m.Index, &cfg)
+		c.opts.Configure(m.Index, &cfg, sm)
 	}
 
 	var node *cluster.Node
@@ -289,6 +295,9 @@ func (c *Cluster) start(m *Member, so startOpts) error {
 	if err != nil {
 		ln.Close()
 		return err
+	}
+	if c.opts.OnNode != nil {
+		c.opts.OnNode(m.Index, node)
 	}
 	srv := &http.Server{Handler: node.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
@@ -532,7 +541,8 @@ func (c *Cluster) WaitConverged(among ...int) string {
 }
 
 // ApplyN applies n distinct commands through the current leader and
-// returns the last response.
+// returns the last response. Commands are idempotent (the FSM deduplicates
+// them), so a write with an unknown outcome is simply retried.
 func (c *Cluster) ApplyN(prefix string, n int) any {
 	c.T.Helper()
 	var last any
@@ -544,8 +554,9 @@ func (c *Cluster) ApplyN(prefix string, n int) any {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			last, err = l.Node().Apply(ctx, cmd)
-			if errors.Is(err, cluster.ErrNoLeader) {
-				return err // never applied: retry
+			if errors.Is(err, cluster.ErrNoLeader) || errors.Is(err, cluster.ErrOutcomeUnknown) {
+				c.T.Logf("apply %s: %v (retrying)", cmd, err)
+				return err
 			}
 			return nil
 		})
@@ -554,6 +565,14 @@ func (c *Cluster) ApplyN(prefix string, n int) any {
 		}
 	}
 	return last
+}
+
+// NewTestLogger returns a slog logger writing into t.Log until the test's
+// cleanup runs.
+func NewTestLogger(t testing.TB) *slog.Logger {
+	s := &testLogSink{t: t}
+	t.Cleanup(s.close)
+	return s.logger(Options{})
 }
 
 // testLogSink sends per-node slog output into t.Log until closed (t.Log

@@ -16,14 +16,18 @@ func Plot(path, title string, results []Result) error {
 	const (
 		width, height = 1200, 620
 		yTop, yBase   = 90, 500 // plot area rows
-		panelW        = 360
-		left          = 70 // first panel's y-axis
+		panelW        = 390     // each panel: y labels, then the axes
+		left          = 60      // first panel's y-axis
 	)
 	img := image.NewRGBA(image.Rect(0, 0, width, height))
 	draw.Draw(img, img.Bounds(), image.NewUniform(color.White), image.Point{}, draw.Src)
 	ink := color.RGBA{40, 40, 40, 255}
 	grid := color.RGBA{225, 225, 225, 255}
-	drawText(img, (width-textWidth(title, 2))/2, 18, title, 2, ink)
+	scale := 2
+	if textWidth(title, 2) > width-20 {
+		scale = 1
+	}
+	drawText(img, (width-textWidth(title, scale))/2, 18, title, scale, ink)
 
 	panels := []struct {
 		name string
@@ -35,8 +39,8 @@ func Plot(path, title string, results []Result) error {
 		{"TTFT p99", "ms", func(r Result) float64 { return r.TTFT.P99 }},
 	}
 	for p, pan := range panels {
-		x0 := left + p*(panelW+40)
-		x1 := x0 + panelW - 20
+		x0 := left + p*panelW
+		x1 := x0 + panelW - 60
 		hi := 0.0
 		for _, r := range results {
 			hi = math.Max(hi, pan.get(r))
@@ -65,7 +69,7 @@ func Plot(path, title string, results []Result) error {
 			bx1 := x0 + int(slot*float64(i+1)-slot*0.15)
 			y := yOf(v, axisMax, yBase, yTop)
 			draw.Draw(img, image.Rect(bx0, y, bx1, yBase), image.NewUniform(palette[i%len(palette)]), image.Point{}, draw.Src)
-			s := tick(v)
+			s := barLabel(v)
 			drawText(img, (bx0+bx1-textWidth(s, 1))/2, y-10, s, 1, ink)
 		}
 	}
@@ -122,6 +126,13 @@ func tick(v float64) string {
 		return fmt.Sprintf("%.1f", v)
 	}
 	return fmt.Sprintf("%.2f", v)
+}
+
+func barLabel(v float64) string {
+	if v >= 100 {
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmt.Sprintf("%.1f", v)
 }
 
 func hline(img *image.RGBA, x0, x1, y int, c color.Color) {

@@ -24,8 +24,7 @@ func ComputeReference(w *workload.Workload, capacity int) Reference {
 	for i := range w.Requests {
 		r := &w.Requests[i]
 		prompt += int64(r.PromptTokens)
-		pooled += int64(cachedTokens(lru.match(r.Hashes), r, w.BlockSize))
-		lru.admit(r.Hashes)
+		pooled += int64(cachedTokens(lru.admit(r.Hashes), r, w.BlockSize))
 
 		m := 0
 		for m < len(r.Hashes) {
@@ -99,14 +98,19 @@ func (c *lru) pushTail(n int32) {
 
 // admit runs one request through the cache: hold every block (cached ones
 // leave the free queue, missing ones are allocated, evicting the queue's
-// head), then free them tail first.
-func (c *lru) admit(hashes []uint64) {
+// head), then free them tail first. It returns how many leading blocks were
+// cached on arrival.
+func (c *lru) admit(hashes []uint64) int {
 	c.inUse = c.inUse[:0]
-	for _, h := range hashes {
+	m := -1
+	for i, h := range hashes {
 		if n, ok := c.byHash.get(h); ok {
 			c.unlink(n)
 			c.inUse = append(c.inUse, n)
 			continue
+		}
+		if m < 0 {
+			m = i
 		}
 		n := c.alloc()
 		if n < 0 {
@@ -119,6 +123,10 @@ func (c *lru) admit(hashes []uint64) {
 	for i := len(c.inUse) - 1; i >= 0; i-- {
 		c.pushTail(c.inUse[i])
 	}
+	if m < 0 {
+		m = len(hashes)
+	}
+	return m
 }
 
 // alloc returns a node for a new block, evicting the least recently freed

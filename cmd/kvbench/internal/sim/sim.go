@@ -196,10 +196,10 @@ func (s *state) push(at time.Duration, i int) {
 }
 
 func (s *state) loop() {
-	for {
+	for s.finished < len(s.res) {
 		t, ok := s.nextTime()
 		if !ok {
-			return
+			return // nothing left to happen: unfinished requests are stuck
 		}
 		s.now = t
 		// Same-instant order: events become visible, engines finish steps

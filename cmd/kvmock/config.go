@@ -1,0 +1,188 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api/tokenize"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/eventbus"
+)
+
+// config is everything kvmock is told.
+type config struct {
+	ID               string
+	Addr             string
+	AdvertiseURL     string // "" = http://<bound address>
+	Model            string
+	BlockSize        int
+	KVBlocks         int
+	MaxBatchedTokens int
+	MaxRunning       int
+	MaxModelLen      int // 0 = the whole cache
+	Profile          string
+	Speedup          float64
+	EngineHashSeed   uint64
+	ChatTemplate     tokenize.Template
+
+	NATS       string   // comma list of NATS URLs; "" = publish no events
+	EventQueue int      // events buffered for the publisher before a full resync replaces them
+	Register   []string // kvrouter replica base URLs
+	// RegisterInterval is the lease renewal period.
+	RegisterInterval time.Duration
+	ShutdownTimeout  time.Duration
+
+	Seed     uint64
+	LogLevel slog.Level
+}
+
+// envPrefix + the flag name upper-cased with '-' → '_' is each flag's
+// environment variable (--kv-blocks ↔ KVMOCK_KV_BLOCKS).
+const envPrefix = "KVMOCK_"
+
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parseConfig reads flags, then the environment for flags not given on the
+// command line. flag.ErrHelp means -h was asked for (usage already printed).
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
+	fs := flag.NewFlagSet("kvmock", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		c                     config
+		register, level, tmpl string
+	)
+	fs.StringVar(&c.ID, "id", "mock-1", "worker id (unique among the workers; no '#')")
+	fs.StringVar(&c.Addr, "addr", "127.0.0.1:9001", "HTTP listen address")
+	fs.StringVar(&c.AdvertiseURL, "advertise-url", "", "base URL the routers reach this worker at (default http://<addr>)")
+	fs.StringVar(&c.Model, "model", "kvmock", "model name served and registered")
+	fs.IntVar(&c.BlockSize, "block-size", 16, "tokens per KV block (must equal the router's)")
+	fs.IntVar(&c.KVBlocks, "kv-blocks", 4096, "KV cache capacity in blocks")
+	fs.IntVar(&c.MaxBatchedTokens, "max-batched-tokens", engine.DefaultMaxBatchedTokens, "token budget per engine step (vLLM max_num_batched_tokens)")
+	fs.IntVar(&c.MaxRunning, "max-running", engine.DefaultMaxRunning, "max running sequences (vLLM max_num_seqs)")
+	fs.IntVar(&c.MaxModelLen, "max-model-len", 0, "max prompt+output tokens of one request (0 = kv-blocks*block-size)")
+	fs.StringVar(&c.Profile, "profile", engine.ProfileDynamoMocker, "timing profile: "+strings.Join(engine.Profiles(), ", "))
+	fs.Float64Var(&c.Speedup, "speedup", 1, "divides every engine step time (> 0)")
+	fs.Uint64Var(&c.EngineHashSeed, "engine-hash-seed", 0, "0: name blocks in events by the content hash; else by an opaque seeded hash (exercises the router's engine→content mapping)")
+	fs.StringVar(&tmpl, "chat-template", "plain", "chat template for rendering messages: plain or chatml (must equal the router's; its default for the builtin tokenizer is plain)")
+	fs.StringVar(&c.NATS, "nats", "", "NATS URL(s) of the cluster's JetStream, comma list (empty: no KV events are published)")
+	fs.IntVar(&c.EventQueue, "event-queue", 65536, "KV events buffered while NATS is slow or down; on overflow they are replaced by a full-state resync")
+	fs.StringVar(&register, "register", "", "comma list of kvrouter replica base URLs to register with (empty: do not register)")
+	fs.DurationVar(&c.RegisterInterval, "register-interval", 30*time.Second, "registration lease renewal period")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGINT/SIGTERM: how long to let requests finish and events flush")
+	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the generated output text")
+	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "kvmock: a simulated inference worker (OpenAI HTTP API + KV events)\n\nUsage: kvmock [flags]\n\nEvery flag can also be set by the environment variable KVMOCK_<NAME> (e.g. KVMOCK_KV_BLOCKS); a flag on the command line wins.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if fs.NArg() > 0 {
+		return config{}, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] {
+			return
+		}
+		if v := getenv(envName(f.Name)); v != "" {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", envName(f.Name), v, err))
+			}
+		}
+	})
+	if len(errs) > 0 {
+		return config{}, errors.Join(errs...)
+	}
+	for _, u := range strings.Split(register, ",") {
+		if u = strings.TrimRight(strings.TrimSpace(u), "/"); u != "" {
+			c.Register = append(c.Register, u)
+		}
+	}
+	c.NATS = strings.Join(splitList(c.NATS), ",")
+	c.AdvertiseURL = strings.TrimRight(strings.TrimSpace(c.AdvertiseURL), "/")
+	var err error
+	if c.ChatTemplate, err = tokenize.ParseTemplate(tmpl); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.LogLevel.UnmarshalText([]byte(level)); err != nil {
+		errs = append(errs, fmt.Errorf("--log-level: %w", err))
+	}
+	errs = append(errs, c.validate())
+	if err := errors.Join(errs...); err != nil {
+		return config{}, err
+	}
+	return c, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (c config) validate() error {
+	var errs []error
+	probe := eventbus.WireEvent{Worker: c.ID, EventID: 1, Kind: eventbus.KindCleared}
+	if err := eventbus.Validate(&probe, 0); err != nil || strings.Contains(c.ID, "#") {
+		errs = append(errs, fmt.Errorf("--id %q: must be non-empty, printable, at most %d bytes, without '#'", c.ID, eventbus.MaxWorkerNameLen))
+	}
+	if c.Model == "" {
+		errs = append(errs, errors.New("--model must not be empty"))
+	}
+	if c.BlockSize <= 0 || c.BlockSize > eventbus.MaxBlockSize {
+		errs = append(errs, fmt.Errorf("--block-size %d: must be in [1, %d]", c.BlockSize, eventbus.MaxBlockSize))
+	}
+	if c.KVBlocks <= 0 {
+		errs = append(errs, fmt.Errorf("--kv-blocks %d: must be positive", c.KVBlocks))
+	}
+	if c.MaxBatchedTokens <= 0 || c.MaxRunning <= 0 || c.MaxModelLen < 0 {
+		errs = append(errs, errors.New("--max-batched-tokens and --max-running must be positive, --max-model-len not negative"))
+	}
+	if _, err := engine.LookupProfile(c.Profile); err != nil {
+		errs = append(errs, fmt.Errorf("--profile: %w", err))
+	}
+	if !(c.Speedup > 0) {
+		errs = append(errs, fmt.Errorf("--speedup %v: must be positive", c.Speedup))
+	}
+	if c.EventQueue <= 0 {
+		errs = append(errs, fmt.Errorf("--event-queue %d: must be positive", c.EventQueue))
+	}
+	if c.RegisterInterval <= 0 || c.ShutdownTimeout <= 0 {
+		errs = append(errs, errors.New("--register-interval and --shutdown-timeout must be positive"))
+	}
+	for _, u := range c.Register {
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			errs = append(errs, fmt.Errorf("--register %q: want an http(s):// base URL", u))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// engineConfig is the simulator's configuration.
+func (c config) engineConfig() engine.Config {
+	return engine.Config{
+		BlockSize:        c.BlockSize,
+		CapacityBlocks:   c.KVBlocks,
+		MaxRunning:       c.MaxRunning,
+		MaxBatchedTokens: c.MaxBatchedTokens,
+		MaxModelLen:      c.MaxModelLen,
+		Profile:          c.Profile,
+		Speedup:          c.Speedup,
+		EngineHashSeed:   c.EngineHashSeed,
+	}
+}

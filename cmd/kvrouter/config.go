@@ -1,0 +1,310 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// serveConfig is everything `kvrouter serve` is told.
+type serveConfig struct {
+	NodeID          string
+	DataDir         string
+	HTTPAddr        string // listen address
+	AdvertiseHTTP   string // base URL other replicas and tools use
+	RaftAddr        string
+	NATSAddr        string   // embedded NATS client listen address
+	NATSClusterAddr string   // embedded NATS cluster (routes) listen address
+	NATSRoutes      []string // peers' cluster addresses (nats://host:port)
+	NATSURL         string   // external NATS cluster instead of the embedded one
+	Peers           []peer   // expected initial Raft members
+	Join            []string // HTTP URLs of replicas to join through
+	SingleNode      bool
+
+	Models        []string
+	Tokenizer     string // "builtin" or a path to tokenizer.json
+	ChatTemplate  string
+	Router        router.Config
+	BusyStatus    int
+	AdminToken    string
+	APIKeys       []string
+	StaticWorkers []staticWorker
+	Retries       int
+	MaxBodyBytes  int64
+	EventsMissing time.Duration // warn when a kv-mode worker publishes nothing this long
+	LogLevel      string
+}
+
+type peer struct{ ID, RaftAddr string }
+
+type staticWorker struct {
+	ID, URL string
+}
+
+// flagSpec binds one flag, its environment variable(s), and Dynamo's
+// spellings of both, to a setter.
+type flagSpec struct {
+	names []string // first is ours; the rest are accepted aliases (Dynamo's)
+	env   []string
+	def   string
+	usage string
+	set   func(string) error
+	bool  bool // a switch: "--name" alone means true
+}
+
+// parseServe reads flags, then environment variables for flags not given.
+func parseServe(args []string, getenv func(string) string, stderr io.Writer) (serveConfig, error) {
+	c := serveConfig{Router: router.DefaultConfig(), BusyStatus: 529, Retries: 2, MaxBodyBytes: 8 << 20}
+	noEvents, noTrack := false, false
+	specs := []flagSpec{
+		{names: []string{"node-id"}, env: []string{"KVROUTER_NODE_ID"}, def: "r1", usage: "this replica's id (unique in the cluster)", set: str(&c.NodeID)},
+		{names: []string{"data-dir"}, env: []string{"KVROUTER_DATA_DIR"}, usage: "Raft and JetStream data (default data/<node-id>)", set: str(&c.DataDir)},
+		{names: []string{"http-addr"}, env: []string{"KVROUTER_HTTP_ADDR"}, def: "127.0.0.1:8001", usage: "HTTP listen address", set: str(&c.HTTPAddr)},
+		{names: []string{"advertise-http"}, env: []string{"KVROUTER_ADVERTISE_HTTP"}, usage: "base URL peers reach this replica at (default http://<http-addr>)", set: str(&c.AdvertiseHTTP)},
+		{names: []string{"raft-addr"}, env: []string{"KVROUTER_RAFT_ADDR"}, def: "127.0.0.1:7001", usage: "Raft TCP address (bind and advertise)", set: str(&c.RaftAddr)},
+		{names: []string{"nats-addr"}, env: []string{"KVROUTER_NATS_ADDR"}, def: "127.0.0.1:4222", usage: "embedded NATS client address", set: str(&c.NATSAddr)},
+		{names: []string{"nats-cluster-addr"}, env: []string{"KVROUTER_NATS_CLUSTER_ADDR"}, def: "127.0.0.1:6222", usage: "embedded NATS cluster (routes) address", set: str(&c.NATSClusterAddr)},
+		{names: []string{"nats-routes"}, env: []string{"KVROUTER_NATS_ROUTES"}, usage: "comma list of the other replicas' NATS cluster URLs (nats://host:port)", set: list(&c.NATSRoutes)},
+		{names: []string{"nats-url"}, env: []string{"KVROUTER_NATS_URL"}, usage: "use this external NATS cluster instead of the embedded server", set: str(&c.NATSURL)},
+		{names: []string{"peers"}, env: []string{"KVROUTER_PEERS"}, usage: "expected initial members id=raft-host:port,… (bootstrap once when nothing answers --join)", set: func(v string) error {
+			ps, err := parsePeers(v)
+			c.Peers = ps
+			return err
+		}},
+		{names: []string{"join"}, env: []string{"KVROUTER_JOIN"}, usage: "comma list of replica HTTP URLs to join through", set: list(&c.Join)},
+		{names: []string{"single-node"}, env: []string{"KVROUTER_SINGLE_NODE"}, usage: "a one-replica cluster (development)", set: boolp(&c.SingleNode), bool: true},
+		{names: []string{"model"}, env: []string{"KVROUTER_MODELS"}, def: "kvmock", usage: "comma list of served model names", set: list(&c.Models)},
+		{names: []string{"tokenizer"}, env: []string{"KVROUTER_TOKENIZER"}, def: "builtin", usage: "\"builtin\" or the path of a Hugging Face tokenizer.json (must match the workers')", set: str(&c.Tokenizer)},
+		{names: []string{"chat-template"}, env: []string{"KVROUTER_CHAT_TEMPLATE"}, usage: "chatml or plain (default: chatml for tokenizer.json, plain for builtin)", set: str(&c.ChatTemplate)},
+		{names: []string{"router-mode"}, env: []string{"KVROUTER_ROUTER_MODE", "DYN_ROUTER_MODE"}, def: "kv", usage: "round-robin, random, least-loaded, kv, kv-approx, load-aware", set: func(v string) error {
+			m, err := router.ParseMode(v)
+			c.Router.Mode = m
+			return err
+		}},
+		{names: []string{"kv-cache-block-size", "block-size"}, env: []string{"KVROUTER_BLOCK_SIZE", "DYN_KV_CACHE_BLOCK_SIZE"}, def: "16", usage: "tokens per KV block; must equal the engines'", set: intp(&c.Router.BlockSize)},
+		{names: []string{"router-kv-overlap-score-credit"}, env: []string{"KVROUTER_OVERLAP_CREDIT"}, def: "1", usage: "credit per cached block, 0..1", set: floatp(&c.Router.OverlapCredit)},
+		{names: []string{"router-prefill-load-scale", "kv-overlap-score-weight"}, env: []string{"KVROUTER_PREFILL_LOAD_SCALE", "DYN_KV_OVERLAP_SCORE_WEIGHT"}, def: "1", usage: "weight of prefill blocks against decode blocks (Dynamo's overlap_score_weight)", set: floatp(&c.Router.PrefillLoadScale)},
+		{names: []string{"router-temperature"}, env: []string{"KVROUTER_TEMPERATURE", "DYN_ROUTER_TEMPERATURE"}, def: "0", usage: "0 = lowest cost; above 0 = softmax sampling", set: floatp(&c.Router.Temperature)},
+		{names: []string{"no-router-kv-events"}, env: []string{"KVROUTER_NO_KV_EVENTS"}, usage: "route without worker events (approximate mode: the router predicts from its own decisions)", set: boolp(&noEvents), bool: true},
+		{names: []string{"router-kv-events"}, env: []string{"DYN_KV_EVENTS"}, def: "true", usage: "consume worker KV events (false = approximate mode)", set: func(v string) error {
+			b, err := strconv.ParseBool(v)
+			if err == nil && !b {
+				noEvents = true
+			}
+			return err
+		}},
+		{names: []string{"router-ttl-secs"}, env: []string{"KVROUTER_TTL_SECS", "DYN_ROUTER_TTL_SECS"}, def: "120", usage: "lifetime of predicted blocks in approximate mode", set: secs(&c.Router.ApproxTTL)},
+		{names: []string{"router-queue-threshold"}, env: []string{"KVROUTER_QUEUE_THRESHOLD", "DYN_ROUTER_QUEUE_THRESHOLD"}, usage: "queue requests while every worker's prefill tokens exceed this fraction of its max batched tokens", set: optFloat(&c.Router.QueueThreshold)},
+		{names: []string{"router-queue-policy"}, env: []string{"KVROUTER_QUEUE_POLICY", "DYN_ROUTER_QUEUE_POLICY"}, def: "fcfs", usage: "fcfs, wspt or lcfs", set: func(v string) error { c.Router.QueuePolicy = router.QueuePolicy(v); return nil }},
+		{names: []string{"no-router-track-prefill-tokens"}, env: []string{"KVROUTER_NO_TRACK_PREFILL_TOKENS"}, usage: "leave prompt tokens out of the load (decode-only routing)", set: boolp(&noTrack), bool: true},
+		{names: []string{"active-decode-blocks-threshold"}, env: []string{"KVROUTER_ACTIVE_DECODE_BLOCKS_THRESHOLD", "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD"}, usage: "busy above this fraction of KV blocks in use, 0..1", set: optFloat(&c.Router.Thresholds.ActiveDecodeBlocks)},
+		{names: []string{"active-prefill-tokens-threshold"}, env: []string{"KVROUTER_ACTIVE_PREFILL_TOKENS_THRESHOLD", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD"}, usage: "busy above this many prefill tokens", set: optInt(&c.Router.Thresholds.ActivePrefillTokens)},
+		{names: []string{"active-prefill-tokens-threshold-frac"}, env: []string{"KVROUTER_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC"}, usage: "busy above this fraction of max batched tokens", set: optFloat(&c.Router.Thresholds.ActivePrefillTokensFrac)},
+		{names: []string{"busy-status"}, env: []string{"KVROUTER_BUSY_STATUS"}, def: "529", usage: "HTTP status when every worker is busy (529 or 503)", set: intp(&c.BusyStatus)},
+		{names: []string{"admin-token"}, env: []string{"KVROUTER_ADMIN_TOKEN"}, usage: "bearer token required by admin endpoints", set: str(&c.AdminToken)},
+		{names: []string{"api-keys"}, env: []string{"KVROUTER_API_KEYS"}, usage: "comma list of accepted inference API keys", set: list(&c.APIKeys)},
+		{names: []string{"workers"}, env: []string{"KVROUTER_WORKERS"}, usage: "static workers id=http://host:port,… (registered for the first model)", set: func(v string) error {
+			ws, err := parseStatic(v)
+			c.StaticWorkers = ws
+			return err
+		}},
+		{names: []string{"retries"}, env: []string{"KVROUTER_RETRIES"}, def: "2", usage: "other workers tried when a connection fails before the first byte", set: intp(&c.Retries)},
+		{names: []string{"events-missing-after"}, env: []string{"KVROUTER_EVENTS_MISSING_AFTER"}, def: "60s", usage: "warn when a routed worker has published no KV events this long", set: dur(&c.EventsMissing)},
+		{names: []string{"log-level"}, env: []string{"KVROUTER_LOG_LEVEL"}, def: "info", usage: "debug, info, warn, error", set: str(&c.LogLevel)},
+	}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	for _, sp := range specs {
+		if sp.def != "" {
+			if err := sp.set(sp.def); err != nil {
+				return c, fmt.Errorf("default of --%s: %w", sp.names[0], err)
+			}
+		}
+		for i, n := range sp.names {
+			u := sp.usage
+			if i > 0 {
+				u = "alias of --" + sp.names[0]
+			}
+			if sp.bool {
+				fs.Var(boolFlag{sp.set}, n, u)
+			} else {
+				fs.Func(n, u+envNote(sp.env), sp.set)
+			}
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, sp := range specs {
+		if anyGiven(given, sp.names) {
+			continue
+		}
+		for _, e := range sp.env {
+			if v := getenv(e); v != "" {
+				if err := sp.set(v); err != nil {
+					return c, fmt.Errorf("environment %s=%q: %w", e, v, err)
+				}
+				break
+			}
+		}
+	}
+	if noEvents && c.Router.Mode == router.ModeKV {
+		c.Router.Mode = router.ModeKVApprox
+	}
+	if noTrack {
+		c.Router.TrackPrefillTokens = false
+	}
+	return c, c.finish()
+}
+
+// finish fills derived defaults and checks the whole.
+func (c *serveConfig) finish() error {
+	if err := c.Router.Validate(); err != nil {
+		return err
+	}
+	if c.DataDir == "" {
+		c.DataDir = filepath.Join("data", c.NodeID)
+	}
+	if c.AdvertiseHTTP == "" {
+		c.AdvertiseHTTP = "http://" + c.HTTPAddr
+	}
+	if c.BusyStatus != 529 && c.BusyStatus != 503 {
+		return fmt.Errorf("--busy-status must be 529 or 503, got %d", c.BusyStatus)
+	}
+	if len(c.Models) == 0 {
+		return errors.New("--model: at least one model name")
+	}
+	if c.SingleNode && (len(c.Peers) > 1 || len(c.Join) > 0) {
+		return errors.New("--single-node excludes --peers with others and --join")
+	}
+	if !c.SingleNode && len(c.Peers) == 0 && len(c.Join) == 0 {
+		return errors.New("say how to form the cluster: --peers (bootstrap), --join, or --single-node")
+	}
+	if c.Retries < 0 {
+		return errors.New("--retries must not be negative")
+	}
+	return nil
+}
+
+func anyGiven(given map[string]bool, names []string) bool {
+	for _, n := range names {
+		if given[n] {
+			return true
+		}
+	}
+	return false
+}
+
+func envNote(env []string) string {
+	if len(env) == 0 {
+		return ""
+	}
+	return " (env " + strings.Join(env, ", ") + ")"
+}
+
+func parsePeers(v string) ([]peer, error) {
+	var out []peer
+	for _, item := range splitList(v) {
+		id, addr, ok := strings.Cut(item, "=")
+		if !ok || id == "" || addr == "" {
+			return nil, fmt.Errorf("peer %q: want id=host:port", item)
+		}
+		out = append(out, peer{ID: id, RaftAddr: addr})
+	}
+	return out, nil
+}
+
+func parseStatic(v string) ([]staticWorker, error) {
+	var out []staticWorker
+	for _, item := range splitList(v) {
+		id, url, ok := strings.Cut(item, "=")
+		if !ok || id == "" || !strings.HasPrefix(url, "http") {
+			return nil, fmt.Errorf("worker %q: want id=http://host:port", item)
+		}
+		out = append(out, staticWorker{ID: id, URL: strings.TrimRight(url, "/")})
+	}
+	return out, nil
+}
+
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func str(p *string) func(string) error    { return func(v string) error { *p = v; return nil } }
+func list(p *[]string) func(string) error { return func(v string) error { *p = splitList(v); return nil } }
+func intp(p *int) func(string) error {
+	return func(v string) error {
+		n, err := strconv.Atoi(v)
+		*p = n
+		return err
+	}
+}
+func floatp(p *float64) func(string) error {
+	return func(v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		*p = f
+		return err
+	}
+}
+func optFloat(p **float64) func(string) error {
+	return func(v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		*p = &f
+		return err
+	}
+}
+func optInt(p **int64) func(string) error {
+	return func(v string) error {
+		n, err := strconv.ParseInt(v, 10, 64)
+		*p = &n
+		return err
+	}
+}
+func boolp(p *bool) func(string) error {
+	return func(v string) error {
+		b, err := strconv.ParseBool(v)
+		*p = b
+		return err
+	}
+}
+func secs(p *time.Duration) func(string) error {
+	return func(v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		*p = time.Duration(f * float64(time.Second))
+		return err
+	}
+}
+func dur(p *time.Duration) func(string) error {
+	return func(v string) error {
+		d, err := time.ParseDuration(v)
+		*p = d
+		return err
+	}
+}
+
+// boolFlag is a flag.Value that may be given alone (--single-node).
+type boolFlag struct{ set func(string) error }
+
+func (b boolFlag) String() string     { return "" }
+func (b boolFlag) Set(v string) error { return b.set(v) }
+func (b boolFlag) IsBoolFlag() bool   { return true }
+
+

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"io"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+func TestServeConfig(t *testing.T) {
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	tests := []struct {
+		name  string
+		args  []string
+		env   map[string]string
+		ok    bool
+		check func(serveConfig) bool
+	}{
+		{"defaults single node", []string{"--single-node"}, nil, true, func(c serveConfig) bool {
+			return c.Router.Mode == router.ModeKV && c.Router.BlockSize == 16 && c.DataDir == "data/r1" && c.BusyStatus == 529
+		}},
+		{"dynamo flag spellings", []string{"--single-node", "--router-mode", "kv", "--router-kv-overlap-score-credit", "0.5",
+			"--router-prefill-load-scale", "16", "--router-temperature", "0.1", "--no-router-track-prefill-tokens",
+			"--active-decode-blocks-threshold", "0.85", "--active-prefill-tokens-threshold", "10000", "--router-queue-policy", "wspt"}, nil, true,
+			func(c serveConfig) bool {
+				r := c.Router
+				return r.OverlapCredit == 0.5 && r.PrefillLoadScale == 16 && r.Temperature == 0.1 && !r.TrackPrefillTokens &&
+					*r.Thresholds.ActiveDecodeBlocks == 0.85 && *r.Thresholds.ActivePrefillTokens == 10000 && r.QueuePolicy == router.QueueWSPT
+			}},
+		{"no events means approximate", []string{"--single-node", "--no-router-kv-events"}, nil, true, func(c serveConfig) bool { return c.Router.Mode == router.ModeKVApprox }},
+		{"dynamo env names", []string{"--single-node"}, map[string]string{"DYN_ROUTER_MODE": "round_robin", "DYN_KV_OVERLAP_SCORE_WEIGHT": "1.5",
+			"DYN_KV_CACHE_BLOCK_SIZE": "64", "DYN_KV_EVENTS": "false", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD": "500"}, true,
+			func(c serveConfig) bool {
+				return c.Router.Mode == router.ModeRoundRobin && c.Router.PrefillLoadScale == 1.5 && c.Router.BlockSize == 64 && *c.Router.Thresholds.ActivePrefillTokens == 500
+			}},
+		{"flag beats env", []string{"--single-node", "--router-temperature", "0.2"}, map[string]string{"DYN_ROUTER_TEMPERATURE": "0.9"}, true,
+			func(c serveConfig) bool { return c.Router.Temperature == 0.2 }},
+		{"peers", []string{"--peers", "r1=127.0.0.1:7001,r2=127.0.0.1:7002"}, nil, true, func(c serveConfig) bool { return len(c.Peers) == 2 && c.Peers[1].RaftAddr == "127.0.0.1:7002" }},
+		{"no formation", nil, nil, false, nil},
+		{"bad peer", []string{"--peers", "r1"}, nil, false, nil},
+		{"decode threshold 2", []string{"--single-node", "--active-decode-blocks-threshold", "2"}, nil, false, nil},
+		{"NaN temperature", []string{"--single-node", "--router-temperature", "NaN"}, nil, false, nil},
+		{"bad mode", []string{"--single-node", "--router-mode", "fastest"}, nil, false, nil},
+		{"busy status 500", []string{"--single-node", "--busy-status", "500"}, nil, false, nil},
+		{"bad env", []string{"--single-node"}, map[string]string{"DYN_ROUTER_TEMPERATURE": "warm"}, false, nil},
+		{"stray argument", []string{"--single-node", "extra"}, nil, false, nil},
+	}
+	for _, tc := range tests {
+		c, err := parseServe(tc.args, env(tc.env), io.Discard)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: err = %v", tc.name, err)
+			continue
+		}
+		if tc.check != nil && !tc.check(c) {
+			t.Errorf("%s: config %+v", tc.name, c)
+		}
+	}
+}

@@ -1,0 +1,141 @@
+package fsm
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+const (
+	benchEvents    = 1024 // events per batch (one Raft entry)
+	benchBlocks    = 4    // blocks per stored event
+	benchWorkers   = 8
+	benchRing      = 64 // distinct batches before the workers are resynced
+	benchChainSize = 16 // events per chain: the others name their predecessor as parent
+)
+
+func benchWorkerID(w int) string { return fmt.Sprintf("vllm-%d", w) }
+
+// benchBatches returns benchRing batches of benchEvents stored events of
+// benchBlocks blocks each, spread over benchWorkers workers, with vLLM-like
+// engine hashes (not our content hashes: 16 bytes per block on the wire) and
+// parent links, event ids continuing from batch to batch.
+func benchBatches(tb testing.TB) [][]KVBatchEvent {
+	rng := newRand(42)
+	out := make([][]KVBatchEvent, benchRing)
+	next := make([]uint64, benchWorkers)  // per worker: events so far
+	parent := make([]uint64, benchWorkers) // per worker: last engine hash
+	for k := range out {
+		evs := make([]KVBatchEvent, benchEvents)
+		for i := range evs {
+			w := i % benchWorkers
+			ev := router.KVEvent{Kind: router.EventStored, BlockSize: 16, Blocks: make([]router.StoredBlock, benchBlocks)}
+			if next[w]%benchChainSize != 0 {
+				ev.HasParent, ev.Parent = true, parent[w]
+			}
+			for j := range ev.Blocks {
+				h := rng.Uint64()
+				ev.Blocks[j] = router.StoredBlock{EngineHash: h ^ 0x5bd1e995, ContentHash: h}
+			}
+			parent[w] = ev.Blocks[benchBlocks-1].EngineHash
+			next[w]++
+			evs[i] = KVBatchEvent{Worker: benchWorkerID(w), EventID: next[w], Event: ev}
+		}
+		out[k] = evs
+	}
+	return out
+}
+
+// BenchmarkFSMApplyBatch: applying one Raft entry of 1024 stored events of
+// 4 blocks (4096 block events) through ApplyBatch, decode included. Every
+// 64 batches (262k blocks) the workers are resynced, outside the timer, so
+// the index stays bounded and every event is fresh (no duplicates).
+func BenchmarkFSMApplyBatch(b *testing.B) {
+	h := newHarness(b)
+	for w := range benchWorkers {
+		h.ok(RegisterWorker{ID: benchWorkerID(w), DPRanks: 1, Model: "m", TotalBlocks: 1 << 20})
+	}
+	var entries [][]byte
+	for _, evs := range benchBatches(b) {
+		entries = append(entries, mustEncode(b, KVEventBatch{Events: evs}))
+	}
+	b.SetBytes(int64(len(entries[0])))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		k := i % benchRing
+		if k == 0 && i > 0 {
+			b.StopTimer()
+			for w := range benchWorkers {
+				h.ok(ResyncWorker{Worker: benchWorkerID(w)})
+			}
+			b.StartTimer()
+		}
+		out := h.f.ApplyBatch([]*raft.Log{h.next(entries[k])})
+		if r := out[0].(*ApplyResult); r.Applied != benchEvents {
+			b.Fatalf("batch %d: %+v", k, r)
+		}
+	}
+	blocks := float64(b.N) * benchEvents * benchBlocks
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/blocks, "ns/block")
+	b.ReportMetric(blocks/b.Elapsed().Seconds(), "blocks/s")
+}
+
+// BenchmarkEncodeKVBatch: encoding the same 1024-event batch into a reused
+// buffer (what the leader's consumer loop does before raft.Apply).
+func BenchmarkEncodeKVBatch(b *testing.B) {
+	evs := benchBatches(b)[1]
+	buf, err := AppendKVBatch(nil, evs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(buf)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		buf, _ = AppendKVBatch(buf[:0], evs)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*benchEvents), "ns/event")
+}
+
+// BenchmarkDecodeKVBatch: decoding that batch with the FSM's reused buffers.
+func BenchmarkDecodeKVBatch(b *testing.B) {
+	buf, err := AppendKVBatch(nil, benchBatches(b)[1])
+	if err != nil {
+		b.Fatal(err)
+	}
+	var d kvDecoder
+	b.SetBytes(int64(len(buf)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := d.decode(buf[2:]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*benchEvents), "ns/event")
+}
+
+// BenchmarkFSMSnapshot: capture and persist of a 262k-block index over 8
+// workers (the capture runs under the lock, between applies).
+func BenchmarkFSMSnapshot(b *testing.B) {
+	h := newHarness(b)
+	for w := range benchWorkers {
+		h.ok(RegisterWorker{ID: benchWorkerID(w), DPRanks: 1, Model: "m"})
+	}
+	for _, evs := range benchBatches(b) {
+		h.events(evs...)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		snap, _ := h.f.Snapshot()
+		var sink memSink
+		if err := snap.Persist(&sink); err != nil {
+			b.Fatal(err)
+		}
+		b.SetBytes(int64(sink.Len()))
+	}
+}
