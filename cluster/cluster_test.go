@@ -38,6 +38,12 @@ func voters(t *testing.T, n *cluster.Node) []string {
 	return ids
 }
 
+// retryErr retries an idempotent admin operation across leadership changes.
+func retryErr(t *testing.T, op func(ctx context.Context) error) error {
+	_, err := clustertest.Retry(t, func(ctx context.Context) (struct{}, error) { return struct{}{}, op(ctx) })
+	return err
+}
+
 func followerOf(c *clustertest.Cluster, leader *clustertest.Member) *clustertest.Member {
 	for _, m := range c.Running() {
 		if m != leader {
@@ -96,7 +102,7 @@ func TestClusterJoinIdempotent(t *testing.T) {
 
 	// The same id at the same address, twice, directly and via a follower.
 	for i := 0; i < 2; i++ {
-		if err := l.Node().Join(ctxT(t, 10*time.Second), f.ID, f.RaftAddr); err != nil {
+		if err := retryErr(t, func(ctx context.Context) error { return l.Node().Join(ctx, f.ID, f.RaftAddr) }); err != nil {
 			t.Fatalf("join %d: %v", i, err)
 		}
 	}
@@ -115,17 +121,17 @@ func TestClusterJoinIdempotent(t *testing.T) {
 
 	// A new voter, then the same id at a new address: one entry, new address.
 	// (Four voters with three alive keep a quorum.)
-	if err := f.Node().Join(ctxT(t, 10*time.Second), "ghost", "127.0.0.1:1"); err != nil {
+	if err := retryErr(t, func(ctx context.Context) error { return f.Node().Join(ctx, "ghost", "127.0.0.1:1") }); err != nil {
 		t.Fatalf("join ghost via follower: %v", err)
 	}
-	if err := l.Node().Join(ctxT(t, 10*time.Second), "ghost", "127.0.0.1:2"); err != nil {
+	if err := retryErr(t, func(ctx context.Context) error { return l.Node().Join(ctx, "ghost", "127.0.0.1:2") }); err != nil {
 		t.Fatalf("re-join ghost at a new address: %v", err)
 	}
 	got := voters(t, l.Node())
 	if !slices.Contains(got, "ghost@127.0.0.1:2/voter") || slices.Contains(got, "ghost@127.0.0.1:1/voter") || len(got) != 4 {
 		t.Fatalf("after address change: %v", got)
 	}
-	if err := f.Node().Remove(ctxT(t, 10*time.Second), "ghost"); err != nil {
+	if err := retryErr(t, func(ctx context.Context) error { return f.Node().Remove(ctx, "ghost") }); err != nil {
 		t.Fatalf("remove via follower: %v", err)
 	}
 	if got := voters(t, l.Node()); !slices.Equal(got, before) {
@@ -141,7 +147,7 @@ func TestClusterFollowerApplyForwards(t *testing.T) {
 	f := followerOf(c, l)
 	c.ApplyN("warm", 2)
 
-	res, err := f.Node().Apply(ctxT(t, 10*time.Second), []byte("via-follower"))
+	res, err := c.ApplyVia(f.Node, []byte("via-follower"))
 	if err != nil {
 		t.Fatalf("follower apply: %v", err)
 	}
@@ -150,12 +156,12 @@ func TestClusterFollowerApplyForwards(t *testing.T) {
 	}
 
 	// A domain error crosses forwarding and still matches its sentinel.
-	_, err = f.Node().Apply(ctxT(t, 10*time.Second), []byte(clustertest.RejectPrefix+"x"))
+	_, err = c.ApplyVia(f.Node, []byte(clustertest.RejectPrefix+"x"))
 	var rej *cluster.RejectedError
 	if !errors.Is(err, clustertest.ErrRejected) || !errors.As(err, &rej) {
 		t.Fatalf("forwarded rejection: %v", err)
 	}
-	_, err = l.Node().Apply(ctxT(t, 10*time.Second), []byte(clustertest.RejectPrefix+"y"))
+	_, err = c.ApplyVia(func() *cluster.Node { return c.WaitLeader().Node() }, []byte(clustertest.RejectPrefix+"y"))
 	if !errors.Is(err, clustertest.ErrRejected) || !errors.As(err, &rej) {
 		t.Fatalf("leader rejection: %v", err)
 	}
@@ -225,7 +231,7 @@ func TestClusterIsolatedLeader(t *testing.T) {
 	if nl == l {
 		t.Fatal("isolated node still leads")
 	}
-	if _, err := nl.Node().Apply(ctxT(t, 5*time.Second), []byte("majority-write")); err != nil {
+	if _, err := c.ApplyVia(func() *cluster.Node { return c.WaitLeader(others...).Node() }, []byte("majority-write")); err != nil {
 		t.Fatalf("majority write: %v", err)
 	}
 	clustertest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
@@ -412,7 +418,7 @@ func TestClusterShutdownTransfersLeadership(t *testing.T) {
 	if !slices.Equal(events, []bool{true, false}) {
 		t.Errorf("OnLeadership events %v, want [true false]", events)
 	}
-	if _, err := nl.Node().Apply(ctxT(t, 5*time.Second), []byte("after")); err != nil {
+	if _, err := c.ApplyVia(func() *cluster.Node { return c.WaitLeader(others...).Node() }, []byte("after")); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -548,7 +554,7 @@ func TestClusterAuthToken(t *testing.T) {
 	})
 	l := c.WaitLeader()
 	f := followerOf(c, l)
-	if _, err := f.Node().Apply(ctxT(t, 10*time.Second), []byte("authed")); err != nil {
+	if _, err := c.ApplyVia(f.Node, []byte("authed")); err != nil {
 		t.Fatalf("forwarded apply with token: %v", err)
 	}
 
@@ -583,5 +589,36 @@ func TestClusterAuthToken(t *testing.T) {
 	}
 	if st["state"] != "follower" || st["leader_id"] != l.ID {
 		t.Errorf("status %v", st)
+	}
+}
+
+func TestClusterPartitionMinorityFollower(t *testing.T) {
+	c := clustertest.New(t, 3, clustertest.Options{})
+	l := c.WaitLeader()
+	c.ApplyN("p", 3)
+	var minority *clustertest.Member
+	var majority []int
+	for _, m := range c.Running() {
+		if m != l && minority == nil {
+			minority = m
+			continue
+		}
+		majority = append(majority, m.Index)
+	}
+	c.Partition(majority, []int{minority.Index})
+
+	// The cut-off follower cannot reach the leader: its writes fail as
+	// "not applied", not "unknown".
+	_, err := minority.Node().Apply(ctxT(t, 5*time.Second), []byte("minority"))
+	if !errors.Is(err, cluster.ErrNoLeader) {
+		t.Fatalf("minority write: %v, want ErrNoLeader", err)
+	}
+	// The majority keeps its leader and commits.
+	if _, err := c.ApplyVia(func() *cluster.Node { return c.WaitLeader(majority...).Node() }, []byte("majority")); err != nil {
+		t.Fatalf("majority write: %v", err)
+	}
+	c.Heal()
+	if d := c.WaitConverged(); !strings.HasSuffix(d, "/4") {
+		t.Fatalf("digest %s, want 4 commands", d)
 	}
 }

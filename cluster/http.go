@@ -428,9 +428,9 @@ func adminResult(target string, status int, body []byte) error {
 	}
 	switch ar.Code {
 	case codeNoLeader:
-		return fmt.Errorf("%w: %s: %s", ErrNoLeader, target, msg)
+		return fmt.Errorf("%w: %s: %s", ErrNoLeader, target, strings.TrimPrefix(msg, ErrNoLeader.Error()+": "))
 	case codeOutcomeUnknown:
-		return fmt.Errorf("%w: %s: %s", ErrOutcomeUnknown, target, msg)
+		return fmt.Errorf("%w: %s: %s", ErrOutcomeUnknown, target, strings.TrimPrefix(msg, ErrOutcomeUnknown.Error()+": "))
 	}
 	return fmt.Errorf("cluster: %s: HTTP %d: %s", target, status, msg)
 }

@@ -99,6 +99,9 @@ func publishN(t *testing.T, nc *nats.Conn, workers []string, n int, opts ...Publ
 	if len(ledger.errs) > 0 {
 		t.Fatalf("publish errors: %v", ledger.errs)
 	}
+	if ooo := ledger.outOfOrder(); len(ooo) > 0 {
+		t.Logf("stored out of publish order: %v", ooo)
+	}
 	ids := ledger.ids()
 	if len(ids) != n*len(workers) {
 		t.Fatalf("%d acks, want %d", len(ids), n*len(workers))

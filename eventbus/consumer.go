@@ -301,7 +301,7 @@ func (c *Consumer) Run(ctx context.Context, applier Applier) error {
 					cons = fresh
 				}
 			}
-			nakAll(msgs)
+			c.rewind(ctx, msgs)
 			if !sleepCtx(ctx, backoff) {
 				return nil
 			}
@@ -316,7 +316,7 @@ func (c *Consumer) Run(ctx context.Context, applier Applier) error {
 			backoff = c.cfg.RetryBackoff
 			continue
 		}
-		busy = true // the nak'ed batch is waiting
+		busy = true // the rewound batch is waiting
 		if !sleepCtx(ctx, backoff) {
 			return nil
 		}
@@ -360,22 +360,34 @@ func (c *Consumer) fetch(ctx context.Context, cons jetstream.Consumer, busy bool
 	return msgs, b.Error()
 }
 
+type badMsg struct {
+	m   jetstream.Msg
+	ev  WireEvent
+	err error
+}
+
 // process handles one fetched batch; it reports whether the batch is done
-// with (applied and acked, or nothing valid in it).
+// with (applied and acked, or nothing valid in it). Invalid messages are
+// terminated together with the acks of the batch they came in, so a batch
+// that is rewound is re-examined whole (and no late Term races the rewind).
 func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg, applier Applier) bool {
 	start := time.Now()
 	events := make([]WireEvent, 0, len(msgs))
 	valid := make([]jetstream.Msg, 0, len(msgs))
+	var bad []badMsg
 	for _, m := range msgs {
 		ev, err := c.check(m)
 		if err != nil {
-			c.reject(m, ev, err)
+			bad = append(bad, badMsg{m, ev, err})
 			continue
 		}
 		events = append(events, ev)
 		valid = append(valid, m)
 	}
 	if len(events) == 0 {
+		for _, b := range bad {
+			c.reject(b.m, b.ev, b.err)
+		}
 		return true
 	}
 	if err := applier.ApplyEvents(ctx, events); err != nil {
@@ -385,8 +397,11 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg, applier Ap
 				c.log.Warn("apply KV event batch failed; left for redelivery", "events", len(events), "err", err, "suppressed", n)
 			}
 		}
-		nakAll(valid)
+		c.rewind(ctx, msgs)
 		return false
+	}
+	for _, b := range bad {
+		c.reject(b.m, b.ev, b.err)
 	}
 	c.ackAll(ctx, valid)
 	c.metrics.Batches.Inc()
@@ -475,8 +490,32 @@ func (c *Consumer) ackAll(ctx context.Context, msgs []jetstream.Msg) {
 	}
 }
 
-// nakAll asks for immediate redelivery, in order (JetStream serves its
-// redelivery queue before new messages).
+// rewind gives back a batch that was fetched but not committed, so that it
+// is delivered again, first and in stream order. It resets the consumer to
+// its ack floor (a synchronous request, so the next fetch cannot overtake
+// it; naks travel on a different queue inside the server than pull
+// requests and could). Without the reset API it falls back to naks. With
+// ctx cancelled (leadership lost) it only naks: the next leader's Run
+// resets.
+func (c *Consumer) rewind(ctx context.Context, msgs []jetstream.Msg) {
+	if len(msgs) == 0 {
+		return
+	}
+	if ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := c.js.ResetConsumer(rctx, c.cfg.Stream, c.cfg.Durable)
+		cancel()
+		if err == nil {
+			return
+		}
+		if ok, n := c.limiter.allow("reset"); ok {
+			c.log.Warn("reset consumer to ack floor failed; nak'ing instead", "err", err, "suppressed", n)
+		}
+	}
+	nakAll(msgs)
+}
+
+// nakAll asks for immediate redelivery.
 func nakAll(msgs []jetstream.Msg) {
 	for _, m := range msgs {
 		_ = m.Nak()

@@ -242,6 +242,7 @@ func runConsumer(t testing.TB, c *Consumer, a Applier) (cancel func()) {
 type ackLedger struct {
 	mu    sync.Mutex
 	acked []string
+	seq   map[string]uint64 // msg id → stream sequence
 	dups  int
 	errs  []error
 }
@@ -251,6 +252,10 @@ func (l *ackLedger) onAck(worker string, dp uint32) func(PublishAck) {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.acked = append(l.acked, MsgID(worker, dp, a.EventID))
+		if l.seq == nil {
+			l.seq = map[string]uint64{}
+		}
+		l.seq[MsgID(worker, dp, a.EventID)] = a.Sequence
 		if a.Duplicate {
 			l.dups++
 		}
@@ -261,6 +266,23 @@ func (l *ackLedger) onError(_ uint64, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.errs = append(l.errs, err)
+}
+
+// outOfOrder lists events the stream stored after a later event of the
+// same publisher (acks arrive in publish order).
+func (l *ackLedger) outOfOrder() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	last := map[string]uint64{}
+	for _, id := range l.acked {
+		w := id[:strings.LastIndexByte(id, ':')]
+		if l.seq[id] < last[w] {
+			out = append(out, fmt.Sprintf("%s@%d<%d", id, l.seq[id], last[w]))
+		}
+		last[w] = max(last[w], l.seq[id])
+	}
+	return out
 }
 
 func (l *ackLedger) ids() []string {

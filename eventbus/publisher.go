@@ -124,11 +124,12 @@ func WithPublisherLogger(l *slog.Logger) PublisherOption {
 // flight and reports acknowledgements in order.
 //
 // Ordering: events are sent in event-id order and acknowledged in that
-// order. A failed send is re-sent before later events are acknowledged, and
-// new sends wait while a re-send is in progress; events already in flight
-// behind a lost one can still be stored before its re-send, so the stream
-// can (rarely, after a failure) hold a worker's events out of order. The
-// state machine's per-worker gap rule catches that (see DESIGN.md).
+// order. After a failed send no new event goes out until every event then
+// in flight is resolved, failed ones re-sent in order. Only events already
+// in flight behind a lost one can reach the stream before its re-send (the
+// stream came back between the two sends), so the stream can, rarely and
+// only after a failure, hold a worker's events out of order. The state
+// machine's per-worker gap rule catches that (see DESIGN.md).
 type Publisher struct {
 	js      jetstream.JetStream
 	worker  string
@@ -291,7 +292,9 @@ func (p *Publisher) send(ctx context.Context, ev WireEvent) (*pending, error) {
 	}
 	msg := &nats.Msg{Subject: p.subject, Data: data, Header: nats.Header{}}
 	msg.Header.Set(jetstream.MsgIDHeader, ev.MsgID())
-	paf, err := p.js.PublishMsgAsync(msg)
+	// No library-side retry: it would re-send this event later, behind
+	// events sent after it. Re-sends are ours, in order (ackLoop).
+	paf, err := p.js.PublishMsgAsync(msg, jetstream.WithRetryAttempts(0))
 	if err != nil && !transientJSError(err) {
 		return nil, fmt.Errorf("publish %s: %w", ev.MsgID(), err)
 	}
@@ -312,6 +315,7 @@ func (p *Publisher) send(ctx context.Context, ev WireEvent) (*pending, error) {
 // ackLoop resolves in-flight events in send order.
 func (p *Publisher) ackLoop() {
 	defer p.wg.Done()
+	recovering := false // the previous head needed a re-send, which worked
 	for {
 		p.mu.Lock()
 		var head *pending
@@ -320,6 +324,7 @@ func (p *Publisher) ackLoop() {
 		}
 		p.mu.Unlock()
 		if head == nil {
+			recovering = false
 			select {
 			case <-p.wake:
 				continue
@@ -329,7 +334,8 @@ func (p *Publisher) ackLoop() {
 		}
 		ack, err := p.await(head)
 		if err != nil && transientJSError(err) {
-			ack, err = p.resend(head, err)
+			ack, err = p.resend(head, err, recovering)
+			recovering = err == nil
 		}
 		if errors.Is(err, ErrPublisherClosed) {
 			return // Close fails what is left
@@ -353,34 +359,33 @@ func (p *Publisher) await(pd *pending) (*jetstream.PubAck, error) {
 }
 
 // resend repeats the head synchronously with its Nats-Msg-Id until the
-// stream answers, the error is permanent or the publisher closes. New sends
-// wait meanwhile.
-func (p *Publisher) resend(pd *pending, cause error) (*jetstream.PubAck, error) {
+// stream answers, the error is permanent or the publisher closes.
+//
+// From the first failure until everything then in flight is resolved, no new
+// event is sent (resolve lifts the block when the queue is empty): a new
+// event must not reach the stream before an older one whose fate is
+// unknown. When the previous head was just re-sent successfully (the stream
+// is back), the first attempt goes out without waiting.
+func (p *Publisher) resend(pd *pending, cause error, immediate bool) (*jetstream.PubAck, error) {
 	p.mu.Lock()
 	if p.blocked == nil {
 		p.blocked = make(chan struct{})
 	}
 	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		if p.blocked != nil {
-			close(p.blocked)
-			p.blocked = nil
-		}
-		p.mu.Unlock()
-	}()
 	backoff := p.opts.backoffMin
 	for attempt := 1; ; attempt++ {
-		if attempt == 1 || attempt%20 == 0 {
+		if attempt%20 == 1 && !(immediate && attempt == 1) {
 			p.log.Warn("re-sending event", "event_id", pd.id, "attempt", attempt, "err", cause)
 		}
-		wait := backoff/2 + rand.N(backoff/2+1)
-		select {
-		case <-time.After(wait):
-		case <-p.done:
-			return nil, ErrPublisherClosed
+		if !(immediate && attempt == 1) {
+			wait := backoff/2 + rand.N(backoff/2+1)
+			select {
+			case <-time.After(wait):
+			case <-p.done:
+				return nil, ErrPublisherClosed
+			}
+			backoff = min(2*backoff, p.opts.backoffMax)
 		}
-		backoff = min(2*backoff, p.opts.backoffMax)
 		p.retries.Add(1)
 		ctx, cancel := context.WithTimeout(p.base, p.opts.ackTimeout)
 		ack, err := p.js.PublishMsg(ctx, pd.msg)
@@ -413,18 +418,8 @@ func (p *Publisher) resolve(pd *pending, a *jetstream.PubAck, err error) {
 		p.failed.Add(1)
 		p.log.Error("event not published", "event_id", pd.id, "err", err)
 	}
-	p.mu.Lock()
-	if len(p.queue) > 0 && p.queue[0] == pd {
-		p.queue[0] = nil
-		p.queue = p.queue[1:]
-	}
-	if len(p.queue) == 0 && p.empty != nil {
-		close(p.empty)
-		p.empty = nil
-	}
-	p.mu.Unlock()
-	close(pd.done)
-	<-p.sem
+	// Report first, then let Publish and Flush return: a caller that
+	// returns from Flush sees every callback of what it flushed.
 	if pd.err == nil {
 		if p.opts.onAck != nil {
 			p.opts.onAck(pd.ack)
@@ -432,6 +427,24 @@ func (p *Publisher) resolve(pd *pending, a *jetstream.PubAck, err error) {
 	} else if p.opts.onError != nil {
 		p.opts.onError(pd.id, pd.err)
 	}
+	p.mu.Lock()
+	if len(p.queue) > 0 && p.queue[0] == pd {
+		p.queue[0] = nil
+		p.queue = p.queue[1:]
+	}
+	if len(p.queue) == 0 {
+		if p.empty != nil {
+			close(p.empty)
+			p.empty = nil
+		}
+		if p.blocked != nil {
+			close(p.blocked)
+			p.blocked = nil
+		}
+	}
+	p.mu.Unlock()
+	close(pd.done)
+	<-p.sem
 }
 
 // Flush waits until every event sent so far is acknowledged or given up.

@@ -38,7 +38,7 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 			t.Errorf("%s = %d (%q), pinned %d", p.name, uint8(p.typ), p.typ.String(), p.num)
 		}
 	}
-	if CommandType(len(pinned)+1).known() {
+	if CommandType(len(pinned) + 1).known() {
 		t.Errorf("type %d is known but not pinned here: add it to the table", len(pinned)+1)
 	}
 	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 1 {

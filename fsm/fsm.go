@@ -173,8 +173,8 @@ type FSM struct {
 	base router.Config // validated; never mutated
 
 	// mu guards st and the apply scratch below. Apply holds it for writing
-	// for a whole batch; readers take it for reading. The indexes have their
-	// own locks, so routing (FindMatches) never waits for mu.
+	// for one entry at a time; readers take it for reading. The indexes have
+	// their own locks, so routing (FindMatches) never waits for mu.
 	mu      sync.RWMutex
 	st      *state
 	applied atomic.Uint64 // written with mu held
@@ -277,16 +277,19 @@ func (f *FSM) Apply(l *raft.Log) any {
 	return res
 }
 
-// ApplyBatch applies entries in order under one lock hold; observers hear
-// about the changes after the whole batch.
+// ApplyBatch applies entries in order; observers hear about the changes
+// after the whole batch. The lock is taken per entry, not per batch, so
+// readers of the registry and configuration wait at most one entry.
 func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	out := make([]any, len(logs))
-	f.mu.Lock()
 	for i, l := range logs {
+		f.mu.Lock()
 		if res := f.applyLocked(l); res != nil {
 			out[i] = res
 		}
+		f.mu.Unlock()
 	}
+	f.mu.Lock()
 	changes := f.takeChangesLocked()
 	f.mu.Unlock()
 	f.notify(changes)

@@ -610,8 +610,8 @@ func TestFSMTickExpiry(t *testing.T) {
 		wantLeaseExpiryChange bool
 	}{
 		{now: 499, expired: 0, workers: 2, holders10: 2, holders11: 1, clock: 499},
-		{now: 500, expired: 1, workers: 2, holders10: 1, holders11: 1, clock: 500},  // Until <= Now expires
-		{now: 100, expired: 0, workers: 2, holders10: 1, holders11: 1, clock: 500},  // clock never runs back
+		{now: 500, expired: 1, workers: 2, holders10: 1, holders11: 1, clock: 500}, // Until <= Now expires
+		{now: 100, expired: 0, workers: 2, holders10: 1, holders11: 1, clock: 500}, // clock never runs back
 		{now: 1000, expired: 2, workers: 1, holders10: 0, holders11: 0, clock: 1000, // lease and 11 at 800
 			wantLeaseExpiryChange: true},
 	}

@@ -39,10 +39,9 @@ const (
 // Options tune a harness cluster. Zero values take the defaults below.
 type Options struct {
 	Formation Formation
-	// Raft timing; defaults 800ms / 800ms / 400ms / 5ms: shorter than
-	// production so failover tests are quick, long enough that a loaded
-	// 2-core host under -race rarely loses leadership spuriously (the
-	// harness retries idempotent writes when it does).
+	// Raft timing; defaults are production's 1s / 1s / 500ms / 5ms: on a
+	// loaded 2-core host under -race shorter leases make leaders step down
+	// spuriously (the harness retries idempotent writes when it happens).
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
@@ -74,9 +73,9 @@ func (o *Options) defaults() {
 			*v = d
 		}
 	}
-	def(&o.HeartbeatTimeout, 800*time.Millisecond)
-	def(&o.ElectionTimeout, 800*time.Millisecond)
-	def(&o.LeaderLeaseTimeout, 400*time.Millisecond)
+	def(&o.HeartbeatTimeout, time.Second)
+	def(&o.ElectionTimeout, time.Second)
+	def(&o.LeaderLeaseTimeout, 500*time.Millisecond)
 	def(&o.CommitTimeout, 5*time.Millisecond)
 	def(&o.SnapshotInterval, 200*time.Millisecond)
 	def(&o.FormTimeout, 30*time.Second)
@@ -541,30 +540,54 @@ func (c *Cluster) WaitConverged(among ...int) string {
 }
 
 // ApplyN applies n distinct commands through the current leader and
-// returns the last response. Commands are idempotent (the FSM deduplicates
-// them), so a write with an unknown outcome is simply retried.
+// returns the last response.
 func (c *Cluster) ApplyN(prefix string, n int) any {
 	c.T.Helper()
 	var last any
 	for i := 0; i < n; i++ {
 		cmd := []byte(fmt.Sprintf("%s-%d", prefix, i))
 		var err error
-		CheckFor(c.T, 20*time.Second, 20*time.Millisecond, func() error {
-			l := c.WaitLeader()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			last, err = l.Node().Apply(ctx, cmd)
-			if errors.Is(err, cluster.ErrNoLeader) || errors.Is(err, cluster.ErrOutcomeUnknown) {
-				c.T.Logf("apply %s: %v (retrying)", cmd, err)
-				return err
-			}
-			return nil
-		})
+		last, err = c.ApplyVia(func() *cluster.Node { return c.WaitLeader().Node() }, cmd)
 		if err != nil {
 			c.T.Fatalf("apply %s: %v", cmd, err)
 		}
 	}
 	return last
+}
+
+// ApplyVia applies cmd through the node pick returns (asked again on every
+// attempt), retrying ErrNoLeader and ErrOutcomeUnknown for up to 20s: the
+// command must be idempotent (FSM and the real FSM's KV batches are). Other
+// errors (e.g. *cluster.RejectedError) return at once.
+func (c *Cluster) ApplyVia(pick func() *cluster.Node, cmd []byte) (any, error) {
+	c.T.Helper()
+	return Retry(c.T, func(ctx context.Context) (any, error) {
+		n := pick()
+		if n == nil {
+			return nil, cluster.ErrNoLeader
+		}
+		return n.Apply(ctx, cmd)
+	})
+}
+
+// Retry runs op (with a 5s context per attempt) until it succeeds or fails
+// with an error other than ErrNoLeader / ErrOutcomeUnknown, for up to 20s.
+// Leadership can move at any time on a loaded test host; idempotent
+// operations are simply retried, as production callers do.
+func Retry[T any](t testing.TB, op func(ctx context.Context) (T, error)) (T, error) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		v, err := op(ctx)
+		cancel()
+		retryable := errors.Is(err, cluster.ErrNoLeader) || errors.Is(err, cluster.ErrOutcomeUnknown)
+		if !retryable || time.Now().After(deadline) {
+			return v, err
+		}
+		t.Logf("retrying after: %v", err)
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // NewTestLogger returns a slog logger writing into t.Log until the test's

@@ -33,6 +33,8 @@ type config struct {
 	NATS       string   // comma list of NATS URLs; "" = publish no events
 	EventQueue int      // events buffered for the publisher before a full resync replaces them
 	Register   []string // kvrouter replica base URLs
+	// AdminToken is the bearer token of the replicas' admin endpoints.
+	AdminToken string
 	// RegisterInterval is the lease renewal period.
 	RegisterInterval time.Duration
 	ShutdownTimeout  time.Duration
@@ -74,6 +76,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&c.NATS, "nats", "", "NATS URL(s) of the cluster's JetStream, comma list (empty: no KV events are published)")
 	fs.IntVar(&c.EventQueue, "event-queue", 65536, "KV events buffered while NATS is slow or down; on overflow they are replaced by a full-state resync")
 	fs.StringVar(&register, "register", "", "comma list of kvrouter replica base URLs to register with (empty: do not register)")
+	fs.StringVar(&c.AdminToken, "admin-token", "", "bearer token for the replicas' /workers endpoints (their --admin-token), if they require one")
 	fs.DurationVar(&c.RegisterInterval, "register-interval", 30*time.Second, "registration lease renewal period")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGINT/SIGTERM: how long to let requests finish and events flush")
 	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the generated output text")

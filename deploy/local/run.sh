@@ -364,6 +364,8 @@ if [ -n "$haproxy_bin" ]; then
   fi
 fi
 
+try_url=http://$host:${http_port[r1]}
+[ -n "$haproxy_bin" ] && [ "${lb_note#http}" != "$lb_note" ] && try_url=http://$host:$lb_port
 cat <<EOF
 $me: kvrouter local cluster
   replicas:
@@ -374,7 +376,7 @@ $(for r in "${replicas[@]}"; do printf '    %s  http://%s:%s  raft %s:%s  nats n
 $(for w in "${workers[@]}"; do printf '    %s  http://%s:%s\n' "$w" "$host" "${worker_port[$w]}"; done)
   haproxy:  $lb_note
   logs:     $run_dir/<name>.log
-  try:      curl -s http://$host:${http_port[r1]}/v1/chat/completions -H 'content-type: application/json' \\
+  try:      curl -s $try_url/v1/chat/completions -H 'content-type: application/json' \\
               -d '{"model":"$model","messages":[{"role":"user","content":"hello"}],"max_tokens":16}'
             curl -s http://$host:${http_port[r1]}/cluster/status
   Ctrl-C stops everything.

@@ -81,7 +81,8 @@ func (m *blockMap) del(k uint64) {
 	m.vals[i] = 0
 }
 
-// hashSet is a grow-only set of hashes.
+// hashSet is a grow-only set of hashes, kept at most 3/4 full: the ideal
+// reference of a long trace holds millions of blocks.
 type hashSet struct {
 	keys    []uint64
 	mask    uint64
@@ -112,7 +113,7 @@ func (s *hashSet) add(k uint64) {
 		s.hasZero = true
 		return
 	}
-	if 2*(s.n+1) > len(s.keys) {
+	if 4*(s.n+1) > 3*len(s.keys) {
 		old := s.keys
 		s.keys, s.mask, s.n = make([]uint64, 2*len(old)), uint64(2*len(old)-1), 0
 		for _, x := range old {

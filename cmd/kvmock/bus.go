@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/kvrouter/kvrouter/eventbus"
+)
+
+// busHooks are kvmock's callbacks into the bus connection.
+type busHooks struct {
+	// onError: the publisher gave up on an event (see eventbus.WithOnError).
+	onError func(eventID uint64, err error)
+	// resync answers a resync request; pub is the connection's publisher.
+	resync func(req eventbus.ResyncRequest, pub Publisher) eventbus.ResyncReply
+}
+
+// connectFunc opens the bus once: a publisher for the worker's events and
+// whatever else the connection serves; closeFn releases the rest after the
+// publisher is closed. It fails if the bus is not reachable (the caller
+// retries).
+type connectFunc func(ctx context.Context, worker string, hooks busHooks) (pub Publisher, closeFn func(), err error)
+
+// natsConnect returns the real connectFunc: a NATS client connection to
+// urls (comma list), an eventbus.Publisher for rank 0 of worker, and the
+// worker's resync subject served.
+func natsConnect(urls string, log *slog.Logger) connectFunc {
+	return func(ctx context.Context, worker string, hooks busHooks) (Publisher, func(), error) {
+		nc, err := eventbus.Connect(urls, "kvmock-"+worker, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		pub, err := eventbus.NewPublisher(nc, worker, 0,
+			eventbus.WithOnError(hooks.onError),
+			eventbus.WithPublisherLogger(log))
+		if err != nil {
+			nc.Close()
+			return nil, nil, err
+		}
+		sub, err := eventbus.ServeResync(nc, worker, log, func(req eventbus.ResyncRequest) eventbus.ResyncReply {
+			return hooks.resync(req, pub)
+		})
+		if err != nil {
+			pub.Close()
+			nc.Close()
+			return nil, nil, fmt.Errorf("serve resync: %w", err)
+		}
+		log.Info("connected to NATS", "url", nc.ConnectedUrlRedacted(), "events_subject", eventbus.EventSubject(worker),
+			"resync_subject", eventbus.ResyncSubject(worker))
+		return pub, func() {
+			_ = sub.Unsubscribe()
+			nc.Close()
+		}, nil
+	}
+}

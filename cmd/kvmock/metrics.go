@@ -1,0 +1,216 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/kvrouter/kvrouter/engine"
+)
+
+// statsDoc is GET /stats.
+type statsDoc struct {
+	ID           string        `json:"id"`
+	Model        string        `json:"model"`
+	URL          string        `json:"url"`
+	UptimeS      float64       `json:"uptime_s"`
+	Engine       engineDoc     `json:"engine"`
+	Requests     requestsDoc   `json:"requests"`
+	Events       eventsDoc     `json:"events"`
+	Registration *registerDoc  `json:"registration,omitempty"`
+	Config       engineCfgDoc  `json:"config"`
+	Publisher    *publisherDoc `json:"publisher,omitempty"`
+}
+
+type engineCfgDoc struct {
+	BlockSize        int     `json:"block_size"`
+	KVBlocks         int     `json:"kv_blocks"`
+	MaxBatchedTokens int     `json:"max_batched_tokens"`
+	MaxRunning       int     `json:"max_running"`
+	MaxModelLen      int     `json:"max_model_len"`
+	Profile          string  `json:"profile"`
+	Speedup          float64 `json:"speedup"`
+	ChatTemplate     string  `json:"chat_template"`
+}
+
+type engineDoc struct {
+	VirtualTimeS   float64 `json:"virtual_time_s"`
+	Running        int     `json:"running"`
+	Waiting        int     `json:"waiting"`
+	CapacityBlocks int     `json:"capacity_blocks"`
+	UsedBlocks     int     `json:"used_blocks"`
+	FreeBlocks     int     `json:"free_blocks"`
+	CachedBlocks   int     `json:"cached_blocks"`
+	Fill           float64 `json:"fill"`
+	Submitted      uint64  `json:"submitted"`
+	Finished       uint64  `json:"finished"`
+	Cancelled      uint64  `json:"cancelled"`
+	Preemptions    uint64  `json:"preemptions"`
+	Steps          uint64  `json:"steps"`
+	PromptTokens   uint64  `json:"prompt_tokens"`
+	CachedTokens   uint64  `json:"cached_tokens"`
+	PrefillTokens  uint64  `json:"prefill_tokens"`
+	OutputTokens   uint64  `json:"output_tokens"`
+	StoredBlocks   uint64  `json:"stored_blocks"`
+	EvictedBlocks  uint64  `json:"evicted_blocks"`
+	Events         uint64  `json:"events"`
+	BusyS          float64 `json:"busy_s"`
+}
+
+func toEngineDoc(s engine.Stats) engineDoc {
+	return engineDoc{
+		VirtualTimeS: s.Now.Seconds(), Running: s.Running, Waiting: s.Waiting,
+		CapacityBlocks: s.CapacityBlocks, UsedBlocks: s.UsedBlocks, FreeBlocks: s.FreeBlocks, CachedBlocks: s.CachedBlocks,
+		Fill: s.Fill, Submitted: s.Submitted, Finished: s.Finished, Cancelled: s.Cancelled, Preemptions: s.Preemptions,
+		Steps: s.Steps, PromptTokens: s.PromptTokens, CachedTokens: s.CachedTokens, PrefillTokens: s.PrefillTokens,
+		OutputTokens: s.OutputTokens, StoredBlocks: s.StoredBlocks, EvictedBlocks: s.EvictedBlocks, Events: s.Events,
+		BusyS: s.BusyTime.Seconds(),
+	}
+}
+
+type requestsDoc struct {
+	Chat         uint64 `json:"chat"`
+	Completions  uint64 `json:"completions"`
+	Streams      uint64 `json:"streams"`
+	Completed    uint64 `json:"completed"`
+	Cancelled    uint64 `json:"cancelled"`
+	BadRequests  uint64 `json:"bad_requests"`
+	ServerErrors uint64 `json:"server_errors"`
+	InFlight     int64  `json:"in_flight"`
+	PromptTokens uint64 `json:"prompt_tokens"`
+	CachedTokens uint64 `json:"cached_tokens"`
+	OutputTokens uint64 `json:"output_tokens"`
+}
+
+// eventsDoc: the KV event pipeline. Every engine event is either queued,
+// published, superseded by a full-state snapshot, or (no bus) dropped.
+type eventsDoc struct {
+	Enabled       bool   `json:"enabled"`
+	Connected     bool   `json:"connected"`
+	EngineEvents  uint64 `json:"engine_events"`
+	Queued        int    `json:"queued"`
+	QueueLimit    int    `json:"queue_limit"`
+	Enqueued      uint64 `json:"enqueued"`
+	Published     uint64 `json:"published"`
+	Superseded    uint64 `json:"superseded"`
+	Snapshots     uint64 `json:"snapshots"`
+	Overflows     uint64 `json:"overflows"`
+	PublishErrors uint64 `json:"publish_errors"`
+	Lost          uint64 `json:"lost"`
+	DroppedNoBus  uint64 `json:"dropped_no_bus"`
+}
+
+type publisherDoc struct {
+	NextEventID uint64 `json:"next_event_id"`
+	Published   uint64 `json:"published"`
+	Acked       uint64 `json:"acked"`
+	Duplicates  uint64 `json:"duplicates"`
+	Retries     uint64 `json:"retries"`
+	Failed      uint64 `json:"failed"`
+	InFlight    int    `json:"in_flight"`
+}
+
+type registerDoc struct {
+	Registered bool     `json:"registered"`
+	Renewals   uint64   `json:"renewals"`
+	Failures   uint64   `json:"failures"`
+	URLs       []string `json:"urls"`
+}
+
+func (m *Mock) statsDoc(ctx context.Context) (statsDoc, error) {
+	st, err := m.drv.stats(ctx)
+	if err != nil {
+		return statsDoc{}, err
+	}
+	c := &m.ctr
+	d := statsDoc{
+		ID: m.cfg.ID, Model: m.cfg.Model, URL: m.advertise, UptimeS: time.Since(m.started).Seconds(),
+		Engine: toEngineDoc(st),
+		Requests: requestsDoc{
+			Chat: c.chat.Load(), Completions: c.completions.Load(), Streams: c.streams.Load(),
+			Completed: c.completed.Load(), Cancelled: c.cancelled.Load(), BadRequests: c.badRequests.Load(),
+			ServerErrors: c.serverErrors.Load(), InFlight: c.inflight.Load(),
+			PromptTokens: c.promptTokens.Load(), CachedTokens: c.cachedTokens.Load(), OutputTokens: c.outputToks.Load(),
+		},
+		Events: eventsDoc{EngineEvents: m.drv.engineEvents.Load(), DroppedNoBus: m.drv.droppedNoBus.Load()},
+		Config: engineCfgDoc{
+			BlockSize: m.engCfg.BlockSize, KVBlocks: m.engCfg.CapacityBlocks, MaxBatchedTokens: m.engCfg.MaxBatchedTokens,
+			MaxRunning: m.engCfg.MaxRunning, MaxModelLen: m.engCfg.MaxModelLen, Profile: m.profile, Speedup: m.engCfg.Speedup,
+			ChatTemplate: m.cfg.ChatTemplate.String(),
+		},
+	}
+	if q := m.q; q != nil {
+		d.Events.Enabled = true
+		d.Events.Queued, d.Events.QueueLimit = q.len(), q.max
+		d.Events.Enqueued, d.Events.Published = q.enqueued.Load(), q.published.Load()
+		d.Events.Superseded, d.Events.Snapshots, d.Events.Overflows = q.superseded.Load(), q.snapshots.Load(), q.overflows.Load()
+		d.Events.PublishErrors, d.Events.Lost = q.publishErrors.Load(), q.lost.Load()
+	}
+	if pub := m.publisher(); pub != nil {
+		d.Events.Connected = true
+		ps := pub.Stats()
+		d.Publisher = &publisherDoc{NextEventID: pub.NextEventID(), Published: ps.Published, Acked: ps.Acked,
+			Duplicates: ps.Duplicates, Retries: ps.Retries, Failed: ps.Failed, InFlight: ps.InFlight}
+	}
+	if r := m.reg; r != nil {
+		d.Registration = &registerDoc{Registered: r.ok.Load(), Renewals: r.renewals.Load(), Failures: r.failures.Load(), URLs: r.urls}
+	}
+	return d, nil
+}
+
+func (m *Mock) stats(w http.ResponseWriter, r *http.Request) {
+	d, err := m.statsDoc(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "server_error", "", err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+// metrics writes the stats in the Prometheus text format.
+func (m *Mock) metrics(w http.ResponseWriter, r *http.Request) {
+	d, err := m.statsDoc(r.Context())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	var b strings.Builder
+	labels := fmt.Sprintf(`worker=%q,model=%q`, d.ID, d.Model)
+	metric := func(name, typ, help string, v any) {
+		fmt.Fprintf(&b, "# HELP kvmock_%s %s\n# TYPE kvmock_%s %s\nkvmock_%s{%s} %v\n", name, help, name, typ, name, labels, v)
+	}
+	e, q, ev := d.Engine, d.Requests, d.Events
+	metric("requests_total", "counter", "Inference requests received (chat and completions).", q.Chat+q.Completions)
+	metric("requests_completed_total", "counter", "Requests answered in full.", q.Completed)
+	metric("requests_cancelled_total", "counter", "Requests abandoned by their client.", q.Cancelled)
+	metric("requests_bad_total", "counter", "Requests rejected as invalid.", q.BadRequests)
+	metric("requests_in_flight", "gauge", "Requests being served.", q.InFlight)
+	metric("prompt_tokens_total", "counter", "Prompt tokens of completed requests.", q.PromptTokens)
+	metric("cached_tokens_total", "counter", "Prompt tokens served from the prefix cache (completed requests).", q.CachedTokens)
+	metric("output_tokens_total", "counter", "Output tokens of completed requests.", q.OutputTokens)
+	metric("engine_running", "gauge", "Running sequences.", e.Running)
+	metric("engine_waiting", "gauge", "Waiting sequences.", e.Waiting)
+	metric("kv_capacity_blocks", "gauge", "KV cache capacity in blocks.", e.CapacityBlocks)
+	metric("kv_used_blocks", "gauge", "KV blocks held by running requests.", e.UsedBlocks)
+	metric("kv_cached_blocks", "gauge", "KV blocks holding a cached prefix.", e.CachedBlocks)
+	metric("kv_fill", "gauge", "Used blocks / capacity.", e.Fill)
+	metric("engine_preemptions_total", "counter", "Preemptions.", e.Preemptions)
+	metric("engine_evicted_blocks_total", "counter", "Blocks evicted from the prefix cache.", e.EvictedBlocks)
+	metric("kv_events_total", "counter", "KV events produced by the engine.", ev.EngineEvents)
+	metric("kv_events_queued", "gauge", "KV events waiting for the publisher.", ev.Queued)
+	metric("kv_events_published_total", "counter", "KV events handed to the publisher.", ev.Published)
+	metric("kv_events_superseded_total", "counter", "Unpublished KV events replaced by a full-state snapshot.", ev.Superseded)
+	metric("kv_snapshots_total", "counter", "Full-state republications (startup, resync, overflow, loss).", ev.Snapshots)
+	metric("kv_event_queue_overflows_total", "counter", "Times the event queue filled up.", ev.Overflows)
+	metric("kv_event_publish_errors_total", "counter", "Failed publish attempts (retried).", ev.PublishErrors)
+	metric("kv_events_lost_total", "counter", "Events the publisher gave up on.", ev.Lost)
+	metric("kv_events_dropped_no_bus_total", "counter", "Events dropped because no --nats is configured.", ev.DroppedNoBus)
+	if p := d.Publisher; p != nil {
+		metric("kv_events_acked_total", "counter", "KV events acknowledged by the stream.", p.Acked)
+		metric("kv_event_retries_total", "counter", "Re-sends with the same Nats-Msg-Id.", p.Retries)
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	_, _ = w.Write([]byte(b.String()))
+}

@@ -1,0 +1,286 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api/tokenize"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/eventbus"
+)
+
+// Mock is one simulated worker: the engine in real time behind an
+// OpenAI-compatible HTTP API, its KV events published to the cluster.
+type Mock struct {
+	cfg     config
+	log     *slog.Logger
+	tok     tokenize.Tokenizer
+	engCfg  engine.Config // with the engine's defaults filled in
+	profile string        // timing profile name
+	drv     *driver
+	q       *eventQueue // nil: no bus
+	connect connectFunc // nil: no bus
+	reg     *registrar  // nil: no --register
+	started time.Time
+
+	advertise string // set by Serve before the HTTP server starts
+
+	pubMu sync.Mutex
+	pub   Publisher // set once connected
+
+	reqSeq atomic.Uint64
+	ctr    counters
+}
+
+// counters are the HTTP side's totals.
+type counters struct {
+	chat, completions, streams             atomic.Uint64
+	completed, cancelled                   atomic.Uint64
+	badRequests, serverErrors              atomic.Uint64
+	promptTokens, cachedTokens, outputToks atomic.Uint64
+	inflight                               atomic.Int64
+}
+
+// newMock builds a worker. connect nil means no KV events are published.
+func newMock(cfg config, log *slog.Logger, connect connectFunc) (*Mock, error) {
+	eng, err := engine.New(cfg.ID, cfg.engineConfig())
+	if err != nil {
+		return nil, err
+	}
+	m := &Mock{
+		cfg:     cfg,
+		log:     log,
+		tok:     tokenize.Builtin(),
+		engCfg:  eng.Config(),
+		profile: eng.Profile().Name,
+		connect: connect,
+		started: time.Now(),
+	}
+	if connect != nil {
+		m.q = newEventQueue(cfg.EventQueue, log.With("component", "events"))
+	}
+	m.drv = newDriver(eng, m.q, log.With("component", "engine"))
+	if len(cfg.Register) > 0 {
+		m.reg = newRegistrar(cfg.Register, workerSpec{
+			ID: cfg.ID, Model: cfg.Model, BlockSize: cfg.BlockSize,
+			TotalBlocks: cfg.KVBlocks, MaxBatchedTokens: m.engCfg.MaxBatchedTokens,
+		}, cfg.RegisterInterval, log)
+		m.reg.token = cfg.AdminToken
+	}
+	return m, nil
+}
+
+// advertiseURL is the configured URL, or http:// plus the bound address
+// (an unspecified host becomes 127.0.0.1).
+func advertiseURL(configured string, addr net.Addr) string {
+	if configured != "" {
+		return configured
+	}
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return "http://" + addr.String()
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port)
+}
+
+// Run listens on the configured address and serves until ctx ends.
+func (m *Mock) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", m.cfg.Addr)
+	if err != nil {
+		return err
+	}
+	return m.Serve(ctx, ln)
+}
+
+// Serve runs the worker on ln until ctx ends, then shuts down gracefully:
+// deregister, let requests finish (up to the shutdown timeout), stop the
+// engine, publish what is queued, flush the publisher, close.
+func (m *Mock) Serve(ctx context.Context, ln net.Listener) error {
+	m.advertise = advertiseURL(m.cfg.AdvertiseURL, ln.Addr())
+
+	drvCtx, stopDrv := context.WithCancel(context.Background())
+	defer stopDrv()
+	go m.drv.run(drvCtx)
+	// The cache starts empty: say so first (event id 1 is a cleared event).
+	if err := m.drv.call(ctx, func() { m.drv.snapshot("startup") }); err != nil {
+		return err
+	}
+
+	ready := make(chan struct{}) // publishing waits for the first registration
+	regCtx, stopReg := context.WithCancel(context.Background())
+	regDone := make(chan struct{})
+	if m.reg != nil {
+		m.reg.spec.URL = m.advertise
+		ready = m.reg.registered
+		go func() { defer close(regDone); m.reg.run(regCtx) }()
+	} else {
+		close(ready)
+		close(regDone)
+		m.log.Warn("no --register: this worker does not announce itself; register it with the routers yourself")
+	}
+
+	busCtx, stopBus := context.WithCancel(context.Background())
+	busDone := make(chan struct{})
+	if m.q != nil {
+		go func() { defer close(busDone); m.runBus(busCtx, ready) }()
+	} else {
+		close(busDone)
+		m.log.Warn("!!! no --nats: KV events are NOT published; a router in kv mode will never see this worker's cache !!!")
+	}
+
+	srv := &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(m.log.Handler(), slog.LevelWarn)}
+	srvErr := make(chan error, 1)
+	go func() { srvErr <- srv.Serve(ln) }()
+	m.log.Info("kvmock serving", "id", m.cfg.ID, "addr", ln.Addr().String(), "url", m.advertise, "model", m.cfg.Model,
+		"block_size", m.engCfg.BlockSize, "kv_blocks", m.engCfg.CapacityBlocks, "max_batched_tokens", m.engCfg.MaxBatchedTokens,
+		"max_running", m.engCfg.MaxRunning, "profile", m.profile, "speedup", m.engCfg.Speedup,
+		"chat_template", m.cfg.ChatTemplate.String(), "nats", m.cfg.NATS, "register", m.cfg.Register)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-srvErr:
+		m.log.Error("HTTP server failed", "err", runErr)
+	}
+
+	m.log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), m.cfg.ShutdownTimeout)
+	defer cancel()
+	stopReg()
+	<-regDone
+	if m.reg != nil {
+		if err := m.reg.deregister(sctx); err != nil {
+			m.log.Warn("deregistration failed", "err", err)
+		} else {
+			m.log.Info("deregistered")
+		}
+	}
+	if err := srv.Shutdown(sctx); err != nil {
+		m.log.Warn("requests still running at the shutdown timeout; cancelling them", "err", err)
+		_ = srv.Close()
+	}
+	stopDrv()
+	<-m.drv.done
+	if pub := m.publisher(); pub != nil && isClosed(ready) {
+		if err := m.q.waitEmpty(sctx); err != nil {
+			m.log.Error("KV events not published before the shutdown timeout", "queued", m.q.len())
+		}
+		if err := pub.Flush(sctx); err != nil {
+			m.log.Error("KV events not acknowledged before the shutdown timeout", "err", err, "in_flight", pub.Stats().InFlight)
+		}
+	} else if m.q != nil && m.q.len() > 0 {
+		m.log.Error("KV events never published (no NATS connection or never registered)", "queued", m.q.len())
+	}
+	stopBus()
+	<-busDone
+	m.log.Info("stopped")
+	if errors.Is(runErr, http.ErrServerClosed) {
+		runErr = nil
+	}
+	return runErr
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+func (m *Mock) publisher() Publisher {
+	m.pubMu.Lock()
+	defer m.pubMu.Unlock()
+	return m.pub
+}
+
+// runBus connects to NATS (retrying until it can), waits for the first
+// registration (events of an unregistered worker would be rejected), then
+// publishes the event queue until ctx ends; it closes the publisher and
+// the connection on the way out.
+func (m *Mock) runBus(ctx context.Context, ready <-chan struct{}) {
+	hooks := busHooks{onError: m.onPublishError, resync: m.resync}
+	backoff := 250 * time.Millisecond
+	var (
+		pub     Publisher
+		closeFn func()
+	)
+	for attempt := 1; ; attempt++ {
+		var err error
+		pub, closeFn, err = m.connect(ctx, m.cfg.ID, hooks)
+		if err == nil {
+			break
+		}
+		if attempt == 1 || attempt%10 == 0 {
+			m.log.Error("cannot reach NATS; KV events are buffered until it is up", "attempt", attempt, "queued", m.q.len(), "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+	m.pubMu.Lock()
+	m.pub = pub
+	m.pubMu.Unlock()
+	defer func() {
+		pub.Close()
+		if closeFn != nil {
+			closeFn()
+		}
+	}()
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		return
+	}
+	m.q.pump(ctx, pub, func(error) {
+		go m.drv.send(func() { m.drv.snapshot("event rejected") })
+	})
+}
+
+// onPublishError: the publisher gave up on an event it had numbered. The
+// index will see a gap in this worker's ids; republish the full state so it
+// can recover without waiting for a resync request.
+func (m *Mock) onPublishError(eventID uint64, err error) {
+	if errors.Is(err, eventbus.ErrPublisherClosed) {
+		m.q.unconfirmed.Add(1)
+		return
+	}
+	m.q.lost.Add(1)
+	m.log.Error("KV event lost by the publisher; republishing the full state", "event_id", eventID, "err", err)
+	go m.drv.send(func() { m.drv.snapshot(fmt.Sprintf("event %d lost", eventID)) })
+}
+
+// resync answers a resync request: queue a cleared event and the full
+// cache state behind the events already queued. NextEventID is read first,
+// so the cleared event's id is at least that.
+func (m *Mock) resync(req eventbus.ResyncRequest, pub Publisher) eventbus.ResyncReply {
+	if req.DPRank != 0 {
+		return eventbus.ResyncReply{Error: fmt.Sprintf("kvmock %s has dp rank 0 only, not %d", m.cfg.ID, req.DPRank)}
+	}
+	next := pub.NextEventID()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	reason := "resync requested"
+	if req.Reason != "" {
+		reason += ": " + req.Reason
+	}
+	if err := m.drv.call(ctx, func() { m.drv.snapshot(reason) }); err != nil {
+		return eventbus.ResyncReply{Error: err.Error()}
+	}
+	return eventbus.ResyncReply{Accepted: true, NextEventID: next}
+}

@@ -1,0 +1,456 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api/tokenize"
+	"github.com/kvrouter/kvrouter/engine"
+)
+
+const (
+	defaultMaxTokens = 16
+	maxBodyBytes     = 32 << 20
+)
+
+// Handler serves the OpenAI-compatible API and the worker's own endpoints.
+func (m *Mock) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { m.generate(w, r, true) })
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { m.generate(w, r, false) })
+	mux.HandleFunc("GET /v1/models", m.models)
+	mux.HandleFunc("GET /health", m.health)
+	mux.HandleFunc("GET /stats", m.stats)
+	mux.HandleFunc("GET /metrics", m.metrics)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+// genRequest is the part of an OpenAI chat or completions body kvmock reads.
+type genRequest struct {
+	Model         string             `json:"model"`
+	Messages      []tokenize.Message `json:"messages"`
+	Prompt        json.RawMessage    `json:"prompt"`
+	Stream        bool               `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	MaxTokens           *int `json:"max_tokens"`
+	MaxCompletionTokens *int `json:"max_completion_tokens"`
+	N                   *int `json:"n"`
+}
+
+// OpenAI response shapes.
+type (
+	usageDoc struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		TotalTokens         int `json:"total_tokens"`
+		PromptTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	}
+	messageDoc struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	deltaDoc struct {
+		Role    string  `json:"role,omitempty"`
+		Content *string `json:"content,omitempty"`
+	}
+	choiceDoc struct {
+		Index        int         `json:"index"`
+		Message      *messageDoc `json:"message,omitempty"`
+		Delta        *deltaDoc   `json:"delta,omitempty"`
+		Text         *string     `json:"text,omitempty"`
+		Logprobs     any         `json:"logprobs"` // always null
+		FinishReason *string     `json:"finish_reason"`
+	}
+	responseDoc struct {
+		ID      string      `json:"id"`
+		Object  string      `json:"object"`
+		Created int64       `json:"created"`
+		Model   string      `json:"model"`
+		Choices []choiceDoc `json:"choices"`
+		Usage   *usageDoc   `json:"usage,omitempty"`
+	}
+)
+
+// writeError answers in OpenAI's error shape.
+func writeError(w http.ResponseWriter, status int, typ, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	var c any
+	if code != "" {
+		c = code
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": c}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (m *Mock) badRequest(w http.ResponseWriter, msg string) {
+	m.ctr.badRequests.Add(1)
+	writeError(w, http.StatusBadRequest, "invalid_request_error", "", msg)
+}
+
+// promptTokens tokenizes the request exactly as the router does (see
+// api/openai.go): chat messages rendered with the chat template and the
+// generation prompt, then encoded; a completions prompt encoded, or taken
+// as token ids.
+func (m *Mock) promptTokens(in *genRequest, chat bool) ([]uint32, error) {
+	if chat {
+		if len(in.Messages) == 0 {
+			return nil, errors.New("messages must not be empty")
+		}
+		text, err := tokenize.RenderChat(in.Messages, m.cfg.ChatTemplate, true)
+		if err != nil {
+			return nil, err
+		}
+		return m.tok.Encode(text), nil
+	}
+	raw := bytes.TrimSpace(in.Prompt)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, errors.New("prompt is required")
+	}
+	var text string
+	if err := json.Unmarshal(raw, &text); err == nil {
+		return m.tok.Encode(text), nil
+	}
+	var ids []uint32
+	if err := json.Unmarshal(raw, &ids); err == nil {
+		return ids, nil
+	}
+	var texts []string
+	if err := json.Unmarshal(raw, &texts); err == nil && len(texts) == 1 {
+		return m.tok.Encode(texts[0]), nil
+	}
+	return nil, errors.New("prompt must be a string, one string in an array, or an array of token ids")
+}
+
+// generation is one request on its way through the engine.
+type generation struct {
+	id      string // response id
+	object  string // chat.completion(.chunk) or text_completion
+	chat    bool
+	created int64
+	model   string
+	pieces  []string // output text, one piece per token
+	usage   usageDoc
+}
+
+func (m *Mock) generate(w http.ResponseWriter, r *http.Request, chat bool) {
+	if chat {
+		m.ctr.chat.Add(1)
+	} else {
+		m.ctr.completions.Add(1)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			m.ctr.badRequests.Add(1)
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "", fmt.Sprintf("request body over %d bytes", maxBodyBytes))
+			return
+		}
+		m.badRequest(w, "reading body: "+err.Error())
+		return
+	}
+	var in genRequest
+	if err := json.Unmarshal(body, &in); err != nil {
+		m.badRequest(w, "invalid JSON body: "+err.Error())
+		return
+	}
+	if in.Model != "" && in.Model != m.cfg.Model {
+		m.ctr.badRequests.Add(1)
+		writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", fmt.Sprintf("the model %q does not exist (this worker serves %q)", in.Model, m.cfg.Model))
+		return
+	}
+	tokens, err := m.promptTokens(&in, chat)
+	if err != nil {
+		m.badRequest(w, err.Error())
+		return
+	}
+	if len(tokens) == 0 {
+		m.badRequest(w, "prompt is empty (no tokens)")
+		return
+	}
+	maxTokens := defaultMaxTokens
+	switch {
+	case in.MaxCompletionTokens != nil:
+		maxTokens = *in.MaxCompletionTokens
+	case in.MaxTokens != nil:
+		maxTokens = *in.MaxTokens
+	}
+	if maxTokens <= 0 {
+		m.badRequest(w, fmt.Sprintf("max_tokens must be at least 1, got %d", maxTokens))
+		return
+	}
+	if in.N != nil && *in.N != 1 {
+		m.badRequest(w, "only n=1 is supported")
+		return
+	}
+	if total := len(tokens) + maxTokens; total > m.engCfg.MaxModelLen {
+		m.badRequest(w, fmt.Sprintf("this model's maximum context length is %d tokens; the request has %d prompt tokens and asks for %d output tokens",
+			m.engCfg.MaxModelLen, len(tokens), maxTokens))
+		return
+	}
+
+	reqID := fmt.Sprintf("%s-%d", m.cfg.ID, m.reqSeq.Add(1))
+	wt, err := m.drv.submit(r.Context(), engine.Request{ID: reqID, Tokens: tokens, OutputTokens: maxTokens})
+	switch {
+	case err == nil:
+	case errors.Is(err, engine.ErrRequest):
+		m.badRequest(w, err.Error())
+		return
+	case errors.Is(err, errStopped):
+		m.ctr.serverErrors.Add(1)
+		writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the worker is shutting down")
+		return
+	case r.Context().Err() != nil:
+		m.ctr.cancelled.Add(1)
+		return
+	default:
+		m.ctr.serverErrors.Add(1)
+		writeError(w, http.StatusInternalServerError, "server_error", "", err.Error())
+		return
+	}
+	m.ctr.inflight.Add(1)
+	defer m.ctr.inflight.Add(-1)
+	finished := false
+	defer func() {
+		if !finished {
+			m.drv.cancel(reqID)
+			m.ctr.cancelled.Add(1)
+		}
+	}()
+
+	g := &generation{
+		id: "cmpl-" + reqID, object: "text_completion", chat: chat,
+		created: time.Now().Unix(), model: m.cfg.Model,
+		pieces: outputPieces(m.tok, outputIDs(m.cfg.Seed, tokens, maxTokens)),
+	}
+	if chat {
+		g.id, g.object = "chatcmpl-"+reqID, "chat.completion"
+	}
+	if in.Stream {
+		m.ctr.streams.Add(1)
+		finished = m.streamAnswer(w, r, wt, g)
+	} else {
+		finished = m.plainAnswer(w, r, wt, g)
+	}
+	if finished {
+		m.ctr.completed.Add(1)
+		m.ctr.promptTokens.Add(uint64(g.usage.PromptTokens))
+		m.ctr.cachedTokens.Add(uint64(g.usage.PromptTokensDetails.CachedTokens))
+		m.ctr.outputToks.Add(uint64(g.usage.CompletionTokens))
+	}
+}
+
+func (g *generation) setUsage(o engine.Output) {
+	g.usage.PromptTokens = o.PromptTokens
+	g.usage.CompletionTokens = len(g.pieces)
+	g.usage.TotalTokens = o.PromptTokens + len(g.pieces)
+	g.usage.PromptTokensDetails.CachedTokens = o.CachedTokens
+}
+
+func strPtr(s string) *string { return &s }
+
+// plainAnswer waits for the request to finish and writes the whole answer.
+// False: the client went away or the engine stopped.
+func (m *Mock) plainAnswer(w http.ResponseWriter, r *http.Request, wt *waiter, g *generation) bool {
+	for {
+		ups, stopped := wt.take()
+		for _, u := range ups {
+			if u.out.Kind != engine.Finished {
+				continue
+			}
+			g.setUsage(u.out)
+			text := strings.Join(g.pieces, "")
+			choice := choiceDoc{FinishReason: strPtr("stop")}
+			if g.chat {
+				choice.Message = &messageDoc{Role: "assistant", Content: text}
+			} else {
+				choice.Text = &text
+			}
+			writeJSON(w, http.StatusOK, responseDoc{ID: g.id, Object: g.object, Created: g.created, Model: g.model,
+				Choices: []choiceDoc{choice}, Usage: &g.usage})
+			return true
+		}
+		if stopped {
+			m.ctr.serverErrors.Add(1)
+			writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the worker shut down before the request finished")
+			return false
+		}
+		select {
+		case <-wt.notify:
+		case <-r.Context().Done():
+			return false
+		}
+	}
+}
+
+// sse writes server-sent events.
+type sse struct {
+	w   io.Writer
+	rc  *http.ResponseController
+	err error
+}
+
+func (s *sse) data(v any) {
+	if s.err != nil {
+		return
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		s.err = err
+		return
+	}
+	_, s.err = fmt.Fprintf(s.w, "data: %s\n\n", b)
+}
+
+func (s *sse) done() {
+	if s.err == nil {
+		_, s.err = io.WriteString(s.w, "data: [DONE]\n\n")
+	}
+}
+
+func (s *sse) flush() {
+	if s.err == nil {
+		s.err = s.rc.Flush()
+	}
+}
+
+// chunk is one streamed piece (final: the finish chunk, with no text).
+func (g *generation) chunk(i int, final bool) responseDoc {
+	choice := choiceDoc{}
+	var text string
+	if !final {
+		text = g.pieces[i]
+	} else {
+		choice.FinishReason = strPtr("stop")
+	}
+	object := "text_completion"
+	if g.chat {
+		object = "chat.completion.chunk"
+		choice.Delta = &deltaDoc{}
+		if !final {
+			choice.Delta.Content = &text
+		}
+		if i == 0 && !final {
+			choice.Delta.Role = "assistant"
+		}
+	} else {
+		choice.Text = &text
+	}
+	return responseDoc{ID: g.id, Object: object, Created: g.created, Model: g.model, Choices: []choiceDoc{choice}}
+}
+
+// streamAnswer streams the answer as SSE: nothing is sent in the body
+// before the engine's first token (the router takes the first body bytes
+// as the end of prefill); the other tokens follow at the engine's decode
+// pace, the rest at once when the engine finishes; then the finish chunk,
+// a usage chunk (always: the router audits cached tokens from it) and
+// [DONE]. False: the client went away or the engine stopped.
+func (m *Mock) streamAnswer(w http.ResponseWriter, r *http.Request, wt *waiter, g *generation) bool {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	s := &sse{w: w, rc: http.NewResponseController(w)}
+	s.flush()
+
+	n := len(g.pieces)
+	emitted := 0
+	var (
+		firstAt time.Time
+		itl     time.Duration
+		final   *engine.Output
+	)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		ups, stopped := wt.take()
+		for _, u := range ups {
+			switch u.out.Kind {
+			case engine.FirstToken:
+				if emitted == 0 {
+					firstAt, itl = time.Now(), u.itl
+					s.data(g.chunk(0, false))
+					emitted = 1
+				}
+			case engine.Finished:
+				o := u.out
+				final = &o
+			}
+		}
+		if final != nil {
+			for ; emitted < n; emitted++ {
+				s.data(g.chunk(emitted, false))
+			}
+			g.setUsage(*final)
+			s.data(g.chunk(0, true))
+			s.data(responseDoc{ID: g.id, Object: g.chunk(0, true).Object, Created: g.created, Model: g.model,
+				Choices: []choiceDoc{}, Usage: &g.usage})
+			s.done()
+			s.flush()
+			return s.err == nil
+		}
+		if stopped {
+			m.ctr.serverErrors.Add(1)
+			s.data(map[string]any{"error": map[string]any{"message": "the worker shut down before the request finished", "type": "server_error", "code": 503}})
+			s.flush()
+			return false
+		}
+		// Pace the middle tokens; the last one waits for Finished.
+		var tick <-chan time.Time
+		if emitted > 0 && emitted < n-1 {
+			for emitted < n-1 && !time.Now().Before(firstAt.Add(time.Duration(emitted)*itl)) {
+				s.data(g.chunk(emitted, false))
+				emitted++
+			}
+			if emitted < n-1 {
+				timer.Reset(time.Until(firstAt.Add(time.Duration(emitted) * itl)))
+				tick = timer.C
+			}
+		}
+		s.flush()
+		if s.err != nil {
+			return false // the client went away
+		}
+		select {
+		case <-wt.notify:
+		case <-tick:
+		case <-r.Context().Done():
+			return false
+		}
+	}
+}
+
+func (m *Mock) models(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []map[string]any{
+		{"id": m.cfg.Model, "object": "model", "created": m.started.Unix(), "owned_by": "kvmock",
+			"max_model_len": m.engCfg.MaxModelLen},
+	}})
+}
+
+func (m *Mock) health(w http.ResponseWriter, _ *http.Request) {
+	if isClosed(m.drv.done) {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "stopped", "id": m.cfg.ID})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "id": m.cfg.ID, "model": m.cfg.Model})
+}
