@@ -154,7 +154,7 @@ touch "$run_dir/$marker"
 
 # --- process bookkeeping and shutdown -----------------------------------------
 pids=() names=() logs=()
-tail_pid= sleeper= stopping=0 force=0
+tail_pid= sleeper= stopping=0 force=0 stop_t0=0
 
 alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
 
@@ -162,8 +162,11 @@ stop_all() {
   [ "$stopping" = 1 ] && return
   stopping=1
   [ ${#pids[@]} = 0 ] && return
-  # A second Ctrl-C while stopping skips the grace period.
-  trap 'force=1' INT TERM HUP
+  # A second Ctrl-C while stopping skips the grace period. Signals within the
+  # first second do not count: `make` forwards the same SIGTERM/SIGINT to us
+  # right after the process group got it.
+  stop_t0=$SECONDS
+  trap '[ $((SECONDS - stop_t0)) -ge 1 ] && force=1' INT TERM HUP
   local i pid left deadline
   say "stopping everything it started..."
   for i in "${!pids[@]}"; do
