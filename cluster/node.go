@@ -499,7 +499,8 @@ func (n *Node) OnLeadership(fn func(isLeader bool)) {
 // WhileLeader runs fn in a new goroutine each time this node gains
 // leadership (after the barrier), with a context cancelled when leadership
 // is lost or the node shuts down. The next run starts only after fn returned,
-// so at most one instance runs. Meant for the ingest consumer.
+// so at most one instance runs; fn must return promptly once ctx is done
+// (losing leadership waits for it). Meant for the ingest consumer.
 func (n *Node) WhileLeader(fn func(ctx context.Context)) {
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -122,6 +122,11 @@ type ConsumerMetrics struct {
 	ApplyErrors   prometheus.Counter     // batches the applier refused (redelivered)
 	FetchErrors   prometheus.Counter
 	AckErrors     prometheus.Counter // acks that failed to send (the events come back, harmlessly)
+	// DeliveryGaps counts fetched batches whose consumer sequence did not
+	// continue the previous one: a delivery was lost (a consumer leader
+	// change, a fetch abandoned at its deadline), so the batch was dropped
+	// and the consumer rewound to keep stream order.
+	DeliveryGaps prometheus.Counter
 }
 
 func newConsumerMetrics(reg prometheus.Registerer) *ConsumerMetrics {
@@ -145,6 +150,9 @@ func newConsumerMetrics(reg prometheus.Registerer) *ConsumerMetrics {
 		FetchErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvrouter", Subsystem: "eventbus", Name: "fetch_errors_total",
 			Help: "Failed fetches from the KV event stream."}),
+		DeliveryGaps: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "delivery_gaps_total",
+			Help: "Fetched batches dropped and re-fetched because a delivery before them was lost."}),
 		AckErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvrouter", Subsystem: "eventbus", Name: "ack_errors_total",
 			Help: "Acks that could not be sent (those events are redelivered and skipped as duplicates)."}),
@@ -160,6 +168,7 @@ func newConsumerMetrics(reg prometheus.Registerer) *ConsumerMetrics {
 		m.ApplyErrors = register(reg, m.ApplyErrors)
 		m.FetchErrors = register(reg, m.FetchErrors)
 		m.AckErrors = register(reg, m.AckErrors)
+		m.DeliveryGaps = register(reg, m.DeliveryGaps)
 	}
 	return m
 }
@@ -190,6 +199,10 @@ type Consumer struct {
 
 	mu   sync.Mutex // guards cons
 	cons jetstream.Consumer
+
+	// Delivery-sequence tracking, used only by Run's goroutine.
+	nextDseq uint64 // the consumer sequence the next delivery must carry; 0 = unknown
+	rewound  bool   // nothing delivered since the last rewind
 }
 
 // NewConsumer creates (or updates) the durable consumer on the stream, which
@@ -273,10 +286,7 @@ func (c *Consumer) Run(ctx context.Context, applier Applier) error {
 		}
 		return err
 	}
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_, err = c.js.ResetConsumer(rctx, c.cfg.Stream, c.cfg.Durable)
-	cancel()
-	if err != nil && ctx.Err() == nil {
+	if err := c.reset(ctx); err != nil && ctx.Err() == nil {
 		// An old server without the reset API: unacked events of the
 		// previous leader come back after AckWait instead.
 		c.log.Warn("reset consumer to ack floor failed", "err", err)
@@ -310,6 +320,14 @@ func (c *Consumer) Run(ctx context.Context, applier Applier) error {
 		}
 		busy = len(msgs) > 0
 		if !busy {
+			continue
+		}
+		if !c.inSequence(msgs) {
+			c.metrics.DeliveryGaps.Inc()
+			if ok, n := c.limiter.allow("gap"); ok {
+				c.log.Warn("lost a delivery before this batch; re-fetching from the ack floor", "suppressed", n)
+			}
+			c.rewind(ctx, msgs)
 			continue
 		}
 		if c.process(ctx, msgs, applier) {
@@ -490,6 +508,42 @@ func (c *Consumer) ackAll(ctx context.Context, msgs []jetstream.Msg) {
 	}
 }
 
+// inSequence checks that msgs continue the consumer's delivery sequence.
+// The consumer numbers every delivery (redeliveries included) 1, 2, 3…
+// from its last reset, and only this Run fetches from it, so a jump means a
+// delivery never reached us: it would come back only after AckWait, behind
+// newer events. Right after a rewind the first delivery is accepted as it
+// comes, so a wrong assumption cannot loop.
+func (c *Consumer) inSequence(msgs []jetstream.Msg) bool {
+	for _, m := range msgs {
+		md, err := m.Metadata()
+		if err != nil {
+			c.nextDseq = 0
+			continue
+		}
+		d := md.Sequence.Consumer
+		if c.nextDseq != 0 && d != c.nextDseq && !c.rewound {
+			return false
+		}
+		c.rewound = false
+		c.nextDseq = d + 1
+	}
+	return true
+}
+
+// reset moves the consumer back to its ack floor: everything delivered and
+// not acked is delivered again, first and in stream order.
+func (c *Consumer) reset(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := c.js.ResetConsumer(rctx, c.cfg.Stream, c.cfg.Durable); err != nil {
+		c.nextDseq, c.rewound = 0, false
+		return err
+	}
+	c.nextDseq, c.rewound = 1, true
+	return nil
+}
+
 // rewind gives back a batch that was fetched but not committed, so that it
 // is delivered again, first and in stream order. It resets the consumer to
 // its ack floor (a synchronous request, so the next fetch cannot overtake
@@ -502,9 +556,7 @@ func (c *Consumer) rewind(ctx context.Context, msgs []jetstream.Msg) {
 		return
 	}
 	if ctx.Err() == nil {
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := c.js.ResetConsumer(rctx, c.cfg.Stream, c.cfg.Durable)
-		cancel()
+		err := c.reset(ctx)
 		if err == nil {
 			return
 		}

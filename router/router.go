@@ -75,6 +75,11 @@ type Router struct {
 
 	predicted *Index // kv-approx: blocks this router believes it placed
 	preds     predictions
+	// shared, when set, replaces the private predictions: kv-approx reads
+	// the replicated ones and hands new ones to record (the replica proposes
+	// them through Raft so every replica predicts alike).
+	shared       OverlapSource
+	sharedRecord func(w WorkerID, hashes []uint64, now time.Time)
 
 	buf      []Overlap
 	loads    []LoadRow // per worker, parallel to workers, during a decision
@@ -172,9 +177,22 @@ func (r *Router) Route(req Request, now time.Time) (Decision, error) {
 	prefill := req.Tokens - d.Overlap*r.cfg.BlockSize
 	r.load.Add(Booking{ID: req.ID, Worker: d.Worker, Hashes: req.Hashes, PrefillTokens: prefill, Added: now})
 	if r.cfg.Mode == ModeKVApprox {
-		r.predictLocked(d.Worker, req.Hashes, now)
+		if r.sharedRecord != nil {
+			r.sharedRecord(d.Worker, req.Hashes, now)
+		} else {
+			r.predictLocked(d.Worker, req.Hashes, now)
+		}
 	}
 	return d, nil
+}
+
+// UseSharedPredictions makes kv-approx mode read predictions from src and
+// pass new ones to record instead of keeping them in this router. record is
+// called with the router's lock held: it must not call back into the router.
+func (r *Router) UseSharedPredictions(src OverlapSource, record func(w WorkerID, hashes []uint64, now time.Time)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.shared, r.sharedRecord = src, record
 }
 
 // PrefillDone records a request's first token.
@@ -236,6 +254,9 @@ func (r *Router) overlapsLocked(hashes []uint64) []int {
 		src = r.index
 	case ModeKVApprox:
 		src = r.predicted
+		if r.shared != nil {
+			src = r.shared
+		}
 	default:
 		return r.overlaps
 	}

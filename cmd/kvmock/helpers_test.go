@@ -159,9 +159,10 @@ func testConfig(t *testing.T) config {
 	return cfg
 }
 
-// startMock runs a kvmock; mutate adjusts its configuration. The fake
-// publisher is used unless noBus.
-func startMock(t *testing.T, mutate func(*config), noBus bool) *testMock {
+// startMock runs a kvmock; mutate adjusts its configuration, before
+// adjusts the Mock before it starts. The fake publisher is used unless
+// noBus.
+func startMock(t *testing.T, mutate func(*config), noBus bool, before ...func(*Mock)) *testMock {
 	t.Helper()
 	cfg := testConfig(t)
 	if mutate != nil {
@@ -181,6 +182,9 @@ func startMock(t *testing.T, mutate func(*config), noBus bool) *testMock {
 	m, err := newMock(cfg, testLog(t), connect)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, fn := range before {
+		fn(m)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeRouter is a kvrouter replica's /workers endpoints: it fails the
+// first failRegister registrations with 503, then accepts.
+type fakeRouter struct {
+	mu           sync.Mutex
+	failRegister int
+	calls        []string // "register" / "deregister", in order
+	specs        []workerSpec
+	dereg        []string
+	token        string
+}
+
+func (f *fakeRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.token != "" && r.Header.Get("Authorization") != "Bearer "+f.token {
+		http.Error(w, `{"error":"admin endpoints need the bearer token"}`, http.StatusUnauthorized)
+		return
+	}
+	body, _ := io.ReadAll(r.Body)
+	switch r.URL.Path {
+	case "/workers/register":
+		f.calls = append(f.calls, "register")
+		if f.failRegister > 0 {
+			f.failRegister--
+			http.Error(w, `{"error":"no leader"}`, http.StatusServiceUnavailable)
+			return
+		}
+		var s workerSpec
+		if err := json.Unmarshal(body, &s); err != nil {
+			http.Error(w, err.Error(), 400)
+			return
+		}
+		f.specs = append(f.specs, s)
+		fmt.Fprintf(w, `{"registered":%q}`, s.ID)
+	case "/workers/deregister":
+		f.calls = append(f.calls, "deregister")
+		var b struct{ ID string }
+		_ = json.Unmarshal(body, &b)
+		f.dereg = append(f.dereg, b.ID)
+		if len(f.specs) == 0 {
+			http.Error(w, `{"error":"unknown worker"}`, http.StatusNotFound)
+			return
+		}
+		fmt.Fprintf(w, `{"deregistered":%q}`, b.ID)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func (f *fakeRouter) state() ([]string, []workerSpec) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.calls...), append([]workerSpec(nil), f.specs...)
+}
+
+// Registration retries until a replica accepts, renews the lease, holds
+// the KV events back until it is registered, and deregisters on shutdown.
+func TestMockRegister(t *testing.T) {
+	fr := &fakeRouter{failRegister: 1 << 30, token: "s3cret"}
+	srv := httptest.NewServer(fr)
+	defer srv.Close()
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close() // connection refused: the next URL must be tried
+
+	tm := startMock(t, func(c *config) {
+		c.Register = []string{deadURL, srv.URL}
+		c.RegisterInterval = 50 * time.Millisecond
+		c.AdminToken = "s3cret"
+	}, false, func(m *Mock) { m.reg.backoffMin, m.reg.backoffMax = 5*time.Millisecond, 20*time.Millisecond })
+	// Before the first registration succeeds, no event is published.
+	post(t, tm.url+"/v1/completions", map[string]any{"prompt": words("g", 40), "max_tokens": 1})
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if calls, _ := fr.state(); len(calls) < 4 {
+			return fmt.Errorf("%d calls", len(calls))
+		}
+		return nil
+	})
+	if n := len(tm.pub.snapshot()); n != 0 {
+		t.Fatalf("%d events published before registration", n)
+	}
+	fr.mu.Lock()
+	fr.failRegister = 2
+	fr.mu.Unlock()
+
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if _, specs := fr.state(); len(specs) < 3 {
+			return fmt.Errorf("%d registrations", len(specs))
+		}
+		return nil
+	})
+	calls, specs := fr.state()
+	if calls[0] != "deregister" {
+		t.Fatalf("calls %v: the previous incarnation is not cleared first", calls)
+	}
+	want := workerSpec{ID: "mock-1", URL: tm.url, Model: "kvmock", BlockSize: 16, TotalBlocks: 512, MaxBatchedTokens: 8192}
+	if specs[0] != want {
+		t.Fatalf("spec %+v, want %+v", specs[0], want)
+	}
+	// Registered: the held-back events go out, in order.
+	evs := waitEvents(t, tm.pub, 2)
+	checkContiguous(t, evs)
+
+	tm.stop()
+	calls, _ = fr.state()
+	if calls[len(calls)-1] != "deregister" {
+		t.Fatalf("last call %q, want deregister", calls[len(calls)-1])
+	}
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	if fr.dereg[len(fr.dereg)-1] != "mock-1" {
+		t.Fatalf("deregistered %v", fr.dereg)
+	}
+	if r := tm.m.reg; r.renewals.Load() < 3 || r.failures.Load() < 2 {
+		t.Fatalf("renewals %d failures %d", r.renewals.Load(), r.failures.Load())
+	}
+}
+
+// post tries the replicas in turn and remembers the one that answered.
+func TestMockRegistrarFailover(t *testing.T) {
+	var hits [2]int
+	var mu sync.Mutex
+	mk := func(i, status int) *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			hits[i]++
+			mu.Unlock()
+			w.WriteHeader(status)
+		}))
+	}
+	a, b := mk(0, http.StatusServiceUnavailable), mk(1, http.StatusOK)
+	defer a.Close()
+	defer b.Close()
+	r := newRegistrar([]string{a.URL, b.URL}, workerSpec{ID: "w"}, time.Second, testLog(t))
+	ctx := t.Context()
+	for range 3 {
+		if err := r.post(ctx, "/workers/register", r.spec, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	got := hits
+	mu.Unlock()
+	if got != [2]int{1, 3} {
+		t.Fatalf("hits %v: want one failed try of the first replica, then the second one only", got)
+	}
+	if err := newRegistrar([]string{a.URL}, workerSpec{ID: "w"}, time.Second, testLog(t)).post(ctx, "/x", 1, false); err == nil || !strings.Contains(err.Error(), "503") {
+		t.Fatalf("err %v", err)
+	}
+}

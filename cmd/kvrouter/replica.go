@@ -1,0 +1,397 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/cluster"
+	"github.com/kvrouter/kvrouter/eventbus"
+	"github.com/kvrouter/kvrouter/fsm"
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// replica composes one kvrouter replica: the Raft node over the FSM, the
+// event bus, one router per model reading the replicated index, and replica
+// sync of load. It implements api.Replica.
+type replica struct {
+	cfg  serveConfig
+	log  *slog.Logger
+	reg  *prometheus.Registry
+	fsm  *fsm.FSM
+	node *cluster.Node
+	bus  *eventbus.Bus
+	sync *eventbus.Syncer
+
+	mu      sync.RWMutex
+	routers map[string]*router.Router
+	models  map[router.WorkerID]string // worker rank → model, for remote load
+	remote  map[string]string          // remote request id → model
+
+	health *workerHealth
+	preds  *predictionBatcher
+}
+
+// Errors the replica maps onto the API's.
+func apiError(err error) error {
+	var rej *cluster.RejectedError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, router.ErrInvalidConfig), errors.Is(err, fsm.ErrInvalidCommand), errors.As(err, &rej):
+		return fmt.Errorf("%w: %v", api.ErrInvalid, err)
+	case errors.Is(err, cluster.ErrNoLeader), errors.Is(err, cluster.ErrOutcomeUnknown):
+		return fmt.Errorf("%w: %v", api.ErrUnavailable, err)
+	}
+	return err
+}
+
+func (r *replica) NodeID() string { return r.cfg.NodeID }
+
+// Models are the configured models plus those of registered workers.
+func (r *replica) Models() []string {
+	set := map[string]bool{}
+	for _, m := range r.cfg.Models {
+		set[m] = true
+	}
+	for _, m := range r.fsm.Models() {
+		set[m] = true
+	}
+	out := make([]string, 0, len(set))
+	for m := range set {
+		out = append(out, m)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (r *replica) knownModel(model string) bool { return slices.Contains(r.Models(), model) }
+
+// Router returns the model's router, creating it on first use.
+func (r *replica) Router(model string) (*router.Router, bool) {
+	r.mu.RLock()
+	rt, ok := r.routers[model]
+	r.mu.RUnlock()
+	if ok {
+		return rt, true
+	}
+	if !r.knownModel(model) {
+		return nil, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rt, ok := r.routers[model]; ok {
+		return rt, true
+	}
+	rt, err := router.New(r.modelConfig(model), r.fsm.Overlaps(), uint64(time.Now().UnixNano()))
+	if err != nil {
+		r.log.Error("router for model", "model", model, "err", err)
+		return nil, false
+	}
+	rt.UseSharedPredictions(r.fsm.PredictedOverlaps(), r.preds.record)
+	rt.SetWorkers(r.fsm.WorkerInfos(model))
+	for _, w := range r.fsm.WorkerInfos(model) {
+		r.models[w.ID] = model
+	}
+	r.routers[model] = rt
+	return rt, true
+}
+
+// modelConfig is the replicated configuration of a model over our flags.
+func (r *replica) modelConfig(model string) router.Config {
+	c := r.fsm.ModelConfig(model)
+	c.Mode = r.cfg.Router.Mode
+	return c
+}
+
+// refresh re-reads workers and configuration into the routers after a
+// replicated change.
+func (r *replica) refresh() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for model, rt := range r.routers {
+		infos := r.fsm.WorkerInfos(model)
+		rt.SetWorkers(infos)
+		for _, w := range infos {
+			r.models[w.ID] = model
+		}
+		if err := rt.SetConfig(r.modelConfig(model)); err != nil {
+			r.log.Error("replicated configuration rejected by the router", "model", model, "err", err)
+		}
+	}
+}
+
+func (r *replica) WorkerURL(id router.WorkerID) (string, bool) {
+	base, _, _ := strings.Cut(string(id), "#")
+	w, ok := r.fsm.Worker(base)
+	if !ok || w.Address == "" {
+		return "", false
+	}
+	return strings.TrimRight(w.Address, "/"), true
+}
+
+func (r *replica) Thresholds(model string) (router.Thresholds, bool) {
+	if !r.knownModel(model) {
+		return router.Thresholds{}, false
+	}
+	return r.fsm.ModelConfig(model).Thresholds, true
+}
+
+func (r *replica) SetThresholds(ctx context.Context, model string, u api.ThresholdUpdate) (router.Thresholds, error) {
+	cmd := fsm.SetModelConfig{Model: model, Thresholds: router.Thresholds{
+		ActiveDecodeBlocks: u.ActiveDecodeBlocks, ActivePrefillTokens: u.ActivePrefillTokens, ActivePrefillTokensFrac: u.ActivePrefillTokensFrac}}
+	if u.ClearActiveDecodeBlocks {
+		cmd.Reset |= fsm.FieldActiveDecodeBlocks
+	}
+	if u.ClearActivePrefillTokens {
+		cmd.Reset |= fsm.FieldActivePrefillTokens
+	}
+	if u.ClearActivePrefillTokensFrac {
+		cmd.Reset |= fsm.FieldActivePrefillTokensFrac
+	}
+	// Validate before proposing: nothing invalid enters the log.
+	if _, err := r.fsm.CheckModelConfig(cmd); err != nil {
+		return router.Thresholds{}, fmt.Errorf("%w: %v", api.ErrInvalid, err)
+	}
+	b, err := fsm.EncodeSetModelConfig(cmd)
+	if err != nil {
+		return router.Thresholds{}, fmt.Errorf("%w: %v", api.ErrInvalid, err)
+	}
+	if err := r.propose(ctx, b); err != nil {
+		return router.Thresholds{}, apiError(err)
+	}
+	// The change is committed; a follower's FSM may apply it a moment later.
+	r.waitApplied(ctx)
+	return r.fsm.ModelConfig(model).Thresholds, nil
+}
+
+// propose applies a command through Raft (forwarded when not the leader)
+// and surfaces the FSM's domain error.
+func (r *replica) propose(ctx context.Context, cmd []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := r.node.Apply(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	if res, ok := resp.(*fsm.ApplyResult); ok && res.Err != nil {
+		return res.Err
+	}
+	return nil
+}
+
+// waitApplied waits until this replica's FSM applied what the leader
+// committed (read-your-writes on followers), bounded by ctx and 2 s.
+func (r *replica) waitApplied(ctx context.Context) {
+	deadline := time.Now().Add(2 * time.Second)
+	target := r.node.Status().CommitIndex
+	for r.fsm.AppliedIndex() < target && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// leaseFor is how long a registration lasts without renewal (kvmock renews
+// every 30 s); static workers never expire.
+const leaseFor = 120 * time.Second
+
+func (r *replica) RegisterWorker(ctx context.Context, w api.WorkerSpec) error {
+	ranks := uint32(max(w.DPRanks, 1))
+	cmd := fsm.RegisterWorker{ID: w.ID, DPRanks: ranks, Address: w.URL, Model: w.Model, BlockSize: w.BlockSize,
+		TotalBlocks: w.TotalBlocks, MaxBatchedTokens: w.MaxBatchedTokens, LeaseUntil: time.Now().Add(leaseFor).UnixNano()}
+	if w.BlockSize != r.fsm.BlockSize() {
+		return fmt.Errorf("%w: worker %s block size %d differs from the router's %d: its blocks would never match",
+			api.ErrInvalid, w.ID, w.BlockSize, r.fsm.BlockSize())
+	}
+	if err := cmd.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", api.ErrInvalid, err)
+	}
+	b, err := fsm.EncodeRegisterWorker(cmd)
+	if err != nil {
+		return fmt.Errorf("%w: %v", api.ErrInvalid, err)
+	}
+	if err := r.propose(ctx, b); err != nil {
+		return apiError(err)
+	}
+	r.waitApplied(ctx)
+	return nil
+}
+
+func (r *replica) DeregisterWorker(ctx context.Context, id string) error {
+	if _, ok := r.fsm.Worker(id); !ok {
+		return fmt.Errorf("%w: worker %q is not registered", api.ErrInvalid, id)
+	}
+	b, err := fsm.EncodeDeregisterWorker(fsm.DeregisterWorker{ID: id})
+	if err != nil {
+		return fmt.Errorf("%w: %v", api.ErrInvalid, err)
+	}
+	return apiError(r.propose(ctx, b))
+}
+
+func (r *replica) Ready() (bool, string) {
+	ok, reason := r.node.Ready()
+	if !ok {
+		return false, reason
+	}
+	if r.bus != nil && !r.bus.Conn().IsConnected() {
+		return false, "event bus disconnected"
+	}
+	return true, "ok"
+}
+
+// Status is /cluster/status: the node's Raft status plus what routes.
+func (r *replica) Status() map[string]any {
+	st := r.node.Status()
+	out := map[string]any{
+		"node_id": st.NodeID, "raft_addr": st.RaftAddr, "state": st.State, "leader_id": st.LeaderID,
+		"leader_addr": st.LeaderAddr, "term": st.Term, "applied_index": st.AppliedIndex,
+		"commit_index": st.CommitIndex, "last_snapshot_index": st.LastSnapshotIndex,
+		"snapshots_restored": st.SnapshotsRestored, "peers": st.Peers, "ready": st.Ready,
+		"ready_reason": st.ReadyReason, "digest": r.fsm.Digest(), "pid": os.Getpid(),
+		"index_blocks": r.fsm.Index().Len(), "models": r.Models(), "http": r.cfg.AdvertiseHTTP,
+	}
+	var workers []map[string]any
+	stale := r.fsm.Stale()
+	cursors := r.fsm.Cursors()
+	missing := r.health.missing()
+	for _, w := range r.fsm.Workers() {
+		entry := map[string]any{"id": w.ID, "url": w.Address, "model": w.Model, "block_size": w.BlockSize,
+			"total_kv_blocks": w.TotalBlocks, "dp_ranks": w.DPRanks}
+		var ranks []map[string]any
+		for _, key := range w.Keys() {
+			rk := fsm.RankKey{Worker: w.ID, DPRank: rankOf(key)}
+			rank := map[string]any{"rank": rk.DPRank, "blocks": r.fsm.Index().Held(key), "last_event_id": cursors[rk]}
+			if s, ok := stale[rk]; ok {
+				rank["stale"] = s.Reason
+			}
+			if since, ok := missing[key]; ok {
+				rank["events_missing_for_s"] = since.Seconds()
+			}
+			ranks = append(ranks, rank)
+		}
+		entry["ranks"] = ranks
+		workers = append(workers, entry)
+	}
+	out["workers"] = workers
+	if r.bus != nil {
+		out["nats_url"] = r.bus.ClientURL()
+	}
+	if r.sync != nil {
+		out["replica_sync"] = r.sync.Stats()
+	}
+	out["fsm"] = r.fsm.Stats()
+	return out
+}
+
+func rankOf(id router.WorkerID) uint32 {
+	_, rank, ok := strings.Cut(string(id), "#")
+	if !ok {
+		return 0
+	}
+	var n uint32
+	fmt.Sscan(rank, &n)
+	return n
+}
+
+// Load notifications: publish to the other replicas.
+
+func (r *replica) Booked(model string, b router.Booking) {
+	r.health.routed(b.Worker)
+	if r.sync == nil {
+		return
+	}
+	overlap := 0
+	if bs := r.fsm.BlockSize(); bs > 0 {
+		overlap = len(b.Hashes) - (b.PrefillTokens+bs-1)/bs
+	}
+	if err := r.sync.Add(eventbus.ActiveRequest{Request: b.ID, Worker: b.Worker, Hashes: b.Hashes,
+		ISL: b.PrefillTokens, Overlap: max(overlap, 0)}); err != nil {
+		r.log.Debug("replica sync add", "err", err)
+	}
+}
+
+func (r *replica) PrefillDone(_, id string) {
+	if r.sync != nil {
+		_ = r.sync.PrefillDone(id)
+	}
+}
+
+func (r *replica) Freed(_, id string) {
+	if r.sync != nil {
+		_ = r.sync.Free(id)
+	}
+}
+
+// Remote load (eventbus.LoadSink): other replicas' requests booked into our
+// routers under their replica id, so a silent replica's load can be dropped.
+
+func (r *replica) routerOfWorker(w router.WorkerID) *router.Router {
+	r.mu.RLock()
+	model, ok := r.models[w]
+	r.mu.RUnlock()
+	if !ok {
+		// A worker this replica has not routed to yet: learn its model.
+		base, _, _ := strings.Cut(string(w), "#")
+		rec, found := r.fsm.Worker(base)
+		if !found {
+			return nil
+		}
+		model = rec.Model
+	}
+	rt, _ := r.Router(model)
+	return rt
+}
+
+func remoteID(replica, req string) string { return replica + "/" + req }
+
+func (r *replica) AddRemote(replica string, req eventbus.ActiveRequest) {
+	rt := r.routerOfWorker(req.Worker)
+	if rt == nil {
+		return
+	}
+	rt.Load().Add(router.Booking{ID: remoteID(replica, req.Request), Origin: replica, Worker: req.Worker,
+		Hashes: req.Hashes, PrefillTokens: req.ISL, PrefillDone: req.PrefillDone, Added: time.Now()})
+}
+
+func (r *replica) PrefillDoneRemote(replica, request string) {
+	r.eachRouter(func(rt *router.Router) { rt.Load().PrefillDone(remoteID(replica, request)) })
+}
+
+func (r *replica) FreeRemote(replica, request string) {
+	r.eachRouter(func(rt *router.Router) { rt.Load().Free(remoteID(replica, request)) })
+}
+
+func (r *replica) ReplaceReplica(replica string, active []eventbus.ActiveRequest) {
+	r.DropReplica(replica)
+	for _, a := range active {
+		r.AddRemote(replica, a)
+	}
+}
+
+func (r *replica) DropReplica(replica string) {
+	r.eachRouter(func(rt *router.Router) { rt.Load().DropOrigin(replica) })
+}
+
+func (r *replica) eachRouter(fn func(*router.Router)) {
+	r.mu.RLock()
+	rts := make([]*router.Router, 0, len(r.routers))
+	for _, rt := range r.routers {
+		rts = append(rts, rt)
+	}
+	r.mu.RUnlock()
+	for _, rt := range rts {
+		fn(rt)
+	}
+}
+
+var _ api.Replica = (*replica)(nil)
+var _ eventbus.LoadSink = (*replica)(nil)
