@@ -322,6 +322,14 @@ func (c *Consumer) Run(ctx context.Context, applier Applier) error {
 		if !busy {
 			continue
 		}
+		if c.log.Enabled(ctx, slog.LevelDebug) {
+			first, _ := msgs[0].Metadata()
+			last, _ := msgs[len(msgs)-1].Metadata()
+			if first != nil && last != nil {
+				c.log.Debug("fetched", "msgs", len(msgs), "dseq", first.Sequence.Consumer, "dseq_last", last.Sequence.Consumer,
+					"sseq", first.Sequence.Stream, "sseq_last", last.Sequence.Stream, "expect", c.nextDseq)
+			}
+		}
 		if !c.inSequence(msgs) {
 			c.metrics.DeliveryGaps.Inc()
 			if ok, n := c.limiter.allow("gap"); ok {

@@ -140,6 +140,9 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		}
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c, errHelp
+		}
 		return c, err
 	}
 	if fs.NArg() > 0 {

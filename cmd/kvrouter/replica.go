@@ -245,6 +245,9 @@ func (r *replica) Ready() (bool, string) {
 	if r.bus != nil && !r.bus.Conn().IsConnected() {
 		return false, "event bus disconnected"
 	}
+	if len(r.fsm.Workers()) == 0 && len(r.cfg.StaticWorkers) == 0 {
+		return false, "no workers registered: nothing to route to"
+	}
 	return true, "ok"
 }
 
@@ -259,7 +262,7 @@ func (r *replica) Status() map[string]any {
 		"ready_reason": st.ReadyReason, "digest": r.fsm.Digest(), "pid": os.Getpid(),
 		"index_blocks": r.fsm.Index().Len(), "models": r.Models(), "http": r.cfg.AdvertiseHTTP,
 	}
-	var workers []map[string]any
+	workers := []map[string]any{}
 	stale := r.fsm.Stale()
 	cursors := r.fsm.Cursors()
 	missing := r.health.missing()
@@ -305,7 +308,7 @@ func rankOf(id router.WorkerID) uint32 {
 // Load notifications: publish to the other replicas.
 
 func (r *replica) Booked(model string, b router.Booking) {
-	r.health.routed(b.Worker)
+	r.health.noteRouted(b.Worker)
 	if r.sync == nil {
 		return
 	}
