@@ -113,6 +113,8 @@ func (s *Server) routes() *gin.Engine {
 		for _, p := range []string{"/cluster/join", "/cluster/remove", "/cluster/apply"} {
 			admin.POST(p, h)
 		}
+		// Followers read the leader's commit index here to judge readiness.
+		admin.GET("/cluster/commit", h)
 	}
 	e.NoRoute(func(c *gin.Context) { openAIError(c, http.StatusNotFound, "not_found", "no route "+c.Request.URL.Path) })
 	return e

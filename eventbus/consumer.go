@@ -203,6 +203,7 @@ type Consumer struct {
 	// Delivery-sequence tracking, used only by Run's goroutine.
 	nextDseq uint64 // the consumer sequence the next delivery must carry; 0 = unknown
 	rewound  bool   // nothing delivered since the last rewind
+	ackLost  bool   // a batch's acks were not confirmed: rewind before the next fetch
 }
 
 // NewConsumer creates (or updates) the durable consumer on the stream, which
@@ -296,6 +297,14 @@ func (c *Consumer) Run(ctx context.Context, applier Applier) error {
 	backoff := c.cfg.RetryBackoff
 	busy := false
 	for ctx.Err() == nil {
+		if c.ackLost {
+			// Redeliver the possibly unacked events now (the state machine
+			// skips them) rather than after AckWait behind newer ones.
+			c.ackLost = false
+			if err := c.reset(ctx); err != nil && ctx.Err() == nil {
+				c.log.Warn("reset consumer after lost acks failed", "err", err)
+			}
+		}
 		msgs, err := c.fetch(ctx, cons, busy)
 		if ctx.Err() != nil {
 			nakAll(msgs)
@@ -509,6 +518,7 @@ func (c *Consumer) ackAll(ctx context.Context, msgs []jetstream.Msg) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	if err := msgs[len(msgs)-1].DoubleAck(actx); err != nil {
+		c.ackLost = true
 		c.metrics.AckErrors.Inc()
 		if ok, n := c.limiter.allow("ack"); ok {
 			c.log.Warn("ack of committed batch not confirmed; it will be redelivered and skipped", "err", err, "suppressed", n)

@@ -1006,3 +1006,22 @@ func (f *FSM) Stats() Stats {
 		ExpiredLeases:      s.expiredLeases.Load(),
 	}
 }
+
+// NextExpiry is the earliest time (unix nanos) at which a Tick would expire
+// something — a prediction or a worker lease — or 0 when nothing can expire.
+// The leader ticks only when it is due, so an idle cluster's log (and its
+// digest) stays still; stale heap entries may make it early, never late.
+func (f *FSM) NextExpiry() int64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	var next int64
+	if len(f.st.heap) > 0 {
+		next = f.st.heap[0].until
+	}
+	for _, ws := range f.st.workers {
+		if l := ws.rec.LeaseUntil; l != 0 && (next == 0 || l < next) {
+			next = l
+		}
+	}
+	return next
+}

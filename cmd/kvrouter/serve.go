@@ -109,6 +109,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	defer cancel()
 	node.WhileLeader(func(ctx context.Context) { r.lead(ctx) })
 	go r.registerSelf(runCtx)
+	go r.registerStatic(runCtx)
 	go func() { _ = r.sync.Run(runCtx) }()
 	go r.preds.run(runCtx)
 	go r.health.run(runCtx, r)
@@ -244,6 +245,31 @@ func (r *replica) registerSelf(ctx context.Context) {
 	}
 }
 
+// registerStatic registers the --workers list (no lease: they stay until
+// deregistered) once the cluster takes writes.
+func (r *replica) registerStatic(ctx context.Context) {
+	for _, w := range r.cfg.StaticWorkers {
+		cmd, err := fsm.EncodeRegisterWorker(fsm.RegisterWorker{ID: w.ID, DPRanks: 1, Address: w.URL, Model: r.cfg.Models[0],
+			BlockSize: r.cfg.Router.BlockSize})
+		if err != nil {
+			r.log.Error("static worker", "worker", w.ID, "err", err)
+			continue
+		}
+		for ctx.Err() == nil {
+			if _, ok := r.fsm.Worker(w.ID); ok {
+				break
+			}
+			if err := r.propose(ctx, cmd); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}
+}
+
 // onChange follows replicated changes: routers re-read workers and knobs;
 // stale workers are resynced by the leader.
 func (r *replica) onChange(ch fsm.Change) {
@@ -347,8 +373,10 @@ func (r *replica) applyEvents(_ context.Context, events []eventbus.WireEvent) er
 	return nil
 }
 
-// tick stamps the leader's clock into the log every second: predictions
-// and worker leases expire deterministically on every replica.
+// tick stamps the leader's clock into the log when something is due to
+// expire (checked every second): predictions and worker leases expire
+// deterministically on every replica, and an idle cluster's state stays
+// still so digests compare equal.
 func (r *replica) tick(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -357,6 +385,9 @@ func (r *replica) tick(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
+			if next := r.fsm.NextExpiry(); next == 0 || next > now.UnixNano() {
+				continue
+			}
 			cmd, err := fsm.EncodeTick(fsm.Tick{Now: now.UnixNano()})
 			if err == nil {
 				err = r.propose(ctx, cmd)

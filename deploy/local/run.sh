@@ -312,7 +312,7 @@ if [ "$tail_logs" = 1 ]; then
   tail_args=(-n +1 -F)
   tail --pid=$$ -n 0 /dev/null >/dev/null 2>&1 && tail_args+=(--pid=$$)
   tail "${tail_args[@]}" "$run_dir"/*.log 2>/dev/null </dev/null > >(
-    awk '/^==> .* <==$/ { n = $2; sub(/^.*\//, "", n); sub(/\.log$/, "", n); next }
+    awk '/^==> .* <==$/ { n = $2; sub(/^.*\//, "", n); sub(/\.log$/, "", n); blank = 0; next }
          /^$/ { blank++; next }
          { for (; blank > 0; blank--) print "[" n "] "; print "[" n "] " $0; fflush() }'
   ) &

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvrouter/kvrouter/eventbus"
+)
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Against a real (embedded) NATS JetStream that comes up only after kvmock:
+// the events wait, then reach the KV_EVENTS stream in order with the
+// Nats-Msg-Id dedupe ids, and a resync request over NATS is served.
+func TestMockNATS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("embedded NATS")
+	}
+	port := freePort(t)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	log := testLog(t)
+
+	cfg := testConfig(t)
+	cfg.NATS = url
+	m, err := newMock(cfg, log, natsConnect(url, log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Serve(ctx, ln) }()
+	base := "http://" + ln.Addr().String()
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		}
+	}
+	defer stop()
+
+	// NATS is down: requests are served, events wait in the queue.
+	for i := range 2 {
+		if status, body := post(t, base+"/v1/completions", map[string]any{"prompt": words(fmt.Sprintf("n%d-", i), 50), "max_tokens": 2}); status != 200 {
+			t.Fatalf("HTTP %d: %s", status, body)
+		}
+	}
+	if q := m.q.len(); q != 3 {
+		t.Fatalf("%d events queued while NATS is down, want 3", q)
+	}
+
+	srv, err := eventbus.StartServer(eventbus.ServerConfig{Name: "t", Port: port, StoreDir: t.TempDir(), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := eventbus.Connect(url, "test", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer scancel()
+	stream, err := eventbus.EnsureStream(sctx, js, eventbus.StreamOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	read := func(n int) []eventbus.WireEvent {
+		t.Helper()
+		checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+			info, err := stream.Info(sctx)
+			if err != nil {
+				return err
+			}
+			if info.State.Msgs < uint64(n) {
+				return fmt.Errorf("%d events in the stream, want %d", info.State.Msgs, n)
+			}
+			return nil
+		})
+		var evs []eventbus.WireEvent
+		for seq := uint64(1); seq <= uint64(n); seq++ {
+			msg, err := stream.GetMsg(sctx, seq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev, err := eventbus.Decode(msg.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if msg.Subject != eventbus.EventSubject("mock-1") || msg.Header.Get(jetstream.MsgIDHeader) != ev.MsgID() {
+				t.Fatalf("event %d: subject %q msg id %q", seq, msg.Subject, msg.Header.Get(jetstream.MsgIDHeader))
+			}
+			evs = append(evs, ev)
+		}
+		return evs
+	}
+	evs := read(3)
+	checkContiguous(t, evs)
+	if evs[0].Kind != eventbus.KindCleared || evs[1].Kind != eventbus.KindStored || evs[2].Kind != eventbus.KindStored {
+		t.Fatalf("kinds %d %d %d", evs[0].Kind, evs[1].Kind, evs[2].Kind)
+	}
+
+	var rep eventbus.ResyncReply
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error { // the subscription may lag the connection
+		var err error
+		rep, err = eventbus.RequestResync(sctx, nc, eventbus.ResyncRequest{Worker: "mock-1", LastEventID: 3, Reason: "test"})
+		return err
+	})
+	if !rep.Accepted || rep.NextEventID != 4 {
+		t.Fatalf("resync reply %+v", rep)
+	}
+	evs = read(5)
+	checkContiguous(t, evs)
+	if evs[3].Kind != eventbus.KindCleared || evs[4].Kind != eventbus.KindStored || len(evs[4].Blocks) != len(evs[1].Blocks)+len(evs[2].Blocks) {
+		t.Fatalf("resync events: %+v %+v", evs[3], evs[4])
+	}
+	stop()
+	if st := m.publisher().Stats(); st.Acked != 5 || st.Failed != 0 {
+		t.Fatalf("publisher %+v", st)
+	}
+}
