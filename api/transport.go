@@ -22,4 +22,3 @@ func newWorkerClient(connect time.Duration) *http.Client {
 		DisableCompression:    true, // relay bytes exactly as the worker sent them
 	}}
 }
-

@@ -521,3 +521,50 @@ func TestBusExternalURL(t *testing.T) {
 		t.Fatal("embedded bus not up")
 	}
 }
+
+// A delivery that never reaches the leader (here: stolen by another client
+// of the durable, as a consumer leader change or an abandoned fetch would
+// lose it) is noticed by the jump in the consumer sequence; the consumer
+// rewinds, and the events are still applied in order, exactly once.
+func TestBusConsumerLostDelivery(t *testing.T) {
+	log := testLogger(t)
+	s := startSingle(t, log)
+	nc, js := connect(t, s.ClientURL(), "t", log)
+	ensureStream(t, js, 1)
+	ids := publishN(t, nc, []string{"w1"}, 12)
+	c, err := NewConsumer(context.Background(), js, ConsumerConfig{Logger: log, MaxBatch: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, js2 := connect(t, s.ClientURL(), "thief", log)
+	thief, err := js2.Consumer(context.Background(), StreamName, DefaultDurable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newFakeApplier()
+	var stolen atomic.Int64
+	runConsumer(t, c, ApplierFunc(func(ctx context.Context, evs []WireEvent) error {
+		if err := a.ApplyEvents(ctx, evs); err != nil {
+			return err
+		}
+		if stolen.Load() == 0 {
+			b, err := thief.Fetch(1, jetstream.FetchMaxWait(time.Second))
+			if err != nil {
+				return nil
+			}
+			for range b.Messages() {
+				stolen.Add(1) // never acked
+			}
+		}
+		return nil
+	}))
+	waitApplied(t, a, len(ids))
+	a.check(t, ids, false)
+	if stolen.Load() != 1 {
+		t.Fatalf("stole %d deliveries, want 1", stolen.Load())
+	}
+	if got := counterValue(t, c.Metrics().DeliveryGaps); got < 1 {
+		t.Fatalf("delivery_gaps_total %v", got)
+	}
+	waitStreamEmpty(t, js)
+}

@@ -271,14 +271,16 @@ func (c *Consumer) consumer(ctx context.Context, refresh bool) (jetstream.Consum
 //
 // Each round fetches up to MaxBatch messages, waiting at most BatchWait
 // after the first; decodes and validates each (invalid ones are terminated
-// at once and counted, so they never block the stream); hands the valid
-// ones, in stream order, to applier; and acks them only after it returns
-// nil. On an error nothing is acked: the batch is nak'ed so JetStream
-// redelivers it, in order, in the next round, after a pause.
+// and counted, so they never block the stream); hands the valid ones, in
+// stream order, to applier; and acks them only after it returns nil. On an
+// error nothing is acked: the consumer is rewound to its ack floor so
+// JetStream redelivers the batch, first and in order, after a pause.
 //
 // Run first resets the consumer to its ack floor, so whatever a previous
 // leader fetched but never acked is redelivered now and in stream order,
-// not after AckWait and behind newer events.
+// not after AckWait and behind newer events. It also rewinds when a
+// delivery was lost or a batch's acks were not confirmed (see DESIGN.md).
+// At most one Run per Consumer at a time.
 func (c *Consumer) Run(ctx context.Context, applier Applier) error {
 	cons, err := c.consumer(ctx, false)
 	if err != nil {

@@ -363,7 +363,7 @@ type Reason string
 // Rejection reasons.
 const (
 	ReasonUndecodable       Reason = "undecodable"         // not a WireEvent
-	ReasonBadWorker         Reason = "bad_worker"          // empty, too long or unprintable worker name
+	ReasonBadWorker         Reason = "bad_worker"          // empty, too long, unprintable or '#' in the worker name
 	ReasonBadEventID        Reason = "bad_event_id"        // event id 0
 	ReasonBadKind           Reason = "bad_kind"            // kind not stored/removed/cleared
 	ReasonTooManyBlocks     Reason = "too_many_blocks"     // more blocks (stored or removed) than the cap
@@ -461,10 +461,12 @@ func Validate(ev *WireEvent, maxBlocks int) error {
 	return nil
 }
 
-// printable: no control characters (they would corrupt logs and subjects).
+// printable: no control characters (they would corrupt logs), and no '#',
+// which router.WorkerKey uses to fold in the dp rank ("a#1" rank 0 would
+// collide with "a" rank 1).
 func printable(s string) bool {
 	for _, r := range s {
-		if r < 0x20 || r == 0x7f || r == utf8.RuneError {
+		if r < 0x20 || r == 0x7f || r == utf8.RuneError || r == '#' {
 			return false
 		}
 	}

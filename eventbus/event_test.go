@@ -144,6 +144,7 @@ func TestBusValidate(t *testing.T) {
 		{"empty stored ok", func(e *WireEvent) { e.Blocks = nil }, ""},
 		{"no worker", func(e *WireEvent) { e.Worker = "" }, ReasonBadWorker},
 		{"control char", func(e *WireEvent) { e.Worker = "a\nb" }, ReasonBadWorker},
+		{"rank separator", func(e *WireEvent) { e.Worker = "a#1" }, ReasonBadWorker},
 		{"zero id", func(e *WireEvent) { e.EventID = 0 }, ReasonBadEventID},
 		{"kind 0", func(e *WireEvent) { e.Kind = 0 }, ReasonBadKind},
 		{"kind 4", func(e *WireEvent) { e.Kind = 4 }, ReasonBadKind},

@@ -12,6 +12,8 @@ import (
 type busHooks struct {
 	// onError: the publisher gave up on an event (see eventbus.WithOnError).
 	onError func(eventID uint64, err error)
+	// onAck: the stream acknowledged an event (see eventbus.WithOnAck).
+	onAck func(eventbus.PublishAck)
 	// resync answers a resync request; pub is the connection's publisher.
 	resync func(req eventbus.ResyncRequest, pub Publisher) eventbus.ResyncReply
 }
@@ -33,6 +35,7 @@ func natsConnect(urls string, log *slog.Logger) connectFunc {
 		}
 		pub, err := eventbus.NewPublisher(nc, worker, 0,
 			eventbus.WithOnError(hooks.onError),
+			eventbus.WithOnAck(hooks.onAck),
 			eventbus.WithPublisherLogger(log))
 		if err != nil {
 			nc.Close()

@@ -103,7 +103,7 @@ type eventQueue struct {
 	wake  chan struct{}
 
 	enqueued, published, superseded, snapshots, overflows atomic.Uint64
-	publishErrors, lost, unconfirmed                   atomic.Uint64
+	publishErrors, lost, unconfirmed, duplicates          atomic.Uint64
 }
 
 func newEventQueue(max int, log *slog.Logger) *eventQueue {

@@ -99,6 +99,8 @@ type eventsDoc struct {
 	Overflows     uint64 `json:"overflows"`
 	PublishErrors uint64 `json:"publish_errors"`
 	Lost          uint64 `json:"lost"`
+	Duplicates    uint64 `json:"duplicates"`
+	Unconfirmed   uint64 `json:"unconfirmed"`
 	DroppedNoBus  uint64 `json:"dropped_no_bus"`
 }
 
@@ -147,6 +149,7 @@ func (m *Mock) statsDoc(ctx context.Context) (statsDoc, error) {
 		d.Events.Enqueued, d.Events.Published = q.enqueued.Load(), q.published.Load()
 		d.Events.Superseded, d.Events.Snapshots, d.Events.Overflows = q.superseded.Load(), q.snapshots.Load(), q.overflows.Load()
 		d.Events.PublishErrors, d.Events.Lost = q.publishErrors.Load(), q.lost.Load()
+		d.Events.Duplicates, d.Events.Unconfirmed = q.duplicates.Load(), q.unconfirmed.Load()
 	}
 	if pub := m.publisher(); pub != nil {
 		d.Events.Connected = true
@@ -206,6 +209,7 @@ func (m *Mock) metrics(w http.ResponseWriter, r *http.Request) {
 	metric("kv_event_queue_overflows_total", "counter", "Times the event queue filled up.", ev.Overflows)
 	metric("kv_event_publish_errors_total", "counter", "Failed publish attempts (retried).", ev.PublishErrors)
 	metric("kv_events_lost_total", "counter", "Events the publisher gave up on.", ev.Lost)
+	metric("kv_event_duplicate_acks_total", "counter", "Events the stream acknowledged as duplicates.", ev.Duplicates)
 	metric("kv_events_dropped_no_bus_total", "counter", "Events dropped because no --nats is configured.", ev.DroppedNoBus)
 	if p := d.Publisher; p != nil {
 		metric("kv_events_acked_total", "counter", "KV events acknowledged by the stream.", p.Acked)

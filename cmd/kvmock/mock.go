@@ -211,7 +211,7 @@ func (m *Mock) publisher() Publisher {
 // publishes the event queue until ctx ends; it closes the publisher and
 // the connection on the way out.
 func (m *Mock) runBus(ctx context.Context, ready <-chan struct{}) {
-	hooks := busHooks{onError: m.onPublishError, resync: m.resync}
+	hooks := busHooks{onError: m.onPublishError, onAck: m.onPublishAck, resync: m.resync}
 	backoff := 250 * time.Millisecond
 	var (
 		pub     Publisher
@@ -263,6 +263,23 @@ func (m *Mock) onPublishError(eventID uint64, err error) {
 	m.q.lost.Add(1)
 	m.log.Error("KV event lost by the publisher; republishing the full state", "event_id", eventID, "err", err)
 	go m.drv.send(func() { m.drv.snapshot(fmt.Sprintf("event %d lost", eventID)) })
+}
+
+// onPublishAck watches for duplicate acks. After a lost ack the
+// publisher's re-send is acknowledged as a duplicate, which is harmless.
+// But the stream deduplicates by worker:rank:event_id for a window (2 min
+// by default), and event ids restart at 1 with every run: a worker that
+// restarts inside that window has its first events taken for the previous
+// run's and dropped. Say so loudly.
+func (m *Mock) onPublishAck(a eventbus.PublishAck) {
+	if !a.Duplicate {
+		return
+	}
+	if n := m.q.duplicates.Add(1); n <= 10 || n%1000 == 0 {
+		m.log.Warn("the stream already had this event id: a re-send after a lost ack (harmless), or a previous run of this worker id "+
+			"published the same ids within the stream's dedupe window (then this run's event was dropped and the router's view of this worker is stale)",
+			"event_id", a.EventID, "duplicates", n)
+	}
 }
 
 // resync answers a resync request: queue a cleared event and the full

@@ -71,6 +71,7 @@ func newRegistrar(urls []string, spec workerSpec, interval time.Duration, log *s
 func (r *registrar) run(ctx context.Context) {
 	backoff := r.backoffMin
 	fresh := false
+	failing := 0 // consecutive failures
 	for attempt := 1; ; attempt++ {
 		var err error
 		if !fresh {
@@ -91,11 +92,16 @@ func (r *registrar) run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			r.log.Warn("registration failed; retrying", "err", err, "in", backoff)
+			failing++
+			level := slog.LevelWarn
+			if failing >= 5 { // not a blip: a wrong URL, token or block size
+				level = slog.LevelError
+			}
+			r.log.Log(ctx, level, "registration failed; retrying", "err", err, "failures", failing, "in", backoff)
 			wait = backoff/2 + rand.N(backoff/2+1)
 			backoff = min(2*backoff, r.backoffMax)
 		} else {
-			backoff = r.backoffMin
+			backoff, failing = r.backoffMin, 0
 			if !r.ok.Swap(true) {
 				r.log.Info("registered", "worker", r.spec.ID, "url", r.spec.URL, "model", r.spec.Model,
 					"block_size", r.spec.BlockSize, "total_kv_blocks", r.spec.TotalBlocks)

@@ -49,7 +49,9 @@ func (r *oneReplica) WorkerURL(id router.WorkerID) (string, bool) {
 	u, ok := r.urls[id]
 	return u, ok
 }
-func (r *oneReplica) Thresholds(string) (router.Thresholds, bool) { return r.rt.Config().Thresholds, true }
+func (r *oneReplica) Thresholds(string) (router.Thresholds, bool) {
+	return r.rt.Config().Thresholds, true
+}
 func (r *oneReplica) SetThresholds(context.Context, string, api.ThresholdUpdate) (router.Thresholds, error) {
 	return router.Thresholds{}, api.ErrInvalid
 }

@@ -251,8 +251,10 @@ func splitList(v string) []string {
 	return out
 }
 
-func str(p *string) func(string) error    { return func(v string) error { *p = v; return nil } }
-func list(p *[]string) func(string) error { return func(v string) error { *p = splitList(v); return nil } }
+func str(p *string) func(string) error { return func(v string) error { *p = v; return nil } }
+func list(p *[]string) func(string) error {
+	return func(v string) error { *p = splitList(v); return nil }
+}
 func intp(p *int) func(string) error {
 	return func(v string) error {
 		n, err := strconv.Atoi(v)
@@ -309,5 +311,3 @@ type boolFlag struct{ set func(string) error }
 func (b boolFlag) String() string     { return "" }
 func (b boolFlag) Set(v string) error { return b.set(v) }
 func (b boolFlag) IsBoolFlag() bool   { return true }
-
-

@@ -61,7 +61,7 @@ is_uint() { case $1 in '' | *[!0-9]*) return 1 ;; *) return 0 ;; esac; }
 for v in offset n_workers block_size kv_blocks ready_timeout stop_timeout; do
   is_uint "${!v}" || die "$v must be a whole number, got '${!v}'"
 done
-[ "$n_workers" -ge 1 ] && [ "$n_workers" -le 99 ] || die "KVROUTER_RUN_WORKERS must be 1..99"
+if [ "$n_workers" -lt 1 ] || [ "$n_workers" -gt 99 ]; then die "KVROUTER_RUN_WORKERS must be 1..99"; fi
 [ $((9000 + n_workers + offset)) -le 65535 ] || die "KVROUTER_RUN_PORT_OFFSET $offset pushes ports past 65535"
 
 kvrouter=$bin_dir/kvrouter
@@ -97,7 +97,7 @@ else
   haproxy_bin=
 fi
 
-peers= nats_urls= replica_urls=
+peers='' nats_urls='' replica_urls=''
 for r in "${replicas[@]}"; do
   peers+="${peers:+,}$r=$host:${raft_port[$r]}"
   nats_urls+="${nats_urls:+,}nats://$host:${nats_port[$r]}"
@@ -154,7 +154,7 @@ touch "$run_dir/$marker"
 
 # --- process bookkeeping and shutdown -----------------------------------------
 pids=() names=() logs=()
-tail_pid= sleeper= stopping=0 force=0 stop_t0=0
+tail_pid='' sleeper='' stopping=0 force=0 stop_t0=0
 
 alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
 
@@ -163,10 +163,11 @@ stop_all() {
   stopping=1
   [ ${#pids[@]} = 0 ] && return
   # A second Ctrl-C while stopping skips the grace period. Signals within the
-  # first second do not count: `make` forwards the same SIGTERM/SIGINT to us
+  # first seconds do not count: `make` forwards the same SIGTERM/SIGINT to us
   # right after the process group got it.
+  # shellcheck disable=SC2034 # read by the trap string below
   stop_t0=$SECONDS
-  trap '[ $((SECONDS - stop_t0)) -ge 1 ] && force=1' INT TERM HUP
+  trap '[ $((SECONDS - stop_t0)) -ge 2 ] && force=1' INT TERM HUP
   local i pid left deadline
   say "stopping everything it started..."
   for i in "${!pids[@]}"; do
@@ -226,7 +227,7 @@ nap() {
   sleep "$1" &
   sleeper=$!
   wait "$sleeper" 2>/dev/null
-  sleeper=
+  sleeper=''
 }
 
 describe_exit() { # code -> words
@@ -239,8 +240,7 @@ describe_exit() { # code -> words
   fi
 }
 
-# reap: report every child that ended since the last call. Prints the number
-# of replicas still running.
+# reap: report every child that ended since the last call.
 reap() {
   local i pid code
   for i in "${!pids[@]}"; do
@@ -249,7 +249,7 @@ reap() {
     alive "$pid" && continue
     wait "$pid" 2>/dev/null
     code=$?
-    pids[$i]=
+    pids[i]=''
     say "${names[$i]} (pid $pid) $(describe_exit "$code"); the rest keeps running. Last lines of ${logs[$i]}:" >&2
     tail -n 8 "${logs[$i]}" 2>/dev/null | sed 's/^/    | /' >&2
   done
@@ -274,6 +274,7 @@ else
       printf 'GET /%s HTTP/1.0\r\nHost: %s\r\n\r\n' "${1#http://*/}" "$hp" >&3
       read -r -t 1 line <&3 && echo "$line"
     )
+    # shellcheck disable=SC2086 # split the status line into words
     set -- $line
     echo "${2:-000}"
   }
@@ -309,10 +310,13 @@ if [ "$tail_logs" = 1 ]; then
   touch "$run_dir/r1.log"
   for w in "${workers[@]}"; do : >"$run_dir/$w.log"; done
   [ -n "$haproxy_bin" ] && : >"$run_dir/haproxy.log"
-  tail_args=(-n +1 -F)
+  tail_args=(-v -n +1 -F)
   tail --pid=$$ -n 0 /dev/null >/dev/null 2>&1 && tail_args+=(--pid=$$)
+  # mawk reads a pipe in large blocks unless told to go line by line.
+  awk_args=()
+  awk -W version 2>&1 | grep -qi mawk && awk_args=(-W interactive)
   tail "${tail_args[@]}" "$run_dir"/*.log 2>/dev/null </dev/null > >(
-    awk '/^==> .* <==$/ { n = $2; sub(/^.*\//, "", n); sub(/\.log$/, "", n); blank = 0; next }
+    awk ${awk_args[@]+"${awk_args[@]}"} '/^==> .* <==$/ { n = $2; sub(/^.*\//, "", n); sub(/\.log$/, "", n); blank = 0; next }
          /^$/ { blank++; next }
          { for (; blank > 0; blank--) print "[" n "] "; print "[" n "] " $0; fflush() }'
   ) &
@@ -345,6 +349,7 @@ for w in "${workers[@]}"; do
   start "$w" "$kvmock" "${args[@]}" ${mock_extra[@]+"${mock_extra[@]}"}
 done
 
+lb_url=''
 lb_note="not started (haproxy not on PATH; apt-get install haproxy) - use a replica directly"
 [ "$use_haproxy" = 0 ] && lb_note="not started (KVROUTER_RUN_HAPROXY=0)"
 if [ -n "$haproxy_bin" ]; then
@@ -359,7 +364,8 @@ if [ -n "$haproxy_bin" ]; then
     "$template" >"$cfg"
   if check=$("$haproxy_bin" -c -q -f "$cfg" 2>&1); then
     start haproxy "$haproxy_bin" -db -f "$cfg"
-    lb_note="http://$host:$lb_port  (status page http://$host:$stats_port/stats)"
+    lb_url=http://$host:$lb_port
+    lb_note="$lb_url  (status page http://$host:$stats_port/stats)"
   else
     say "HAProxy rejects $cfg, not starting it:" >&2
     printf '%s\n' "$check" | sed 's/^/    /' >&2
@@ -367,8 +373,7 @@ if [ -n "$haproxy_bin" ]; then
   fi
 fi
 
-try_url=http://$host:${http_port[r1]}
-[ -n "$haproxy_bin" ] && [ "${lb_note#http}" != "$lb_note" ] && try_url=http://$host:$lb_port
+try_url=${lb_url:-http://$host:${http_port[r1]}}
 cat <<EOF
 $me: kvrouter local cluster
   replicas:
@@ -388,7 +393,7 @@ EOF
 # --- wait for /ready, then watch -------------------------------------------------
 say "waiting for /ready on ${replicas[*]} (up to ${ready_timeout} s)..."
 t0=$SECONDS
-last= all_ready=0 warned=0
+last='' all_ready=0 warned=0
 while :; do
   reap
   if [ "$all_ready" = 0 ]; then
@@ -403,10 +408,10 @@ while :; do
     fi
     if [ ${#ready[@]} = 3 ]; then
       all_ready=1
-      say "cluster ready: ${replica_urls//,/ }${haproxy_bin:+ (HAProxy http://$host:$lb_port)}"
+      say "cluster ready: ${replica_urls//,/ }${lb_url:+ (HAProxy $lb_url)}"
     elif [ "$(replicas_alive)" = 0 ]; then
-      say "every replica has exited; nothing left to wait for (logs in $run_dir). Still running until Ctrl-C." >&2
-      all_ready=2
+      say "every replica exited before the cluster was ready; see the logs above (and in $run_dir)" >&2
+      exit 1
     elif [ "$warned" = 0 ] && [ $((SECONDS - t0)) -ge "$ready_timeout" ]; then
       say "not all replicas ready after $ready_timeout s; still waiting. GET /ready explains why, logs are in $run_dir" >&2
       warned=1

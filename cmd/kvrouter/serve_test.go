@@ -1,0 +1,302 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/eventbus"
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// freePorts reserves n distinct loopback ports (listen on :0, then close).
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var ls []net.Listener
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
+}
+
+// testReplica is one in-process replica that can be stopped and restarted
+// on the same data dir.
+type testReplica struct {
+	t      *testing.T
+	cfg    serveConfig
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (r *testReplica) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel, r.done = cancel, make(chan struct{})
+	log := slog.New(slog.NewTextHandler(testWriter{r.t, r.cfg.NodeID}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	go func() {
+		defer close(r.done)
+		if err := serve(ctx, r.cfg, log); err != nil {
+			r.t.Logf("%s: serve: %v", r.cfg.NodeID, err)
+		}
+	}()
+}
+
+func (r *testReplica) stop() {
+	r.cancel()
+	<-r.done
+}
+
+func (r *testReplica) url() string { return "http://" + r.cfg.HTTPAddr }
+
+type testWriter struct {
+	t    *testing.T
+	name string
+}
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Logf("%s: %s", w.name, strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+func newTestCluster(t *testing.T) []*testReplica {
+	t.Helper()
+	ports := freePorts(t, 12)
+	dir := t.TempDir()
+	var peers []peer
+	for i := range 3 {
+		peers = append(peers, peer{ID: fmt.Sprintf("r%d", i+1), RaftAddr: fmt.Sprintf("127.0.0.1:%d", ports[4*i+1])})
+	}
+	var reps []*testReplica
+	for i := range 3 {
+		var routes []string
+		for j := range 3 {
+			if j != i {
+				routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[4*j+3]))
+			}
+		}
+		cfg, err := parseServe([]string{"--node-id", peers[i].ID, "--single-node=false"}, func(string) string { return "" }, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "form the cluster") {
+			t.Fatalf("want a formation error without peers, got %v", err)
+		}
+		cfg.Peers = peers
+		cfg.DataDir = filepath.Join(dir, peers[i].ID)
+		cfg.HTTPAddr = fmt.Sprintf("127.0.0.1:%d", ports[4*i])
+		cfg.AdvertiseHTTP = "http://" + cfg.HTTPAddr
+		cfg.RaftAddr = peers[i].RaftAddr
+		cfg.NATSAddr = fmt.Sprintf("127.0.0.1:%d", ports[4*i+2])
+		cfg.NATSClusterAddr = fmt.Sprintf("127.0.0.1:%d", ports[4*i+3])
+		cfg.NATSRoutes = routes
+		if err := cfg.finish(); err != nil {
+			t.Fatal(err)
+		}
+		r := &testReplica{t: t, cfg: cfg}
+		r.start()
+		reps = append(reps, r)
+	}
+	t.Cleanup(func() {
+		var wg sync.WaitGroup
+		for _, r := range reps {
+			wg.Add(1)
+			go func() { defer wg.Done(); r.cancel(); <-r.done }()
+		}
+		wg.Wait()
+	})
+	return reps
+}
+
+type statusDoc struct {
+	State    string `json:"state"`
+	LeaderID string `json:"leader_id"`
+	Digest   string `json:"digest"`
+	NATS     string `json:"nats_url"`
+	Workers  []struct {
+		ID    string `json:"id"`
+		Ranks []struct {
+			Blocks      int    `json:"blocks"`
+			LastEventID uint64 `json:"last_event_id"`
+			Stale       string `json:"stale"`
+		} `json:"ranks"`
+	} `json:"workers"`
+}
+
+func status(base string) (statusDoc, error) {
+	var s statusDoc
+	resp, err := http.Get(base + "/cluster/status")
+	if err != nil {
+		return s, err
+	}
+	defer resp.Body.Close()
+	return s, json.NewDecoder(resp.Body).Decode(&s)
+}
+
+// checkFor polls fn until it returns nil or d passes.
+func checkFor(t *testing.T, d time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %v", d, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func leaderOf(reps []*testReplica) (*testReplica, error) {
+	for _, r := range reps {
+		if s, err := status(r.url()); err == nil && s.State == "leader" {
+			return r, nil
+		}
+	}
+	return nil, fmt.Errorf("no leader")
+}
+
+// TestServeIngestSurvivesLeaderLoss is the event bus end to end, in process:
+// three replicas (embedded NATS cluster + Raft), two workers publishing
+// chained block events; the leader is stopped mid-stream and restarted.
+// Every acknowledged event must be applied exactly once on every replica
+// (block counts equal event counts) and the digests must agree.
+func TestServeIngestSurvivesLeaderLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three in-process replicas")
+	}
+	reps := newTestCluster(t)
+	checkFor(t, 60*time.Second, func() error { _, err := leaderOf(reps); return err })
+
+	workers := []string{"w-a", "w-b"}
+	for _, w := range workers {
+		body := fmt.Sprintf(`{"id":%q,"url":"http://127.0.0.1:1","model":"kvmock","block_size":16,"total_kv_blocks":100000}`, w)
+		checkFor(t, 30*time.Second, func() error {
+			resp, err := http.Post(reps[1].url()+"/workers/register", "application/json", bytes.NewBufferString(body))
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != 200 {
+				b, _ := io.ReadAll(resp.Body)
+				return fmt.Errorf("register %s: %d %s", w, resp.StatusCode, b)
+			}
+			return nil
+		})
+	}
+
+	var urls []string
+	for _, r := range reps {
+		urls = append(urls, "nats://"+r.cfg.NATSAddr)
+	}
+	nc, err := eventbus.Connect(strings.Join(urls, ","), "test-publisher", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+
+	var mu sync.Mutex
+	acked := map[string]uint64{}
+	pubs := map[string]*eventbus.Publisher{}
+	for _, w := range workers {
+		p, err := eventbus.NewPublisher(nc, w, 0, eventbus.WithWindow(64), eventbus.WithOnAck(func(a eventbus.PublishAck) {
+			mu.Lock()
+			acked[w] = max(acked[w], a.EventID)
+			mu.Unlock()
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		pubs[w] = p
+	}
+	// Each event stores one block under the previous one: the expected
+	// block count of a worker is exactly its number of applied events.
+	publish := func(ctx context.Context, w string, from, to int) {
+		for i := from; i < to && ctx.Err() == nil; i++ {
+			h := uint64(i+1)<<8 | uint64(len(w))<<1 | uint64(w[len(w)-1]&1)
+			ev := eventbus.WireEvent{Kind: uint8(router.EventStored), BlockSize: 16,
+				Blocks: []eventbus.WireBlock{{Engine: h, Content: h}}}
+			if i > 0 {
+				p := uint64(i)<<8 | uint64(len(w))<<1 | uint64(w[len(w)-1]&1)
+				ev.HasParent, ev.Parent = true, p
+			}
+			if _, err := pubs[w].PublishAsync(ctx, ev); err != nil {
+				t.Logf("publish %s #%d: %v", w, i, err)
+				return
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const first, total = 400, 800
+	for _, w := range workers {
+		publish(ctx, w, 0, first)
+	}
+	old, err := leaderOf(reps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stopping leader %s mid-stream", old.cfg.NodeID)
+	old.stop()
+	for _, w := range workers {
+		publish(ctx, w, first, total)
+	}
+	for _, p := range pubs {
+		if err := p.Flush(ctx); err != nil {
+			t.Logf("flush: %v", err)
+		}
+	}
+	old.start()
+
+	checkFor(t, 60*time.Second, func() error {
+		var digests []string
+		for _, r := range reps {
+			s, err := status(r.url())
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			for _, w := range s.Workers {
+				rk := w.Ranks[0]
+				if rk.LastEventID < acked[w.ID] {
+					mu.Unlock()
+					return fmt.Errorf("%s: %s applied up to %d of %d acked", r.cfg.NodeID, w.ID, rk.LastEventID, acked[w.ID])
+				}
+				if uint64(rk.Blocks) != rk.LastEventID || rk.Stale != "" {
+					mu.Unlock()
+					return fmt.Errorf("%s: %s holds %d blocks after %d events (stale %q): lost or duplicated", r.cfg.NodeID, w.ID, rk.Blocks, rk.LastEventID, rk.Stale)
+				}
+			}
+			mu.Unlock()
+			digests = append(digests, s.Digest)
+		}
+		if digests[0] != digests[1] || digests[1] != digests[2] {
+			return fmt.Errorf("digests differ: %v", digests)
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, w := range workers {
+		if acked[w] < total/2 {
+			t.Errorf("%s: only %d of %d events acknowledged", w, acked[w], total)
+		}
+	}
+}
