@@ -796,9 +796,8 @@ func prometheusTargets(t *testing.T) []string {
 // proposedMetrics are used by the dashboard but not exported yet (the ingest
 // loop will); README.md lists them. Once one is exported, the test says so.
 var proposedMetrics = []string{
-	"kvrouter_ingest_events_total",
-	"kvrouter_ingest_pending_messages",
-	"kvrouter_ingest_lag_seconds",
+	"kvrouter_eventbus_pending_messages",
+	"kvrouter_eventbus_lag_seconds",
 }
 
 type grafanaPanel struct {
@@ -911,11 +910,13 @@ func TestDeployGrafanaDashboard(t *testing.T) {
 	}
 }
 
-// exportedMetrics collects the "kvrouter_…" string literals in the module's
-// non-test Go files: the metric names the code registers.
+// exportedMetrics collects the metric names the module's non-test Go files
+// register: "kvrouter_…" string literals, and Namespace/Subsystem/Name
+// triples in prometheus.*Opts literals.
 func exportedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	lit := regexp.MustCompile(`"(kvrouter_[a-z0-9_]+)"`)
+	opts := regexp.MustCompile(`Namespace:\s*"([a-z0-9_]+)",\s*(?:Subsystem:\s*"([a-z0-9_]+)",\s*)?Name:\s*"([a-z0-9_]+)"`)
 	out := map[string]bool{}
 	err := filepath.WalkDir("..", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -933,6 +934,13 @@ func exportedMetrics(t *testing.T) map[string]bool {
 		}
 		for _, m := range lit.FindAllSubmatch(b, -1) {
 			out[string(m[1])] = true
+		}
+		for _, m := range opts.FindAllSubmatch(b, -1) {
+			parts := []string{string(m[1])}
+			if len(m[2]) > 0 {
+				parts = append(parts, string(m[2]))
+			}
+			out[strings.Join(append(parts, string(m[3])), "_")] = true
 		}
 		return nil
 	})

@@ -129,15 +129,18 @@ type runHarness struct {
 // basePorts are every port run.sh opens (before the offset).
 var basePorts = []int{8000, 8404, 8001, 8002, 8003, 7001, 7002, 7003, 4222, 4223, 4224, 6222, 6223, 6224, 9001, 9002, 9003, 9004}
 
-func portsFree(offset int) bool {
+// busyPorts returns the ports (offset added) that cannot be listened on.
+func busyPorts(offset int) []int {
+	var busy []int
 	for _, p := range basePorts {
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+offset))
 		if err != nil {
-			return false
+			busy = append(busy, p+offset)
+			continue
 		}
 		ln.Close()
 	}
-	return true
+	return busy
 }
 
 // newRunHarness prepares stand-in binaries and a port offset whose ports are
@@ -163,9 +166,11 @@ func newRunHarness(t *testing.T) *runHarness {
 			t.Fatal(err)
 		}
 	}
+	// Offsets 10000-22999 keep every port below Linux's ephemeral range
+	// (32768+), where outgoing connections could take one at any moment.
 	for i := 0; ; i++ {
-		h.offset = 20000 + rand.IntN(20000)
-		if portsFree(h.offset) {
+		h.offset = 10000 + rand.IntN(13000)
+		if len(busyPorts(h.offset)) == 0 {
 			break
 		}
 		if i == 50 {
@@ -405,8 +410,14 @@ func TestDeployRunScriptLifecycle(t *testing.T) {
 			t.Errorf("pid %d still exists after run.sh exited", pid)
 		}
 	}
-	if !portsFree(h.offset) {
-		t.Error("ports still in use after run.sh exited")
+	// The listeners die with their processes; allow the kernel a moment.
+	end := time.Now().Add(5 * time.Second)
+	for busy := busyPorts(h.offset); len(busy) > 0; busy = busyPorts(h.offset) {
+		if time.Now().After(end) {
+			t.Errorf("ports %v still in use after run.sh exited", busy)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -28,7 +28,8 @@
 #   KVROUTER_RUN_READY_TIMEOUT seconds to wait for /ready before warning [180]
 #   KVROUTER_RUN_STOP_TIMEOUT  seconds children get after SIGTERM before SIGKILL [15]
 # Every other KVROUTER_* / DYN_* variable reaches `kvrouter serve` unchanged
-# (e.g. KVROUTER_LOG_LEVEL=debug, DYN_ROUTER_MODE=round-robin).
+# (e.g. KVROUTER_LOG_LEVEL=debug, DYN_ROUTER_MODE=round-robin), and KVMOCK_*
+# ones reach kvmock (which reads KVMOCK_<FLAG>; flags given here win).
 set -u
 
 me=run.sh
