@@ -495,15 +495,15 @@ func (c *Consumer) reject(m jetstream.Msg, ev WireEvent, err error) {
 	if ok, n := c.limiter.allow("reject:" + string(r)); ok {
 		c.log.Warn("rejected KV event", "reason", r, "subject", m.Subject(), "stream_seq", seq, "err", err, "suppressed", n)
 	}
-	if terr := m.TermWithReason(string(r)); terr != nil {
-		c.metrics.AckErrors.Inc()
-	}
 	if c.cfg.OnReject != nil {
 		rej := Rejection{Reason: r, Err: err, Subject: m.Subject(), StreamSeq: seq}
 		if r != ReasonUndecodable {
 			rej.Event = &ev
 		}
 		c.cfg.OnReject(rej)
+	}
+	if terr := m.TermWithReason(string(r)); terr != nil {
+		c.metrics.AckErrors.Inc()
 	}
 }
 

@@ -533,6 +533,11 @@ func (f *FSM) applyEventsLocked(idx uint64, evs []KVBatchEvent, res *ApplyResult
 		err := st.index.Apply(rs.key, e.Event)
 		if err == nil {
 			applied++
+			if e.Event.Kind == router.EventCleared && rs.stale {
+				// The worker says its cache is empty: index and worker agree
+				// again, and what follows chains from nothing.
+				rs.stale, rs.reason, rs.staleID = false, "", 0
+			}
 			continue
 		}
 		var mp *router.MissingParentError

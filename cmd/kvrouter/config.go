@@ -20,6 +20,7 @@ type serveConfig struct {
 	HTTPAddr        string // listen address
 	AdvertiseHTTP   string // base URL other replicas and tools use
 	RaftAddr        string
+	AdvertiseRaft   string // Raft address peers dial (default RaftAddr)
 	NATSAddr        string   // embedded NATS client listen address
 	NATSClusterAddr string   // embedded NATS cluster (routes) listen address
 	NATSRoutes      []string // peers' cluster addresses (nats://host:port)
@@ -69,6 +70,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"http-addr"}, env: []string{"KVROUTER_HTTP_ADDR"}, def: "127.0.0.1:8001", usage: "HTTP listen address", set: str(&c.HTTPAddr)},
 		{names: []string{"advertise-http"}, env: []string{"KVROUTER_ADVERTISE_HTTP"}, usage: "base URL peers reach this replica at (default http://<http-addr>)", set: str(&c.AdvertiseHTTP)},
 		{names: []string{"raft-addr"}, env: []string{"KVROUTER_RAFT_ADDR"}, def: "127.0.0.1:7001", usage: "Raft TCP address (bind and advertise)", set: str(&c.RaftAddr)},
+		{names: []string{"advertise-raft"}, env: []string{"KVROUTER_ADVERTISE_RAFT"}, usage: "Raft address peers dial (default --raft-addr; set it when binding 0.0.0.0)", set: str(&c.AdvertiseRaft)},
 		{names: []string{"nats-addr"}, env: []string{"KVROUTER_NATS_ADDR"}, def: "127.0.0.1:4222", usage: "embedded NATS client address", set: str(&c.NATSAddr)},
 		{names: []string{"nats-cluster-addr"}, env: []string{"KVROUTER_NATS_CLUSTER_ADDR"}, def: "127.0.0.1:6222", usage: "embedded NATS cluster (routes) address", set: str(&c.NATSClusterAddr)},
 		{names: []string{"nats-routes"}, env: []string{"KVROUTER_NATS_ROUTES"}, usage: "comma list of the other replicas' NATS cluster URLs (nats://host:port)", set: list(&c.NATSRoutes)},

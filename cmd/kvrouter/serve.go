@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -190,6 +191,7 @@ func splitHostPort(addr string) (string, int, error) {
 func clusterConfig(cfg serveConfig, state *fsm.FSM, reg prometheus.Registerer, log *slog.Logger) cluster.Config {
 	c := cluster.DefaultConfig()
 	c.NodeID, c.RaftAddr, c.DataDir, c.HTTPAddr = cfg.NodeID, cfg.RaftAddr, filepath.Join(cfg.DataDir, "raft"), cfg.AdvertiseHTTP
+	c.AdvertiseAddr = cfg.AdvertiseRaft
 	for _, p := range cfg.Peers {
 		c.Peers = append(c.Peers, cluster.Peer{ID: p.ID, RaftAddr: p.RaftAddr})
 	}
@@ -225,7 +227,7 @@ func clusterConfig(cfg serveConfig, state *fsm.FSM, reg prometheus.Registerer, l
 // registry (followers forward writes to the leader's HTTP address found
 // there), retrying until it holds.
 func (r *replica) registerSelf(ctx context.Context) {
-	want := fsm.RegisterNode{NodeID: r.cfg.NodeID, RaftAddr: r.cfg.RaftAddr, HTTPAddr: r.cfg.AdvertiseHTTP}
+	want := fsm.RegisterNode{NodeID: r.cfg.NodeID, RaftAddr: r.node.RaftAddr(), HTTPAddr: r.cfg.AdvertiseHTTP}
 	cmd, err := fsm.EncodeRegisterNode(want)
 	if err != nil {
 		r.log.Error("node registration", "err", err)
@@ -331,7 +333,7 @@ func (r *replica) consume(ctx context.Context, replicas int) error {
 		return fmt.Errorf("kv event stream: %w", err)
 	}
 	cons, err := eventbus.NewConsumer(ctx, r.bus.JetStream(), eventbus.ConsumerConfig{
-		Validator: r, Logger: r.log.With("component", "ingest"), Registerer: nil,
+		Validator: r, Logger: r.log.With("component", "ingest"), Registerer: r.reg,
 	})
 	if err != nil {
 		return fmt.Errorf("kv event consumer: %w", err)
@@ -340,8 +342,10 @@ func (r *replica) consume(ctx context.Context, replicas int) error {
 }
 
 // CheckWorker validates an event's worker before anything reaches the log.
+// worker is the rank-folded id (router.WorkerKey).
 func (r *replica) CheckWorker(worker string, blockSize int) error {
-	w, ok := r.fsm.Worker(worker)
+	base, _, _ := strings.Cut(worker, "#")
+	w, ok := r.fsm.Worker(base)
 	if !ok {
 		return fmt.Errorf("worker %q: %w", worker, router.ErrUnknownWorker)
 	}
