@@ -8,8 +8,9 @@ import (
 	"github.com/kvrouter/kvrouter/eventbus"
 )
 
-// busHooks are kvmock's callbacks into the bus connection.
+// busHooks are kvmock's settings and callbacks for the bus connection.
 type busHooks struct {
+	firstEventID uint64 // the publisher's first event id
 	// onError: the publisher gave up on an event (see eventbus.WithOnError).
 	onError func(eventID uint64, err error)
 	// onAck: the stream acknowledged an event (see eventbus.WithOnAck).
@@ -34,6 +35,7 @@ func natsConnect(urls string, log *slog.Logger) connectFunc {
 			return nil, nil, err
 		}
 		pub, err := eventbus.NewPublisher(nc, worker, 0,
+			eventbus.WithNextEventID(hooks.firstEventID),
 			eventbus.WithOnError(hooks.onError),
 			eventbus.WithOnAck(hooks.onAck),
 			eventbus.WithPublisherLogger(log))

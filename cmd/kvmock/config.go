@@ -30,9 +30,12 @@ type config struct {
 	EngineHashSeed   uint64
 	ChatTemplate     tokenize.Template
 
-	NATS       string   // comma list of NATS URLs; "" = publish no events
-	EventQueue int      // events buffered for the publisher before a full resync replaces them
-	Register   []string // kvrouter replica base URLs
+	NATS       string // comma list of NATS URLs; "" = publish no events
+	EventQueue int    // events buffered for the publisher before a full resync replaces them
+	// EventIDStart is the first KV event id; 0 = microseconds since the
+	// Unix epoch at startup (unique per run).
+	EventIDStart uint64
+	Register     []string // kvrouter replica base URLs
 	// AdminToken is the bearer token of the replicas' admin endpoints.
 	AdminToken string
 	// RegisterInterval is the lease renewal period.
@@ -75,6 +78,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&tmpl, "chat-template", "plain", "chat template for rendering messages: plain or chatml (must equal the router's; its default for the builtin tokenizer is plain)")
 	fs.StringVar(&c.NATS, "nats", "", "NATS URL(s) of the cluster's JetStream, comma list (empty: no KV events are published)")
 	fs.IntVar(&c.EventQueue, "event-queue", 65536, "KV events buffered while NATS is slow or down; on overflow they are replaced by a full-state resync")
+	fs.Uint64Var(&c.EventIDStart, "event-id-start", 0, "first KV event id (0: microseconds since the epoch at startup, so no run reuses an earlier run's ids, which the stream would drop as duplicates; the cluster resyncs the worker once at its first event)")
 	fs.StringVar(&register, "register", "", "comma list of kvrouter replica base URLs to register with (empty: do not register)")
 	fs.StringVar(&c.AdminToken, "admin-token", "", "bearer token for the replicas' /workers endpoints (their --admin-token), if they require one")
 	fs.DurationVar(&c.RegisterInterval, "register-interval", 30*time.Second, "registration lease renewal period")

@@ -21,7 +21,7 @@ func TestMockConfigDefaults(t *testing.T) {
 	}
 	if c.ID != "mock-1" || c.Addr != "127.0.0.1:9001" || c.Model != "kvmock" || c.BlockSize != 16 || c.KVBlocks != 4096 ||
 		c.MaxBatchedTokens != 8192 || c.MaxRunning != 256 || c.Speedup != 1 || c.NATS != "" || c.Register != nil ||
-		c.RegisterInterval != 30*time.Second || c.ChatTemplate != tokenize.Plain || c.LogLevel != slog.LevelInfo || c.AdvertiseURL != "" {
+		c.RegisterInterval != 30*time.Second || c.ChatTemplate != tokenize.Plain || c.LogLevel != slog.LevelInfo || c.AdvertiseURL != "" || c.EventIDStart != 0 {
 		t.Fatalf("defaults: %+v", c)
 	}
 }

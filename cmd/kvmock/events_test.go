@@ -33,12 +33,12 @@ func routerTokens(t *testing.T, body []byte) []uint32 {
 	return tokenize.Builtin().Encode(text)
 }
 
-// checkContiguous: ids 1, 2, 3, … in publish order, every event valid.
+// checkContiguous: consecutive ids in publish order, every event valid.
 func checkContiguous(t *testing.T, evs []eventbus.WireEvent) {
 	t.Helper()
 	for i, ev := range evs {
-		if ev.EventID != uint64(i+1) {
-			t.Fatalf("event %d has id %d", i, ev.EventID)
+		if ev.EventID != evs[0].EventID+uint64(i) {
+			t.Fatalf("event %d has id %d after %d", i, ev.EventID, evs[0].EventID)
 		}
 		if ev.Worker != "mock-1" || ev.DPRank != 0 || ev.BlockSize != 16 {
 			t.Fatalf("event %d: worker %q rank %d block size %d", i, ev.Worker, ev.DPRank, ev.BlockSize)
@@ -141,8 +141,12 @@ func TestMockEvents(t *testing.T) {
 	post(t, tm.url+"/v1/chat/completions", body)
 	evs := waitEvents(t, tm.pub, 2)
 	checkContiguous(t, evs)
-	if evs[0].Kind != eventbus.KindCleared {
-		t.Fatalf("first event is kind %d, want cleared (the cache starts empty)", evs[0].Kind)
+	if evs[0].Kind != eventbus.KindCleared || evs[0].EventID != tm.m.firstEventID {
+		t.Fatalf("first event: kind %d id %d, want cleared (the cache starts empty) with id %d", evs[0].Kind, evs[0].EventID, tm.m.firstEventID)
+	}
+	// Ids are unique per run: a later run starts past this one's.
+	if tm.m.firstEventID != uint64(tm.m.started.UnixMicro()) {
+		t.Fatalf("first event id %d, start %v", tm.m.firstEventID, tm.m.started)
 	}
 	st := evs[1]
 	if st.Kind != eventbus.KindStored || st.HasParent || len(st.Blocks) != len(hashes) {
@@ -198,9 +202,10 @@ func TestMockResync(t *testing.T) {
 	before := waitEvents(t, tm.pub, 4)
 	cached := storedContent(before)
 
+	next := before[len(before)-1].EventID + 1
 	rep := hooks.resync(eventbus.ResyncRequest{Worker: "mock-1", LastEventID: 2, Reason: "test gap"}, tm.pub)
-	if !rep.Accepted || rep.Error != "" || rep.NextEventID != uint64(len(before)+1) {
-		t.Fatalf("reply %+v, want accepted with next id %d", rep, len(before)+1)
+	if !rep.Accepted || rep.Error != "" || rep.NextEventID != next {
+		t.Fatalf("reply %+v, want accepted with next id %d", rep, next)
 	}
 	all := waitEvents(t, tm.pub, len(before)+2)
 	checkContiguous(t, all)
@@ -231,10 +236,7 @@ func TestMockResync(t *testing.T) {
 // The publisher refusing events (NATS down) delays them; it never reorders
 // or drops them.
 func TestMockPublishRetryInOrder(t *testing.T) {
-	tm := startMock(t, nil, false)
-	tm.pub.mu.Lock()
-	tm.pub.failFirst = 4
-	tm.pub.mu.Unlock()
+	tm := startMock(t, nil, false, func(tm *testMock) { tm.pub.failFirst = 4 })
 	for i := range 3 {
 		post(t, tm.url+"/v1/completions", map[string]any{"prompt": words(fmt.Sprintf("q%d-", i), 40), "max_tokens": 2})
 	}

@@ -160,9 +160,9 @@ func testConfig(t *testing.T) config {
 }
 
 // startMock runs a kvmock; mutate adjusts its configuration, before
-// adjusts the Mock before it starts. The fake publisher is used unless
+// adjusts the test mock before it starts. The fake publisher is used unless
 // noBus.
-func startMock(t *testing.T, mutate func(*config), noBus bool, before ...func(*Mock)) *testMock {
+func startMock(t *testing.T, mutate func(*config), noBus bool, before ...func(*testMock)) *testMock {
 	t.Helper()
 	cfg := testConfig(t)
 	if mutate != nil {
@@ -175,6 +175,9 @@ func startMock(t *testing.T, mutate func(*config), noBus bool, before ...func(*M
 			if worker != cfg.ID {
 				t.Errorf("connect for worker %q, want %q", worker, cfg.ID)
 			}
+			tm.pub.mu.Lock()
+			tm.pub.next = hooks.firstEventID
+			tm.pub.mu.Unlock()
 			tm.hooks <- hooks
 			return tm.pub, func() {}, nil
 		}
@@ -183,8 +186,9 @@ func startMock(t *testing.T, mutate func(*config), noBus bool, before ...func(*M
 	if err != nil {
 		t.Fatal(err)
 	}
+	tm.m = m
 	for _, fn := range before {
-		fn(m)
+		fn(tm)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -30,6 +30,8 @@ type Mock struct {
 	connect connectFunc // nil: no bus
 	reg     *registrar  // nil: no --register
 	started time.Time
+	// firstEventID numbers the first KV event of this run.
+	firstEventID uint64
 
 	advertise string // set by Serve before the HTTP server starts
 
@@ -63,6 +65,10 @@ func newMock(cfg config, log *slog.Logger, connect connectFunc) (*Mock, error) {
 		profile: eng.Profile().Name,
 		connect: connect,
 		started: time.Now(),
+	}
+	m.firstEventID = cfg.EventIDStart
+	if m.firstEventID == 0 {
+		m.firstEventID = uint64(m.started.UnixMicro())
 	}
 	if connect != nil {
 		m.q = newEventQueue(cfg.EventQueue, log.With("component", "events"))
@@ -112,7 +118,7 @@ func (m *Mock) Serve(ctx context.Context, ln net.Listener) error {
 	drvCtx, stopDrv := context.WithCancel(context.Background())
 	defer stopDrv()
 	go m.drv.run(drvCtx)
-	// The cache starts empty: say so first (event id 1 is a cleared event).
+	// The cache starts empty: say so first (the first event is a cleared one).
 	if err := m.drv.call(ctx, func() { m.drv.snapshot("startup") }); err != nil {
 		return err
 	}
@@ -145,7 +151,7 @@ func (m *Mock) Serve(ctx context.Context, ln net.Listener) error {
 	m.log.Info("kvmock serving", "id", m.cfg.ID, "addr", ln.Addr().String(), "url", m.advertise, "model", m.cfg.Model,
 		"block_size", m.engCfg.BlockSize, "kv_blocks", m.engCfg.CapacityBlocks, "max_batched_tokens", m.engCfg.MaxBatchedTokens,
 		"max_running", m.engCfg.MaxRunning, "profile", m.profile, "speedup", m.engCfg.Speedup,
-		"chat_template", m.cfg.ChatTemplate.String(), "nats", m.cfg.NATS, "register", m.cfg.Register)
+		"chat_template", m.cfg.ChatTemplate.String(), "nats", m.cfg.NATS, "register", m.cfg.Register, "first_event_id", m.firstEventID)
 
 	var runErr error
 	select {
@@ -211,7 +217,7 @@ func (m *Mock) publisher() Publisher {
 // publishes the event queue until ctx ends; it closes the publisher and
 // the connection on the way out.
 func (m *Mock) runBus(ctx context.Context, ready <-chan struct{}) {
-	hooks := busHooks{onError: m.onPublishError, onAck: m.onPublishAck, resync: m.resync}
+	hooks := busHooks{firstEventID: m.firstEventID, onError: m.onPublishError, onAck: m.onPublishAck, resync: m.resync}
 	backoff := 250 * time.Millisecond
 	var (
 		pub     Publisher
@@ -268,16 +274,15 @@ func (m *Mock) onPublishError(eventID uint64, err error) {
 // onPublishAck watches for duplicate acks. After a lost ack the
 // publisher's re-send is acknowledged as a duplicate, which is harmless.
 // But the stream deduplicates by worker:rank:event_id for a window (2 min
-// by default), and event ids restart at 1 with every run: a worker that
-// restarts inside that window has its first events taken for the previous
-// run's and dropped. Say so loudly.
+// by default): a run that reuses an earlier run's ids (a fixed
+// --event-id-start) inside it has its events dropped. Say so.
 func (m *Mock) onPublishAck(a eventbus.PublishAck) {
 	if !a.Duplicate {
 		return
 	}
 	if n := m.q.duplicates.Add(1); n <= 10 || n%1000 == 0 {
-		m.log.Warn("the stream already had this event id: a re-send after a lost ack (harmless), or a previous run of this worker id "+
-			"published the same ids within the stream's dedupe window (then this run's event was dropped and the router's view of this worker is stale)",
+		m.log.Warn("the stream already had this event id: a re-send after a lost ack (harmless), or an earlier run of this worker id "+
+			"used the same ids within the stream's dedupe window (then this event was dropped: do not fix --event-id-start)",
 			"event_id", a.EventID, "duplicates", n)
 	}
 }

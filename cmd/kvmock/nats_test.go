@@ -131,7 +131,7 @@ func TestMockNATS(t *testing.T) {
 		rep, err = eventbus.RequestResync(sctx, nc, eventbus.ResyncRequest{Worker: "mock-1", LastEventID: 3, Reason: "test"})
 		return err
 	})
-	if !rep.Accepted || rep.NextEventID != 4 {
+	if !rep.Accepted || rep.NextEventID != evs[2].EventID+1 {
 		t.Fatalf("resync reply %+v", rep)
 	}
 	evs = read(5)

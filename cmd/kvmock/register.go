@@ -63,28 +63,14 @@ func newRegistrar(urls []string, spec workerSpec, interval time.Duration, log *s
 // run registers, retrying with backoff until it succeeds, then renews the
 // registration every interval, until ctx ends.
 //
-// Before the first registration it deregisters the worker id once (a 404 is
-// fine): a worker that restarts after a crash has an empty cache and counts
-// its KV events from 1 again, so the cluster must forget the previous
-// incarnation's blocks and event cursor, or it would take the new events for
-// duplicates.
+// A restarted worker needs no special step: its first KV event (a cleared
+// one, with an id past the previous run's) shows the cluster a gap, and
+// the leader resyncs it.
 func (r *registrar) run(ctx context.Context) {
 	backoff := r.backoffMin
-	fresh := false
 	failing := 0 // consecutive failures
-	for attempt := 1; ; attempt++ {
-		var err error
-		if !fresh {
-			if err = r.post(ctx, "/workers/deregister", map[string]string{"id": r.spec.ID}, true); err == nil || attempt >= 3 {
-				if err != nil {
-					r.log.Warn("could not clear a previous registration of this worker id; registering anyway", "err", err)
-				}
-				fresh, err = true, nil
-			}
-		}
-		if fresh {
-			err = r.post(ctx, "/workers/register", r.spec, false)
-		}
+	for {
+		err := r.post(ctx, "/workers/register", r.spec, false)
 		wait := r.interval
 		if err != nil {
 			r.ok.Store(false)
@@ -122,9 +108,10 @@ func (r *registrar) deregister(ctx context.Context) error {
 	return r.post(ctx, "/workers/deregister", map[string]string{"id": r.spec.ID}, true)
 }
 
-// post sends body to path on each replica in turn until one answers 200
-// (or 404 when notFoundOK).
-func (r *registrar) post(ctx context.Context, path string, body any, notFoundOK bool) error {
+// post sends body to path on each replica in turn until one answers 200.
+// With lenient, a definite refusal counts as done too: a 4xx other than
+// 401, 403 and 429 (a replica says "worker not registered" with 400 or 404).
+func (r *registrar) post(ctx context.Context, path string, body any, lenient bool) error {
 	data, err := json.Marshal(body)
 	if err != nil {
 		return err
@@ -138,7 +125,8 @@ func (r *registrar) post(ctx context.Context, path string, body any, notFoundOK 
 		switch {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("%s: %w", base, err))
-		case status == http.StatusOK || (notFoundOK && status == http.StatusNotFound):
+		case status == http.StatusOK || (lenient && status >= 400 && status < 500 &&
+			status != http.StatusUnauthorized && status != http.StatusForbidden && status != http.StatusTooManyRequests):
 			r.preferred.Store(int64(idx))
 			return nil
 		default:

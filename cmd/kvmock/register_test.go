@@ -51,8 +51,8 @@ func (f *fakeRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var b struct{ ID string }
 		_ = json.Unmarshal(body, &b)
 		f.dereg = append(f.dereg, b.ID)
-		if len(f.specs) == 0 {
-			http.Error(w, `{"error":"unknown worker"}`, http.StatusNotFound)
+		if len(f.specs) == 0 { // as kvrouter answers
+			http.Error(w, `{"error":"invalid request: worker \"mock-1\" is not registered"}`, http.StatusBadRequest)
 			return
 		}
 		fmt.Fprintf(w, `{"deregistered":%q}`, b.ID)
@@ -81,11 +81,11 @@ func TestMockRegister(t *testing.T) {
 		c.Register = []string{deadURL, srv.URL}
 		c.RegisterInterval = 50 * time.Millisecond
 		c.AdminToken = "s3cret"
-	}, false, func(m *Mock) { m.reg.backoffMin, m.reg.backoffMax = 5*time.Millisecond, 20*time.Millisecond })
+	}, false, func(tm *testMock) { tm.m.reg.backoffMin, tm.m.reg.backoffMax = 5*time.Millisecond, 20*time.Millisecond })
 	// Before the first registration succeeds, no event is published.
 	post(t, tm.url+"/v1/completions", map[string]any{"prompt": words("g", 40), "max_tokens": 1})
 	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
-		if calls, _ := fr.state(); len(calls) < 4 {
+		if calls, _ := fr.state(); len(calls) < 3 {
 			return fmt.Errorf("%d calls", len(calls))
 		}
 		return nil
@@ -104,8 +104,8 @@ func TestMockRegister(t *testing.T) {
 		return nil
 	})
 	calls, specs := fr.state()
-	if calls[0] != "deregister" {
-		t.Fatalf("calls %v: the previous incarnation is not cleared first", calls)
+	if calls[0] != "register" {
+		t.Fatalf("calls %v: want registration first", calls)
 	}
 	want := workerSpec{ID: "mock-1", URL: tm.url, Model: "kvmock", BlockSize: 16, TotalBlocks: 512, MaxBatchedTokens: 8192}
 	if specs[0] != want {

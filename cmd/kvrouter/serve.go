@@ -290,6 +290,11 @@ func (r *replica) onChange(ch fsm.Change) {
 // to republish its full state. A worker that cannot (a real engine without
 // our resync subject) rebuilds the index from its next events.
 func (r *replica) resync(worker string, rank uint32, reason string) {
+	// A stale mark replayed from the log at start-up, or one a Cleared event
+	// in the same batch already ended, needs nothing.
+	if _, still := r.fsm.Stale()[fsm.RankKey{Worker: worker, DPRank: rank}]; !still {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cmd, err := fsm.EncodeResyncWorker(fsm.ResyncWorker{Worker: worker, DPRank: rank})
