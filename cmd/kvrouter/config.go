@@ -20,7 +20,7 @@ type serveConfig struct {
 	HTTPAddr        string // listen address
 	AdvertiseHTTP   string // base URL other replicas and tools use
 	RaftAddr        string
-	AdvertiseRaft   string // Raft address peers dial (default RaftAddr)
+	AdvertiseRaft   string   // Raft address peers dial (default RaftAddr)
 	NATSAddr        string   // embedded NATS client listen address
 	NATSClusterAddr string   // embedded NATS cluster (routes) listen address
 	NATSRoutes      []string // peers' cluster addresses (nats://host:port)
