@@ -81,9 +81,16 @@ func TestAPIChatPlainAndStream(t *testing.T) {
 	if n := rt.Load().Len(); n != 0 {
 		t.Errorf("%d requests still booked after completion", n)
 	}
-	// Each request: add, prefill done, free — in that order.
-	if len(rep.events) != 6 || !strings.HasPrefix(rep.events[0], "add ") || !strings.HasPrefix(rep.events[1], "prefill ") || !strings.HasPrefix(rep.events[2], "free ") {
-		t.Errorf("load notifications %v", rep.events)
+	// Each request: add, prefill done, the cache audit, free — in that order;
+	// the streamed answer's usage chunk reports 16 cached tokens.
+	kinds := []string{"add ", "prefill ", "audit w1 0/0", "free ", "add ", "prefill ", "audit w1 0/16", "free "}
+	if len(rep.events) != len(kinds) {
+		t.Fatalf("load notifications %v", rep.events)
+	}
+	for i, k := range kinds {
+		if !strings.HasPrefix(rep.events[i], k) {
+			t.Errorf("notification %d = %q, want %q…", i, rep.events[i], k)
+		}
 	}
 	rec = do(s, "POST", "/v1/completions", `{"model":"m","prompt":"once upon a time"}`)
 	if rec.Code != 200 {

@@ -94,6 +94,9 @@ func (f *fakeReplica) note(s string) {
 	defer f.mu.Unlock()
 	f.events = append(f.events, s)
 }
+func (f *fakeReplica) Audit(w router.WorkerID, predicted, reported, _ int) {
+	f.note(fmt.Sprintf("audit %s %d/%d", w, predicted, reported))
+}
 func (f *fakeReplica) Booked(_ string, b router.Booking) { f.note("add " + b.ID) }
 func (f *fakeReplica) PrefillDone(_, id string)          { f.note("prefill " + id) }
 func (f *fakeReplica) Freed(_, id string)                { f.note("free " + id) }

@@ -262,6 +262,9 @@ func (s *Server) relay(c *gin.Context, p *prepared, d router.Decision, resp *htt
 	if u, ok := audit.usage(); ok {
 		bs := p.rt.Config().BlockSize
 		s.metrics.observeUsage(p.model, string(d.Worker), u, d.Overlap*bs)
+		if u.Details != nil {
+			s.rep.Audit(d.Worker, d.Overlap*bs, u.Details.CachedTokens, u.PromptTokens)
+		}
 	}
 }
 

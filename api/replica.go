@@ -34,6 +34,12 @@ type Replica interface {
 	// Status is the /cluster/status document.
 	Status() map[string]any
 
+	// Audit receives, per answered request, the cached tokens the router
+	// predicted from its index and those the worker reported, so drift
+	// between index and engine (tokenizer, template or block size mismatch,
+	// missing events) is visible.
+	Audit(worker router.WorkerID, predicted, reported, prompt int)
+
 	// Load notifications, published to the other replicas (replica sync).
 	Booked(model string, b router.Booking)
 	PrefillDone(model, id string)

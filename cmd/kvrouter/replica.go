@@ -40,7 +40,10 @@ type replica struct {
 
 	health *workerHealth
 	preds  *predictionBatcher
+	audit  *cacheAudit
 }
+
+func (r *replica) Audit(w router.WorkerID, predicted, reported, _ int) { r.audit.observe(w, predicted, reported) }
 
 // Errors the replica maps onto the API's.
 func apiError(err error) error {
@@ -292,6 +295,7 @@ func (r *replica) Status() map[string]any {
 		out["replica_sync"] = r.sync.Stats()
 	}
 	out["fsm"] = r.fsm.Stats()
+	out["cache_audit"] = r.audit.report()
 	return out
 }
 

@@ -85,6 +85,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		routers: map[string]*router.Router{}, models: map[router.WorkerID]string{}}
 	r.health = newWorkerHealth(cfg.EventsMissing, reg, log)
 	r.preds = newPredictionBatcher(r, log)
+	r.audit = newCacheAudit(log)
 	state.OnChange(r.onChange)
 
 	r.sync, err = eventbus.NewSyncer(bus.Conn(), eventbus.SyncConfig{Replica: cfg.NodeID, Registerer: reg, Logger: log}, r)
