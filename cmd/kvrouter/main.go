@@ -22,12 +22,14 @@ func commands() map[string]command {
 	return map[string]command{
 		"hash":  {"print Dynamo-compatible block hashes of token ids", runHash},
 		"serve": {"run one router replica", runServe},
+
+		"bridge": {"follow vLLM / SGLang KV events over ZMQ into the event bus", runBridge},
 	}
 }
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: kvrouter <command> [flags]\n\ncommands:")
-	for _, name := range []string{"serve", "hash"} {
+	for _, name := range []string{"serve", "hash", "bridge"} {
 		fmt.Fprintf(w, "  %-6s %s\n", name, commands()[name].summary)
 	}
 }

@@ -43,7 +43,9 @@ type replica struct {
 	audit  *cacheAudit
 }
 
-func (r *replica) Audit(w router.WorkerID, predicted, reported, _ int) { r.audit.observe(w, predicted, reported) }
+func (r *replica) Audit(w router.WorkerID, predicted, reported, _ int) {
+	r.audit.observe(w, predicted, reported)
+}
 
 // Errors the replica maps onto the API's.
 func apiError(err error) error {

@@ -119,6 +119,14 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	if err := node.Form(runCtx); err != nil && runCtx.Err() == nil {
 		return fmt.Errorf("forming the cluster: %w", err)
 	}
+	if cfg.BridgeConfig != "" {
+		wait, err := startReplicaBridge(runCtx, cfg.BridgeConfig, bus.Conn(), cfg.AdvertiseHTTP, cfg.AdminToken,
+			cfg.Router.BlockSize, reg, log.With("component", "bridge"))
+		if err != nil {
+			return fmt.Errorf("engine bridge: %w", err)
+		}
+		defer func() { cancel(); wait() }()
+	}
 	select {
 	case <-ctx.Done():
 	case err := <-httpErr:

@@ -1,0 +1,287 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kvrouter/kvrouter/eventbus"
+	"github.com/kvrouter/kvrouter/eventbus/zmqbridge"
+)
+
+// bridgeConfig is everything `kvrouter bridge` is told.
+type bridgeConfig struct {
+	ConfigFile       string
+	Worker           zmqbridge.WorkerSpec // from flags; ID "" = none
+	BlockSize        int
+	NATS             string
+	Register         []string
+	AdminToken       string
+	RegisterInterval time.Duration
+	HTTPAddr         string
+	APIToken         string
+	ReplayTimeout    time.Duration
+	LogLevel         slog.Level
+
+	workers []zmqbridge.WorkerSpec // flags' worker plus the config file's
+}
+
+const bridgeEnvPrefix = "KVROUTER_BRIDGE_"
+
+func bridgeEnv(flagName string) string {
+	return bridgeEnvPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parseBridge reads flags, then KVROUTER_BRIDGE_<FLAG> environment
+// variables for flags not given, then the config file for settings given
+// by neither.
+func parseBridge(args []string, getenv func(string) string, stderr io.Writer) (bridgeConfig, error) {
+	fs := flag.NewFlagSet("bridge", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		c               bridgeConfig
+		register, level string
+	)
+	w := &c.Worker
+	fs.StringVar(&c.ConfigFile, "config", "", "JSON file listing workers (and optionally block_size, nats, register, admin_token)")
+	fs.StringVar(&w.ID, "id", "", "worker id of the one engine given by flags (unique among the workers; no '#')")
+	fs.StringVar(&w.URL, "url", "", "the engine's OpenAI base URL, e.g. http://gpu0:8000 (what the router routes to)")
+	fs.StringVar(&w.Model, "model", "", "served model name (default: the first of GET <url>/v1/models)")
+	fs.StringVar(&w.Events, "events", "", "the engine's KV event PUB socket, e.g. tcp://gpu0:5557 (its kv-events endpoint with the engine's host)")
+	fs.StringVar(&w.Replay, "replay", "", "the engine's replay ROUTER socket, e.g. tcp://gpu0:5558 (its replay_endpoint; strongly advised)")
+	fs.StringVar(&w.Topic, "topic", "", "the engine's kv-events topic (default: all)")
+	fs.IntVar(&w.DPRanks, "dp-ranks", 1, "data-parallel ranks of the engine (rank r publishes at the endpoints' ports + r)")
+	fs.IntVar(&w.TotalBlocks, "total-kv-blocks", 0, "KV cache capacity per rank in blocks (default: read from the engine's /metrics)")
+	fs.IntVar(&w.MaxBatchedTokens, "max-batched-tokens", 0, "the engine's max_num_batched_tokens (0: the router's default)")
+	fs.StringVar(&w.MetricsURL, "metrics-url", "", "the engine's Prometheus endpoint (default <url>/metrics)")
+	fs.IntVar(&c.BlockSize, "block-size", 0, "tokens per KV block; must equal the router's and the engines' (default 16)")
+	fs.StringVar(&c.NATS, "nats", "", "NATS URL(s) of the cluster's event bus, comma list (required)")
+	fs.StringVar(&register, "register", "", "comma list of kvrouter replica base URLs to register the workers with (empty: do not register)")
+	fs.StringVar(&c.AdminToken, "admin-token", "", "bearer token of the replicas' /workers endpoints (their --admin-token)")
+	fs.DurationVar(&c.RegisterInterval, "register-interval", 30*time.Second, "registration lease renewal period")
+	fs.StringVar(&c.HTTPAddr, "http-addr", "127.0.0.1:8090", "listen address of /status, /metrics and the register API (empty: none)")
+	fs.StringVar(&c.APIToken, "api-token", "", "bearer token the bridge's POST /workers/* endpoints require")
+	fs.DurationVar(&c.ReplayTimeout, "replay-timeout", 30*time.Second, "bound on one replay request to an engine")
+	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: kvrouter bridge [flags]\n\n"+
+			"Follows vLLM / SGLang KV events over ZMQ (--kv-events-config publisher zmq) and publishes them,\n"+
+			"converted to the router's block hashes, into the cluster's event bus. One engine by flags\n"+
+			"(--id --url --events --replay), many by --config, more at run time by POST /workers/register.\n"+
+			"Every flag can also be set by %s<FLAG> (e.g. %sNATS); a flag on the command line wins.\n\n",
+			bridgeEnvPrefix, bridgeEnvPrefix)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] {
+			return
+		}
+		if v := getenv(bridgeEnv(f.Name)); v != "" {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", bridgeEnv(f.Name), v, err))
+			} else {
+				given[f.Name] = true
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return c, err
+	}
+	c.Register = splitComma(register)
+	if c.ConfigFile != "" {
+		fc, err := zmqbridge.LoadConfigFile(c.ConfigFile)
+		if err != nil {
+			return c, err
+		}
+		if !given["block-size"] && fc.BlockSize > 0 {
+			c.BlockSize = fc.BlockSize
+		}
+		if !given["nats"] {
+			c.NATS = fc.NATS
+		}
+		if !given["register"] && len(fc.Register) > 0 {
+			c.Register = fc.Register
+		}
+		if !given["admin-token"] {
+			c.AdminToken = fc.AdminToken
+		}
+		c.workers = append(c.workers, fc.Workers...)
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = 16
+	}
+	if err := c.LogLevel.UnmarshalText([]byte(level)); err != nil {
+		errs = append(errs, fmt.Errorf("--log-level: %w", err))
+	}
+	byFlags := w.ID != "" || w.URL != "" || w.Events != "" || w.Replay != ""
+	if byFlags {
+		if err := w.Normalize(); err != nil {
+			errs = append(errs, fmt.Errorf("worker flags: %w", err))
+		} else {
+			for _, o := range c.workers {
+				if o.ID == w.ID {
+					errs = append(errs, fmt.Errorf("worker %s given by flags and in --config", w.ID))
+				}
+			}
+			c.workers = append([]zmqbridge.WorkerSpec{*w}, c.workers...)
+		}
+	}
+	if c.NATS == "" {
+		errs = append(errs, errors.New("--nats is required: the bridge publishes into the cluster's event bus"))
+	}
+	if c.BlockSize <= 0 || c.BlockSize > eventbus.MaxBlockSize {
+		errs = append(errs, fmt.Errorf("--block-size %d: must be in [1, %d]", c.BlockSize, eventbus.MaxBlockSize))
+	}
+	if len(c.workers) == 0 && c.HTTPAddr == "" {
+		errs = append(errs, errors.New("no workers: give one by flags (--id --url --events), a --config, or an --http-addr to register them through"))
+	}
+	for _, u := range c.Register {
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			errs = append(errs, fmt.Errorf("--register %q: want an http(s):// base URL", u))
+		}
+	}
+	if c.RegisterInterval <= 0 || c.ReplayTimeout <= 0 {
+		errs = append(errs, errors.New("--register-interval and --replay-timeout must be positive"))
+	}
+	return c, errors.Join(errs...)
+}
+
+func splitComma(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimRight(strings.TrimSpace(p), "/"); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// runBridge is `kvrouter bridge`: a sidecar per worker, or one process for
+// a fleet.
+func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseBridge(args, getenvFunc, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "kvrouter bridge:", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	nc, err := eventbus.Connect(cfg.NATS, "kvrouter-bridge", log)
+	if err != nil {
+		log.Error("cannot reach the event bus", "err", err)
+		return 1
+	}
+	defer nc.Close()
+	b, err := zmqbridge.New(zmqbridge.Config{
+		BlockSize: cfg.BlockSize, Publishers: zmqbridge.NATSPublishers(nc, log), NATS: nc,
+		Register: cfg.Register, AdminToken: cfg.AdminToken, RegisterInterval: cfg.RegisterInterval,
+		ReplayTimeout: cfg.ReplayTimeout, Logger: log,
+	})
+	if err != nil {
+		log.Error("cannot start", "err", err)
+		return 1
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if cfg.HTTPAddr != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(b.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		ln, err := net.Listen("tcp", cfg.HTTPAddr)
+		if err != nil {
+			log.Error("cannot listen", "addr", cfg.HTTPAddr, "err", err)
+			return 1
+		}
+		srv := &http.Server{Handler: b.Handler(reg, cfg.APIToken), ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("http server", "err", err)
+				cancel()
+			}
+		}()
+		defer func() {
+			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer scancel()
+			_ = srv.Shutdown(sctx)
+		}()
+		fmt.Fprintf(stdout, "kvrouter bridge: serving on http://%s\n", ln.Addr())
+	}
+	log.Info("bridge starting", "workers", len(cfg.workers), "block_size", cfg.BlockSize, "register", cfg.Register)
+	if err := b.Run(ctx, cfg.workers); err != nil {
+		log.Error("bridge failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// getenvFunc is os.Getenv (a variable so tests can replace it).
+var getenvFunc = osGetenv
+
+// startReplicaBridge runs a bridge inside a replica (small fleets: no
+// sidecars): the workers of the config file at path, published through the
+// replica's own NATS connection and registered with the replica itself
+// (selfURL). It returns when the bridge is set up; the bridge runs until
+// ctx ends, and wait blocks until it has stopped.
+func startReplicaBridge(ctx context.Context, path string, nc *nats.Conn, selfURL, adminToken string, blockSize int,
+	reg prometheus.Registerer, log *slog.Logger) (wait func(), err error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	fc, err := zmqbridge.LoadConfigFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if fc.BlockSize != 0 && fc.BlockSize != blockSize {
+		return nil, fmt.Errorf("bridge config %s: block_size %d differs from the router's %d", path, fc.BlockSize, blockSize)
+	}
+	register := fc.Register
+	if len(register) == 0 && selfURL != "" {
+		register = []string{selfURL}
+	}
+	token := fc.AdminToken
+	if token == "" {
+		token = adminToken
+	}
+	b, err := zmqbridge.New(zmqbridge.Config{BlockSize: blockSize, Publishers: zmqbridge.NATSPublishers(nc, log), NATS: nc,
+		Register: register, AdminToken: token, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	if reg != nil {
+		if err := reg.Register(b.Collector()); err != nil {
+			return nil, err
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := b.Run(ctx, fc.Workers); err != nil {
+			log.Error("in-replica bridge failed", "err", err)
+		}
+	}()
+	return func() { <-done }, nil
+}
+
+func osGetenv(k string) string { return os.Getenv(k) }

@@ -1,0 +1,88 @@
+package zmqbridge
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Handler serves the bridge's HTTP API:
+//
+//	GET  /status               every worker's state and counters (JSON)
+//	GET  /healthz              200 while the bridge runs
+//	GET  /metrics              Prometheus metrics of gatherer
+//	POST /workers/register     WorkerSpec JSON: start following a worker
+//	POST /workers/deregister   {"id": ...}: stop following it and deregister it
+//
+// token, when set, is the bearer token the POST endpoints require.
+func (b *Bridge) Handler(gatherer prometheus.Gatherer, token string) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"block_size": b.cfg.BlockSize, "workers": b.Status()})
+	})
+	if gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	}
+	auth := func(h http.HandlerFunc) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if token != "" {
+				got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+				if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+					writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "bearer token required"})
+					return
+				}
+			}
+			h(w, r)
+		}
+	}
+	mux.HandleFunc("POST /workers/register", auth(func(w http.ResponseWriter, r *http.Request) {
+		var spec WorkerSpec
+		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&spec); err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "invalid JSON body: " + err.Error()})
+			return
+		}
+		if err := b.Add(spec); err != nil {
+			status := http.StatusBadRequest
+			if errors.Is(err, ErrExists) {
+				status = http.StatusConflict
+			}
+			writeJSON(w, status, map[string]string{"error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"bridged": strings.TrimSpace(spec.ID)})
+	}))
+	mux.HandleFunc("POST /workers/deregister", auth(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			ID string `json:"id"`
+		}
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&body); err != nil || body.ID == "" {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": `body must be {"id": worker}`})
+			return
+		}
+		if err := b.Remove(r.Context(), body.ID, true); err != nil {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"removed": body.ID})
+	}))
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,316 @@
+package zmqbridge
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// registration is the body of a replica's POST /workers/register
+// (api.WorkerSpec).
+type registration struct {
+	ID               string `json:"id"`
+	URL              string `json:"url"`
+	Model            string `json:"model"`
+	BlockSize        int    `json:"block_size"`
+	TotalBlocks      int    `json:"total_kv_blocks"`
+	MaxBatchedTokens int    `json:"max_num_batched_tokens"`
+	DPRanks          int    `json:"dp_ranks,omitempty"`
+}
+
+// registrar keeps one worker registered with the kvrouter replicas: any
+// replica will do (each forwards to the Raft leader), so it tries them in
+// turn, starting with the one that answered last. The registration is a
+// lease the replicas expire without renewal.
+type registrar struct {
+	urls     []string
+	token    string
+	client   *http.Client
+	interval time.Duration
+	log      *slog.Logger
+
+	mu   sync.Mutex
+	spec registration
+
+	preferred  atomic.Int64
+	registered chan struct{}
+	once       sync.Once
+	ok         atomic.Bool
+	renewals   atomic.Uint64
+	failures   atomic.Uint64
+	lastErr    atomic.Value // string
+}
+
+func newRegistrar(urls []string, token string, spec registration, interval time.Duration, client *http.Client, log *slog.Logger) *registrar {
+	return &registrar{urls: urls, token: token, client: client, interval: interval, spec: spec,
+		log: log.With("component", "registrar"), registered: make(chan struct{})}
+}
+
+func (r *registrar) setTotalBlocks(n int) {
+	r.mu.Lock()
+	r.spec.TotalBlocks = n
+	r.mu.Unlock()
+}
+
+// run registers, retrying with backoff until it succeeds, then renews the
+// registration every interval until ctx ends. before runs ahead of each
+// attempt (it may update the spec).
+func (r *registrar) run(ctx context.Context, before func()) {
+	const backoffMin, backoffMax = 200 * time.Millisecond, 5 * time.Second
+	backoff := backoffMin
+	for {
+		if before != nil {
+			before()
+		}
+		r.mu.Lock()
+		spec := r.spec
+		r.mu.Unlock()
+		err := r.post(ctx, "/workers/register", spec)
+		wait := r.interval
+		if err != nil {
+			r.ok.Store(false)
+			r.failures.Add(1)
+			r.lastErr.Store(err.Error())
+			if ctx.Err() != nil {
+				return
+			}
+			r.log.Warn("registration failed; retrying", "err", err, "in", backoff)
+			wait = backoff/2 + rand.N(backoff/2+1)
+			backoff = min(2*backoff, backoffMax)
+		} else {
+			backoff = backoffMin
+			r.lastErr.Store("")
+			if !r.ok.Swap(true) {
+				r.log.Info("registered", "worker", spec.ID, "url", spec.URL, "model", spec.Model,
+					"block_size", spec.BlockSize, "total_kv_blocks", spec.TotalBlocks, "dp_ranks", spec.DPRanks)
+			}
+			r.renewals.Add(1)
+			r.once.Do(func() { close(r.registered) })
+		}
+		if !sleepCtx(ctx, wait) {
+			return
+		}
+	}
+}
+
+func (r *registrar) deregister(ctx context.Context) error {
+	return r.post(ctx, "/workers/deregister", map[string]string{"id": r.spec.ID})
+}
+
+// post sends body to path on each replica in turn until one answers 200.
+func (r *registrar) post(ctx context.Context, path string, body any) error {
+	data, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	first := int(r.preferred.Load())
+	for i := range r.urls {
+		idx := (first + i) % len(r.urls)
+		base := r.urls[idx]
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(data))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if r.token != "" {
+			req.Header.Set("Authorization", "Bearer "+r.token)
+		}
+		resp, err := r.client.Do(req)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", base, err))
+		} else {
+			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				r.preferred.Store(int64(idx))
+				return nil
+			}
+			errs = append(errs, fmt.Errorf("%s: HTTP %d: %s", base, resp.StatusCode, strings.TrimSpace(string(msg))))
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return fmt.Errorf("POST %s: %w", path, errors.Join(errs...))
+}
+
+// EngineInfo is what an engine's HTTP surface says about itself.
+type EngineInfo struct {
+	Engine      string // "vllm", "sglang" or ""
+	TotalBlocks int    // KV cache capacity in blocks of the router's size; 0 = unknown
+	BlockSize   int    // the engine's block (page) size; 0 = not reported
+	Prefix      bool   // prefix caching reported enabled (vLLM); true when not reported
+}
+
+// ProbeModel returns the first model id of GET <url>/v1/models.
+func ProbeModel(ctx context.Context, client *http.Client, baseURL string) (string, error) {
+	body, err := get(ctx, client, strings.TrimRight(baseURL, "/")+"/v1/models", 1<<20)
+	if err != nil {
+		return "", err
+	}
+	var doc struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(body, &doc); err != nil {
+		return "", fmt.Errorf("/v1/models: %w", err)
+	}
+	if len(doc.Data) == 0 || doc.Data[0].ID == "" {
+		return "", errors.New("/v1/models lists no model")
+	}
+	return doc.Data[0].ID, nil
+}
+
+// ProbeMetrics reads the KV cache capacity from the engine's Prometheus
+// metrics: vLLM's vllm:cache_config_info{num_gpu_blocks, block_size,
+// enable_prefix_caching}, or SGLang's sglang:num_pages,
+// sglang:max_total_num_tokens and sglang:page_size. blockSize converts
+// token capacities into blocks.
+func ProbeMetrics(ctx context.Context, client *http.Client, metricsURL string, blockSize int) (EngineInfo, error) {
+	body, err := get(ctx, client, metricsURL, 16<<20)
+	if err != nil {
+		return EngineInfo{}, err
+	}
+	return ParseMetrics(body, blockSize)
+}
+
+// ParseMetrics is ProbeMetrics on a scraped body.
+func ParseMetrics(body []byte, blockSize int) (EngineInfo, error) {
+	info := EngineInfo{Prefix: true}
+	var sgTokens, sgPages float64
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, labels, value, ok := parseSample(line)
+		if !ok {
+			continue
+		}
+		switch name {
+		case "vllm:cache_config_info":
+			info.Engine = "vllm"
+			if n, err := strconv.Atoi(labels["num_gpu_blocks"]); err == nil && n > 0 && (info.TotalBlocks == 0 || n < info.TotalBlocks) {
+				info.TotalBlocks = n // per engine (rank); the smallest if several
+			}
+			if n, err := strconv.Atoi(labels["block_size"]); err == nil {
+				info.BlockSize = n
+			}
+			if v, ok := labels["enable_prefix_caching"]; ok {
+				info.Prefix = strings.EqualFold(v, "true")
+			}
+		case "sglang:max_total_num_tokens":
+			info.Engine = "sglang"
+			sgTokens = value
+		case "sglang:num_pages":
+			info.Engine = "sglang"
+			sgPages = value
+		case "sglang:page_size":
+			info.Engine = "sglang"
+			info.BlockSize = int(value)
+		}
+	}
+	if info.Engine == "sglang" {
+		switch {
+		case sgPages > 0 && (info.BlockSize == 0 || info.BlockSize == blockSize):
+			info.TotalBlocks = int(sgPages)
+		case sgTokens > 0 && blockSize > 0:
+			info.TotalBlocks = int(sgTokens) / blockSize
+		}
+	}
+	if info.Engine == "" {
+		return info, errors.New("no vllm:cache_config_info or sglang:max_total_num_tokens metric")
+	}
+	return info, nil
+}
+
+// parseSample parses one Prometheus text line: name{labels} value.
+func parseSample(line string) (name string, labels map[string]string, value float64, ok bool) {
+	i := strings.IndexAny(line, "{ ")
+	if i <= 0 {
+		return "", nil, 0, false
+	}
+	name, rest := line[:i], line[i:]
+	labels = map[string]string{}
+	if rest[0] == '{' {
+		rest = rest[1:]
+		for {
+			rest = strings.TrimLeft(rest, " ,")
+			if rest == "" {
+				return "", nil, 0, false
+			}
+			if rest[0] == '}' {
+				rest = rest[1:]
+				break
+			}
+			eq := strings.IndexByte(rest, '=')
+			if eq <= 0 || len(rest) < eq+2 || rest[eq+1] != '"' {
+				return "", nil, 0, false
+			}
+			key := strings.TrimSpace(rest[:eq])
+			rest = rest[eq+2:]
+			var val strings.Builder
+			j := 0
+			for ; j < len(rest) && rest[j] != '"'; j++ {
+				if rest[j] == '\\' && j+1 < len(rest) {
+					j++
+					switch rest[j] {
+					case 'n':
+						val.WriteByte('\n')
+					default:
+						val.WriteByte(rest[j])
+					}
+					continue
+				}
+				val.WriteByte(rest[j])
+			}
+			if j >= len(rest) {
+				return "", nil, 0, false
+			}
+			labels[key] = val.String()
+			rest = rest[j+1:]
+		}
+	}
+	fields := strings.Fields(rest)
+	if len(fields) == 0 {
+		return "", nil, 0, false
+	}
+	v, err := strconv.ParseFloat(fields[0], 64)
+	if err != nil || math.IsNaN(v) {
+		return name, labels, 0, err == nil
+	}
+	return name, labels, v, true
+}
+
+func get(ctx context.Context, client *http.Client, u string, limit int64) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: HTTP %d", u, resp.StatusCode)
+	}
+	return io.ReadAll(io.LimitReader(resp.Body, limit))
+}
