@@ -1,8 +1,8 @@
 // Command kvbench runs kvrouter's workloads and A/B benchmarks.
 //
 //	kvbench sim …     in-process, virtual-time simulation (engines + the real router)
-//	kvbench load …    the same workloads against live endpoints (not implemented yet)
-//	kvbench ingest …  KV-event ingest throughput of a cluster (not implemented yet)
+//	kvbench load …    the same workloads in real time against live endpoints
+//	kvbench ingest …  KV-event ingest throughput of a cluster
 //
 // Exit codes: 0 success, 1 a run failed, 2 bad usage or bad input.
 package main
@@ -32,8 +32,9 @@ type command struct {
 // commands is the subcommand table; add new subcommands here.
 var commands = []command{
 	{"sim", "simulate N engines routed by the real router, in virtual time", runSim},
-	{"load", "replay a workload in real time against live endpoints", notImplemented("load")},
-	{"ingest", "publish synthetic KV events to a cluster and measure ingest", notImplemented("ingest")},
+	{"load", "replay a workload in real time against live endpoints", runLoad},
+	{"ingest", "publish synthetic KV events to a cluster and measure ingest", runIngest},
+	{"disagg", "simulate disaggregated prefill/decode over a KV link: --disagg off/always/auto side by side", runDisagg},
 }
 
 func main() {

@@ -20,6 +20,7 @@ func TestSimFlagValidation(t *testing.T) {
 		{"--trace", trace, "--max-requests", "5", "--speedup", "10"},
 		{"--policies", "kv", "--temperature", "0.5", "--overlap-credit", "0.5", "--prefill-load-scale", "2"},
 		{"--policies", "round_robin"}, // Dynamo's spelling
+		{"--policies", "kv-pooled,kv", "--popularity", "zipf:1.1", "--hot-shift", "100"},
 	}
 	for _, args := range good {
 		if _, err := parseSimFlags(args, io.Discard); err != nil {
@@ -49,6 +50,10 @@ func TestSimFlagValidation(t *testing.T) {
 		"no output":               {"--output-tokens", "0"},
 		"no prompt":               {"--prefix-tokens", "0", "--tail-tokens", "0"},
 		"prefix order":            {"--prefix-order", "sorted"},
+		"popularity":              {"--popularity", "zipf:0"},
+		"hot shift":               {"--hot-shift", "-1"},
+		"popularity, shuffled":    {"--prefix-order", "shuffled", "--popularity", "zipf:1"},
+		"popularity with trace":   {"--trace", trace, "--popularity", "zipf:1"},
 		"stray argument":          {"extra"},
 		"unknown flag":            {"--nope"},
 	}
@@ -85,7 +90,7 @@ func TestSimSubcommands(t *testing.T) {
 	}
 	var stdout, stderr strings.Builder
 	run([]string{"load"}, &stdout, &stderr)
-	if !strings.Contains(stderr.String(), "not implemented") {
+	if !strings.Contains(stderr.String(), "--target") {
 		t.Errorf("load: %q", stderr.String())
 	}
 	if code := run([]string{"sim", "-h"}, &stdout, &stderr); code != exitOK {

@@ -45,6 +45,8 @@ type simOptions struct {
 	Requests     int
 	Concurrency  int
 	PrefixOrder  string
+	Popularity   string
+	HotShift     int
 
 	// Trace workload.
 	Trace       string
@@ -64,7 +66,7 @@ func usagef(format string, args ...any) error {
 }
 
 // synthetic-only flags, rejected with --trace.
-var syntheticFlags = []string{"prefixes", "prefix-tokens", "tail-tokens", "output-tokens", "requests", "concurrency", "prefix-order"}
+var syntheticFlags = []string{"prefixes", "prefix-tokens", "tail-tokens", "output-tokens", "requests", "concurrency", "prefix-order", "popularity", "hot-shift"}
 
 // parseSimFlags parses and validates kvbench sim's arguments. Every error it
 // returns is a usage error (exit code 2); flag.ErrHelp for -h.
@@ -97,6 +99,8 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.IntVar(&o.Requests, "requests", 1200, "synthetic: requests per run")
 	fs.IntVar(&o.Concurrency, "concurrency", 8, "synthetic: closed-loop clients")
 	fs.StringVar(&o.PrefixOrder, "prefix-order", workload.PrefixRandom, "synthetic: random (each request draws a prefix uniformly) or shuffled (every prefix equally often, in random order)")
+	fs.StringVar(&o.Popularity, "popularity", "uniform", "synthetic: how requests pick prefixes: uniform, or zipf:S (rank r with probability ∝ 1/(r+1)^S)")
+	fs.IntVar(&o.HotShift, "hot-shift", 0, "synthetic: every N requests deal the popularity ranks to the prefixes anew (a hot set that moves); 0 = never")
 	fs.StringVar(&o.Trace, "trace", "", "Mooncake trace (JSONL) to replay open loop instead of the synthetic workload")
 	fs.IntVar(&o.MaxRequests, "max-requests", 0, "trace: replay only the first N rows (0 = all)")
 	fs.StringVar(&o.JSON, "json", "", "write the JSON report to this file")
@@ -200,6 +204,13 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 		return nil, usagef("--concurrency %d: need at least one client", o.Concurrency)
 	case o.PrefixOrder != workload.PrefixRandom && o.PrefixOrder != workload.PrefixShuffled:
 		return nil, usagef("--prefix-order %q: want %s or %s", o.PrefixOrder, workload.PrefixRandom, workload.PrefixShuffled)
+	case o.HotShift < 0:
+		return nil, usagef("--hot-shift %d: must not be negative", o.HotShift)
+	case o.PrefixOrder == workload.PrefixShuffled && (set["popularity"] || set["hot-shift"]):
+		return nil, usagef("--prefix-order shuffled sends every prefix equally often: it cannot be combined with --popularity or --hot-shift")
+	}
+	if _, err := workload.ParsePopularity(o.Popularity); err != nil {
+		return nil, usagef("--popularity %q: want uniform or zipf:S with S > 0", o.Popularity)
 	}
 	// A request must fit in every worker's cache, or it could never run there.
 	need := o.PrefixTokens + o.TailTokens + o.OutputTokens

@@ -105,6 +105,8 @@ type synthCfg struct {
 	OutputTokens int    `json:"output_tokens"`
 	Concurrency  int    `json:"concurrency"`
 	PrefixOrder  string `json:"prefix_order"`
+	Popularity   string `json:"popularity"`
+	HotShift     int    `json:"hot_shift,omitempty"`
 }
 
 type traceCfg struct {
@@ -135,6 +137,7 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 				Prefixes: o.Prefixes, PrefixTokens: o.PrefixTokens, TailTokens: o.TailTokens,
 				OutputTokens: o.OutputTokens, Requests: o.Requests, Concurrency: o.Concurrency,
 				BlockSize: o.BlockSize, Seed: o.Seed + uint64(r), Order: o.PrefixOrder,
+				Popularity: o.Popularity, HotShift: o.HotShift,
 			})
 			if err != nil {
 				return nil, "", err
@@ -265,7 +268,8 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 		c.HitRule = fmt.Sprintf("cached prompt tokens >= one block (%d tokens)", o.BlockSize)
 	} else {
 		c.Synthetic = &synthCfg{Prefixes: o.Prefixes, PrefixTokens: o.PrefixTokens, TailTokens: o.TailTokens,
-			OutputTokens: o.OutputTokens, Concurrency: o.Concurrency, PrefixOrder: o.PrefixOrder}
+			OutputTokens: o.OutputTokens, Concurrency: o.Concurrency, PrefixOrder: o.PrefixOrder,
+			Popularity: o.Popularity, HotShift: o.HotShift}
 		c.HitRule = fmt.Sprintf("cached prompt tokens >= half the shared prefix (%d tokens)", (o.PrefixTokens+1)/2)
 	}
 	return c

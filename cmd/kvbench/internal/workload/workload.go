@@ -8,8 +8,12 @@ package workload
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -108,6 +112,30 @@ type SyntheticSpec struct {
 	BlockSize    int
 	Seed         uint64
 	Order        string // PrefixRandom (default) or PrefixShuffled
+	// Popularity is how requests pick prefixes with PrefixRandom: "" or
+	// "uniform", or "zipf:S" (prefix of popularity rank r drawn with
+	// probability ∝ 1/(r+1)^S, S > 0).
+	Popularity string
+	// HotShift > 0 moves the popularity: every HotShift requests the ranks
+	// are dealt to the prefixes again by a fresh random permutation, so the
+	// hot set moves to other prefixes.
+	HotShift int
+}
+
+// ParsePopularity checks a popularity spec and returns the Zipf exponent
+// (0 for uniform).
+func ParsePopularity(p string) (float64, error) {
+	switch {
+	case p == "" || p == "uniform":
+		return 0, nil
+	case strings.HasPrefix(p, "zipf:"):
+		v, err := strconv.ParseFloat(strings.TrimPrefix(p, "zipf:"), 64)
+		if err != nil || !(v > 0) || v > 100 {
+			return 0, fmt.Errorf("popularity %q: want zipf:S with 0 < S <= 100: %w", p, ErrSpec)
+		}
+		return v, nil
+	}
+	return 0, fmt.Errorf("popularity %q: want uniform or zipf:S: %w", p, ErrSpec)
 }
 
 // NewSynthetic generates the workload of spec. The same spec gives the same
@@ -130,10 +158,19 @@ func NewSynthetic(s SyntheticSpec) (*Workload, error) {
 		return nil, fmt.Errorf("block size %d: %w", s.BlockSize, ErrSpec)
 	case s.Order != "" && s.Order != PrefixRandom && s.Order != PrefixShuffled:
 		return nil, fmt.Errorf("prefix order %q: %w", s.Order, ErrSpec)
+	case s.HotShift < 0:
+		return nil, fmt.Errorf("hot shift %d: must not be negative: %w", s.HotShift, ErrSpec)
+	}
+	zipf, err := ParsePopularity(s.Popularity)
+	if err != nil {
+		return nil, err
+	}
+	if s.Order == PrefixShuffled && (zipf > 0 || s.HotShift > 0) {
+		return nil, fmt.Errorf("prefix order %q sends every prefix equally often: it takes no popularity or hot shift: %w", s.Order, ErrSpec)
 	}
 	w := &Workload{
 		Kind:        Synthetic,
-		Name:        fmt.Sprintf("synthetic prefixes=%d prefix_tokens=%d tail_tokens=%d", s.Prefixes, s.PrefixTokens, s.TailTokens),
+		Name:        syntheticName(s),
 		BlockSize:   s.BlockSize,
 		Seed:        s.Seed,
 		Concurrency: s.Concurrency,
@@ -150,11 +187,36 @@ func NewSynthetic(s SyntheticSpec) (*Workload, error) {
 		w.prefixes[k] = randomTokens(prefixRng, s.PrefixTokens)
 	}
 	order := make([]int, s.Requests)
+	var cdf []float64 // Zipf: cumulative probability of ranks 0…K−1
+	if zipf > 0 {
+		cdf = make([]float64, s.Prefixes)
+		sum := 0.0
+		for r := range cdf {
+			sum += math.Pow(float64(r+1), -zipf)
+			cdf[r] = sum
+		}
+		for r := range cdf {
+			cdf[r] /= sum
+		}
+	}
+	// perm deals popularity ranks to prefixes; HotShift re-deals it.
+	perm := make([]int, s.Prefixes)
+	for k := range perm {
+		perm[k] = k
+	}
+	shiftRng := rand.New(rand.NewPCG(s.Seed, 0x686f747368696674))
 	for i := range order {
-		if s.Order == PrefixShuffled {
+		if s.HotShift > 0 && i > 0 && i%s.HotShift == 0 {
+			shiftRng.Shuffle(len(perm), func(a, b int) { perm[a], perm[b] = perm[b], perm[a] })
+		}
+		switch {
+		case s.Order == PrefixShuffled:
 			order[i] = i % s.Prefixes
-		} else {
-			order[i] = drawRng.IntN(s.Prefixes)
+		case cdf != nil:
+			r, _ := slices.BinarySearch(cdf, drawRng.Float64())
+			order[i] = perm[min(r, s.Prefixes-1)]
+		default:
+			order[i] = perm[drawRng.IntN(s.Prefixes)]
 		}
 	}
 	if s.Order == PrefixShuffled {
@@ -244,4 +306,15 @@ func (w *Workload) PromptTokens() int64 {
 		n += int64(r.PromptTokens)
 	}
 	return n
+}
+
+func syntheticName(s SyntheticSpec) string {
+	name := fmt.Sprintf("synthetic prefixes=%d prefix_tokens=%d tail_tokens=%d", s.Prefixes, s.PrefixTokens, s.TailTokens)
+	if s.Popularity != "" && s.Popularity != "uniform" {
+		name += " popularity=" + s.Popularity
+	}
+	if s.HotShift > 0 {
+		name += fmt.Sprintf(" hot_shift=%d", s.HotShift)
+	}
+	return name
 }

@@ -237,3 +237,69 @@ func TestSimTraceBlockTokensDistinct(t *testing.T) {
 		}
 	}
 }
+
+// Zipf popularity skews the draws toward a few prefixes; a hot shift moves
+// the hot prefix; uniform draws stay what they were before these options.
+func TestSimWorkloadPopularityAndHotShift(t *testing.T) {
+	gen := func(pop string, shift int) *Workload {
+		t.Helper()
+		w, err := NewSynthetic(SyntheticSpec{
+			Prefixes: 20, PrefixTokens: 32, TailTokens: 16, OutputTokens: 4,
+			Requests: 4000, Concurrency: 2, BlockSize: 16, Seed: 3, Popularity: pop, HotShift: shift,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	counts := func(w *Workload, from, to int) map[int]int {
+		c := map[int]int{}
+		for _, r := range w.Requests[from:to] {
+			c[r.Prefix]++
+		}
+		return c
+	}
+	top := func(c map[int]int) (int, int) {
+		best, n := -1, 0
+		for k, v := range c {
+			if v > n || (v == n && k < best) {
+				best, n = k, v
+			}
+		}
+		return best, n
+	}
+	// Uniform: same requests as the default spec.
+	u, d := gen("uniform", 0), gen("", 0)
+	for i := range u.Requests {
+		if u.Requests[i].Prefix != d.Requests[i].Prefix {
+			t.Fatal("uniform popularity changed the draws")
+		}
+	}
+	if _, n := top(counts(u, 0, 4000)); n > 300 {
+		t.Errorf("uniform: top prefix drawn %d of 4000", n)
+	}
+	// zipf:1.1 over 20 prefixes: the top rank has p = 1/H(20, 1.1) ≈ 0.313.
+	z := gen("zipf:1.1", 0)
+	if _, n := top(counts(z, 0, 4000)); n < 1130 || n > 1380 {
+		t.Errorf("zipf:1.1: top prefix drawn %d of 4000, want about 1253", n)
+	}
+	// A hot shift every 1000 requests: the hottest prefix changes.
+	s := gen("zipf:1.1", 1000)
+	hot := map[int]bool{}
+	for e := range 4 {
+		k, _ := top(counts(s, 1000*e, 1000*(e+1)))
+		hot[k] = true
+	}
+	if len(hot) < 3 {
+		t.Errorf("hot shift: hottest prefixes per epoch %v", hot)
+	}
+	for _, bad := range []SyntheticSpec{
+		{Popularity: "zipf:0"}, {Popularity: "zipf:x"}, {Popularity: "pareto"}, {HotShift: -1},
+		{Popularity: "zipf:1", Order: PrefixShuffled},
+	} {
+		bad.Prefixes, bad.PrefixTokens, bad.OutputTokens, bad.Requests, bad.Concurrency, bad.BlockSize = 3, 16, 1, 5, 1, 16
+		if _, err := NewSynthetic(bad); !errors.Is(err, ErrSpec) {
+			t.Errorf("%+v: err %v, want ErrSpec", bad, err)
+		}
+	}
+}

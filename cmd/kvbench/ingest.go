@@ -1,0 +1,999 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/live"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
+	"github.com/kvrouter/kvrouter/eventbus"
+)
+
+// ingestOptions are kvbench ingest's validated flags.
+type ingestOptions struct {
+	Target         string
+	Replicas       []string // explicit --replicas (the target added first)
+	NATS           string
+	Duration       time.Duration
+	Workers        int
+	BlocksPerEvent int
+	BlockSize      int
+	WorkerBlocks   int
+	Window         int
+	MaxUnapplied   int
+	Poll           time.Duration
+	SampleEvery    int
+	DrainTimeout   time.Duration
+	Model          string
+	AdminToken     string
+	KeepWorkers    bool
+	JSON           string
+	Progress       bool
+}
+
+func parseIngestFlags(args []string, output io.Writer) (*ingestOptions, error) {
+	o := &ingestOptions{}
+	fs := flag.NewFlagSet("kvbench ingest", flag.ContinueOnError)
+	fs.SetOutput(output)
+	var replicas string
+	fs.StringVar(&o.Target, "target", "", "HTTP base URL of one replica of the cluster (required), e.g. http://127.0.0.1:8001")
+	fs.StringVar(&replicas, "replicas", "", "comma list of every replica's HTTP base URL (default: discovered from the target's /cluster/status)")
+	fs.StringVar(&o.NATS, "nats", "", "NATS URL(s) to publish to, comma separated; worker i uses entry i mod n (default: the target's nats_url)")
+	fs.DurationVar(&o.Duration, "duration", 10*time.Second, "how long to publish")
+	fs.IntVar(&o.Workers, "workers", 8, "synthetic workers (one publisher and one NATS connection each)")
+	fs.IntVar(&o.BlocksPerEvent, "blocks-per-event", 4, "stored blocks per KV event")
+	fs.IntVar(&o.BlockSize, "block-size", 16, "tokens per block (must equal the cluster's)")
+	fs.IntVar(&o.WorkerBlocks, "worker-blocks", 2048, "KV capacity of a synthetic worker in blocks: past it, the worker evicts its oldest blocks (one removed event for half of them), as an engine does, so the index stays bounded (0: never evict; the index grows for the whole run)")
+	fs.IntVar(&o.Window, "window", 512, "events in flight per publisher (sent, not yet acknowledged by the stream)")
+	fs.IntVar(&o.MaxUnapplied, "max-unapplied", 2048, "events published but not yet visible on every replica, over all workers, before publishers wait (0: no limit; the stream may then build a backlog)")
+	fs.DurationVar(&o.Poll, "poll", 50*time.Millisecond, "interval of the /cluster/status polls of every replica (resolution of visible_ms)")
+	fs.IntVar(&o.SampleEvery, "sample-every", 50, "measure visibility of every Nth event of each worker")
+	fs.DurationVar(&o.DrainTimeout, "drain-timeout", 60*time.Second, "after publishing, how long to wait for acknowledgements and visibility")
+	fs.StringVar(&o.Model, "model", "", "model the synthetic workers register under (default: the cluster's first model)")
+	fs.StringVar(&o.AdminToken, "admin-token", os.Getenv("KVROUTER_ADMIN_TOKEN"), "bearer token for the admin endpoints (default $KVROUTER_ADMIN_TOKEN)")
+	fs.BoolVar(&o.KeepWorkers, "keep-workers", false, "leave the synthetic workers registered (default: deregister them at the end)")
+	fs.StringVar(&o.JSON, "json", "", "write the JSON report to this file")
+	fs.BoolVar(&o.Progress, "progress", false, "print a progress line every second on stderr")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return nil, usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if o.Target == "" {
+		return nil, usagef("--target is required (a replica's HTTP URL, e.g. http://127.0.0.1:8001)")
+	}
+	var err error
+	if o.Target, err = live.ParseLocalURL(o.Target); err != nil {
+		return nil, usagef("--target: %v", err)
+	}
+	if replicas != "" {
+		o.Replicas = []string{o.Target}
+		for _, r := range strings.Split(replicas, ",") {
+			u, err := live.ParseLocalURL(strings.TrimSpace(r))
+			if err != nil {
+				return nil, usagef("--replicas: %v", err)
+			}
+			if !slices.Contains(o.Replicas, u) {
+				o.Replicas = append(o.Replicas, u)
+			}
+		}
+	}
+	if o.NATS != "" {
+		for _, u := range strings.Split(o.NATS, ",") {
+			if err := checkNATSURL(strings.TrimSpace(u)); err != nil {
+				return nil, usagef("--nats: %v", err)
+			}
+		}
+	}
+	switch {
+	case o.Duration <= 0:
+		return nil, usagef("--duration %v: must be positive", o.Duration)
+	case o.Duration > time.Hour:
+		return nil, usagef("--duration %v: at most an hour", o.Duration)
+	case o.Workers < 1 || o.Workers > 1024:
+		return nil, usagef("--workers %d: want 1..1024", o.Workers)
+	case o.BlocksPerEvent < 1 || o.BlocksPerEvent > eventbus.DefaultMaxBlocks:
+		return nil, usagef("--blocks-per-event %d: want 1..%d", o.BlocksPerEvent, eventbus.DefaultMaxBlocks)
+	case o.BlockSize < 1 || o.BlockSize > eventbus.MaxBlockSize:
+		return nil, usagef("--block-size %d: want 1..%d", o.BlockSize, eventbus.MaxBlockSize)
+	case o.WorkerBlocks < 0:
+		return nil, usagef("--worker-blocks %d: must not be negative", o.WorkerBlocks)
+	case o.WorkerBlocks > 0 && o.WorkerBlocks < 2*o.BlocksPerEvent:
+		return nil, usagef("--worker-blocks %d: must hold at least two events (2 × --blocks-per-event %d), or be 0", o.WorkerBlocks, o.BlocksPerEvent)
+	case o.Window < 1 || o.Window > 1<<16:
+		return nil, usagef("--window %d: want 1..65536", o.Window)
+	case o.MaxUnapplied < 0:
+		return nil, usagef("--max-unapplied %d: must not be negative", o.MaxUnapplied)
+	case o.Poll < time.Millisecond || o.Poll > 10*time.Second:
+		return nil, usagef("--poll %v: want 1ms..10s", o.Poll)
+	case o.SampleEvery < 1:
+		return nil, usagef("--sample-every %d: must be positive", o.SampleEvery)
+	case o.DrainTimeout <= 0:
+		return nil, usagef("--drain-timeout %v: must be positive", o.DrainTimeout)
+	}
+	return o, nil
+}
+
+func checkNATSURL(u string) error {
+	rest, ok := strings.CutPrefix(u, "nats://")
+	if !ok {
+		return fmt.Errorf("%q is not a nats:// URL", u)
+	}
+	host := rest
+	if i := strings.LastIndexByte(rest, ':'); i >= 0 {
+		host = rest[:i]
+	}
+	host = strings.Trim(host, "[]")
+	if !live.IsLocalHost(host) {
+		return fmt.Errorf("%q is not a localhost URL (kvbench drives local clusters only)", u)
+	}
+	return nil
+}
+
+// ingestReport is the JSON document: the contract's fields first
+// (CONTRACTS.md), then extras.
+type ingestReport struct {
+	EventsPerS float64       `json:"events_per_s"`
+	VisibleMs  sim.Quantiles `json:"visible_ms"`
+	Published  uint64        `json:"published"`
+	Acked      uint64        `json:"acked"`
+	Lost       uint64        `json:"lost"`
+
+	// Extras.
+	Unit              string            `json:"unit"`
+	Config            ingestConfig      `json:"config"`
+	CommittedBlocks   int               `json:"committed_blocks"`
+	RemovedBlocks     uint64            `json:"removed_blocks_acked"`
+	PublishedBlocks   uint64            `json:"published_blocks"`
+	AckedBlocks       uint64            `json:"acked_blocks"`
+	LostBlocks        int               `json:"lost_blocks"`
+	ExtraBlocks       int               `json:"extra_blocks"`
+	Failed            uint64            `json:"failed"`
+	Duplicates        ingestDuplicates  `json:"duplicates"`
+	Gaps              uint64            `json:"gaps"`
+	Rejected          uint64            `json:"rejected"`
+	Stale             int               `json:"stale_workers"`
+	ElapsedS          float64           `json:"elapsed_s"`
+	PublishS          float64           `json:"publish_s"`
+	AckedEventsPerS   float64           `json:"acked_events_per_s"`
+	PublishedBlocksPS float64           `json:"published_blocks_per_s"`
+	VisibleAll        bool              `json:"visible_everywhere"`
+	VisibleDetail     visibleDetail     `json:"visible"`
+	Polling           []pollReport      `json:"polling"`
+	Leader            leaderReport      `json:"leader"`
+	JetStreamLeaders  jsLeaders         `json:"jetstream_leaders"`
+	Shortfalls        []live.Shortfall  `json:"shortfalls,omitempty"`
+	Notes             []string          `json:"notes"`
+	Errors            []string          `json:"errors,omitempty"`
+	Digests           map[string]string `json:"digests,omitempty"`
+}
+
+type ingestConfig struct {
+	Target         string   `json:"target"`
+	Replicas       []string `json:"replicas"`
+	Discovery      string   `json:"discovery"`
+	NATS           []string `json:"nats"`
+	Model          string   `json:"model"`
+	Workers        int      `json:"workers"`
+	WorkerPrefix   string   `json:"worker_prefix"`
+	BlocksPerEvent int      `json:"blocks_per_event"`
+	BlockSize      int      `json:"block_size"`
+	WorkerBlocks   int      `json:"worker_blocks"`
+	Window         int      `json:"window"`
+	MaxUnapplied   int      `json:"max_unapplied"`
+	DurationS      float64  `json:"duration_s"`
+	PollMs         float64  `json:"poll_ms"`
+	SampleEvery    int      `json:"sample_every"`
+}
+
+type ingestDuplicates struct {
+	Stream uint64 `json:"stream"` // publishes the stream acknowledged as already stored
+	FSM    uint64 `json:"fsm"`    // events the state machine skipped as already applied (cluster-wide, leader's count during the run)
+}
+
+type visibleDetail struct {
+	Samples   int     `json:"samples"`
+	Invisible int     `json:"invisible"`
+	P90       float64 `json:"p90"`
+	Max       float64 `json:"max"`
+	Mean      float64 `json:"mean"`
+}
+
+type pollReport struct {
+	Replica      string  `json:"replica"`
+	Polls        int     `json:"polls"`
+	Errors       int     `json:"errors"`
+	MeanRTTMs    float64 `json:"mean_rtt_ms"`
+	MaxRTTMs     float64 `json:"max_rtt_ms"`
+	MeanPeriodMs float64 `json:"mean_period_ms"`
+}
+
+type leaderReport struct {
+	Replica          string  `json:"replica"`
+	Commands         uint64  `json:"commands"`
+	Events           uint64  `json:"events"`
+	EventsPerCommand float64 `json:"events_per_command"`
+	RaftApplies      float64 `json:"raft_applies"`
+	RaftApplyMeanMs  float64 `json:"raft_apply_mean_ms"`
+	// From the consumer's metrics, when the replica registers them.
+	ConsumerBatches     float64 `json:"consumer_batches,omitempty"`
+	ConsumerBatchMeanMs float64 `json:"consumer_batch_mean_ms,omitempty"` // fetch → acks sent, commit included
+	ConsumerEvents      float64 `json:"consumer_events,omitempty"`
+}
+
+// ingestWorker is one synthetic worker: its publisher and its ledger.
+type ingestWorker struct {
+	id  string
+	pub *eventbus.Publisher
+	nc  *nats.Conn
+
+	published   atomic.Uint64
+	acked       atomic.Uint64
+	lastAcked   atomic.Uint64
+	dups        atomic.Uint64
+	failed      atomic.Uint64
+	firstErr    atomic.Pointer[string]
+	samples     []live.Sample
+	firstSentNs int64
+	// removals are the worker's removed events, in id order (written by
+	// its generator only).
+	removals []removal
+}
+
+type removal struct {
+	id     uint64
+	blocks int
+}
+
+// storedUpTo is how many stored blocks events 1..id carry.
+func (w *ingestWorker) storedUpTo(id uint64, bpe int) int {
+	n := id
+	for _, r := range w.removals {
+		if r.id <= id {
+			n--
+		}
+	}
+	return int(n) * bpe
+}
+
+// removedUpTo is how many blocks the removed events among 1..id remove.
+func (w *ingestWorker) removedUpTo(id uint64) int {
+	n := 0
+	for _, r := range w.removals {
+		if r.id <= id {
+			n += r.blocks
+		}
+	}
+	return n
+}
+
+func runIngest(args []string, stdout, stderr io.Writer) int {
+	o, err := parseIngestFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvbench ingest: %s\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+		return exitUsage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := executeIngest(ctx, o, stderr)
+	if rep != nil {
+		if o.JSON != "" {
+			if werr := writeJSONFile(o.JSON, rep); werr != nil {
+				fmt.Fprintf(stderr, "kvbench ingest: write report: %v\n", werr)
+				return exitFail
+			}
+		}
+		fmt.Fprintln(stdout, ingestSummary(rep))
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvbench ingest: %v\n", err)
+		if errors.Is(err, errUsage) {
+			return exitUsage
+		}
+		return exitFail
+	}
+	return exitOK
+}
+
+func ingestSummary(r *ingestReport) string {
+	s := fmt.Sprintf("kvbench ingest: %.0f block events/s committed on every replica (%d blocks in %.2fs), visible p50 %.1f ms p99 %.1f ms (polls every ~%.0f ms), published %d, acked %d, lost %d",
+		r.EventsPerS, r.CommittedBlocks, r.ElapsedS, r.VisibleMs.P50, r.VisibleMs.P99, meanPeriod(r.Polling), r.Published, r.Acked, r.Lost)
+	if r.Duplicates.Stream+r.Duplicates.FSM > 0 {
+		s += fmt.Sprintf(", duplicates %d stream / %d fsm", r.Duplicates.Stream, r.Duplicates.FSM)
+	}
+	if r.Failed > 0 {
+		s += fmt.Sprintf(", failed %d", r.Failed)
+	}
+	return s
+}
+
+func meanPeriod(ps []pollReport) float64 {
+	var sum float64
+	for _, p := range ps {
+		sum += p.MeanPeriodMs
+	}
+	if len(ps) == 0 {
+		return 0
+	}
+	return sum / float64(len(ps))
+}
+
+func writeJSONFile(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// executeIngest runs the benchmark. It returns a report whenever it got as
+// far as publishing (with an error too when something is wrong with it).
+func executeIngest(ctx context.Context, o *ingestOptions, stderr io.Writer) (*ingestReport, error) {
+	cl := live.NewClient(o.AdminToken)
+	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "kvbench ingest: "+format+"\n", args...) }
+
+	// 1. The cluster: replicas, NATS, model.
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var replicas []string
+	var target *live.Status
+	how := "--replicas"
+	if len(o.Replicas) > 0 {
+		replicas = o.Replicas
+		st, err := cl.Status(dctx, o.Target)
+		if err != nil {
+			return nil, fmt.Errorf("target status: %w", err)
+		}
+		target = st
+	} else {
+		d, err := cl.Discover(dctx, o.Target)
+		if err != nil {
+			return nil, fmt.Errorf("target status: %w", err)
+		}
+		replicas, target, how = d.Replicas, d.Target, d.How
+		if len(d.Unresolved) > 0 {
+			logf("warning: no HTTP address found for peer(s) %s; checking visibility on %d replica(s) only (give --replicas)", strings.Join(d.Unresolved, ", "), len(replicas))
+		}
+	}
+	names := make([]string, len(replicas))
+	natsOf := map[string]string{} // node id → its NATS client URL
+	for i, r := range replicas {
+		st, err := cl.Status(dctx, r)
+		if err != nil {
+			return nil, fmt.Errorf("replica %s: %w", r, err)
+		}
+		names[i] = st.NodeID
+		if checkNATSURL(st.NATSURL) == nil {
+			natsOf[st.NodeID] = st.NATSURL
+		}
+	}
+	natsURLs := splitList(o.NATS)
+	var leaders jsLeaders
+	if len(natsURLs) == 0 {
+		if target.NATSURL == "" {
+			return nil, fmt.Errorf("the target's /cluster/status has no nats_url: give --nats")
+		}
+		if err := checkNATSURL(target.NATSURL); err != nil {
+			return nil, fmt.Errorf("the target's nats_url: %w (give --nats)", err)
+		}
+		natsURLs = []string{target.NATSURL}
+		// Publish to the server that leads the stream: one hop less.
+		leaders = streamLeaders(dctx, target.NATSURL)
+		if u, ok := natsOf[leaders.Stream]; ok {
+			natsURLs = []string{u}
+		}
+	}
+	model := o.Model
+	if model == "" {
+		if len(target.Models) == 0 {
+			return nil, fmt.Errorf("the cluster reports no model: give --model")
+		}
+		model = target.Models[0]
+	}
+	leaderURL := ""
+	for i, n := range names {
+		if n == target.LeaderID {
+			leaderURL = replicas[i]
+		}
+	}
+	logf("replicas %s (%s); NATS %s (stream leader %s, consumer leader %s, raft leader %s); model %s", strings.Join(replicas, ", "), how,
+		strings.Join(natsURLs, ","), cmp.Or(leaders.Stream, "?"), cmp.Or(leaders.Consumer, "?"), cmp.Or(target.LeaderID, "?"), model)
+
+	// 2. Synthetic workers: registered, and known to every replica.
+	prefix := "ingest-" + randHex(4)
+	ws := make([]*ingestWorker, o.Workers)
+	ids := make([]string, o.Workers)
+	for i := range ws {
+		ids[i] = fmt.Sprintf("%s-%d", prefix, i)
+		ws[i] = &ingestWorker{id: ids[i]}
+	}
+	registered := []string{}
+	defer func() {
+		if o.KeepWorkers {
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		var failed []string
+		for _, id := range registered {
+			if err := cl.Deregister(cctx, o.Target, id); err != nil {
+				failed = append(failed, fmt.Sprintf("%s (%v)", id, err))
+			}
+		}
+		if len(failed) > 0 {
+			logf("warning: could not deregister %s; their leases expire in 2 minutes", strings.Join(failed, ", "))
+		}
+	}()
+	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer rcancel()
+	capacity := o.WorkerBlocks
+	if capacity == 0 {
+		capacity = 1 << 20
+	}
+	spec := func(id string) live.WorkerSpec {
+		return live.WorkerSpec{ID: id, URL: "http://127.0.0.1:1", Model: model, BlockSize: o.BlockSize,
+			TotalBlocks: capacity, MaxBatchedTokens: 8192}
+	}
+	for _, id := range ids {
+		err := cl.Register(rctx, o.Target, spec(id))
+		if err != nil {
+			var he *live.HTTPError
+			if errors.As(err, &he) && he.Status == 400 {
+				return nil, fmt.Errorf("%w: registering %s: %v", errUsage, id, err)
+			}
+			return nil, fmt.Errorf("registering %s: %w", id, err)
+		}
+		registered = append(registered, id)
+	}
+	if err := waitRegistered(rctx, cl, replicas, ids); err != nil {
+		return nil, err
+	}
+	// Registrations are leases (2 minutes): renew them while the run lasts.
+	renewCtx, renewCancel := context.WithCancel(ctx)
+	renewDone := make(chan struct{})
+	defer func() { renewCancel(); <-renewDone }() // before deregistering
+	go func() {
+		defer close(renewDone)
+		t := time.NewTicker(30 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-renewCtx.Done():
+				return
+			case <-t.C:
+			}
+			for _, id := range ids {
+				c, cancel := context.WithTimeout(renewCtx, 5*time.Second)
+				if err := cl.Register(c, o.Target, spec(id)); err != nil && renewCtx.Err() == nil {
+					logf("warning: renewing %s: %v", id, err)
+				}
+				cancel()
+			}
+		}
+	}()
+	baseline := make([]*live.Status, len(replicas))
+	for i, r := range replicas {
+		baseline[i], _ = cl.Status(rctx, r)
+	}
+	metricNames := []string{"kvrouter_raft_apply_seconds_sum", "kvrouter_raft_apply_seconds_count",
+		"kvrouter_eventbus_batch_seconds_sum", "kvrouter_eventbus_batch_seconds_count", "kvrouter_eventbus_events_applied_total"}
+	var leaderBefore map[string]float64
+	if leaderURL != "" {
+		leaderBefore, _ = cl.Metrics(rctx, leaderURL, metricNames...)
+	}
+
+	// 3. Publishers, one NATS connection each.
+	quiet := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	defer func() {
+		for _, w := range ws {
+			if w.pub != nil {
+				w.pub.Close()
+			}
+			if w.nc != nil {
+				w.nc.Close()
+			}
+		}
+	}()
+	for i, w := range ws {
+		nc, err := eventbus.Connect(natsURLs[i%len(natsURLs)], "kvbench-"+w.id, quiet)
+		if err != nil {
+			return nil, fmt.Errorf("NATS %s: %w", natsURLs[i%len(natsURLs)], err)
+		}
+		w.nc = nc
+		w.pub, err = eventbus.NewPublisher(nc, w.id, 0,
+			eventbus.WithWindow(o.Window),
+			eventbus.WithPublisherLogger(quiet),
+			eventbus.WithOnAck(func(a eventbus.PublishAck) {
+				w.acked.Add(1)
+				w.lastAcked.Store(a.EventID)
+				if a.Duplicate {
+					w.dups.Add(1)
+				}
+			}),
+			eventbus.WithOnError(func(id uint64, err error) {
+				w.failed.Add(1)
+				s := err.Error()
+				w.firstErr.CompareAndSwap(nil, &s)
+			}))
+		if err != nil {
+			return nil, err
+		}
+	}
+
+	// 4. Pollers: every replica's status, each on its own cadence.
+	tr := live.NewTracker(ids, len(replicas))
+	pctx, pcancel := context.WithCancel(ctx)
+	var pwg sync.WaitGroup
+	for r, u := range replicas {
+		pwg.Add(1)
+		go func() {
+			defer pwg.Done()
+			pollReplica(pctx, cl, u, r, o.Poll, tr)
+		}()
+	}
+	stopPolling := sync.OnceFunc(func() { pcancel(); pwg.Wait() })
+	defer stopPolling()
+
+	// 5. Publish for --duration.
+	seed := randUint64()
+	perWorker := 0
+	if o.MaxUnapplied > 0 {
+		perWorker = max(o.MaxUnapplied/o.Workers, 1)
+	}
+	start := time.Now()
+	pubCtx, pubCancel := context.WithDeadline(ctx, start.Add(o.Duration))
+	defer pubCancel()
+	var gwg sync.WaitGroup
+	var progressStop func()
+	if o.Progress {
+		progressStop = ingestProgress(stderr, ws, tr, start)
+	}
+	for i, w := range ws {
+		gwg.Add(1)
+		go func() {
+			defer gwg.Done()
+			generate(pubCtx, w, i, o, seed, perWorker, tr)
+		}()
+	}
+	gwg.Wait()
+	publishEnd := time.Now()
+
+	// 6. Drain: every event acknowledged, then visible everywhere.
+	drainCtx, drainCancel := context.WithTimeout(ctx, o.DrainTimeout)
+	defer drainCancel()
+	var errs []string
+	for _, w := range ws {
+		if err := w.pub.Flush(drainCtx); err != nil {
+			errs = append(errs, fmt.Sprintf("%s: %v", w.id, err))
+		}
+	}
+	visibleAll := waitVisible(drainCtx, ws, tr)
+	if progressStop != nil {
+		progressStop()
+	}
+	stopPolling()
+	// Give in-flight events a last chance to be reported as failed.
+	for _, w := range ws {
+		w.pub.Close()
+	}
+
+	// 7. Verify on every replica and compute the figures.
+	fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer fcancel()
+	finals := make([]*live.Status, len(replicas))
+	for i, r := range replicas {
+		finals[i], _ = cl.Status(fctx, r)
+	}
+	var leaderAfter map[string]float64
+	if leaderURL != "" {
+		leaderAfter, _ = cl.Metrics(fctx, leaderURL, metricNames...)
+	}
+
+	rep := &ingestReport{Unit: "block events (one stored block = one block event)",
+		Config: ingestConfig{Target: o.Target, Replicas: replicas, Discovery: how, NATS: natsURLs, Model: model,
+			Workers: o.Workers, WorkerPrefix: prefix, BlocksPerEvent: o.BlocksPerEvent, BlockSize: o.BlockSize, WorkerBlocks: o.WorkerBlocks,
+			Window: o.Window, MaxUnapplied: o.MaxUnapplied, DurationS: o.Duration.Seconds(),
+			PollMs: float64(o.Poll) / float64(time.Millisecond), SampleEvery: o.SampleEvery},
+		VisibleAll: visibleAll, Errors: errs, JetStreamLeaders: leaders}
+	exp := make([]live.Expectation, len(ws))
+	var samples []live.Sample
+	firstSent := time.Time{}
+	var lastVisible time.Time
+	for i, w := range ws {
+		rep.Published += w.published.Load()
+		rep.Acked += w.acked.Load()
+		rep.Failed += w.failed.Load()
+		rep.Duplicates.Stream += w.dups.Load()
+		if p := w.firstErr.Load(); p != nil {
+			rep.Errors = append(rep.Errors, fmt.Sprintf("%s: %s", w.id, *p))
+		}
+		last := w.lastAcked.Load()
+		exp[i] = live.Expectation{Worker: w.id, LastAcked: last, AckedEvents: w.acked.Load(),
+			Blocks: w.storedUpTo(last, o.BlocksPerEvent) - w.removedUpTo(last), Unsure: w.failed.Load() > 0}
+		rep.AckedBlocks += uint64(w.storedUpTo(last, o.BlocksPerEvent))
+		rep.RemovedBlocks += uint64(w.removedUpTo(last))
+		samples = append(samples, w.samples...)
+		if w.firstSentNs != 0 {
+			if t := time.Unix(0, w.firstSentNs); firstSent.IsZero() || t.Before(firstSent) {
+				firstSent = t
+			}
+		}
+		if last := w.lastAcked.Load(); last > 0 {
+			if at, ok := tr.Visible(i, last); ok && at.After(lastVisible) {
+				lastVisible = at
+			}
+		}
+	}
+	for _, w := range ws {
+		rep.PublishedBlocks += uint64(w.storedUpTo(w.published.Load(), o.BlocksPerEvent))
+	}
+	lost := live.CountLost(exp, o.BlocksPerEvent, names, finals)
+	rep.Lost, rep.LostBlocks, rep.ExtraBlocks, rep.Shortfalls = lost.Events, lost.Blocks, lost.ExtraBlocks, lost.Detail
+
+	// Committed blocks: the stored blocks of the events every replica's
+	// cursor covers (the slowest replica's), less any found missing.
+	for i, w := range ws {
+		cur := w.lastAcked.Load()
+		stale := false
+		for _, st := range finals {
+			c := uint64(0)
+			if st != nil {
+				if wk, ok := st.Worker(ids[i]); ok && len(wk.Ranks) > 0 {
+					c = wk.Ranks[0].LastEventID
+					stale = stale || wk.Ranks[0].Stale != ""
+				}
+			}
+			cur = min(cur, c)
+		}
+		if stale {
+			rep.Stale++
+		}
+		rep.CommittedBlocks += w.storedUpTo(cur, o.BlocksPerEvent)
+	}
+	rep.CommittedBlocks = max(rep.CommittedBlocks-lost.Blocks, 0)
+	rep.PublishS = publishEnd.Sub(start).Seconds()
+	if !firstSent.IsZero() && lastVisible.After(firstSent) {
+		rep.ElapsedS = lastVisible.Sub(firstSent).Seconds()
+		rep.EventsPerS = float64(rep.CommittedBlocks) / rep.ElapsedS
+	}
+	if rep.PublishS > 0 {
+		rep.AckedEventsPerS = float64(rep.Acked) / rep.PublishS
+		rep.PublishedBlocksPS = float64(rep.PublishedBlocks) / rep.PublishS
+	}
+	lat, invisible := tr.Latencies(samples)
+	rep.VisibleDetail = visibleDetail{Samples: len(samples), Invisible: invisible}
+	if len(lat) > 0 {
+		var sum float64
+		for _, x := range lat {
+			sum += x
+		}
+		rep.VisibleDetail.Mean = sum / float64(len(lat))
+		rep.VisibleMs = sim.Quantiles{P50: sim.Percentile(lat, 50), P99: sim.Percentile(lat, 99)}
+		rep.VisibleDetail.P90 = sim.Percentile(lat, 90)
+		rep.VisibleDetail.Max = lat[len(lat)-1] // sorted by Percentile
+	}
+	for r, p := range tr.Polls() {
+		rep.Polling = append(rep.Polling, pollReport{Replica: names[r], Polls: p.Polls, Errors: p.Errors,
+			MeanRTTMs: msOf(p.MeanRTT()), MaxRTTMs: msOf(p.MaxRTT), MeanPeriodMs: msOf(p.MeanPeriod())})
+	}
+	for r := range finals {
+		if finals[r] == nil || baseline[r] == nil {
+			continue
+		}
+		d := finals[r].FSM
+		b := baseline[r].FSM
+		rep.Gaps = max(rep.Gaps, d.Gaps-b.Gaps)
+		rep.Rejected = max(rep.Rejected, d.Rejections()-b.Rejections())
+		if names[r] == target.LeaderID {
+			rep.Duplicates.FSM = d.Duplicates - b.Duplicates
+			rep.Leader = leaderReport{Replica: names[r], Commands: d.Commands - b.Commands, Events: d.Events - b.Events}
+			if rep.Leader.Commands > 0 {
+				rep.Leader.EventsPerCommand = float64(rep.Leader.Events) / float64(rep.Leader.Commands)
+			}
+		}
+	}
+	if leaderBefore != nil && leaderAfter != nil {
+		n := leaderAfter["kvrouter_raft_apply_seconds_count"] - leaderBefore["kvrouter_raft_apply_seconds_count"]
+		s := leaderAfter["kvrouter_raft_apply_seconds_sum"] - leaderBefore["kvrouter_raft_apply_seconds_sum"]
+		rep.Leader.RaftApplies = n
+		if n > 0 {
+			rep.Leader.RaftApplyMeanMs = 1000 * s / n
+		}
+		bn := leaderAfter["kvrouter_eventbus_batch_seconds_count"] - leaderBefore["kvrouter_eventbus_batch_seconds_count"]
+		bs := leaderAfter["kvrouter_eventbus_batch_seconds_sum"] - leaderBefore["kvrouter_eventbus_batch_seconds_sum"]
+		rep.Leader.ConsumerBatches = bn
+		rep.Leader.ConsumerEvents = leaderAfter["kvrouter_eventbus_events_applied_total"] - leaderBefore["kvrouter_eventbus_events_applied_total"]
+		if bn > 0 {
+			rep.Leader.ConsumerBatchMeanMs = 1000 * bs / bn
+		}
+	}
+	rep.Digests = map[string]string{}
+	for r, st := range finals {
+		if st != nil {
+			rep.Digests[names[r]] = st.Digest
+		}
+	}
+	rep.Notes = []string{
+		"events_per_s: stored blocks of the acknowledged events that every replica applied (the slowest replica's cursors, less blocks found missing), divided by the time from the first publish to the moment every worker's last acknowledged event was visible on every replica; removed blocks (evictions past --worker-blocks) are not counted",
+		fmt.Sprintf("visible_ms: publish (PublishAsync returned) to the first /cluster/status answer of the LAST replica whose last_event_id covered the event; every %dth event of each worker; an upper bound, late by up to one poll period plus one status round trip (see polling)", o.SampleEvery),
+		"lost: acknowledged events missing on some replica at the end: past its cursor, or fewer blocks than acknowledged (cursor consumed but blocks rejected)",
+		"the synthetic workers register with url http://127.0.0.1:1: nothing should be routed to them, but a request for the same model during the run could be, and would fail over",
+		"duplicates.fsm is the leader's cluster-wide count of events skipped as already applied during the run",
+	}
+	if !visibleAll {
+		return rep, fmt.Errorf("not every acknowledged event became visible on every replica within --drain-timeout %v", o.DrainTimeout)
+	}
+	if rep.Lost > 0 {
+		return rep, fmt.Errorf("%d acknowledged events (%d blocks) missing on some replica", rep.Lost, rep.LostBlocks)
+	}
+	return rep, nil
+}
+
+// jsLeaders names the NATS servers (= replica node ids) leading the
+// KV_EVENTS stream and the leader's durable consumer.
+type jsLeaders struct {
+	Stream   string `json:"stream"`
+	Consumer string `json:"consumer"`
+}
+
+func streamLeaders(ctx context.Context, url string) jsLeaders {
+	var l jsLeaders
+	nc, err := nats.Connect(url, nats.Name("kvbench-probe"), nats.Timeout(2*time.Second))
+	if err != nil {
+		return l
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return l
+	}
+	if s, err := js.Stream(ctx, eventbus.StreamName); err == nil && s.CachedInfo().Cluster != nil {
+		l.Stream = s.CachedInfo().Cluster.Leader
+	}
+	if c, err := js.Consumer(ctx, eventbus.StreamName, eventbus.DefaultDurable); err == nil && c.CachedInfo().Cluster != nil {
+		l.Consumer = c.CachedInfo().Cluster.Leader
+	}
+	return l
+}
+
+func msOf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func randUint64() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	var v uint64
+	for _, x := range b {
+		v = v<<8 | uint64(x)
+	}
+	return v
+}
+
+// splitmix64 is a bijective mixer: distinct inputs give distinct hashes.
+func splitmix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// blockHash names block k of worker i: unique over the run (splitmix64 is
+// a bijection of (seed + i<<40 + k) for k < 2^40) and, with a random seed,
+// over runs.
+func blockHash(seed uint64, worker int, k uint64) uint64 {
+	return splitmix64(seed + uint64(worker)<<40 + k)
+}
+
+// generate publishes worker w's events until ctx ends: one chain of stored
+// blocks, each event's parent the previous event's last block, so the
+// state machine accepts every one; when the worker would hold more than
+// --worker-blocks, first one removed event for its oldest half. It pauses
+// while more than perWorker events are published but not yet visible on
+// every replica.
+func generate(ctx context.Context, w *ingestWorker, i int, o *ingestOptions, seed uint64, perWorker int, tr *live.Tracker) {
+	blocks := make([]eventbus.WireBlock, o.BlocksPerEvent)
+	var held []uint64 // oldest first
+	chunk := 0
+	if o.WorkerBlocks > 0 {
+		chunk = min(max(o.WorkerBlocks/2, o.BlocksPerEvent), eventbus.DefaultMaxBlocks)
+	}
+	var k uint64 // blocks generated
+	var parent uint64
+	hasParent := false
+	id := uint64(1)
+	send := func(ev eventbus.WireEvent) bool {
+		if perWorker > 0 {
+			for id-1 > tr.MinCursor(i)+uint64(perWorker) {
+				if ctx.Err() != nil {
+					return false
+				}
+				time.Sleep(200 * time.Microsecond)
+			}
+		}
+		ev.EventID = id
+		if _, err := w.pub.PublishAsync(ctx, ev); err != nil {
+			return false // ctx over (the event was not sent) or the publisher closed
+		}
+		now := time.Now()
+		if id == 1 {
+			w.firstSentNs = now.UnixNano()
+		}
+		w.published.Add(1)
+		if id%uint64(o.SampleEvery) == 0 {
+			w.samples = append(w.samples, live.Sample{Worker: i, ID: id, Sent: now})
+		}
+		id++
+		return true
+	}
+	for ctx.Err() == nil {
+		if chunk > 0 && len(held)+o.BlocksPerEvent > o.WorkerBlocks {
+			n := min(chunk, len(held))
+			rid := id
+			if !send(eventbus.WireEvent{Kind: eventbus.KindRemoved, Removed: held[:n]}) {
+				return
+			}
+			w.removals = append(w.removals, removal{id: rid, blocks: n})
+			held = held[n:]
+		}
+		for b := range blocks {
+			h := blockHash(seed, i, k)
+			k++
+			blocks[b] = eventbus.WireBlock{Engine: h, Content: h}
+		}
+		if !send(eventbus.WireEvent{Kind: eventbus.KindStored, BlockSize: o.BlockSize,
+			HasParent: hasParent, Parent: parent, Blocks: blocks}) {
+			return
+		}
+		if chunk > 0 {
+			for _, b := range blocks {
+				held = append(held, b.Engine)
+			}
+		}
+		parent, hasParent = blocks[len(blocks)-1].Engine, true
+	}
+}
+
+func pollReplica(ctx context.Context, cl *live.Client, url string, r int, every time.Duration, tr *live.Tracker) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		t0 := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err := cl.Status(rctx, url)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		now := time.Now()
+		if err != nil {
+			st = nil
+		}
+		tr.Observe(r, now, now.Sub(t0), st)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func waitRegistered(ctx context.Context, cl *live.Client, replicas, ids []string) error {
+	for {
+		missing := ""
+	check:
+		for _, r := range replicas {
+			st, err := cl.Status(ctx, r)
+			if err != nil {
+				missing = fmt.Sprintf("%s: %v", r, err)
+				break
+			}
+			for _, id := range ids {
+				if _, ok := st.Worker(id); !ok {
+					missing = fmt.Sprintf("%s not yet registered on %s", id, r)
+					break check
+				}
+			}
+		}
+		if missing == "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("synthetic workers not registered on every replica: %s", missing)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// waitVisible waits until every worker's last acknowledged event is visible
+// on every replica.
+func waitVisible(ctx context.Context, ws []*ingestWorker, tr *live.Tracker) bool {
+	for {
+		all := true
+		for i, w := range ws {
+			if last := w.lastAcked.Load(); last > 0 {
+				if _, ok := tr.Visible(i, last); !ok {
+					all = false
+					break
+				}
+			}
+		}
+		if all {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func ingestProgress(stderr io.Writer, ws []*ingestWorker, tr *live.Tracker, start time.Time) func() {
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		var lastPub, lastVis uint64
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+			}
+			var pub, acked, vis uint64
+			for i, w := range ws {
+				pub += w.published.Load()
+				acked += w.acked.Load()
+				vis += tr.MinCursor(i)
+			}
+			fmt.Fprintf(stderr, "kvbench ingest: %5.1fs published %d (+%d/s) acked %d visible everywhere %d (+%d/s)\n",
+				time.Since(start).Seconds(), pub, pub-lastPub, acked, vis, vis-lastVis)
+			lastPub, lastVis = pub, vis
+		}
+	}()
+	return func() { close(quit); <-done }
+}

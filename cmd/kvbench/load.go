@@ -1,0 +1,443 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/live"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/report"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+)
+
+// loadOptions are kvbench load's validated flags.
+type loadOptions struct {
+	Targets []string
+	Direct  string
+	Model   string
+	APIKey  string
+	Token   string // admin token, for the capacity behind the reference figures
+
+	Prefixes     int
+	PrefixTokens int
+	TailTokens   int
+	OutputTokens int
+	Requests     int
+	Concurrency  int
+	PrefixOrder  string
+	BlockSize    int
+	Seed         uint64
+	Salt         uint32
+	SaltSet      bool
+
+	Timeout     time.Duration
+	MaxDuration time.Duration
+	JSON        string
+}
+
+func parseLoadFlags(args []string, output io.Writer) (*loadOptions, error) {
+	o := &loadOptions{}
+	fs := flag.NewFlagSet("kvbench load", flag.ContinueOnError)
+	fs.SetOutput(output)
+	var targets string
+	var salt uint
+	fs.StringVar(&targets, "target", "", "comma list of OpenAI endpoints (replicas' base URLs); requests go round-robin over them")
+	fs.StringVar(&o.Direct, "direct", "", "a worker's base URL: send the same workload straight to it (alone, or as a second pass after --target: router overhead)")
+	fs.StringVar(&o.Model, "model", "", "model name in the requests (default: the first of the first endpoint's /v1/models)")
+	fs.StringVar(&o.APIKey, "api-key", os.Getenv("KVROUTER_API_KEY"), "bearer API key for the inference endpoints (default $KVROUTER_API_KEY)")
+	fs.StringVar(&o.Token, "admin-token", os.Getenv("KVROUTER_ADMIN_TOKEN"), "admin bearer token, to read the workers' capacity for the reference figures (default $KVROUTER_ADMIN_TOKEN)")
+	fs.IntVar(&o.Prefixes, "prefixes", 7, "synthetic: number of shared prefixes")
+	fs.IntVar(&o.PrefixTokens, "prefix-tokens", 2032, "synthetic: tokens per shared prefix")
+	fs.IntVar(&o.TailTokens, "tail-tokens", 339, "synthetic: fresh random tokens after the prefix")
+	fs.IntVar(&o.OutputTokens, "output-tokens", 64, "synthetic: tokens generated per request (max_tokens)")
+	fs.IntVar(&o.Requests, "requests", 200, "synthetic: requests per pass")
+	fs.IntVar(&o.Concurrency, "concurrency", 8, "synthetic: closed-loop clients")
+	fs.StringVar(&o.PrefixOrder, "prefix-order", workload.PrefixRandom, "synthetic: random or shuffled (see kvbench sim)")
+	fs.IntVar(&o.BlockSize, "block-size", 16, "tokens per KV block, for the hit rule and the reference figures")
+	fs.Uint64Var(&o.Seed, "seed", 1, "workload seed (the same seed is the same workload as kvbench sim's)")
+	fs.UintVar(&salt, "salt", 0, "shifts every prompt word, so a run does not hit the caches an earlier run filled; same structure, different text (default: random per run; the direct pass uses salt+1)")
+	fs.DurationVar(&o.Timeout, "timeout", 60*time.Second, "per-request timeout")
+	fs.DurationVar(&o.MaxDuration, "max-duration", 10*time.Minute, "a pass sends no new request after this long")
+	fs.StringVar(&o.JSON, "json", "", "write the JSON report to this file")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return nil, usagef("unexpected argument %q", fs.Arg(0))
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "salt" {
+			o.SaltSet = true
+		}
+	})
+	if salt > 1<<31 {
+		return nil, usagef("--salt %d: at most 2^31", salt)
+	}
+	o.Salt = uint32(salt)
+	for _, t := range splitList(targets) {
+		u, err := live.ParseLocalURL(t)
+		if err != nil {
+			return nil, usagef("--target: %v", err)
+		}
+		if slices.Contains(o.Targets, u) {
+			return nil, usagef("--target lists %s twice", u)
+		}
+		o.Targets = append(o.Targets, u)
+	}
+	if targets != "" && len(o.Targets) == 0 {
+		return nil, usagef("--target %q: no URL", targets)
+	}
+	if o.Direct != "" {
+		u, err := live.ParseLocalURL(o.Direct)
+		if err != nil {
+			return nil, usagef("--direct: %v", err)
+		}
+		o.Direct = u
+	}
+	if len(o.Targets) == 0 && o.Direct == "" {
+		return nil, usagef("--target URL[,URL…] or --direct URL is required")
+	}
+	switch {
+	case o.Prefixes < 1:
+		return nil, usagef("--prefixes %d: need at least one", o.Prefixes)
+	case o.PrefixTokens < 0 || o.TailTokens < 0:
+		return nil, usagef("--prefix-tokens and --tail-tokens must not be negative")
+	case o.PrefixTokens+o.TailTokens < 1:
+		return nil, usagef("--prefix-tokens + --tail-tokens must be at least one token")
+	case o.PrefixTokens+o.TailTokens > 1<<20:
+		return nil, usagef("--prefix-tokens + --tail-tokens: at most %d tokens", 1<<20)
+	case o.OutputTokens < 1:
+		return nil, usagef("--output-tokens %d: need at least one", o.OutputTokens)
+	case o.Requests < 1 || o.Requests > 1_000_000:
+		return nil, usagef("--requests %d: want 1..1000000", o.Requests)
+	case o.Concurrency < 1 || o.Concurrency > 1024:
+		return nil, usagef("--concurrency %d: want 1..1024", o.Concurrency)
+	case o.PrefixOrder != workload.PrefixRandom && o.PrefixOrder != workload.PrefixShuffled:
+		return nil, usagef("--prefix-order %q: want %s or %s", o.PrefixOrder, workload.PrefixRandom, workload.PrefixShuffled)
+	case o.BlockSize < 1:
+		return nil, usagef("--block-size %d: must be positive", o.BlockSize)
+	case o.Timeout <= 0:
+		return nil, usagef("--timeout %v: must be positive", o.Timeout)
+	case o.MaxDuration <= 0:
+		return nil, usagef("--max-duration %v: must be positive", o.MaxDuration)
+	}
+	return o, nil
+}
+
+// loadConfig is the report's "config".
+type loadConfig struct {
+	Workload    string   `json:"workload"`
+	Targets     []string `json:"targets,omitempty"`
+	Direct      string   `json:"direct,omitempty"`
+	DirectID    string   `json:"direct_worker,omitempty"`
+	Model       string   `json:"model"`
+	BlockSize   int      `json:"block_size"`
+	Seed        uint64   `json:"seed"`
+	Salt        uint32   `json:"salt"`
+	Synthetic   synthCfg `json:"synthetic"`
+	Requests    int      `json:"requests"`
+	HitRule     string   `json:"hit_rule"`
+	Capacity    int      `json:"capacity_blocks"`
+	TimeoutS    float64  `json:"timeout_s"`
+	WallSeconds float64  `json:"wall_seconds"`
+	Notes       []string `json:"notes"`
+}
+
+// liveResult is a report row with the live extras.
+type liveResult struct {
+	report.Result
+	Endpoints      []string           `json:"endpoints"`
+	NotSent        int                `json:"not_sent"`
+	NoUsage        int                `json:"no_usage"`
+	PromptMismatch int                `json:"prompt_token_mismatches"`
+	PerWorker      []workerFigures    `json:"per_worker"`
+	ErrorSamples   []string           `json:"error_samples,omitempty"`
+	PerEndpoint    map[string]float64 `json:"ttft_p50_ms_per_endpoint,omitempty"`
+}
+
+type workerFigures struct {
+	Worker   string        `json:"worker"`
+	Requests int           `json:"requests"`
+	HitRate  float64       `json:"request_hit_rate"`
+	TTFT     sim.Quantiles `json:"ttft_ms"`
+}
+
+type loadReport struct {
+	Config    loadConfig       `json:"config"`
+	Reference report.Reference `json:"reference"`
+	Results   []liveResult     `json:"results"`
+}
+
+func runLoad(args []string, stdout, stderr io.Writer) int {
+	o, err := parseLoadFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvbench load: %s\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+		return exitUsage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := executeLoad(ctx, o, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvbench load: %v\n", err)
+		if errors.Is(err, errUsage) || errors.Is(err, workload.ErrSpec) {
+			return exitUsage
+		}
+		return exitFail
+	}
+	for _, r := range rep.Results {
+		fmt.Fprintln(stdout, loadSummary(rep, &r))
+	}
+	if o.JSON != "" {
+		if err := writeJSONFile(o.JSON, rep); err != nil {
+			fmt.Fprintf(stderr, "kvbench load: write report: %v\n", err)
+			return exitFail
+		}
+	}
+	for _, r := range rep.Results {
+		if r.Completed == 0 {
+			return exitFail
+		}
+	}
+	return exitOK
+}
+
+func loadSummary(rep *loadReport, r *liveResult) string {
+	return fmt.Sprintf("kvbench load %s via %s: %d requests, hit rate %.1f%%, cached ratio %.3f, TTFT p50 %.1f ms p99 %.1f ms, E2E p50 %.1f ms p99 %.1f ms, %.2f req/s, %d errors (reference: pooled-LRU %.3f, ideal %.3f)",
+		r.Policy, strings.Join(r.Endpoints, ","), r.Requests, 100*r.RequestHitRate, r.CachedTokenRatio, r.TTFT.P50, r.TTFT.P99,
+		r.E2E.P50, r.E2E.P99, r.ThroughputRPS, r.Errors, rep.Reference.PooledLRUCachedTokenRatio, rep.Reference.IdealCachedTokenRatio)
+}
+
+func executeLoad(ctx context.Context, o *loadOptions, stderr io.Writer) (*loadReport, error) {
+	start := time.Now()
+	w, err := workload.NewSynthetic(workload.SyntheticSpec{
+		Prefixes: o.Prefixes, PrefixTokens: o.PrefixTokens, TailTokens: o.TailTokens, OutputTokens: o.OutputTokens,
+		Requests: o.Requests, Concurrency: o.Concurrency, BlockSize: o.BlockSize, Seed: o.Seed, Order: o.PrefixOrder,
+	})
+	if err != nil {
+		return nil, err
+	}
+	hc := live.NewInferenceClient(o.Concurrency)
+	cl := live.NewClient(o.Token)
+	first := o.Direct
+	if len(o.Targets) > 0 {
+		first = o.Targets[0]
+	}
+	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	model := o.Model
+	if model == "" {
+		ms, err := live.Models(ictx, hc, first, o.APIKey)
+		if err != nil {
+			return nil, fmt.Errorf("listing models at %s: %w (give --model)", first, err)
+		}
+		if len(ms) == 0 {
+			return nil, fmt.Errorf("%s serves no model", first)
+		}
+		model = ms[0]
+	}
+	salt := o.Salt
+	if !o.SaltSet {
+		salt = uint32(randUint64() % (1 << 31))
+	}
+	cfg := loadConfig{Workload: w.Name, Targets: o.Targets, Direct: o.Direct, Model: model, BlockSize: o.BlockSize,
+		Seed: o.Seed, Salt: salt, Requests: len(w.Requests),
+		Synthetic: synthCfg{Prefixes: o.Prefixes, PrefixTokens: o.PrefixTokens, TailTokens: o.TailTokens,
+			OutputTokens: o.OutputTokens, Concurrency: o.Concurrency, PrefixOrder: o.PrefixOrder},
+		HitRule:  fmt.Sprintf("cached prompt tokens >= half the shared prefix (%d tokens)", w.Requests[0].HitTokens),
+		TimeoutS: o.Timeout.Seconds(),
+		Notes: []string{
+			"prompts are text of builtin-tokenizer words, one token each (prompt_tokens = prefix + tail exactly), sent as a string to /v1/completions with stream and stream_options.include_usage",
+			"ttft_ms: request sent to the first SSE data chunk; e2e_ms: to [DONE]; cached tokens from the final usage chunk",
+			"each pass uses its own salt (the direct pass salt+1), so no pass reuses the text, and so the cache entries, of another",
+		}}
+	if o.Direct != "" {
+		if id, err := live.WorkerIdentity(ictx, hc, o.Direct); err == nil {
+			cfg.DirectID = id
+		}
+	}
+	// The reference needs the cache capacity behind the endpoints.
+	if len(o.Targets) > 0 {
+		if n, err := cl.Capacity(ictx, o.Targets[0], model); err == nil {
+			cfg.Capacity = n
+		} else {
+			fmt.Fprintf(stderr, "kvbench load: warning: no worker capacity from %s/workers (%v): pooled-LRU reference left at 0\n", o.Targets[0], err)
+		}
+	} else if n, err := live.MockCapacity(ictx, hc, o.Direct); err == nil {
+		cfg.Capacity = n
+	}
+	rep := &loadReport{}
+	if cfg.Capacity > 0 {
+		ref := sim.ComputeReference(w, cfg.Capacity)
+		rep.Reference = report.Reference{PooledLRUCachedTokenRatio: ref.PooledLRU, IdealCachedTokenRatio: ref.Ideal}
+	} else {
+		ref := sim.ComputeReference(w, 1<<30)
+		rep.Reference = report.Reference{IdealCachedTokenRatio: ref.Ideal}
+	}
+	if len(o.Targets) > 0 {
+		res := replay(ctx, o, w, hc, model, salt, o.Targets)
+		rep.Results = append(rep.Results, summarizeLive("live", w, res, o.Targets, ""))
+	}
+	if o.Direct != "" && ctx.Err() == nil {
+		res := replay(ctx, o, w, hc, model, salt+1, []string{o.Direct})
+		rep.Results = append(rep.Results, summarizeLive("direct", w, res, []string{o.Direct}, cmp.Or(cfg.DirectID, o.Direct)))
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	cfg.WallSeconds = time.Since(start).Seconds()
+	rep.Config = cfg
+	return rep, nil
+}
+
+// liveRequest is one request's outcome in a pass.
+type liveRequest struct {
+	Sent, FirstToken, Finished time.Duration // since the pass started
+	Endpoint                   int
+	Worker                     string
+	Cached, PromptTokens       int
+	HasUsage, Done, Attempted  bool
+	Err                        string
+}
+
+// replay runs one pass: o.Concurrency closed-loop clients; request i goes
+// to endpoints[i mod n].
+func replay(ctx context.Context, o *loadOptions, w *workload.Workload, hc *http.Client, model string, salt uint32, endpoints []string) []liveRequest {
+	out := make([]liveRequest, len(w.Requests))
+	var next atomic.Int64
+	t0 := time.Now()
+	deadline := t0.Add(o.MaxDuration)
+	var wg sync.WaitGroup
+	for range min(o.Concurrency, len(w.Requests)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var buf []uint32
+			for ctx.Err() == nil && time.Now().Before(deadline) {
+				i := int(next.Add(1) - 1)
+				if i >= len(w.Requests) {
+					return
+				}
+				buf = w.Tokens(i, buf)
+				body := live.NewCompletionRequest(model, live.PromptText(buf, salt), w.Requests[i].OutputTokens)
+				ep := i % len(endpoints)
+				r := &out[i]
+				r.Endpoint, r.Attempted = ep, true
+				rctx, cancel := context.WithTimeout(ctx, o.Timeout)
+				r.Sent = time.Since(t0)
+				c, err := live.Complete(rctx, hc, endpoints[ep], o.APIKey, body)
+				cancel()
+				r.Finished = time.Since(t0)
+				r.FirstToken = r.Sent + c.TTFT
+				r.Worker, r.Cached, r.PromptTokens, r.HasUsage = c.Worker, c.CachedTokens, c.PromptTokens, c.HasUsage
+				if err != nil {
+					r.Err = err.Error()
+					continue
+				}
+				r.Done = true
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// summarizeLive turns a pass into a report row with sim's math
+// (sim.Summarize), so live and simulated figures mean the same.
+// Requests without an X-Worker-Id (straight to a worker) count as worker
+// unnamed.
+func summarizeLive(policy string, w *workload.Workload, reqs []liveRequest, endpoints []string, unnamed string) liveResult {
+	ids := map[string]int{}
+	res := &sim.Result{Policy: policy, Requests: make([]sim.RequestResult, len(reqs))}
+	lr := liveResult{Endpoints: endpoints}
+	type acc struct {
+		n, hits int
+		ttft    []float64
+	}
+	per := map[string]*acc{}
+	perEP := make([][]float64, len(endpoints))
+	for i, r := range reqs {
+		rr := sim.RequestResult{Worker: -1, Sent: r.Sent, FirstToken: r.FirstToken, Finished: r.Finished,
+			CachedTokens: r.Cached, Done: r.Done, Err: r.Err}
+		if r.Worker != "" {
+			k, ok := ids[r.Worker]
+			if !ok {
+				k = len(ids)
+				ids[r.Worker] = k
+			}
+			rr.Worker = k
+		}
+		res.Requests[i] = rr
+		switch {
+		case !r.Attempted:
+			lr.NotSent++
+		case r.Err != "":
+			if len(lr.ErrorSamples) < 5 {
+				lr.ErrorSamples = append(lr.ErrorSamples, r.Err)
+			}
+		case r.Done:
+			if !r.HasUsage {
+				lr.NoUsage++
+			} else if r.PromptTokens != w.Requests[i].PromptTokens {
+				lr.PromptMismatch++
+			}
+			ttft := float64(r.FirstToken-r.Sent) / float64(time.Millisecond)
+			perEP[r.Endpoint] = append(perEP[r.Endpoint], ttft)
+			name := cmp.Or(r.Worker, unnamed, "(unnamed)")
+			a := per[name]
+			if a == nil {
+				a = &acc{}
+				per[name] = a
+			}
+			a.n++
+			a.ttft = append(a.ttft, ttft)
+			if r.Cached >= w.Requests[i].HitTokens {
+				a.hits++
+			}
+		}
+	}
+	s := sim.Summarize(w, res)
+	s.VirtualSeconds = 0 // real time: see throughput_rps and wall time
+	lr.Result = report.Median(policy, []report.Run{{Seed: w.Seed, Summary: s}})
+	var wall time.Duration
+	for _, r := range reqs {
+		wall = max(wall, r.Finished)
+	}
+	lr.WallSeconds = wall.Seconds()
+	names := make([]string, 0, len(per))
+	for n := range per {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		a := per[n]
+		lr.PerWorker = append(lr.PerWorker, workerFigures{Worker: n, Requests: a.n, HitRate: float64(a.hits) / float64(a.n),
+			TTFT: sim.Quantiles{P50: sim.Percentile(a.ttft, 50), P99: sim.Percentile(a.ttft, 99)}})
+	}
+	if len(endpoints) > 1 {
+		lr.PerEndpoint = map[string]float64{}
+		for i, e := range endpoints {
+			lr.PerEndpoint[e] = sim.Percentile(perEP[i], 50)
+		}
+	}
+	return lr
+}
