@@ -88,7 +88,7 @@ func (f *fakeReplica) Ready() (bool, string) {
 	}
 	return false, "no leader"
 }
-func (f *fakeReplica) Status() map[string]any { return map[string]any{"node_id": "r1"} }
+func (f *fakeReplica) Status(bool) map[string]any { return map[string]any{"node_id": "r1"} }
 func (f *fakeReplica) note(s string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -31,8 +31,9 @@ type Replica interface {
 	// Ready says whether this replica can route: knows a leader, caught up,
 	// has workers. The string is the reason when it cannot.
 	Ready() (bool, string)
-	// Status is the /cluster/status document.
-	Status() map[string]any
+	// Status is the /cluster/status document; without the digest (costly:
+	// a pass over the whole index) when digest is false.
+	Status(digest bool) map[string]any
 
 	// Audit receives, per answered request, the cached tokens the router
 	// predicted from its index and those the worker reported, so drift

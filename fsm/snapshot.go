@@ -160,13 +160,14 @@ func (f *FSM) captureLocked() *image {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
+	all := st.index.AllWorkerBlocks()
 	for _, id := range ids {
 		ws := st.workers[id]
 		img.workers = append(img.workers, ws.rec)
 		for _, rs := range ws.ranks {
 			img.cursors = append(img.cursors, cursorImage{worker: rs.worker, rank: rs.rank, last: rs.last,
 				resynced: rs.resynced, stale: rs.stale, reason: rs.reason, staleID: rs.staleID})
-			if b := st.index.WorkerBlocks(rs.key); len(b) > 0 {
+			if b := all[rs.key]; len(b) > 0 {
 				img.blocks = append(img.blocks, rankBlocks{worker: rs.worker, rank: rs.rank, blocks: b,
 					dangling: danglingAliases(st.index, rs.key, b)})
 			}

@@ -136,6 +136,22 @@ func BenchmarkSelect(b *testing.B) {
 			}
 		}
 	})
+	// The same decision in kv-pooled mode: adds the in-flight prefix walk,
+	// the per-worker cache counts and the rendezvous ranking.
+	b.Run("workers=64/mode=kv-pooled", func(b *testing.B) {
+		r, chains := selectBench(b, 32)
+		cfg := r.Config()
+		cfg.Mode = ModeKVPooled
+		if err := r.SetConfig(cfg); err != nil {
+			b.Fatal(err)
+		}
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if _, err := r.Decide(Request{ID: "q", Hashes: chains[(i*31)%len(chains)], Tokens: 32 * 16}, t0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 // BenchmarkRoute: decide, book the load and free it, for a 64-block prompt.

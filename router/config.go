@@ -18,10 +18,13 @@ const (
 	ModeKV          Mode = "kv"
 	ModeKVApprox    Mode = "kv-approx"
 	ModeLoadAware   Mode = "load-aware"
+	// ModeKVPooled is kv plus placement that makes the workers' caches act
+	// as one pooled cache (pooled.go, DESIGN.md).
+	ModeKVPooled Mode = "kv-pooled"
 )
 
 // Modes lists every mode this package implements.
-var Modes = []Mode{ModeRoundRobin, ModeRandom, ModeLeastLoaded, ModeKV, ModeKVApprox, ModeLoadAware}
+var Modes = []Mode{ModeRoundRobin, ModeRandom, ModeLeastLoaded, ModeKV, ModeKVApprox, ModeLoadAware, ModeKVPooled}
 
 // ParseMode accepts our names and Dynamo's spellings (round_robin, kv without events…).
 func ParseMode(s string) (Mode, error) {
@@ -38,6 +41,8 @@ func ParseMode(s string) (Mode, error) {
 		return ModeKVApprox, nil
 	case "load-aware", "load_aware":
 		return ModeLoadAware, nil
+	case "kv-pooled", "kv_pooled", "pooled":
+		return ModeKVPooled, nil
 	}
 	return "", fmt.Errorf("unknown router mode %q (want one of %v): %w", s, Modes, ErrInvalidConfig)
 }

@@ -22,7 +22,8 @@ type WorkerCost struct {
 	NewBlocks           int     // blocks this request adds to the worker's active set
 	PrefillBlocks       float64 // (active prefill + isl)/bs − credit·overlap, ≥ 0
 	DecodeBlocks        float64 // active + new blocks
-	Cost                float64 // scale·prefill + decode
+	Cost                float64 // scale·prefill + decode (+ Pooled)
+	Pooled              float64 // kv-pooled's placement terms, included in Cost
 	Busy                bool
 	BusyReason          string
 }
@@ -52,7 +53,11 @@ func computeCost(cfg *Config, in costInput) (prefill, decode, cost float64) {
 }
 
 // Formula renders a row the way Dynamo logs it: "5.188 = 1.5 * 2.125 + 2.000".
+// kv-pooled rows add their placement terms: "… + 1.000 + pooled 12.500".
 func (c WorkerCost) Formula(scale float64) string {
+	if c.Pooled != 0 {
+		return fmt.Sprintf("%.3f = %.1f * %.3f + %.3f + pooled %.3f", c.Cost, scale, c.PrefillBlocks, c.DecodeBlocks, c.Pooled)
+	}
 	return fmt.Sprintf("%.3f = %.1f * %.3f + %.3f", c.Cost, scale, c.PrefillBlocks, c.DecodeBlocks)
 }
 

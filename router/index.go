@@ -141,11 +141,13 @@ func (ix *Index) putLocked(ch uint64, s workerSet) {
 
 // workerBlocks is one worker's view: engine hash → content hash for blocks
 // whose engine name differs from the content hash (engines that already use
-// our hash, like kvmock, cost nothing here), and how many blocks it holds.
+// our hash, like kvmock, cost nothing here), how many blocks it holds, and
+// how many of those no other worker holds.
 type workerBlocks struct {
 	id     WorkerID
 	engine map[uint64]uint64
 	held   int
+	unique int
 }
 
 type indexCounters struct {
@@ -298,9 +300,31 @@ func (ix *Index) storeLocked(slot int, wb *workerBlocks, b StoredBlock) {
 		ix.stats.duplicateStores.Add(1)
 		return
 	}
+	switch set.count() {
+	case 0:
+		wb.unique++
+	case 1:
+		if sole := ix.soleLocked(set); sole != nil {
+			sole.unique--
+		}
+	}
 	ix.putLocked(b.ContentHash, set.with(slot))
 	wb.held++
 	ix.stats.storedBlocks.Add(1)
+}
+
+// soleLocked is the worker of a one-holder set (nil if its slot is free).
+// ix.mu must be held.
+func (ix *Index) soleLocked(set workerSet) *workerBlocks {
+	if set.lo != 0 {
+		return ix.slots[bits.TrailingZeros64(set.lo)]
+	}
+	for w, word := range *set.hi {
+		if word != 0 {
+			return ix.slots[64*(w+1)+bits.TrailingZeros64(word)]
+		}
+	}
+	return nil
 }
 
 // removeLocked: ix.mu must be held for writing.
@@ -324,9 +348,24 @@ func (ix *Index) dropLocked(slot int, wb *workerBlocks, ch uint64) bool {
 	if !ok || !set.has(slot) {
 		return false
 	}
-	ix.putLocked(ch, set.without(slot))
+	ix.leaveLocked(wb, set, slot, ch)
 	wb.held--
 	return true
+}
+
+// leaveLocked removes slot (worker wb) from set, the holders of ch, and
+// keeps the unique counts right. ix.mu must be held for writing.
+func (ix *Index) leaveLocked(wb *workerBlocks, set workerSet, slot int, ch uint64) {
+	rest := set.without(slot)
+	switch rest.count() {
+	case 0:
+		wb.unique--
+	case 1:
+		if sole := ix.soleLocked(rest); sole != nil {
+			sole.unique++
+		}
+	}
+	ix.putLocked(ch, rest)
 }
 
 // clearLocked drops every block of slot. ix.mu must be held for writing.
@@ -344,9 +383,9 @@ func (ix *Index) clearLocked(slot int) {
 	}
 	for _, ch := range mine {
 		set, _ := ix.getLocked(ch)
-		ix.putLocked(ch, set.without(slot))
+		ix.leaveLocked(wb, set, slot, ch)
 	}
-	wb.held = 0
+	wb.held, wb.unique = 0, 0
 	clear(wb.engine)
 }
 
@@ -451,6 +490,28 @@ func (ix *Index) Held(w WorkerID) int {
 	return 0
 }
 
+// Unique is how many of the blocks worker w holds no other worker holds:
+// losing one of them loses the content, losing any other block does not.
+func (ix *Index) Unique(w WorkerID) int {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	if slot, ok := ix.slotOf[w]; ok {
+		return ix.slots[slot].unique
+	}
+	return 0
+}
+
+// CacheCounts is Held and Unique of w under one lock (kv-pooled's
+// CacheStats).
+func (ix *Index) CacheCounts(w WorkerID) (held, unique int) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	if slot, ok := ix.slotOf[w]; ok {
+		return ix.slots[slot].held, ix.slots[slot].unique
+	}
+	return 0, 0
+}
+
 // Len is the number of distinct blocks held by any worker.
 func (ix *Index) Len() int {
 	ix.mu.RLock()
@@ -479,22 +540,71 @@ func (ix *Index) WorkerBlocks(w WorkerID) []StoredBlock {
 			out = append(out, StoredBlock{EngineHash: ch, ContentHash: ch})
 		}
 	}
-	slices.SortFunc(out, func(a, b StoredBlock) int {
-		if a.ContentHash != b.ContentHash {
-			if a.ContentHash < b.ContentHash {
-				return -1
-			}
-			return 1
-		}
-		switch {
-		case a.EngineHash < b.EngineHash:
-			return -1
-		case a.EngineHash > b.EngineHash:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, compareStored)
 	return out
+}
+
+// AllWorkerBlocks is WorkerBlocks for every worker at once, in one pass
+// over the index (snapshots and digests: per-worker calls would each walk
+// the whole index).
+func (ix *Index) AllWorkerBlocks() map[WorkerID][]StoredBlock {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	lists := make([][]StoredBlock, len(ix.slots))
+	aliased := make([]map[uint64]bool, len(ix.slots))
+	for slot, wb := range ix.slots {
+		if wb == nil {
+			continue
+		}
+		lists[slot] = make([]StoredBlock, 0, wb.held)
+		aliased[slot] = make(map[uint64]bool, len(wb.engine))
+		for eh, ch := range wb.engine {
+			lists[slot] = append(lists[slot], StoredBlock{EngineHash: eh, ContentHash: ch})
+			aliased[slot][ch] = true
+		}
+	}
+	for ch, lo := range ix.blocks {
+		add := func(slot int) {
+			if slot < len(ix.slots) && ix.slots[slot] != nil && !aliased[slot][ch] {
+				lists[slot] = append(lists[slot], StoredBlock{EngineHash: ch, ContentHash: ch})
+			}
+		}
+		for w := lo; w != 0; w &= w - 1 {
+			add(bits.TrailingZeros64(w))
+		}
+		if hi, ok := ix.wide[ch]; ok {
+			for i, word := range hi {
+				for w := word; w != 0; w &= w - 1 {
+					add(64*(i+1) + bits.TrailingZeros64(w))
+				}
+			}
+		}
+	}
+	out := make(map[WorkerID][]StoredBlock, len(ix.slotOf))
+	for slot, wb := range ix.slots {
+		if wb == nil {
+			continue
+		}
+		slices.SortFunc(lists[slot], compareStored)
+		out[wb.id] = lists[slot]
+	}
+	return out
+}
+
+func compareStored(a, b StoredBlock) int {
+	if a.ContentHash != b.ContentHash {
+		if a.ContentHash < b.ContentHash {
+			return -1
+		}
+		return 1
+	}
+	switch {
+	case a.EngineHash < b.EngineHash:
+		return -1
+	case a.EngineHash > b.EngineHash:
+		return 1
+	}
+	return 0
 }
 
 // Stats returns the counters.

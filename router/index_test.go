@@ -253,3 +253,19 @@ func FuzzBlockHashes(f *testing.F) {
 		}
 	})
 }
+
+func TestIndexAllWorkerBlocksMatchesPerWorker(t *testing.T) {
+	ix := NewIndex(16)
+	for i := range 70 { // past 64: the wide path too
+		w := WorkerKey("w", uint32(i))
+		ix.AddWorker(w)
+		_ = ix.Apply(w, KVEvent{Kind: EventStored, Blocks: []StoredBlock{
+			{EngineHash: uint64(i), ContentHash: uint64(i)}, {EngineHash: 1000 + uint64(i%3), ContentHash: 7}}})
+	}
+	all := ix.AllWorkerBlocks()
+	for _, w := range ix.Workers() {
+		if !slices.Equal(all[w], ix.WorkerBlocks(w)) {
+			t.Fatalf("%s: all %v, per worker %v", w, all[w], ix.WorkerBlocks(w))
+		}
+	}
+}

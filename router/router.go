@@ -82,8 +82,9 @@ type Router struct {
 	sharedRecord func(w WorkerID, hashes []uint64, now time.Time)
 
 	buf      []Overlap
-	loads    []LoadRow // per worker, parallel to workers, during a decision
-	overlaps []int     // likewise
+	loads    []LoadRow     // per worker, parallel to workers, during a decision
+	overlaps []int         // likewise
+	pooled   pooledScratch // kv-pooled, per decision (pooled.go)
 }
 
 // New returns a router. index may be nil for modes that ignore the cache.
@@ -236,6 +237,9 @@ func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
 	if len(candidates) == 0 {
 		return d, ErrAllBusy
 	}
+	if cfg.Mode == ModeKVPooled {
+		candidates = r.pooledCostsLocked(req, d.Rows, candidates)
+	}
 	pick := r.pickLocked(d.Rows, candidates)
 	d.Worker, d.Overlap = d.Rows[pick].Worker, d.Rows[pick].Overlap
 	return d, nil
@@ -250,7 +254,7 @@ func (r *Router) overlapsLocked(hashes []uint64) []int {
 	}
 	var src OverlapSource
 	switch r.cfg.Mode {
-	case ModeKV:
+	case ModeKV, ModeKVPooled:
 		src = r.index
 	case ModeKVApprox:
 		src = r.predicted

@@ -608,7 +608,7 @@ func executeIngest(ctx context.Context, o *ingestOptions, stderr io.Writer) (*in
 	defer fcancel()
 	finals := make([]*live.Status, len(replicas))
 	for i, r := range replicas {
-		finals[i], _ = cl.Status(fctx, r)
+		finals[i], _ = cl.StatusWithDigest(fctx, r)
 	}
 	var leaderAfter map[string]float64
 	if leaderURL != "" {

@@ -257,16 +257,24 @@ func (r *replica) Ready() (bool, string) {
 }
 
 // Status is /cluster/status: the node's Raft status plus what routes.
-func (r *replica) Status() map[string]any {
+func (r *replica) Status(digest bool) map[string]any {
 	st := r.node.Status()
 	out := map[string]any{
 		"node_id": st.NodeID, "raft_addr": st.RaftAddr, "state": st.State, "leader_id": st.LeaderID,
 		"leader_addr": st.LeaderAddr, "term": st.Term, "applied_index": st.AppliedIndex,
 		"commit_index": st.CommitIndex, "last_snapshot_index": st.LastSnapshotIndex,
 		"snapshots_restored": st.SnapshotsRestored, "peers": st.Peers, "ready": st.Ready,
-		"ready_reason": st.ReadyReason, "digest": r.fsm.Digest(), "pid": os.Getpid(),
+		"ready_reason": st.ReadyReason, "pid": os.Getpid(),
 		"index_blocks": r.fsm.Index().Len(), "models": r.Models(), "http": r.cfg.AdvertiseHTTP,
 	}
+	if digest {
+		out["digest"] = r.fsm.Digest()
+	}
+	nodes := []map[string]any{}
+	for _, n := range r.fsm.Nodes() {
+		nodes = append(nodes, map[string]any{"id": n.ID, "raft_addr": n.RaftAddr, "http_addr": n.HTTPAddr})
+	}
+	out["nodes"] = nodes
 	workers := []map[string]any{}
 	stale := r.fsm.Stale()
 	cursors := r.fsm.Cursors()

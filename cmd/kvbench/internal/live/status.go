@@ -166,10 +166,20 @@ func (c *Client) do(ctx context.Context, method, u string, body any, out any) er
 	return json.NewDecoder(resp.Body).Decode(out)
 }
 
-// Status fetches base's /cluster/status.
+// Status fetches base's /cluster/status without the digest (cheap to poll);
+// StatusWithDigest includes it.
 func (c *Client) Status(ctx context.Context, base string) (*Status, error) {
+	return c.status(ctx, base, "?digest=0")
+}
+
+// StatusWithDigest fetches base's /cluster/status with the state digest.
+func (c *Client) StatusWithDigest(ctx context.Context, base string) (*Status, error) {
+	return c.status(ctx, base, "")
+}
+
+func (c *Client) status(ctx context.Context, base, query string) (*Status, error) {
 	var st Status
-	if err := c.do(ctx, http.MethodGet, BaseURL(base)+"/cluster/status", nil, &st); err != nil {
+	if err := c.do(ctx, http.MethodGet, BaseURL(base)+"/cluster/status"+query, nil, &st); err != nil {
 		return nil, err
 	}
 	return &st, nil

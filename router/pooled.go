@@ -1,0 +1,229 @@
+package router
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/zeebo/xxh3"
+)
+
+// kv-pooled: Dynamo's cost function plus placement that makes N worker
+// caches behave like one pooled cache. DESIGN.md explains the terms; in
+// short, for every candidate worker w:
+//
+//	cost_w = scale·prefill_w + decode_w             Dynamo's, with the effective overlap
+//	       + EvictWeight·evicted_w·unique_w          what the request's new blocks destroy
+//	       + HomeWeight·fresh·rank_w/(N−1)           new content goes to its rendezvous home
+//	       + QueueWeight·(overflow_w − min overflow)  only when the cluster is overloaded
+//
+// and a worker the request would wait on for KV admission leaves the
+// candidate set while some other worker can admit it at once (unless the
+// cluster is overloaded). Every input is replicated (index, worker
+// registry) or synced (ActiveLoad): replicas with the same state and load
+// make the same decision, up to the rng's tie-break as in kv.
+const (
+	// PooledEvictWeight prices one evicted block that no other worker
+	// holds, in Dynamo's cost units (one block of prefill or decode): the
+	// block will be recomputed later, and the recompute evicts in turn.
+	PooledEvictWeight = 8.0
+	// PooledHomeWeight prices placing fresh content (blocks no candidate
+	// holds) one rank further from its rendezvous home, per fresh block and
+	// per 1/(N−1) of the ranking: the home vs the last-ranked worker differ
+	// by one block per fresh block.
+	PooledHomeWeight = 1.0
+	// PooledDecodeReserve is the KV room, in blocks, kept per in-flight
+	// request for the tokens it will generate (the router does not know
+	// output lengths).
+	PooledDecodeReserve = 4
+	// PooledOverloaded: when the in-flight requests' blocks exceed this
+	// fraction of the candidates' total capacity, waiting for KV admission is
+	// inevitable somewhere; kv-pooled then stops excluding workers that
+	// would queue and weighs their overflow with PooledQueueWeight instead.
+	PooledOverloaded = 0.8
+	// PooledQueueWeight prices one block of admission overflow beyond the
+	// least-overflowing candidate, in the overloaded regime.
+	PooledQueueWeight = 0.5
+
+	pooledTieBreak = 1e-6
+)
+
+// CacheStats is the optional part of an OverlapSource that kv-pooled reads
+// when the source offers it (Index does): how many blocks a worker holds
+// and how many of those no other worker holds. Without it kv-pooled treats
+// every worker as full of unique content.
+type CacheStats interface {
+	CacheCounts(w WorkerID) (held, unique int)
+}
+
+// pooledScratch is kv-pooled's per-decision scratch, reused across decisions.
+type pooledScratch struct {
+	eff    []int     // per worker: effective overlap
+	over   []float64 // per candidate: admission overflow in blocks
+	scores []rendezvousScore
+	ranks  []int // per candidate
+	kept   []int
+}
+
+type rendezvousScore struct {
+	score float64
+	j     int // candidate position
+}
+
+// pooledCostsLocked rewrites the cost of every candidate row for kv-pooled
+// and returns the candidates left after the admission rule (a subslice of
+// candidates). r.mu held; r.loads and r.overlaps are filled for req.
+func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []int) []int {
+	ps := &r.pooled
+	n := len(req.Hashes)
+
+	// Effective overlap: cached (index) or being computed right now by an
+	// in-flight request on the same worker (synced load), so a burst of
+	// requests for new content lands on one worker, not on all of them.
+	ps.eff = ps.eff[:0]
+	for range r.workers {
+		ps.eff = append(ps.eff, 0)
+	}
+	r.load.inflightPrefix(r.pos, req.Hashes, ps.eff)
+	lo, hi := n, 0
+	for _, i := range candidates {
+		ps.eff[i] = max(ps.eff[i], r.overlaps[i])
+		lo, hi = min(lo, ps.eff[i]), max(hi, ps.eff[i])
+	}
+
+	// The rendezvous key is the first block not every candidate holds: a
+	// system prompt cached everywhere does not send every conversation to
+	// the same home.
+	key := uint64(0)
+	if n > 0 {
+		key = req.Hashes[min(lo, n-1)]
+	}
+	ranks := r.pooledRanksLocked(key, candidates)
+	fresh := float64(n - hi) // blocks no candidate holds
+	rankDen := float64(max(len(candidates)-1, 1))
+
+	// Admission: would the request wait for KV blocks on the worker? Only
+	// with every candidate's capacity known (registered TotalBlocks).
+	ps.over = ps.over[:0]
+	var demand, capacity float64
+	minOver := math.Inf(1)
+	for _, i := range candidates {
+		l := r.loads[i]
+		total := float64(r.workers[i].TotalBlocks)
+		demand += float64(l.ActiveBlocks + PooledDecodeReserve*l.Requests)
+		capacity += total
+		o := float64(l.ActiveBlocks+l.NewBlocks+PooledDecodeReserve*(l.Requests+1)) - total
+		ps.over = append(ps.over, o)
+		minOver = min(minOver, o)
+	}
+	known := r.capacitiesKnownLocked(candidates)
+	overloaded := demand > PooledOverloaded*capacity
+	strict := known && minOver <= 0 && !overloaded
+	queued := known && !strict
+
+	stats, _ := r.index.(CacheStats)
+	ps.kept = ps.kept[:0]
+	for j, i := range candidates {
+		w := r.workers[i]
+		row := &rows[i]
+		l := r.loads[i]
+		o := ps.eff[i]
+		prefill, decode, cost := computeCost(&r.cfg, costInput{isl: req.Tokens, overlap: o, load: l.WorkerLoad, newBlocks: l.NewBlocks})
+		row.PrefillBlocks, row.DecodeBlocks = prefill, decode
+
+		// Eviction: the blocks this request stores on w beyond w's free
+		// room evict w's least recently used blocks; content also held
+		// elsewhere is cheap to lose, so weigh by w's unique fraction.
+		evict := float64(n - o)
+		if stats != nil {
+			held, unique := stats.CacheCounts(w.ID)
+			if known {
+				evict = max(0, evict-max(float64(w.TotalBlocks-held), 0))
+			}
+			if held > 0 {
+				evict *= float64(unique) / float64(held)
+			}
+		}
+		extra := PooledEvictWeight*evict + PooledHomeWeight*fresh*float64(ranks[j])/rankDen
+		// Exact ties go to the better-ranked worker, not to the rng: replicas
+		// agree even on ties.
+		extra += pooledTieBreak * float64(ranks[j])
+		if queued {
+			extra += PooledQueueWeight * (ps.over[j] - minOver)
+		}
+		row.Pooled = extra
+		row.Cost = cost + extra
+		if strict && ps.over[j] > 0 {
+			row.Busy = true
+			row.BusyReason = fmt.Sprintf("kv-pooled: would wait for KV admission (%.0f blocks over) while another worker can start it now", ps.over[j])
+			continue
+		}
+		ps.kept = append(ps.kept, i)
+	}
+	return ps.kept
+}
+
+// capacitiesKnownLocked: every candidate registered its KV capacity.
+func (r *Router) capacitiesKnownLocked(candidates []int) bool {
+	for _, i := range candidates {
+		if r.workers[i].TotalBlocks <= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// pooledRanksLocked ranks the candidates by weighted rendezvous hashing of
+// key (rank 0 is the key's home): worker w scores −ln(u_w)/TotalBlocks_w
+// with u_w uniform from hash(key, w), lowest first, so a key's home is w
+// with probability proportional to w's capacity (equal weights when some
+// capacity is unknown) and removing a worker only moves the keys it was
+// home to.
+func (r *Router) pooledRanksLocked(key uint64, candidates []int) []int {
+	ps := &r.pooled
+	ps.scores = ps.scores[:0]
+	known := r.capacitiesKnownLocked(candidates)
+	for j, i := range candidates {
+		w := r.workers[i]
+		h := xxh3.HashSeed([]byte(w.ID), key)
+		u := (float64(h>>11) + 0.5) / (1 << 53)
+		weight := 1.0
+		if known {
+			weight = float64(w.TotalBlocks)
+		}
+		ps.scores = append(ps.scores, rendezvousScore{-math.Log(u) / weight, j})
+	}
+	slices.SortFunc(ps.scores, func(a, b rendezvousScore) int {
+		switch {
+		case a.score < b.score:
+			return -1
+		case a.score > b.score:
+			return 1
+		}
+		return a.j - b.j
+	})
+	ps.ranks = slices.Grow(ps.ranks[:0], len(candidates))[:len(candidates)]
+	for rank, s := range ps.scores {
+		ps.ranks[s.j] = rank
+	}
+	return ps.ranks
+}
+
+// inflightPrefix raises depth[i] to the number of leading hashes that
+// in-flight requests on worker i hold (pos maps workers to i).
+func (a *ActiveLoad) inflightPrefix(pos map[WorkerID]int, hashes []uint64, depth []int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for j, h := range hashes {
+		advanced := false
+		for _, hd := range a.holders[h] {
+			if i, ok := pos[hd.worker]; ok && depth[i] == j {
+				depth[i] = j + 1
+				advanced = true
+			}
+		}
+		if !advanced {
+			return
+		}
+	}
+}
