@@ -60,7 +60,9 @@ func parseIngestFlags(args []string, output io.Writer) (*ingestOptions, error) {
 	fs.StringVar(&o.NATS, "nats", "", "NATS URL(s) to publish to, comma separated; worker i uses entry i mod n (default: the target's nats_url)")
 	fs.DurationVar(&o.Duration, "duration", 10*time.Second, "how long to publish")
 	fs.IntVar(&o.Workers, "workers", 8, "synthetic workers (one publisher and one NATS connection each)")
-	fs.IntVar(&o.BlocksPerEvent, "blocks-per-event", 4, "stored blocks per KV event")
+	// vLLM publishes a scheduled prefill chunk as one BlockStored event carrying all its
+	// blocks (512 tokens = 32 blocks of 16); 4-block events are a stress setting.
+	fs.IntVar(&o.BlocksPerEvent, "blocks-per-event", 32, "stored blocks per KV event (vLLM: one event per prefill chunk)")
 	fs.IntVar(&o.BlockSize, "block-size", 16, "tokens per block (must equal the cluster's)")
 	fs.IntVar(&o.WorkerBlocks, "worker-blocks", 2048, "KV capacity of a synthetic worker in blocks: past it, the worker evicts its oldest blocks (one removed event for half of them), as an engine does, so the index stays bounded (0: never evict; the index grows for the whole run)")
 	fs.IntVar(&o.Window, "window", 512, "events in flight per publisher (sent, not yet acknowledged by the stream)")

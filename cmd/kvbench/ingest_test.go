@@ -29,7 +29,7 @@ func TestIngestFlagValidation(t *testing.T) {
 	if strings.Join(o.Replicas, " ") != "http://127.0.0.1:8001 http://127.0.0.1:8002" {
 		t.Errorf("replicas %q: want the target first, once", o.Replicas)
 	}
-	if o.Workers != 8 || o.BlocksPerEvent != 4 || o.BlockSize != 16 || o.Duration != 10*time.Second {
+	if o.Workers != 8 || o.BlocksPerEvent != 32 || o.BlockSize != 16 || o.Duration != 10*time.Second {
 		t.Errorf("defaults %+v", o)
 	}
 	t1 := "--target"

@@ -146,7 +146,6 @@ type request struct {
 	prefillW *worker
 	decodeW  *worker
 	bytes    int64
-	hasFirst bool
 }
 
 type seq struct {
@@ -203,7 +202,6 @@ type simulation struct {
 	xferMs    []float64
 	xferMBps  []float64
 	estErr    []float64
-	failures  int
 	pending   int             // clients whose request ended at this instant
 	thinking  []time.Duration // think time: when waiting clients send, sorted
 	rng       *rand.Rand
@@ -505,7 +503,6 @@ func (s *simulation) transferDone(d router.TransferDone) error {
 	s.xferDone++
 	now := epoch.Add(s.now)
 	if s.cfg.FailEvery > 0 && s.xferDone%s.cfg.FailEvery == 0 {
-		s.failures++
 		rec, err := s.rt.TransferFailed(r.id, now, errInjected)
 		if err != nil {
 			return err
@@ -547,7 +544,7 @@ func (s *simulation) release(r *request) {
 }
 
 func (s *simulation) firstToken(r *request) error {
-	r.first, r.hasFirst = s.now, true
+	r.first = s.now
 	if !r.plan.Disaggregated {
 		if _, err := s.rt.PrefillDone(r.id, epoch.Add(s.now)); err != nil {
 			return err
