@@ -5,7 +5,7 @@ PKGS    := ./...
 # Tests that need a cluster or the network get longer; unit tests stay fast.
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: help build test bench run check chaos fuzz clean
+.PHONY: help build test bench run check chaos chaos-short chaos-soak fuzz clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -31,6 +31,12 @@ check: ## gofmt, go vet, and the import-direction rules
 
 chaos: build ## fault-injection suite: make chaos SCENARIOS=T1,T4 DURATION=60s
 	./chaos/run.sh "$(SCENARIOS)" "$(DURATION)"
+
+chaos-short: build ## CI tier of the chaos suite: every scenario, 45 s of faults each (~10 min, root)
+	./chaos/run.sh short 45s
+
+chaos-soak: build ## chaos soak: every scenario, SOAK=10m of faults each (override SOAK=30m)
+	./chaos/run.sh all "$(or $(SOAK),10m)"
 
 fuzz: ## run every fuzz target for FUZZTIME each (default 10s)
 	./.ci/fuzz-all $${FUZZTIME:-10s}

@@ -1,0 +1,232 @@
+package chaos
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// These tests need neither root nor the `chaos` tag: they pin the report
+// contract (CONTRACTS.md), the SCENARIOS/DURATION syntax, the HAProxy
+// config derivation and the linearizability checker.
+
+func TestChaosReportContractFields(t *testing.T) {
+	r := Result{ID: "T1", Lost: 0, Duplicates: 0, FailoverP99: 2.5, Availability: 0.999, AvailabilityNoRetry: math.NaN()}
+	r.Require("failover_p99_s", r.FailoverP99, "<=", 5, "")
+	r.Finish()
+	rep := &Report{RunID: "x", Scenarios: []Result{r}}
+	path := filepath.Join(t.TempDir(), "out", "report.json")
+	if err := rep.Write(path); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw struct {
+		Scenarios []map[string]any `json:"scenarios"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, data)
+	}
+	if len(raw.Scenarios) != 1 {
+		t.Fatalf("scenarios: %v", raw.Scenarios)
+	}
+	sc := raw.Scenarios[0]
+	for _, k := range []string{"id", "passed", "lost", "duplicates", "failover_p99_s", "availability"} {
+		if _, ok := sc[k]; !ok {
+			t.Errorf("contract field %q missing: %v", k, sc)
+		}
+	}
+	if sc["id"] != "T1" || sc["passed"] != true || sc["lost"] != 0.0 || sc["failover_p99_s"] != 2.5 {
+		t.Errorf("values: %v", sc)
+	}
+	if sc["availability_no_retry"] != -1.0 {
+		t.Errorf("NaN must be written as -1, got %v", sc["availability_no_retry"])
+	}
+	back, err := ReadReport(path)
+	if err != nil || !back.Passed || back.Scenarios[0].ID != "T1" {
+		t.Fatalf("read back: %+v, %v", back, err)
+	}
+	if _, err := os.Stat(path + ".tmp"); !os.IsNotExist(err) {
+		t.Errorf("temp file left behind")
+	}
+}
+
+func TestChaosResultChecks(t *testing.T) {
+	var r Result
+	r.Require("a", 1, "<=", 5, "")
+	r.Require("b", 0.99, ">=", 0.995, "with retry")
+	r.Require("c", math.NaN(), "<=", 3, "")
+	r.RequireTrue("d", true, "")
+	r.Finish()
+	if r.Passed {
+		t.Fatal("failed checks must fail the result")
+	}
+	if len(r.Failures) != 2 || !strings.Contains(r.Failures[0], "b: 0.99, want >= 0.995 (with retry)") || !strings.Contains(r.Failures[1], "not measured") {
+		t.Fatalf("failures: %q", r.Failures)
+	}
+	var ok Result
+	ok.Require("a", 0, "==", 0, "")
+	ok.Finish()
+	if !ok.Passed {
+		t.Fatal("all checks hold: passed")
+	}
+	var none Result
+	none.Finish()
+	if none.Passed {
+		t.Fatal("no checks at all must not pass")
+	}
+	bad := Result{Error: "setup: boom"}
+	bad.Require("a", 0, "==", 0, "")
+	bad.Finish()
+	if bad.Passed {
+		t.Fatal("an error fails the result")
+	}
+}
+
+func TestChaosParseScenarios(t *testing.T) {
+	cases := []struct {
+		in   string
+		want []string
+		err  bool
+	}{
+		{"", []string{"T1", "T4", "T6"}, false},
+		{"T1,T4,T6", []string{"T1", "T4", "T6"}, false},
+		{" t4 , T1,t4", []string{"T4", "T1"}, false},
+		{"all", []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T11"}, false},
+		{"S1", []string{"S1"}, false},
+		{"T9", nil, true},
+		{",", nil, true},
+	}
+	for _, c := range cases {
+		got, err := ParseScenarios(c.in)
+		if (err != nil) != c.err || !slices.Equal(got, c.want) {
+			t.Errorf("ParseScenarios(%q) = %v, %v; want %v (error %v)", c.in, got, err, c.want, c.err)
+		}
+	}
+	short, err := ParseScenarios("short")
+	if err != nil || len(short) == 0 || slices.Contains(short, "S1") {
+		t.Errorf("short tier: %v, %v", short, err)
+	}
+}
+
+func TestChaosParseDuration(t *testing.T) {
+	cases := []struct {
+		in   string
+		want time.Duration
+		err  bool
+	}{
+		{"", 60 * time.Second, false},
+		{"60s", 60 * time.Second, false},
+		{"2m", 2 * time.Minute, false},
+		{"90", 90 * time.Second, false},
+		{"10s", 0, true},
+		{"soon", 0, true},
+		{"NaN", 0, true},
+	}
+	for _, c := range cases {
+		got, err := ParseDuration(c.in)
+		if (err != nil) != c.err || (!c.err && got != c.want) {
+			t.Errorf("ParseDuration(%q) = %v, %v; want %v (error %v)", c.in, got, err, c.want, c.err)
+		}
+	}
+}
+
+func TestChaosPercentile(t *testing.T) {
+	if !math.IsNaN(Percentile(nil, 99)) {
+		t.Error("no samples: NaN")
+	}
+	xs := []float64{3, 1, 2}
+	if Percentile(xs, 99) != 3 || Percentile(xs, 50) != 2 || Percentile(xs, 1) != 1 {
+		t.Errorf("percentiles of %v", xs)
+	}
+	if !slices.Equal(xs, []float64{3, 1, 2}) {
+		t.Error("input reordered")
+	}
+	var hundred []float64
+	for i := 1; i <= 200; i++ {
+		hundred = append(hundred, float64(i))
+	}
+	if got := Percentile(hundred, 99); got != 198 {
+		t.Errorf("p99 of 1..200 = %v", got)
+	}
+	if !math.IsNaN(Ratio(1, 0)) || Ratio(1, 4) != 0.25 {
+		t.Error("Ratio")
+	}
+}
+
+// The harness derives its HAProxy config from the deployed one; if the
+// deployed file changes shape, this fails here rather than in a root-only
+// chaos run.
+func TestChaosHAProxyConfigFromDeploy(t *testing.T) {
+	cfg, err := haproxyConfig(filepath.Join("..", "deploy", "haproxy", "haproxy.cfg"), []int{1, 2, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"bind 10.77.0.1:8000", "bind 10.77.0.1:8404",
+		"server r1 10.77.0.11:8080 check", "server r2 10.77.0.12:8080 check", "server r3 10.77.0.13:8080 check",
+		"option httpchk GET /ready",
+	} {
+		if !strings.Contains(cfg, want) {
+			t.Errorf("derived config lacks %q", want)
+		}
+	}
+	for _, line := range strings.Split(cfg, "\n") {
+		if l := strings.TrimSpace(line); !strings.HasPrefix(l, "#") && (strings.Contains(l, "127.0.0.1:800") || strings.Contains(l, "bind :8000")) {
+			t.Errorf("derived config still has a local address: %q", l)
+		}
+	}
+	if _, err := haproxyConfig(filepath.Join(t.TempDir(), "missing.cfg"), []int{1}); err == nil {
+		t.Error("missing template: error")
+	}
+	bad := filepath.Join(t.TempDir(), "bad.cfg")
+	_ = os.WriteFile(bad, []byte("global\n"), 0o644)
+	if _, err := haproxyConfig(bad, []int{1}); err == nil {
+		t.Error("template without bind/server lines: error")
+	}
+}
+
+func TestChaosLinearizabilityChecker(t *testing.T) {
+	ms := func(n int64) int64 { return n * int64(time.Millisecond) }
+	h := &adminHistory{}
+	// write(1) [0,10]; read → 1 [20,30] on another replica: fine.
+	h.add(adminOp{Client: 0, Replica: "r1", Write: true, Value: 1, Call: ms(0), Return: ms(10), OK: true})
+	h.add(adminOp{Client: 1, Replica: "r2", Value: 1, Call: ms(20), Return: ms(30), OK: true})
+	// A failed write has an unknown outcome: a later read may see it.
+	h.add(adminOp{Client: 0, Replica: "r1", Write: true, Value: 2, Call: ms(40), Return: ms(50), Err: "HTTP 503"})
+	h.add(adminOp{Client: 1, Replica: "r2", Value: 2, Call: ms(60), Return: ms(70), OK: true})
+	// Failed reads are ignored.
+	h.add(adminOp{Client: 2, Replica: "r3", Value: 0, Call: ms(60), Return: ms(70), Err: "timeout"})
+	res := checkLinearizable(h, 10*time.Second, "")
+	if res.Result != "Ok" || res.Reads != 2 || res.Writes != 1 || res.Unknown != 1 || res.FailedReads != 1 {
+		t.Fatalf("linearizable history: %+v", res)
+	}
+	// A stale read: write(3) completed, then a read still returns 1.
+	h.add(adminOp{Client: 0, Replica: "r1", Write: true, Value: 3, Call: ms(80), Return: ms(90), OK: true})
+	h.add(adminOp{Client: 2, Replica: "r3", Value: 1, Call: ms(100), Return: ms(110), OK: true})
+	vis := filepath.Join(t.TempDir(), "vis.html")
+	res = checkLinearizable(h, 10*time.Second, vis)
+	if res.Result != "Illegal" {
+		t.Fatalf("stale read must be Illegal: %+v", res)
+	}
+	if res.StaleReads == nil || res.StaleReads.Count != 1 || res.StaleReads.ByReplica["r3"] != 1 || res.StaleReads.MaxLagMs != 10 ||
+		!strings.Contains(res.StaleReads.Examples[0], "read 1 from r3") {
+		t.Errorf("stale read evidence: %+v", res.StaleReads)
+	}
+	if _, err := os.Stat(vis); err != nil || res.Visual != vis {
+		t.Errorf("visualization not written: %v %q", err, res.Visual)
+	}
+	// The initial value is null (-1).
+	h2 := &adminHistory{}
+	h2.add(adminOp{Client: 0, Replica: "r1", Value: -1, Call: 0, Return: 1, OK: true})
+	if r := checkLinearizable(h2, time.Second, ""); r.Result != "Ok" {
+		t.Errorf("initial null read: %+v", r)
+	}
+}

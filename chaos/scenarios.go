@@ -1,0 +1,860 @@
+//go:build chaos
+
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+var scenarios = map[string]scenario{
+	"T1": {nemesis: t1Nemesis, check: t1Check},
+	"T2": {nemesis: t2Nemesis, check: t2Check},
+	"T3": {nemesis: t3Nemesis, check: t3Check},
+	"T4": {nemesis: t4Nemesis, check: t4Check, minDuration: 30 * time.Second}, // one isolation and its recovery
+	"T5": {nemesis: t5Nemesis, check: t5Check},
+	"T6": {nemesis: t6Nemesis, check: t6Check},
+	// T7 needs a snapshot past the trailing logs, and raft checks for one
+	// every 30-60 s (jittered SnapshotInterval): at least 80 s.
+	"T7":  {nemesis: t7Nemesis, check: t7Check, ledgerEvery: 8 * time.Millisecond, minDuration: 80 * time.Second},
+	"T8":  {nemesis: t8Nemesis, check: t8Check},
+	"T11": {nemesis: t11Nemesis, check: t11Check},
+	"S1":  {nemesis: s1Nemesis, check: s1Check, selfTest: true},
+}
+
+func (e *env) measure(name string, v float64) {
+	e.tlMu.Lock()
+	defer e.tlMu.Unlock()
+	if e.meas == nil {
+		e.meas = map[string][]float64{}
+	}
+	e.meas[name] = append(e.meas[name], v)
+}
+
+func (e *env) measured(name string) []float64 {
+	e.tlMu.Lock()
+	defer e.tlMu.Unlock()
+	return append([]float64(nil), e.meas[name]...)
+}
+
+// worst is the maximum of a measurement (NaN if never measured).
+func (e *env) worst(name string) float64 {
+	xs := e.measured(name)
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	m := xs[0]
+	for _, x := range xs[1:] {
+		m = math.Max(m, x)
+	}
+	return m
+}
+
+func (e *env) publishMeasures() {
+	e.tlMu.Lock()
+	defer e.tlMu.Unlock()
+	for k, v := range e.meas {
+		e.metric(k, v)
+	}
+}
+
+// failover measures, in the background, the time from t0 until a replica
+// other than old is a ready leader; join waits for it.
+func (e *env) failover(old int, t0 time.Time, what string) (join func() float64) {
+	ch := make(chan float64, 1)
+	go func() {
+		s, idx, err := e.waitNewLeader(old, t0, 30*time.Second)
+		if err != nil {
+			e.event("failover", "%s: no new ready leader after %.1fs: %v", what, s, err)
+		} else {
+			e.event("failover", "%s: r%d is a ready leader %.2fs after the fault", what, idx, s)
+		}
+		e.measure("failover_s", s)
+		ch <- s
+	}()
+	return func() float64 { return <-ch }
+}
+
+// --- probes ----------------------------------------------------------------------
+
+type probeOp struct {
+	Call    time.Time
+	Latency time.Duration
+	OK      bool
+	Err     string
+}
+
+// writeProbe posts busy-threshold writes to one replica every `every` until
+// stop is closed; each waits at most 5 s.
+func (e *env) writeProbe(i int, every time.Duration) (stop func() []probeOp) {
+	ctx, cancel := context.WithCancel(e.ctx)
+	var mu sync.Mutex
+	var ops []probeOp
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n := int64(0)
+		for ctx.Err() == nil {
+			n++
+			call := time.Now()
+			cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+			err := adminWrite(cctx, replicaURL(i), 900000+n)
+			ccancel()
+			if ctx.Err() != nil {
+				return
+			}
+			op := probeOp{Call: call, Latency: time.Since(call), OK: err == nil}
+			if err != nil {
+				op.Err = err.Error()
+			}
+			mu.Lock()
+			ops = append(ops, op)
+			mu.Unlock()
+			select {
+			case <-ctx.Done():
+			case <-time.After(every):
+			}
+		}
+	}()
+	return func() []probeOp {
+		cancel()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		return ops
+	}
+}
+
+// probeSummary: writes called in [from, to): successes, and the slowest
+// failure (seconds).
+func probeSummary(ops []probeOp, from, to time.Time) (calls, ok int, slowestFail float64, errs map[string]int) {
+	errs = map[string]int{}
+	for _, op := range ops {
+		if op.Call.Before(from) || !op.Call.Before(to) {
+			continue
+		}
+		calls++
+		if op.OK {
+			ok++
+			continue
+		}
+		slowestFail = math.Max(slowestFail, op.Latency.Seconds())
+		errs[firstN(op.Err, 90)]++
+	}
+	return
+}
+
+func firstN(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// untilReady measures the time from t0 until replica i's /ready answers
+// want (in the background).
+func (e *env) untilReady(i int, want int, t0 time.Time, timeout time.Duration) func() float64 {
+	ch := make(chan float64, 1)
+	go func() {
+		_, err := e.waitFor(fmt.Sprintf("r%d /ready %d", i, want), timeout, 100*time.Millisecond, func() bool {
+			ctx, cancel := context.WithTimeout(e.ctx, 500*time.Millisecond)
+			defer cancel()
+			return getReady(ctx, replicaURL(i)) == want
+		})
+		if err != nil {
+			ch <- math.NaN()
+			return
+		}
+		ch <- time.Since(t0).Seconds()
+	}()
+	return func() float64 { return <-ch }
+}
+
+// untilHAProxy measures the time from t0 until HAProxy reports server rI
+// with a status starting with want (UP, DOWN).
+func (e *env) untilHAProxy(i int, want string, t0 time.Time, timeout time.Duration) func() float64 {
+	ch := make(chan float64, 1)
+	go func() {
+		name := fmt.Sprintf("r%d", i)
+		_, err := e.waitFor("HAProxy "+name+" "+want, timeout, 100*time.Millisecond, func() bool {
+			hs, err := haproxyStatus(e.ctx)
+			return err == nil && strings.HasPrefix(hs[name], want)
+		})
+		if err != nil {
+			ch <- math.NaN()
+			return
+		}
+		ch <- time.Since(t0).Seconds()
+	}()
+	return func() float64 { return <-ch }
+}
+
+// caughtUp measures the time from t0 until replica i is ready (raft) and
+// has applied at least target.
+func (e *env) caughtUp(i int, target uint64, t0 time.Time, timeout time.Duration) float64 {
+	_, err := e.waitFor(fmt.Sprintf("r%d caught up to %d", i, target), timeout, 100*time.Millisecond, func() bool {
+		st, err := getStatus(e.ctx, replicaURL(i))
+		return err == nil && st.Ready && st.AppliedIndex >= target
+	})
+	if err != nil {
+		return math.NaN()
+	}
+	return time.Since(t0).Seconds()
+}
+
+// commitIndexOfLeader returns the commit index a ready leader reports.
+func (e *env) commitIndexOfLeader(exclude int) (uint64, int) {
+	var idx int
+	var commit uint64
+	_, _ = e.waitFor("leader commit index", 10*time.Second, 100*time.Millisecond, func() bool {
+		for i, st := range e.statuses(e.members) {
+			if i != exclude && st.State == "leader" && st.Ready {
+				idx, commit = i, st.CommitIndex
+				return true
+			}
+		}
+		return false
+	})
+	return commit, idx
+}
+
+func (e *env) requireAvailability(withRetry, noRetry float64) {
+	if withRetry > 0 {
+		e.res.Require("availability", e.res.Availability, ">=", withRetry, "route requests via HAProxy, one client retry")
+	}
+	if noRetry > 0 {
+		e.res.Require("availability_no_retry", e.res.AvailabilityNoRetry, ">=", noRetry, "route requests via HAProxy, no retry")
+	}
+}
+
+// --- T1: leader SIGKILL every 20 s, restarted 5 s later ------------------------------
+
+func t1Nemesis(e *env) error {
+	for at := e.start.Add(10 * time.Second); !at.Add(5 * time.Second).After(e.end); at = at.Add(20 * time.Second) {
+		if !e.sleepUntil(at) {
+			return e.ctx.Err()
+		}
+		l, err := e.leader()
+		if err != nil {
+			e.event("error", "no leader to kill: %v", err)
+			continue
+		}
+		t0 := time.Now()
+		e.kill(l)
+		join := e.failover(l, t0, "leader r"+fmt.Sprint(l)+" killed")
+		e.sleepUntil(t0.Add(5 * time.Second))
+		_ = e.restart(l)
+		join()
+	}
+	return nil
+}
+
+func t1Check(e *env) {
+	fo := e.measured("failover_s")
+	e.res.FailoverP99 = Percentile(fo, 99)
+	e.publishMeasures()
+	e.res.Require("leader_kills", float64(len(fo)), ">=", 1, "")
+	e.res.Require("failover_p99_s", e.res.FailoverP99, "<=", 5, "kill to a ready new leader")
+	e.requireAvailability(0.995, 0.97)
+}
+
+// --- T2: random replica kill, down 3-8 s -------------------------------------------------
+
+func t2Nemesis(e *env) error {
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
+	for at := e.start.Add(8 * time.Second); !at.Add(8 * time.Second).After(e.end); at = at.Add(14 * time.Second) {
+		if !e.sleepUntil(at) {
+			return e.ctx.Err()
+		}
+		l, _ := e.leader()
+		v := e.members[rng.IntN(len(e.members))]
+		down := time.Duration(3000+rng.IntN(5001)) * time.Millisecond
+		t0 := time.Now()
+		e.kill(v)
+		var join func() float64
+		if v == l {
+			join = e.failover(l, t0, "leader r"+fmt.Sprint(l)+" killed")
+		}
+		e.event("nemesis", "r%d down for %.1fs (leader: %v)", v, down.Seconds(), v == l)
+		e.sleepUntil(t0.Add(down))
+		_ = e.restart(v)
+		if join != nil {
+			join()
+		}
+	}
+	return nil
+}
+
+func t2Check(e *env) {
+	fo := e.measured("failover_s")
+	e.res.FailoverP99 = Percentile(fo, 99)
+	if len(fo) == 0 {
+		e.res.FailoverP99 = 0
+	}
+	e.publishMeasures()
+	if len(fo) > 0 {
+		e.res.Require("failover_p99_s", e.res.FailoverP99, "<=", 5, "leader kills only")
+	}
+	e.requireAvailability(0.995, 0)
+}
+
+// --- T3: leader SIGSTOP 5 s every 30 s ------------------------------------------------------
+
+func t3Nemesis(e *env) error {
+	for at := e.start.Add(10 * time.Second); !at.Add(8 * time.Second).After(e.end); at = at.Add(30 * time.Second) {
+		if !e.sleepUntil(at) {
+			return e.ctx.Err()
+		}
+		l, err := e.leader()
+		if err != nil {
+			e.event("error", "no leader to stop: %v", err)
+			continue
+		}
+		r := e.replicas[l]
+		t0 := time.Now()
+		if err := r.signal(syscall.SIGSTOP); err != nil {
+			return err
+		}
+		e.event("stop", "SIGSTOP leader r%d (pid %d) for 5s", l, r.pid())
+		join := e.failover(l, t0, "leader r"+fmt.Sprint(l)+" stopped")
+		e.sleepUntil(t0.Add(5 * time.Second))
+		join()
+		if err := r.signal(syscall.SIGCONT); err != nil {
+			return err
+		}
+		t1 := time.Now()
+		e.event("cont", "SIGCONT r%d", l)
+		// On resume the old leader must learn it is deposed (a status
+		// from itself saying it is not the leader).
+		_, err = e.waitFor("old leader steps down", 15*time.Second, 50*time.Millisecond, func() bool {
+			st, err := getStatus(e.ctx, replicaURL(l))
+			return err == nil && st.State != "leader"
+		})
+		s := time.Since(t1).Seconds()
+		if err != nil {
+			s = math.NaN()
+		}
+		e.event("stepdown", "r%d no longer leader %.2fs after SIGCONT", l, s)
+		e.measure("stepdown_s", s)
+	}
+	return nil
+}
+
+func t3Check(e *env) {
+	fo := e.measured("failover_s")
+	e.res.FailoverP99 = Percentile(fo, 99)
+	e.publishMeasures()
+	e.res.Require("leader_stops", float64(len(fo)), ">=", 1, "")
+	e.res.Require("failover_p99_s", e.res.FailoverP99, "<=", 5, "SIGSTOP to a ready new leader")
+	e.res.Require("stepdown_s", e.worst("stepdown_s"), "<=", 3, "old leader not leader any more after SIGCONT")
+	e.res.RequireTrue("admin_linearizable", e.res.Linearizable == "Ok", "porcupine over /busy_threshold writes and reads: "+e.res.Linearizable)
+}
+
+// --- T4: leader isolated by iptables for 10 s -------------------------------------------------
+
+func t4Nemesis(e *env) error {
+	for at := e.start.Add(10 * time.Second); !at.Add(20 * time.Second).After(e.end); at = at.Add(25 * time.Second) {
+		if !e.sleepUntil(at) {
+			return e.ctx.Err()
+		}
+		l, err := e.leader()
+		if err != nil {
+			e.event("error", "no leader to isolate: %v", err)
+			continue
+		}
+		name := fmt.Sprintf("r%d", l)
+		stopProbe := e.writeProbe(l, 100*time.Millisecond)
+		e.sleep(300 * time.Millisecond) // a few writes before, as a baseline
+		if err := isolate(e.ctx, l, e.others(l)); err != nil {
+			stopProbe()
+			return err
+		}
+		t0 := time.Now()
+		e.iso.set(name, true)
+		attached := 0
+		for _, w := range e.ledger {
+			if w.nc.ConnectedServerName() == name {
+				attached++
+			}
+		}
+		e.measure("ledger_workers_on_isolated", float64(attached))
+		e.event("isolate", "leader %s cut from %v (iptables DROP both ways)", name, e.others(l))
+		ready := e.untilReady(l, 503, t0, 15*time.Second)
+		ha := e.untilHAProxy(l, "DOWN", t0, 15*time.Second)
+		join := e.failover(l, t0, "leader "+name+" isolated")
+		e.sleepUntil(t0.Add(10 * time.Second))
+		if err := heal(e.ctx, l); err != nil {
+			stopProbe()
+			return err
+		}
+		t1 := time.Now()
+		e.iso.set(name, false)
+		e.event("heal", "%s reconnected", name)
+		ops := stopProbe()
+		calls, ok, slowest, errs := probeSummary(ops, t0, t1)
+		e.event("probe", "%d writes to %s while isolated: %d succeeded, slowest failure %.2fs, errors %v", calls, name, ok, slowest, errs)
+		e.measure("isolated_write_successes", float64(ok))
+		e.measure("isolated_write_fail_max_s", slowest)
+		e.measure("isolated_writes", float64(calls))
+		e.measure("majority_leader_s", join())
+		r503, rha := ready(), ha()
+		e.event("probe", "%s /ready 503 after %.2fs, HAProxy DOWN after %.2fs", name, r503, rha)
+		e.measure("isolated_ready_503_s", r503)
+		e.measure("haproxy_down_s", rha)
+		commit, _ := e.commitIndexOfLeader(l)
+		conv := e.caughtUp(l, commit, t1, 30*time.Second)
+		e.event("converged", "%s ready and caught up to %d %.2fs after healing", name, commit, conv)
+		e.measure("converge_after_heal_s", conv)
+	}
+	return nil
+}
+
+func t4Check(e *env) {
+	fo := e.measured("majority_leader_s")
+	e.res.FailoverP99 = Percentile(fo, 99)
+	e.publishMeasures()
+	e.res.Require("isolations", float64(len(fo)), ">=", 1, "")
+	e.res.Require("isolated_writes", sum(e.measured("isolated_writes")), ">=", 1, "writes probed on the isolated leader")
+	e.res.Require("isolated_write_successes", sum(e.measured("isolated_write_successes")), "==", 0, "writes the isolated leader accepted")
+	e.res.Require("isolated_write_fail_max_s", e.worst("isolated_write_fail_max_s"), "<=", 1.5, "slowest failing write on the isolated leader")
+	e.res.Require("ledger_workers_on_isolated", e.worst("ledger_workers_on_isolated"), ">=", 1, "publishers attached to the isolated replica's NATS (else the next check proves nothing)")
+	e.res.Require("acks_via_isolated_server", asFloat(e.res.Metrics["acks_via_isolated_server"]), "==", 0, "stream acks through the isolated replica's NATS")
+	e.res.Require("failover_p99_s", e.res.FailoverP99, "<=", 5, "majority has a ready leader")
+	e.res.Require("isolated_ready_503_s", e.worst("isolated_ready_503_s"), "<=", 3, "")
+	e.res.Require("haproxy_down_s", e.worst("haproxy_down_s"), "<=", 5, "")
+	e.res.Require("converge_after_heal_s", e.worst("converge_after_heal_s"), "<=", 10, "")
+}
+
+func sum(xs []float64) float64 {
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return s
+}
+
+func asFloat(v any) float64 {
+	switch x := v.(type) {
+	case int:
+		return float64(x)
+	case float64:
+		return x
+	case uint64:
+		return float64(x)
+	}
+	return math.NaN()
+}
+
+// --- T5: two of three killed for 20 s ----------------------------------------------------------
+
+func t5Nemesis(e *env) error {
+	at := e.start.Add(10 * time.Second)
+	down := 20 * time.Second
+	if room := e.end.Sub(at) - 10*time.Second; room < down {
+		down = max(room, 5*time.Second)
+	}
+	if !e.sleepUntil(at) {
+		return e.ctx.Err()
+	}
+	l, err := e.leader()
+	if err != nil {
+		return err
+	}
+	victims := []int{l}
+	survivor := 0
+	for _, i := range e.members {
+		if i != l && len(victims) < 2 {
+			victims = append(victims, i)
+		} else if i != l {
+			survivor = i
+		}
+	}
+	stopProbe := e.writeProbe(survivor, 200*time.Millisecond)
+	t0 := time.Now()
+	for _, v := range victims {
+		e.kill(v)
+	}
+	e.event("nemesis", "r%d (leader) and r%d killed for %s; r%d survives alone", victims[0], victims[1], down, survivor)
+	notReady := e.untilReady(survivor, 503, t0, 15*time.Second)
+	// The survivor must stay unready the whole time.
+	readyWhileAlone := 0
+	for time.Since(t0) < down-500*time.Millisecond {
+		if getReady(e.ctx, replicaURL(survivor)) == 200 && time.Since(t0) > 3*time.Second {
+			readyWhileAlone++
+		}
+		if !e.sleep(250 * time.Millisecond) {
+			break
+		}
+	}
+	e.sleepUntil(t0.Add(down))
+	t1 := time.Now()
+	for _, v := range victims {
+		_ = e.restart(v)
+	}
+	ops := stopProbe()
+	calls, ok, slowest, errs := probeSummary(ops, t0.Add(2*time.Second), t1)
+	e.event("probe", "%d writes to the lone r%d: %d succeeded, slowest failure %.2fs, errors %v", calls, survivor, ok, slowest, errs)
+	e.measure("survivor_writes", float64(calls))
+	e.measure("survivor_write_successes", float64(ok))
+	e.measure("survivor_write_fail_max_s", slowest)
+	e.measure("survivor_not_ready_s", notReady())
+	e.measure("survivor_ready_while_alone", float64(readyWhileAlone))
+	_, err = e.waitFor("every replica ready after the restart", 60*time.Second, 100*time.Millisecond, func() bool {
+		for _, i := range e.members {
+			if getReady(e.ctx, replicaURL(i)) != 200 {
+				return false
+			}
+		}
+		return true
+	})
+	rs := time.Since(t1).Seconds()
+	if err != nil {
+		rs = math.NaN()
+	}
+	e.event("recovered", "every replica ready %.2fs after the restart", rs)
+	e.measure("ready_after_restart_s", rs)
+	fo, _, _ := e.waitNewLeader(0, t1, 30*time.Second)
+	e.measure("failover_s", fo)
+	return nil
+}
+
+func t5Check(e *env) {
+	e.res.FailoverP99 = Percentile(e.measured("failover_s"), 99)
+	e.publishMeasures()
+	e.res.Require("survivor_writes", sum(e.measured("survivor_writes")), ">=", 1, "")
+	e.res.Require("survivor_write_successes", sum(e.measured("survivor_write_successes")), "==", 0, "a lone replica must not accept writes")
+	e.res.Require("survivor_write_fail_max_s", e.worst("survivor_write_fail_max_s"), "<=", 1.5, "writes fail fast")
+	e.res.Require("survivor_not_ready_s", e.worst("survivor_not_ready_s"), "<=", 3, "")
+	e.res.Require("survivor_ready_while_alone", sum(e.measured("survivor_ready_while_alone")), "==", 0, "")
+	e.res.Require("ready_after_restart_s", e.worst("ready_after_restart_s"), "<=", 10, "")
+}
+
+// --- T6: all three SIGKILLed mid-load ------------------------------------------------------
+
+func t6Nemesis(e *env) error {
+	at := e.start.Add(max(e.opts.Duration/2, 10*time.Second))
+	if !e.sleepUntil(at) {
+		return e.ctx.Err()
+	}
+	var wg sync.WaitGroup
+	for _, i := range e.members {
+		wg.Add(1)
+		go func() { defer wg.Done(); e.replicas[i].kill() }()
+	}
+	wg.Wait()
+	e.event("kill", "SIGKILL every replica at once")
+	e.sleep(2 * time.Second)
+	t1 := time.Now()
+	for _, i := range e.members {
+		_ = e.restart(i)
+	}
+	join := e.failover(0, t1, "full restart")
+	_, err := e.waitFor("every replica ready after the full restart", 60*time.Second, 100*time.Millisecond, func() bool {
+		for _, i := range e.members {
+			if getReady(e.ctx, replicaURL(i)) != 200 {
+				return false
+			}
+		}
+		return true
+	})
+	rs := time.Since(t1).Seconds()
+	if err != nil {
+		rs = math.NaN()
+	}
+	e.event("recovered", "every replica /ready 200 %.2fs after the restart", rs)
+	e.measure("ready_after_restart_s", rs)
+	join()
+	return nil
+}
+
+func t6Check(e *env) {
+	e.res.FailoverP99 = Percentile(e.measured("failover_s"), 99)
+	e.publishMeasures()
+	e.res.Require("ready_after_restart_s", e.worst("ready_after_restart_s"), "<=", 10, "all three /ready 200 after the full restart")
+}
+
+// --- T7: wiped follower and a new fourth replica catch up by snapshot ----------------------------
+
+func t7Nemesis(e *env) error {
+	// A follower from scratch only needs a snapshot once the leader has
+	// compacted its log: wait for a snapshot past the trailing logs (2048,
+	// cluster.DefaultConfig): then entry 1 is gone from every log. Admin
+	// writes of another field (one Raft entry each) fill the log faster.
+	pumpCtx, stopPump := context.WithCancel(e.ctx)
+	var pumpWG sync.WaitGroup
+	var pumped atomic.Int64
+	for g := 0; g < 4; g++ {
+		pumpWG.Add(1)
+		go func() {
+			defer pumpWG.Done()
+			for n := 0; pumpCtx.Err() == nil; n++ {
+				i := e.members[(g+n)%len(e.members)]
+				body := fmt.Sprintf(`{"model":%q,"active_prefill_tokens_threshold":%d}`, ledgerModel, 1000+n)
+				req, _ := http.NewRequestWithContext(pumpCtx, http.MethodPost, replicaURL(i)+"/busy_threshold", strings.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				if resp, err := adminHTTP.Do(req); err == nil {
+					resp.Body.Close()
+					pumped.Add(1)
+				}
+			}
+		}()
+	}
+	var snapIdx uint64
+	_, err := e.waitFor("a leader snapshot past the trailing logs", max(e.end.Sub(time.Now())-25*time.Second, 5*time.Second), time.Second, func() bool {
+		for _, st := range e.statuses(e.members) {
+			if st.State == "leader" && st.LastSnapshotIndex > 2048+16 {
+				snapIdx = st.LastSnapshotIndex
+				return true
+			}
+		}
+		return false
+	})
+	stopPump()
+	pumpWG.Wait()
+	e.metric("log_pump_writes", pumped.Load())
+	if err != nil {
+		e.event("nemesis", "no leader snapshot past the trailing logs yet; wiping anyway (catch-up may use the log)")
+	} else {
+		e.event("nemesis", "leader snapshot at index %d", snapIdx)
+	}
+	l, err := e.leader()
+	if err != nil {
+		return err
+	}
+	f := e.others(l)[0]
+	r := e.replicas[f]
+	r.kill()
+	if err := os.RemoveAll(r.dataDir); err != nil {
+		return err
+	}
+	e.event("wipe", "r%d killed and its data dir removed", f)
+	t0 := time.Now()
+	if err := e.restart(f); err != nil {
+		return err
+	}
+	commit, _ := e.commitIndexOfLeader(f)
+	s := e.caughtUp(f, commit, t0, 60*time.Second)
+	st, _ := getStatus(e.ctx, replicaURL(f))
+	restored := uint64(0)
+	if st != nil {
+		restored = st.SnapshotsRestored
+	}
+	e.event("caught-up", "wiped r%d caught up to %d in %.2fs (snapshots restored: %d)", f, commit, s, restored)
+	e.measure("wiped_catchup_s", s)
+	e.measure("wiped_snapshots_restored", float64(restored))
+
+	// A new fourth replica joins.
+	if err := e.net.addNode(e.ctx, 4); err != nil {
+		return err
+	}
+	n := e.newReplica(4, true)
+	t1 := time.Now()
+	if err := e.startReplica(n); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.members = append(e.members, 4)
+	e.mu.Unlock()
+	e.event("join", "r4 started with --join")
+	commit, _ = e.commitIndexOfLeader(4)
+	s = e.caughtUp(4, commit, t1, 60*time.Second)
+	st, _ = getStatus(e.ctx, replicaURL(4))
+	restored = 0
+	if st != nil {
+		restored = st.SnapshotsRestored
+	}
+	e.event("caught-up", "new r4 caught up to %d in %.2fs (snapshots restored: %d)", commit, s, restored)
+	e.measure("new_catchup_s", s)
+	e.measure("new_snapshots_restored", float64(restored))
+	e.measure("leader_snapshot_index", float64(snapIdx))
+	return nil
+}
+
+func t7Check(e *env) {
+	e.res.FailoverP99 = 0
+	e.publishMeasures()
+	e.res.Require("wiped_catchup_s", e.worst("wiped_catchup_s"), "<=", 10, "")
+	e.res.Require("wiped_snapshots_restored", e.worst("wiped_snapshots_restored"), ">=", 1, "caught up by snapshot")
+	e.res.Require("new_catchup_s", e.worst("new_catchup_s"), "<=", 10, "")
+	e.res.Require("new_snapshots_restored", e.worst("new_snapshots_restored"), ">=", 1, "caught up by snapshot")
+}
+
+// --- T8: rolling SIGTERM restart, leader last ------------------------------------------------
+
+func t8Nemesis(e *env) error {
+	if !e.sleepUntil(e.start.Add(8 * time.Second)) {
+		return e.ctx.Err()
+	}
+	l, err := e.leader()
+	if err != nil {
+		return err
+	}
+	order := append(e.others(l), l)
+	for _, i := range order {
+		r := e.replicas[i]
+		t0 := time.Now()
+		var join func() float64
+		if i == l {
+			join = e.failover(l, t0, "leader r"+fmt.Sprint(l)+" SIGTERM")
+		}
+		pid := r.pid()
+		graceful := r.term(20 * time.Second)
+		e.event("term", "r%d (pid %d) stopped by SIGTERM in %.2fs (graceful: %v)", i, pid, time.Since(t0).Seconds(), graceful)
+		e.measure("stop_s", time.Since(t0).Seconds())
+		if !graceful {
+			e.measure("ungraceful_stops", 1)
+		}
+		if err := e.restart(i); err != nil {
+			return err
+		}
+		// Back: the replica answers /ready 200, then HAProxy has it UP.
+		t1 := time.Now()
+		ready := e.untilReady(i, 200, t1, 60*time.Second)()
+		back := e.untilHAProxy(i, "UP", t1, 60*time.Second)()
+		if math.IsNaN(ready) || math.IsNaN(back) {
+			e.event("error", "r%d not back (ready after %.2fs, HAProxy UP after %.2fs)", i, ready, back)
+		} else {
+			e.event("up", "r%d ready %.2fs and UP in HAProxy %.2fs after its restart", i, ready, back)
+			e.measure("back_ready_s", ready)
+		}
+		if join != nil {
+			join()
+		}
+		e.sleep(2 * time.Second)
+	}
+	return nil
+}
+
+func t8Check(e *env) {
+	e.res.FailoverP99 = Percentile(e.measured("failover_s"), 99)
+	e.publishMeasures()
+	failed := asFloat(e.res.Metrics["route_failed_first_attempt"])
+	e.res.Require("route_failed_requests", failed, "==", 0, "no retry, through HAProxy, during the rolling restart")
+	e.res.Require("ungraceful_stops", sum(e.measured("ungraceful_stops")), "==", 0, "replicas that needed SIGKILL after 20 s")
+	e.res.Require("failover_p99_s", e.res.FailoverP99, "<=", 5, "leader handover on SIGTERM")
+}
+
+// --- T11: replica-sync traffic of one replica cut for 30 s ------------------------------------
+
+func t11Nemesis(e *env) error {
+	at := e.start.Add(10 * time.Second)
+	cut := 30 * time.Second
+	if room := e.end.Sub(at) - 10*time.Second; room < cut {
+		cut = max(room, 5*time.Second)
+	}
+	if !e.sleepUntil(at) {
+		return e.ctx.Err()
+	}
+	l, err := e.leader()
+	if err != nil {
+		return err
+	}
+	v := e.others(l)[0]
+	if err := cutPort(e.ctx, v, e.others(v), routePort); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	e.event("cut", "NATS route traffic (replica sync, JetStream replication) of follower r%d cut for %s", v, cut)
+	// The cut is effective when the victim hears no other replica.
+	_, err = e.waitFor("victim hears no replica", 15*time.Second, 250*time.Millisecond, func() bool {
+		return syncPeers(e, v) == 0
+	})
+	if err != nil {
+		e.event("error", "r%d still hears other replicas: the cut did not take", v)
+		e.measure("cut_effective", 0)
+	} else {
+		e.event("probe", "r%d hears no replica %.1fs after the cut", v, time.Since(t0).Seconds())
+		e.measure("cut_effective", 1)
+	}
+	e.sleepUntil(t0.Add(cut))
+	if err := heal(e.ctx, v); err != nil {
+		return err
+	}
+	t1 := time.Now()
+	e.event("heal", "r%d routes restored", v)
+	_, err = e.waitFor("replica sync restored", 30*time.Second, 250*time.Millisecond, func() bool {
+		for _, i := range e.members {
+			if syncPeers(e, i) != len(e.members)-1 {
+				return false
+			}
+		}
+		return true
+	})
+	s := time.Since(t1).Seconds()
+	if err != nil {
+		s = math.NaN()
+	}
+	e.event("recovered", "every replica hears every other %.2fs after healing", s)
+	e.measure("sync_restored_s", s)
+	return nil
+}
+
+func syncPeers(e *env, i int) int {
+	st, err := getStatus(e.ctx, replicaURL(i))
+	if err != nil {
+		return -1
+	}
+	var doc struct {
+		Sync struct {
+			Replicas int `json:"Replicas"`
+		} `json:"replica_sync"`
+	}
+	if err := json.Unmarshal(st.raw, &doc); err != nil {
+		return -1
+	}
+	return doc.Sync.Replicas
+}
+
+func t11Check(e *env) {
+	e.res.FailoverP99 = 0
+	e.publishMeasures()
+	e.res.Require("cut_effective", e.worst("cut_effective"), "==", 1, "the victim stopped hearing the others")
+	e.res.Require("sync_restored_s", e.worst("sync_restored_s"), "<=", 10, "")
+	e.requireAvailability(0.995, 0)
+}
+
+// --- S1: the checker's self-test -------------------------------------------------------------
+
+// s1Nemesis injects what the ledger check must catch: ledger-1 (which
+// refuses resyncs) is deregistered for a while, so its acknowledged events
+// are rejected and its blocks dropped (a loss); ledger-2 publishes one
+// replayed store behind the ledger's back (a duplicate).
+func s1Nemesis(e *env) error {
+	if len(e.ledger) < 2 {
+		return fmt.Errorf("self-test needs two ledger workers")
+	}
+	e.ledger[0].noResync = true
+	if !e.sleepUntil(e.start.Add(8 * time.Second)) {
+		return e.ctx.Err()
+	}
+	body := fmt.Sprintf(`{"id":%q}`, e.ledger[0].id)
+	req, _ := http.NewRequestWithContext(e.ctx, http.MethodPost, replicaURL(e.members[0])+"/workers/deregister", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := adminHTTP.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	e.event("inject", "deregistered %s (HTTP %d): its blocks and cursor are dropped, its events rejected until it renews", e.ledger[0].id, resp.StatusCode)
+	if err := e.ledger[1].injectReplay(e.ctx); err != nil {
+		return err
+	}
+	e.event("inject", "%s published a replay of its first store outside the ledger", e.ledger[1].id)
+	return nil
+}
+
+func s1Check(e *env) {
+	e.publishMeasures()
+	e.res.Require("lost_detected", float64(e.res.Lost), ">=", 1, "the injected loss must be reported")
+	e.res.Require("duplicates_detected", float64(e.res.Duplicates), ">=", 1, "the injected replay must be reported")
+}
