@@ -822,6 +822,12 @@ func (v indexView) FindMatches(seq []uint64, dst []router.Overlap) []router.Over
 	return v.p.Load().FindMatches(seq, dst)
 }
 
+// CacheCounts forwards to the index: kv-pooled weighs eviction by how many
+// of a worker's blocks no other worker holds.
+func (v indexView) CacheCounts(w router.WorkerID) (held, unique int) {
+	return v.p.Load().CacheCounts(w)
+}
+
 // Index is the current block index, fed by worker events. Restore replaces
 // it: hold Overlaps() instead of this pointer across restores, or re-read it
 // on ChangeRestored.

@@ -118,8 +118,10 @@ func (ix *Index) getLocked(ch uint64) (workerSet, bool) {
 		return workerSet{}, false
 	}
 	s := workerSet{lo: lo}
-	if hi, wide := ix.wide[ch]; wide {
-		s.hi = &hi
+	if len(ix.wide) > 0 { // no fleet past 64 workers: skip the second map
+		if hi, wide := ix.wide[ch]; wide {
+			s.hi = &hi
+		}
 	}
 	return s, true
 }
@@ -128,13 +130,15 @@ func (ix *Index) getLocked(ch uint64) (workerSet, bool) {
 func (ix *Index) putLocked(ch uint64, s workerSet) {
 	if s.empty() {
 		delete(ix.blocks, ch)
-		delete(ix.wide, ch)
+		if len(ix.wide) > 0 {
+			delete(ix.wide, ch)
+		}
 		return
 	}
 	ix.blocks[ch] = s.lo
 	if s.hi != nil && (workerSet{hi: s.hi}).count() > 0 {
 		ix.wide[ch] = *s.hi
-	} else {
+	} else if len(ix.wide) > 0 {
 		delete(ix.wide, ch)
 	}
 }

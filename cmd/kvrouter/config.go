@@ -86,7 +86,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"model"}, env: []string{"KVROUTER_MODELS"}, def: "kvmock", usage: "comma list of served model names", set: list(&c.Models)},
 		{names: []string{"tokenizer"}, env: []string{"KVROUTER_TOKENIZER"}, def: "builtin", usage: "\"builtin\" or the path of a Hugging Face tokenizer.json (must match the workers')", set: str(&c.Tokenizer)},
 		{names: []string{"chat-template"}, env: []string{"KVROUTER_CHAT_TEMPLATE"}, usage: "chatml or plain (default: chatml for tokenizer.json, plain for builtin)", set: str(&c.ChatTemplate)},
-		{names: []string{"router-mode"}, env: []string{"KVROUTER_ROUTER_MODE", "DYN_ROUTER_MODE"}, def: "kv", usage: "round-robin, random, least-loaded, kv, kv-approx, load-aware", set: func(v string) error {
+		{names: []string{"router-mode"}, env: []string{"KVROUTER_ROUTER_MODE", "DYN_ROUTER_MODE"}, def: "kv", usage: "round-robin, random, least-loaded, kv, kv-approx, load-aware, kv-pooled", set: func(v string) error {
 			m, err := router.ParseMode(v)
 			c.Router.Mode = m
 			return err

@@ -56,8 +56,8 @@ func (h *workerHealth) missing() map[router.WorkerID]time.Duration {
 }
 
 func (h *workerHealth) run(ctx context.Context, r *replica) {
-	if h.limit <= 0 || r.cfg.Router.Mode != router.ModeKV {
-		return // only kv mode depends on events
+	if m := r.cfg.Router.Mode; h.limit <= 0 || (m != router.ModeKV && m != router.ModeKVPooled) {
+		return // only the event-fed modes depend on events
 	}
 	t := time.NewTicker(min(h.limit/4, 5*time.Second))
 	defer t.Stop()
