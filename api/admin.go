@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,7 +27,21 @@ func toJSON(model string, t router.Thresholds) thresholdJSON {
 		ActivePrefillTokensThreshold: t.ActivePrefillTokens, ActivePrefillTokensThresholdFrac: t.ActivePrefillTokensFrac}
 }
 
+// readBarrier makes an admin read linearizable; false when it answered 503.
+func (s *Server) readBarrier(c *gin.Context) bool {
+	ctx, cancel := context.WithTimeout(c.Request.Context(), 3*time.Second)
+	defer cancel()
+	if err := s.rep.ReadBarrier(ctx); err != nil {
+		c.JSON(http.StatusServiceUnavailable, gin.H{"error": "cannot read the committed state now: " + err.Error()})
+		return false
+	}
+	return true
+}
+
 func (s *Server) getBusyThreshold(c *gin.Context) {
+	if !s.readBarrier(c) {
+		return
+	}
 	out := []thresholdJSON{}
 	for _, m := range s.rep.Models() {
 		if t, ok := s.rep.Thresholds(m); ok {
@@ -91,6 +106,9 @@ func (s *Server) postBusyThreshold(c *gin.Context) {
 	model, upd, err := parseThresholdUpdate(body)
 	if err != nil {
 		c.JSON(http.StatusBadRequest, gin.H{"error": err.Error()})
+		return
+	}
+	if upd.Empty() && !s.readBarrier(c) {
 		return
 	}
 	cur, ok := s.rep.Thresholds(model)

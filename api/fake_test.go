@@ -55,6 +55,7 @@ func (f *fakeReplica) WorkerURL(id router.WorkerID) (string, bool) {
 	u, ok := f.urls[id]
 	return u, ok
 }
+func (f *fakeReplica) ReadBarrier(context.Context) error { return nil }
 func (f *fakeReplica) Thresholds(m string) (router.Thresholds, bool) {
 	rt, ok := f.routers[m]
 	if !ok {

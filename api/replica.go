@@ -20,6 +20,9 @@ type Replica interface {
 	// WorkerURL is the OpenAI base URL of a worker (http://host:port).
 	WorkerURL(id router.WorkerID) (string, bool)
 
+	// ReadBarrier returns once this replica reflects every write committed
+	// before the call, so the admin reads after it are linearizable.
+	ReadBarrier(ctx context.Context) error
 	// Thresholds are the busy thresholds of a model as replicated.
 	Thresholds(model string) (router.Thresholds, bool)
 	// SetThresholds proposes a threshold change and waits for its commit.

@@ -135,6 +135,12 @@ func (n *Node) handleCommit(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, adminResponse{Error: n.cfg.NodeID + " is not a ready leader", Code: codeNoLeader})
 		return
 	}
+	// A deposed leader that has not noticed yet must not hand out its commit
+	// index as current: confirm leadership with a quorum first.
+	if err := n.raft.VerifyLeader().Error(); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, adminResponse{Error: n.cfg.NodeID + " could not confirm leadership: " + err.Error(), Code: codeNoLeader})
+		return
+	}
 	writeJSON(w, http.StatusOK, commitResponse{CommitIndex: n.raft.CommitIndex(), Term: n.raft.CurrentTerm()})
 }
 

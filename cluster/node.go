@@ -320,6 +320,43 @@ func (n *Node) Snapshot() error {
 
 // Barrier blocks until every entry before it is applied to this leader's
 // FSM; it fails on followers.
+// LinearizableRead returns once this node's state machine reflects every
+// write committed before the call (the read-index protocol): the leader
+// confirms its leadership with a quorum and takes its commit index; a
+// follower asks the leader for it. Then both wait until they applied it.
+// Reads after it are linearizable with all writes.
+func (n *Node) LinearizableRead(ctx context.Context) error {
+	var idx uint64
+	if n.raft.State() == raft.Leader {
+		if err := n.raft.VerifyLeader().Error(); err != nil {
+			return mapRaftError(err)
+		}
+		idx = n.raft.CommitIndex()
+	} else {
+		_, sid := n.raft.LeaderWithID()
+		if sid == "" {
+			return ErrNoLeader
+		}
+		var err error
+		if n.cfg.LeaderHTTP == nil {
+			return fmt.Errorf("read index from leader %s: no HTTP address lookup: %w", sid, ErrNoLeader)
+		}
+		if idx, err = n.leaderCommitIndex(string(sid)); err != nil {
+			return fmt.Errorf("read index from leader %s: %v: %w", sid, err, ErrNoLeader)
+		}
+	}
+	for n.raft.AppliedIndex() < idx {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting to apply up to %d: %w", idx, ctx.Err())
+		case <-n.closing:
+			return ErrShutdown
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
 func (n *Node) Barrier(ctx context.Context) error {
 	return mapRaftError(waitFuture(ctx, n.raft.Barrier(n.cfg.ApplyTimeout)))
 }

@@ -72,6 +72,7 @@ func (r *oneReplica) RegisterWorker(_ context.Context, w api.WorkerSpec) error {
 func (r *oneReplica) DeregisterWorker(context.Context, string) error { return nil }
 func (r *oneReplica) Ready() (bool, string)                          { return true, "" }
 func (r *oneReplica) Status(bool) map[string]any                     { return map[string]any{"node_id": "r1"} }
+func (r *oneReplica) ReadBarrier(context.Context) error              { return nil }
 func (r *oneReplica) Audit(router.WorkerID, int, int, int)           {}
 func (r *oneReplica) Booked(string, router.Booking)                  {}
 func (r *oneReplica) PrefillDone(string, string)                     {}

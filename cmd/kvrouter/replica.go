@@ -145,6 +145,13 @@ func (r *replica) WorkerURL(id router.WorkerID) (string, bool) {
 	return strings.TrimRight(w.Address, "/"), true
 }
 
+func (r *replica) ReadBarrier(ctx context.Context) error {
+	if err := r.node.LinearizableRead(ctx); err != nil {
+		return fmt.Errorf("%w: %v", api.ErrUnavailable, err)
+	}
+	return nil
+}
+
 func (r *replica) Thresholds(model string) (router.Thresholds, bool) {
 	if !r.knownModel(model) {
 		return router.Thresholds{}, false
@@ -195,13 +202,14 @@ func (r *replica) propose(ctx context.Context, cmd []byte) error {
 	return nil
 }
 
-// waitApplied waits until this replica's FSM applied what the leader
-// committed (read-your-writes on followers), bounded by ctx and 2 s.
+// waitApplied waits until this replica applied every write committed so far
+// (read-your-writes on followers: the answer reflects the write it follows),
+// bounded by ctx and 2 s.
 func (r *replica) waitApplied(ctx context.Context) {
-	deadline := time.Now().Add(2 * time.Second)
-	target := r.node.Status().CommitIndex
-	for r.fsm.AppliedIndex() < target && time.Now().Before(deadline) && ctx.Err() == nil {
-		time.Sleep(5 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := r.node.LinearizableRead(ctx); err != nil {
+		r.log.Debug("read-your-writes barrier", "err", err)
 	}
 }
 

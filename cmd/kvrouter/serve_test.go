@@ -201,6 +201,28 @@ func TestServeIngestSurvivesLeaderLoss(t *testing.T) {
 		})
 	}
 
+	// Linearizable admin: a threshold written through one replica is read
+	// back at once from every other one (read index, not local state).
+	for i, v := range []string{"0.61", "0.62", "0.63"} {
+		body := `{"model":"kvmock","active_decode_blocks_threshold":` + v + `}`
+		resp, err := http.Post(reps[i].url()+"/busy_threshold", "application/json", bytes.NewBufferString(body))
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("set threshold via %s: %v %v", reps[i].cfg.NodeID, err, resp)
+		}
+		resp.Body.Close()
+		for _, r := range reps {
+			resp, err := http.Get(r.url() + "/busy_threshold")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !strings.Contains(string(b), `"active_decode_blocks_threshold":`+v) {
+				t.Fatalf("%s read %s right after %s was written via %s", r.cfg.NodeID, b, v, reps[i].cfg.NodeID)
+			}
+		}
+	}
+
 	var urls []string
 	for _, r := range reps {
 		urls = append(urls, "nats://"+r.cfg.NATSAddr)

@@ -344,3 +344,30 @@ func TestSimBlockMap(t *testing.T) {
 		}
 	}
 }
+
+// Seed 002's hard case, shortened: kv-pooled caches clearly more than kv
+// (close to the pooled-LRU reference), spreads each prefix over fewer
+// workers, and is deterministic.
+func TestSimPooledBeatsKV(t *testing.T) {
+	w := synthetic(t, workload.SyntheticSpec{
+		Prefixes: 24, PrefixTokens: 2032, TailTokens: 339, OutputTokens: 64, Requests: 600, Concurrency: 8, Seed: 11,
+	})
+	ref := ComputeReference(w, 6*585)
+	_, kv := run(t, w, config(router.ModeKV, 6, 585))
+	a, pooled := run(t, w, config(router.ModeKVPooled, 6, 585))
+	if pooled.Errors != 0 || pooled.CachedTokenRatio < kv.CachedTokenRatio+0.1 || pooled.CachedTokenRatio < 0.9*ref.PooledLRU {
+		t.Fatalf("kv-pooled cached %.3f (errors %d), kv %.3f, pooled-LRU reference %.3f", pooled.CachedTokenRatio, pooled.Errors, kv.CachedTokenRatio, ref.PooledLRU)
+	}
+	if pooled.WorkersPerPrefix >= kv.WorkersPerPrefix {
+		t.Errorf("kv-pooled spread a prefix over %.2f workers, kv over %.2f", pooled.WorkersPerPrefix, kv.WorkersPerPrefix)
+	}
+	if pooled.TTFT.P99 > 1.1*kv.TTFT.P99 {
+		t.Errorf("kv-pooled p99 TTFT %.1f ms, kv %.1f ms", pooled.TTFT.P99, kv.TTFT.P99)
+	}
+	b, _ := run(t, w, config(router.ModeKVPooled, 6, 585))
+	for i := range a.Requests {
+		if a.Requests[i] != b.Requests[i] {
+			t.Fatalf("request %d: %+v then %+v", i, a.Requests[i], b.Requests[i])
+		}
+	}
+}
