@@ -205,11 +205,18 @@ func TestServeIngestSurvivesLeaderLoss(t *testing.T) {
 	// back at once from every other one (read index, not local state).
 	for i, v := range []string{"0.61", "0.62", "0.63"} {
 		body := `{"model":"kvmock","active_decode_blocks_threshold":` + v + `}`
-		resp, err := http.Post(reps[i].url()+"/busy_threshold", "application/json", bytes.NewBufferString(body))
-		if err != nil || resp.StatusCode != 200 {
-			t.Fatalf("set threshold via %s: %v %v", reps[i].cfg.NodeID, err, resp)
-		}
-		resp.Body.Close()
+		checkFor(t, 30*time.Second, func() error { // the first may wait for node registration
+			resp, err := http.Post(reps[i].url()+"/busy_threshold", "application/json", bytes.NewBufferString(body))
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != 200 {
+				b, _ := io.ReadAll(resp.Body)
+				return fmt.Errorf("set threshold via %s: %d %s", reps[i].cfg.NodeID, resp.StatusCode, b)
+			}
+			return nil
+		})
 		for _, r := range reps {
 			resp, err := http.Get(r.url() + "/busy_threshold")
 			if err != nil {
