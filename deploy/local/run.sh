@@ -108,7 +108,11 @@ done
 # --- refuse to start on ports somebody else holds -----------------------------
 port_busy() {
   if command -v ss >/dev/null 2>&1; then
-    [ -n "$(ss -Hltn "sport = :$1" 2>/dev/null)" ] && return 0
+    # Only listeners that collide with ours: on $host or on every address
+    # (another network namespace's 10.x:8000, say, does not).
+    ss -Hltn "sport = :$1" 2>/dev/null | awk -v h="$host" -v p="$1" '
+      { a = $4 } a == h":"p || a == "0.0.0.0:"p || a == "*:"p || a == "[::]:"p || a == "[::ffff:"h"]:"p { found = 1 }
+      END { exit !found }' && return 0
   fi
   # Something accepts connections there (covers systems without ss).
   (exec 3<>"/dev/tcp/$host/$1") 2>/dev/null
