@@ -66,7 +66,7 @@ func parseIngestFlags(args []string, output io.Writer) (*ingestOptions, error) {
 	fs.IntVar(&o.BlockSize, "block-size", 16, "tokens per block (must equal the cluster's)")
 	fs.IntVar(&o.WorkerBlocks, "worker-blocks", 2048, "KV capacity of a synthetic worker in blocks: past it, the worker evicts its oldest blocks (one removed event for half of them), as an engine does, so the index stays bounded (0: never evict; the index grows for the whole run)")
 	fs.IntVar(&o.Window, "window", 512, "events in flight per publisher (sent, not yet acknowledged by the stream)")
-	fs.IntVar(&o.MaxUnapplied, "max-unapplied", 2048, "events published but not yet visible on every replica, over all workers, before publishers wait (0: no limit; the stream may then build a backlog)")
+	fs.IntVar(&o.MaxUnapplied, "max-unapplied", 512, "events published but not yet visible on every replica, over all workers, before publishers wait (0: no limit; the stream may then build a backlog)")
 	fs.DurationVar(&o.Poll, "poll", 50*time.Millisecond, "interval of the /cluster/status polls of every replica (resolution of visible_ms)")
 	fs.IntVar(&o.SampleEvery, "sample-every", 50, "measure visibility of every Nth event of each worker")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", 60*time.Second, "after publishing, how long to wait for acknowledgements and visibility")
