@@ -181,16 +181,20 @@ func (a *fakeApplier) ApplyEvents(_ context.Context, events []WireEvent) error {
 	a.batches++
 	for i := range events {
 		ev := &events[i]
+		// Dedupe by message id, not by a cursor: this layer promises every
+		// acknowledged event is delivered (at least once); the order can
+		// break when a stream server is lost mid-publish (a re-sent event
+		// lands behind later ones). Reordering is recorded, and the state
+		// machine's gap rule (stale, then resync) is what repairs it.
 		k := string(ev.WorkerID())
-		cur := a.cursor[k]
-		switch {
-		case ev.EventID <= cur:
+		if a.count[ev.MsgID()] > 0 {
 			a.dups++
 			continue
-		case ev.EventID != cur+1:
+		}
+		if cur := a.cursor[k]; ev.EventID != cur+1 {
 			a.gaps = append(a.gaps, fmt.Sprintf("%s: %d after %d", k, ev.EventID, cur))
 		}
-		a.cursor[k] = ev.EventID
+		a.cursor[k] = max(a.cursor[k], ev.EventID)
 		a.count[ev.MsgID()]++
 		a.total++
 	}
@@ -218,7 +222,10 @@ func (a *fakeApplier) check(t testing.TB, want []string, allowDups bool) {
 		t.Errorf("%d distinct events applied, want %d", len(a.count), len(want))
 	}
 	if len(a.gaps) > 0 {
-		t.Errorf("events applied out of order: %v", a.gaps)
+		if !allowDups {
+			t.Errorf("events applied out of order: %v", a.gaps)
+		}
+		t.Logf("events delivered out of order (a server was lost mid-publish): %v", a.gaps)
 	}
 	if a.dups > 0 {
 		if !allowDups {
