@@ -553,7 +553,7 @@ func (e *env) finish() {
 	e.admin.mu.Lock()
 	e.writeJSON("admin-history.json", e.admin.ops)
 	e.admin.mu.Unlock()
-	lin := checkLinearizable(e.admin, 60*time.Second, filepath.Join(e.dir, "admin-linearizability.html"))
+	lin := checkLinearizable(e.admin, 30*time.Second, filepath.Join(e.dir, "admin-linearizability.html"))
 	e.res.Linearizable = lin.Result
 	e.metric("admin", lin)
 	e.event("verify", "lost %d, duplicates %d, unexpected %d, digests equal %v, availability %.4f (no retry %.4f, %d requests), admin history %s (%d ops)",

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,6 +42,29 @@ func (h *adminHistory) add(op adminOp) {
 
 func (h *adminHistory) since(t time.Time) int64 { return int64(t.Sub(h.start)) }
 
+// notApplied says whether a failed write certainly did not take effect,
+// by the API's error contract: the connection was refused, the request was
+// refused (4xx), or the cluster said "no leader" (cluster.ErrNoLeader: not
+// applied) rather than "outcome unknown". Such writes are left out of the
+// history; if one did take effect after all, a read of its value makes the
+// history Illegal, so the contract is checked too. Everything else
+// (timeouts, resets, "outcome unknown", shutdown) stays pending.
+func notApplied(err string) bool {
+	switch {
+	case strings.Contains(err, "connection refused"):
+		return true
+	case strings.HasPrefix(err, "HTTP 4"):
+		return true
+	case strings.HasPrefix(err, "HTTP 503") && strings.Contains(err, "no leader") && !strings.Contains(err, "outcome unknown"):
+		return true
+	}
+	return false
+}
+
+// unknownWriteBound is how long after its call a write whose outcome is
+// unknown may still take effect (see checkLinearizable).
+const unknownWriteBound = 15 * time.Second
+
 type regInput struct {
 	Write bool
 	Value int64
@@ -75,9 +99,16 @@ type linearizabilityResult struct {
 	Reads       int         `json:"reads"`
 	Writes      int         `json:"writes"`
 	Unknown     int         `json:"unknown_writes"`
+	NotApplied  int         `json:"failed_writes_not_applied"`
 	FailedReads int         `json:"failed_reads"`
 	Visual      string      `json:"visualization,omitempty"`
 	StaleReads  *staleStats `json:"stale_reads,omitempty"`
+	// ReadsOfRefused: reads that returned a value whose write had failed
+	// with a "not applied" error: the error contract is broken.
+	ReadsOfRefused []string `json:"reads_of_refused_writes,omitempty"`
+	// ReadsOfUnwritten: reads of a value nobody wrote (corruption, or a
+	// writer outside the history).
+	ReadsOfUnwritten []string `json:"reads_of_unwritten_values,omitempty"`
 }
 
 func checkLinearizable(h *adminHistory, timeout time.Duration, visualPath string) linearizabilityResult {
@@ -90,9 +121,17 @@ func checkLinearizable(h *adminHistory, timeout time.Duration, visualPath string
 		switch {
 		case op.Write && op.OK:
 			res.Writes++
+		case op.Write && notApplied(op.Err):
+			res.NotApplied++
+			continue
 		case op.Write:
+			// Outcome unknown: it may take effect at any time after its
+			// call, but not forever: the replica gives a proposal 5 s
+			// (propose) plus forwarding; an entry not committed by the
+			// next leader's first commit never will be. 15 s after the
+			// call bounds it and keeps the search tractable.
 			res.Unknown++
-			op.Return = math.MaxInt64
+			op.Return = min(op.Call+int64(unknownWriteBound), math.MaxInt64)
 		case op.OK:
 			res.Reads++
 		default:
@@ -103,6 +142,28 @@ func checkLinearizable(h *adminHistory, timeout time.Duration, visualPath string
 			Call: op.Call, Output: op.Value, Return: op.Return, Metadata: op.Replica})
 	}
 	res.Ops = len(hist)
+	refused := map[int64]string{}
+	for _, op := range ops {
+		if op.Write && !op.OK && notApplied(op.Err) {
+			refused[op.Value] = op.Err
+		}
+	}
+	written := map[int64]bool{-1: true}
+	for _, op := range ops {
+		if op.Write {
+			written[op.Value] = true
+		}
+	}
+	for _, op := range ops {
+		if !op.Write && op.OK && !written[op.Value] && len(res.ReadsOfUnwritten) < 10 {
+			res.ReadsOfUnwritten = append(res.ReadsOfUnwritten, fmt.Sprintf("client %d read %d from %s at +%.3fs, a value no client wrote",
+				op.Client, op.Value, op.Replica, float64(op.Call)/1e9))
+		}
+		if why, ok := refused[op.Value]; ok && !op.Write && op.OK && len(res.ReadsOfRefused) < 10 {
+			res.ReadsOfRefused = append(res.ReadsOfRefused, fmt.Sprintf("client %d read %d from %s at +%.3fs, a write that failed with %q",
+				op.Client, op.Value, op.Replica, float64(op.Call)/1e9, firstN(why, 120)))
+		}
+	}
 	verdict, info := porcupine.CheckOperationsVerbose(registerModel, hist, timeout)
 	res.Result = string(verdict)
 	if verdict != porcupine.Ok && visualPath != "" {
@@ -175,4 +236,11 @@ type staleStats struct {
 	ByReplica map[string]int `json:"by_replica"`
 	MaxLagMs  float64        `json:"max_lag_ms"` // the stalest read: ms since its value was overwritten
 	Examples  []string       `json:"examples,omitempty"`
+}
+
+func firstN(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }

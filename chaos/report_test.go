@@ -223,6 +223,37 @@ func TestChaosLinearizabilityChecker(t *testing.T) {
 	if _, err := os.Stat(vis); err != nil || res.Visual != vis {
 		t.Errorf("visualization not written: %v %q", err, res.Visual)
 	}
+	// Failed writes the API says were not applied are left out; if one
+	// was applied after all, reading its value is Illegal.
+	h3 := &adminHistory{}
+	h3.add(adminOp{Client: 0, Replica: "r1", Write: true, Value: 5, Call: ms(0), Return: ms(1), Err: `HTTP 503: {"error":"cluster unavailable: cluster: no leader: none known to r1"}`})
+	h3.add(adminOp{Client: 0, Replica: "r2", Write: true, Value: 6, Call: ms(2), Return: ms(3), Err: "dial tcp 10.77.0.12:8080: connect: connection refused"})
+	h3.add(adminOp{Client: 1, Replica: "r3", Value: -1, Call: ms(5), Return: ms(6), OK: true})
+	if r := checkLinearizable(h3, time.Second, ""); r.Result != "Ok" || r.NotApplied != 2 || r.Unknown != 0 {
+		t.Errorf("not-applied writes: %+v", r)
+	}
+	h3.add(adminOp{Client: 1, Replica: "r3", Value: 5, Call: ms(7), Return: ms(8), OK: true})
+	if r := checkLinearizable(h3, time.Second, ""); r.Result != "Illegal" || len(r.ReadsOfRefused) != 1 {
+		t.Errorf("a 'no leader' write that took effect must be Illegal and named: %+v", r)
+	}
+	for err, want := range map[string]bool{
+		`HTTP 503: {"error":"cluster unavailable: apply: cluster: outcome unknown, the entry may still commit"}`: false,
+		`HTTP 503: {"error":"cluster unavailable: cluster: no leader: leader r1 unreachable"}`:                   true,
+		`HTTP 400: {"error":"bad threshold"}`:                       true,
+		`Post "http://x/busy_threshold": context deadline exceeded`: false,
+		`Post "http://x/busy_threshold": EOF`:                       false,
+	} {
+		if notApplied(err) != want {
+			t.Errorf("notApplied(%q) = %v", err, !want)
+		}
+	}
+
+	h4 := &adminHistory{}
+	h4.add(adminOp{Client: 0, Replica: "r1", Value: 77, Call: 0, Return: 1, OK: true})
+	if r := checkLinearizable(h4, time.Second, ""); r.Result != "Illegal" || len(r.ReadsOfUnwritten) != 1 {
+		t.Errorf("a value nobody wrote: %+v", r)
+	}
+
 	// The initial value is null (-1).
 	h2 := &adminHistory{}
 	h2.add(adminOp{Client: 0, Replica: "r1", Value: -1, Call: 0, Return: 1, OK: true})

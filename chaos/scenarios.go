@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -108,7 +109,7 @@ func (e *env) writeProbe(i int, every time.Duration) (stop func() []probeOp) {
 			n++
 			call := time.Now()
 			cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
-			err := adminWrite(cctx, replicaURL(i), 900000+n)
+			err := probeWrite(cctx, replicaURL(i), n)
 			ccancel()
 			if ctx.Err() != nil {
 				return
@@ -135,6 +136,27 @@ func (e *env) writeProbe(i int, every time.Duration) (stop func() []probeOp) {
 	}
 }
 
+// probeWrite sets the ledger model's prefill-token threshold: a Raft write
+// like the admin clients', on a field their register history does not track.
+func probeWrite(ctx context.Context, base string, n int64) error {
+	body := fmt.Sprintf(`{"model":%q,"active_prefill_tokens_threshold":%d}`, ledgerModel, 900000+n)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/busy_threshold", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := adminHTTP.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, firstLine(data))
+	}
+	return nil
+}
+
 // probeSummary: writes called in [from, to): successes, and the slowest
 // failure (seconds).
 func probeSummary(ops []probeOp, from, to time.Time) (calls, ok int, slowestFail float64, errs map[string]int) {
@@ -152,13 +174,6 @@ func probeSummary(ops []probeOp, from, to time.Time) (calls, ok int, slowestFail
 		errs[firstN(op.Err, 90)]++
 	}
 	return
-}
-
-func firstN(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
 }
 
 // untilReady measures the time from t0 until replica i's /ready answers
