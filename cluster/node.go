@@ -345,16 +345,26 @@ func (n *Node) LinearizableRead(ctx context.Context) error {
 			return fmt.Errorf("read index from leader %s: %v: %w", sid, err, ErrNoLeader)
 		}
 	}
-	for n.raft.AppliedIndex() < idx {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting to apply up to %d: %w", idx, ctx.Err())
-		case <-n.closing:
-			return ErrShutdown
-		case <-time.After(2 * time.Millisecond):
+	// raft's applied index moves when entries are handed to the state
+	// machine's goroutine, before they are applied: wait for it, then for
+	// the state machine itself to reach the last command at or below idx
+	// (no-op and configuration entries never reach it).
+	wait := func(applied func() uint64, target uint64) error {
+		for applied() < target {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("waiting to apply up to %d: %w", target, ctx.Err())
+			case <-n.closing:
+				return ErrShutdown
+			case <-time.After(2 * time.Millisecond):
+			}
 		}
+		return nil
 	}
-	return nil
+	if err := wait(n.raft.AppliedIndex, idx); err != nil {
+		return err
+	}
+	return wait(n.sm.AppliedIndex, n.lastCommandAtOrBelow(idx))
 }
 
 func (n *Node) Barrier(ctx context.Context) error {

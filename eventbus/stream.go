@@ -190,7 +190,15 @@ func transientJSError(err error) bool {
 	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
-		return apiErr.Code == 503 || apiErr.Code == 500 || apiErr.Code == 408
+		// 10158 "duplicate message id is in process": the first send of this
+		// Nats-Msg-Id is still being stored (typical of a re-send during a
+		// partition). Retrying with the same id resolves to its ack.
+		return apiErr.Code == 503 || apiErr.Code == 500 || apiErr.Code == 408 ||
+			apiErr.ErrorCode == errCodeDuplicateInProcess
 	}
 	return false
 }
+
+// errCodeDuplicateInProcess is JetStream's error code for a publish whose
+// message id is a duplicate of one still in process.
+const errCodeDuplicateInProcess jetstream.ErrorCode = 10158

@@ -232,7 +232,10 @@ func (s *Syncer) Run(ctx context.Context) error {
 	_ = sub.SetPendingLimits(-1, 64<<20)
 	// Make sure the server knows of our interest before announcing
 	// ourselves, so peers' answers are not lost.
-	if err := s.nc.FlushWithContext(ctx); err != nil && ctx.Err() == nil {
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second) // FlushWithContext needs a deadline
+	err = s.nc.FlushWithContext(fctx)
+	cancel()
+	if err != nil && ctx.Err() == nil {
 		s.log.Warn("flush after subscribe failed", "err", err)
 	}
 	s.publishFull()

@@ -41,7 +41,8 @@ type serveConfig struct {
 	MaxBodyBytes  int64
 	EventsMissing time.Duration // warn when a kv-mode worker publishes nothing this long
 	LogLevel      string
-	BridgeConfig  string // engines whose ZMQ KV events this replica bridges itself (small fleets)
+	BridgeConfig  string        // engines whose ZMQ KV events this replica bridges itself (small fleets)
+	DrainDelay    time.Duration // on SIGTERM, /ready is 503 this long before the server stops
 }
 
 type peer struct{ ID, RaftAddr string }
@@ -121,6 +122,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"retries"}, env: []string{"KVROUTER_RETRIES"}, def: "2", usage: "other workers tried when a connection fails before the first byte", set: intp(&c.Retries)},
 		{names: []string{"events-missing-after"}, env: []string{"KVROUTER_EVENTS_MISSING_AFTER"}, def: "60s", usage: "warn when a routed worker has published no KV events this long", set: dur(&c.EventsMissing)},
 		{names: []string{"bridge-config"}, env: []string{"KVROUTER_BRIDGE_CONFIG"}, usage: "JSON file of vLLM/SGLang engines whose ZMQ KV events this replica bridges in-process (see eventbus/zmqbridge/README.md)", set: str(&c.BridgeConfig)},
+		{names: []string{"drain-delay"}, env: []string{"KVROUTER_DRAIN_DELAY"}, def: "2s", usage: "on SIGTERM, report not ready this long (the load balancer moves away) before stopping; then in-flight requests finish", set: dur(&c.DrainDelay)},
 		{names: []string{"log-level"}, env: []string{"KVROUTER_LOG_LEVEL"}, def: "info", usage: "debug, info, warn, error", set: str(&c.LogLevel)},
 	}
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)

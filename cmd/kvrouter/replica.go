@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,9 +39,10 @@ type replica struct {
 	models  map[router.WorkerID]string // worker rank → model, for remote load
 	remote  map[string]string          // remote request id → model
 
-	health *workerHealth
-	preds  *predictionBatcher
-	audit  *cacheAudit
+	health   *workerHealth
+	preds    *predictionBatcher
+	audit    *cacheAudit
+	draining atomic.Bool // SIGTERM received: not ready, finishing requests
 }
 
 func (r *replica) Audit(w router.WorkerID, predicted, reported, _ int) {
@@ -251,6 +253,9 @@ func (r *replica) DeregisterWorker(ctx context.Context, id string) error {
 }
 
 func (r *replica) Ready() (bool, string) {
+	if r.draining.Load() {
+		return false, "draining: shutting down"
+	}
 	ok, reason := r.node.Ready()
 	if !ok {
 		return false, reason

@@ -132,14 +132,24 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	case err := <-httpErr:
 		log.Error("http server failed", "err", err)
 	}
+	// Drain: report not ready so the load balancer routes away (HAProxy
+	// needs fall × inter), then let in-flight requests finish, then hand
+	// leadership over and stop Raft.
+	r.draining.Store(true)
+	if cfg.DrainDelay > 0 {
+		log.Info("draining: /ready is 503 while the load balancer moves away", "for", cfg.DrainDelay)
+		time.Sleep(cfg.DrainDelay)
+	}
+	stopCtx, stop := context.WithTimeout(context.Background(), 15*time.Second)
+	defer stop()
+	if err := httpSrv.Shutdown(stopCtx); err != nil {
+		log.Warn("http shutdown: in-flight requests cut", "err", err)
+	}
 	log.Info("shutting down: leadership transfer first")
 	cancel()
-	stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
-	defer stop()
 	if err := node.Shutdown(stopCtx); err != nil {
 		log.Warn("raft shutdown", "err", err)
 	}
-	_ = httpSrv.Shutdown(stopCtx)
 	return nil
 }
 
