@@ -2,7 +2,6 @@ package cluster_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"maps"
 	"testing"
@@ -34,20 +33,9 @@ func realFSMOptions(t *testing.T) clustertest.Options {
 				rec, _ := f.Node(id)
 				return rec.HTTPAddr
 			}
-			c.ResponseError = func(resp any) error {
-				if r, ok := resp.(*fsm.ApplyResult); ok && r != nil {
-					return r.Err
-				}
-				return nil
-			}
-			c.DecodeResult = func(_ []byte, raw []byte) (any, error) {
-				var r fsm.ApplyResult
-				if err := json.Unmarshal(raw, &r); err != nil {
-					return nil, err
-				}
-				return &r, nil
-			}
-			c.ForwardErrors = []error{fsm.ErrUnknownWorker, fsm.ErrInvalidCommand, fsm.ErrInvalidConfig, fsm.ErrUnknownNode}
+			c.ResponseError = fsm.ResponseError
+			c.DecodeResult = fsm.DecodeResult
+			c.ForwardErrors = fsm.ForwardErrors()
 		},
 		OnNode: func(_ int, n *cluster.Node) {
 			// Leader: make our HTTP address known so followers can forward.

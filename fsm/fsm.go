@@ -8,6 +8,7 @@
 package fsm
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -1035,4 +1036,29 @@ func (f *FSM) NextExpiry() int64 {
 		}
 	}
 	return next
+}
+
+// ResponseError extracts the domain error an Apply response carries (the
+// cluster layer turns it into a rejected write).
+func ResponseError(resp any) error {
+	if r, ok := resp.(*ApplyResult); ok && r != nil {
+		return r.Err
+	}
+	return nil
+}
+
+// DecodeResult turns a forwarded Apply response (the JSON the leader
+// encoded) back into an *ApplyResult.
+func DecodeResult(_ []byte, raw []byte) (any, error) {
+	var r ApplyResult
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// ForwardErrors are the sentinel errors an Apply response may carry, so a
+// follower's forwarded write still satisfies errors.Is.
+func ForwardErrors() []error {
+	return []error{ErrUnknownWorker, ErrInvalidCommand, ErrInvalidConfig, ErrUnknownNode}
 }

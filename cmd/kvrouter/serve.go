@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -225,20 +224,9 @@ func clusterConfig(cfg serveConfig, state *fsm.FSM, reg prometheus.Registerer, l
 		rec, _ := state.Node(id)
 		return rec.HTTPAddr
 	}
-	c.ResponseError = func(resp any) error {
-		if r, ok := resp.(*fsm.ApplyResult); ok && r != nil {
-			return r.Err
-		}
-		return nil
-	}
-	c.DecodeResult = func(_ []byte, raw []byte) (any, error) {
-		var r fsm.ApplyResult
-		if err := json.Unmarshal(raw, &r); err != nil {
-			return nil, err
-		}
-		return &r, nil
-	}
-	c.ForwardErrors = []error{fsm.ErrUnknownWorker, fsm.ErrInvalidCommand, fsm.ErrInvalidConfig, fsm.ErrUnknownNode}
+	c.ResponseError = fsm.ResponseError
+	c.DecodeResult = fsm.DecodeResult
+	c.ForwardErrors = fsm.ForwardErrors()
 	return c
 }
 
