@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -209,10 +210,8 @@ func (e *env) setup() error {
 		e.ledger = append(e.ledger, w)
 	}
 	if _, err := e.waitFor("every replica /ready and HAProxy sees all UP", 60*time.Second, 250*time.Millisecond, func() bool {
-		for _, i := range e.members {
-			if getReady(e.ctx, replicaURL(i)) != 200 {
-				return false
-			}
+		if !e.allReady() {
+			return false
 		}
 		hs, err := haproxyStatus(e.ctx)
 		if err != nil {
@@ -333,6 +332,28 @@ func (e *env) replicaIdxs() []int {
 }
 
 // waitFor polls cond until it holds (returns the time it took) or timeout.
+// allReady reports whether every member answers /ready with 200.
+func (e *env) allReady() bool {
+	for _, i := range e.members {
+		if getReady(e.ctx, replicaURL(i)) != 200 {
+			return false
+		}
+	}
+	return true
+}
+
+// measureReadyAfter waits (up to 60 s) until every member is ready and
+// records ready_after_restart_s since t1 (NaN when they never all were).
+func (e *env) measureReadyAfter(t1 time.Time, what string) {
+	_, err := e.waitFor(what, 60*time.Second, 100*time.Millisecond, e.allReady)
+	rs := time.Since(t1).Seconds()
+	if err != nil {
+		rs = math.NaN()
+	}
+	e.event("recovered", "%s: %.2fs after the restart", what, rs)
+	e.measure("ready_after_restart_s", rs)
+}
+
 func (e *env) waitFor(what string, timeout, every time.Duration, cond func() bool) (time.Duration, error) {
 	t0 := time.Now()
 	for {

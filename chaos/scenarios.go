@@ -524,20 +524,7 @@ func t5Nemesis(e *env) error {
 	e.measure("survivor_write_fail_max_s", slowest)
 	e.measure("survivor_not_ready_s", notReady())
 	e.measure("survivor_ready_while_alone", float64(readyWhileAlone))
-	_, err = e.waitFor("every replica ready after the restart", 60*time.Second, 100*time.Millisecond, func() bool {
-		for _, i := range e.members {
-			if getReady(e.ctx, replicaURL(i)) != 200 {
-				return false
-			}
-		}
-		return true
-	})
-	rs := time.Since(t1).Seconds()
-	if err != nil {
-		rs = math.NaN()
-	}
-	e.event("recovered", "every replica ready %.2fs after the restart", rs)
-	e.measure("ready_after_restart_s", rs)
+	e.measureReadyAfter(t1, "every replica ready after the restart")
 	fo, _, _ := e.waitNewLeader(0, t1, 30*time.Second)
 	e.measure("failover_s", fo)
 	return nil
@@ -574,20 +561,7 @@ func t6Nemesis(e *env) error {
 		_ = e.restart(i)
 	}
 	join := e.failover(0, t1, "full restart")
-	_, err := e.waitFor("every replica ready after the full restart", 60*time.Second, 100*time.Millisecond, func() bool {
-		for _, i := range e.members {
-			if getReady(e.ctx, replicaURL(i)) != 200 {
-				return false
-			}
-		}
-		return true
-	})
-	rs := time.Since(t1).Seconds()
-	if err != nil {
-		rs = math.NaN()
-	}
-	e.event("recovered", "every replica /ready 200 %.2fs after the restart", rs)
-	e.measure("ready_after_restart_s", rs)
+	e.measureReadyAfter(t1, "every replica /ready 200 after the full restart")
 	join()
 	return nil
 }
