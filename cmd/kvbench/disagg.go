@@ -180,12 +180,8 @@ func parseIntList(name, s string) ([]int, error) {
 // runDisagg is the `kvbench disagg` subcommand.
 func runDisagg(args []string, stdout, stderr io.Writer) int {
 	o, err := parseDisaggFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "kvbench disagg: %s\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
-		return exitUsage
+	if code, failed := parseFailed("disagg", err, stderr); failed {
+		return code
 	}
 	var progress func(done, total int)
 	if o.Progress {

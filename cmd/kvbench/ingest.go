@@ -294,12 +294,8 @@ func (w *ingestWorker) removedUpTo(id uint64) int {
 
 func runIngest(args []string, stdout, stderr io.Writer) int {
 	o, err := parseIngestFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "kvbench ingest: %s\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
-		return exitUsage
+	if code, failed := parseFailed("ingest", err, stderr); failed {
+		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

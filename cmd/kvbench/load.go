@@ -114,13 +114,10 @@ func parseLoadFlags(args []string, output io.Writer) (*loadOptions, error) {
 	if len(o.Targets) == 0 && o.Direct == "" {
 		return nil, usagef("--target URL[,URL…] or --direct URL is required")
 	}
+	if err := checkSynthetic(o.Prefixes, o.PrefixTokens, o.TailTokens); err != nil {
+		return nil, err
+	}
 	switch {
-	case o.Prefixes < 1:
-		return nil, usagef("--prefixes %d: need at least one", o.Prefixes)
-	case o.PrefixTokens < 0 || o.TailTokens < 0:
-		return nil, usagef("--prefix-tokens and --tail-tokens must not be negative")
-	case o.PrefixTokens+o.TailTokens < 1:
-		return nil, usagef("--prefix-tokens + --tail-tokens must be at least one token")
 	case o.PrefixTokens+o.TailTokens > 1<<20:
 		return nil, usagef("--prefix-tokens + --tail-tokens: at most %d tokens", 1<<20)
 	case o.OutputTokens < 1:
@@ -187,12 +184,8 @@ type loadReport struct {
 
 func runLoad(args []string, stdout, stderr io.Writer) int {
 	o, err := parseLoadFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "kvbench load: %s\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
-		return exitUsage
+	if code, failed := parseFailed("load", err, stderr); failed {
+		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

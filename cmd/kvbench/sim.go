@@ -61,6 +61,32 @@ type simOptions struct {
 // errUsage marks a flag problem: kvbench prints it and exits 2.
 var errUsage = errors.New("usage")
 
+// parseFailed turns a flag-parsing outcome into the exit code: help is
+// success, anything else a usage error printed without its "usage: " prefix.
+func parseFailed(cmd string, err error, stderr io.Writer) (int, bool) {
+	switch {
+	case err == nil:
+		return 0, false
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK, true
+	}
+	fmt.Fprintf(stderr, "kvbench %s: %s\n", cmd, strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+	return exitUsage, true
+}
+
+// checkSynthetic validates the synthetic prefix workload shared by sim and load.
+func checkSynthetic(prefixes, prefixTokens, tailTokens int) error {
+	switch {
+	case prefixes < 1:
+		return usagef("--prefixes %d: need at least one", prefixes)
+	case prefixTokens < 0 || tailTokens < 0:
+		return usagef("--prefix-tokens and --tail-tokens must not be negative")
+	case prefixTokens+tailTokens < 1:
+		return usagef("--prefix-tokens + --tail-tokens must be at least one token")
+	}
+	return nil
+}
+
 func usagef(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{errUsage}, args...)...)
 }
@@ -189,13 +215,10 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	if set["max-requests"] {
 		return nil, usagef("--max-requests applies to --trace only (use --requests for the synthetic workload)")
 	}
+	if err := checkSynthetic(o.Prefixes, o.PrefixTokens, o.TailTokens); err != nil {
+		return nil, err
+	}
 	switch {
-	case o.Prefixes < 1:
-		return nil, usagef("--prefixes %d: need at least one", o.Prefixes)
-	case o.PrefixTokens < 0 || o.TailTokens < 0:
-		return nil, usagef("--prefix-tokens and --tail-tokens must not be negative")
-	case o.PrefixTokens+o.TailTokens < 1:
-		return nil, usagef("--prefix-tokens + --tail-tokens must be at least one token")
 	case o.OutputTokens < 1:
 		return nil, usagef("--output-tokens %d: need at least one", o.OutputTokens)
 	case o.Requests < 1:

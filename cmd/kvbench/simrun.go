@@ -2,13 +2,11 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"runtime/pprof"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,12 +19,8 @@ import (
 // runSim is the `kvbench sim` subcommand.
 func runSim(args []string, stdout, stderr io.Writer) int {
 	o, err := parseSimFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "kvbench sim: %s\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
-		return exitUsage
+	if code, failed := parseFailed("sim", err, stderr); failed {
+		return code
 	}
 	if o.CPUProfile != "" {
 		f, err := os.Create(o.CPUProfile)
