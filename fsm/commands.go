@@ -25,6 +25,9 @@ const (
 	CmdRegisterNode     CommandType = 7
 	CmdResyncWorker     CommandType = 8
 	CmdRemoveNode       CommandType = 9
+	// CmdRegisterWorkerRole is RegisterWorker with a role (decodes to a
+	// RegisterWorker).
+	CmdRegisterWorkerRole CommandType = 10
 	// Add new types here, with the next number.
 )
 
@@ -55,11 +58,13 @@ func (t CommandType) String() string {
 		return "ResyncWorker"
 	case CmdRemoveNode:
 		return "RemoveNode"
+	case CmdRegisterWorkerRole:
+		return "RegisterWorkerRole"
 	}
 	return fmt.Sprintf("CommandType(%d)", uint8(t))
 }
 
-func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdRemoveNode }
+func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdRegisterWorkerRole }
 
 // Errors of commands. The router's sentinels are aliased so errors.Is works
 // across layers.
@@ -103,6 +108,13 @@ type RegisterWorker struct {
 	TotalBlocks      int   // KV capacity in blocks (decode threshold)
 	MaxBatchedTokens int   // prefill fraction threshold
 	LeaseUntil       int64 // unix nanos stamped by the proposer; 0 = no lease
+	// Role is the worker's part in disaggregated serving: "" (= both),
+	// prefill, decode or both. A registration with a role travels as
+	// CmdRegisterWorkerRole (the same fields plus the role), so one without
+	// keeps the encoding it always had and a build that predates roles
+	// refuses the entry loudly instead of registering a prefill-only worker
+	// as aggregated.
+	Role router.Role
 }
 
 // DeregisterWorker removes a worker, all its ranks, blocks, predictions and
@@ -199,7 +211,13 @@ type ResyncWorker struct {
 	DPRank uint32
 }
 
-func (RegisterWorker) Type() CommandType   { return CmdRegisterWorker }
+// Type is CmdRegisterWorkerRole when the registration carries a role.
+func (c RegisterWorker) Type() CommandType {
+	if c.Role != "" {
+		return CmdRegisterWorkerRole
+	}
+	return CmdRegisterWorker
+}
 func (DeregisterWorker) Type() CommandType { return CmdDeregisterWorker }
 func (KVEventBatch) Type() CommandType     { return CmdKVEventBatch }
 func (SetModelConfig) Type() CommandType   { return CmdSetModelConfig }
@@ -223,6 +241,8 @@ func (c RegisterWorker) Validate() error {
 		return fmt.Errorf("register worker %q: negative size: %w", c.ID, ErrInvalidCommand)
 	case c.LeaseUntil < 0:
 		return fmt.Errorf("register worker %q: negative lease: %w", c.ID, ErrInvalidCommand)
+	case c.Role != "" && c.Role != router.RolePrefill && c.Role != router.RoleDecode && c.Role != router.RoleBoth:
+		return fmt.Errorf("register worker %q: role %q is not prefill, decode or both: %w", c.ID, c.Role, ErrInvalidCommand)
 	}
 	return nil
 }
@@ -282,7 +302,14 @@ func Encode(c Command) ([]byte, error) {
 	b := []byte{byte(c.Type()), EnvelopeVersion}
 	switch c := c.(type) {
 	case RegisterWorker:
-		return appendRegisterWorker(b, &c)
+		if c.Role == "" {
+			return appendRegisterWorker(b, &c)
+		}
+		b, err := appendRegisterWorker(b, &c)
+		if err != nil {
+			return nil, err
+		}
+		return appendRole(b, &c)
 	case DeregisterWorker:
 		if err := checkString("worker id", c.ID); err != nil {
 			return nil, err
@@ -362,6 +389,27 @@ func appendRegisterWorker(b []byte, c *RegisterWorker) ([]byte, error) {
 	b = binary.AppendUvarint(b, uint64(c.TotalBlocks))
 	b = binary.AppendUvarint(b, uint64(c.MaxBatchedTokens))
 	return binary.AppendVarint(b, c.LeaseUntil), nil
+}
+
+// appendRole is the role field of CmdRegisterWorkerRole and of a snapshot's
+// worker record.
+func appendRole(b []byte, c *RegisterWorker) ([]byte, error) {
+	switch c.Role {
+	case router.RolePrefill, router.RoleDecode, router.RoleBoth:
+		return appendString(b, string(c.Role)), nil
+	}
+	return nil, fmt.Errorf("register worker %q: role %q is not prefill, decode or both: %w", c.ID, c.Role, ErrInvalidCommand)
+}
+
+// readRole reads appendRole's field: present, and one of the three roles.
+func readRole(r *reader) router.Role {
+	role := router.Role(r.string("role"))
+	switch role {
+	case router.RolePrefill, router.RoleDecode, router.RoleBoth:
+		return role
+	}
+	r.fail("worker role %q", role)
+	return ""
 }
 
 func appendSetModelConfig(b []byte, c *SetModelConfig) ([]byte, error) {
@@ -499,6 +547,10 @@ func decodePayload(t CommandType, p []byte) (Command, error) {
 	switch t {
 	case CmdRegisterWorker:
 		c = readRegisterWorker(r)
+	case CmdRegisterWorkerRole:
+		rw := readRegisterWorker(r)
+		rw.Role = readRole(r)
+		c = rw
 	case CmdDeregisterWorker:
 		c = DeregisterWorker{ID: r.string("worker id")}
 	case CmdSetModelConfig:

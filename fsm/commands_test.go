@@ -32,6 +32,7 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 		{CmdRegisterNode, 7, "RegisterNode"},
 		{CmdResyncWorker, 8, "ResyncWorker"},
 		{CmdRemoveNode, 9, "RemoveNode"},
+		{CmdRegisterWorkerRole, 10, "RegisterWorkerRole"},
 	}
 	for _, p := range pinned {
 		if uint8(p.typ) != p.num || p.typ.String() != p.name || !p.typ.known() {
@@ -183,6 +184,8 @@ func TestFSMCommandRoundTrip(t *testing.T) {
 		{"model-config-empty", SetModelConfig{Model: "m"}},
 		{"tick-negative", Tick{Now: -5}},
 		{"predictions-none", Predictions{Worker: "w", Until: 1}},
+		{"register-prefill-worker", RegisterWorker{ID: "p-1", DPRanks: 1, Address: "http://10.0.0.9:8000", Model: "m", Role: router.RolePrefill}},
+		{"register-decode-worker", RegisterWorker{ID: "d-1", DPRanks: 2, Model: "m", TotalBlocks: 9, Role: router.RoleDecode, LeaseUntil: 77}},
 	}...)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -32,6 +32,7 @@ type WorkerRecord struct {
 	TotalBlocks      int
 	MaxBatchedTokens int
 	LeaseUntil       int64
+	Role             router.Role // "" = both
 }
 
 // Keys are the router worker ids of the worker's ranks, in rank order.
@@ -894,6 +895,29 @@ func (f *FSM) WorkerInfos(model string) []router.WorkerInfo {
 		}
 	}
 	slices.SortFunc(out, func(a, b router.WorkerInfo) int { return strings.Compare(string(a.ID), string(b.ID)) })
+	return out
+}
+
+// RoleWorkers is WorkerInfos with each worker's disaggregation role ("" is
+// reported as both).
+func (f *FSM) RoleWorkers(model string) []router.RoleWorker {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	var out []router.RoleWorker
+	for _, ws := range f.st.workers {
+		if model != "" && ws.rec.Model != model {
+			continue
+		}
+		role := ws.rec.Role
+		if role == "" {
+			role = router.RoleBoth
+		}
+		for _, rs := range ws.ranks {
+			out = append(out, router.RoleWorker{WorkerInfo: router.WorkerInfo{ID: rs.key, TotalBlocks: ws.rec.TotalBlocks,
+				MaxBatchedTokens: ws.rec.MaxBatchedTokens}, Role: role})
+		}
+	}
+	slices.SortFunc(out, func(a, b router.RoleWorker) int { return strings.Compare(string(a.ID), string(b.ID)) })
 	return out
 }
 

@@ -247,6 +247,10 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 	for _, w := range img.workers {
 		rw := RegisterWorker(w)
 		b, err := appendRegisterWorker(c.buf[:0], &rw)
+		if err == nil && rw.Role != "" {
+			// Trailing and optional: a record without it is aggregated.
+			b, err = appendRole(b, &rw)
+		}
 		if err != nil {
 			return fmt.Errorf("snapshot worker %q: %w", w.ID, err)
 		}
@@ -505,6 +509,9 @@ func readSnapshot(r io.Reader, base router.Config) (*state, uint64, error) {
 			st.nodes[n.ID] = n
 		case recWorker:
 			c := readRegisterWorker(rd)
+			if rd.err == nil && len(rd.b) > 0 {
+				c.Role = readRole(rd)
+			}
 			if rd.err == nil {
 				if err := c.Validate(); err != nil {
 					return nil, 0, corrupt("worker: %v", err)

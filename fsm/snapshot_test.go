@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -510,4 +511,49 @@ func rawSnapshot(recs ...rawRec) []byte {
 	crc[0], crc[1], crc[2], crc[3] = byte(w.crc), byte(w.crc>>8), byte(w.crc>>16), byte(w.crc>>24)
 	buf.Write(crc[:])
 	return buf.Bytes()
+}
+
+// TestFSMWorkerRoles: a registration's role is applied, replaced by a
+// re-registration, kept by a snapshot, and an invalid one never encodes.
+func TestFSMWorkerRoles(t *testing.T) {
+	h := newHarness(t)
+	h.ok(RegisterWorker{ID: "p", DPRanks: 1, Model: "m", Role: router.RolePrefill})
+	h.ok(RegisterWorker{ID: "d", DPRanks: 2, Model: "m", Role: router.RoleDecode})
+	h.ok(RegisterWorker{ID: "a", DPRanks: 1, Model: "m"})
+	want := map[router.WorkerID]router.Role{"p": router.RolePrefill, "d": router.RoleDecode, "d#1": router.RoleDecode, "a": router.RoleBoth}
+	check := func(f *FSM, want map[router.WorkerID]router.Role) {
+		t.Helper()
+		got := map[router.WorkerID]router.Role{}
+		for _, w := range f.RoleWorkers("m") {
+			got[w.ID] = w.Role
+		}
+		if !maps.Equal(got, want) {
+			t.Fatalf("roles %v, want %v", got, want)
+		}
+	}
+	check(h.f, want)
+
+	b := newFSM(t)
+	if err := restoreBytes(b, snapshotBytes(t, h.f)); err != nil {
+		t.Fatal(err)
+	}
+	check(b, want)
+
+	h.ok(RegisterWorker{ID: "p", DPRanks: 1, Model: "m", Role: router.RoleBoth})
+	want["p"] = router.RoleBoth
+	check(h.f, want)
+
+	if _, err := Encode(RegisterWorker{ID: "x", DPRanks: 1, Model: "m", Role: "encoder"}); !errors.Is(err, ErrInvalidCommand) {
+		t.Fatalf("bad role encoded: %v", err)
+	}
+	// A role entry with an unknown role never decodes.
+	good, err := Encode(RegisterWorker{ID: "x", DPRanks: 1, Model: "m", Role: router.RoleDecode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := append(bytes.Clone(good[:len(good)-len("decode")-1]), byte(len("prefil")))
+	bad = append(bad, "prefil"...)
+	if _, err := Decode(bad); !errors.Is(err, ErrUndecodable) {
+		t.Fatalf("unknown role decoded: %v", err)
+	}
 }
