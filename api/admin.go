@@ -134,6 +134,18 @@ func fmtPtr[T any](p *T) string {
 	return fmt.Sprint(*p)
 }
 
+// costRows is a decision's per-worker cost table as JSON rows.
+func costRows(d router.Decision, cfg router.Config) []gin.H {
+	rows := make([]gin.H, 0, len(d.Rows))
+	for _, r := range d.Rows {
+		rows = append(rows, gin.H{"worker": r.Worker, "cached_blocks": r.Overlap, "active_prefill_tokens": r.ActivePrefillTokens,
+			"active_blocks": r.ActiveBlocks, "new_blocks": r.NewBlocks, "prefill_blocks": r.PrefillBlocks,
+			"decode_blocks": r.DecodeBlocks, "cost": r.Cost, "busy": r.Busy, "busy_reason": r.BusyReason,
+			"formula": r.Formula(cfg.PrefillLoadScale)})
+	}
+	return rows
+}
+
 // debugRoute answers the cost table for an OpenAI body without sending it.
 func (s *Server) debugRoute(c *gin.Context) {
 	chat := true
@@ -157,17 +169,31 @@ func (s *Server) debugRoute(c *gin.Context) {
 	if !ok {
 		return
 	}
-	d, err := p.rt.Decide(p.req, time.Now())
-	rows := make([]gin.H, 0, len(d.Rows))
 	cfg := p.rt.Config()
-	for _, r := range d.Rows {
-		rows = append(rows, gin.H{"worker": r.Worker, "cached_blocks": r.Overlap, "active_prefill_tokens": r.ActivePrefillTokens,
-			"active_blocks": r.ActiveBlocks, "new_blocks": r.NewBlocks, "prefill_blocks": r.PrefillBlocks,
-			"decode_blocks": r.DecodeBlocks, "cost": r.Cost, "busy": r.Busy, "busy_reason": r.BusyReason,
-			"formula": r.Formula(cfg.PrefillLoadScale)})
+	if dr, ok := s.disaggRouter(p.model); ok {
+		// Two-stage: the prefill, decode and aggregated tables, both TTFT
+		// estimates and the choice, without booking anything.
+		dd, err := dr.Plan(p.req, time.Now())
+		out := gin.H{"model": p.model, "mode": cfg.Mode, "prompt_tokens": p.req.Tokens, "prompt_blocks": len(p.req.Hashes),
+			"block_size": cfg.BlockSize, "workers": costRows(dd.Aggregated, cfg), "prefill_workers": costRows(dd.Prefill, cfg),
+			"decode_workers": costRows(dd.Decode, cfg), "disagg": planJSON(dd.DisaggPlan), "explain": dd.Explain()}
+		if dd.PrefillErr != nil {
+			out["prefill_error"] = dd.PrefillErr.Error()
+		}
+		if err != nil {
+			out["error"] = err.Error()
+		} else {
+			out["chosen"] = dd.DecodeWorker
+			if dd.Disaggregated {
+				out["chosen_prefill"] = dd.PrefillWorker
+			}
+		}
+		c.JSON(http.StatusOK, out)
+		return
 	}
+	d, err := p.rt.Decide(p.req, time.Now())
 	out := gin.H{"model": p.model, "mode": cfg.Mode, "prompt_tokens": p.req.Tokens, "prompt_blocks": len(p.req.Hashes),
-		"block_size": cfg.BlockSize, "workers": rows, "explain": d.Explain()}
+		"block_size": cfg.BlockSize, "workers": costRows(d, cfg), "explain": d.Explain()}
 	if err != nil {
 		out["error"] = err.Error()
 	} else {

@@ -2,6 +2,8 @@ package api
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/router"
 )
 
 // metrics are the HTTP layer's Prometheus series, on the replica's own
@@ -20,6 +22,10 @@ type metrics struct {
 	engineCached    *prometheus.CounterVec
 	predictedCached *prometheus.CounterVec
 	queued          *prometheus.GaugeVec
+
+	disaggDecisions  *prometheus.CounterVec
+	disaggEstimate   *prometheus.HistogramVec
+	disaggRecoveries *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, rep Replica) *metrics {
@@ -52,9 +58,34 @@ func newMetrics(reg prometheus.Registerer, rep Replica) *metrics {
 		queued: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvrouter_queue_depth",
 			Help: "Requests waiting for a worker below the queue threshold."}, []string{"model"}),
 	}
+	m.disaggDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_disagg_decisions_total",
+		Help: "Two-stage routing decisions, by model, mode and outcome (disaggregated, aggregated, fallback: the mode wanted disaggregation and could not)."},
+		[]string{"model", "mode", "outcome"})
+	m.disaggEstimate = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvrouter_disagg_estimated_ttft_seconds",
+		Help:    "The planner's TTFT estimate per request for each way of serving it (aggregated, disaggregated), whichever was chosen.",
+		Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, []string{"model", "path"})
+	m.disaggRecoveries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_disagg_recoveries_total",
+		Help: "Disaggregated requests whose prefill or KV transfer failed, by action (retry-transfer, aggregate)."},
+		[]string{"model", "action"})
 	reg.MustRegister(m.requests, m.routed, m.rejected, m.retries, m.ttft, m.itl, m.e2e, m.inputTokens,
-		m.outputTokens, m.promptTokens, m.engineCached, m.predictedCached, m.queued, &loadCollector{rep: rep})
+		m.outputTokens, m.promptTokens, m.engineCached, m.predictedCached, m.queued, &loadCollector{rep: rep},
+		m.disaggDecisions, m.disaggEstimate, m.disaggRecoveries)
 	return m
+}
+
+func (m *metrics) observePlan(model string, p router.DisaggPlan) {
+	outcome := "aggregated"
+	switch {
+	case p.Disaggregated:
+		outcome = "disaggregated"
+	case p.Fallback:
+		outcome = "fallback"
+	}
+	m.disaggDecisions.WithLabelValues(model, string(p.Mode), outcome).Inc()
+	m.disaggEstimate.WithLabelValues(model, "aggregated").Observe(p.Agg.Total.Seconds())
+	if p.DisaggOK {
+		m.disaggEstimate.WithLabelValues(model, "disaggregated").Observe(p.Disagg.Total.Seconds())
+	}
 }
 
 func (m *metrics) observeUsage(model, worker string, u usage, predicted int) {
@@ -88,11 +119,35 @@ func (l *loadCollector) Collect(ch chan<- prometheus.Metric) {
 		if !ok {
 			continue
 		}
-		for _, w := range rt.Workers() {
-			ld := rt.Load().Load(w.ID)
-			ch <- prometheus.MustNewConstMetric(descDecode, prometheus.GaugeValue, float64(ld.ActiveBlocks), model, string(w.ID))
-			ch <- prometheus.MustNewConstMetric(descPrefill, prometheus.GaugeValue, float64(ld.ActivePrefillTokens), model, string(w.ID))
-			ch <- prometheus.MustNewConstMetric(descInfl, prometheus.GaugeValue, float64(ld.Requests), model, string(w.ID))
+		routers := []*router.Router{rt}
+		if dr, ok := l.rep.(DisaggReplica); ok {
+			if d, ok := dr.Disagg(model); ok {
+				// A disaggregated model's load is in its two stage routers
+				// (a "both" worker can carry load in each): report the sum.
+				pr, dc := d.Routers()
+				routers = []*router.Router{pr, dc}
+			}
+		}
+		sums := map[router.WorkerID]*router.WorkerLoad{}
+		var order []router.WorkerID
+		for _, r := range routers {
+			for _, w := range r.Workers() {
+				ld := r.Load().Load(w.ID)
+				if s, ok := sums[w.ID]; ok {
+					s.ActiveBlocks += ld.ActiveBlocks
+					s.ActivePrefillTokens += ld.ActivePrefillTokens
+					s.Requests += ld.Requests
+					continue
+				}
+				sums[w.ID] = &ld
+				order = append(order, w.ID)
+			}
+		}
+		for _, id := range order {
+			ld := sums[id]
+			ch <- prometheus.MustNewConstMetric(descDecode, prometheus.GaugeValue, float64(ld.ActiveBlocks), model, string(id))
+			ch <- prometheus.MustNewConstMetric(descPrefill, prometheus.GaugeValue, float64(ld.ActivePrefillTokens), model, string(id))
+			ch <- prometheus.MustNewConstMetric(descInfl, prometheus.GaugeValue, float64(ld.Requests), model, string(id))
 		}
 	}
 }

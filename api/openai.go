@@ -55,6 +55,10 @@ func (s *Server) infer(c *gin.Context, chat bool) {
 	if !s.admit(c, p) {
 		return
 	}
+	if dr, ok := s.disaggRouter(p.model); ok {
+		s.forwardDisagg(c, p, dr)
+		return
+	}
 	s.forward(c, p)
 }
 
@@ -173,7 +177,13 @@ func (s *Server) forward(c *gin.Context, p *prepared) {
 			}
 			continue
 		}
-		s.relay(c, p, d, resp)
+		s.relay(c, p, d.Worker, d.Overlap, resp, relayHooks{
+			firstByte: func() {
+				p.rt.PrefillDone(p.req.ID)
+				s.rep.PrefillDone(p.model, p.req.ID)
+			},
+			done: func() { s.free(p) },
+		})
 		return
 	}
 }
@@ -205,12 +215,21 @@ func (s *Server) send(c *gin.Context, url string, body []byte) (*http.Response, 
 	return s.client.Do(req)
 }
 
-// relay streams the worker's answer back byte for byte, marking prefill done
-// at the first body bytes and freeing the load at the end, on error, or when
-// the client goes away.
-func (s *Server) relay(c *gin.Context, p *prepared, d router.Decision, resp *http.Response) {
+// relayHooks are the load bookkeeping around a relayed answer: firstByte
+// runs at the first body bytes (prefill done), done at the end, on error, or
+// when the client goes away (free).
+type relayHooks struct {
+	firstByte func()
+	done      func()
+}
+
+// relay streams the worker's answer back byte for byte. overlap is the
+// cached blocks the router predicted on worker, audited against the usage
+// the worker reports; negative skips the audit (a disaggregated decode
+// worker reports transferred tokens as cached).
+func (s *Server) relay(c *gin.Context, p *prepared, worker router.WorkerID, overlap int, resp *http.Response, hooks relayHooks) {
 	defer resp.Body.Close()
-	defer s.free(p)
+	defer hooks.done()
 	h := c.Writer.Header()
 	for k, vs := range resp.Header {
 		if k == "Content-Length" {
@@ -220,8 +239,10 @@ func (s *Server) relay(c *gin.Context, p *prepared, d router.Decision, resp *htt
 			h.Add(k, v)
 		}
 	}
-	h.Set("X-Worker-Id", string(d.Worker))
-	h.Set("X-Cached-Blocks", strconv.Itoa(d.Overlap))
+	h.Set("X-Worker-Id", string(worker))
+	if overlap >= 0 {
+		h.Set("X-Cached-Blocks", strconv.Itoa(overlap))
+	}
 	c.Status(resp.StatusCode)
 
 	audit := newUsageScanner(p.stream)
@@ -234,8 +255,7 @@ func (s *Server) relay(c *gin.Context, p *prepared, d router.Decision, resp *htt
 			now := time.Now()
 			if first {
 				first = false
-				p.rt.PrefillDone(p.req.ID)
-				s.rep.PrefillDone(p.model, p.req.ID)
+				hooks.firstByte()
 				s.metrics.ttft.WithLabelValues(p.model).Observe(now.Sub(p.start).Seconds())
 			} else if p.stream {
 				s.metrics.itl.WithLabelValues(p.model).Observe(now.Sub(last).Seconds())
@@ -253,7 +273,7 @@ func (s *Server) relay(c *gin.Context, p *prepared, d router.Decision, resp *htt
 		}
 		if err != nil {
 			s.metrics.requests.WithLabelValues(p.model, "upstream_error").Inc()
-			s.log.Warn("worker stream broke", "worker", d.Worker, "err", err)
+			s.log.Warn("worker stream broke", "worker", worker, "err", err)
 			return
 		}
 	}
@@ -261,9 +281,9 @@ func (s *Server) relay(c *gin.Context, p *prepared, d router.Decision, resp *htt
 	s.metrics.e2e.WithLabelValues(p.model).Observe(time.Since(p.start).Seconds())
 	if u, ok := audit.usage(); ok {
 		bs := p.rt.Config().BlockSize
-		s.metrics.observeUsage(p.model, string(d.Worker), u, d.Overlap*bs)
-		if u.Details != nil {
-			s.rep.Audit(d.Worker, d.Overlap*bs, u.Details.CachedTokens, u.PromptTokens)
+		s.metrics.observeUsage(p.model, string(worker), u, max(overlap, 0)*bs)
+		if u.Details != nil && overlap >= 0 {
+			s.rep.Audit(worker, overlap*bs, u.Details.CachedTokens, u.PromptTokens)
 		}
 	}
 }

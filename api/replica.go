@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/kvrouter/kvrouter/router"
 )
@@ -99,6 +100,8 @@ type WorkerSpec struct {
 	TotalBlocks      int    `json:"total_kv_blocks"`
 	MaxBatchedTokens int    `json:"max_num_batched_tokens"`
 	DPRanks          int    `json:"dp_ranks,omitempty"`
+	// Role in disaggregated serving: prefill, decode or both ("" = both).
+	Role string `json:"role,omitempty"`
 }
 
 // Validate rejects a spec the router could not use.
@@ -114,6 +117,11 @@ func (w WorkerSpec) Validate() error {
 		return errors.New("block_size must be positive")
 	case w.TotalBlocks < 0 || w.MaxBatchedTokens < 0 || w.DPRanks < 0:
 		return errors.New("sizes must not be negative")
+	}
+	switch w.Role {
+	case "", string(router.RolePrefill), string(router.RoleDecode), string(router.RoleBoth):
+	default:
+		return fmt.Errorf("role %q must be prefill, decode or both", w.Role)
 	}
 	return nil
 }

@@ -187,6 +187,21 @@ func (d *DisaggRouter) SetMode(m DisaggMode) error {
 	return nil
 }
 
+// SetBaseConfig replaces the aggregated routing configuration (a replicated
+// threshold or knob change); the decode router takes DecodeConfig of it.
+func (d *DisaggRouter) SetBaseConfig(base Config) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.prefill.SetConfig(base); err != nil {
+		return err
+	}
+	if err := d.decode.SetConfig(DecodeConfig(base)); err != nil {
+		return err
+	}
+	d.base = base
+	return nil
+}
+
 // SetWorkers replaces the workers and their roles. Remove an unhealthy
 // prefill worker here and requests fall back to aggregated.
 func (d *DisaggRouter) SetWorkers(ws []RoleWorker) {

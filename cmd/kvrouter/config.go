@@ -43,6 +43,7 @@ type serveConfig struct {
 	LogLevel      string
 	BridgeConfig  string        // engines whose ZMQ KV events this replica bridges itself (small fleets)
 	DrainDelay    time.Duration // on SIGTERM, /ready is 503 this long before the server stops
+	Disagg        disaggConfig
 }
 
 type peer struct{ ID, RaftAddr string }
@@ -125,6 +126,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"drain-delay"}, env: []string{"KVROUTER_DRAIN_DELAY"}, def: "2s", usage: "on SIGTERM, report not ready this long (the load balancer moves away) before stopping; then in-flight requests finish", set: dur(&c.DrainDelay)},
 		{names: []string{"log-level"}, env: []string{"KVROUTER_LOG_LEVEL"}, def: "info", usage: "debug, info, warn, error", set: str(&c.LogLevel)},
 	}
+	specs = append(specs, disaggFlags(&c.Disagg)...)
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	for _, sp := range specs {
@@ -203,6 +205,11 @@ func (c *serveConfig) finish() error {
 	}
 	if c.Retries < 0 {
 		return errors.New("--retries must not be negative")
+	}
+	if c.Disagg.Mode != router.DisaggOff {
+		if _, err := c.Disagg.routerConfig(); err != nil {
+			return err
+		}
 	}
 	return nil
 }

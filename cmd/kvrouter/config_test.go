@@ -44,6 +44,20 @@ func TestServeConfig(t *testing.T) {
 		{"busy status 500", []string{"--single-node", "--busy-status", "500"}, nil, false, nil},
 		{"bad env", []string{"--single-node"}, map[string]string{"DYN_ROUTER_TEMPERATURE": "warm"}, false, nil},
 		{"stray argument", []string{"--single-node", "extra"}, nil, false, nil},
+		{"disagg off by default", []string{"--single-node"}, nil, true, func(c serveConfig) bool {
+			return c.Disagg.Mode == router.DisaggOff && c.Disagg.KV.BytesPerToken() == 114688 && c.Disagg.LinkMBps == 104
+		}},
+		{"disagg auto", []string{"--single-node", "--disagg", "auto", "--disagg-link-mbps", "1000", "--disagg-model-shape", "32,8,128,2",
+			"--disagg-link-max-transfers", "4"}, nil, true, func(c serveConfig) bool {
+			dc, err := c.Disagg.routerConfig()
+			return err == nil && c.Disagg.Mode == router.DisaggAuto && dc.KV.BytesPerToken() == 131072 && dc.Topology.Links["link"].MaxConcurrent == 4
+		}},
+		{"disagg env and measured bytes", []string{"--single-node"}, map[string]string{"KVROUTER_DISAGG": "always", "KVROUTER_DISAGG_KV_BYTES_PER_TOKEN": "70000"}, true,
+			func(c serveConfig) bool { return c.Disagg.Mode == router.DisaggAlways && c.Disagg.KV.BytesPerToken() == 70000 }},
+		{"disagg bad mode", []string{"--single-node", "--disagg", "sometimes"}, nil, false, nil},
+		{"disagg zero link", []string{"--single-node", "--disagg", "always", "--disagg-link-mbps", "0"}, nil, false, nil},
+		{"disagg bad shape", []string{"--single-node", "--disagg", "auto", "--disagg-model-shape", "28,8"}, nil, false, nil},
+		{"disagg unknown profile", []string{"--single-node", "--disagg", "auto", "--disagg-profile", "h100"}, nil, false, nil},
 	}
 	for _, tc := range tests {
 		c, err := parseServe(tc.args, env(tc.env), io.Discard)

@@ -36,6 +36,7 @@ type replica struct {
 
 	mu      sync.RWMutex
 	routers map[string]*router.Router
+	disagg  map[string]*router.DisaggRouter // --disagg always/auto: per model, beside routers
 	models  map[router.WorkerID]string // worker rank → model, for remote load
 	remote  map[string]string          // remote request id → model
 
@@ -106,7 +107,7 @@ func (r *replica) Router(model string) (*router.Router, bool) {
 		return nil, false
 	}
 	rt.UseSharedPredictions(r.fsm.PredictedOverlaps(), r.preds.record)
-	rt.SetWorkers(r.fsm.WorkerInfos(model))
+	rt.SetWorkers(decodeCapable(r.fsm.RoleWorkers(model)))
 	for _, w := range r.fsm.WorkerInfos(model) {
 		r.models[w.ID] = model
 	}
@@ -127,13 +128,19 @@ func (r *replica) refresh() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for model, rt := range r.routers {
-		infos := r.fsm.WorkerInfos(model)
-		rt.SetWorkers(infos)
-		for _, w := range infos {
+		roles := r.fsm.RoleWorkers(model)
+		rt.SetWorkers(decodeCapable(roles))
+		for _, w := range roles {
 			r.models[w.ID] = model
 		}
 		if err := rt.SetConfig(r.modelConfig(model)); err != nil {
 			r.log.Error("replicated configuration rejected by the router", "model", model, "err", err)
+		}
+	}
+	for model, d := range r.disagg {
+		d.SetWorkers(r.fsm.RoleWorkers(model))
+		if err := d.SetBaseConfig(r.modelConfig(model)); err != nil {
+			r.log.Error("replicated configuration rejected by the disaggregated router", "model", model, "err", err)
 		}
 	}
 }
@@ -222,7 +229,8 @@ const leaseFor = 120 * time.Second
 func (r *replica) RegisterWorker(ctx context.Context, w api.WorkerSpec) error {
 	ranks := uint32(max(w.DPRanks, 1))
 	cmd := fsm.RegisterWorker{ID: w.ID, DPRanks: ranks, Address: w.URL, Model: w.Model, BlockSize: w.BlockSize,
-		TotalBlocks: w.TotalBlocks, MaxBatchedTokens: w.MaxBatchedTokens, LeaseUntil: time.Now().Add(leaseFor).UnixNano()}
+		TotalBlocks: w.TotalBlocks, MaxBatchedTokens: w.MaxBatchedTokens, LeaseUntil: time.Now().Add(leaseFor).UnixNano(),
+		Role: router.Role(w.Role)}
 	if w.BlockSize != r.fsm.BlockSize() {
 		return fmt.Errorf("%w: worker %s block size %d differs from the router's %d: its blocks would never match",
 			api.ErrInvalid, w.ID, w.BlockSize, r.fsm.BlockSize())
@@ -294,7 +302,7 @@ func (r *replica) Status(digest bool) map[string]any {
 	missing := r.health.missing()
 	for _, w := range r.fsm.Workers() {
 		entry := map[string]any{"id": w.ID, "url": w.Address, "model": w.Model, "block_size": w.BlockSize,
-			"total_kv_blocks": w.TotalBlocks, "dp_ranks": w.DPRanks}
+			"total_kv_blocks": w.TotalBlocks, "dp_ranks": w.DPRanks, "role": roleName(w.Role)}
 		var ranks []map[string]any
 		for _, key := range w.Keys() {
 			rk := fsm.RankKey{Worker: w.ID, DPRank: rankOf(key)}
@@ -320,6 +328,13 @@ func (r *replica) Status(digest bool) map[string]any {
 	out["fsm"] = r.fsm.Stats()
 	out["cache_audit"] = r.audit.report()
 	return out
+}
+
+func roleName(r router.Role) router.Role {
+	if r == "" {
+		return router.RoleBoth
+	}
+	return r
 }
 
 func rankOf(id router.WorkerID) uint32 {
@@ -364,7 +379,7 @@ func (r *replica) Freed(_, id string) {
 // Remote load (eventbus.LoadSink): other replicas' requests booked into our
 // routers under their replica id, so a silent replica's load can be dropped.
 
-func (r *replica) routerOfWorker(w router.WorkerID) *router.Router {
+func (r *replica) routerOfWorker(w router.WorkerID) (*router.Router, string) {
 	r.mu.RLock()
 	model, ok := r.models[w]
 	r.mu.RUnlock()
@@ -373,22 +388,22 @@ func (r *replica) routerOfWorker(w router.WorkerID) *router.Router {
 		base, _, _ := strings.Cut(string(w), "#")
 		rec, found := r.fsm.Worker(base)
 		if !found {
-			return nil
+			return nil, ""
 		}
 		model = rec.Model
 	}
 	rt, _ := r.Router(model)
-	return rt
+	return rt, model
 }
 
 func remoteID(replica, req string) string { return replica + "/" + req }
 
 func (r *replica) AddRemote(replica string, req eventbus.ActiveRequest) {
-	rt := r.routerOfWorker(req.Worker)
+	rt, model := r.routerOfWorker(req.Worker)
 	if rt == nil {
 		return
 	}
-	rt.Load().Add(router.Booking{ID: remoteID(replica, req.Request), Origin: replica, Worker: req.Worker,
+	r.stageLoad(model, req.Request, rt).Add(router.Booking{ID: remoteID(replica, req.Request), Origin: replica, Worker: req.Worker,
 		Hashes: req.Hashes, PrefillTokens: req.ISL, PrefillDone: req.PrefillDone, Added: time.Now()})
 }
 
@@ -416,6 +431,10 @@ func (r *replica) eachRouter(fn func(*router.Router)) {
 	rts := make([]*router.Router, 0, len(r.routers))
 	for _, rt := range r.routers {
 		rts = append(rts, rt)
+	}
+	for _, d := range r.disagg {
+		pr, dc := d.Routers()
+		rts = append(rts, pr, dc)
 	}
 	r.mu.RUnlock()
 	for _, rt := range rts {

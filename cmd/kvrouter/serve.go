@@ -81,7 +81,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		return fmt.Errorf("raft node: %w", err)
 	}
 	r := &replica{cfg: cfg, log: log, reg: reg, fsm: state, node: node, bus: bus,
-		routers: map[string]*router.Router{}, models: map[router.WorkerID]string{}}
+		routers: map[string]*router.Router{}, disagg: map[string]*router.DisaggRouter{}, models: map[router.WorkerID]string{}}
 	r.health = newWorkerHealth(cfg.EventsMissing, reg, log)
 	r.preds = newPredictionBatcher(r, log)
 	r.audit = newCacheAudit(log)
