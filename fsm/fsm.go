@@ -880,26 +880,19 @@ func (f *FSM) Worker(id string) (WorkerRecord, bool) {
 	return WorkerRecord{}, false
 }
 
-// WorkerInfos is the router candidate set for model ("" = every model): one
-// entry per rank, sorted by router worker id.
+// WorkerInfos is RoleWorkers without the roles.
 func (f *FSM) WorkerInfos(model string) []router.WorkerInfo {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	var out []router.WorkerInfo
-	for _, ws := range f.st.workers {
-		if model != "" && ws.rec.Model != model {
-			continue
-		}
-		for _, rs := range ws.ranks {
-			out = append(out, router.WorkerInfo{ID: rs.key, TotalBlocks: ws.rec.TotalBlocks, MaxBatchedTokens: ws.rec.MaxBatchedTokens})
-		}
+	rws := f.RoleWorkers(model)
+	out := make([]router.WorkerInfo, len(rws))
+	for i, w := range rws {
+		out[i] = w.WorkerInfo
 	}
-	slices.SortFunc(out, func(a, b router.WorkerInfo) int { return strings.Compare(string(a.ID), string(b.ID)) })
 	return out
 }
 
-// RoleWorkers is WorkerInfos with each worker's disaggregation role ("" is
-// reported as both).
+// RoleWorkers is the router candidate set for model ("" = every model)
+// with each worker's disaggregation role ("" is reported as both): one
+// entry per rank, sorted by router worker id.
 func (f *FSM) RoleWorkers(model string) []router.RoleWorker {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
