@@ -72,6 +72,14 @@ type Request struct {
 	BlockHashes  []uint64
 	OutputTokens int // tokens to generate; 0 counts as 1
 	LoRA         string
+	// RemotePrefill: the prompt's KV is computed elsewhere and received
+	// (disaggregated serving: vLLM's kv_transfer_params.do_remote_prefill
+	// on a decode worker). When the request leaves the waiting queue the
+	// engine pins its local prefix hit, allocates blocks for the rest of
+	// the prompt without computing or caching them, and emits AwaitingKV;
+	// the request then holds its blocks, outside the running set, until
+	// KVReceived (or Cancel). See KVReceived.
+	RemotePrefill bool
 }
 
 // OutputKind says what happened to a request.
@@ -82,6 +90,11 @@ const (
 	FirstToken OutputKind = iota + 1 // prefill done, first token sampled
 	Finished                         // last token sampled, blocks freed
 	Preempted                        // evicted from the running set, requeued for recompute
+	// AwaitingKV: a RemotePrefill request was admitted and holds blocks
+	// for its whole prompt; CachedTokens is its local prefix hit, so
+	// PromptTokens-CachedTokens tokens' KV must be received. Call
+	// KVReceived when they have arrived.
+	AwaitingKV
 )
 
 func (k OutputKind) String() string {
@@ -92,6 +105,8 @@ func (k OutputKind) String() string {
 		return "finished"
 	case Preempted:
 		return "preempted"
+	case AwaitingKV:
+		return "awaiting-kv"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -103,7 +118,11 @@ type Output struct {
 	At        time.Duration
 	// CachedTokens is the prefix-cache hit when the request was first
 	// scheduled (vLLM's usage.prompt_tokens_details.cached_tokens); a
-	// recompute after preemption does not change it.
+	// recompute after preemption does not change it. For a RemotePrefill
+	// request it is every prompt token not computed here (local hit plus
+	// received, less the last token, which is recomputed), as vLLM reports
+	// for a request whose KV a connector loaded; in its AwaitingKV output
+	// it is the local hit alone.
 	CachedTokens int
 	PromptTokens int
 	OutputTokens int // tokens generated so far
@@ -120,6 +139,7 @@ type Event struct {
 type Stats struct {
 	Now              time.Duration // latest virtual time the engine has seen
 	Running, Waiting int           // requests
+	AwaitingKV       int           // RemotePrefill requests holding blocks until KVReceived
 	// Blocks: Used are held by running requests (pinned), Free are in the
 	// free queue, Cached hold a content hash (pinned or free).
 	CapacityBlocks, UsedBlocks, FreeBlocks, CachedBlocks int
@@ -130,6 +150,9 @@ type Stats struct {
 	PrefillTokens, OutputTokens                        uint64 // prompt tokens computed (incl. recompute), tokens generated
 	StoredBlocks, EvictedBlocks, Events                uint64
 	BusyTime                                           time.Duration // sum of step times
+	// ReceivedTokens are prompt tokens whose KV arrived by KVReceived (not
+	// counting the local hits of those requests).
+	ReceivedTokens uint64
 }
 
 type seqState uint8
@@ -138,6 +161,7 @@ const (
 	stWaiting seqState = iota
 	stRunning
 	stDone
+	stAwaitingKV // RemotePrefill: admitted, holds blocks, waits for KVReceived
 )
 
 // seq is one request inside the engine.
@@ -155,6 +179,7 @@ type seq struct {
 	cached    int // cached tokens at first schedule
 	scheduled bool
 	cancelled bool
+	remote    bool // RemotePrefill and its KV not received yet
 	state     seqState
 }
 
@@ -181,10 +206,11 @@ type Engine struct {
 	stepEnd  time.Duration
 	batch    []work
 
-	running []*seq
-	waiting []*seq
-	byID    map[string]*seq
-	serial  uint64
+	running  []*seq
+	waiting  []*seq
+	awaiting []*seq // stAwaitingKV, in admission order
+	byID     map[string]*seq
+	serial   uint64
 
 	outputs   []Output
 	events    []Event
@@ -316,6 +342,7 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		target:    target,
 		hashes:    hashes,
 		blocks:    make([]int32, 0, maxBlocks),
+		remote:    r.RemotePrefill,
 		state:     stWaiting,
 	}
 	e.byID[r.ID] = s
@@ -350,6 +377,48 @@ func (e *Engine) Advance(now time.Duration) []Output {
 	return out
 }
 
+// TakeOutputs returns the outputs produced since the last Advance or
+// TakeOutputs without moving time. NextEventTime can produce outputs when
+// it starts a step (Preempted, AwaitingKV); a real-time driver takes them
+// at once rather than at the end of the step, or never if the engine then
+// has nothing to run.
+func (e *Engine) TakeOutputs() []Output {
+	out := e.outputs
+	e.outputs = nil
+	return out
+}
+
+// KVReceived tells the engine that the KV of RemotePrefill request id's
+// prompt has arrived (it got AwaitingKV). Like vLLM's scheduler when a KV
+// connector finishes receiving: the prompt's full blocks are cached at now
+// (stored events), all prompt tokens but the last count as computed, and
+// the request joins the running set; its next step computes the last
+// prompt token (a one-token prefill, as vLLM recomputes it to sample the
+// first token). False when id is not awaiting its KV.
+func (e *Engine) KVReceived(now time.Duration, id string) bool {
+	e.advanceTo(now)
+	s, ok := e.byID[id]
+	if !ok || s.state != stAwaitingKV {
+		return false
+	}
+	i := slices.Index(e.awaiting, s)
+	e.awaiting = slices.Delete(e.awaiting, i, i+1)
+	local := s.computed
+	s.remote = false // a recompute after preemption uses the local cache
+	s.computed = s.promptLen - 1
+	s.state = stRunning
+	e.running = append(e.running, s)
+	s.scheduled, s.cached = true, s.computed
+	e.st.PromptTokens += uint64(s.promptLen)
+	e.st.CachedTokens += uint64(s.cached)
+	e.st.ReceivedTokens += uint64(s.promptLen - local)
+	e.cacheFull(s, s.computed/e.cfg.BlockSize, e.now)
+	if !e.pending && !e.inflight {
+		e.pending, e.startAt = true, e.now
+	}
+	return true
+}
+
 // DrainEvents returns the KV events produced since the last call, in order.
 func (e *Engine) DrainEvents() []Event {
 	out := e.events
@@ -373,6 +442,16 @@ func (e *Engine) Cancel(now time.Duration, id string) bool {
 		e.waiting = slices.Delete(e.waiting, i, i+1)
 		e.done(s)
 		e.st.Cancelled++
+	case s.state == stAwaitingKV:
+		i := slices.Index(e.awaiting, s)
+		e.awaiting = slices.Delete(e.awaiting, i, i+1)
+		e.free(s)
+		e.done(s)
+		e.st.Cancelled++
+		// Its blocks and running slot may let the waiting queue move.
+		if len(e.waiting) > 0 && !e.pending && !e.inflight {
+			e.pending, e.startAt = true, e.now
+		}
 	case !e.inflight:
 		s.cancelled = true
 		e.reapCancelled()
@@ -431,6 +510,7 @@ func (e *Engine) Stats() Stats {
 	s.Now = e.now
 	s.Running = len(e.running)
 	s.Waiting = len(e.waiting)
+	s.AwaitingKV = len(e.awaiting)
 	s.CapacityBlocks = e.pool.capacity()
 	s.UsedBlocks = e.pool.used()
 	s.FreeBlocks = e.pool.nfree
@@ -495,7 +575,7 @@ func (e *Engine) schedule(t time.Duration) bool {
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
 		n := min(s.numTokens()-s.computed, budget)
-		for !e.allocate(s, n, nil, t) {
+		for !e.allocate(s, n, nil, t, true) {
 			victim := e.running[len(e.running)-1]
 			e.running = e.running[:len(e.running)-1]
 			e.preempt(victim, t)
@@ -514,12 +594,30 @@ func (e *Engine) schedule(t time.Duration) bool {
 	if preempted {
 		return false
 	}
-	// Then waiting requests, FCFS, while they fit.
-	for len(e.waiting) > 0 && budget > 0 && len(e.running) < e.cfg.MaxRunning {
+	// Then waiting requests, FCFS, while they fit. Requests awaiting
+	// their KV count against MaxRunning: they join the running set when it
+	// arrives.
+	for len(e.waiting) > 0 && budget > 0 && len(e.running)+len(e.awaiting) < e.cfg.MaxRunning {
 		s := e.waiting[0]
 		hits := e.lookup(s)
+		if s.remote {
+			// vLLM's load_kv_async: blocks for the whole prompt now, no
+			// compute and no caching until the KV has arrived.
+			if !e.allocate(s, s.promptLen-len(hits)*e.cfg.BlockSize, hits, t, false) {
+				break
+			}
+			e.waiting[0] = nil
+			e.waiting = e.waiting[1:]
+			s.state = stAwaitingKV
+			e.awaiting = append(e.awaiting, s)
+			e.outputs = append(e.outputs, Output{
+				RequestID: s.id, Kind: AwaitingKV, At: t,
+				CachedTokens: len(hits) * e.cfg.BlockSize, PromptTokens: s.promptLen,
+			})
+			continue
+		}
 		n := min(s.numTokens()-len(hits)*e.cfg.BlockSize, budget)
-		if !e.allocate(s, n, hits, t) {
+		if !e.allocate(s, n, hits, t, true) {
 			break
 		}
 		e.waiting[0] = nil
@@ -557,9 +655,10 @@ func (e *Engine) lookup(s *seq) []int32 {
 
 // allocate gives s the blocks for n more tokens (vLLM's allocate_slots).
 // hits is non-nil for a request leaving the waiting queue: its cached prefix.
-// The newly full blocks are cached at once, as vLLM does at schedule time.
+// With cache, the newly full blocks are cached at once, as vLLM does at
+// schedule time (without: a remote prefill, cached when its KV arrives).
 // False (and nothing changed) when the free queue is too short.
-func (e *Engine) allocate(s *seq, n int, hits []int32, t time.Duration) bool {
+func (e *Engine) allocate(s *seq, n int, hits []int32, t time.Duration, cache bool) bool {
 	bs := e.cfg.BlockSize
 	base := s.computed
 	have := len(s.blocks)
@@ -592,7 +691,9 @@ func (e *Engine) allocate(s *seq, n int, hits []int32, t time.Duration) bool {
 		e.st.EvictedBlocks += uint64(len(ev))
 		e.emit(t, router.KVEvent{Kind: router.EventRemoved, Removed: ev, BlockSize: bs})
 	}
-	e.cacheFull(s, (base+n)/bs, t)
+	if cache {
+		e.cacheFull(s, (base+n)/bs, t)
+	}
 	return true
 }
 

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api/tokenize"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/eventbus"
+	"github.com/kvrouter/kvrouter/router"
 )
 
 // config is everything kvmock is told.
@@ -42,6 +44,21 @@ type config struct {
 	RegisterInterval time.Duration
 	ShutdownTimeout  time.Duration
 
+	// Disaggregated prefill/decode (see DESIGN.md, "Disaggregation").
+	Role router.Role // prefill, decode or both
+	// KVBytesPerToken is one token's KV cache size: a pull of N tokens
+	// moves N times this over the link.
+	KVBytesPerToken int64
+	// LinkMBps is the outgoing KV link's throughput in MB/s (1e6 bytes/s),
+	// shared fairly by the transfers on it; 0 = infinite.
+	LinkMBps float64
+	// LinkMaxTransfers move bytes at once; later ones queue (0 = no limit).
+	LinkMaxTransfers int
+	// KVPullTimeout bounds a decode worker's pull from a prefill worker.
+	KVPullTimeout time.Duration
+	// KVTransferTTL is how long a prefill worker keeps an unpulled transfer.
+	KVTransferTTL time.Duration
+
 	Seed     uint64
 	LogLevel slog.Level
 }
@@ -60,8 +77,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs := flag.NewFlagSet("kvmock", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		c                     config
-		register, level, tmpl string
+		c                           config
+		register, level, tmpl, role string
 	)
 	fs.StringVar(&c.ID, "id", "mock-1", "worker id (unique among the workers; no '#')")
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:9001", "HTTP listen address")
@@ -83,10 +100,16 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&c.AdminToken, "admin-token", "", "bearer token for the replicas' /workers endpoints (their --admin-token), if they require one")
 	fs.DurationVar(&c.RegisterInterval, "register-interval", 30*time.Second, "registration lease renewal period")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGINT/SIGTERM: how long to let requests finish and events flush")
+	fs.StringVar(&role, "role", "both", "disaggregated serving role: prefill (answers kv_transfer_params.do_remote_decode prefills and serves their KV on /kv/pull), decode (pulls the KV of do_remote_prefill requests) or both; every role also serves plain requests")
+	fs.Int64Var(&c.KVBytesPerToken, "kv-bytes-per-token", router.KVQwen3_0_6B.BytesPerToken(), "KV cache bytes of one token, moved per transferred token (default Qwen3-0.6B: 28 layers x 8 KV heads x 128 x 2 x 2)")
+	fs.Float64Var(&c.LinkMBps, "link-mbps", 0, "outgoing KV link throughput in MB/s (1e6 bytes/s), shared fairly by concurrent transfers and multiplied by --speedup (0: infinite, pulls answer at once)")
+	fs.IntVar(&c.LinkMaxTransfers, "link-max-transfers", 0, "KV transfers moving bytes at once on the link; the others queue (0: no limit)")
+	fs.DurationVar(&c.KVPullTimeout, "kv-pull-timeout", 30*time.Second, "decode role: how long a KV pull from the prefill worker may take before the request fails with 502")
+	fs.DurationVar(&c.KVTransferTTL, "kv-transfer-ttl", 60*time.Second, "prefill role: how long a prefilled request's KV waits to be pulled before its transfer id is forgotten")
 	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the generated output text")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "kvmock: a simulated inference worker (OpenAI HTTP API + KV events)\n\nUsage: kvmock [flags]\n\nEvery flag can also be set by the environment variable KVMOCK_<NAME> (e.g. KVMOCK_KV_BLOCKS); a flag on the command line wins.\n\n")
+		fmt.Fprintf(fs.Output(), "kvmock: a simulated inference worker (OpenAI HTTP API + KV events)\n\nUsage: kvmock [flags]\n\nEvery flag can also be set by the environment variable KVMOCK_<NAME> (e.g. KVMOCK_KV_BLOCKS); a flag on the command line wins.\n\nDisaggregated serving (vLLM NIXL proxy protocol): --role prefill answers requests carrying kv_transfer_params.do_remote_decode with kv_transfer_params for the decode worker and serves their KV on GET /kv/pull over one simulated link (--link-mbps, --link-max-transfers, --kv-bytes-per-token); --role decode pulls that KV for requests carrying do_remote_prefill (502 kv_transfer_failed if it cannot). Every role serves plain requests.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -122,6 +145,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if c.ChatTemplate, err = tokenize.ParseTemplate(tmpl); err != nil {
 		errs = append(errs, err)
 	}
+	if c.Role, err = parseRole(role); err != nil {
+		errs = append(errs, err)
+	}
 	if err := c.LogLevel.UnmarshalText([]byte(level)); err != nil {
 		errs = append(errs, fmt.Errorf("--log-level: %w", err))
 	}
@@ -130,6 +156,16 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		return config{}, err
 	}
 	return c, nil
+}
+
+// parseRole accepts the router's role names (router.ParseRole) but not an
+// empty one: --role "" is more likely a mistake than a wish for "both".
+func parseRole(s string) (router.Role, error) {
+	r, err := router.ParseRole(s)
+	if err != nil || strings.TrimSpace(s) == "" {
+		return "", fmt.Errorf("--role %q: want prefill, decode or both", s)
+	}
+	return r, nil
 }
 
 func splitList(s string) []string {
@@ -171,6 +207,18 @@ func (c config) validate() error {
 	}
 	if c.RegisterInterval <= 0 || c.ShutdownTimeout <= 0 {
 		errs = append(errs, errors.New("--register-interval and --shutdown-timeout must be positive"))
+	}
+	if c.KVBytesPerToken <= 0 {
+		errs = append(errs, fmt.Errorf("--kv-bytes-per-token %d: must be positive", c.KVBytesPerToken))
+	}
+	if !(c.LinkMBps >= 0) || math.IsInf(c.LinkMBps, 0) {
+		errs = append(errs, fmt.Errorf("--link-mbps %v: must be finite and not negative (0 = infinite)", c.LinkMBps))
+	}
+	if c.LinkMaxTransfers < 0 {
+		errs = append(errs, fmt.Errorf("--link-max-transfers %d: must not be negative (0 = no limit)", c.LinkMaxTransfers))
+	}
+	if c.KVPullTimeout <= 0 || c.KVTransferTTL <= 0 {
+		errs = append(errs, errors.New("--kv-pull-timeout and --kv-transfer-ttl must be positive"))
 	}
 	for _, u := range c.Register {
 		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {

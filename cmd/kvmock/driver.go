@@ -104,8 +104,12 @@ func (d *driver) settle() (time.Duration, bool) {
 	for {
 		now := d.now()
 		d.dispatch(d.eng.Advance(now))
-		next, busy := d.eng.NextEventTime() // starts a due step: may emit events
+		next, busy := d.eng.NextEventTime() // starts a due step: may emit events and outputs
 		d.drain()
+		// A step's start can admit a remote-prefill request (AwaitingKV):
+		// its handler must learn it now, not at the end of the step, or
+		// never if the engine then has nothing to run.
+		d.dispatch(d.eng.TakeOutputs())
 		if !busy {
 			return 0, false
 		}
@@ -231,6 +235,17 @@ func (d *driver) cancel(id string) {
 		}
 		d.drain()
 	})
+}
+
+// kvReceived tells the engine that a remote-prefill request's KV arrived.
+// False: the request is not awaiting its KV.
+func (d *driver) kvReceived(ctx context.Context, id string) (bool, error) {
+	var ok bool
+	err := d.call(ctx, func() {
+		ok = d.eng.KVReceived(d.now(), id)
+		d.drain()
+	})
+	return ok, err
 }
 
 // stats returns the engine's statistics.

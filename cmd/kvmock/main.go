@@ -7,6 +7,12 @@
 // Prompts are tokenized with the builtin tokenizer and the chat template
 // the router uses for it (plain), so the block hashes kvmock publishes are
 // the ones the router computes for the same request.
+//
+// With --role prefill or decode it takes one side of disaggregated
+// serving, in the shape of vLLM's NIXL connector: a prefill worker answers
+// kv_transfer_params and serves the KV on GET /kv/pull over one shared,
+// simulated link (--link-mbps); a decode worker pulls it before it
+// generates. See DESIGN.md.
 package main
 
 import (

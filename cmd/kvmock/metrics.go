@@ -14,6 +14,7 @@ import (
 type statsDoc struct {
 	ID           string        `json:"id"`
 	Model        string        `json:"model"`
+	Role         string        `json:"role"`
 	URL          string        `json:"url"`
 	UptimeS      float64       `json:"uptime_s"`
 	Engine       engineDoc     `json:"engine"`
@@ -22,6 +23,33 @@ type statsDoc struct {
 	Registration *registerDoc  `json:"registration,omitempty"`
 	Config       engineCfgDoc  `json:"config"`
 	Publisher    *publisherDoc `json:"publisher,omitempty"`
+	KVTransfer   kvTransferDoc `json:"kv_transfer"`
+}
+
+// kvTransferDoc: disaggregation. The sender side (a prefill worker's
+// transfers and its link) and the receiver side (a decode worker's pulls).
+type kvTransferDoc struct {
+	BytesPerToken    int64   `json:"bytes_per_token"`
+	LinkMBps         float64 `json:"link_mbps"` // 0 = infinite
+	LinkMaxTransfers int     `json:"link_max_transfers"`
+	// Sender.
+	Offered   uint64 `json:"offered"`    // prefill answers carrying kv_transfer_params
+	Pending   int    `json:"pending"`    // offered, not yet pulled or expired
+	Expired   uint64 `json:"expired"`    // never pulled
+	Unknown   uint64 `json:"unknown"`    // pulls of an unknown, expired or already pulled id (404)
+	Sent      uint64 `json:"sent"`       // pulls answered
+	SentBytes uint64 `json:"sent_bytes"` // simulated bytes of those
+	Cancelled uint64 `json:"cancelled"`  // pulls abandoned by the puller mid-transfer
+	InFlight  int64  `json:"in_flight"`  // on the link or queued for it
+	PeakLink  int    `json:"peak_link"`  // most transfers moving bytes at once
+	// Receiver.
+	Pulls        uint64  `json:"pulls"`
+	PullFailures uint64  `json:"pull_failures"` // answered 502 kv_transfer_failed
+	PulledTokens uint64  `json:"pulled_tokens"`
+	PullSeconds  float64 `json:"pull_seconds"` // total wall time spent pulling
+	// ReceivedTokens is the engine's count of prompt tokens whose KV arrived.
+	ReceivedTokens uint64 `json:"received_tokens"`
+	AwaitingKV     int    `json:"awaiting_kv"` // requests holding blocks while their KV is pulled
 }
 
 type engineCfgDoc struct {
@@ -128,7 +156,7 @@ func (m *Mock) statsDoc(ctx context.Context) (statsDoc, error) {
 	}
 	c := &m.ctr
 	d := statsDoc{
-		ID: m.cfg.ID, Model: m.cfg.Model, URL: m.advertise, UptimeS: time.Since(m.started).Seconds(),
+		ID: m.cfg.ID, Model: m.cfg.Model, Role: string(m.cfg.Role), URL: m.advertise, UptimeS: time.Since(m.started).Seconds(),
 		Engine: toEngineDoc(st),
 		Requests: requestsDoc{
 			Chat: c.chat.Load(), Completions: c.completions.Load(), Streams: c.streams.Load(),
@@ -142,6 +170,14 @@ func (m *Mock) statsDoc(ctx context.Context) (statsDoc, error) {
 			MaxRunning: m.engCfg.MaxRunning, MaxModelLen: m.engCfg.MaxModelLen, Profile: m.profile, Speedup: m.engCfg.Speedup,
 			ChatTemplate: m.cfg.ChatTemplate.String(),
 		},
+	}
+	ts, l, pc := m.transfers, m.link, &m.pullCtr
+	d.KVTransfer = kvTransferDoc{
+		BytesPerToken: m.cfg.KVBytesPerToken, LinkMBps: m.cfg.LinkMBps, LinkMaxTransfers: m.cfg.LinkMaxTransfers,
+		Offered: ts.offered.Load(), Pending: ts.pending(), Expired: ts.expired.Load(), Unknown: ts.unknown.Load(),
+		Sent: l.sent.Load(), SentBytes: l.bytes.Load(), Cancelled: l.cancelled.Load(), InFlight: l.inflight.Load(), PeakLink: l.peak(),
+		Pulls: pc.pulls.Load(), PullFailures: pc.failures.Load(), PulledTokens: pc.tokens.Load(),
+		PullSeconds: time.Duration(pc.nanos.Load()).Seconds(), ReceivedTokens: st.ReceivedTokens, AwaitingKV: st.AwaitingKV,
 	}
 	if q := m.q; q != nil {
 		d.Events.Enabled = true
@@ -211,6 +247,20 @@ func (m *Mock) metrics(w http.ResponseWriter, r *http.Request) {
 	metric("kv_events_lost_total", "counter", "Events the publisher gave up on.", ev.Lost)
 	metric("kv_event_duplicate_acks_total", "counter", "Events the stream acknowledged as duplicates.", ev.Duplicates)
 	metric("kv_events_dropped_no_bus_total", "counter", "Events dropped because no --nats is configured.", ev.DroppedNoBus)
+	kt := d.KVTransfer
+	metric("kv_transfers_offered_total", "counter", "Prefill answers that offered their KV for a remote decode.", kt.Offered)
+	metric("kv_transfers_pending", "gauge", "Offered KV transfers not yet pulled or expired.", kt.Pending)
+	metric("kv_transfers_expired_total", "counter", "Offered KV transfers never pulled.", kt.Expired)
+	metric("kv_transfers_unknown_total", "counter", "Pulls of an unknown, expired or already pulled transfer id.", kt.Unknown)
+	metric("kv_transfers_total", "counter", "KV transfers sent over the link (pulls answered).", kt.Sent)
+	metric("kv_transfer_bytes_total", "counter", "Simulated KV bytes sent over the link.", kt.SentBytes)
+	metric("kv_transfers_cancelled_total", "counter", "KV transfers abandoned by the puller mid-transfer.", kt.Cancelled)
+	metric("kv_transfers_in_flight", "gauge", "KV transfers on the link or queued for it.", kt.InFlight)
+	metric("kv_pulls_total", "counter", "KV pulls from prefill workers that succeeded (decode role).", kt.Pulls)
+	metric("kv_pull_failures_total", "counter", "KV pulls that failed (answered 502 kv_transfer_failed).", kt.PullFailures)
+	metric("kv_pulled_tokens_total", "counter", "Prompt tokens whose KV was pulled from prefill workers.", kt.PulledTokens)
+	metric("kv_pull_seconds_total", "counter", "Wall time spent pulling KV from prefill workers.", kt.PullSeconds)
+	metric("kv_awaiting_requests", "gauge", "Requests holding KV blocks while their KV is pulled.", kt.AwaitingKV)
 	if p := d.Publisher; p != nil {
 		metric("kv_events_acked_total", "counter", "KV events acknowledged by the stream.", p.Acked)
 		metric("kv_event_retries_total", "counter", "Re-sends with the same Nats-Msg-Id.", p.Retries)

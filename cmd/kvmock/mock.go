@@ -40,6 +40,13 @@ type Mock struct {
 
 	reqSeq atomic.Uint64
 	ctr    counters
+
+	// Disaggregation: the prefill side's transfers and link, the decode
+	// side's pull client (its own transport: no process-global state).
+	transfers  *transferStore
+	link       *kvLink
+	pullClient *http.Client
+	pullCtr    pullCounters
 }
 
 // counters are the HTTP side's totals.
@@ -65,6 +72,10 @@ func newMock(cfg config, log *slog.Logger, connect connectFunc) (*Mock, error) {
 		profile: eng.Profile().Name,
 		connect: connect,
 		started: time.Now(),
+
+		transfers:  newTransferStore(cfg.KVTransferTTL),
+		link:       newKVLink(cfg.LinkMBps, cfg.LinkMaxTransfers, eng.Config().Speedup),
+		pullClient: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()},
 	}
 	m.firstEventID = cfg.EventIDStart
 	if m.firstEventID == 0 {
@@ -78,6 +89,7 @@ func newMock(cfg config, log *slog.Logger, connect connectFunc) (*Mock, error) {
 		m.reg = newRegistrar(cfg.Register, workerSpec{
 			ID: cfg.ID, Model: cfg.Model, BlockSize: cfg.BlockSize,
 			TotalBlocks: cfg.KVBlocks, MaxBatchedTokens: m.engCfg.MaxBatchedTokens,
+			Role: string(cfg.Role),
 		}, cfg.RegisterInterval, log)
 		m.reg.token = cfg.AdminToken
 	}
@@ -118,6 +130,12 @@ func (m *Mock) Serve(ctx context.Context, ln net.Listener) error {
 	drvCtx, stopDrv := context.WithCancel(context.Background())
 	defer stopDrv()
 	go m.drv.run(drvCtx)
+	// The link outlives the HTTP server: pulls in flight finish during a
+	// graceful shutdown.
+	linkCtx, stopLink := context.WithCancel(context.Background())
+	defer stopLink()
+	go m.link.run(linkCtx)
+	defer m.pullClient.CloseIdleConnections()
 	// The cache starts empty: say so first (the first event is a cleared one).
 	if err := m.drv.call(ctx, func() { m.drv.snapshot("startup") }); err != nil {
 		return err
@@ -151,7 +169,8 @@ func (m *Mock) Serve(ctx context.Context, ln net.Listener) error {
 	m.log.Info("kvmock serving", "id", m.cfg.ID, "addr", ln.Addr().String(), "url", m.advertise, "model", m.cfg.Model,
 		"block_size", m.engCfg.BlockSize, "kv_blocks", m.engCfg.CapacityBlocks, "max_batched_tokens", m.engCfg.MaxBatchedTokens,
 		"max_running", m.engCfg.MaxRunning, "profile", m.profile, "speedup", m.engCfg.Speedup,
-		"chat_template", m.cfg.ChatTemplate.String(), "nats", m.cfg.NATS, "register", m.cfg.Register, "first_event_id", m.firstEventID)
+		"chat_template", m.cfg.ChatTemplate.String(), "nats", m.cfg.NATS, "register", m.cfg.Register, "first_event_id", m.firstEventID,
+		"role", m.cfg.Role, "link_mbps", m.cfg.LinkMBps, "link_max_transfers", m.cfg.LinkMaxTransfers, "kv_bytes_per_token", m.cfg.KVBytesPerToken)
 
 	var runErr error
 	select {
@@ -178,6 +197,8 @@ func (m *Mock) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	stopDrv()
 	<-m.drv.done
+	stopLink()
+	<-m.link.done
 	if pub := m.publisher(); pub != nil && isClosed(ready) {
 		if err := m.q.waitEmpty(sctx); err != nil {
 			m.log.Error("KV events not published before the shutdown timeout", "queued", m.q.len())

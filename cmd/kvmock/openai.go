@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,6 +29,7 @@ func (m *Mock) Handler() http.Handler {
 	mux.HandleFunc("GET /health", m.health)
 	mux.HandleFunc("GET /stats", m.stats)
 	mux.HandleFunc("GET /metrics", m.metrics)
+	mux.HandleFunc("GET /kv/pull", m.kvPull)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 	})
@@ -46,6 +48,8 @@ type genRequest struct {
 	MaxTokens           *int `json:"max_tokens"`
 	MaxCompletionTokens *int `json:"max_completion_tokens"`
 	N                   *int `json:"n"`
+	// KVTransferParams asks for a disaggregation stage (disagg.go).
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
 }
 
 // OpenAI response shapes.
@@ -81,6 +85,8 @@ type (
 		Model   string      `json:"model"`
 		Choices []choiceDoc `json:"choices"`
 		Usage   *usageDoc   `json:"usage,omitempty"`
+		// KVTransferParams: the prefill stage's answer (disagg.go).
+		KVTransferParams *kvTransferParams `json:"kv_transfer_params,omitempty"`
 	}
 )
 
@@ -149,6 +155,9 @@ type generation struct {
 	model   string
 	pieces  []string // output text, one piece per token
 	usage   usageDoc
+	// offer, when set (prefill stage), is called as the request finishes,
+	// before the answer is written; it returns the kv_transfer_params.
+	offer func() *kvTransferParams
 }
 
 func (m *Mock) generate(w http.ResponseWriter, r *http.Request, chat bool) {
@@ -207,9 +216,21 @@ func (m *Mock) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 			m.engCfg.MaxModelLen, len(tokens), maxTokens))
 		return
 	}
+	kv := in.KVTransferParams
+	stage, err := m.stageOf(kv, in.Stream)
+	if err != nil {
+		m.badRequest(w, err.Error())
+		return
+	}
+	if stage == stageDecode && kv.NumTokens > 0 && kv.NumTokens != len(tokens) {
+		m.badRequest(w, fmt.Sprintf("kv_transfer_params.num_tokens is %d but the prompt has %d tokens (another prompt, or another tokenizer or chat template)",
+			kv.NumTokens, len(tokens)))
+		return
+	}
 
 	reqID := fmt.Sprintf("%s-%d", m.cfg.ID, m.reqSeq.Add(1))
-	wt, err := m.drv.submit(r.Context(), engine.Request{ID: reqID, Tokens: tokens, OutputTokens: maxTokens})
+	wt, err := m.drv.submit(r.Context(), engine.Request{ID: reqID, Tokens: tokens, OutputTokens: maxTokens,
+		RemotePrefill: stage == stageDecode})
 	switch {
 	case err == nil:
 	case errors.Is(err, engine.ErrRequest):
@@ -229,13 +250,21 @@ func (m *Mock) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	m.ctr.inflight.Add(1)
 	defer m.ctr.inflight.Add(-1)
-	finished := false
+	finished, failed := false, false
 	defer func() {
 		if !finished {
 			m.drv.cancel(reqID)
-			m.ctr.cancelled.Add(1)
+			if !failed {
+				m.ctr.cancelled.Add(1)
+			}
 		}
 	}()
+	if stage == stageDecode {
+		var ok bool
+		if ok, failed = m.receiveKV(w, r, wt, reqID, kv, len(tokens)); !ok {
+			return
+		}
+	}
 
 	g := &generation{
 		id: "cmpl-" + reqID, object: "text_completion", chat: chat,
@@ -244,6 +273,9 @@ func (m *Mock) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	if chat {
 		g.id, g.object = "chatcmpl-"+reqID, "chat.completion"
+	}
+	if stage == stagePrefill {
+		g.offer = func() *kvTransferParams { return m.offerKV(reqID, len(tokens)) }
 	}
 	if in.Stream {
 		m.ctr.streams.Add(1)
@@ -285,8 +317,12 @@ func (m *Mock) plainAnswer(w http.ResponseWriter, r *http.Request, wt *waiter, g
 			} else {
 				choice.Text = &text
 			}
-			writeJSON(w, http.StatusOK, responseDoc{ID: g.id, Object: g.object, Created: g.created, Model: g.model,
-				Choices: []choiceDoc{choice}, Usage: &g.usage})
+			doc := responseDoc{ID: g.id, Object: g.object, Created: g.created, Model: g.model,
+				Choices: []choiceDoc{choice}, Usage: &g.usage}
+			if g.offer != nil {
+				doc.KVTransferParams = g.offer()
+			}
+			writeJSON(w, http.StatusOK, doc)
 			return true
 		}
 		if stopped {
@@ -438,6 +474,77 @@ func (m *Mock) streamAnswer(w http.ResponseWriter, r *http.Request, wt *waiter, 
 			return false
 		}
 	}
+}
+
+// receiveKV is the decode stage's transfer. It waits for the engine to
+// admit the request (AwaitingKV: blocks allocated, its local prefix hit
+// known), pulls the KV of the other prompt tokens from the prefill worker
+// and hands the request back to the engine, which then computes only the
+// last prompt token. The client's TTFT therefore includes the queueing
+// here, the transfer and that one-token step.
+//
+// ok: the request goes on (nothing was written; the response headers say
+// what was pulled). Otherwise answered says whether it answered (502 for
+// a failed pull, before any body byte, so the router can retry or fall
+// back; 503 at shutdown); not answered means the client went away.
+//
+// usage.prompt_tokens_details.cached_tokens of the answer counts the
+// prompt tokens this worker did not compute: its own prefix hit plus the
+// transferred tokens, less the last prompt token, which it recomputes to
+// sample the first token. That is what vLLM reports for a NIXL decode
+// (its scheduler sets num_computed_tokens = prompt − 1 when the received
+// blocks cover the whole prompt, and cached_tokens is taken from it).
+func (m *Mock) receiveKV(w http.ResponseWriter, r *http.Request, wt *waiter, reqID string, kv *kvTransferParams, promptTokens int) (ok, answered bool) {
+	local := -1
+	for local < 0 {
+		ups, stopped := wt.take()
+		for _, u := range ups {
+			if u.out.Kind == engine.AwaitingKV { // nothing else comes before KVReceived
+				local = u.out.CachedTokens
+			}
+		}
+		if local >= 0 {
+			break
+		}
+		if stopped {
+			m.ctr.serverErrors.Add(1)
+			writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the worker shut down before the request was admitted")
+			return false, true
+		}
+		select {
+		case <-wt.notify:
+		case <-r.Context().Done():
+			return false, false
+		}
+	}
+	need := promptTokens - local
+	pulled, err := m.pullKV(r.Context(), kv, need)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return false, false
+		}
+		m.ctr.serverErrors.Add(1)
+		m.log.Warn("KV transfer failed", "request", reqID, "transfer", kv.TransferID, "err", err)
+		writeKVTransferFailed(w, err.Error())
+		return false, true
+	}
+	switch received, err := m.drv.kvReceived(r.Context(), reqID); {
+	case errors.Is(err, errStopped):
+		m.ctr.serverErrors.Add(1)
+		writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the worker is shutting down")
+		return false, true
+	case err != nil:
+		return false, false // the client went away
+	case !received:
+		m.ctr.serverErrors.Add(1)
+		writeError(w, http.StatusInternalServerError, "server_error", "", "the engine lost the request while its KV was transferred")
+		return false, true
+	}
+	h := w.Header()
+	h.Set("X-Kvmock-Kv-Local-Tokens", strconv.Itoa(local))
+	h.Set("X-Kvmock-Kv-Pulled-Tokens", strconv.Itoa(need))
+	h.Set("X-Kvmock-Kv-Pull-Seconds", strconv.FormatFloat(pulled.Seconds, 'f', -1, 64))
+	return true, false
 }
 
 func (m *Mock) models(w http.ResponseWriter, _ *http.Request) {

@@ -24,6 +24,9 @@ type workerSpec struct {
 	BlockSize        int    `json:"block_size"`
 	TotalBlocks      int    `json:"total_kv_blocks"`
 	MaxBatchedTokens int    `json:"max_num_batched_tokens"`
+	// Role is prefill, decode or both (api.WorkerSpec.Role); always sent,
+	// a router that predates roles ignores it.
+	Role string `json:"role,omitempty"`
 }
 
 // registrar keeps the worker registered with the kvrouter replicas: any
@@ -90,7 +93,7 @@ func (r *registrar) run(ctx context.Context) {
 			backoff, failing = r.backoffMin, 0
 			if !r.ok.Swap(true) {
 				r.log.Info("registered", "worker", r.spec.ID, "url", r.spec.URL, "model", r.spec.Model,
-					"block_size", r.spec.BlockSize, "total_kv_blocks", r.spec.TotalBlocks)
+					"block_size", r.spec.BlockSize, "total_kv_blocks", r.spec.TotalBlocks, "role", r.spec.Role)
 			}
 			r.renewals.Add(1)
 			r.once.Do(func() { close(r.registered) })

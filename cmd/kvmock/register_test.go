@@ -107,7 +107,7 @@ func TestMockRegister(t *testing.T) {
 	if calls[0] != "register" {
 		t.Fatalf("calls %v: want registration first", calls)
 	}
-	want := workerSpec{ID: "mock-1", URL: tm.url, Model: "kvmock", BlockSize: 16, TotalBlocks: 512, MaxBatchedTokens: 8192}
+	want := workerSpec{ID: "mock-1", URL: tm.url, Model: "kvmock", BlockSize: 16, TotalBlocks: 512, MaxBatchedTokens: 8192, Role: "both"}
 	if specs[0] != want {
 		t.Fatalf("spec %+v, want %+v", specs[0], want)
 	}
