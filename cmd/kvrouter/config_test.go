@@ -53,7 +53,9 @@ func TestServeConfig(t *testing.T) {
 			return err == nil && c.Disagg.Mode == router.DisaggAuto && dc.KV.BytesPerToken() == 131072 && dc.Topology.Links["link"].MaxConcurrent == 4
 		}},
 		{"disagg env and measured bytes", []string{"--single-node"}, map[string]string{"KVROUTER_DISAGG": "always", "KVROUTER_DISAGG_KV_BYTES_PER_TOKEN": "70000"}, true,
-			func(c serveConfig) bool { return c.Disagg.Mode == router.DisaggAlways && c.Disagg.KV.BytesPerToken() == 70000 }},
+			func(c serveConfig) bool {
+				return c.Disagg.Mode == router.DisaggAlways && c.Disagg.KV.BytesPerToken() == 70000
+			}},
 		{"disagg bad mode", []string{"--single-node", "--disagg", "sometimes"}, nil, false, nil},
 		{"disagg zero link", []string{"--single-node", "--disagg", "always", "--disagg-link-mbps", "0"}, nil, false, nil},
 		{"disagg bad shape", []string{"--single-node", "--disagg", "auto", "--disagg-model-shape", "28,8"}, nil, false, nil},

@@ -37,8 +37,8 @@ type replica struct {
 	mu      sync.RWMutex
 	routers map[string]*router.Router
 	disagg  map[string]*router.DisaggRouter // --disagg always/auto: per model, beside routers
-	models  map[router.WorkerID]string // worker rank → model, for remote load
-	remote  map[string]string          // remote request id → model
+	models  map[router.WorkerID]string      // worker rank → model, for remote load
+	remote  map[string]string               // remote request id → model
 
 	health   *workerHealth
 	preds    *predictionBatcher

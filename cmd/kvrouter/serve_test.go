@@ -76,7 +76,9 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func newTestCluster(t *testing.T) []*testReplica {
+// newTestCluster starts three replicas; opts adjust each one's
+// configuration before it starts.
+func newTestCluster(t *testing.T, opts ...func(*serveConfig)) []*testReplica {
 	t.Helper()
 	ports := freePorts(t, 12)
 	dir := t.TempDir()
@@ -104,6 +106,9 @@ func newTestCluster(t *testing.T) []*testReplica {
 		cfg.NATSAddr = fmt.Sprintf("127.0.0.1:%d", ports[4*i+2])
 		cfg.NATSClusterAddr = fmt.Sprintf("127.0.0.1:%d", ports[4*i+3])
 		cfg.NATSRoutes = routes
+		for _, o := range opts {
+			o(&cfg)
+		}
 		if err := cfg.finish(); err != nil {
 			t.Fatal(err)
 		}
