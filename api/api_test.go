@@ -163,6 +163,11 @@ func TestAPIAllBusyAndRetry(t *testing.T) {
 	if hits.Load() != 4 {
 		t.Errorf("live worker hits %d", hits.Load())
 	}
+	// The dead worker cools down after its first failure: later requests
+	// do not try it first, so at most one retry was needed.
+	if n := counterValue(s.metrics.retries.WithLabelValues("w0-dead")); n > 1 {
+		t.Errorf("dead worker tried %v times, want at most once", n)
+	}
 }
 
 func TestAPIBusyThreshold(t *testing.T) {

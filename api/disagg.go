@@ -51,6 +51,7 @@ func (s *Server) disaggRouter(model string) (*router.DisaggRouter, bool) {
 // and kvrouter_disagg_recoveries_total).
 func (s *Server) forwardDisagg(c *gin.Context, p *prepared, dr *router.DisaggRouter) {
 	id := p.req.ID
+	p.req.Exclude = append(p.req.Exclude, s.cool.excludeDisagg(dr.Workers(), time.Now())...)
 	for attempt := 0; ; attempt++ {
 		dd, err := dr.Route(p.req, time.Now())
 		if err != nil {
@@ -74,6 +75,7 @@ func (s *Server) forwardDisagg(c *gin.Context, p *prepared, dr *router.DisaggRou
 					freeAll()
 					return
 				}
+				s.cool.fail(plan.PrefillWorker, time.Now())
 				rec, rerr := dr.PrefillFailed(id, time.Now(), err)
 				if rerr != nil {
 					freeAll()
@@ -105,6 +107,7 @@ func (s *Server) forwardDisagg(c *gin.Context, p *prepared, dr *router.DisaggRou
 			if c.Request.Context().Err() != nil {
 				return
 			}
+			s.cool.fail(worker, time.Now())
 			s.metrics.retries.WithLabelValues(string(worker)).Inc()
 			s.log.Warn("decode worker connection failed", "worker", worker, "attempt", attempt, "err", err)
 			p.req.Exclude = append(p.req.Exclude, worker)

@@ -287,3 +287,25 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string) bool {
 	}
 	return false
 }
+
+// TestDisaggDeadPrefillCoolsDown: after a failed prefill the prefill worker
+// is skipped for a while; requests fall back to aggregated without trying
+// it again.
+func TestDisaggDeadPrefillCoolsDown(t *testing.T) {
+	s, _, p, d, _ := newDisaggServer(t, router.DisaggAlways, true)
+	p.failPrefill = true
+	for i := range 3 {
+		if rec := do(s, http.MethodPost, "/v1/completions", disaggBody); rec.Code != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, rec.Code, rec.Body)
+		}
+	}
+	if n := len(p.bodies()); n != 1 {
+		t.Fatalf("prefill worker tried %d times, want once", n)
+	}
+	if n := len(d.bodies()); n != 3 {
+		t.Fatalf("decode worker served %d, want 3", n)
+	}
+	if n := counterValue(s.metrics.disaggDecisions.WithLabelValues("m", "always", "fallback")); n != 2 {
+		t.Fatalf("fallback decisions %v, want 2", n)
+	}
+}

@@ -146,6 +146,7 @@ func (s *Server) promptTokens(raw json.RawMessage) ([]uint32, error) {
 // forward routes the request and proxies it, retrying on another worker when
 // the connection fails before the worker answered.
 func (s *Server) forward(c *gin.Context, p *prepared) {
+	p.req.Exclude = append(p.req.Exclude, s.cool.exclude(workerIDs(p.rt.Workers()), time.Now())...)
 	for attempt := 0; ; attempt++ {
 		d, err := p.rt.Route(p.req, time.Now())
 		if err != nil {
@@ -165,6 +166,9 @@ func (s *Server) forward(c *gin.Context, p *prepared) {
 		resp, err := s.send(c, base+p.path, p.body)
 		if err != nil {
 			s.free(p)
+			if c.Request.Context().Err() == nil {
+				s.cool.fail(d.Worker, time.Now())
+			}
 			s.metrics.retries.WithLabelValues(string(d.Worker)).Inc()
 			s.log.Warn("worker connection failed", "worker", d.Worker, "attempt", attempt, "err", err)
 			if c.Request.Context().Err() != nil {

@@ -29,6 +29,9 @@ type Config struct {
 	ConnectTimeout time.Duration // dialing a worker
 	Retries        int           // other workers tried when connecting fails before the first byte
 	QueueTimeout   time.Duration // longest wait in the admission queue
+	// WorkerCooldown: after a failed connection a worker is tried last for
+	// this long (default 5 s; negative = never).
+	WorkerCooldown time.Duration
 	Logger         *slog.Logger
 	Registry       *prometheus.Registry // this replica's own registry
 	ClusterHandler http.Handler         // mounted at /cluster/* for join/remove/apply (Raft layer)
@@ -43,6 +46,7 @@ type Server struct {
 	client  *http.Client
 	log     *slog.Logger
 	gates   *gates
+	cool    *cooldown
 }
 
 // New builds the server; Handler serves it.
@@ -65,6 +69,9 @@ func New(cfg Config, rep Replica) *Server {
 	if cfg.QueueTimeout <= 0 {
 		cfg.QueueTimeout = 60 * time.Second
 	}
+	if cfg.WorkerCooldown == 0 {
+		cfg.WorkerCooldown = 5 * time.Second
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -78,6 +85,7 @@ func New(cfg Config, rep Replica) *Server {
 		client:  newWorkerClient(cfg.ConnectTimeout),
 		log:     cfg.Logger,
 		gates:   newGates(),
+		cool:    newCooldown(cfg.WorkerCooldown),
 	}
 	s.engine = s.routes()
 	return s
