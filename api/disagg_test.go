@@ -192,8 +192,13 @@ func TestDisaggProxy(t *testing.T) {
 			if tc.outcome == "disaggregated" && !strings.Contains(events, "|p") {
 				t.Fatalf("no prefill booking published:\n%s", events)
 			}
-			if !gathered(t, reg, "kvrouter_disagg_estimated_ttft_seconds") {
-				t.Fatal("no TTFT estimate observed")
+			for _, name := range []string{"kvrouter_disagg_estimated_ttft_seconds", "kvrouter_disagg_transfers_total"} {
+				if !gathered(t, reg, name) {
+					t.Fatalf("no %s", name)
+				}
+			}
+			if tc.name == "disaggregated" && f.dr.Stats().Transfers != 1 {
+				t.Fatalf("transfers %d, want 1", f.dr.Stats().Transfers)
 			}
 		})
 	}

@@ -69,7 +69,7 @@ func newMetrics(reg prometheus.Registerer, rep Replica) *metrics {
 		[]string{"model", "action"})
 	reg.MustRegister(m.requests, m.routed, m.rejected, m.retries, m.ttft, m.itl, m.e2e, m.inputTokens,
 		m.outputTokens, m.promptTokens, m.engineCached, m.predictedCached, m.queued, &loadCollector{rep: rep},
-		m.disaggDecisions, m.disaggEstimate, m.disaggRecoveries)
+		m.disaggDecisions, m.disaggEstimate, m.disaggRecoveries, &disaggCollector{rep: rep})
 	return m
 }
 
@@ -149,5 +149,43 @@ func (l *loadCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descPrefill, prometheus.GaugeValue, float64(ld.ActivePrefillTokens), model, string(id))
 			ch <- prometheus.MustNewConstMetric(descInfl, prometheus.GaugeValue, float64(ld.Requests), model, string(id))
 		}
+	}
+}
+
+// disaggCollector reports each disaggregated model's transfer figures from
+// its router: observed against estimated transfer time tells an operator
+// whether --disagg-link-mbps describes the real link.
+type disaggCollector struct{ rep Replica }
+
+var (
+	descXfers     = prometheus.NewDesc("kvrouter_disagg_transfers_total", "KV transfers completed (prefill done → decode worker's first byte).", []string{"model"}, nil)
+	descXferBytes = prometheus.NewDesc("kvrouter_disagg_transfer_bytes_total", "KV bytes moved by completed transfers, as planned (uncached tokens × bytes per token).", []string{"model"}, nil)
+	descXferSecs  = prometheus.NewDesc("kvrouter_disagg_transfer_seconds_total", "Observed time of completed transfers (prefill done → decode worker's first byte, so its first step included).", []string{"model"}, nil)
+	descXferEst   = prometheus.NewDesc("kvrouter_disagg_transfer_estimated_seconds_total", "The planner's estimate of the same transfers' time; compare with kvrouter_disagg_transfer_seconds_total.", []string{"model"}, nil)
+	descXferInfl  = prometheus.NewDesc("kvrouter_disagg_transfers_in_flight", "Requests between prefill done and the decode worker's first byte.", []string{"model"}, nil)
+)
+
+func (d *disaggCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, x := range []*prometheus.Desc{descXfers, descXferBytes, descXferSecs, descXferEst, descXferInfl} {
+		ch <- x
+	}
+}
+
+func (d *disaggCollector) Collect(ch chan<- prometheus.Metric) {
+	dr, ok := d.rep.(DisaggReplica)
+	if !ok {
+		return
+	}
+	for _, model := range d.rep.Models() {
+		r, ok := dr.Disagg(model)
+		if !ok {
+			continue
+		}
+		st := r.Stats()
+		ch <- prometheus.MustNewConstMetric(descXfers, prometheus.CounterValue, float64(st.Transfers), model)
+		ch <- prometheus.MustNewConstMetric(descXferBytes, prometheus.CounterValue, float64(st.TransferBytes), model)
+		ch <- prometheus.MustNewConstMetric(descXferSecs, prometheus.CounterValue, st.TransferSeconds, model)
+		ch <- prometheus.MustNewConstMetric(descXferEst, prometheus.CounterValue, st.TransferEstimateSeconds, model)
+		ch <- prometheus.MustNewConstMetric(descXferInfl, prometheus.GaugeValue, float64(st.InFlightTransfers), model)
 	}
 }
