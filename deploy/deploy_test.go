@@ -63,6 +63,10 @@ func TestDeployHAProxySettings(t *testing.T) {
 		"timeout check 1s",
 		"balance leastconn",
 		"option redispatch 1",
+		// No ready replica (an election, a lone survivor): the live ones route.
+		"use_backend survivors if { nbsrv(replicas) eq 0 }",
+		"backend survivors",
+		"option httpchk GET /health",
 	}
 	var settings [][]string
 	for _, f := range haproxyConfigs {
@@ -85,8 +89,8 @@ func TestDeployHAProxySettings(t *testing.T) {
 				common = append(common, l)
 			}
 		}
-		if !slices.Equal(servers, []string{"r1", "r2", "r3"}) {
-			t.Errorf("%s: servers %v, want r1 r2 r3", f, servers)
+		if !slices.Equal(servers, []string{"r1", "r2", "r3", "r1", "r2", "r3"}) {
+			t.Errorf("%s: servers %v, want r1 r2 r3 in both backends", f, servers)
 		}
 		settings = append(settings, common)
 	}
