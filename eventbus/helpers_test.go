@@ -14,36 +14,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvrouter/kvrouter/eventbus/internal/bustest"
 )
 
-// testLogger writes slog lines into t.Log (shown only on failure). Lines
-// logged after the test ended (late NATS goroutines) are dropped.
-func testLogger(t testing.TB) *slog.Logger {
-	w := &tWriter{t: t}
-	t.Cleanup(w.stop) // registered first, so it runs after every later cleanup
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tWriter struct {
-	t    testing.TB
-	mu   sync.Mutex
-	done bool
-}
-
-func (w *tWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimRight(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-func (w *tWriter) stop() {
-	w.mu.Lock()
-	w.done = true
-	w.mu.Unlock()
-}
+// testLogger writes slog lines into t.Log (shown only on failure).
+func testLogger(t testing.TB) *slog.Logger { return bustest.Logger(t) }
 
 // freePort reserves a port by listening on :0 and closing it.
 func freePort(t testing.TB) int {
@@ -62,17 +38,7 @@ func freePort(t testing.TB) int {
 // checkFor polls fn every `every` until it returns nil or total elapses.
 func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
 	t.Helper()
-	deadline := time.Now().Add(total)
-	var err error
-	for {
-		if err = fn(); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met after %v: %v", total, err)
-		}
-		time.Sleep(every)
-	}
+	bustest.CheckFor(t, total, every, fn)
 }
 
 func startSingle(t testing.TB, log *slog.Logger) *Server {

@@ -194,7 +194,8 @@ func (m *Mock) statsDoc(ctx context.Context) (statsDoc, error) {
 			Duplicates: ps.Duplicates, Retries: ps.Retries, Failed: ps.Failed, InFlight: ps.InFlight}
 	}
 	if r := m.reg; r != nil {
-		d.Registration = &registerDoc{Registered: r.ok.Load(), Renewals: r.renewals.Load(), Failures: r.failures.Load(), URLs: r.urls}
+		st := r.Stats()
+		d.Registration = &registerDoc{Registered: st.Registered, Renewals: st.Renewals, Failures: st.Failures, URLs: r.URLs()}
 	}
 	return d, nil
 }

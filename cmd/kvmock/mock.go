@@ -15,6 +15,7 @@ import (
 	"github.com/kvrouter/kvrouter/api/tokenize"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/eventbus"
+	"github.com/kvrouter/kvrouter/eventbus/registrar"
 )
 
 // Mock is one simulated worker: the engine in real time behind an
@@ -28,7 +29,10 @@ type Mock struct {
 	drv     *driver
 	q       *eventQueue // nil: no bus
 	connect connectFunc // nil: no bus
-	reg     *registrar  // nil: no --register
+	// reg keeps the worker registered (nil: no --register); Serve builds
+	// it from regCfg once it knows the advertised URL.
+	reg     *registrar.Registrar
+	regCfg  registrar.Config
 	started time.Time
 	// firstEventID numbers the first KV event of this run.
 	firstEventID uint64
@@ -86,12 +90,7 @@ func newMock(cfg config, log *slog.Logger, connect connectFunc) (*Mock, error) {
 	}
 	m.drv = newDriver(eng, m.q, log.With("component", "engine"))
 	if len(cfg.Register) > 0 {
-		m.reg = newRegistrar(cfg.Register, workerSpec{
-			ID: cfg.ID, Model: cfg.Model, BlockSize: cfg.BlockSize,
-			TotalBlocks: cfg.KVBlocks, MaxBatchedTokens: m.engCfg.MaxBatchedTokens,
-			Role: string(cfg.Role),
-		}, cfg.RegisterInterval, log)
-		m.reg.token = cfg.AdminToken
+		m.regCfg = registrationConfig(cfg, m.engCfg, log)
 	}
 	return m, nil
 }
@@ -141,15 +140,19 @@ func (m *Mock) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 
-	ready := make(chan struct{}) // publishing waits for the first registration
+	var ready <-chan struct{} // publishing waits for the first registration
 	regCtx, stopReg := context.WithCancel(context.Background())
 	regDone := make(chan struct{})
-	if m.reg != nil {
-		m.reg.spec.URL = m.advertise
-		ready = m.reg.registered
-		go func() { defer close(regDone); m.reg.run(regCtx) }()
+	if len(m.cfg.Register) > 0 {
+		rc := m.regCfg
+		rc.Spec.URL = m.advertise
+		m.reg = registrar.New(rc)
+		ready = m.reg.Registered()
+		go func() { defer close(regDone); m.reg.Run(regCtx, nil) }()
 	} else {
-		close(ready)
+		open := make(chan struct{})
+		close(open)
+		ready = open
 		close(regDone)
 		m.log.Warn("no --register: this worker does not announce itself; register it with the routers yourself")
 	}
@@ -185,7 +188,7 @@ func (m *Mock) Serve(ctx context.Context, ln net.Listener) error {
 	stopReg()
 	<-regDone
 	if m.reg != nil {
-		if err := m.reg.deregister(sctx); err != nil {
+		if err := m.reg.Deregister(sctx); err != nil {
 			m.log.Warn("deregistration failed", "err", err)
 		} else {
 			m.log.Info("deregistered")

@@ -6,10 +6,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/eventbus/registrar"
 )
 
 // fakeRouter is a kvrouter replica's /workers endpoints: it fails the
@@ -18,7 +19,7 @@ type fakeRouter struct {
 	mu           sync.Mutex
 	failRegister int
 	calls        []string // "register" / "deregister", in order
-	specs        []workerSpec
+	specs        []registrar.Spec
 	dereg        []string
 	token        string
 }
@@ -39,7 +40,7 @@ func (f *fakeRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, `{"error":"no leader"}`, http.StatusServiceUnavailable)
 			return
 		}
-		var s workerSpec
+		var s registrar.Spec
 		if err := json.Unmarshal(body, &s); err != nil {
 			http.Error(w, err.Error(), 400)
 			return
@@ -61,10 +62,10 @@ func (f *fakeRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (f *fakeRouter) state() ([]string, []workerSpec) {
+func (f *fakeRouter) state() ([]string, []registrar.Spec) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]string(nil), f.calls...), append([]workerSpec(nil), f.specs...)
+	return append([]string(nil), f.calls...), append([]registrar.Spec(nil), f.specs...)
 }
 
 // Registration retries until a replica accepts, renews the lease, holds
@@ -81,7 +82,9 @@ func TestMockRegister(t *testing.T) {
 		c.Register = []string{deadURL, srv.URL}
 		c.RegisterInterval = 50 * time.Millisecond
 		c.AdminToken = "s3cret"
-	}, false, func(tm *testMock) { tm.m.reg.backoffMin, tm.m.reg.backoffMax = 5*time.Millisecond, 20*time.Millisecond })
+	}, false, func(tm *testMock) {
+		tm.m.regCfg.BackoffMin, tm.m.regCfg.BackoffMax = 5*time.Millisecond, 20*time.Millisecond
+	})
 	// Before the first registration succeeds, no event is published.
 	post(t, tm.url+"/v1/completions", map[string]any{"prompt": words("g", 40), "max_tokens": 1})
 	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
@@ -107,7 +110,7 @@ func TestMockRegister(t *testing.T) {
 	if calls[0] != "register" {
 		t.Fatalf("calls %v: want registration first", calls)
 	}
-	want := workerSpec{ID: "mock-1", URL: tm.url, Model: "kvmock", BlockSize: 16, TotalBlocks: 512, MaxBatchedTokens: 8192, Role: "both"}
+	want := registrar.Spec{ID: "mock-1", URL: tm.url, Model: "kvmock", BlockSize: 16, TotalBlocks: 512, MaxBatchedTokens: 8192, Role: "both"}
 	if specs[0] != want {
 		t.Fatalf("spec %+v, want %+v", specs[0], want)
 	}
@@ -125,40 +128,7 @@ func TestMockRegister(t *testing.T) {
 	if fr.dereg[len(fr.dereg)-1] != "mock-1" {
 		t.Fatalf("deregistered %v", fr.dereg)
 	}
-	if r := tm.m.reg; r.renewals.Load() < 3 || r.failures.Load() < 2 {
-		t.Fatalf("renewals %d failures %d", r.renewals.Load(), r.failures.Load())
-	}
-}
-
-// post tries the replicas in turn and remembers the one that answered.
-func TestMockRegistrarFailover(t *testing.T) {
-	var hits [2]int
-	var mu sync.Mutex
-	mk := func(i, status int) *httptest.Server {
-		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			mu.Lock()
-			hits[i]++
-			mu.Unlock()
-			w.WriteHeader(status)
-		}))
-	}
-	a, b := mk(0, http.StatusServiceUnavailable), mk(1, http.StatusOK)
-	defer a.Close()
-	defer b.Close()
-	r := newRegistrar([]string{a.URL, b.URL}, workerSpec{ID: "w"}, time.Second, testLog(t))
-	ctx := t.Context()
-	for range 3 {
-		if err := r.post(ctx, "/workers/register", r.spec, false); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mu.Lock()
-	got := hits
-	mu.Unlock()
-	if got != [2]int{1, 3} {
-		t.Fatalf("hits %v: want one failed try of the first replica, then the second one only", got)
-	}
-	if err := newRegistrar([]string{a.URL}, workerSpec{ID: "w"}, time.Second, testLog(t)).post(ctx, "/x", 1, false); err == nil || !strings.Contains(err.Error(), "503") {
-		t.Fatalf("err %v", err)
+	if st := tm.m.reg.Stats(); st.Renewals < 3 || st.Failures < 2 {
+		t.Fatalf("renewals %d failures %d", st.Renewals, st.Failures)
 	}
 }

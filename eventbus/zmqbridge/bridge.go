@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvrouter/kvrouter/eventbus"
+	"github.com/kvrouter/kvrouter/eventbus/registrar"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -273,8 +274,7 @@ func (b *Bridge) Remove(ctx context.Context, id string, deregister bool) error {
 	w.cancel()
 	<-w.done
 	if deregister && len(b.cfg.Register) > 0 {
-		reg := newRegistrar(b.cfg.Register, b.cfg.AdminToken, registration{ID: id}, b.cfg.RegisterInterval, b.cfg.HTTPClient, w.log)
-		return reg.deregister(ctx)
+		return registrar.New(b.registrarConfig(registrar.Spec{ID: id}, w.log)).Deregister(ctx)
 	}
 	return nil
 }
@@ -321,7 +321,7 @@ type worker struct {
 	model       string
 	engine      string
 	totalBlocks int
-	reg         *registrar
+	reg         *registrar.Registrar
 	ranks       []*rank
 }
 
@@ -343,10 +343,8 @@ func (w *worker) status() WorkerStatus {
 	reg, ranks := w.reg, append([]*rank(nil), w.ranks...)
 	w.mu.Unlock()
 	if reg != nil {
-		st.Registered = reg.ok.Load()
-		if e, _ := reg.lastErr.Load().(string); e != "" {
-			st.RegisterErr = e
-		}
+		rs := reg.Stats()
+		st.Registered, st.RegisterErr = rs.Registered, rs.LastError
 	}
 	for _, r := range ranks {
 		st.Ranks = append(st.Ranks, r.stream.Stats())
@@ -412,16 +410,15 @@ func (w *worker) run(ctx context.Context) {
 		return
 	}
 	if len(cfg.Register) > 0 {
-		reg := newRegistrar(cfg.Register, cfg.AdminToken, registration{ID: spec.ID, URL: spec.URL, Model: model,
-			BlockSize: cfg.BlockSize, TotalBlocks: total, MaxBatchedTokens: spec.MaxBatchedTokens, DPRanks: spec.DPRanks},
-			cfg.RegisterInterval, cfg.HTTPClient, w.log)
+		reg := registrar.New(w.b.registrarConfig(registrar.Spec{ID: spec.ID, URL: spec.URL, Model: model,
+			BlockSize: cfg.BlockSize, TotalBlocks: total, MaxBatchedTokens: spec.MaxBatchedTokens, DPRanks: spec.DPRanks}, w.log))
 		w.mu.Lock()
 		w.reg = reg
 		w.mu.Unlock()
 		rejected := make(chan struct{})
 		regCtx, regCancel := context.WithCancel(ctx)
 		defer regCancel()
-		go reg.run(regCtx, func() {
+		go reg.Run(regCtx, func() {
 			if total == 0 || !w.engineKnown() {
 				if !probe() {
 					// Stop renewing: the lease runs out and the cluster
@@ -434,12 +431,12 @@ func (w *worker) run(ctx context.Context) {
 					}
 					return
 				}
-				reg.setTotalBlocks(total)
+				reg.SetTotalBlocks(total)
 			}
 		})
 		w.setState("registering", "")
 		select {
-		case <-reg.registered:
+		case <-reg.Registered():
 		case <-rejected:
 			return
 		case <-ctx.Done():

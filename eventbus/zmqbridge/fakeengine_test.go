@@ -17,6 +17,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvrouter/kvrouter/eventbus"
+	"github.com/kvrouter/kvrouter/eventbus/registrar"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -330,7 +331,7 @@ func (c *fakeCluster) contents(id router.WorkerID) map[uint64]bool {
 // fakeReplica records registrations.
 type fakeReplica struct {
 	mu      sync.Mutex
-	regs    []registration
+	regs    []registrar.Spec
 	deregs  []string
 	srv     *httptest.Server
 	token   string
@@ -351,7 +352,7 @@ func startFakeReplica(t *testing.T, token string) *fakeReplica {
 		if !check(w, req) {
 			return
 		}
-		var spec registration
+		var spec registrar.Spec
 		if err := json.NewDecoder(req.Body).Decode(&spec); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
@@ -377,7 +378,7 @@ func startFakeReplica(t *testing.T, token string) *fakeReplica {
 	return r
 }
 
-func (r *fakeReplica) last(id string) (registration, bool) {
+func (r *fakeReplica) last(id string) (registrar.Spec, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i := len(r.regs) - 1; i >= 0; i-- {
@@ -385,7 +386,7 @@ func (r *fakeReplica) last(id string) (registration, bool) {
 			return r.regs[i], true
 		}
 	}
-	return registration{}, false
+	return registrar.Spec{}, false
 }
 
 func freeTCPAddr(t *testing.T) string {

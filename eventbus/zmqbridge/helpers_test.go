@@ -14,6 +14,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvrouter/kvrouter/eventbus"
+	"github.com/kvrouter/kvrouter/eventbus/internal/bustest"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -204,45 +205,11 @@ func seqHashes(toks []uint32, lora string) []uint64 {
 	return router.SequenceHashes(toks, 16, lora)
 }
 
-func testLogger(t testing.TB) *slog.Logger {
-	w := &tWriter{t: t}
-	t.Cleanup(w.stop)
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tWriter struct {
-	t    testing.TB
-	mu   sync.Mutex
-	done bool
-}
-
-func (w *tWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimRight(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-func (w *tWriter) stop() {
-	w.mu.Lock()
-	w.done = true
-	w.mu.Unlock()
-}
+// testLogger writes slog lines into t.Log (shown only on failure).
+func testLogger(t testing.TB) *slog.Logger { return bustest.Logger(t) }
 
 // waitFor polls fn until it returns nil or total elapses.
 func waitFor(t testing.TB, total time.Duration, fn func() error) {
 	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met after %v: %v", total, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	bustest.CheckFor(t, total, 10*time.Millisecond, fn)
 }

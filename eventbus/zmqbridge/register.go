@@ -10,142 +10,19 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
-	"time"
+
+	"github.com/kvrouter/kvrouter/eventbus/registrar"
 )
 
-// registration is the body of a replica's POST /workers/register
-// (api.WorkerSpec).
-type registration struct {
-	ID               string `json:"id"`
-	URL              string `json:"url"`
-	Model            string `json:"model"`
-	BlockSize        int    `json:"block_size"`
-	TotalBlocks      int    `json:"total_kv_blocks"`
-	MaxBatchedTokens int    `json:"max_num_batched_tokens"`
-	DPRanks          int    `json:"dp_ranks,omitempty"`
-}
-
-// registrar keeps one worker registered with the kvrouter replicas: any
-// replica will do (each forwards to the Raft leader), so it tries them in
-// turn, starting with the one that answered last. The registration is a
-// lease the replicas expire without renewal.
-type registrar struct {
-	urls     []string
-	token    string
-	client   *http.Client
-	interval time.Duration
-	log      *slog.Logger
-
-	mu   sync.Mutex
-	spec registration
-
-	preferred  atomic.Int64
-	registered chan struct{}
-	once       sync.Once
-	ok         atomic.Bool
-	renewals   atomic.Uint64
-	failures   atomic.Uint64
-	lastErr    atomic.Value // string
-}
-
-func newRegistrar(urls []string, token string, spec registration, interval time.Duration, client *http.Client, log *slog.Logger) *registrar {
-	return &registrar{urls: urls, token: token, client: client, interval: interval, spec: spec,
-		log: log.With("component", "registrar"), registered: make(chan struct{})}
-}
-
-func (r *registrar) setTotalBlocks(n int) {
-	r.mu.Lock()
-	r.spec.TotalBlocks = n
-	r.mu.Unlock()
-}
-
-// run registers, retrying with backoff until it succeeds, then renews the
-// registration every interval until ctx ends. before runs ahead of each
-// attempt (it may update the spec).
-func (r *registrar) run(ctx context.Context, before func()) {
-	const backoffMin, backoffMax = 200 * time.Millisecond, 5 * time.Second
-	backoff := backoffMin
-	for {
-		if before != nil {
-			before()
-		}
-		r.mu.Lock()
-		spec := r.spec
-		r.mu.Unlock()
-		err := r.post(ctx, "/workers/register", spec)
-		wait := r.interval
-		if err != nil {
-			r.ok.Store(false)
-			r.failures.Add(1)
-			r.lastErr.Store(err.Error())
-			if ctx.Err() != nil {
-				return
-			}
-			r.log.Warn("registration failed; retrying", "err", err, "in", backoff)
-			wait = backoff/2 + rand.N(backoff/2+1)
-			backoff = min(2*backoff, backoffMax)
-		} else {
-			backoff = backoffMin
-			r.lastErr.Store("")
-			if !r.ok.Swap(true) {
-				r.log.Info("registered", "worker", spec.ID, "url", spec.URL, "model", spec.Model,
-					"block_size", spec.BlockSize, "total_kv_blocks", spec.TotalBlocks, "dp_ranks", spec.DPRanks)
-			}
-			r.renewals.Add(1)
-			r.once.Do(func() { close(r.registered) })
-		}
-		if !sleepCtx(ctx, wait) {
-			return
-		}
-	}
-}
-
-func (r *registrar) deregister(ctx context.Context) error {
-	return r.post(ctx, "/workers/deregister", map[string]string{"id": r.spec.ID})
-}
-
-// post sends body to path on each replica in turn until one answers 200.
-func (r *registrar) post(ctx context.Context, path string, body any) error {
-	data, err := json.Marshal(body)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	first := int(r.preferred.Load())
-	for i := range r.urls {
-		idx := (first + i) % len(r.urls)
-		base := r.urls[idx]
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(data))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		if r.token != "" {
-			req.Header.Set("Authorization", "Bearer "+r.token)
-		}
-		resp, err := r.client.Do(req)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", base, err))
-		} else {
-			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				r.preferred.Store(int64(idx))
-				return nil
-			}
-			errs = append(errs, fmt.Errorf("%s: HTTP %d: %s", base, resp.StatusCode, strings.TrimSpace(string(msg))))
-		}
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	return fmt.Errorf("POST %s: %w", path, errors.Join(errs...))
+// registrarConfig is how the bridge registers a worker with the replicas:
+// its HTTP client, the admin token, the lease. A deregistration the
+// replicas refuse (not registered) is an error: Remove reports it.
+func (b *Bridge) registrarConfig(spec registrar.Spec, log *slog.Logger) registrar.Config {
+	return registrar.Config{URLs: b.cfg.Register, Token: b.cfg.AdminToken, Spec: spec,
+		Interval: b.cfg.RegisterInterval, Client: b.cfg.HTTPClient, Logger: log}
 }
 
 // EngineInfo is what an engine's HTTP surface says about itself.
