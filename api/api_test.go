@@ -207,6 +207,19 @@ func TestAPIReadyDebugAndMetrics(t *testing.T) {
 	if rec := do(s, "GET", "/ready", ""); rec.Code != 503 || !strings.Contains(rec.Body.String(), "no leader") {
 		t.Errorf("not ready: %d %s", rec.Code, rec.Body)
 	}
+	// Not ready but not draining: 503 whatever the load balancer asks.
+	if rec := do(s, "GET", "/ready?draining=404", ""); rec.Code != 503 {
+		t.Errorf("not ready, not draining, asked for 404: %d", rec.Code)
+	}
+	// Draining: 503 by contract, 404 to a load balancer that asks for it.
+	rep.drain = true
+	if rec := do(s, "GET", "/ready", ""); rec.Code != 503 {
+		t.Errorf("draining: %d", rec.Code)
+	}
+	if rec := do(s, "GET", "/ready?draining=404", ""); rec.Code != 404 || !strings.Contains(rec.Body.String(), `"ready":false`) {
+		t.Errorf("draining, asked for 404: %d %s", rec.Code, rec.Body)
+	}
+	rep.drain = false
 	rec := do(s, "POST", "/debug/route", fmt.Sprintf(chatBody, ""))
 	if rec.Code != 200 || !strings.Contains(rec.Body.String(), `"chosen":"w1"`) || !strings.Contains(rec.Body.String(), "Formula for worker_id=w1") {
 		t.Errorf("debug route: %d %s", rec.Code, rec.Body)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -47,6 +48,26 @@ type Server struct {
 	log     *slog.Logger
 	gates   *gates
 	cool    *cooldown
+	// inflight counts inference requests being served, so a draining
+	// replica can wait for them before it closes its listener.
+	inflight atomic.Int64
+}
+
+// Drainer is implemented by a replica that can be draining (SIGTERM
+// received): /ready?draining=404 then answers 404 instead of 503, which
+// HAProxy's `http-check disable-on-404` turns into "no new sessions, keep
+// the open ones" rather than "down: cut every session".
+type Drainer interface {
+	Draining() bool
+}
+
+// InFlight is the number of inference requests being served.
+func (s *Server) InFlight() int64 { return s.inflight.Load() }
+
+func (s *Server) countInFlight(c *gin.Context) {
+	s.inflight.Add(1)
+	defer s.inflight.Add(-1)
+	c.Next()
 }
 
 // New builds the server; Handler serves it.
@@ -99,7 +120,7 @@ func (s *Server) routes() *gin.Engine {
 	e := gin.New()
 	e.Use(gin.Recovery(), s.limitBody)
 
-	infer := e.Group("/v1", s.requireKey)
+	infer := e.Group("/v1", s.countInFlight, s.requireKey)
 	infer.POST("/chat/completions", s.chatCompletions)
 	infer.POST("/completions", s.completions)
 	infer.GET("/models", s.listModels)
@@ -174,7 +195,11 @@ func (s *Server) requireAdmin(c *gin.Context) {
 func (s *Server) ready(c *gin.Context) {
 	ok, reason := s.rep.Ready()
 	if !ok {
-		c.JSON(http.StatusServiceUnavailable, gin.H{"ready": false, "reason": reason, "node_id": s.rep.NodeID()})
+		status := http.StatusServiceUnavailable
+		if d, isD := s.rep.(Drainer); isD && d.Draining() && c.Query("draining") == "404" {
+			status = http.StatusNotFound
+		}
+		c.JSON(status, gin.H{"ready": false, "reason": reason, "node_id": s.rep.NodeID()})
 		return
 	}
 	c.JSON(http.StatusOK, gin.H{"ready": true, "node_id": s.rep.NodeID()})

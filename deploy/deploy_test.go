@@ -54,8 +54,9 @@ func TestDeployHAProxySettings(t *testing.T) {
 	want := []string{
 		"mode tcp",
 		"bind :8000",
-		"option httpchk GET /ready",
+		"option httpchk GET /ready?draining=404",
 		"http-check expect status 200",
+		"http-check disable-on-404", // graceful drain on SIGTERM (404), not shutdown-sessions
 		"default-server inter 500ms fall 2 rise 2 on-marked-down shutdown-sessions",
 		"timeout connect 2s",
 		"timeout client 10m",

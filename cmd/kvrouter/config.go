@@ -43,6 +43,7 @@ type serveConfig struct {
 	LogLevel      string
 	BridgeConfig  string        // engines whose ZMQ KV events this replica bridges itself (small fleets)
 	DrainDelay    time.Duration // on SIGTERM, /ready is 503 this long before the server stops
+	DrainTimeout  time.Duration // then in-flight requests get this long before the listener closes
 	Disagg        disaggConfig
 }
 
@@ -124,6 +125,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"events-missing-after"}, env: []string{"KVROUTER_EVENTS_MISSING_AFTER"}, def: "60s", usage: "warn when a routed worker has published no KV events this long", set: dur(&c.EventsMissing)},
 		{names: []string{"bridge-config"}, env: []string{"KVROUTER_BRIDGE_CONFIG"}, usage: "JSON file of vLLM/SGLang engines whose ZMQ KV events this replica bridges in-process (see eventbus/zmqbridge/README.md)", set: str(&c.BridgeConfig)},
 		{names: []string{"drain-delay"}, env: []string{"KVROUTER_DRAIN_DELAY"}, def: "2s", usage: "on SIGTERM, report not ready this long (the load balancer moves away) before stopping; then in-flight requests finish", set: dur(&c.DrainDelay)},
+		{names: []string{"drain-timeout"}, env: []string{"KVROUTER_DRAIN_TIMEOUT"}, def: "30s", usage: "after --drain-delay, wait this long at most for in-flight requests before closing the listener", set: dur(&c.DrainTimeout)},
 		{names: []string{"log-level"}, env: []string{"KVROUTER_LOG_LEVEL"}, def: "info", usage: "debug, info, warn, error", set: str(&c.LogLevel)},
 	}
 	specs = append(specs, disaggFlags(&c.Disagg)...)

@@ -260,6 +260,9 @@ func (r *replica) DeregisterWorker(ctx context.Context, id string) error {
 	return apiError(r.propose(ctx, b))
 }
 
+// Draining reports SIGTERM received (api.Drainer).
+func (r *replica) Draining() bool { return r.draining.Load() }
+
 func (r *replica) Ready() (bool, string) {
 	if r.draining.Load() {
 		return false, "draining: shutting down"

@@ -131,14 +131,21 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	case err := <-httpErr:
 		log.Error("http server failed", "err", err)
 	}
-	// Drain: report not ready so the load balancer routes away (HAProxy
-	// needs fall × inter), then let in-flight requests finish, then hand
-	// leadership over and stop Raft.
+	// Drain: report not ready so the load balancer routes away. HAProxy
+	// checks /ready?draining=404 and, on 404, stops sending new sessions
+	// but keeps the open ones (disable-on-404); a 503 would mark us down and
+	// cut them (on-marked-down shutdown-sessions). Keep-alives end, so
+	// clients' pinned connections close after their current answer and
+	// reconnect elsewhere. Then wait for in-flight requests before closing
+	// the listener: a closed listener fails the checks and would cut the
+	// streams still running.
 	r.draining.Store(true)
+	httpSrv.SetKeepAlivesEnabled(false)
 	if cfg.DrainDelay > 0 {
-		log.Info("draining: /ready is 503 while the load balancer moves away", "for", cfg.DrainDelay)
+		log.Info("draining: /ready is 503 (404 to the load balancer) while it moves away", "for", cfg.DrainDelay)
 		time.Sleep(cfg.DrainDelay)
 	}
+	waitIdle(srv, cfg.DrainTimeout, log)
 	stopCtx, stop := context.WithTimeout(context.Background(), 15*time.Second)
 	defer stop()
 	if err := httpSrv.Shutdown(stopCtx); err != nil {
@@ -150,6 +157,18 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		log.Warn("raft shutdown", "err", err)
 	}
 	return nil
+}
+
+// waitIdle waits until srv serves no inference request, at most limit.
+func waitIdle(srv *api.Server, limit time.Duration, log *slog.Logger) {
+	deadline := time.Now().Add(limit)
+	for n := srv.InFlight(); n > 0; n = srv.InFlight() {
+		if time.Now().After(deadline) {
+			log.Warn("drain timeout: closing with requests in flight", "in_flight", n, "after", limit)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func loadTokenizer(cfg serveConfig) (tokenize.Tokenizer, tokenize.Template, error) {
