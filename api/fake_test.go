@@ -16,7 +16,7 @@ type fakeReplica struct {
 	routers map[string]*router.Router
 	urls    map[router.WorkerID]string
 	ready   bool
-	drain   bool // Draining (api.Drainer)
+	drain   bool     // Draining (api.Drainer)
 	events  []string // load notifications, for assertions
 }
 
@@ -90,7 +90,7 @@ func (f *fakeReplica) Ready() (bool, string) {
 	}
 	return false, "no leader"
 }
-func (f *fakeReplica) Draining() bool { return f.drain }
+func (f *fakeReplica) Draining() bool             { return f.drain }
 func (f *fakeReplica) Status(bool) map[string]any { return map[string]any{"node_id": "r1"} }
 func (f *fakeReplica) note(s string) {
 	f.mu.Lock()

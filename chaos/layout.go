@@ -50,35 +50,44 @@ func replicaURL(i int) string { return fmt.Sprintf("http://%s:%d", nodeIP(i), ht
 // haproxyConfig derives the harness's HAProxy configuration from the
 // deployed one (deploy/haproxy/haproxy.cfg), changing only the listen
 // addresses and the servers, so the checks under test are the real ones.
+// Every backend's block of server lines (the deployed file has one per
+// backend: replicas, checked on /ready, and survivors, on /health) becomes
+// the members' servers, with the options of the block's first line.
 func haproxyConfig(template string, members []int) (string, error) {
 	data, err := os.ReadFile(template)
 	if err != nil {
 		return "", err
 	}
 	var out []string
-	serversDone := false
+	blocks, inBlock := 0, false
 	for _, line := range strings.Split(string(data), "\n") {
 		t := strings.TrimSpace(line)
+		if strings.HasPrefix(t, "server r") {
+			if inBlock {
+				continue
+			}
+			inBlock = true
+			blocks++
+			opts := "check"
+			if f := strings.Fields(t); len(f) > 3 {
+				opts = strings.Join(f[3:], " ")
+			}
+			for _, i := range members {
+				out = append(out, fmt.Sprintf("    server r%d %s:%d %s", i, nodeIP(i), httpPort, opts))
+			}
+			continue
+		}
+		inBlock = false
 		switch {
 		case strings.HasPrefix(t, "bind :8000"):
 			line = fmt.Sprintf("    bind %s:%d", hostIP, lbPort)
 		case strings.HasPrefix(t, "bind :8404"):
 			line = fmt.Sprintf("    bind %s:%d", hostIP, statsPort)
-		case strings.HasPrefix(t, "server r"):
-			if serversDone {
-				continue
-			}
-			serversDone = true
-			var lines []string
-			for _, i := range members {
-				lines = append(lines, fmt.Sprintf("    server r%d %s:%d check", i, nodeIP(i), httpPort))
-			}
-			line = strings.Join(lines, "\n")
 		}
 		out = append(out, line)
 	}
 	cfg := strings.Join(out, "\n")
-	if !serversDone || !strings.Contains(cfg, fmt.Sprintf("%s:%d", hostIP, lbPort)) {
+	if blocks == 0 || !strings.Contains(cfg, fmt.Sprintf("%s:%d", hostIP, lbPort)) {
 		return "", fmt.Errorf("%s: bind :8000 or server lines not found; the harness cannot derive its config", template)
 	}
 	return cfg, nil

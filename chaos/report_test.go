@@ -178,6 +178,23 @@ func TestChaosHAProxyConfigFromDeploy(t *testing.T) {
 			t.Errorf("derived config lacks %q", want)
 		}
 	}
+	// Every backend with servers in the deployed file (replicas, survivors)
+	// has all three members in the derived one.
+	tmpl, err := os.ReadFile(filepath.Join("..", "deploy", "haproxy", "haproxy.cfg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	backends := 0
+	for _, sec := range strings.Split(string(tmpl), "\nbackend ")[1:] {
+		if strings.Contains(sec, "\n    server r") {
+			backends++
+		}
+	}
+	for _, want := range []string{"server r1 10.77.0.11:8080 check", "server r2 10.77.0.12:8080 check", "server r3 10.77.0.13:8080 check"} {
+		if n := strings.Count(cfg, want); n != backends || backends == 0 {
+			t.Errorf("%q in %d backends, the deployed file has %d backends with servers", want, n, backends)
+		}
+	}
 	for _, line := range strings.Split(cfg, "\n") {
 		if l := strings.TrimSpace(line); !strings.HasPrefix(l, "#") && (strings.Contains(l, "127.0.0.1:800") || strings.Contains(l, "bind :8000")) {
 			t.Errorf("derived config still has a local address: %q", l)
