@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -354,10 +355,34 @@ func baseURL(s string) string {
 	return s
 }
 
+// checkRaftAddr accepts host:port with a non-empty host and a port in
+// 1..65535.
+func checkRaftAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err == nil && host == "" {
+		err = errors.New("empty host")
+	}
+	if err == nil {
+		if p, perr := strconv.Atoi(port); perr != nil || p < 1 || p > 65535 {
+			err = fmt.Errorf("port %q", port)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("raft_addr %q is not host:port: %v", addr, err)
+	}
+	return nil
+}
+
 func (n *Node) handleJoin(w http.ResponseWriter, r *http.Request) {
 	var req joinRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil || req.NodeID == "" || req.RaftAddr == "" {
 		writeJSON(w, http.StatusBadRequest, adminResponse{Error: "want {\"node_id\",\"raft_addr\"}", Code: codeBadRequest})
+		return
+	}
+	// A voter whose address cannot be dialled would cost the cluster its
+	// quorum for good (a single node adding one stops electing itself).
+	if err := checkRaftAddr(req.RaftAddr); err != nil {
+		writeJSON(w, http.StatusBadRequest, adminResponse{Error: err.Error(), Code: codeBadRequest})
 		return
 	}
 	n.serveAdmin(w, r, "/cluster/join", req, func(ctx context.Context) error {

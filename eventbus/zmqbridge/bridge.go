@@ -48,7 +48,12 @@ const MaxDPRanks = 1024
 // Normalize fills defaults and checks the spec.
 func (w *WorkerSpec) Normalize() error {
 	w.ID = strings.TrimSpace(w.ID)
-	w.URL = strings.TrimRight(strings.TrimSpace(w.URL), "/")
+	// Trim spaces and trailing slashes until neither is left ("http://a/ /"
+	// → "http://a"), so normalising twice changes nothing.
+	for u := ""; u != w.URL; {
+		u = w.URL
+		w.URL = strings.TrimRight(strings.TrimSpace(w.URL), "/")
+	}
 	if w.DPRanks == 0 {
 		w.DPRanks = 1
 	}
@@ -57,7 +62,7 @@ func (w *WorkerSpec) Normalize() error {
 	if err := eventbus.Validate(&probe, 0); err != nil || strings.Contains(w.ID, "#") {
 		errs = append(errs, fmt.Errorf("worker id %q: must be non-empty, printable, at most %d bytes, without '#'", w.ID, eventbus.MaxWorkerNameLen))
 	}
-	if !strings.HasPrefix(w.URL, "http://") && !strings.HasPrefix(w.URL, "https://") {
+	if (!strings.HasPrefix(w.URL, "http://") && !strings.HasPrefix(w.URL, "https://")) || strings.ContainsAny(w.URL, " \t\r\n") {
 		errs = append(errs, fmt.Errorf("worker %s: url %q: want the engine's http(s):// OpenAI base URL", w.ID, w.URL))
 	}
 	if err := CheckEndpoint(w.Events); err != nil {

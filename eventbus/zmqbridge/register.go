@@ -87,7 +87,7 @@ func ParseMetrics(body []byte, blockSize int) (EngineInfo, error) {
 			if n, err := strconv.Atoi(labels["num_gpu_blocks"]); err == nil && n > 0 && (info.TotalBlocks == 0 || n < info.TotalBlocks) {
 				info.TotalBlocks = n // per engine (rank); the smallest if several
 			}
-			if n, err := strconv.Atoi(labels["block_size"]); err == nil {
+			if n, err := strconv.Atoi(labels["block_size"]); err == nil && n > 0 {
 				info.BlockSize = n
 			}
 			if v, ok := labels["enable_prefix_caching"]; ok {
@@ -101,21 +101,31 @@ func ParseMetrics(body []byte, blockSize int) (EngineInfo, error) {
 			sgPages = value
 		case "sglang:page_size":
 			info.Engine = "sglang"
-			info.BlockSize = int(value)
+			info.BlockSize = countOf(value)
 		}
 	}
 	if info.Engine == "sglang" {
 		switch {
 		case sgPages > 0 && (info.BlockSize == 0 || info.BlockSize == blockSize):
-			info.TotalBlocks = int(sgPages)
+			info.TotalBlocks = countOf(sgPages)
 		case sgTokens > 0 && blockSize > 0:
-			info.TotalBlocks = int(sgTokens) / blockSize
+			info.TotalBlocks = countOf(sgTokens) / blockSize
 		}
 	}
 	if info.Engine == "" {
 		return info, errors.New("no vllm:cache_config_info or sglang:max_total_num_tokens metric")
 	}
 	return info, nil
+}
+
+// countOf reads a gauge as a count: 0 (unknown) unless it is a finite
+// value in [0, 2^40] — a float outside int's range has no defined int
+// conversion, and +Inf or 1e300 must not become a capacity.
+func countOf(v float64) int {
+	if math.IsNaN(v) || v < 0 || v > 1<<40 {
+		return 0
+	}
+	return int(v)
 }
 
 // parseSample parses one Prometheus text line: name{labels} value.
