@@ -329,9 +329,18 @@ func (s *Syncer) publishLocked(m SyncMsg) error {
 	return nil
 }
 
+// decodeSync decodes a replica-sync message after checking its shape, so no
+// declared length can make the decoder allocate more than the message holds.
+func decodeSync(data []byte, m *SyncMsg) error {
+	if err := checkMsgpack(data); err != nil {
+		return err
+	}
+	return msgpack.Unmarshal(data, m)
+}
+
 func (s *Syncer) handle(msg *nats.Msg) {
 	var m SyncMsg
-	if err := msgpack.Unmarshal(msg.Data, &m); err != nil || m.Replica == "" || m.Seq == 0 {
+	if err := decodeSync(msg.Data, &m); err != nil || m.Replica == "" || m.Seq == 0 {
 		s.undecodable.Add(1)
 		return
 	}
