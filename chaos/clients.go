@@ -220,7 +220,12 @@ func adminClient(ctx context.Context, c int, urls func() []replicaRef, h *adminH
 type replicaRef struct{ id, url string }
 
 func adminWrite(ctx context.Context, base string, v int64) error {
-	body := fmt.Sprintf(`{"model":%q,"active_decode_blocks_threshold":%s}`, ledgerModel, valueJSON(v))
+	return postThreshold(ctx, base, fmt.Sprintf(`{"model":%q,"active_decode_blocks_threshold":%s}`, ledgerModel, valueJSON(v)))
+}
+
+// postThreshold POSTs body to base's /busy_threshold; anything but 200 is
+// an error carrying the answer's first line.
+func postThreshold(ctx context.Context, base, body string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/busy_threshold", strings.NewReader(body))
 	if err != nil {
 		return err

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -139,22 +138,7 @@ func (e *env) writeProbe(i int, every time.Duration) (stop func() []probeOp) {
 // probeWrite sets the ledger model's prefill-token threshold: a Raft write
 // like the admin clients', on a field their register history does not track.
 func probeWrite(ctx context.Context, base string, n int64) error {
-	body := fmt.Sprintf(`{"model":%q,"active_prefill_tokens_threshold":%d}`, ledgerModel, 900000+n)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/busy_threshold", strings.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := adminHTTP.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, firstLine(data))
-	}
-	return nil
+	return postThreshold(ctx, base, fmt.Sprintf(`{"model":%q,"active_prefill_tokens_threshold":%d}`, ledgerModel, 900000+n))
 }
 
 // probeSummary: writes called in [from, to): successes, and the slowest
