@@ -15,16 +15,15 @@ import (
 // not observe: the model's KV bytes per token, the transfer link, and the
 // workers' step times (an engine profile, as the simulator uses).
 type disaggConfig struct {
-	Mode           router.DisaggMode
-	KV             router.ModelKV
-	LinkMBps       float64 // MB/s (1e6 bytes) shared by concurrent transfers
-	LinkPerPair    bool    // each prefill/decode pair has its own link of that speed
-	LinkMax        int     // transfers at once on the link (0 = no limit)
-	LinkLatency    time.Duration
-	Profile        string  // engine profile of the workers' step times
-	Speedup        float64 // divides the profile's step times (kvmock --speedup)
-	Retries        int     // failed transfers restarted before serving aggregated
-	InterferenceWt float64
+	Mode        router.DisaggMode
+	KV          router.ModelKV
+	LinkMBps    float64 // MB/s (1e6 bytes) shared by concurrent transfers
+	LinkPerPair bool    // each prefill/decode pair has its own link of that speed
+	LinkMax     int     // transfers at once on the link (0 = no limit)
+	LinkLatency time.Duration
+	Profile     string  // engine profile of the workers' step times
+	Speedup     float64 // divides the profile's step times (kvmock --speedup)
+	Retries     int     // failed transfers restarted before serving aggregated
 }
 
 func disaggFlags(c *disaggConfig) []flagSpec {
@@ -73,7 +72,7 @@ func (c disaggConfig) routerConfig() (router.DisaggConfig, error) {
 	sp := c.Speedup
 	link := router.Link{ThroughputBytesPerS: c.LinkMBps * 1e6 * sp, MaxConcurrent: c.LinkMax, Latency: time.Duration(float64(c.LinkLatency) / sp), PerPair: c.LinkPerPair}
 	dc := router.DisaggConfig{
-		Mode: c.Mode, KV: c.KV, TransferRetries: c.Retries, InterferenceWeight: c.InterferenceWt,
+		Mode: c.Mode, KV: c.KV, TransferRetries: c.Retries,
 		Timing: router.StepTiming{
 			PrefillMs: func(n int) float64 { return prof.PrefillMs(n) / sp },
 			DecodeMs:  func(f float64) float64 { return prof.DecodeMs(f) / sp },
