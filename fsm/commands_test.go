@@ -59,6 +59,34 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 	}
 }
 
+// knownTypes is every command type this build applies, read off the code
+// (CommandType.known), not off a hand-kept list.
+func knownTypes() []CommandType {
+	var out []CommandType
+	for b := range int(IgnoreIfUnknown) {
+		if CommandType(b).known() {
+			out = append(out, CommandType(b))
+		}
+	}
+	return out
+}
+
+// TestFSMKnownTypesAgree: the three places a type must be added agree on
+// which types exist (known, String, the payload decoder), so a type added
+// to one of them and forgotten in another fails here, and knownTypes sees
+// every type the decoder does.
+func TestFSMKnownTypesAgree(t *testing.T) {
+	for b := range 256 {
+		typ := CommandType(b)
+		named := !strings.HasPrefix(typ.String(), "CommandType(")
+		_, err := decodePayload(typ, nil)
+		decodes := !errors.Is(err, ErrUnknownCommand)
+		if typ.known() != named || typ.known() != decodes {
+			t.Errorf("type %d: known %v, named %v (%s), decoder knows it %v", b, typ.known(), named, typ, decodes)
+		}
+	}
+}
+
 // goldenCommands is one of each command, with every optional field used.
 // Their encodings are pinned in testdata/commands-v1.golden.
 func goldenCommands() []struct {
@@ -89,6 +117,8 @@ func goldenCommands() []struct {
 		{"register-node", RegisterNode{NodeID: "r1", RaftAddr: "10.0.0.1:7000", HTTPAddr: "10.0.0.1:8001"}},
 		{"resync-worker", ResyncWorker{Worker: "vllm-0", DPRank: 1}},
 		{"remove-node", RemoveNode{NodeID: "r3"}},
+		{"register-worker-role", RegisterWorker{ID: "p-0", DPRanks: 1, Address: "10.0.0.8:8000", Model: "llama-3-8b",
+			BlockSize: 16, TotalBlocks: 4096, MaxBatchedTokens: 16384, LeaseUntil: 1_700_000_000_000_000_000, Role: router.RolePrefill}},
 	}
 }
 
@@ -128,6 +158,17 @@ func TestFSMCommandGolden(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 		golden[name] = b
+	}
+	// Every type this build knows has a pinned encoding: a new type without
+	// one fails here, whether or not someone remembered goldenCommands.
+	pinned := map[CommandType]bool{}
+	for _, b := range golden {
+		pinned[CommandType(b[0]&^IgnoreIfUnknown)] = true
+	}
+	for _, typ := range knownTypes() {
+		if !pinned[typ] {
+			t.Errorf("command type %d (%s) has no golden encoding: add one to goldenCommands, run with -update and commit", uint8(typ), typ)
+		}
 	}
 	for _, c := range cmds {
 		b, ok := golden[c.name]
