@@ -389,4 +389,3 @@ func checkDocuments(v any) error {
 	}
 	return nil
 }
-
