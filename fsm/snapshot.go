@@ -18,14 +18,16 @@ import (
 	"github.com/kvrouter/kvrouter/router"
 )
 
-// Snapshot stream, format version 1 (see DESIGN.md):
+// Snapshot stream, format versions 1 and 2 (see DESIGN.md):
 //
-//	"KVRS" | byte format version
+//	"KVRS" | byte format version (1, or 2 when a worker has a role)
 //	records: byte type | uvarint body length (<= maxRecordLen) | body
 //	  1 header (exactly once, first): u64 applied index, uvarint block size,
 //	    varint clock, uvarint counts of nodes, workers, models, cursors,
 //	    block records, prediction records
-//	  2 node, 3 worker, 4 model, 5 cursor, 6 blocks, 7 predictions
+//	  2 node, 3 worker (v2: role string after the RegisterWorker
+//	    payload when the worker has one), 4 model, 5 cursor, 6 blocks,
+//	    7 predictions
 //	    (in this type order; within a type sorted by id, then rank, then hash)
 //	  0 end (empty body)
 //	u32 LE CRC-32C (Castagnoli) of every byte before it
@@ -34,8 +36,20 @@ import (
 // snapshotChunk entries, so no record is large and a reader never allocates
 // more than maxRecordLen from a length it has not verified.
 const (
-	snapshotMagic   = "KVRS"
-	SnapshotVersion = 1 // the format this build writes; Restore reads 1
+	snapshotMagic = "KVRS"
+	// SnapshotVersion is the newest format this build writes; Restore reads
+	// every version up to it. A snapshot is written in the oldest version
+	// that expresses its state (snapshotVersionOf), so replicas of older
+	// builds can still install it during a rolling upgrade unless the state
+	// holds something they cannot represent, which they then refuse by
+	// version instead of misreading.
+	SnapshotVersion = 2
+
+	// digestVersion is the version byte the digest hashes whatever version
+	// expresses the state: a state has one digest, and it is the one the
+	// builds before format 2 computed (they hashed roles as a trailing field
+	// of a version 1 record), so digests compare across a rolling upgrade.
+	digestVersion = 1
 
 	recEnd     = 0
 	recHeader  = 1
@@ -211,12 +225,28 @@ func (c *crcWriter) record(typ byte) {
 	c.write(c.buf)
 }
 
-// writeImage streams img in the snapshot format. withApplied false writes
-// 0 for the applied index: that is the digest's canonical form.
+// snapshotVersionOf is the oldest format that expresses img: 2 once a
+// worker has a role (format 1 has no field for it), else 1.
+func snapshotVersionOf(img *image) byte {
+	for _, w := range img.workers {
+		if w.Role != "" {
+			return 2
+		}
+	}
+	return 1
+}
+
+// writeImage streams img in the snapshot format. withApplied false is the
+// digest's canonical form: 0 for the applied index and digestVersion for
+// the version byte.
 func writeImage(w io.Writer, img *image, withApplied bool) error {
 	c := &crcWriter{w: w, buf: make([]byte, 0, 4096)}
 	c.write([]byte(snapshotMagic))
-	c.write([]byte{SnapshotVersion})
+	version := snapshotVersionOf(img)
+	if !withApplied {
+		version = digestVersion
+	}
+	c.write([]byte{version})
 
 	nBlocks, nPreds := 0, 0
 	for _, rb := range img.blocks {
@@ -248,7 +278,8 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 		rw := RegisterWorker(w)
 		b, err := appendRegisterWorker(c.buf[:0], &rw)
 		if err == nil && rw.Role != "" {
-			// Trailing and optional: a record without it is aggregated.
+			// Present only with a role (then the format is 2): a record
+			// without it is a worker registered without a role.
 			b, err = appendRole(b, &rw)
 		}
 		if err != nil {
@@ -458,8 +489,8 @@ func readSnapshot(r io.Reader, base router.Config) (*state, uint64, error) {
 	if string(magic[:4]) != snapshotMagic {
 		return nil, 0, corrupt("bad magic %q", magic[:4])
 	}
-	if magic[4] != SnapshotVersion {
-		return nil, 0, corrupt("format version %d, this build reads %d", magic[4], SnapshotVersion)
+	if magic[4] < 1 || magic[4] > SnapshotVersion {
+		return nil, 0, corrupt("format version %d, this build reads 1 to %d", magic[4], SnapshotVersion)
 	}
 	st := newState(base.BlockSize)
 	var applied uint64
@@ -509,6 +540,11 @@ func readSnapshot(r io.Reader, base router.Config) (*state, uint64, error) {
 			st.nodes[n.ID] = n
 		case recWorker:
 			c := readRegisterWorker(rd)
+			// Version 2 carries a role after the payload when the worker has
+			// one. Version 1 has no role field, but the builds that added
+			// roles before format 2 wrote it there all the same
+			// (testdata/snapshot-v1-roles.bin): read it in both, so their
+			// snapshots restore after an upgrade.
 			if rd.err == nil && len(rd.b) > 0 {
 				c.Role = readRole(rd)
 			}

@@ -47,6 +47,23 @@ func goldenState(t testing.TB) *FSM {
 	return h.f
 }
 
+// goldenStateRoles is goldenState plus workers of every role, with blocks:
+// the state pinned by testdata/snapshot-v2.bin (and, as the build before
+// snapshot format 2 wrote it, testdata/snapshot-v1-roles.bin).
+func goldenStateRoles(t testing.TB) *FSM {
+	f := goldenState(t)
+	h := &harness{t: t, f: f, idx: f.AppliedIndex()}
+	h.ok(RegisterWorker{ID: "prefill-0", DPRanks: 1, Address: "10.0.2.1:8000", Model: "llama", TotalBlocks: 2048, MaxBatchedTokens: 16384, Role: router.RolePrefill})
+	h.ok(RegisterWorker{ID: "decode-0", DPRanks: 2, Address: "10.0.2.2:8000", Model: "llama", TotalBlocks: 8192, MaxBatchedTokens: 4096, LeaseUntil: 9_000, Role: router.RoleDecode})
+	h.ok(RegisterWorker{ID: "both-0", DPRanks: 1, Address: "10.0.2.3:8000", Model: "qwen", BlockSize: 16, TotalBlocks: 512, Role: router.RoleBoth})
+	h.events(
+		stored("prefill-0", 0, 1, 14643705804678351452, 4945711292740353085),
+		stored("decode-0", 1, 1, 14643705804678351452),
+		stored("both-0", 0, 1, 77),
+	)
+	return h.f
+}
+
 // richState is a larger random state, with a rank holding more blocks and
 // predictions than fit one snapshot record.
 func richState(t testing.TB, seed uint64, n int) (*FSM, uint64) {
@@ -303,9 +320,12 @@ func TestFSMSnapshotCorrupt(t *testing.T) {
 	t.Run("framing", func(t *testing.T) {
 		check(t, "trailing byte", append(slices.Clone(good), 0))
 		check(t, "bad magic", append([]byte("KVRX"), good[4:]...))
-		v2 := slices.Clone(good)
-		v2[4] = 2
-		check(t, "unknown version", v2)
+		v3 := slices.Clone(good)
+		v3[4] = SnapshotVersion + 1
+		check(t, "unknown version", v3)
+		v0 := slices.Clone(good)
+		v0[4] = 0
+		check(t, "version 0", v0)
 	})
 	// Well-framed snapshots (valid CRC) whose content breaks an invariant.
 	img := func(mod func(*image)) []byte {
@@ -383,24 +403,44 @@ func TestFSMSnapshotCorrupt(t *testing.T) {
 	})
 }
 
+// goldenWriters are the golden snapshots this build writes, with the state
+// each pins: format 1 for a state without roles, 2 with them. Files not
+// listed (testdata/snapshot-v1-roles.bin) were written by older builds.
+var goldenWriters = map[string]func(testing.TB) *FSM{
+	"snapshot-v1.bin": goldenState,
+	"snapshot-v2.bin": goldenStateRoles,
+}
+
 // TestFSMGoldenSnapshots restores every committed snapshot, of every format
 // version, forever, and checks the digest of the state it holds.
-// go test ./fsm -run TestFSMGoldenSnapshots -update rewrites the current
-// version's file (only when the format version changes: add, never replace).
+// go test ./fsm -run TestFSMGoldenSnapshots -update writes the files of
+// goldenWriters that do not exist yet (a new format version adds a file,
+// never replaces one).
 func TestFSMGoldenSnapshots(t *testing.T) {
-	cur := filepath.Join("testdata", fmt.Sprintf("snapshot-v%d.bin", SnapshotVersion))
 	if *update {
-		f := goldenState(t)
-		if err := os.WriteFile(cur, snapshotBytes(t, f), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(strings.TrimSuffix(cur, ".bin")+".digest", []byte(f.Digest()+"\n"), 0o644); err != nil {
-			t.Fatal(err)
+		for name, build := range goldenWriters {
+			path := filepath.Join("testdata", name)
+			if _, err := os.Stat(path); err == nil {
+				continue
+			}
+			f := build(t)
+			if err := os.WriteFile(path, snapshotBytes(t, f), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(strings.TrimSuffix(path, ".bin")+".digest", []byte(f.Digest()+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("wrote %s", path)
 		}
 	}
 	files, err := filepath.Glob(filepath.Join("testdata", "snapshot-v*.bin"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no golden snapshots (%v): run with -update and commit testdata/", err)
+	}
+	for name := range goldenWriters {
+		if !slices.Contains(files, filepath.Join("testdata", name)) {
+			t.Errorf("%s missing: run with -update and commit testdata/", name)
+		}
 	}
 	for _, file := range files {
 		t.Run(filepath.Base(file), func(t *testing.T) {
@@ -420,15 +460,16 @@ func TestFSMGoldenSnapshots(t *testing.T) {
 			if got := f.Digest(); got != want {
 				t.Fatalf("digest %s, want %s", got, want)
 			}
-			if file != cur {
+			build, current := goldenWriters[filepath.Base(file)]
+			if !current {
 				return
 			}
-			// The current format: the commands still build this state, and it
-			// still snapshots to these bytes.
+			// A format this build writes: the commands still build this
+			// state, and it still snapshots to these bytes.
 			if !bytes.Equal(snapshotBytes(t, f), b) {
 				t.Fatal("re-snapshot of the golden state differs from the golden bytes")
 			}
-			g := goldenState(t)
+			g := build(t)
 			if g.Digest() != want {
 				t.Fatal("the golden commands now build another state")
 			}
@@ -436,6 +477,49 @@ func TestFSMGoldenSnapshots(t *testing.T) {
 				t.Fatalf("restored applied %d stale %v predictions %d", f.AppliedIndex(), f.Stale(), f.PredictionCount())
 			}
 		})
+	}
+}
+
+// TestFSMSnapshotVersions: a state without roles is written as format 1
+// (every older build installs it), one with a role as format 2 (builds
+// that read only format 1 refuse it by its version). The roles the builds
+// before format 2 wrote into format 1 still restore, to the same state and
+// digest as format 2 holds.
+func TestFSMSnapshotVersions(t *testing.T) {
+	plain, roles := snapshotBytes(t, goldenState(t)), snapshotBytes(t, goldenStateRoles(t))
+	if plain[4] != 1 || roles[4] != 2 {
+		t.Fatalf("format versions written: %d without roles, %d with", plain[4], roles[4])
+	}
+	old, err := os.ReadFile(filepath.Join("testdata", "snapshot-v1-roles.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if old[4] != 1 {
+		t.Fatalf("snapshot-v1-roles.bin is format %d", old[4])
+	}
+	f := newFSM(t)
+	if err := restoreBytes(f, old); err != nil {
+		t.Fatal(err)
+	}
+	want := goldenStateRoles(t)
+	sameState(t, want, f)
+	if !bytes.Equal(snapshotBytes(t, f), roles) {
+		t.Fatal("a restored format-1 snapshot with roles does not snapshot as format 2")
+	}
+	// The digest does not depend on the format: the older build's digest of
+	// this state is the one this build computes.
+	d, err := os.ReadFile(filepath.Join("testdata", "snapshot-v1-roles.digest"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := want.Digest(); got != strings.TrimSpace(string(d)) {
+		t.Fatalf("digest %s, the build before format 2 computed %s", got, d)
+	}
+	// A version this build does not know is refused by its version.
+	next := slices.Clone(roles)
+	next[4] = SnapshotVersion + 1
+	if err := restoreBytes(newFSM(t), next); !errors.Is(err, ErrCorruptSnapshot) || !strings.Contains(err.Error(), "format version 3") {
+		t.Fatalf("format %d: %v", SnapshotVersion+1, err)
 	}
 }
 
