@@ -159,6 +159,8 @@ type Stats struct {
 
 	ExpiredPredictions uint64
 	ExpiredLeases      uint64
+
+	HaltedEntries uint64 // entries refused because the FSM is halted (Halted)
 }
 
 type counters struct {
@@ -166,6 +168,7 @@ type counters struct {
 	events, applied, duplicates, gaps                                    atomic.Uint64
 	unknownWorker, blockSize, missingParent, invalid                     atomic.Uint64
 	expiredPredictions, expiredLeases                                    atomic.Uint64
+	haltedEntries                                                        atomic.Uint64
 }
 
 // FSM is the replicated state machine. Raft calls Apply, ApplyBatch,
@@ -190,6 +193,10 @@ type FSM struct {
 	predicted atomic.Pointer[router.Index]
 
 	stats counters
+
+	// halt is set (under mu) by the first entry this build cannot apply,
+	// and cleared by Restore; read without mu by Halted.
+	halt atomic.Pointer[HaltError]
 
 	obsMu     sync.Mutex
 	observers []func(Change)
@@ -307,25 +314,42 @@ func (f *FSM) applyLocked(l *raft.Log) *ApplyResult {
 		}
 		return &ApplyResult{Replayed: true}
 	}
-	f.applied.Store(l.Index)
+	if h := f.halt.Load(); h != nil {
+		// Nothing after an entry this build cannot apply is applied either:
+		// the state stays that of the entries before it, and the applied
+		// index does not move (see DESIGN.md, Version skew).
+		f.stats.haltedEntries.Add(1)
+		if l.Type != raft.LogCommand {
+			return nil
+		}
+		return &ApplyResult{Err: fmt.Errorf("apply log %d: not applied, %w since log index %d (command type %d version %d unknown to this build)",
+			l.Index, ErrHalted, h.Index, uint8(h.Type), h.Version)}
+	}
 	if l.Type != raft.LogCommand {
+		f.applied.Store(l.Index)
 		return nil
 	}
 	t, ignore, version, payload, err := header(l.Data)
 	res := &ApplyResult{Type: t}
+	if err == nil && (!t.known() || version != EnvelopeVersion) && !ignore {
+		// A type or version this build does not know, which the proposer
+		// did not mark skippable: replicas that know it apply it. Skipping
+		// it would diverge silently; halt instead.
+		f.stats.unknownTypes.Add(1)
+		h := &HaltError{Index: l.Index, Type: t, Version: version}
+		f.halt.Store(h)
+		res.Err = fmt.Errorf("apply log %d: %w", l.Index, h)
+		return res
+	}
+	f.applied.Store(l.Index)
 	if err != nil {
 		f.stats.undecodable.Add(1)
 		res.Err = fmt.Errorf("apply log %d: %w", l.Index, err)
 		return res
 	}
 	if !t.known() || version != EnvelopeVersion {
-		if ignore {
-			f.stats.ignored.Add(1)
-			res.Ignored = true
-			return res
-		}
-		f.stats.unknownTypes.Add(1)
-		res.Err = fmt.Errorf("apply log %d: type %d version %d: %w", l.Index, uint8(t), version, ErrUnknownCommand)
+		f.stats.ignored.Add(1)
+		res.Ignored = true
 		return res
 	}
 	if t == CmdKVEventBatch {
@@ -1033,6 +1057,7 @@ func (f *FSM) Stats() Stats {
 		},
 		ExpiredPredictions: s.expiredPredictions.Load(),
 		ExpiredLeases:      s.expiredLeases.Load(),
+		HaltedEntries:      s.haltedEntries.Load(),
 	}
 }
 

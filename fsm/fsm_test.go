@@ -459,6 +459,8 @@ func TestFSMSetModelConfig(t *testing.T) {
 	}
 }
 
+// TestFSMUnknownAndUndecodable: entries skipped without halting (unknown
+// types without the ignore bit halt: TestFSMHaltsOnUnknownType).
 func TestFSMUnknownAndUndecodable(t *testing.T) {
 	good := mustEncode(t, Tick{Now: 5})
 	cases := []struct {
@@ -470,8 +472,6 @@ func TestFSMUnknownAndUndecodable(t *testing.T) {
 	}{
 		{"unknown type with ignore bit", []byte{50 | IgnoreIfUnknown, 1, 9, 9}, true, nil, func(s Stats) uint64 { return s.Ignored }},
 		{"unknown version with ignore bit", []byte{byte(CmdTick) | IgnoreIfUnknown, 2, 9}, true, nil, func(s Stats) uint64 { return s.Ignored }},
-		{"unknown type", []byte{50, 1, 9, 9}, false, ErrUnknownCommand, func(s Stats) uint64 { return s.UnknownTypes }},
-		{"unknown version", []byte{byte(CmdTick), 2, 10}, false, ErrUnknownCommand, func(s Stats) uint64 { return s.UnknownTypes }},
 		{"empty", nil, false, ErrUndecodable, func(s Stats) uint64 { return s.Undecodable }},
 		{"truncated", good[:2], false, ErrUndecodable, func(s Stats) uint64 { return s.Undecodable }},
 		{"trailing bytes", append(append([]byte{}, good...), 1), false, ErrUndecodable, func(s Stats) uint64 { return s.Undecodable }},

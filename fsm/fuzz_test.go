@@ -69,6 +69,17 @@ func FuzzFSMApply(f *testing.F) {
 		if a.Digest() != b.Digest() {
 			t.Fatal("replicas diverged")
 		}
+		if a.Halted() != nil {
+			// An unknown type: nothing applies any more, snapshots are refused.
+			next := a.Apply(&raft.Log{Index: idx + 1, Type: raft.LogCommand, Data: mustEncode(t, Tick{Now: 1})}).(*ApplyResult)
+			if !errors.Is(res.Err, ErrUnknownCommand) || !errors.Is(next.Err, ErrHalted) || a.Digest() != before || a.AppliedIndex() != idx-1 {
+				t.Fatalf("halt: %v, then %v, applied %d", res.Err, next.Err, a.AppliedIndex())
+			}
+			if _, err := a.Snapshot(); !errors.Is(err, ErrHalted) {
+				t.Fatalf("halted snapshot: %v", err)
+			}
+			return
+		}
 		if errors.Is(res.Err, ErrUndecodable) || errors.Is(res.Err, ErrUnknownCommand) || res.Ignored {
 			if a.Digest() != before {
 				t.Fatal("an undecodable or skipped entry changed the state")

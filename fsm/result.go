@@ -37,7 +37,8 @@ var errorKinds = []struct {
 	{"unknown_node", ErrUnknownNode},
 	{"invalid_config", ErrInvalidConfig},
 	{"invalid_command", ErrInvalidCommand},
-	{"unknown_command", ErrUnknownCommand},
+	{"unknown_command", ErrUnknownCommand}, // also the HaltError of the entry that halted
+	{"halted", ErrHalted},
 	{"undecodable", ErrUndecodable},
 }
 

@@ -361,9 +361,17 @@ type fsmSnapshot struct{ img *image }
 
 // Snapshot captures the state under the read lock (raft calls it between
 // applies); Persist writes it while applies continue.
+//
+// A halted FSM refuses: raft would label the snapshot with its own last
+// applied index, past the entry this build could not apply, and compact the
+// log up to it, so a restarted newer build would restore a state that
+// misses those entries and never replay them. Refusing keeps the log.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
+	if h := f.halt.Load(); h != nil {
+		return nil, fmt.Errorf("snapshot: %w", h)
+	}
 	return &fsmSnapshot{img: f.captureLocked()}, nil
 }
 
@@ -423,6 +431,9 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	f.st = st
 	f.applied.Store(applied)
+	// The snapshot holds a state this build can represent (it read it), so
+	// whatever the FSM halted on is in it or after it: apply again.
+	f.halt.Store(nil)
 	f.gen.Add(1)
 	f.index.Store(st.index)
 	f.predicted.Store(st.predicted)
