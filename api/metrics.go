@@ -22,6 +22,7 @@ type metrics struct {
 	engineCached    *prometheus.CounterVec
 	predictedCached *prometheus.CounterVec
 	queued          *prometheus.GaugeVec
+	noTokenizer     *prometheus.CounterVec
 
 	disaggDecisions  *prometheus.CounterVec
 	disaggEstimate   *prometheus.HistogramVec
@@ -58,6 +59,9 @@ func newMetrics(reg prometheus.Registerer, rep Replica) *metrics {
 		queued: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvrouter_queue_depth",
 			Help: "Requests waiting for a worker below the queue threshold."}, []string{"model"}),
 	}
+	m.noTokenizer = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_requests_without_tokenizer_total",
+		Help: "Requests for a model this replica has no tokenizer files for: routed by load only, never a prefix hit (start the replica with --model-dir NAME=DIR)."},
+		[]string{"model"})
 	m.disaggDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_disagg_decisions_total",
 		Help: "Two-stage routing decisions, by model, mode and outcome (disaggregated, aggregated, fallback: the mode wanted disaggregation and could not)."},
 		[]string{"model", "mode", "outcome"})
@@ -69,7 +73,7 @@ func newMetrics(reg prometheus.Registerer, rep Replica) *metrics {
 		[]string{"model", "action"})
 	reg.MustRegister(m.requests, m.routed, m.rejected, m.retries, m.ttft, m.itl, m.e2e, m.inputTokens,
 		m.outputTokens, m.promptTokens, m.engineCached, m.predictedCached, m.queued, &loadCollector{rep: rep},
-		m.disaggDecisions, m.disaggEstimate, m.disaggRecoveries, &disaggCollector{rep: rep})
+		m.disaggDecisions, m.disaggEstimate, m.disaggRecoveries, &disaggCollector{rep: rep}, m.noTokenizer)
 	return m
 }
 

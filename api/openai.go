@@ -13,17 +13,15 @@ import (
 
 	"github.com/gin-gonic/gin"
 
-	"github.com/kvrouter/kvrouter/api/tokenize"
 	"github.com/kvrouter/kvrouter/router"
 )
 
 // inferenceRequest is the part of an OpenAI request body the router reads.
 // The body itself is forwarded to the worker unchanged.
 type inferenceRequest struct {
-	Model    string             `json:"model"`
-	Messages []tokenize.Message `json:"messages"`
-	Prompt   json.RawMessage    `json:"prompt"`
-	Stream   bool               `json:"stream"`
+	Model    string            `json:"model"`
+	Messages []json.RawMessage `json:"messages"`
+	Stream   bool              `json:"stream"`
 	Nvext    struct {
 		AgentHints struct {
 			Priority int `json:"priority"`
@@ -93,54 +91,63 @@ func (s *Server) prepare(c *gin.Context, chat bool) (*prepared, bool) {
 		openAIError(c, http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q is not served here", in.Model))
 		return nil, false
 	}
-	var tokens []uint32
-	if chat {
-		if len(in.Messages) == 0 {
-			openAIError(c, http.StatusBadRequest, "invalid_request_error", "messages must not be empty")
-			return nil, false
-		}
-		text, err := tokenize.RenderChat(in.Messages, s.cfg.ChatTemplate, true)
-		if err != nil {
-			openAIError(c, http.StatusBadRequest, "invalid_request_error", err.Error())
-			return nil, false
-		}
-		tokens = s.cfg.Tokenizer.Encode(text)
-	} else {
-		tokens, err = s.promptTokens(in.Prompt)
-		if err != nil {
-			openAIError(c, http.StatusBadRequest, "invalid_request_error", err.Error())
-			return nil, false
-		}
+	if chat && len(in.Messages) == 0 {
+		openAIError(c, http.StatusBadRequest, "invalid_request_error", "messages must not be empty")
+		return nil, false
+	}
+	tokens, hashable, err := s.requestTokens(in.Model, body, chat)
+	if err != nil {
+		openAIError(c, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return nil, false
 	}
 	bs := rt.Config().BlockSize
 	id := fmt.Sprintf("%s-%d-%d", s.rep.NodeID(), start.UnixNano(), requestSeq.Add(1))
 	s.metrics.inputTokens.WithLabelValues(in.Model).Add(float64(len(tokens)))
 	return &prepared{
 		body: body, path: c.Request.URL.Path, model: in.Model, stream: in.Stream, rt: rt, start: start,
-		req: router.Request{ID: id, Hashes: router.SequenceHashes(tokens, bs, ""), Tokens: len(tokens), Priority: in.Nvext.AgentHints.Priority},
+		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable), Tokens: len(tokens), Priority: in.Nvext.AgentHints.Priority},
 	}, true
 }
 
-// promptTokens reads a completions prompt: a string, an array of token ids,
-// or an array with one string.
-func (s *Server) promptTokens(raw json.RawMessage) ([]uint32, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
-		return nil, errors.New("prompt is required")
+// requestTokens returns the prompt token ids of a request as the model's
+// engine computes them (chat: the first and only prompt; completions: the
+// first prompt of a batch, which the request is routed by). hashable is
+// false for a model this replica has no tokenizer for: the ids are then a
+// length estimate only, the request is routed by load alone, and that is
+// counted and logged (a router that silently routes blind is the failure
+// operators never see).
+func (s *Server) requestTokens(model string, body []byte, chat bool) (tokens []uint32, hashable bool, err error) {
+	m, ok := s.cfg.Prompts.Lookup(model)
+	if !ok {
+		s.noTokenizer(model)
+		return make([]uint32, len(body)/4), false, nil
 	}
-	var text string
-	if err := json.Unmarshal(raw, &text); err == nil {
-		return s.cfg.Tokenizer.Encode(text), nil
+	if chat {
+		tokens, err = m.Chat(body)
+		return tokens, true, err
 	}
-	var ids []uint32
-	if err := json.Unmarshal(raw, &ids); err == nil {
-		return ids, nil
+	prompts, err := m.Completion(body)
+	if err != nil {
+		return nil, false, err
 	}
-	var texts []string
-	if err := json.Unmarshal(raw, &texts); err == nil && len(texts) == 1 {
-		return s.cfg.Tokenizer.Encode(texts[0]), nil
+	return prompts[0], true, nil
+}
+
+// noTokenizer makes a request for a model without model files loud: a
+// counter per model and a warning the first time.
+func (s *Server) noTokenizer(model string) {
+	s.metrics.noTokenizer.WithLabelValues(model).Inc()
+	if _, seen := s.warnedNoTokenizer.LoadOrStore(model, true); !seen {
+		s.log.Warn("model has no tokenizer on this replica: routing its requests by load only, without prefix hits",
+			"model", model, "fix", "--model-dir "+model+"=DIR")
 	}
-	return nil, errors.New("prompt must be a string, one string in an array, or an array of token ids")
+}
+
+func hashes(tokens []uint32, blockSize int, hashable bool) []uint64 {
+	if !hashable {
+		return nil
+	}
+	return router.SequenceHashes(tokens, blockSize, "")
 }
 
 // forward routes the request and proxies it, retrying on another worker when

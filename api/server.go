@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,17 +17,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvrouter/kvrouter/api/prompt"
 	"github.com/kvrouter/kvrouter/api/tokenize"
 )
 
 // Config holds the HTTP layer's settings.
 type Config struct {
-	MaxBodyBytes   int64              // request body limit (default 8 MiB → 413 above)
-	BusyStatus     int                // status when every worker is busy: 529 (Dynamo) or 503
-	AdminToken     string             // bearer token for admin endpoints; "" = open
-	APIKeys        []string           // accepted bearer keys for inference; empty = open
-	Tokenizer      tokenize.Tokenizer // must match the workers'
-	ChatTemplate   tokenize.Template
+	MaxBodyBytes int64              // request body limit (default 8 MiB → 413 above)
+	BusyStatus   int                // status when every worker is busy: 529 (Dynamo) or 503
+	AdminToken   string             // bearer token for admin endpoints; "" = open
+	APIKeys      []string           // accepted bearer keys for inference; empty = open
+	Tokenizer    tokenize.Tokenizer // must match the workers'
+	ChatTemplate tokenize.Template
+	// Prompts tokenizes requests per model; nil = every model uses
+	// Tokenizer and ChatTemplate.
+	Prompts        *prompt.Set
 	ConnectTimeout time.Duration // dialing a worker
 	Retries        int           // other workers tried when connecting fails before the first byte
 	QueueTimeout   time.Duration // longest wait in the admission queue
@@ -51,6 +56,9 @@ type Server struct {
 	// inflight counts inference requests being served, so a draining
 	// replica can wait for them before it closes its listener.
 	inflight atomic.Int64
+	// warnedNoTokenizer holds the models already logged as having no
+	// tokenizer (one warning per model, the counter for every request).
+	warnedNoTokenizer sync.Map
 }
 
 // Drainer is implemented by a replica that can be draining (SIGTERM
@@ -80,6 +88,9 @@ func New(cfg Config, rep Replica) *Server {
 	}
 	if cfg.Tokenizer == nil {
 		cfg.Tokenizer = tokenize.Builtin()
+	}
+	if cfg.Prompts == nil {
+		cfg.Prompts = prompt.NewSet(nil, nil, cfg.Tokenizer, cfg.ChatTemplate, cfg.Tokenizer.Name())
 	}
 	if cfg.ConnectTimeout <= 0 {
 		cfg.ConnectTimeout = 2 * time.Second
@@ -124,6 +135,9 @@ func (s *Server) routes() *gin.Engine {
 	infer.POST("/chat/completions", s.chatCompletions)
 	infer.POST("/completions", s.completions)
 	infer.GET("/models", s.listModels)
+	tok := e.Group("/", s.requireKey)
+	tok.POST("/tokenize", s.tokenize)
+	tok.POST("/detokenize", s.detokenize)
 
 	e.GET("/health", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok", "node_id": s.rep.NodeID()}) })
 	e.GET("/ready", s.ready)

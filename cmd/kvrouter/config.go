@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -30,7 +31,8 @@ type serveConfig struct {
 	SingleNode      bool
 
 	Models        []string
-	Tokenizer     string // "builtin" or a path to tokenizer.json
+	ModelDirs     []modelDir // models with their own Hugging Face files
+	Tokenizer     string     // "builtin" or a path to tokenizer.json
 	ChatTemplate  string
 	Router        router.Config
 	BusyStatus    int
@@ -48,6 +50,9 @@ type serveConfig struct {
 }
 
 type peer struct{ ID, RaftAddr string }
+
+// modelDir is one --model-dir NAME=DIR.
+type modelDir struct{ Name, Dir string }
 
 type staticWorker struct {
 	ID, URL string
@@ -87,7 +92,12 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"join"}, env: []string{"KVROUTER_JOIN"}, usage: "comma list of replica HTTP URLs to join through", set: list(&c.Join)},
 		{names: []string{"single-node"}, env: []string{"KVROUTER_SINGLE_NODE"}, usage: "a one-replica cluster (development)", set: boolp(&c.SingleNode), bool: true},
 		{names: []string{"model"}, env: []string{"KVROUTER_MODELS"}, def: "kvmock", usage: "comma list of served model names", set: list(&c.Models)},
-		{names: []string{"tokenizer"}, env: []string{"KVROUTER_TOKENIZER"}, def: "builtin", usage: "\"builtin\" or the path of a Hugging Face tokenizer.json (must match the workers')", set: str(&c.Tokenizer)},
+		{names: []string{"model-dir"}, env: []string{"KVROUTER_MODEL_DIRS"}, usage: "NAME=DIR: the model's Hugging Face files (tokenizer.json, tokenizer_config.json, chat template); repeatable (environment: comma list)", set: func(v string) error {
+			ds, err := parseModelDirs(v)
+			c.ModelDirs = append(c.ModelDirs, ds...)
+			return err
+		}},
+		{names: []string{"tokenizer"}, env: []string{"KVROUTER_TOKENIZER"}, def: "builtin", usage: "\"builtin\" or the path of a Hugging Face tokenizer.json for the --model names without --model-dir (must match the workers')", set: str(&c.Tokenizer)},
 		{names: []string{"chat-template"}, env: []string{"KVROUTER_CHAT_TEMPLATE"}, usage: "chatml or plain (default: chatml for tokenizer.json, plain for builtin)", set: str(&c.ChatTemplate)},
 		{names: []string{"router-mode"}, env: []string{"KVROUTER_ROUTER_MODE", "DYN_ROUTER_MODE"}, def: "kv", usage: "round-robin, random, least-loaded, kv, kv-approx, load-aware, kv-pooled", set: func(v string) error {
 			m, err := router.ParseMode(v)
@@ -173,6 +183,9 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 			}
 		}
 	}
+	if len(c.ModelDirs) > 0 && !given["model"] && getenv("KVROUTER_MODELS") == "" {
+		c.Models = nil // the model directories name the served models; the "kvmock" default does not apply
+	}
 	if noEvents && c.Router.Mode == router.ModeKV {
 		c.Router.Mode = router.ModeKVApprox
 	}
@@ -199,6 +212,16 @@ func (c *serveConfig) finish() error {
 	if len(c.Models) == 0 {
 		return errors.New("--model: at least one model name")
 	}
+	seen := map[string]bool{}
+	for _, d := range c.ModelDirs {
+		if seen[d.Name] {
+			return fmt.Errorf("--model-dir: model %q given twice", d.Name)
+		}
+		seen[d.Name] = true
+		if !slices.Contains(c.Models, d.Name) {
+			c.Models = append(c.Models, d.Name)
+		}
+	}
 	if c.SingleNode && (len(c.Peers) > 1 || len(c.Join) > 0) {
 		return errors.New("--single-node excludes --peers with others and --join")
 	}
@@ -214,6 +237,23 @@ func (c *serveConfig) finish() error {
 		}
 	}
 	return nil
+}
+
+// parseModelDirs reads NAME=DIR[,NAME=DIR…].
+func parseModelDirs(v string) ([]modelDir, error) {
+	var out []modelDir
+	for _, item := range strings.Split(v, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		name, dir, ok := strings.Cut(item, "=")
+		if !ok || strings.TrimSpace(name) == "" || strings.TrimSpace(dir) == "" {
+			return nil, fmt.Errorf("--model-dir %q: want NAME=DIR", item)
+		}
+		out = append(out, modelDir{Name: strings.TrimSpace(name), Dir: strings.TrimSpace(dir)})
+	}
+	return out, nil
 }
 
 func anyGiven(given map[string]bool, names []string) bool {

@@ -20,8 +20,9 @@ type command struct {
 
 func commands() map[string]command {
 	return map[string]command{
-		"hash":  {"print Dynamo-compatible block hashes of token ids", runHash},
-		"serve": {"run one router replica", runServe},
+		"hash":     {"print Dynamo-compatible block hashes of token ids", runHash},
+		"serve":    {"run one router replica", runServe},
+		"tokenize": {"print the prompt token ids a replica would hash, one JSON line per request", runTokenize},
 
 		"bridge": {"follow vLLM / SGLang KV events over ZMQ into the event bus", runBridge},
 	}
@@ -29,8 +30,8 @@ func commands() map[string]command {
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: kvrouter <command> [flags]\n\ncommands:")
-	for _, name := range []string{"serve", "hash", "bridge"} {
-		fmt.Fprintf(w, "  %-6s %s\n", name, commands()[name].summary)
+	for _, name := range []string{"serve", "hash", "tokenize", "bridge"} {
+		fmt.Fprintf(w, "  %-8s %s\n", name, commands()[name].summary)
 	}
 }
 

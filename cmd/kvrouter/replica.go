@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/prompt"
 	"github.com/kvrouter/kvrouter/cluster"
 	"github.com/kvrouter/kvrouter/eventbus"
 	"github.com/kvrouter/kvrouter/fsm"
@@ -44,6 +45,7 @@ type replica struct {
 	preds    *predictionBatcher
 	audit    *cacheAudit
 	draining atomic.Bool // SIGTERM received: not ready, finishing requests
+	prompts  *prompt.Set // which files tokenize each model (fingerprints in /cluster/status)
 }
 
 func (r *replica) Audit(w router.WorkerID, predicted, reported, _ int) {
@@ -330,6 +332,9 @@ func (r *replica) Status(digest bool) map[string]any {
 	}
 	out["fsm"] = r.fsm.Stats()
 	out["cache_audit"] = r.audit.report()
+	if r.prompts != nil {
+		out["tokenizers"] = r.prompts.Describe(r.Models())
+	}
 	return out
 }
 

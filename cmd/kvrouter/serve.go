@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/prompt"
 	"github.com/kvrouter/kvrouter/api/tokenize"
 	"github.com/kvrouter/kvrouter/cluster"
 	"github.com/kvrouter/kvrouter/eventbus"
@@ -61,7 +63,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	tok, tmpl, err := loadTokenizer(cfg)
+	prompts, err := loadModels(cfg, log)
 	if err != nil {
 		return err
 	}
@@ -80,7 +82,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("raft node: %w", err)
 	}
-	r := &replica{cfg: cfg, log: log, reg: reg, fsm: state, node: node, bus: bus,
+	r := &replica{cfg: cfg, log: log, reg: reg, fsm: state, node: node, bus: bus, prompts: prompts,
 		routers: map[string]*router.Router{}, disagg: map[string]*router.DisaggRouter{}, models: map[router.WorkerID]string{}}
 	r.health = newWorkerHealth(cfg.EventsMissing, reg, log)
 	r.preds = newPredictionBatcher(r, log)
@@ -93,8 +95,8 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	}
 
 	srv := api.New(api.Config{
-		BusyStatus: cfg.BusyStatus, AdminToken: cfg.AdminToken, APIKeys: cfg.APIKeys, Tokenizer: tok,
-		ChatTemplate: tmpl, Retries: cfg.Retries, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,
+		BusyStatus: cfg.BusyStatus, AdminToken: cfg.AdminToken, APIKeys: cfg.APIKeys, Prompts: prompts,
+		Retries: cfg.Retries, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,
 		Registry: reg, ClusterHandler: node.Handler(),
 	}, r)
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
@@ -169,6 +171,29 @@ func waitIdle(srv *api.Server, limit time.Duration, log *slog.Logger) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// loadModels loads every --model-dir and the replica-wide --tokenizer /
+// --chat-template the other models use. A broken directory stops the
+// start, naming the file and the feature.
+func loadModels(cfg serveConfig, log *slog.Logger) (*prompt.Set, error) {
+	tok, tmpl, err := loadTokenizer(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var dirs []*prompt.Model
+	listed := slices.Clone(cfg.Models)
+	for _, d := range cfg.ModelDirs {
+		m, err := prompt.Load(d.Name, d.Dir)
+		if err != nil {
+			return nil, fmt.Errorf("--model-dir: %w", err)
+		}
+		log.Info("model files loaded", "model", d.Name, "dir", d.Dir, "tokenizer", m.Tokenizer().Name(),
+			"fingerprint", m.Fingerprint(), "chat_template", m.HasChatTemplate())
+		dirs = append(dirs, m)
+		listed = slices.DeleteFunc(listed, func(n string) bool { return n == d.Name })
+	}
+	return prompt.NewSet(listed, dirs, tok, tmpl, cfg.Tokenizer), nil
 }
 
 func loadTokenizer(cfg serveConfig) (tokenize.Tokenizer, tokenize.Template, error) {
