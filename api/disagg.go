@@ -48,94 +48,114 @@ func (s *Server) disaggRouter(model string) (*router.DisaggRouter, bool) {
 // kv_transfer_params (vLLM's NIXL proxy protocol). No stage loses the
 // request: a failed prefill is served aggregated on the decode worker, a
 // failed transfer is retried and then served aggregated, loudly (a warning
-// and kvrouter_disagg_recoveries_total).
+// and kvrouter_disagg_recoveries_total). A failed decode worker is retried
+// by the proxy loop's rule (proxy.go), like an aggregated one.
 func (s *Server) forwardDisagg(c *gin.Context, p *prepared, dr *router.DisaggRouter) {
-	id := p.req.ID
 	p.req.Exclude = append(p.req.Exclude, s.cool.excludeDisagg(dr.Workers(), time.Now())...)
-	for attempt := 0; ; attempt++ {
-		dd, err := dr.Route(p.req, time.Now())
-		if err != nil {
-			s.routeError(c, p, err, attempt)
-			return
-		}
-		plan := dd.DisaggPlan
-		s.metrics.observePlan(p.model, plan)
-		freeAll := func() {
-			dr.Free(id)
-			s.rep.Freed(p.model, id+PrefillBookingSuffix)
-			s.rep.Freed(p.model, id+DecodeBookingSuffix)
-			s.gates.wake(p.model)
-		}
-		body, disagg := p.body, false
-		if plan.Disaggregated {
-			s.bookDisagg(p, plan)
-			params, err := s.remotePrefill(c, p, plan.PrefillWorker)
-			if err != nil {
-				if c.Request.Context().Err() != nil {
-					freeAll()
-					return
-				}
-				s.cool.fail(plan.PrefillWorker, time.Now())
-				rec, rerr := dr.PrefillFailed(id, time.Now(), err)
-				if rerr != nil {
-					freeAll()
-					openAIError(c, http.StatusInternalServerError, "internal_error", rerr.Error())
-					return
-				}
-				s.recovered(p, rec)
-			} else {
-				if _, err := dr.PrefillDone(id, time.Now()); err != nil {
-					s.log.Warn("disaggregated prefill done", "request", id, "err", err)
-				}
-				s.rep.PrefillDone(p.model, id+PrefillBookingSuffix)
-				if body, err = withTransferParams(p.body, params); err != nil {
-					freeAll()
-					openAIError(c, http.StatusInternalServerError, "internal_error", err.Error())
-					return
-				}
-				disagg = true
-			}
-		} else {
-			s.rep.Booked(p.model, router.Booking{ID: id + DecodeBookingSuffix, Worker: plan.DecodeWorker, Hashes: p.req.Hashes,
-				PrefillTokens: plan.Agg.PrefillTokens, Added: p.start})
-		}
-		s.metrics.routed.WithLabelValues(p.model, string(plan.DecodeWorker)).Inc()
+	s.proxyLoop(c, p, func() error { return s.attemptDisagg(c, p, dr) })
+}
 
-		resp, worker, disagg, err := s.sendDecode(c, p, dr, plan.DecodeWorker, body, disagg)
-		if err != nil {
-			freeAll()
-			if c.Request.Context().Err() != nil {
-				return
-			}
-			s.cool.fail(worker, time.Now())
-			s.metrics.retries.WithLabelValues(string(worker)).Inc()
-			s.log.Warn("decode worker connection failed", "worker", worker, "attempt", attempt, "err", err)
-			p.req.Exclude = append(p.req.Exclude, worker)
-			if attempt >= s.cfg.Retries {
-				openAIError(c, http.StatusBadGateway, "worker_unavailable", fmt.Sprintf("worker %s: %v", worker, err))
-				return
-			}
-			continue
+// attemptDisagg is one try of a two-stage request: plan, prefill stage,
+// decode stage, relay. It leaves nothing booked when it fails.
+func (s *Server) attemptDisagg(c *gin.Context, p *prepared, dr *router.DisaggRouter) error {
+	dd, err := dr.Route(p.req, time.Now())
+	if err != nil {
+		return fmt.Errorf("routing: %w", err)
+	}
+	plan := dd.DisaggPlan
+	s.metrics.observePlan(p.model, plan)
+	body, disagg, err := s.prefillStage(c, p, dr, plan)
+	if err != nil {
+		s.freeDisagg(p, dr)
+		return err
+	}
+	s.metrics.routed.WithLabelValues(p.model, string(plan.DecodeWorker)).Inc()
+	resp, worker, disagg, err := s.sendDecode(c, p, dr, plan.DecodeWorker, body, disagg)
+	if err != nil {
+		s.freeDisagg(p, dr)
+		return err
+	}
+	return s.relay(c, p, worker, -1, resp, relayHooks{
+		firstByte: func() { s.decodeStarted(p, dr, disagg) },
+		done:      func() { s.freeDisagg(p, dr) },
+	})
+}
+
+// prefillStage books the plan and, when it is disaggregated, runs the
+// remote prefill. It returns the body for the decode worker and whether
+// that worker is to pull the KV; a failed prefill is recovered here
+// (served aggregated), so its error is only a client gone or an internal
+// failure.
+func (s *Server) prefillStage(c *gin.Context, p *prepared, dr *router.DisaggRouter, plan router.DisaggPlan) ([]byte, bool, error) {
+	id := p.req.ID
+	if !plan.Disaggregated {
+		s.rep.Booked(p.model, router.Booking{ID: id + DecodeBookingSuffix, Worker: plan.DecodeWorker, Hashes: p.req.Hashes,
+			PrefillTokens: plan.Agg.PrefillTokens, Added: p.start})
+		return p.body, false, nil
+	}
+	s.bookDisagg(p, plan)
+	params, err := s.remotePrefill(c, p, plan.PrefillWorker)
+	if err != nil {
+		return s.prefillFailed(c, p, dr, plan.PrefillWorker, err)
+	}
+	if _, err := dr.PrefillDone(id, time.Now()); err != nil {
+		s.log.Warn("disaggregated prefill done", "request", id, "err", err)
+	}
+	s.rep.PrefillDone(p.model, id+PrefillBookingSuffix)
+	body, err := withTransferParams(p.body, params)
+	if err != nil {
+		return nil, false, err
+	}
+	return body, true, nil
+}
+
+// prefillFailed recovers from a failed prefill: the worker cools down (so
+// the next requests fall back at once) and the request is served
+// aggregated on the decode worker. Running the prompt again there is not a
+// repeated generation: the prefill stage's one token is never shown to
+// the client.
+func (s *Server) prefillFailed(c *gin.Context, p *prepared, dr *router.DisaggRouter, worker router.WorkerID, err error) ([]byte, bool, error) {
+	if c.Request.Context().Err() != nil && !errors.Is(err, errClientGone) {
+		err = fmt.Errorf("%w (prefill on %s): %w", errClientGone, worker, err)
+	}
+	if errors.Is(err, errClientGone) {
+		return nil, false, err
+	}
+	s.cool.fail(worker, time.Now())
+	rec, rerr := dr.PrefillFailed(p.req.ID, time.Now(), err)
+	if rerr != nil {
+		return nil, false, fmt.Errorf("recovering from a failed prefill: %w", rerr)
+	}
+	s.recovered(p, rec)
+	return p.body, false, nil
+}
+
+// decodeStarted is the bookkeeping at the decode worker's first byte:
+// after a transfer the KV has arrived (the prefill booking ends), without
+// one the decode worker's own prefill is done.
+func (s *Server) decodeStarted(p *prepared, dr *router.DisaggRouter, disagg bool) {
+	id := p.req.ID
+	if disagg {
+		if err := dr.TransferDone(id, time.Now()); err != nil {
+			s.log.Warn("disaggregated transfer done", "request", id, "err", err)
 		}
-		s.relay(c, p, worker, -1, resp, relayHooks{
-			firstByte: func() {
-				if disagg {
-					// The decode worker answers only once the KV arrived.
-					if err := dr.TransferDone(id, time.Now()); err != nil {
-						s.log.Warn("disaggregated transfer done", "request", id, "err", err)
-					}
-					s.rep.Freed(p.model, id+PrefillBookingSuffix)
-				} else {
-					if _, err := dr.PrefillDone(id, time.Now()); err != nil {
-						s.log.Debug("aggregated prefill done", "request", id, "err", err)
-					}
-					s.rep.PrefillDone(p.model, id+DecodeBookingSuffix)
-				}
-			},
-			done: freeAll,
-		})
+		s.rep.Freed(p.model, id+PrefillBookingSuffix)
 		return
 	}
+	if _, err := dr.PrefillDone(id, time.Now()); err != nil {
+		s.log.Debug("aggregated prefill done", "request", id, "err", err)
+	}
+	s.rep.PrefillDone(p.model, id+DecodeBookingSuffix)
+}
+
+// freeDisagg ends both bookings of a two-stage request, here and on the
+// other replicas, and wakes its model's queue.
+func (s *Server) freeDisagg(p *prepared, dr *router.DisaggRouter) {
+	id := p.req.ID
+	dr.Free(id)
+	s.rep.Freed(p.model, id+PrefillBookingSuffix)
+	s.rep.Freed(p.model, id+DecodeBookingSuffix)
+	s.gates.wake(p.model)
 }
 
 // bookDisagg publishes both bookings of a disaggregated plan to the other
@@ -166,11 +186,7 @@ func (s *Server) recovered(p *prepared, rec router.Recovery) {
 // whether the answer still follows a transfer (false once aggregated).
 func (s *Server) sendDecode(c *gin.Context, p *prepared, dr *router.DisaggRouter, worker router.WorkerID, body []byte, disagg bool) (*http.Response, router.WorkerID, bool, error) {
 	for {
-		base, ok := s.rep.WorkerURL(worker)
-		if !ok {
-			return nil, worker, disagg, fmt.Errorf("worker %s has no address", worker)
-		}
-		resp, err := s.send(c, base+p.path, body)
+		resp, err := s.send(c, worker, p.path, body)
 		if err != nil {
 			return nil, worker, disagg, err
 		}
@@ -180,7 +196,7 @@ func (s *Server) sendDecode(c *gin.Context, p *prepared, dr *router.DisaggRouter
 		cause := fmt.Errorf("%w: %s", errTransfer, readError(resp))
 		rec, rerr := dr.TransferFailed(p.req.ID, time.Now(), cause)
 		if rerr != nil {
-			return nil, worker, disagg, rerr
+			return nil, worker, disagg, fmt.Errorf("recovering from a failed transfer: %w", rerr)
 		}
 		s.recovered(p, rec)
 		if rec.Action == router.RecoverAggregate {
@@ -217,15 +233,11 @@ func readError(resp *http.Response) string {
 // decode. It returns the kv_transfer_params the worker answered, which the
 // decode worker needs to pull the KV.
 func (s *Server) remotePrefill(c *gin.Context, p *prepared, worker router.WorkerID) (json.RawMessage, error) {
-	base, ok := s.rep.WorkerURL(worker)
-	if !ok {
-		return nil, fmt.Errorf("prefill worker %s has no address", worker)
-	}
 	body, err := prefillBody(p.body)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := s.send(c, base+p.path, body)
+	resp, err := s.send(c, worker, p.path, body)
 	if err != nil {
 		return nil, fmt.Errorf("prefill on %s: %w", worker, err)
 	}

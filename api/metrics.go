@@ -13,6 +13,7 @@ type metrics struct {
 	routed          *prometheus.CounterVec
 	rejected        *prometheus.CounterVec
 	retries         *prometheus.CounterVec
+	workerFailures  *prometheus.CounterVec
 	ttft            *prometheus.HistogramVec
 	itl             *prometheus.HistogramVec
 	e2e             *prometheus.HistogramVec
@@ -39,7 +40,9 @@ func newMetrics(reg prometheus.Registerer, rep Replica) *metrics {
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_rejected_requests_total",
 			Help: "Requests refused before reaching a worker, by reason."}, []string{"reason"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_worker_retries_total",
-			Help: "Connections to a worker that failed before the first byte and were retried elsewhere."}, []string{"worker"}),
+			Help: "Requests retried on another worker after this one failed before it could start work (connect error, 503/529 answer)."}, []string{"worker"}),
+		workerFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_worker_failures_total",
+			Help: "Failed attempts on a worker, by failure: connect (request not delivered), unavailable (503/529 answer), dropped (connection lost after the request was sent: never retried), no_address."}, []string{"worker", "failure"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvrouter_ttft_seconds",
 			Help: "Time from request arrival to the worker's first response bytes.", Buckets: latency}, []string{"model"}),
 		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvrouter_itl_seconds",
@@ -71,7 +74,7 @@ func newMetrics(reg prometheus.Registerer, rep Replica) *metrics {
 	m.disaggRecoveries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_disagg_recoveries_total",
 		Help: "Disaggregated requests whose prefill or KV transfer failed, by action (retry-transfer, aggregate)."},
 		[]string{"model", "action"})
-	reg.MustRegister(m.requests, m.routed, m.rejected, m.retries, m.ttft, m.itl, m.e2e, m.inputTokens,
+	reg.MustRegister(m.requests, m.routed, m.rejected, m.retries, m.workerFailures, m.ttft, m.itl, m.e2e, m.inputTokens,
 		m.outputTokens, m.promptTokens, m.engineCached, m.predictedCached, m.queued, &loadCollector{rep: rep},
 		m.disaggDecisions, m.disaggEstimate, m.disaggRecoveries, &disaggCollector{rep: rep}, m.noTokenizer)
 	return m

@@ -1,0 +1,271 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// The proxy loop (see DESIGN.md): proxyLoop calls one attempt function until
+// it succeeds or fails in a way retryable refuses; every failure is recorded
+// by recordFailure and answered by answerFailure (failure.go), so the rules
+// live in one place each whatever the serving path (aggregated here,
+// two-stage in disagg.go).
+
+// forward serves the request aggregated on one worker.
+func (s *Server) forward(c *gin.Context, p *prepared) {
+	p.req.Exclude = append(p.req.Exclude, s.cool.exclude(workerIDs(p.rt.Workers()), time.Now())...)
+	s.proxyLoop(c, p, func() error { return s.attempt(c, p) })
+}
+
+// proxyLoop runs try, one attempt per call, until an attempt succeeds or
+// fails in a way that must not be retried, then answers that failure. try
+// must leave nothing booked when it fails, and must fail only before the
+// client was sent anything.
+func (s *Server) proxyLoop(c *gin.Context, p *prepared, try func() error) {
+	var prev error // the last worker failure that was retried
+	for attempt := 0; ; attempt++ {
+		err := c.Request.Context().Err()
+		if err != nil {
+			err = fmt.Errorf("%w before attempt %d: %w", errClientGone, attempt, err)
+		} else if err = try(); err == nil {
+			return
+		}
+		retry := s.retryable(err, attempt)
+		s.recordFailure(p, err, attempt, retry)
+		if !retry {
+			s.answerFailure(c, p, err, prev, attempt)
+			return
+		}
+		prev = err
+	}
+}
+
+// attempt is one try of an aggregated request: route, book, send, relay.
+func (s *Server) attempt(c *gin.Context, p *prepared) error {
+	d, err := p.rt.Route(p.req, time.Now())
+	if err != nil {
+		return fmt.Errorf("routing: %w", err)
+	}
+	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
+	s.rep.Booked(p.model, router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: p.req.Hashes,
+		PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Added: p.start})
+	resp, err := s.send(c, d.Worker, p.path, p.body)
+	if err != nil {
+		s.free(p)
+		return err
+	}
+	return s.relay(c, p, d.Worker, d.Overlap, resp, relayHooks{
+		firstByte: func() {
+			p.rt.PrefillDone(p.req.ID)
+			s.rep.PrefillDone(p.model, p.req.ID)
+		},
+		done: func() { s.free(p) },
+	})
+}
+
+// recordFailure does what every failed attempt needs whether or not it is
+// retried: a worker that failed leaves this request's candidates, one whose
+// connection failed cools down, and the failure is counted and logged.
+// A client that went away is nobody's fault: no cool-down, no exclusion.
+func (s *Server) recordFailure(p *prepared, err error, attempt int, retry bool) {
+	if errors.Is(err, errClientGone) {
+		s.log.Info("client went away", "request", p.req.ID, "attempt", attempt, "err", err)
+		return
+	}
+	var we *workerError
+	if !errors.As(err, &we) {
+		return // a routing or internal error: answered as such
+	}
+	p.req.Exclude = append(p.req.Exclude, we.worker)
+	if we.coolsDown() {
+		s.cool.fail(we.worker, time.Now())
+	}
+	s.metrics.workerFailures.WithLabelValues(string(we.worker), we.kind.String()).Inc()
+	if retry {
+		s.metrics.retries.WithLabelValues(string(we.worker)).Inc()
+	}
+	s.log.Warn("worker attempt failed", "request", p.req.ID, "worker", we.worker, "failure", we.kind.String(),
+		"attempt", attempt, "retry", retry, "err", we.err)
+}
+
+// send posts body to worker. Its error is a *workerError that says how far
+// the request got (the retry rule needs to know whether the worker could
+// have started work), or errClientGone. A 503 or 529 answer is such an
+// error too: the worker refused the work before generating anything.
+func (s *Server) send(c *gin.Context, worker router.WorkerID, path string, body []byte) (*http.Response, error) {
+	base, ok := s.rep.WorkerURL(worker)
+	if !ok {
+		return nil, &workerError{worker: worker, kind: failNoAddress, err: errors.New("no address registered")}
+	}
+	ctx := c.Request.Context()
+	var written atomic.Bool
+	trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
+		if i.Err == nil {
+			written.Store(true)
+		}
+	}}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, base+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, &workerError{worker: worker, kind: failConnect, err: fmt.Errorf("building the request: %w", err)}
+	}
+	req.Header = outboundHeader(c.Request.Header)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return nil, sendFailure(ctx, worker, err, written.Load())
+	}
+	if refusedWork(resp.StatusCode) {
+		return nil, unavailable(worker, resp)
+	}
+	return resp, nil
+}
+
+// sendFailure classifies a failed round trip. written is whether the whole
+// request went out: from then on the worker may be generating, and only the
+// client's own cancel is not the worker's failure.
+func sendFailure(ctx context.Context, worker router.WorkerID, err error, written bool) error {
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("%w (worker %s): %w", errClientGone, worker, err)
+	case written:
+		return &workerError{worker: worker, kind: failDropped, err: err}
+	default:
+		return &workerError{worker: worker, kind: failConnect, err: err}
+	}
+}
+
+// unavailable turns a worker's 503/529 answer into its failure, keeping
+// the worker's own message for the client should no other worker take
+// the request.
+func unavailable(worker router.WorkerID, resp *http.Response) error {
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	return &workerError{worker: worker, kind: failUnavailable, status: resp.StatusCode,
+		err: fmt.Errorf("HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(b))}
+}
+
+// relayHooks are the load bookkeeping around a relayed answer: firstByte
+// runs at the first body bytes (prefill done), done at the end, on error, or
+// when the client goes away (free).
+type relayHooks struct {
+	firstByte func()
+	done      func()
+}
+
+// relay streams the worker's answer back byte for byte. overlap is the
+// cached blocks the router predicted on worker, audited against the usage
+// the worker reports; negative skips the audit (a disaggregated decode
+// worker reports transferred tokens as cached). The status and headers go
+// out with the first body bytes, so a worker that fails before sending any
+// can still be answered as a failure: relay then returns its error (never
+// retried: the worker had the request). Once bytes flowed it returns nil
+// whatever happens, the client has its status already. hooks.done runs
+// either way.
+func (s *Server) relay(c *gin.Context, p *prepared, worker router.WorkerID, overlap int, resp *http.Response, hooks relayHooks) error {
+	defer resp.Body.Close()
+	defer hooks.done()
+	audit := newUsageScanner(p.stream)
+	buf := make([]byte, 32<<10)
+	started := false
+	last := time.Now()
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			now := time.Now()
+			if !started {
+				started = true
+				s.writeHead(c, resp, worker, overlap)
+				hooks.firstByte()
+				s.metrics.ttft.WithLabelValues(p.model).Observe(now.Sub(p.start).Seconds())
+			} else if p.stream {
+				s.metrics.itl.WithLabelValues(p.model).Observe(now.Sub(last).Seconds())
+			}
+			last = now
+			audit.write(buf[:n])
+			if _, werr := c.Writer.Write(buf[:n]); werr != nil {
+				s.metrics.requests.WithLabelValues(p.model, "client_gone").Inc()
+				return nil
+			}
+			c.Writer.Flush()
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return s.streamBroke(c, p, worker, started, err)
+		}
+	}
+	if !started { // an empty body: the status and headers are the answer
+		s.writeHead(c, resp, worker, overlap)
+	}
+	s.metrics.requests.WithLabelValues(p.model, strconv.Itoa(resp.StatusCode)).Inc()
+	s.metrics.e2e.WithLabelValues(p.model).Observe(time.Since(p.start).Seconds())
+	s.auditUsage(p, worker, overlap, audit)
+	return nil
+}
+
+// writeHead sets the client's status and headers from the worker's answer:
+// its end-to-end headers (hop-by-hop ones belong to the worker's
+// connection, Content-Length to an answer relay may cut short) and ours.
+func (s *Server) writeHead(c *gin.Context, resp *http.Response, worker router.WorkerID, overlap int) {
+	h := c.Writer.Header()
+	copyEndToEnd(h, resp.Header)
+	h.Set("X-Worker-Id", string(worker))
+	if overlap >= 0 {
+		h.Set("X-Cached-Blocks", strconv.Itoa(overlap))
+	}
+	c.Status(resp.StatusCode)
+}
+
+// streamBroke handles a failed read of the worker's answer. Before the
+// first byte it returns the failure for the loop to answer; after, it can
+// only count it: the client sees a cut answer.
+func (s *Server) streamBroke(c *gin.Context, p *prepared, worker router.WorkerID, started bool, err error) error {
+	gone := c.Request.Context().Err() != nil
+	switch {
+	case !started && gone:
+		return fmt.Errorf("%w (reading worker %s): %w", errClientGone, worker, err)
+	case !started:
+		return &workerError{worker: worker, kind: failDropped, err: fmt.Errorf("reading the answer: %w", err)}
+	case gone:
+		s.metrics.requests.WithLabelValues(p.model, "client_gone").Inc()
+		s.log.Info("client went away mid-answer", "request", p.req.ID, "worker", worker)
+	default:
+		s.metrics.requests.WithLabelValues(p.model, "upstream_error").Inc()
+		s.log.Warn("worker stream broke", "request", p.req.ID, "worker", worker, "err", err)
+	}
+	return nil
+}
+
+// auditUsage compares the usage the worker reported with the router's
+// prediction (a negative overlap: no prediction to audit).
+func (s *Server) auditUsage(p *prepared, worker router.WorkerID, overlap int, audit *usageScanner) {
+	u, ok := audit.usage()
+	if !ok {
+		return
+	}
+	bs := p.rt.Config().BlockSize
+	s.metrics.observeUsage(p.model, string(worker), u, max(overlap, 0)*bs)
+	if u.Details != nil && overlap >= 0 {
+		s.rep.Audit(worker, overlap*bs, u.Details.CachedTokens, u.PromptTokens)
+	}
+}
+
+// free ends an aggregated request's booking, here and on the other
+// replicas, and wakes its model's queue.
+func (s *Server) free(p *prepared) {
+	p.rt.Free(p.req.ID)
+	s.rep.Freed(p.model, p.req.ID)
+	s.gates.wake(p.model)
+}
