@@ -107,6 +107,9 @@ func (t builtin) Encode(text string) []uint32 {
 	return ids
 }
 
+// EncodeSpecial is Encode: the builtin tokenizer adds no BOS/EOS.
+func (t builtin) EncodeSpecial(text string) []uint32 { return t.Encode(text) }
+
 // builtinWordID maps a word to its id: canonical spellings decode directly,
 // anything else is hashed.
 func builtinWordID(word string) uint32 {

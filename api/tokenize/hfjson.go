@@ -8,8 +8,9 @@ import (
 	"strings"
 )
 
-// This file reads tokenizer.json. It accepts only the components whose
-// behaviour this package reproduces exactly and rejects the rest with
+// This file holds the JSON shapes of tokenizer.json. The load_*.go files
+// turn each component into its Go form. They accept only the components
+// whose behaviour this package reproduces exactly and reject the rest with
 // ErrUnsupported: a tokenizer that loads but disagrees with the worker would
 // silently break prefix-cache routing, which is worse than failing to start.
 
@@ -20,18 +21,16 @@ var ErrUnsupported = errors.New("unsupported tokenizer feature")
 
 // maxTokenID bounds ids so a corrupt file cannot make us allocate a huge
 // id -> token table. Real vocabularies are well under a million (Gemma's
-// 256k is among the largest).
+// 262k is among the largest).
 const maxTokenID = 1 << 21
 
 type hfFile struct {
-	AddedTokens  []hfAddedToken  `json:"added_tokens"`
-	Normalizer   json.RawMessage `json:"normalizer"`
-	PreTokenizer json.RawMessage `json:"pre_tokenizer"`
-	Decoder      json.RawMessage `json:"decoder"`
-	Model        json.RawMessage `json:"model"`
-	// post_processor is deliberately ignored: it only adds BOS/EOS-style
-	// tokens when encoding with add_special_tokens=true (or fixes offsets),
-	// and Encode has add_special_tokens=false semantics.
+	AddedTokens   []hfAddedToken  `json:"added_tokens"`
+	Normalizer    json.RawMessage `json:"normalizer"`
+	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
+	PostProcessor json.RawMessage `json:"post_processor"`
+	Decoder       json.RawMessage `json:"decoder"`
+	Model         json.RawMessage `json:"model"`
 }
 
 type hfAddedToken struct {
@@ -44,21 +43,61 @@ type hfAddedToken struct {
 	Special    bool    `json:"special"`
 }
 
-// hfComponent covers the fields of the normalizer, pre-tokenizer and
-// decoder variants we accept; "type" selects the variant.
+// hfPattern is a Split, Replace or decoder pattern: exactly one of String
+// and Regex.
+type hfPattern struct {
+	Regex  *string `json:"Regex"`
+	String *string `json:"String"`
+}
+
+// hfComponent covers the fields of every normalizer, pre-tokenizer,
+// post-processor and decoder variant we accept; "type" selects the
+// variant.
 type hfComponent struct {
-	Type           string            `json:"type"`
-	Normalizers    []json.RawMessage `json:"normalizers"`
-	PreTokenizers  []json.RawMessage `json:"pretokenizers"`
-	Decoders       []json.RawMessage `json:"decoders"`
-	AddPrefixSpace bool              `json:"add_prefix_space"`
-	UseRegex       *bool             `json:"use_regex"`
-	Pattern        struct {
-		Regex  *string `json:"Regex"`
-		String *string `json:"String"`
-	} `json:"pattern"`
-	Behavior string `json:"behavior"`
-	Invert   bool   `json:"invert"`
+	Type string `json:"type"`
+	// Sequences.
+	Normalizers   []json.RawMessage `json:"normalizers"`
+	PreTokenizers []json.RawMessage `json:"pretokenizers"`
+	Processors    []json.RawMessage `json:"processors"`
+	Decoders      []json.RawMessage `json:"decoders"`
+	// ByteLevel.
+	AddPrefixSpace *bool `json:"add_prefix_space"`
+	UseRegex       *bool `json:"use_regex"`
+	// Split, Replace.
+	Pattern  hfPattern `json:"pattern"`
+	Behavior string    `json:"behavior"`
+	Invert   bool      `json:"invert"`
+	Content  *string   `json:"content"` // Replace; Strip (a one-rune string)
+	// Prepend.
+	Prepend *string `json:"prepend"`
+	// Digits.
+	IndividualDigits bool `json:"individual_digits"`
+	// Metaspace.
+	Replacement   *string `json:"replacement"`
+	PrependScheme *string `json:"prepend_scheme"`
+	Split         *bool   `json:"split"`
+	// Strip decoder.
+	Start int `json:"start"`
+	Stop  int `json:"stop"`
+	// TemplateProcessing.
+	Single        []hfTemplatePiece         `json:"single"`
+	SpecialTokens map[string]hfSpecialToken `json:"special_tokens"`
+	// BertProcessing, RobertaProcessing: [token, id].
+	Sep []json.RawMessage `json:"sep"`
+	Cls []json.RawMessage `json:"cls"`
+}
+
+type hfTemplatePiece struct {
+	SpecialToken *struct {
+		ID string `json:"id"`
+	} `json:"SpecialToken"`
+	Sequence *struct {
+		ID string `json:"id"`
+	} `json:"Sequence"`
+}
+
+type hfSpecialToken struct {
+	IDs []uint32 `json:"ids"`
 }
 
 type hfModel struct {
@@ -67,6 +106,7 @@ type hfModel struct {
 	UnkToken                *string           `json:"unk_token"`
 	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
 	EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
+	FuseUnk                 bool              `json:"fuse_unk"`
 	ByteFallback            bool              `json:"byte_fallback"`
 	IgnoreMerges            bool              `json:"ignore_merges"`
 	Vocab                   map[string]uint32 `json:"vocab"`
@@ -111,169 +151,29 @@ func unsupported(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrUnsupported, fmt.Sprintf(format, args...))
 }
 
-// parseNormalizer reports whether the normalizer is NFC. Only NFC (alone or
-// in a Sequence) is accepted: it is what Qwen2 declares, and other
-// normalizers (lowercasing, Replace, Prepend, ...) change ids.
-func parseNormalizer(raw json.RawMessage) (nfc bool, err error) {
-	if isNull(raw) {
-		return false, nil
-	}
+// component decodes one normalizer, pre-tokenizer, post-processor or
+// decoder; what names the kind for errors.
+func component(raw json.RawMessage, what string) (hfComponent, error) {
 	var c hfComponent
 	if err := json.Unmarshal(raw, &c); err != nil {
-		return false, fmt.Errorf("normalizer: %w", err)
+		return c, fmt.Errorf("%s: %w", what, err)
 	}
-	switch c.Type {
-	case "NFC":
-		return true, nil
-	case "Sequence":
-		for i, sub := range c.Normalizers {
-			n, err := parseNormalizer(sub)
-			if err != nil {
-				return false, fmt.Errorf("normalizer %d: %w", i, err)
-			}
-			nfc = nfc || n
-		}
-		return nfc, nil
-	}
-	return false, unsupported("normalizer type %q", c.Type)
+	return c, nil
 }
 
-// preTok is the parsed pre-tokenizer: a scanner plus ByteLevel's
-// add_prefix_space (only meaningful for the GPT-2 form).
-type preTok struct {
-	split       splitter
-	prefixSpace bool
-}
-
-// parsePreTokenizer accepts the two shapes byte-level BPE tokenizers use:
-//
-//	ByteLevel{use_regex: true}                          (GPT-2, RoBERTa)
-//	Sequence[Split{Regex, Isolated}, ByteLevel{use_regex: false}]  (Qwen2, Llama-3)
-func parsePreTokenizer(raw json.RawMessage) (preTok, error) {
-	if isNull(raw) {
-		return preTok{}, unsupported("missing pre_tokenizer (byte-level BPE needs one)")
-	}
-	var c hfComponent
-	if err := json.Unmarshal(raw, &c); err != nil {
-		return preTok{}, fmt.Errorf("pre_tokenizer: %w", err)
-	}
-	switch c.Type {
-	case "ByteLevel":
-		if c.UseRegex != nil && !*c.UseRegex {
-			return preTok{}, unsupported("ByteLevel pre_tokenizer without regex and without a Split")
-		}
-		return preTok{split: gpt2Splitter{}, prefixSpace: c.AddPrefixSpace}, nil
-	case "Sequence":
-		if len(c.PreTokenizers) != 2 {
-			return preTok{}, unsupported("pre_tokenizer Sequence of %d (want Split, ByteLevel)", len(c.PreTokenizers))
-		}
-		var split, bl hfComponent
-		if err := json.Unmarshal(c.PreTokenizers[0], &split); err != nil {
-			return preTok{}, fmt.Errorf("pre_tokenizer 0: %w", err)
-		}
-		if err := json.Unmarshal(c.PreTokenizers[1], &bl); err != nil {
-			return preTok{}, fmt.Errorf("pre_tokenizer 1: %w", err)
-		}
-		if split.Type != "Split" || bl.Type != "ByteLevel" {
-			return preTok{}, unsupported("pre_tokenizer Sequence[%s, %s] (want Split, ByteLevel)", split.Type, bl.Type)
-		}
-		if split.Pattern.Regex == nil || split.Behavior != "Isolated" || split.Invert {
-			return preTok{}, unsupported("Split pre_tokenizer must be a Regex with behavior Isolated, not inverted")
-		}
-		if (bl.UseRegex == nil || *bl.UseRegex) || bl.AddPrefixSpace {
-			return preTok{}, unsupported("ByteLevel after Split must have use_regex=false, add_prefix_space=false")
-		}
-		sp, ok := splitterFor(*split.Pattern.Regex)
-		if !ok {
-			return preTok{}, unsupported("Split regex %q", *split.Pattern.Regex)
-		}
-		return preTok{split: sp}, nil
-	}
-	return preTok{}, unsupported("pre_tokenizer type %q", c.Type)
-}
-
-func parseDecoder(raw json.RawMessage) error {
-	if isNull(raw) {
-		return unsupported("missing decoder (want ByteLevel)")
-	}
-	var c hfComponent
-	if err := json.Unmarshal(raw, &c); err != nil {
-		return fmt.Errorf("decoder: %w", err)
-	}
-	if c.Type != "ByteLevel" {
-		return unsupported("decoder type %q (want ByteLevel)", c.Type)
-	}
-	return nil
-}
-
-// parseModel builds the BPE model, the id -> bytes decode table and the
-// spelling -> id map of the model vocabulary.
-func parseModel(raw json.RawMessage) (*bpeModel, [][]byte, map[string]uint32, error) {
-	if isNull(raw) {
-		return nil, nil, nil, errors.New("missing model")
-	}
-	var hm hfModel
-	if err := json.Unmarshal(raw, &hm); err != nil {
-		return nil, nil, nil, fmt.Errorf("model: %w", err)
-	}
+// patternMatcher compiles a Split or Replace pattern.
+func patternMatcher(p hfPattern) (m matcher, literal string, err error) {
 	switch {
-	case hm.Type != "BPE" && hm.Type != "":
-		return nil, nil, nil, unsupported("model type %q (want BPE)", hm.Type)
-	case hm.Dropout != nil && *hm.Dropout != 0:
-		return nil, nil, nil, unsupported("BPE dropout (non-deterministic)")
-	case hm.ByteFallback:
-		return nil, nil, nil, unsupported("BPE byte_fallback")
-	case hm.ContinuingSubwordPrefix != nil && *hm.ContinuingSubwordPrefix != "",
-		hm.EndOfWordSuffix != nil && *hm.EndOfWordSuffix != "":
-		return nil, nil, nil, unsupported("BPE subword prefix/suffix")
-	case len(hm.Vocab) == 0:
-		return nil, nil, nil, errors.New("model: empty vocab")
-	}
-
-	var maxID uint32
-	for tok, id := range hm.Vocab {
-		if id >= maxTokenID {
-			return nil, nil, nil, fmt.Errorf("model: token %q has id %d (max %d)", tok, id, maxTokenID-1)
+	case p.String != nil && p.Regex != nil:
+		return nil, "", errors.New("pattern has both String and Regex")
+	case p.String != nil:
+		if *p.String == "" {
+			return nil, "", unsupported("empty String pattern")
 		}
-		maxID = max(maxID, id)
+		return literalMatcher(*p.String), *p.String, nil
+	case p.Regex != nil:
+		m, err := compileRegex(*p.Regex)
+		return m, "", err
 	}
-	table := make([][]byte, maxID+1)
-	m := &bpeModel{merges: make(map[uint64]merge, len(hm.Merges))}
-	for i := range m.byteID {
-		m.byteID[i] = -1
-	}
-	if hm.IgnoreMerges {
-		m.whole = make(map[string]uint32, len(hm.Vocab))
-	}
-	for tok, id := range hm.Vocab {
-		b, ok := vocabBytes(tok)
-		if !ok {
-			return nil, nil, nil, unsupported("vocab token %q is not byte-level encoded", tok)
-		}
-		table[id] = b
-		if len(b) == 1 {
-			m.byteID[b[0]] = int32(id)
-		}
-		if m.whole != nil {
-			m.whole[string(b)] = id
-		}
-	}
-	if hm.UnkToken != nil {
-		for b, id := range m.byteID {
-			if id < 0 {
-				return nil, nil, nil, unsupported("byte 0x%02x missing from vocab with unk_token set", b)
-			}
-		}
-	}
-	for rank, mg := range hm.Merges {
-		a, okA := hm.Vocab[mg.a]
-		b, okB := hm.Vocab[mg.b]
-		ab, okAB := hm.Vocab[mg.a+mg.b]
-		if !okA || !okB || !okAB {
-			return nil, nil, nil, fmt.Errorf("model: merge %d (%q %q) uses a token missing from the vocab", rank, mg.a, mg.b)
-		}
-		// A later duplicate overwrites an earlier one, as in HF.
-		m.merges[pairKey(a, b)] = merge{rank: uint32(rank), id: ab}
-	}
-	return m, table, hm.Vocab, nil
+	return nil, "", errors.New("pattern has neither String nor Regex")
 }

@@ -22,17 +22,16 @@ func TestLoadHFErrors(t *testing.T) {
 	}{
 		{"not json", []byte("{nope"), false},
 		{"json array", []byte("[]"), false},
-		{"empty object", []byte("{}"), true}, // no pre_tokenizer
+		{"empty object", []byte("{}"), false}, // no model
 		{"model missing", set(func(m map[string]any) { delete(m, "model") }), false},
 		{"model not object", set(func(m map[string]any) { m["model"] = 7 }), false},
 		{"WordPiece model", set(func(m map[string]any) { model(m)["type"] = "WordPiece" }), true},
 		{"dropout", set(func(m map[string]any) { model(m)["dropout"] = 0.1 }), true},
-		{"byte_fallback", set(func(m map[string]any) { model(m)["byte_fallback"] = true }), true},
-		{"subword prefix", set(func(m map[string]any) { model(m)["continuing_subword_prefix"] = "##" }), true},
+		{"unk_token not in vocab", set(func(m map[string]any) { model(m)["unk_token"] = "<unk>" }), true},
+		{"merge shorter than subword prefix", set(func(m map[string]any) { model(m)["continuing_subword_prefix"] = "##" }), false},
 		{"empty vocab", set(func(m map[string]any) { model(m)["vocab"] = map[string]any{} }), false},
 		{"negative id", set(func(m map[string]any) { model(m)["vocab"].(map[string]any)["zz"] = -1 }), false},
 		{"huge id", set(func(m map[string]any) { model(m)["vocab"].(map[string]any)["zz"] = 1 << 30 }), false},
-		{"non byte-level token", set(func(m map[string]any) { model(m)["vocab"].(map[string]any)["a b"] = 999 }), true},
 		{"merge of unknown token", set(func(m map[string]any) { model(m)["merges"] = []any{"a qq"} }), false},
 		{"merge result not in vocab", set(func(m map[string]any) { model(m)["merges"] = []any{"b c"} }), false},
 		{"merge with one token", set(func(m map[string]any) { model(m)["merges"] = []any{"ab"} }), false},
@@ -44,12 +43,37 @@ func TestLoadHFErrors(t *testing.T) {
 		{"unknown split regex", set(func(m map[string]any) {
 			m["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)[0].(map[string]any)["pattern"] = map[string]any{"Regex": `\w+`}
 		}), true},
-		{"split behavior", set(func(m map[string]any) {
-			m["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)[0].(map[string]any)["behavior"] = "Removed"
+		{"look-ahead regex", set(func(m map[string]any) {
+			m["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)[0].(map[string]any)["pattern"] = map[string]any{"Regex": `a+(?!b)`}
 		}), true},
+		{"regex with \\s", set(func(m map[string]any) {
+			m["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)[0].(map[string]any)["pattern"] = map[string]any{"Regex": `\s+`}
+		}), true},
+		{"regex matching empty", set(func(m map[string]any) {
+			m["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)[0].(map[string]any)["pattern"] = map[string]any{"Regex": `a*`}
+		}), true},
+		{"split behavior unknown", set(func(m map[string]any) {
+			m["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)[0].(map[string]any)["behavior"] = "Sideways"
+		}), false},
+		{"split after ByteLevel", set(func(m map[string]any) {
+			p := m["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)
+			p[0], p[1] = p[1], p[0]
+		}), true},
+		{"Metaspace first after a split", set(func(m map[string]any) {
+			p := m["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)
+			p[1] = map[string]any{"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"}
+		}), true},
+		{"Precompiled normalizer", set(func(m map[string]any) { m["normalizer"] = map[string]any{"type": "Precompiled"} }), true},
+		{"template without $A", set(func(m map[string]any) {
+			m["post_processor"] = map[string]any{"type": "TemplateProcessing", "single": []any{}, "special_tokens": map[string]any{}}
+		}), true},
+		{"template special token unknown", set(func(m map[string]any) {
+			m["post_processor"] = map[string]any{"type": "TemplateProcessing", "single": []any{
+				map[string]any{"SpecialToken": map[string]any{"id": "<s>"}}, map[string]any{"Sequence": map[string]any{"id": "A"}}}}
+		}), false},
 		{"whitespace pre-tokenizer", set(func(m map[string]any) { m["pre_tokenizer"] = map[string]any{"type": "Whitespace"} }), true},
-		{"metaspace decoder", set(func(m map[string]any) { m["decoder"] = map[string]any{"type": "Metaspace"} }), true},
-		{"no decoder", set(func(m map[string]any) { m["decoder"] = nil }), true},
+		{"CTC decoder", set(func(m map[string]any) { m["decoder"] = map[string]any{"type": "CTC"} }), true},
+		{"metaspace decoder without replacement", set(func(m map[string]any) { m["decoder"] = map[string]any{"type": "Metaspace"} }), false},
 		{"added token without id", set(func(m map[string]any) { m["added_tokens"] = []any{map[string]any{"content": "<x>"}} }), false},
 		{"added token huge id", set(func(m map[string]any) { m["added_tokens"] = []any{map[string]any{"id": 1 << 30, "content": "<x>"}} }), false},
 		{"added tokens not array", set(func(m map[string]any) { m["added_tokens"] = "x" }), false},

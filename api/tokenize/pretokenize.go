@@ -52,6 +52,8 @@ func splitterFor(pattern string) (splitter, bool) {
 		return llamaSplitter{maxDigits: 3}, true
 	case patternGPT2:
 		return gpt2Splitter{}, true
+	case patternO200k:
+		return o200kSplitter{}, true
 	}
 	return nil, false
 }

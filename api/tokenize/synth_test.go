@@ -65,8 +65,8 @@ func mustParse(t testing.TB, m map[string]any) *HF {
 func tokens(h *HF, ids []uint32) []string {
 	out := make([]string, len(ids))
 	for i, id := range ids {
-		if int(id) < len(h.decode) {
-			out[i] = vocabString(h.decode[id])
+		if h.has(id) {
+			out[i] = h.tokens[id]
 		}
 	}
 	return out
