@@ -33,7 +33,7 @@ type Config struct {
 	// Tokenizer and ChatTemplate.
 	Prompts        *prompt.Set
 	ConnectTimeout time.Duration // dialing a worker
-	Retries        int           // other workers tried when connecting fails before the first byte
+	Retries        int           // other workers tried when the worker could not have started the request (see retryable)
 	QueueTimeout   time.Duration // longest wait in the admission queue
 	// WorkerCooldown: after a failed connection a worker is tried last for
 	// this long (default 5 s; negative = never).

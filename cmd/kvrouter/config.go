@@ -131,7 +131,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 			c.StaticWorkers = ws
 			return err
 		}},
-		{names: []string{"retries"}, env: []string{"KVROUTER_RETRIES"}, def: "2", usage: "other workers tried when a connection fails before the first byte", set: intp(&c.Retries)},
+		{names: []string{"retries"}, env: []string{"KVROUTER_RETRIES"}, def: "2", usage: "other workers tried when a worker could not have started the request (connection refused, dial or TLS failure, 503/529 before any byte); never after the request reached it", set: intp(&c.Retries)},
 		{names: []string{"events-missing-after"}, env: []string{"KVROUTER_EVENTS_MISSING_AFTER"}, def: "60s", usage: "warn when a routed worker has published no KV events this long", set: dur(&c.EventsMissing)},
 		{names: []string{"bridge-config"}, env: []string{"KVROUTER_BRIDGE_CONFIG"}, usage: "JSON file of vLLM/SGLang engines whose ZMQ KV events this replica bridges in-process (see eventbus/zmqbridge/README.md)", set: str(&c.BridgeConfig)},
 		{names: []string{"drain-delay"}, env: []string{"KVROUTER_DRAIN_DELAY"}, def: "2s", usage: "on SIGTERM, report not ready this long (the load balancer moves away) before stopping; then in-flight requests finish", set: dur(&c.DrainDelay)},
