@@ -38,6 +38,9 @@ func newMetrics(n *Node) *metrics {
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
+	counter := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
+	}
 	m.collectors = []prometheus.Collector{
 		m.applySeconds, m.snapshots, m.leaderChanges,
 		gauge("kvrouter_raft_state", "Raft state: 0 follower, 1 candidate, 2 leader, 3 shutdown.",
@@ -48,6 +51,19 @@ func newMetrics(n *Node) *metrics {
 			func() float64 { return float64(n.sm.AppliedIndex()) }),
 		gauge("kvrouter_raft_commit_index", "Raft commit index known to this node.",
 			func() float64 { return float64(n.raft.CommitIndex()) }),
+		gauge("kvrouter_fsm_halted", "1 while the state machine is halted on a log entry it cannot apply (a command type this build does not know): the replica serves nothing until upgraded.",
+			func() float64 {
+				if n.sm.Halted() != nil {
+					return 1
+				}
+				return 0
+			}),
+		counter("kvrouter_fsm_unknown_types_total", "Log entries of a command type or envelope version this build does not know, without the ignore bit (each halts the state machine).",
+			func() float64 { u, _, _ := n.sm.Refused(); return float64(u) }),
+		counter("kvrouter_fsm_undecodable_total", "Log entries that did not decode (a proposer bug or corruption; skipped on every replica alike).",
+			func() float64 { _, u, _ := n.sm.Refused(); return float64(u) }),
+		counter("kvrouter_fsm_domain_errors_total", "Commands refused by the state machine with a domain error (unknown worker, invalid config…; state unchanged on every replica).",
+			func() float64 { _, _, d := n.sm.Refused(); return float64(d) }),
 	}
 	return m
 }

@@ -43,6 +43,7 @@ type Node struct {
 	hadState bool // data dir held Raft state when the node was opened
 
 	notifyCh chan bool
+	haltCh   chan struct{} // the state machine halted (noteHalt → haltLoop)
 	obsCh    chan raft.Observation
 	observer *raft.Observer
 
@@ -123,6 +124,7 @@ func New(cfg Config, sm StateMachine) (_ *Node, err error) {
 		log:      cfg.Logger.With("node", cfg.NodeID),
 		sm:       sm,
 		notifyCh: make(chan bool, 8),
+		haltCh:   make(chan struct{}, 1),
 		obsCh:    make(chan raft.Observation, 64),
 		closing:  make(chan struct{}),
 	}
@@ -188,7 +190,7 @@ func New(cfg Config, sm StateMachine) (_ *Node, err error) {
 
 	// The gauges read n.raft; they are registered once it exists.
 	n.m = newMetrics(n)
-	n.fsm = &fsmAdapter{sm: sm, m: n.m}
+	n.fsm = &fsmAdapter{sm: sm, m: n.m, onHalt: n.noteHalt}
 	n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.store, n.snaps, n.trans)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
@@ -214,9 +216,10 @@ func New(cfg Config, sm StateMachine) (_ *Node, err error) {
 	})
 	n.raft.RegisterObserver(n.observer)
 
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go n.leadershipLoop()
 	go n.observeLoop()
+	go n.haltLoop()
 	n.log.Info("raft node started", "raft_addr", cfg.AdvertiseAddr, "data_dir", cfg.DataDir, "existing_state", n.hadState)
 	return n, nil
 }
@@ -351,6 +354,9 @@ func (n *Node) LinearizableRead(ctx context.Context) error {
 	// (no-op and configuration entries never reach it).
 	wait := func(applied func() uint64, target uint64) error {
 		for applied() < target {
+			if err := n.sm.Halted(); err != nil {
+				return fmt.Errorf("waiting to apply up to %d: state machine %w", target, err)
+			}
 			select {
 			case <-ctx.Done():
 				return fmt.Errorf("waiting to apply up to %d: %w", target, ctx.Err())
@@ -708,6 +714,9 @@ func (n *Node) Ready() (bool, string) {
 	if n.isClosing() {
 		return false, "shut down"
 	}
+	if err := n.sm.Halted(); err != nil {
+		return false, "state machine " + err.Error()
+	}
 	_, sid := n.raft.LeaderWithID()
 	id := string(sid)
 	n.mu.Lock()
@@ -774,6 +783,45 @@ func (n *Node) lastCommandAtOrBelow(idx uint64) uint64 {
 	return 0
 }
 
+// noteHalt is told (on raft's FSM goroutine) when the state machine halts
+// or resumes. A halt is an operator's problem: the replica needs a newer
+// build. A halted leader would keep proposing entries it cannot apply and
+// answer reads it cannot serve, so haltLoop hands leadership away.
+func (n *Node) noteHalt(err error) {
+	if err == nil {
+		n.log.Info("state machine resumed applying (restored a snapshot)")
+		return
+	}
+	n.log.Error("state machine halted: this replica applies nothing more and is not ready until restarted with a build that knows the entry",
+		"err", err, "applied_index", n.sm.AppliedIndex())
+	select {
+	case n.haltCh <- struct{}{}:
+	default: // one pending notice is enough
+	}
+}
+
+// haltLoop transfers leadership away from this node when its state machine
+// halted while it leads (off the FSM goroutine: the transfer waits for
+// raft's main loop).
+func (n *Node) haltLoop() {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.closing:
+			return
+		case <-n.haltCh:
+		}
+		if n.sm.Halted() == nil || n.raft.State() != raft.Leader || !n.hasOtherVoters() {
+			continue
+		}
+		if err := n.raft.LeadershipTransfer().Error(); err != nil {
+			n.log.Warn("halted leader: leadership transfer failed", "err", err)
+			continue
+		}
+		n.log.Info("halted leader: leadership transferred")
+	}
+}
+
 // PeerStatus is one server of the Raft configuration.
 type PeerStatus struct {
 	ID       string `json:"id"`
@@ -801,6 +849,9 @@ type Status struct {
 	ReadyReason       string       `json:"ready_reason"`
 	Digest            string       `json:"digest"`
 	PID               int          `json:"pid"`
+	// Halted is why the state machine stopped applying ("" while it
+	// applies): see StateMachine.Halted.
+	Halted string `json:"halted,omitempty"`
 }
 
 // Status gathers Status. Reading the configuration can wait behind a
@@ -824,6 +875,9 @@ func (n *Node) Status() Status {
 		ReadyReason:       reason,
 		Digest:            n.sm.Digest(),
 		PID:               os.Getpid(),
+	}
+	if err := n.sm.Halted(); err != nil {
+		st.Halted = err.Error()
 	}
 	if metas, err := n.snaps.List(); err == nil && len(metas) > 0 {
 		st.LastSnapshotIndex = metas[0].Index

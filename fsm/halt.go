@@ -39,3 +39,9 @@ func (f *FSM) Halted() error {
 	}
 	return nil
 }
+
+// Refused returns the counters of entries not applied that a replica
+// exports (Stats has them all).
+func (f *FSM) Refused() (unknownTypes, undecodable, domainErrors uint64) {
+	return f.stats.unknownTypes.Load(), f.stats.undecodable.Load(), f.stats.domainErrors.Load()
+}

@@ -40,6 +40,7 @@ type FSM struct {
 	seen    map[uint64]bool // first 8 bytes of SHA-256 of each accepted command
 
 	restores   atomic.Uint64
+	rejected   atomic.Uint64
 	applyDelay atomic.Int64 // nanoseconds slept per ApplyBatch (simulates a slow FSM)
 }
 
@@ -75,6 +76,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 		f.applied = l.Index
 		if bytes.HasPrefix(l.Data, []byte(RejectPrefix)) {
 			out[i] = fmt.Errorf("%w: %q", ErrRejected, l.Data)
+			f.rejected.Add(1)
 			continue
 		}
 		sum := sha256.Sum256(l.Data)
@@ -102,6 +104,14 @@ func (f *FSM) AppliedIndex() uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.applied
+}
+
+// Halted is always nil: every command is known to this machine.
+func (f *FSM) Halted() error { return nil }
+
+// Refused counts rejected commands as domain errors.
+func (f *FSM) Refused() (unknownTypes, undecodable, domainErrors uint64) {
+	return 0, 0, f.rejected.Load()
 }
 
 // Snapshot format: "KVTF" | version u8 (2) | applied u64 | count u64 |
