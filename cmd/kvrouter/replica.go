@@ -296,6 +296,11 @@ func (r *replica) Status(digest bool) map[string]any {
 	if digest {
 		out["digest"] = r.fsm.Digest()
 	}
+	if st.Halted != "" {
+		// The state machine met a command type this build does not know:
+		// the replica is not ready until upgraded (fsm/DESIGN.md).
+		out["halted"] = st.Halted
+	}
 	nodes := []map[string]any{}
 	for _, n := range r.fsm.Nodes() {
 		nodes = append(nodes, map[string]any{"id": n.ID, "raft_addr": n.RaftAddr, "http_addr": n.HTTPAddr})
