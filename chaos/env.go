@@ -33,6 +33,7 @@ type env struct {
 	mu       sync.Mutex // replicas and members, which T7 changes while the monitor and clients read them
 	replicas map[int]*replica
 	members  []int // replicas that should be running and in the cluster
+	prev     []int // replicas started on the previous release's binary (scenario.prev)
 	mocks    []*mock
 	haproxy  *proc
 
@@ -127,6 +128,9 @@ func (e *env) newReplica(i int, join bool) *replica {
 	r := &replica{idx: i, id: fmt.Sprintf("r%d", i), dataDir: filepath.Join(e.dir, fmt.Sprintf("r%d", i)), join: join}
 	r.name = r.id
 	r.logPath = filepath.Join(e.dir, fmt.Sprintf("r%d.log", i))
+	if slices.Contains(e.prev, i) {
+		r.bin = e.opts.PrevBin
+	}
 	e.mu.Lock()
 	e.replicas[i] = r
 	e.mu.Unlock()
@@ -141,7 +145,11 @@ func (e *env) startReplica(r *replica) error {
 	if !slices.Contains(members, r.idx) {
 		members = append(slices.Clone(members), r.idx)
 	}
-	return r.start(r.argv(e.bin("kvrouter"), members), e.pids)
+	bin := r.bin
+	if bin == "" {
+		bin = e.bin("kvrouter")
+	}
+	return r.start(r.argv(bin, members), e.pids)
 }
 
 func (e *env) setup() error {

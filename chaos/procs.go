@@ -191,7 +191,8 @@ type replica struct {
 	idx     int
 	id      string
 	dataDir string
-	join    bool // start with --join (a replica added to a formed cluster)
+	join    bool   // start with --join (a replica added to a formed cluster)
+	bin     string // kvrouter binary to start; "" = this build's (U1 starts one on the previous release's)
 }
 
 func (r *replica) url() string { return replicaURL(r.idx) }

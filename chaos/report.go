@@ -212,6 +212,8 @@ var Catalog = []Scenario{
 	{ID: "T7", Title: "wiped follower and a new fourth replica catch up by snapshot", Short: true},
 	{ID: "T8", Title: "rolling SIGTERM restart, leader last", Short: true},
 	{ID: "T11", Title: "replica-sync (NATS route) traffic of one replica cut for 30 s", Short: true},
+	// U1 needs the previous release's binary (chaos/run.sh builds it).
+	{ID: "U1", Title: "rolling upgrade under load: one replica on the previous release, upgraded by SIGTERM + restart"},
 	// S1 checks the checker: it injects a loss and a duplicate, and passes
 	// when both are reported. Never part of "all" or "short".
 	{ID: "S1", Title: "checker self-test: an injected loss and a replayed event must be detected", SelfTest: true},

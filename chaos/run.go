@@ -25,6 +25,9 @@ type Options struct {
 	OutDir    string        // chaos/out: report.json and <run-id>/
 	RunID     string
 	HAProxy   string // haproxy binary
+	// PrevBin is the previous release's kvrouter, for the scenarios that
+	// start replicas on it (U1); default <BinDir>/kvrouter-prev.
+	PrevBin string
 
 	LedgerWorkers int
 	LedgerEvery   time.Duration
@@ -58,6 +61,10 @@ func (o Options) withDefaults() Options {
 	if o.HAProxy == "" {
 		o.HAProxy, _ = exec.LookPath("haproxy")
 	}
+	if o.PrevBin == "" {
+		o.PrevBin = filepath.Join(o.BinDir, "kvrouter-prev")
+	}
+	o.PrevBin = mustAbs(o.PrevBin)
 	if o.LedgerWorkers == 0 {
 		o.LedgerWorkers = 4
 	}
@@ -93,6 +100,15 @@ func Preflight(o Options) error {
 	}
 	if o.HAProxy == "" {
 		errs = append(errs, errors.New("haproxy not found (apt-get install -y haproxy)"))
+	}
+	for _, id := range o.Scenarios {
+		if len(scenarios[id].prev) == 0 {
+			continue
+		}
+		if _, err := os.Stat(o.PrevBin); err != nil {
+			errs = append(errs, fmt.Errorf("%s needs the previous release's kvrouter at %s (chaos/run.sh builds it from PREV_REF)", id, o.PrevBin))
+		}
+		break
 	}
 	for _, t := range []string{"ip", "iptables"} {
 		if _, err := exec.LookPath(t); err != nil {
@@ -194,6 +210,7 @@ func runScenario(parent context.Context, o Options, runDir, id string) (res Resu
 		pids:     newPidRegistry(filepath.Join(o.OutDir, "pids")),
 		replicas: map[int]*replica{},
 		members:  []int{1, 2, 3},
+		prev:     impl.prev,
 		iso:      newIsolationWatch(),
 		route:    newRouteStats(),
 		admin:    &adminHistory{start: time.Now()},
@@ -259,4 +276,7 @@ type scenario struct {
 	// selfTest: the scenario injects anomalies; its checks replace the
 	// common ones (which must fail there).
 	selfTest bool
+	// prev: replicas started on the previous release's binary
+	// (Options.PrevBin) instead of this build's.
+	prev []int
 }

@@ -3,6 +3,7 @@
 #
 #   SCENARIOS  comma list (T1,T4,T6), "short" (the CI tier), "all"; default T1,T4,T6
 #   DURATION   fault phase of each scenario (60s, 2m); default 60s
+#   PREV_REF   (environment) the previous release U1 upgrades from; default 27008e8
 #
 # Builds the harness (package chaos, build tag `chaos`) and runs it as root:
 # three network namespaces, real kvrouter replicas from bin/, HAProxy, kvmock
@@ -56,6 +57,27 @@ if ! go build -tags chaos -o "$harness" ./chaos/cmd/chaosrun; then
   exit 1
 fi
 
+# U1 starts a replica on the previous release's kvrouter: build it once per
+# PREV_REF (a commit or tag; default the last commit before snapshot format 2
+# and the halt-on-unknown-command policy).
+prev_ref=${PREV_REF:-27008e8}
+prev_bin=$root/bin/kvrouter-prev-$prev_ref
+case ",$(printf %s "${scenarios:-}" | tr 'A-Z ' 'a-z,')," in
+*,u1,* | *,all,*)
+  if [ ! -x "$prev_bin" ]; then
+    say "building the previous release's kvrouter from $prev_ref"
+    wt=$(mktemp -d)
+    if git -C "$root" worktree add --detach "$wt" "$prev_ref" >/dev/null 2>&1 &&
+      (cd "$wt" && go build -o "$prev_bin" ./cmd/kvrouter); then
+      :
+    else
+      say "cannot build $prev_ref: U1 will fail its preflight"
+    fi
+    git -C "$root" worktree remove --force "$wt" 2>/dev/null
+  fi
+  ;;
+esac
+
 pidfile=$out/pids
 cleanup() {
   # Children of a harness that died: kill them by the pids it recorded.
@@ -78,7 +100,7 @@ trap 'say interrupted; [ -n "${hp:-}" ] && kill -TERM "$hp" 2>/dev/null; wait "$
 
 cleanup
 rm -f "$out/report.json" # never leave an earlier run's report to be mistaken for this one
-"$harness" -root "$root" -scenarios "$scenarios" -duration "$duration" &
+"$harness" -root "$root" -scenarios "$scenarios" -duration "$duration" -prev-bin "$prev_bin" &
 hp=$!
 wait "$hp"
 code=$?

@@ -24,6 +24,7 @@ func main() {
 		out      = flag.String("out", "", "output directory (default <root>/chaos/out)")
 		runID    = flag.String("run-id", "", "artifact folder name (default a timestamp)")
 		keepRuns = flag.Int("keep-runs", 10, "artifact folders kept")
+		prevBin  = flag.String("prev-bin", "", "the previous release's kvrouter, for U1 (default <bin>/kvrouter-prev)")
 	)
 	flag.Parse()
 	ids, err := chaos.ParseScenarios(*scen)
@@ -39,7 +40,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	rep, err := chaos.Run(ctx, chaos.Options{Scenarios: ids, Duration: d, Root: *root, BinDir: *bin, OutDir: *out,
-		RunID: *runID, KeepRuns: *keepRuns})
+		RunID: *runID, KeepRuns: *keepRuns, PrevBin: *prevBin})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "chaosrun:", err)
 	}
