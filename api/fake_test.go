@@ -10,14 +10,20 @@ import (
 )
 
 // fakeReplica is an in-memory Replica: one index and router per model, no Raft.
+type fakeAdapter struct {
+	base    string
+	workers []router.WorkerID
+}
+
 type fakeReplica struct {
-	mu      sync.Mutex
-	index   *router.Index
-	routers map[string]*router.Router
-	urls    map[router.WorkerID]string
-	ready   bool
-	drain   bool     // Draining (api.Drainer)
-	events  []string // load notifications, for assertions
+	adapters map[string]fakeAdapter // LoRA adapter → base model and its workers
+	mu       sync.Mutex
+	index    *router.Index
+	routers  map[string]*router.Router
+	urls     map[router.WorkerID]string
+	ready    bool
+	drain    bool     // Draining (api.Drainer)
+	events   []string // load notifications, for assertions
 }
 
 func newFakeReplica(model string, cfg router.Config) *fakeReplica {
@@ -57,6 +63,10 @@ func (f *fakeReplica) WorkerURL(id router.WorkerID) (string, bool) {
 	return u, ok
 }
 func (f *fakeReplica) ReadBarrier(context.Context) error { return nil }
+func (f *fakeReplica) Adapter(name string) (string, []router.WorkerID, bool) {
+	a, ok := f.adapters[name]
+	return a.base, a.workers, ok
+}
 func (f *fakeReplica) Thresholds(m string) (router.Thresholds, bool) {
 	rt, ok := f.routers[m]
 	if !ok {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -83,7 +84,15 @@ func (s *Server) prepare(c *gin.Context, chat bool) (*prepared, bool) {
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", "model is required")
 		return nil, false
 	}
-	rt, ok := s.rep.Router(in.Model)
+	model, lora := in.Model, ""
+	rt, ok := s.rep.Router(model)
+	var only []router.WorkerID // a LoRA adapter: the base model's workers that serve it
+	if !ok {
+		if base, ws, isAdapter := s.rep.Adapter(in.Model); isAdapter {
+			model, lora, only = base, in.Model, ws
+			rt, ok = s.rep.Router(base)
+		}
+	}
 	if !ok {
 		s.metrics.rejected.WithLabelValues("unknown_model").Inc()
 		openAIError(c, http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q is not served here", in.Model))
@@ -93,7 +102,7 @@ func (s *Server) prepare(c *gin.Context, chat bool) (*prepared, bool) {
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", "messages must not be empty")
 		return nil, false
 	}
-	tokens, hashable, err := s.requestTokens(in.Model, body, chat)
+	tokens, hashable, err := s.requestTokens(model, body, chat)
 	if err != nil {
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return nil, false
@@ -102,9 +111,25 @@ func (s *Server) prepare(c *gin.Context, chat bool) (*prepared, bool) {
 	id := fmt.Sprintf("%s-%d-%d", s.rep.NodeID(), start.UnixNano(), requestSeq.Add(1))
 	s.metrics.inputTokens.WithLabelValues(in.Model).Add(float64(len(tokens)))
 	return &prepared{
-		body: body, path: c.Request.URL.Path, model: in.Model, stream: in.Stream, rt: rt, start: start,
-		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable), Tokens: len(tokens), Priority: in.Nvext.AgentHints.Priority},
+		body: body, path: c.Request.URL.Path, model: model, stream: in.Stream, rt: rt, start: start,
+		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora), Tokens: len(tokens),
+			Priority: in.Nvext.AgentHints.Priority, Exclude: notServing(rt.Workers(), only)},
 	}, true
+}
+
+// notServing lists the workers of ws outside only (nil only: none), so a
+// LoRA request is routed only among the workers that load its adapter.
+func notServing(ws []router.WorkerInfo, only []router.WorkerID) []router.WorkerID {
+	if only == nil {
+		return nil
+	}
+	var out []router.WorkerID
+	for _, w := range ws {
+		if !slices.Contains(only, w.ID) {
+			out = append(out, w.ID)
+		}
+	}
+	return out
 }
 
 // requestTokens returns the prompt token ids of a request as the model's
@@ -141,11 +166,14 @@ func (s *Server) noTokenizer(model string) {
 	}
 }
 
-func hashes(tokens []uint32, blockSize int, hashable bool) []uint64 {
+// hashes are the request's block hashes as the engine computes them: with
+// Dynamo's LoRA seed when it names an adapter (the engines' events for the
+// adapter's blocks carry the same seed).
+func hashes(tokens []uint32, blockSize int, hashable bool, lora string) []uint64 {
 	if !hashable {
 		return nil
 	}
-	return router.SequenceHashes(tokens, blockSize, "")
+	return router.SequenceHashes(tokens, blockSize, lora)
 }
 
 func (s *Server) listModels(c *gin.Context) {

@@ -20,6 +20,10 @@ type Replica interface {
 	Router(model string) (*router.Router, bool)
 	// WorkerURL is the OpenAI base URL of a worker (http://host:port).
 	WorkerURL(id router.WorkerID) (string, bool)
+	// Adapter resolves a LoRA adapter name (a request's "model") to the
+	// base model whose workers serve it and those workers' ranks; ok is
+	// false when no worker serves such an adapter.
+	Adapter(name string) (base string, workers []router.WorkerID, ok bool)
 
 	// ReadBarrier returns once this replica reflects every write committed
 	// before the call, so the admin reads after it are linearizable.

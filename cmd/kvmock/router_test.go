@@ -43,6 +43,7 @@ func (r *oneReplica) Models() []string { return []string{r.model} }
 func (r *oneReplica) Router(m string) (*router.Router, bool) {
 	return r.rt, m == r.model
 }
+func (r *oneReplica) Adapter(string) (string, []router.WorkerID, bool) { return "", nil, false }
 func (r *oneReplica) WorkerURL(id router.WorkerID) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

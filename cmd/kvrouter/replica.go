@@ -46,6 +46,15 @@ type replica struct {
 	audit    *cacheAudit
 	draining atomic.Bool // SIGTERM received: not ready, finishing requests
 	prompts  *prompt.Set // which files tokenize each model (fingerprints in /cluster/status)
+	loras    *loraDirectory
+}
+
+// Adapter resolves a LoRA adapter to its base model and serving workers.
+func (r *replica) Adapter(name string) (string, []router.WorkerID, bool) {
+	if r.loras == nil || r.knownModel(name) {
+		return "", nil, false
+	}
+	return r.loras.Adapter(name)
 }
 
 func (r *replica) Audit(w router.WorkerID, predicted, reported, _ int) {
@@ -339,6 +348,9 @@ func (r *replica) Status(digest bool) map[string]any {
 	out["cache_audit"] = r.audit.report()
 	if r.prompts != nil {
 		out["tokenizers"] = r.prompts.Describe(r.Models())
+	}
+	if r.loras != nil {
+		out["lora_adapters"] = r.loras.snapshot()
 	}
 	return out
 }

@@ -87,6 +87,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	r.health = newWorkerHealth(cfg.EventsMissing, reg, log)
 	r.preds = newPredictionBatcher(r, log)
 	r.audit = newCacheAudit(log)
+	r.loras = newLoRADirectory(log.With("component", "lora"))
 	state.OnChange(r.onChange)
 
 	r.sync, err = eventbus.NewSyncer(bus.Conn(), eventbus.SyncConfig{Replica: cfg.NodeID, Registerer: reg, Logger: log}, r)
@@ -116,6 +117,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	go func() { _ = r.sync.Run(runCtx) }()
 	go r.preds.run(runCtx)
 	go r.health.run(runCtx, r)
+	go r.loras.run(runCtx, state.Workers)
 
 	if err := node.Form(runCtx); err != nil && runCtx.Err() == nil {
 		return fmt.Errorf("forming the cluster: %w", err)
