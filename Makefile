@@ -5,7 +5,7 @@ PKGS    := ./...
 # Tests that need a cluster or the network get longer; unit tests stay fast.
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: help build test bench run check chaos chaos-short chaos-soak fuzz clean
+.PHONY: help build test reference bench run check chaos chaos-short chaos-soak fuzz clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -14,8 +14,12 @@ build: ## build kvrouter, kvmock and kvbench into bin/
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-test: check ## what CI runs: static checks, then every test with the race detector
+test: check reference ## what CI runs: static checks, then every test with the race detector
 	$(GO) test $(TESTFLAGS) $(PKGS)
+
+reference: ## install the pinned reference tokenizers and chat templates (npm) the exact-token tests compare against
+	@if command -v npm >/dev/null; then ./.ci/install-reference; \
+	else echo "npm not found: the exact-token reference tests will skip (apt-get install nodejs npm)"; fi
 
 bench: ## router micro-benchmarks (figures go to BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./router/
