@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/disagg"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/router"
@@ -68,14 +68,8 @@ func parseDisaggFlags(args []string, output io.Writer) (*disaggOptions, error) {
 	fs.StringVar(&o.JSON, "json", "", "write the JSON report to this file")
 	fs.StringVar(&o.Plot, "plot", "", "write a PNG of p50 TTFT against link speed, one line per mode, to this file")
 	fs.BoolVar(&o.Progress, "progress", false, "print progress on stderr")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return nil, usagef("unexpected argument %q", fs.Arg(0))
+	if err := cli.Parse(fs, args); err != nil {
+		return nil, err
 	}
 	var err error
 	if o.Grid.LinkMBps, err = parseFloatList("--link-mbps", links); err != nil {
@@ -83,7 +77,7 @@ func parseDisaggFlags(args []string, output io.Writer) (*disaggOptions, error) {
 	}
 	for _, l := range o.Grid.LinkMBps {
 		if !(l > 0) || math.IsInf(l, 0) {
-			return nil, usagef("--link-mbps: %v is not a positive throughput", l)
+			return nil, cli.Usagef("--link-mbps: %v is not a positive throughput", l)
 		}
 	}
 	if o.Grid.PromptTokens, err = parseIntList("--prompt-tokens", prompts); err != nil {
@@ -92,11 +86,11 @@ func parseDisaggFlags(args []string, output io.Writer) (*disaggOptions, error) {
 	for _, m := range strings.Split(modes, ",") {
 		mode, err := router.ParseDisaggMode(m)
 		if err != nil || strings.TrimSpace(m) == "" {
-			return nil, usagef("--modes: %q is not off, always or auto", m)
+			return nil, cli.Usagef("--modes: %q is not off, always or auto", m)
 		}
 		for _, seen := range o.Grid.Modes {
 			if seen == mode {
-				return nil, usagef("--modes: %s listed twice", mode)
+				return nil, cli.Usagef("--modes: %s listed twice", mode)
 			}
 		}
 		o.Grid.Modes = append(o.Grid.Modes, mode)
@@ -104,39 +98,39 @@ func parseDisaggFlags(args []string, output io.Writer) (*disaggOptions, error) {
 	if kvShape != "" {
 		dims, err := parseIntList("--kv-shape", kvShape)
 		if err != nil || len(dims) != 4 {
-			return nil, usagef("--kv-shape %q: want layers,kv-heads,head-dim,dtype-bytes", kvShape)
+			return nil, cli.Usagef("--kv-shape %q: want layers,kv-heads,head-dim,dtype-bytes", kvShape)
 		}
 		b.KV = router.ModelKV{Layers: dims[0], KVHeads: dims[1], HeadDim: dims[2], DTypeBytes: dims[3]}
 	} else {
 		b.KV = router.ModelKV{Given: bytesPerToken}
 	}
 	if err := b.KV.Validate(); err != nil {
-		return nil, usagef("KV size: %v", err)
+		return nil, cli.Usagef("KV size: %v", err)
 	}
 	if b.Profile, err = engine.LookupProfile(profile); err != nil {
-		return nil, usagef("--profile %q: unknown (have %s)", profile, strings.Join(engine.Profiles(), ", "))
+		return nil, cli.Usagef("--profile %q: unknown (have %s)", profile, strings.Join(engine.Profiles(), ", "))
 	}
 	if b.Link.Latency, err = time.ParseDuration(latency); err != nil || b.Link.Latency < 0 {
-		return nil, usagef("--link-latency %q: want a non-negative duration such as 2ms", latency)
+		return nil, cli.Usagef("--link-latency %q: want a non-negative duration such as 2ms", latency)
 	}
 	if b.ThinkTime, err = time.ParseDuration(think); err != nil || b.ThinkTime < 0 {
-		return nil, usagef("--think-time %q: want a non-negative duration such as 500ms", think)
+		return nil, cli.Usagef("--think-time %q: want a non-negative duration such as 500ms", think)
 	}
 	if !(perTransfer >= 0) || math.IsInf(perTransfer, 0) {
-		return nil, usagef("--link-per-transfer-mbps %v: must be finite and non-negative", perTransfer)
+		return nil, cli.Usagef("--link-per-transfer-mbps %v: must be finite and non-negative", perTransfer)
 	}
 	b.Link.PerTransferBytesPerS = perTransfer * 1e6
 	if !(o.Grid.Bound >= 1) || math.IsInf(o.Grid.Bound, 0) {
-		return nil, usagef("--bound %v: want a finite ratio ≥ 1", o.Grid.Bound)
+		return nil, cli.Usagef("--bound %v: want a finite ratio ≥ 1", o.Grid.Bound)
 	}
 	if o.Grid.Parallel < 0 {
-		return nil, usagef("--parallel %d: must not be negative", o.Grid.Parallel)
+		return nil, cli.Usagef("--parallel %d: must not be negative", o.Grid.Parallel)
 	}
 	if o.Grid.Parallel == 0 {
 		o.Grid.Parallel = runtime.GOMAXPROCS(0)
 	}
 	if (b.PrefixGroups > 0) != (b.PrefixTokens > 0) {
-		return nil, usagef("--prefix-groups and --prefix-tokens go together")
+		return nil, cli.Usagef("--prefix-groups and --prefix-tokens go together")
 	}
 	// Validate one cell per prompt length (the link is validated per cell).
 	for _, p := range o.Grid.PromptTokens {
@@ -144,7 +138,7 @@ func parseDisaggFlags(args []string, output io.Writer) (*disaggOptions, error) {
 		c.PromptTokens, c.Mode = p, router.DisaggOff
 		c.Link.ThroughputBytesPerS = o.Grid.LinkMBps[0] * 1e6
 		if err := c.Validate(); err != nil {
-			return nil, usagef("%v", err)
+			return nil, cli.Usagef("%v", err)
 		}
 	}
 	return o, nil
@@ -155,7 +149,7 @@ func parseFloatList(name, s string) ([]float64, error) {
 	for _, p := range strings.Split(s, ",") {
 		v, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
 		if err != nil {
-			return nil, usagef("%s %q: %q is not a number", name, s, p)
+			return nil, cli.Usagef("%s %q: %q is not a number", name, s, p)
 		}
 		out = append(out, v)
 	}
@@ -167,10 +161,10 @@ func parseIntList(name, s string) ([]int, error) {
 	for _, p := range strings.Split(s, ",") {
 		v, err := strconv.Atoi(strings.TrimSpace(p))
 		if err != nil {
-			return nil, usagef("%s %q: %q is not a whole number", name, s, p)
+			return nil, cli.Usagef("%s %q: %q is not a whole number", name, s, p)
 		}
 		if v < 1 {
-			return nil, usagef("%s: %d must be positive", name, v)
+			return nil, cli.Usagef("%s: %d must be positive", name, v)
 		}
 		out = append(out, v)
 	}
@@ -180,7 +174,7 @@ func parseIntList(name, s string) ([]int, error) {
 // runDisagg is the `kvbench disagg` subcommand.
 func runDisagg(args []string, stdout, stderr io.Writer) int {
 	o, err := parseDisaggFlags(args, stderr)
-	if code, failed := parseFailed("disagg", err, stderr); failed {
+	if code, failed := cli.ParseFailed("disagg", err, stderr); failed {
 		return code
 	}
 	var progress func(done, total int)
@@ -192,35 +186,29 @@ func runDisagg(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "kvbench disagg: %v\n", err)
-		return exitFail
+		return cli.Fail(stderr, "disagg", err, cli.ExitFail)
 	}
 	if o.Seed001 {
 		if rep.Seed001, err = disagg.RunSeed001(o.Grid.Base, o.Grid.Parallel); err != nil {
-			fmt.Fprintf(stderr, "kvbench disagg: seed 001: %v\n", err)
-			return exitFail
+			return cli.Fail(stderr, "disagg", fmt.Errorf("seed 001: %w", err), cli.ExitFail)
 		}
 	}
 	if err := disagg.WriteTable(stdout, rep); err != nil {
-		fmt.Fprintf(stderr, "kvbench disagg: %v\n", err)
-		return exitFail
+		return cli.Fail(stderr, "disagg", err, cli.ExitFail)
 	}
 	if o.JSON != "" {
-		if err := disagg.WriteJSON(o.JSON, rep); err != nil {
-			fmt.Fprintf(stderr, "kvbench disagg: write report: %v\n", err)
-			return exitFail
+		if err := cli.WriteJSONFile(o.JSON, rep); err != nil {
+			return cli.Fail(stderr, "disagg", fmt.Errorf("write report: %w", err), cli.ExitFail)
 		}
 	}
 	if o.Plot != "" {
 		if err := disagg.Plot(o.Plot, rep); err != nil {
-			fmt.Fprintf(stderr, "kvbench disagg: write plot: %v\n", err)
-			return exitFail
+			return cli.Fail(stderr, "disagg", fmt.Errorf("write plot: %w", err), cli.ExitFail)
 		}
 	}
 	if o.Strict && rep.Check != nil && rep.Check.Holding < rep.Check.Cells {
-		fmt.Fprintf(stderr, "kvbench disagg: auto exceeds %.2f × min(off, always) in %d of %d cells\n",
-			rep.Check.Bound, rep.Check.Cells-rep.Check.Holding, rep.Check.Cells)
-		return exitFail
+		return cli.Fail(stderr, "disagg", fmt.Errorf("auto exceeds %.2f × min(off, always) in %d of %d cells",
+			rep.Check.Bound, rep.Check.Cells-rep.Check.Holding, rep.Check.Cells), cli.ExitFail)
 	}
-	return exitOK
+	return cli.ExitOK
 }

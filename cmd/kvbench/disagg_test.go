@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 )
 
 func TestDisaggFlagValidation(t *testing.T) {
@@ -45,7 +47,7 @@ func TestDisaggFlagValidation(t *testing.T) {
 		"negative fail rate": {"--fail-every", "-1"},
 	}
 	for name, args := range bad {
-		if _, err := parseDisaggFlags(args, io.Discard); !errors.Is(err, errUsage) {
+		if _, err := parseDisaggFlags(args, io.Discard); !errors.Is(err, cli.ErrUsage) {
 			t.Errorf("%s %q: err %v, want a usage error", name, args, err)
 		}
 	}
@@ -57,7 +59,7 @@ func TestDisaggCommand(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := run([]string{"disagg", "--link-mbps", "100,50000", "--prompt-tokens", "500,3000", "--requests", "12",
 		"--json", jp, "--plot", pp, "--strict"}, &out, &errb)
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	for _, want := range []string{"kvbench disagg: profile seed001-small", "auto ≤ 1.05", "seed 001 §4.5", "| 1500 | 1 | 172032000 | 1.654 |"} {
@@ -70,10 +72,10 @@ func TestDisaggCommand(t *testing.T) {
 			t.Errorf("%s: %v", p, err)
 		}
 	}
-	if code := run([]string{"disagg", "--modes", "never"}, io.Discard, io.Discard); code != exitUsage {
+	if code := run([]string{"disagg", "--modes", "never"}, io.Discard, io.Discard); code != cli.ExitUsage {
 		t.Errorf("bad mode: exit %d", code)
 	}
-	if code := run([]string{"disagg", "-h"}, io.Discard, io.Discard); code != exitOK {
+	if code := run([]string{"disagg", "-h"}, io.Discard, io.Discard); code != cli.ExitOK {
 		t.Errorf("-h: exit %d", code)
 	}
 	var help bytes.Buffer

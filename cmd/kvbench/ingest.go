@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/live"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 	"github.com/kvrouter/kvrouter/eventbus"
@@ -75,28 +75,22 @@ func parseIngestFlags(args []string, output io.Writer) (*ingestOptions, error) {
 	fs.BoolVar(&o.KeepWorkers, "keep-workers", false, "leave the synthetic workers registered (default: deregister them at the end)")
 	fs.StringVar(&o.JSON, "json", "", "write the JSON report to this file")
 	fs.BoolVar(&o.Progress, "progress", false, "print a progress line every second on stderr")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return nil, usagef("unexpected argument %q", fs.Arg(0))
+	if err := cli.Parse(fs, args); err != nil {
+		return nil, err
 	}
 	if o.Target == "" {
-		return nil, usagef("--target is required (a replica's HTTP URL, e.g. http://127.0.0.1:8001)")
+		return nil, cli.Usagef("--target is required (a replica's HTTP URL, e.g. http://127.0.0.1:8001)")
 	}
 	var err error
 	if o.Target, err = live.ParseLocalURL(o.Target); err != nil {
-		return nil, usagef("--target: %v", err)
+		return nil, cli.Usagef("--target: %v", err)
 	}
 	if replicas != "" {
 		o.Replicas = []string{o.Target}
 		for _, r := range strings.Split(replicas, ",") {
 			u, err := live.ParseLocalURL(strings.TrimSpace(r))
 			if err != nil {
-				return nil, usagef("--replicas: %v", err)
+				return nil, cli.Usagef("--replicas: %v", err)
 			}
 			if !slices.Contains(o.Replicas, u) {
 				o.Replicas = append(o.Replicas, u)
@@ -106,35 +100,35 @@ func parseIngestFlags(args []string, output io.Writer) (*ingestOptions, error) {
 	if o.NATS != "" {
 		for _, u := range strings.Split(o.NATS, ",") {
 			if err := checkNATSURL(strings.TrimSpace(u)); err != nil {
-				return nil, usagef("--nats: %v", err)
+				return nil, cli.Usagef("--nats: %v", err)
 			}
 		}
 	}
 	switch {
 	case o.Duration <= 0:
-		return nil, usagef("--duration %v: must be positive", o.Duration)
+		return nil, cli.Usagef("--duration %v: must be positive", o.Duration)
 	case o.Duration > time.Hour:
-		return nil, usagef("--duration %v: at most an hour", o.Duration)
+		return nil, cli.Usagef("--duration %v: at most an hour", o.Duration)
 	case o.Workers < 1 || o.Workers > 1024:
-		return nil, usagef("--workers %d: want 1..1024", o.Workers)
+		return nil, cli.Usagef("--workers %d: want 1..1024", o.Workers)
 	case o.BlocksPerEvent < 1 || o.BlocksPerEvent > eventbus.DefaultMaxBlocks:
-		return nil, usagef("--blocks-per-event %d: want 1..%d", o.BlocksPerEvent, eventbus.DefaultMaxBlocks)
+		return nil, cli.Usagef("--blocks-per-event %d: want 1..%d", o.BlocksPerEvent, eventbus.DefaultMaxBlocks)
 	case o.BlockSize < 1 || o.BlockSize > eventbus.MaxBlockSize:
-		return nil, usagef("--block-size %d: want 1..%d", o.BlockSize, eventbus.MaxBlockSize)
+		return nil, cli.Usagef("--block-size %d: want 1..%d", o.BlockSize, eventbus.MaxBlockSize)
 	case o.WorkerBlocks < 0:
-		return nil, usagef("--worker-blocks %d: must not be negative", o.WorkerBlocks)
+		return nil, cli.Usagef("--worker-blocks %d: must not be negative", o.WorkerBlocks)
 	case o.WorkerBlocks > 0 && o.WorkerBlocks < 2*o.BlocksPerEvent:
-		return nil, usagef("--worker-blocks %d: must hold at least two events (2 × --blocks-per-event %d), or be 0", o.WorkerBlocks, o.BlocksPerEvent)
+		return nil, cli.Usagef("--worker-blocks %d: must hold at least two events (2 × --blocks-per-event %d), or be 0", o.WorkerBlocks, o.BlocksPerEvent)
 	case o.Window < 1 || o.Window > 1<<16:
-		return nil, usagef("--window %d: want 1..65536", o.Window)
+		return nil, cli.Usagef("--window %d: want 1..65536", o.Window)
 	case o.MaxUnapplied < 0:
-		return nil, usagef("--max-unapplied %d: must not be negative", o.MaxUnapplied)
+		return nil, cli.Usagef("--max-unapplied %d: must not be negative", o.MaxUnapplied)
 	case o.Poll < time.Millisecond || o.Poll > 10*time.Second:
-		return nil, usagef("--poll %v: want 1ms..10s", o.Poll)
+		return nil, cli.Usagef("--poll %v: want 1ms..10s", o.Poll)
 	case o.SampleEvery < 1:
-		return nil, usagef("--sample-every %d: must be positive", o.SampleEvery)
+		return nil, cli.Usagef("--sample-every %d: must be positive", o.SampleEvery)
 	case o.DrainTimeout <= 0:
-		return nil, usagef("--drain-timeout %v: must be positive", o.DrainTimeout)
+		return nil, cli.Usagef("--drain-timeout %v: must be positive", o.DrainTimeout)
 	}
 	return o, nil
 }
@@ -294,7 +288,7 @@ func (w *ingestWorker) removedUpTo(id uint64) int {
 
 func runIngest(args []string, stdout, stderr io.Writer) int {
 	o, err := parseIngestFlags(args, stderr)
-	if code, failed := parseFailed("ingest", err, stderr); failed {
+	if code, failed := cli.ParseFailed("ingest", err, stderr); failed {
 		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -302,21 +296,20 @@ func runIngest(args []string, stdout, stderr io.Writer) int {
 	rep, err := executeIngest(ctx, o, stderr)
 	if rep != nil {
 		if o.JSON != "" {
-			if werr := writeJSONFile(o.JSON, rep); werr != nil {
-				fmt.Fprintf(stderr, "kvbench ingest: write report: %v\n", werr)
-				return exitFail
+			if werr := cli.WriteJSONFile(o.JSON, rep); werr != nil {
+				return cli.Fail(stderr, "ingest", fmt.Errorf("write report: %w", werr), cli.ExitFail)
 			}
 		}
 		fmt.Fprintln(stdout, ingestSummary(rep))
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "kvbench ingest: %v\n", err)
-		if errors.Is(err, errUsage) {
-			return exitUsage
+		code := cli.ExitFail
+		if errors.Is(err, cli.ErrUsage) {
+			code = cli.ExitUsage
 		}
-		return exitFail
+		return cli.Fail(stderr, "ingest", err, code)
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 func ingestSummary(r *ingestReport) string {
@@ -340,14 +333,6 @@ func meanPeriod(ps []pollReport) float64 {
 		return 0
 	}
 	return sum / float64(len(ps))
-}
-
-func writeJSONFile(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
 // executeIngest runs the benchmark. It returns a report whenever it got as
@@ -463,7 +448,7 @@ func executeIngest(ctx context.Context, o *ingestOptions, stderr io.Writer) (*in
 		if err != nil {
 			var he *live.HTTPError
 			if errors.As(err, &he) && he.Status == 400 {
-				return nil, fmt.Errorf("%w: registering %s: %v", errUsage, id, err)
+				return nil, fmt.Errorf("%w: registering %s: %v", cli.ErrUsage, id, err)
 			}
 			return nil, fmt.Errorf("registering %s: %w", id, err)
 		}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 )
 
 func TestIngestFlagValidation(t *testing.T) {
@@ -58,16 +60,16 @@ func TestIngestFlagValidation(t *testing.T) {
 		"unknown flag":       {t1, u, "--nope"},
 	}
 	for name, args := range bad {
-		if _, err := parseIngestFlags(args, io.Discard); !errors.Is(err, errUsage) {
+		if _, err := parseIngestFlags(args, io.Discard); !errors.Is(err, cli.ErrUsage) {
 			t.Errorf("%s %q: err %v, want a usage error", name, args, err)
 		}
 		var stdout, stderr strings.Builder
-		if code := run(append([]string{"ingest"}, args...), &stdout, &stderr); code != exitUsage {
+		if code := run(append([]string{"ingest"}, args...), &stdout, &stderr); code != cli.ExitUsage {
 			t.Errorf("%s: exit %d, want 2 (%s)", name, code, stderr.String())
 		}
 	}
 	var stdout, stderr strings.Builder
-	if code := run([]string{"ingest", "-h"}, &stdout, &stderr); code != exitOK || !strings.Contains(stderr.String(), "-blocks-per-event") {
+	if code := run([]string{"ingest", "-h"}, &stdout, &stderr); code != cli.ExitOK || !strings.Contains(stderr.String(), "-blocks-per-event") {
 		t.Errorf("ingest -h: exit %d, %q", code, stderr.String())
 	}
 }
@@ -77,7 +79,7 @@ func TestIngestUnreachableTarget(t *testing.T) {
 	u := srv.URL
 	srv.Close() // nothing listens there any more
 	var stdout, stderr strings.Builder
-	if code := run([]string{"ingest", "--target", u, "--duration", "1s"}, &stdout, &stderr); code != exitFail {
+	if code := run([]string{"ingest", "--target", u, "--duration", "1s"}, &stdout, &stderr); code != cli.ExitFail {
 		t.Fatalf("exit %d, want 1: %s", code, stderr.String())
 	}
 }
@@ -103,7 +105,7 @@ func TestIngestRejectedRegistration(t *testing.T) {
 	defer srv.Close()
 	var stdout, stderr strings.Builder
 	code := run([]string{"ingest", "--target", srv.URL, "--block-size", "8", "--duration", "1s"}, &stdout, &stderr)
-	if code != exitUsage || !strings.Contains(stderr.String(), "block size") {
+	if code != cli.ExitUsage || !strings.Contains(stderr.String(), "block size") {
 		t.Fatalf("exit %d, want 2: %s", code, stderr.String())
 	}
 	if registered != 1 || deregistered != 0 {
@@ -115,7 +117,7 @@ func TestIngestReportShape(t *testing.T) {
 	rep := &ingestReport{EventsPerS: 123456.5, Published: 10, Acked: 9, Lost: 1}
 	rep.VisibleMs.P50, rep.VisibleMs.P99 = 12.5, 99
 	p := filepath.Join(t.TempDir(), "r.json")
-	if err := writeJSONFile(p, rep); err != nil {
+	if err := cli.WriteJSONFile(p, rep); err != nil {
 		t.Fatal(err)
 	}
 	b, _ := os.ReadFile(p)

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/live"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/report"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
@@ -32,17 +33,11 @@ type loadOptions struct {
 	APIKey  string
 	Token   string // admin token, for the capacity behind the reference figures
 
-	Prefixes     int
-	PrefixTokens int
-	TailTokens   int
-	OutputTokens int
-	Requests     int
-	Concurrency  int
-	PrefixOrder  string
-	BlockSize    int
-	Seed         uint64
-	Salt         uint32
-	SaltSet      bool
+	cli.Workload
+	BlockSize int
+	Seed      uint64
+	Salt      uint32
+	SaltSet   bool
 
 	Timeout     time.Duration
 	MaxDuration time.Duration
@@ -60,80 +55,61 @@ func parseLoadFlags(args []string, output io.Writer) (*loadOptions, error) {
 	fs.StringVar(&o.Model, "model", "", "model name in the requests (default: the first of the first endpoint's /v1/models)")
 	fs.StringVar(&o.APIKey, "api-key", os.Getenv("KVROUTER_API_KEY"), "bearer API key for the inference endpoints (default $KVROUTER_API_KEY)")
 	fs.StringVar(&o.Token, "admin-token", os.Getenv("KVROUTER_ADMIN_TOKEN"), "admin bearer token, to read the workers' capacity for the reference figures (default $KVROUTER_ADMIN_TOKEN)")
-	fs.IntVar(&o.Prefixes, "prefixes", 7, "synthetic: number of shared prefixes")
-	fs.IntVar(&o.PrefixTokens, "prefix-tokens", 2032, "synthetic: tokens per shared prefix")
-	fs.IntVar(&o.TailTokens, "tail-tokens", 339, "synthetic: fresh random tokens after the prefix")
-	fs.IntVar(&o.OutputTokens, "output-tokens", 64, "synthetic: tokens generated per request (max_tokens)")
-	fs.IntVar(&o.Requests, "requests", 200, "synthetic: requests per pass")
-	fs.IntVar(&o.Concurrency, "concurrency", 8, "synthetic: closed-loop clients")
-	fs.StringVar(&o.PrefixOrder, "prefix-order", workload.PrefixRandom, "synthetic: random or shuffled (see kvbench sim)")
+	o.Workload.Register(fs)
 	fs.IntVar(&o.BlockSize, "block-size", 16, "tokens per KV block, for the hit rule and the reference figures")
 	fs.Uint64Var(&o.Seed, "seed", 1, "workload seed (the same seed is the same workload as kvbench sim's)")
 	fs.UintVar(&salt, "salt", 0, "shifts every prompt word, so a run does not hit the caches an earlier run filled; same structure, different text (default: random per run; the direct pass uses salt+1)")
 	fs.DurationVar(&o.Timeout, "timeout", 60*time.Second, "per-request timeout")
 	fs.DurationVar(&o.MaxDuration, "max-duration", 10*time.Minute, "a pass sends no new request after this long")
 	fs.StringVar(&o.JSON, "json", "", "write the JSON report to this file")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	if err := cli.Parse(fs, args); err != nil {
+		return nil, err
 	}
-	if fs.NArg() > 0 {
-		return nil, usagef("unexpected argument %q", fs.Arg(0))
-	}
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "salt" {
-			o.SaltSet = true
-		}
-	})
+	o.SaltSet = cli.Given(fs)["salt"]
 	if salt > 1<<31 {
-		return nil, usagef("--salt %d: at most 2^31", salt)
+		return nil, cli.Usagef("--salt %d: at most 2^31", salt)
 	}
 	o.Salt = uint32(salt)
 	for _, t := range splitList(targets) {
 		u, err := live.ParseLocalURL(t)
 		if err != nil {
-			return nil, usagef("--target: %v", err)
+			return nil, cli.Usagef("--target: %v", err)
 		}
 		if slices.Contains(o.Targets, u) {
-			return nil, usagef("--target lists %s twice", u)
+			return nil, cli.Usagef("--target lists %s twice", u)
 		}
 		o.Targets = append(o.Targets, u)
 	}
 	if targets != "" && len(o.Targets) == 0 {
-		return nil, usagef("--target %q: no URL", targets)
+		return nil, cli.Usagef("--target %q: no URL", targets)
 	}
 	if o.Direct != "" {
 		u, err := live.ParseLocalURL(o.Direct)
 		if err != nil {
-			return nil, usagef("--direct: %v", err)
+			return nil, cli.Usagef("--direct: %v", err)
 		}
 		o.Direct = u
 	}
 	if len(o.Targets) == 0 && o.Direct == "" {
-		return nil, usagef("--target URL[,URL…] or --direct URL is required")
+		return nil, cli.Usagef("--target URL[,URL…] or --direct URL is required")
 	}
-	if err := checkSynthetic(o.Prefixes, o.PrefixTokens, o.TailTokens); err != nil {
+	if err := o.Workload.Check(); err != nil {
 		return nil, err
 	}
+	// Real time and real memory: bounds sim does not need.
 	switch {
 	case o.PrefixTokens+o.TailTokens > 1<<20:
-		return nil, usagef("--prefix-tokens + --tail-tokens: at most %d tokens", 1<<20)
-	case o.OutputTokens < 1:
-		return nil, usagef("--output-tokens %d: need at least one", o.OutputTokens)
-	case o.Requests < 1 || o.Requests > 1_000_000:
-		return nil, usagef("--requests %d: want 1..1000000", o.Requests)
-	case o.Concurrency < 1 || o.Concurrency > 1024:
-		return nil, usagef("--concurrency %d: want 1..1024", o.Concurrency)
-	case o.PrefixOrder != workload.PrefixRandom && o.PrefixOrder != workload.PrefixShuffled:
-		return nil, usagef("--prefix-order %q: want %s or %s", o.PrefixOrder, workload.PrefixRandom, workload.PrefixShuffled)
+		return nil, cli.Usagef("--prefix-tokens + --tail-tokens: at most %d tokens", 1<<20)
+	case o.Requests > 1_000_000:
+		return nil, cli.Usagef("--requests %d: want 1..1000000", o.Requests)
+	case o.Concurrency > 1024:
+		return nil, cli.Usagef("--concurrency %d: want 1..1024", o.Concurrency)
 	case o.BlockSize < 1:
-		return nil, usagef("--block-size %d: must be positive", o.BlockSize)
+		return nil, cli.Usagef("--block-size %d: must be positive", o.BlockSize)
 	case o.Timeout <= 0:
-		return nil, usagef("--timeout %v: must be positive", o.Timeout)
+		return nil, cli.Usagef("--timeout %v: must be positive", o.Timeout)
 	case o.MaxDuration <= 0:
-		return nil, usagef("--max-duration %v: must be positive", o.MaxDuration)
+		return nil, cli.Usagef("--max-duration %v: must be positive", o.MaxDuration)
 	}
 	return o, nil
 }
@@ -184,34 +160,33 @@ type loadReport struct {
 
 func runLoad(args []string, stdout, stderr io.Writer) int {
 	o, err := parseLoadFlags(args, stderr)
-	if code, failed := parseFailed("load", err, stderr); failed {
+	if code, failed := cli.ParseFailed("load", err, stderr); failed {
 		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	rep, err := executeLoad(ctx, o, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "kvbench load: %v\n", err)
-		if errors.Is(err, errUsage) || errors.Is(err, workload.ErrSpec) {
-			return exitUsage
+		code := cli.ExitFail
+		if errors.Is(err, cli.ErrUsage) || errors.Is(err, workload.ErrSpec) {
+			code = cli.ExitUsage
 		}
-		return exitFail
+		return cli.Fail(stderr, "load", err, code)
 	}
 	for _, r := range rep.Results {
 		fmt.Fprintln(stdout, loadSummary(rep, &r))
 	}
 	if o.JSON != "" {
-		if err := writeJSONFile(o.JSON, rep); err != nil {
-			fmt.Fprintf(stderr, "kvbench load: write report: %v\n", err)
-			return exitFail
+		if err := cli.WriteJSONFile(o.JSON, rep); err != nil {
+			return cli.Fail(stderr, "load", fmt.Errorf("write report: %w", err), cli.ExitFail)
 		}
 	}
 	for _, r := range rep.Results {
 		if r.Completed == 0 {
-			return exitFail
+			return cli.ExitFail
 		}
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 func loadSummary(rep *loadReport, r *liveResult) string {
@@ -222,10 +197,7 @@ func loadSummary(rep *loadReport, r *liveResult) string {
 
 func executeLoad(ctx context.Context, o *loadOptions, stderr io.Writer) (*loadReport, error) {
 	start := time.Now()
-	w, err := workload.NewSynthetic(workload.SyntheticSpec{
-		Prefixes: o.Prefixes, PrefixTokens: o.PrefixTokens, TailTokens: o.TailTokens, OutputTokens: o.OutputTokens,
-		Requests: o.Requests, Concurrency: o.Concurrency, BlockSize: o.BlockSize, Seed: o.Seed, Order: o.PrefixOrder,
-	})
+	w, err := workload.NewSynthetic(o.Workload.Spec(o.BlockSize, o.Seed))
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/api/tokenize"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
 )
 
@@ -52,11 +53,11 @@ func TestLoadFlagValidation(t *testing.T) {
 		"stray argument":     {"--target", u, "x"},
 	}
 	for name, args := range bad {
-		if _, err := parseLoadFlags(args, io.Discard); !errors.Is(err, errUsage) {
+		if _, err := parseLoadFlags(args, io.Discard); !errors.Is(err, cli.ErrUsage) {
 			t.Errorf("%s %q: err %v, want a usage error", name, args, err)
 		}
 		var stdout, stderr strings.Builder
-		if code := run(append([]string{"load"}, args...), &stdout, &stderr); code != exitUsage {
+		if code := run(append([]string{"load"}, args...), &stdout, &stderr); code != cli.ExitUsage {
 			t.Errorf("%s: exit %d, want 2 (%s)", name, code, stderr.String())
 		}
 	}
@@ -122,7 +123,7 @@ func TestLoadAgainstFakeEndpoints(t *testing.T) {
 	args := []string{"load", "--target", sa.URL + "," + sb.URL, "--prefixes", "3", "--prefix-tokens", "64", "--tail-tokens", "20",
 		"--output-tokens", "4", "--requests", "30", "--concurrency", "1", "--seed", "5", "--salt", "11", "--json", out}
 	var stdout, stderr strings.Builder
-	if code := run(args, &stdout, &stderr); code != exitOK {
+	if code := run(args, &stdout, &stderr); code != cli.ExitOK {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	if !strings.Contains(stdout.String(), "kvbench load live") {
@@ -217,5 +218,24 @@ func TestLoadErrorsAndDirect(t *testing.T) {
 	// prefix missed although the live pass had sent that prefix there.
 	if direct.RequestHitRate >= 1 {
 		t.Fatalf("direct hit rate %v", direct.RequestHitRate)
+	}
+}
+
+// sim and load share one set of workload defaults: load with no workload
+// flags replays the requests sim simulates with none.
+func TestLoadWorkloadDefaultsAreSims(t *testing.T) {
+	s, err := parseSimFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := parseLoadFlags([]string{"--target", "http://127.0.0.1:8001"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Workload != l.Workload || s.Seed != l.Seed || s.BlockSize != l.BlockSize {
+		t.Fatalf("sim %+v seed %d block %d; load %+v seed %d block %d", s.Workload, s.Seed, s.BlockSize, l.Workload, l.Seed, l.BlockSize)
+	}
+	if s.Requests != cli.DefaultRequests {
+		t.Fatalf("--requests default %d", s.Requests)
 	}
 }

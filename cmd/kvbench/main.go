@@ -12,13 +12,8 @@ import (
 	"io"
 	"os"
 	"strings"
-)
 
-// Exit codes.
-const (
-	exitOK    = 0
-	exitFail  = 1
-	exitUsage = 2
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 )
 
 // command is one subcommand. run gets the arguments after the subcommand's
@@ -44,12 +39,12 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		usage(stderr)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
 		usage(stdout)
-		return exitOK
+		return cli.ExitOK
 	}
 	for _, c := range commands {
 		if c.name == args[0] {
@@ -58,7 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "kvbench: unknown command %q\n", args[0])
 	usage(stderr)
-	return exitUsage
+	return cli.ExitUsage
 }
 
 func usage(w io.Writer) {
@@ -69,11 +64,4 @@ func usage(w io.Writer) {
 	}
 	b.WriteString("\nRun 'kvbench <command> -h' for a command's flags.\n")
 	io.WriteString(w, b.String())
-}
-
-func notImplemented(name string) func([]string, io.Writer, io.Writer) int {
-	return func(_ []string, _, stderr io.Writer) int {
-		fmt.Fprintf(stderr, "kvbench %s: not implemented yet\n", name)
-		return exitUsage
-	}
 }

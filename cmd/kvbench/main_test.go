@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 )
 
 func TestSimFlagValidation(t *testing.T) {
@@ -59,13 +61,13 @@ func TestSimFlagValidation(t *testing.T) {
 	}
 	for name, args := range bad {
 		_, err := parseSimFlags(args, io.Discard)
-		if !errors.Is(err, errUsage) {
+		if !errors.Is(err, cli.ErrUsage) {
 			t.Errorf("%s %q: err %v, want a usage error", name, args, err)
 			continue
 		}
 		// And the command exits 2 with the message on stderr.
 		var stdout, stderr strings.Builder
-		if code := run(append([]string{"sim"}, args...), &stdout, &stderr); code != exitUsage || stderr.Len() == 0 {
+		if code := run(append([]string{"sim"}, args...), &stdout, &stderr); code != cli.ExitUsage || stderr.Len() == 0 {
 			t.Errorf("%s: exit %d, stderr %q; want 2 and a message", name, code, stderr.String())
 		}
 	}
@@ -84,7 +86,7 @@ func TestSimFlagValidation(t *testing.T) {
 func TestSimSubcommands(t *testing.T) {
 	for _, args := range [][]string{{}, {"bogus"}, {"load", "--target", "x"}, {"ingest"}} {
 		var stdout, stderr strings.Builder
-		if code := run(args, &stdout, &stderr); code != exitUsage {
+		if code := run(args, &stdout, &stderr); code != cli.ExitUsage {
 			t.Errorf("%q: exit %d, want 2", args, code)
 		}
 	}
@@ -93,7 +95,7 @@ func TestSimSubcommands(t *testing.T) {
 	if !strings.Contains(stderr.String(), "--target") {
 		t.Errorf("load: %q", stderr.String())
 	}
-	if code := run([]string{"sim", "-h"}, &stdout, &stderr); code != exitOK {
+	if code := run([]string{"sim", "-h"}, &stdout, &stderr); code != cli.ExitOK {
 		t.Errorf("sim -h: exit %d", code)
 	}
 }
@@ -103,11 +105,11 @@ func TestSimMalformedTraceExit(t *testing.T) {
 	os.WriteFile(p, []byte(`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}`+"\n"+`{"timestamp": 0`+"\n"), 0o644)
 	var stdout, stderr strings.Builder
 	code := run([]string{"sim", "--trace", p}, &stdout, &stderr)
-	if code != exitUsage || !strings.Contains(stderr.String(), p+":2:") {
+	if code != cli.ExitUsage || !strings.Contains(stderr.String(), p+":2:") {
 		t.Fatalf("exit %d, stderr %q; want 2 naming %s:2", code, stderr.String(), p)
 	}
 	code = run([]string{"sim", "--trace", p + ".missing"}, &stdout, &stderr)
-	if code != exitUsage {
+	if code != cli.ExitUsage {
 		t.Fatalf("missing trace: exit %d", code)
 	}
 }
@@ -119,7 +121,7 @@ func TestSimEndToEnd(t *testing.T) {
 	code := run([]string{"sim", "--workers", "2", "--kv-blocks", "926", "--prefixes", "12", "--prefix-tokens", "1500",
 		"--tail-tokens", "32", "--output-tokens", "16", "--requests", "72", "--concurrency", "1",
 		"--policies", "round-robin,kv,kv-approx", "--seed", "3", "--reps", "2", "--json", js, "--plot", plot}, &stdout, &stderr)
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	var rep struct {

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"math"
 	"runtime"
@@ -11,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/router"
@@ -38,15 +37,9 @@ type simOptions struct {
 	Parallel int
 
 	// Synthetic workload.
-	Prefixes     int
-	PrefixTokens int
-	TailTokens   int
-	OutputTokens int
-	Requests     int
-	Concurrency  int
-	PrefixOrder  string
-	Popularity   string
-	HotShift     int
+	cli.Workload
+	Popularity string
+	HotShift   int
 
 	// Trace workload.
 	Trace       string
@@ -58,41 +51,10 @@ type simOptions struct {
 	Progress   bool
 }
 
-// errUsage marks a flag problem: kvbench prints it and exits 2.
-var errUsage = errors.New("usage")
-
-// parseFailed turns a flag-parsing outcome into the exit code: help is
-// success, anything else a usage error printed without its "usage: " prefix.
-func parseFailed(cmd string, err error, stderr io.Writer) (int, bool) {
-	switch {
-	case err == nil:
-		return 0, false
-	case errors.Is(err, flag.ErrHelp):
-		return exitOK, true
-	}
-	fmt.Fprintf(stderr, "kvbench %s: %s\n", cmd, strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
-	return exitUsage, true
+// syntheticFlags configure the synthetic workload; sim refuses them with --trace.
+func syntheticFlags() []string {
+	return append(cli.WorkloadFlags(), "popularity", "hot-shift")
 }
-
-// checkSynthetic validates the synthetic prefix workload shared by sim and load.
-func checkSynthetic(prefixes, prefixTokens, tailTokens int) error {
-	switch {
-	case prefixes < 1:
-		return usagef("--prefixes %d: need at least one", prefixes)
-	case prefixTokens < 0 || tailTokens < 0:
-		return usagef("--prefix-tokens and --tail-tokens must not be negative")
-	case prefixTokens+tailTokens < 1:
-		return usagef("--prefix-tokens + --tail-tokens must be at least one token")
-	}
-	return nil
-}
-
-func usagef(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{errUsage}, args...)...)
-}
-
-// synthetic-only flags, rejected with --trace.
-var syntheticFlags = []string{"prefixes", "prefix-tokens", "tail-tokens", "output-tokens", "requests", "concurrency", "prefix-order", "popularity", "hot-shift"}
 
 // parseSimFlags parses and validates kvbench sim's arguments. Every error it
 // returns is a usage error (exit code 2); flag.ErrHelp for -h.
@@ -118,13 +80,7 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the workload and the router; rep k uses seed+k")
 	fs.IntVar(&o.Reps, "reps", 1, "repetitions (seeds seed, seed+1, …); figures are medians over reps")
 	fs.IntVar(&o.Parallel, "parallel", 0, "simulations run at once (default GOMAXPROCS)")
-	fs.IntVar(&o.Prefixes, "prefixes", 7, "synthetic: number of shared prefixes")
-	fs.IntVar(&o.PrefixTokens, "prefix-tokens", 2032, "synthetic: tokens per shared prefix")
-	fs.IntVar(&o.TailTokens, "tail-tokens", 339, "synthetic: fresh random tokens after the prefix")
-	fs.IntVar(&o.OutputTokens, "output-tokens", 64, "synthetic: tokens generated per request")
-	fs.IntVar(&o.Requests, "requests", 1200, "synthetic: requests per run")
-	fs.IntVar(&o.Concurrency, "concurrency", 8, "synthetic: closed-loop clients")
-	fs.StringVar(&o.PrefixOrder, "prefix-order", workload.PrefixRandom, "synthetic: random (each request draws a prefix uniformly) or shuffled (every prefix equally often, in random order)")
+	o.Workload.Register(fs)
 	fs.StringVar(&o.Popularity, "popularity", "uniform", "synthetic: how requests pick prefixes: uniform, or zipf:S (rank r with probability ∝ 1/(r+1)^S)")
 	fs.IntVar(&o.HotShift, "hot-shift", 0, "synthetic: every N requests deal the popularity ranks to the prefixes anew (a hot set that moves); 0 = never")
 	fs.StringVar(&o.Trace, "trace", "", "Mooncake trace (JSONL) to replay open loop instead of the synthetic workload")
@@ -133,42 +89,35 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.StringVar(&o.Plot, "plot", "", "write a PNG chart (hit rate, TTFT p50/p99 per policy) to this file")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile to this file")
 	fs.BoolVar(&o.Progress, "progress", false, "show progress on stderr even when it is not a terminal")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	if err := cli.Parse(fs, args); err != nil {
+		return nil, err
 	}
-	if fs.NArg() > 0 {
-		return nil, usagef("unexpected argument %q", fs.Arg(0))
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set := cli.Given(fs)
 
 	if o.Workers < 1 {
-		return nil, usagef("--workers %d: need at least one worker", o.Workers)
+		return nil, cli.Usagef("--workers %d: need at least one worker", o.Workers)
 	}
 	if o.BlockSize < 1 {
-		return nil, usagef("--block-size %d: must be positive", o.BlockSize)
+		return nil, cli.Usagef("--block-size %d: must be positive", o.BlockSize)
 	}
 	var err error
 	if o.KVBlocks, err = parseKVBlocks(kvBlocks, o.Workers); err != nil {
 		return nil, err
 	}
 	if o.MaxBatchedTokens < 1 {
-		return nil, usagef("--max-batched-tokens %d: must be positive", o.MaxBatchedTokens)
+		return nil, cli.Usagef("--max-batched-tokens %d: must be positive", o.MaxBatchedTokens)
 	}
 	if o.MaxRunning < 1 {
-		return nil, usagef("--max-running %d: must be positive", o.MaxRunning)
+		return nil, cli.Usagef("--max-running %d: must be positive", o.MaxRunning)
 	}
 	if _, err := engine.LookupProfile(o.Profile); err != nil {
-		return nil, usagef("--profile %q: unknown (have %s)", o.Profile, strings.Join(engine.Profiles(), ", "))
+		return nil, cli.Usagef("--profile %q: unknown (have %s)", o.Profile, strings.Join(engine.Profiles(), ", "))
 	}
 	if !(o.Speedup > 0) || math.IsInf(o.Speedup, 0) {
-		return nil, usagef("--speedup %v: must be a positive number", o.Speedup)
+		return nil, cli.Usagef("--speedup %v: must be a positive number", o.Speedup)
 	}
 	if o.EventDelay, err = time.ParseDuration(eventDelay); err != nil || o.EventDelay < 0 {
-		return nil, usagef("--event-delay %q: want a non-negative duration such as 5ms", eventDelay)
+		return nil, cli.Usagef("--event-delay %q: want a non-negative duration such as 5ms", eventDelay)
 	}
 	if o.Policies, err = parsePolicies(policies); err != nil {
 		return nil, err
@@ -184,62 +133,54 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	}
 	for _, m := range o.Policies {
 		if err := o.routerConfig(m).Validate(); err != nil {
-			return nil, usagef("policy %s: %v", m, err)
+			return nil, cli.Usagef("policy %s: %v", m, err)
 		}
 	}
 	if o.Reps < 1 {
-		return nil, usagef("--reps %d: need at least one", o.Reps)
+		return nil, cli.Usagef("--reps %d: need at least one", o.Reps)
 	}
 	if o.Parallel < 0 {
-		return nil, usagef("--parallel %d: must not be negative", o.Parallel)
+		return nil, cli.Usagef("--parallel %d: must not be negative", o.Parallel)
 	}
 	if o.Parallel == 0 {
 		o.Parallel = runtime.GOMAXPROCS(0)
 	}
 
 	if o.Trace != "" {
-		for _, name := range syntheticFlags {
+		for _, name := range syntheticFlags() {
 			if !set[name] {
 				continue
 			}
 			if name == "concurrency" {
-				return nil, usagef("--concurrency does not apply to --trace: a trace is replayed open loop at its timestamps (rows with a session_id run as closed-loop turns by themselves)")
+				return nil, cli.Usagef("--concurrency does not apply to --trace: a trace is replayed open loop at its timestamps (rows with a session_id run as closed-loop turns by themselves)")
 			}
-			return nil, usagef("--%s configures the synthetic workload; it cannot be combined with --trace", name)
+			return nil, cli.Usagef("--%s configures the synthetic workload; it cannot be combined with --trace", name)
 		}
 		if o.MaxRequests < 0 {
-			return nil, usagef("--max-requests %d: must not be negative", o.MaxRequests)
+			return nil, cli.Usagef("--max-requests %d: must not be negative", o.MaxRequests)
 		}
 		return o, nil
 	}
 	if set["max-requests"] {
-		return nil, usagef("--max-requests applies to --trace only (use --requests for the synthetic workload)")
+		return nil, cli.Usagef("--max-requests applies to --trace only (use --requests for the synthetic workload)")
 	}
-	if err := checkSynthetic(o.Prefixes, o.PrefixTokens, o.TailTokens); err != nil {
+	if err := o.Workload.Check(); err != nil {
 		return nil, err
 	}
 	switch {
-	case o.OutputTokens < 1:
-		return nil, usagef("--output-tokens %d: need at least one", o.OutputTokens)
-	case o.Requests < 1:
-		return nil, usagef("--requests %d: need at least one", o.Requests)
-	case o.Concurrency < 1:
-		return nil, usagef("--concurrency %d: need at least one client", o.Concurrency)
-	case o.PrefixOrder != workload.PrefixRandom && o.PrefixOrder != workload.PrefixShuffled:
-		return nil, usagef("--prefix-order %q: want %s or %s", o.PrefixOrder, workload.PrefixRandom, workload.PrefixShuffled)
 	case o.HotShift < 0:
-		return nil, usagef("--hot-shift %d: must not be negative", o.HotShift)
+		return nil, cli.Usagef("--hot-shift %d: must not be negative", o.HotShift)
 	case o.PrefixOrder == workload.PrefixShuffled && (set["popularity"] || set["hot-shift"]):
-		return nil, usagef("--prefix-order shuffled sends every prefix equally often: it cannot be combined with --popularity or --hot-shift")
+		return nil, cli.Usagef("--prefix-order shuffled sends every prefix equally often: it cannot be combined with --popularity or --hot-shift")
 	}
 	if _, err := workload.ParsePopularity(o.Popularity); err != nil {
-		return nil, usagef("--popularity %q: want uniform or zipf:S with S > 0", o.Popularity)
+		return nil, cli.Usagef("--popularity %q: want uniform or zipf:S with S > 0", o.Popularity)
 	}
 	// A request must fit in every worker's cache, or it could never run there.
 	need := o.PrefixTokens + o.TailTokens + o.OutputTokens
 	for i, b := range o.KVBlocks {
 		if need > b*o.BlockSize {
-			return nil, usagef("a request needs %d tokens (%d prompt + %d output) but worker %d holds only %d blocks of %d tokens (%d): raise --kv-blocks",
+			return nil, cli.Usagef("a request needs %d tokens (%d prompt + %d output) but worker %d holds only %d blocks of %d tokens (%d): raise --kv-blocks",
 				need, o.PrefixTokens+o.TailTokens, o.OutputTokens, i, b, o.BlockSize, b*o.BlockSize)
 		}
 	}
@@ -249,19 +190,19 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 func parseKVBlocks(s string, workers int) ([]int, error) {
 	parts := strings.Split(s, ",")
 	if len(parts) != 1 && len(parts) != workers {
-		return nil, usagef("--kv-blocks lists %d capacities for %d workers: give one number, or exactly one per worker", len(parts), workers)
+		return nil, cli.Usagef("--kv-blocks lists %d capacities for %d workers: give one number, or exactly one per worker", len(parts), workers)
 	}
 	vals := make([]int, len(parts))
 	for i, p := range parts {
 		v, err := strconv.Atoi(strings.TrimSpace(p))
 		if err != nil {
-			return nil, usagef("--kv-blocks %q: %q is not a whole number", s, p)
+			return nil, cli.Usagef("--kv-blocks %q: %q is not a whole number", s, p)
 		}
 		if v < 1 {
-			return nil, usagef("--kv-blocks: capacity %d blocks cannot hold a single block", v)
+			return nil, cli.Usagef("--kv-blocks: capacity %d blocks cannot hold a single block", v)
 		}
 		if v > math.MaxInt32-1 {
-			return nil, usagef("--kv-blocks: capacity %d blocks is too large", v)
+			return nil, cli.Usagef("--kv-blocks: capacity %d blocks is too large", v)
 		}
 		vals[i] = v
 	}
@@ -287,14 +228,14 @@ func parsePolicies(s string) ([]router.Mode, error) {
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
 		if p == "" {
-			return nil, usagef("--policies %q: empty policy name", s)
+			return nil, cli.Usagef("--policies %q: empty policy name", s)
 		}
 		m, err := router.ParseMode(p)
 		if err != nil {
-			return nil, usagef("unknown policy %q (known: %s)", p, modeNames())
+			return nil, cli.Usagef("unknown policy %q (known: %s)", p, modeNames())
 		}
 		if seen[m] {
-			return nil, usagef("--policies %q: %s listed twice", s, m)
+			return nil, cli.Usagef("--policies %q: %s listed twice", s, m)
 		}
 		seen[m] = true
 		out = append(out, m)

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/report"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
@@ -19,47 +20,51 @@ import (
 // runSim is the `kvbench sim` subcommand.
 func runSim(args []string, stdout, stderr io.Writer) int {
 	o, err := parseSimFlags(args, stderr)
-	if code, failed := parseFailed("sim", err, stderr); failed {
+	if code, failed := cli.ParseFailed("sim", err, stderr); failed {
 		return code
 	}
 	if o.CPUProfile != "" {
-		f, err := os.Create(o.CPUProfile)
+		stop, err := startCPUProfile(o.CPUProfile)
 		if err != nil {
-			fmt.Fprintf(stderr, "kvbench sim: %v\n", err)
-			return exitFail
+			return cli.Fail(stderr, "sim", err, cli.ExitFail)
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintf(stderr, "kvbench sim: %v\n", err)
-			return exitFail
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 	rep, header, err := executeSim(o, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "kvbench sim: %v\n", err)
+		code := cli.ExitFail
 		if badInput(err) {
-			return exitUsage
+			code = cli.ExitUsage
 		}
-		return exitFail
+		return cli.Fail(stderr, "sim", err, code)
 	}
 	if err := report.WriteTable(stdout, header, rep); err != nil {
-		fmt.Fprintf(stderr, "kvbench sim: %v\n", err)
-		return exitFail
+		return cli.Fail(stderr, "sim", err, cli.ExitFail)
 	}
 	if o.JSON != "" {
-		if err := report.WriteJSON(o.JSON, rep); err != nil {
-			fmt.Fprintf(stderr, "kvbench sim: write report: %v\n", err)
-			return exitFail
+		if err := cli.WriteJSONFile(o.JSON, rep); err != nil {
+			return cli.Fail(stderr, "sim", fmt.Errorf("write report: %w", err), cli.ExitFail)
 		}
 	}
 	if o.Plot != "" {
 		if err := report.Plot(o.Plot, header, rep.Results); err != nil {
-			fmt.Fprintf(stderr, "kvbench sim: write plot: %v\n", err)
-			return exitFail
+			return cli.Fail(stderr, "sim", fmt.Errorf("write plot: %w", err), cli.ExitFail)
 		}
 	}
-	return exitOK
+	return cli.ExitOK
+}
+
+// startCPUProfile profiles the process into path until stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // badInput: the user's input is wrong (exit 2), not the run.
@@ -127,12 +132,9 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 		}
 	} else {
 		for r := range loads {
-			w, err := workload.NewSynthetic(workload.SyntheticSpec{
-				Prefixes: o.Prefixes, PrefixTokens: o.PrefixTokens, TailTokens: o.TailTokens,
-				OutputTokens: o.OutputTokens, Requests: o.Requests, Concurrency: o.Concurrency,
-				BlockSize: o.BlockSize, Seed: o.Seed + uint64(r), Order: o.PrefixOrder,
-				Popularity: o.Popularity, HotShift: o.HotShift,
-			})
+			spec := o.Workload.Spec(o.BlockSize, o.Seed+uint64(r))
+			spec.Popularity, spec.HotShift = o.Popularity, o.HotShift
+			w, err := workload.NewSynthetic(spec)
 			if err != nil {
 				return nil, "", err
 			}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/router"
 )
@@ -176,7 +177,7 @@ func TestDisaggReportTableJSONPlot(t *testing.T) {
 	}
 	dir := t.TempDir()
 	jp, pp := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.png")
-	if err := WriteJSON(jp, rep); err != nil {
+	if err := cli.WriteJSONFile(jp, rep); err != nil {
 		t.Fatal(err)
 	}
 	var back map[string]any

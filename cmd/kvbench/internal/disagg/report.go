@@ -1,11 +1,9 @@
 package disagg
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"strings"
 	"sync"
 
@@ -263,15 +261,6 @@ func RunSeed001(base Config, parallel int) (*Seed001, error) {
 		}
 	}
 	return out, nil
-}
-
-// WriteJSON writes the report, indented.
-func WriteJSON(path string, r *Report) error {
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
 // Header is the one-line description of the run.

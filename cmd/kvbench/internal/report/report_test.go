@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 )
 
@@ -34,7 +35,7 @@ func TestSimReportMedian(t *testing.T) {
 func TestSimReportJSONContract(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "r.json")
 	rep := &Report{Config: map[string]int{"workers": 2}, Results: []Result{Median("kv", []Run{{}})}}
-	if err := WriteJSON(p, rep); err != nil {
+	if err := cli.WriteJSONFile(p, rep); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(p)
