@@ -47,6 +47,7 @@ type replica struct {
 	draining atomic.Bool // SIGTERM received: not ready, finishing requests
 	prompts  *prompt.Set // which files tokenize each model (fingerprints in /cluster/status)
 	loras    *loraDirectory
+	agree    *tokenizerAgreement // do the peers' model files match ours?
 }
 
 // Adapter resolves a LoRA adapter to its base model and serving workers.
@@ -351,6 +352,9 @@ func (r *replica) Status(digest bool) map[string]any {
 	}
 	if r.loras != nil {
 		out["lora_adapters"] = r.loras.snapshot()
+	}
+	if r.agree != nil {
+		out["tokenizer_agreement"] = r.agree.snapshot()
 	}
 	return out
 }

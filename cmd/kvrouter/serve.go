@@ -88,6 +88,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	r.preds = newPredictionBatcher(r, log)
 	r.audit = newCacheAudit(log)
 	r.loras = newLoRADirectory(log.With("component", "lora"))
+	r.agree = newTokenizerAgreement(cfg.NodeID, reg, log.With("component", "tokenizer-agreement"))
 	state.OnChange(r.onChange)
 
 	r.sync, err = eventbus.NewSyncer(bus.Conn(), eventbus.SyncConfig{Replica: cfg.NodeID, Registerer: reg, Logger: log}, r)
@@ -118,6 +119,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	go r.preds.run(runCtx)
 	go r.health.run(runCtx, r)
 	go r.loras.run(runCtx, state.Workers)
+	go r.agree.run(runCtx, func() modelPrints { return printsOf(prompts.Describe(r.Models())) }, state.Nodes)
 
 	if err := node.Form(runCtx); err != nil && runCtx.Err() == nil {
 		return fmt.Errorf("forming the cluster: %w", err)

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/fsm"
+)
+
+// tokenizerAgreement checks that every replica tokenizes alike: replicas
+// behind one load balancer that hash the same request differently split
+// one model's traffic into as many disjoint prefix indexes, and each
+// replica's own numbers look fine. Each replica reads its peers'
+// /cluster/status (the "tokenizers" list: per model, the fingerprint of its
+// files) and compares it with its own. A disagreement is a warning log, the
+// gauge kvrouter_tokenizer_fingerprint_mismatch{model,peer} = 1 and an
+// entry in this replica's /cluster/status ("tokenizer_agreement").
+type tokenizerAgreement struct {
+	self   string
+	client *http.Client
+	log    *slog.Logger
+	every  time.Duration
+	gauge  *prometheus.GaugeVec
+	mu     sync.Mutex
+	// report: peer → model → "ok" or what differs; mu guards it.
+	report map[string]map[string]string
+}
+
+func newTokenizerAgreement(self string, reg prometheus.Registerer, log *slog.Logger) *tokenizerAgreement {
+	a := &tokenizerAgreement{self: self, client: &http.Client{Timeout: 3 * time.Second}, log: log, every: 30 * time.Second,
+		gauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvrouter_tokenizer_fingerprint_mismatch",
+			Help: "1 when a peer replica's model files (tokenizer, chat template) differ from this replica's: the two hash the same request differently."},
+			[]string{"model", "peer"}),
+		report: map[string]map[string]string{}}
+	reg.MustRegister(a.gauge)
+	return a
+}
+
+// modelPrints is the comparable part of a status "tokenizers" entry.
+type modelPrints map[string]string // model → fingerprint ("none" without files)
+
+func printsOf(entries []map[string]any) modelPrints {
+	out := modelPrints{}
+	for _, e := range entries {
+		model, _ := e["model"].(string)
+		fp, _ := e["fingerprint"].(string)
+		if fp == "" {
+			fp = "none"
+		}
+		out[model] = fp
+	}
+	return out
+}
+
+// compare lists, per model both replicas know, "ok" or the difference.
+func compare(own, peer modelPrints) map[string]string {
+	out := map[string]string{}
+	for model, fp := range own {
+		theirs, ok := peer[model]
+		switch {
+		case !ok:
+			continue // a model the peer has not seen yet: nothing to compare
+		case theirs == fp:
+			out[model] = "ok"
+		default:
+			out[model] = fmt.Sprintf("differs: here %s, there %s", fp, theirs)
+		}
+	}
+	return out
+}
+
+func (a *tokenizerAgreement) run(ctx context.Context, own func() modelPrints, nodes func() []fsm.NodeRecord) {
+	for {
+		t := time.NewTimer(a.every/2 + rand.N(a.every))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		a.check(ctx, own(), nodes())
+	}
+}
+
+func (a *tokenizerAgreement) check(ctx context.Context, own modelPrints, nodes []fsm.NodeRecord) {
+	for _, n := range nodes {
+		if n.ID == a.self || n.HTTPAddr == "" {
+			continue
+		}
+		peer, err := a.fetch(ctx, n.HTTPAddr)
+		if err != nil {
+			a.log.Debug("tokenizer agreement: peer status unavailable", "peer", n.ID, "err", err)
+			continue
+		}
+		a.record(n.ID, compare(own, peer))
+	}
+}
+
+func (a *tokenizerAgreement) record(peer string, res map[string]string) {
+	a.mu.Lock()
+	prev := a.report[peer]
+	a.report[peer] = res
+	a.mu.Unlock()
+	for model, verdict := range res {
+		if verdict == "ok" {
+			a.gauge.WithLabelValues(model, peer).Set(0)
+			continue
+		}
+		a.gauge.WithLabelValues(model, peer).Set(1)
+		if prev[model] != verdict {
+			a.log.Warn("replicas tokenize a model differently: the same request hashes to different blocks on each (deploy the same model files everywhere)",
+				"model", model, "peer", peer, "fingerprints", verdict)
+		}
+	}
+}
+
+func (a *tokenizerAgreement) fetch(ctx context.Context, base string) (modelPrints, error) {
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+"/cluster/status?digest=0", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("status: %s", resp.Status)
+	}
+	var st struct {
+		Tokenizers []map[string]any `json:"tokenizers"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&st); err != nil {
+		return nil, fmt.Errorf("status: %w", err)
+	}
+	return printsOf(st.Tokenizers), nil
+}
+
+// snapshot is the report for /cluster/status: peer → model → verdict.
+func (a *tokenizerAgreement) snapshot() map[string]map[string]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]map[string]string, len(a.report))
+	peers := make([]string, 0, len(a.report))
+	for p := range a.report {
+		peers = append(peers, p)
+	}
+	sort.Strings(peers)
+	for _, p := range peers {
+		out[p] = a.report[p]
+	}
+	return out
+}
