@@ -3,6 +3,7 @@ package tokenize
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -104,6 +105,27 @@ func loadHFSeeds(tb testing.TB) [][]byte {
 	model(sparse)["unk_token"] = "a"
 	add(sparse)
 
+	// SentencePiece-style BPE (Llama 2 / Gemma shape): Prepend + Replace
+	// normalizers, no pre-tokenizer, byte fallback, unk, template and the
+	// Replace/ByteFallback/Fuse/Strip decoder chain.
+	add(spSynth(nil))
+	// The same model behind each pre-tokenizer and Split behavior.
+	for _, pre := range []map[string]any{
+		{"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true},
+		{"type": "Metaspace", "replacement": "▁", "prepend_scheme": "never", "split": false},
+		{"type": "Digits", "individual_digits": true},
+		{"type": "Split", "pattern": map[string]any{"String": " "}, "behavior": "MergedWithPrevious", "invert": false},
+		{"type": "Split", "pattern": map[string]any{"String": "a"}, "behavior": "MergedWithNext", "invert": true},
+		{"type": "Split", "pattern": map[string]any{"Regex": "[0-9]+"}, "behavior": "Contiguous", "invert": false},
+		{"type": "Split", "pattern": map[string]any{"Regex": patternDeepSeekWords}, "behavior": "Removed", "invert": false},
+		{"type": "Sequence", "pretokenizers": []any{
+			map[string]any{"type": "Split", "pattern": map[string]any{"Regex": patternDigits3}, "behavior": "Isolated", "invert": false},
+			map[string]any{"type": "Split", "pattern": map[string]any{"Regex": patternO200k}, "behavior": "Isolated", "invert": false},
+			map[string]any{"type": "ByteLevel", "add_prefix_space": true, "use_regex": false}}},
+	} {
+		add(spSynth(pre))
+	}
+
 	if q := cutQwen2(tb); q != nil {
 		seeds = append(seeds, q)
 	}
@@ -116,6 +138,40 @@ func loadHFSeeds(tb testing.TB) [][]byte {
 		seeds = append(seeds, []byte(s))
 	}
 	return seeds
+}
+
+// spSynth is a small SentencePiece-style tokenizer.json (char-level BPE
+// with byte fallback) with the given pre-tokenizer (nil: none).
+func spSynth(pre map[string]any) map[string]any {
+	vocab := map[string]any{"<unk>": 0, "<s>": 1, "</s>": 2}
+	for b := 0; b < 256; b++ {
+		vocab[fmt.Sprintf("<0x%02X>", b)] = 3 + b
+	}
+	for i, tok := range []string{"▁", "a", "b", "▁a", "ab", "▁ab", "\ufffd", "1"} {
+		vocab[tok] = 259 + i
+	}
+	m := map[string]any{
+		"added_tokens": []any{
+			map[string]any{"id": 0, "content": "<unk>", "special": true},
+			map[string]any{"id": 1, "content": "<s>", "special": true},
+			map[string]any{"id": 2, "content": "</s>", "special": true, "normalized": true},
+		},
+		"normalizer": map[string]any{"type": "Sequence", "normalizers": []any{
+			map[string]any{"type": "NFKC"},
+			map[string]any{"type": "Prepend", "prepend": "▁"},
+			map[string]any{"type": "Replace", "pattern": map[string]any{"String": " "}, "content": "▁"}}},
+		"pre_tokenizer": pre,
+		"post_processor": map[string]any{"type": "TemplateProcessing",
+			"single":         []any{map[string]any{"SpecialToken": map[string]any{"id": "<s>"}}, map[string]any{"Sequence": map[string]any{"id": "A"}}},
+			"special_tokens": map[string]any{"<s>": map[string]any{"id": "<s>", "ids": []any{1}, "tokens": []any{"<s>"}}}},
+		"decoder": map[string]any{"type": "Sequence", "decoders": []any{
+			map[string]any{"type": "Replace", "pattern": map[string]any{"String": "▁"}, "content": " "},
+			map[string]any{"type": "ByteFallback"}, map[string]any{"type": "Fuse"},
+			map[string]any{"type": "Strip", "content": " ", "start": 1, "stop": 0}}},
+		"model": map[string]any{"type": "BPE", "unk_token": "<unk>", "fuse_unk": true, "byte_fallback": true,
+			"vocab": vocab, "merges": []any{[]any{"▁", "a"}, []any{"a", "b"}, []any{"▁a", "b"}}},
+	}
+	return m
 }
 
 // cutQwen2 is the real Qwen2 tokenizer.json with its vocab cut to ids below

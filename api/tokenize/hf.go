@@ -1,7 +1,6 @@
 package tokenize
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -79,12 +78,11 @@ func ParseHF(data []byte, name string) (*HF, error) {
 
 // parseHF builds an HF from the contents of a tokenizer.json.
 func parseHF(data []byte, name string) (*HF, error) {
-	var f hfFile
-	if err := json.Unmarshal(data, &f); err != nil {
-		return nil, fmt.Errorf("parse json: %w", err)
+	f, hm, err := readHFFile(data)
+	if err != nil {
+		return nil, err
 	}
 	h := &HF{name: name, cache: newWordCache(cacheEntries)}
-	var err error
 	if h.norm, err = parseNormalizer(f.Normalizer); err != nil {
 		return nil, err
 	}
@@ -97,7 +95,7 @@ func parseHF(data []byte, name string) (*HF, error) {
 	if h.dec, err = parseDecoder(f.Decoder); err != nil {
 		return nil, err
 	}
-	if h.model, h.tokens, err = parseModel(f.Model, h.pre.byteLevel); err != nil {
+	if h.model, h.tokens, err = parseModel(hm, f.Model, h.pre.byteLevel); err != nil {
 		return nil, err
 	}
 	if err := h.addTokens(f.AddedTokens); err != nil {

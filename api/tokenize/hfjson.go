@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 )
 
 // This file holds the JSON shapes of tokenizer.json. The load_*.go files
@@ -101,46 +100,24 @@ type hfSpecialToken struct {
 }
 
 type hfModel struct {
-	Type                    string            `json:"type"`
-	Dropout                 *float64          `json:"dropout"`
-	UnkToken                *string           `json:"unk_token"`
-	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
-	EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
-	FuseUnk                 bool              `json:"fuse_unk"`
-	ByteFallback            bool              `json:"byte_fallback"`
-	IgnoreMerges            bool              `json:"ignore_merges"`
-	Vocab                   map[string]uint32 `json:"vocab"`
-	Merges                  []hfMerge         `json:"merges"`
+	Type                    string   `json:"type"`
+	Dropout                 *float64 `json:"dropout"`
+	UnkToken                *string  `json:"unk_token"`
+	ContinuingSubwordPrefix *string  `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string  `json:"end_of_word_suffix"`
+	FuseUnk                 bool     `json:"fuse_unk"`
+	ByteFallback            bool     `json:"byte_fallback"`
+	IgnoreMerges            bool     `json:"ignore_merges"`
+	// Vocab and Merges are read by readModel, not encoding/json.
+	Vocab  map[string]uint32 `json:"-"`
+	Merges []hfMerge         `json:"-"`
+	// present: the file had a model object.
+	present bool
 }
 
-// hfMerge accepts both merge encodings: the legacy "a b" string and the
-// newer ["a", "b"] pair (which allows spaces inside tokens).
+// hfMerge is one merge: the legacy "a b" string or the newer ["a", "b"]
+// pair (which allows spaces inside tokens); see readMerge.
 type hfMerge struct{ a, b string }
-
-func (m *hfMerge) UnmarshalJSON(data []byte) error {
-	data = bytes.TrimSpace(data)
-	if len(data) > 0 && data[0] == '"' {
-		var s string
-		if err := json.Unmarshal(data, &s); err != nil {
-			return err
-		}
-		parts := strings.Split(s, " ")
-		if len(parts) != 2 {
-			return fmt.Errorf("merge %q: want two space-separated tokens", s)
-		}
-		m.a, m.b = parts[0], parts[1]
-		return nil
-	}
-	var pair []string
-	if err := json.Unmarshal(data, &pair); err != nil {
-		return fmt.Errorf("merge %s: want \"a b\" or [\"a\", \"b\"]", data)
-	}
-	if len(pair) != 2 {
-		return fmt.Errorf("merge %s: want two tokens", data)
-	}
-	m.a, m.b = pair[0], pair[1]
-	return nil
-}
 
 func isNull(raw json.RawMessage) bool {
 	raw = bytes.TrimSpace(raw)

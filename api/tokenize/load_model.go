@@ -10,13 +10,14 @@ import (
 // parseModel builds the BPE model and the id -> token table of the model
 // vocabulary. byteLevel says whether a ByteLevel pre-tokenizer feeds the
 // model (see bpeModel).
-func parseModel(raw json.RawMessage, byteLevel bool) (*bpeModel, []string, error) {
-	if isNull(raw) {
-		return nil, nil, errors.New("missing model")
-	}
-	var hm hfModel
-	if err := json.Unmarshal(raw, &hm); err != nil {
-		return nil, nil, fmt.Errorf("model: %w", err)
+// hm is the model as readModel read it; raw is set instead when the
+// model value was not an object.
+func parseModel(hm hfModel, raw json.RawMessage, byteLevel bool) (*bpeModel, []string, error) {
+	if !hm.present {
+		if isNull(raw) {
+			return nil, nil, errors.New("missing model")
+		}
+		return nil, nil, fmt.Errorf("model: want an object, got %.20s", raw)
 	}
 	switch {
 	case hm.Type != "BPE" && hm.Type != "":
