@@ -24,7 +24,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/live"
-	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
 	"github.com/kvrouter/kvrouter/eventbus"
 )
 
@@ -152,11 +152,11 @@ func checkNATSURL(u string) error {
 // ingestReport is the JSON document: the contract's fields first
 // (CONTRACTS.md), then extras.
 type ingestReport struct {
-	EventsPerS float64       `json:"events_per_s"`
-	VisibleMs  sim.Quantiles `json:"visible_ms"`
-	Published  uint64        `json:"published"`
-	Acked      uint64        `json:"acked"`
-	Lost       uint64        `json:"lost"`
+	EventsPerS float64         `json:"events_per_s"`
+	VisibleMs  stats.Quantiles `json:"visible_ms"`
+	Published  uint64          `json:"published"`
+	Acked      uint64          `json:"acked"`
+	Lost       uint64          `json:"lost"`
 
 	// Extras.
 	Unit              string            `json:"unit"`
@@ -672,14 +672,10 @@ func executeIngest(ctx context.Context, o *ingestOptions, stderr io.Writer) (*in
 	lat, invisible := tr.Latencies(samples)
 	rep.VisibleDetail = visibleDetail{Samples: len(samples), Invisible: invisible}
 	if len(lat) > 0 {
-		var sum float64
-		for _, x := range lat {
-			sum += x
-		}
-		rep.VisibleDetail.Mean = sum / float64(len(lat))
-		rep.VisibleMs = sim.Quantiles{P50: sim.Percentile(lat, 50), P99: sim.Percentile(lat, 99)}
-		rep.VisibleDetail.P90 = sim.Percentile(lat, 90)
-		rep.VisibleDetail.Max = lat[len(lat)-1] // sorted by Percentile
+		rep.VisibleDetail.Mean = stats.Mean(lat)
+		rep.VisibleMs = stats.Of(lat)
+		rep.VisibleDetail.P90 = stats.Percentile(lat, 90)
+		rep.VisibleDetail.Max = slices.Max(lat)
 	}
 	for r, p := range tr.Polls() {
 		rep.Polling = append(rep.Polling, pollReport{Replica: names[r], Polls: p.Polls, Errors: p.Errors,

@@ -22,6 +22,7 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/live"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/report"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
 )
 
@@ -146,10 +147,10 @@ type liveResult struct {
 }
 
 type workerFigures struct {
-	Worker   string        `json:"worker"`
-	Requests int           `json:"requests"`
-	HitRate  float64       `json:"request_hit_rate"`
-	TTFT     sim.Quantiles `json:"ttft_ms"`
+	Worker   string          `json:"worker"`
+	Requests int             `json:"requests"`
+	HitRate  float64         `json:"request_hit_rate"`
+	TTFT     stats.Quantiles `json:"ttft_ms"`
 }
 
 type loadReport struct {
@@ -396,12 +397,12 @@ func summarizeLive(policy string, w *workload.Workload, reqs []liveRequest, endp
 	for _, n := range names {
 		a := per[n]
 		lr.PerWorker = append(lr.PerWorker, workerFigures{Worker: n, Requests: a.n, HitRate: float64(a.hits) / float64(a.n),
-			TTFT: sim.Quantiles{P50: sim.Percentile(a.ttft, 50), P99: sim.Percentile(a.ttft, 99)}})
+			TTFT: stats.Of(a.ttft)})
 	}
 	if len(endpoints) > 1 {
 		lr.PerEndpoint = map[string]float64{}
 		for i, e := range endpoints {
-			lr.PerEndpoint[e] = sim.Percentile(perEP[i], 50)
+			lr.PerEndpoint[e] = stats.Percentile(perEP[i], 50)
 		}
 	}
 	return lr

@@ -21,7 +21,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/router"
 )
@@ -87,36 +87,15 @@ func (c *Config) Validate() error {
 	return c.KV.Validate()
 }
 
-// Quantiles are in milliseconds.
-type Quantiles struct {
-	P50  float64 `json:"p50"`
-	P99  float64 `json:"p99"`
-	Mean float64 `json:"mean"`
-}
-
-func quantiles(xs []float64) Quantiles {
-	if len(xs) == 0 {
-		return Quantiles{}
-	}
-	sum := 0.0
-	for _, x := range xs {
-		sum += x
-	}
-	q := Quantiles{Mean: sum / float64(len(xs))}
-	q.P50 = sim.Percentile(xs, 50)
-	q.P99 = sim.Percentile(xs, 99)
-	return q
-}
-
 // Result is one simulation's figures.
 type Result struct {
-	Mode      string    `json:"mode"`
-	Requests  int       `json:"requests"`
-	Completed int       `json:"completed"`
-	TTFT      Quantiles `json:"ttft_ms"`
-	E2E       Quantiles `json:"e2e_ms"`
+	Mode      string          `json:"mode"`
+	Requests  int             `json:"requests"`
+	Completed int             `json:"completed"`
+	TTFT      stats.Quantiles `json:"ttft_ms"`
+	E2E       stats.Quantiles `json:"e2e_ms"`
 	// ITL is each request's mean time between output tokens.
-	ITL Quantiles `json:"itl_ms"`
+	ITL stats.Quantiles `json:"itl_ms"`
 	// Routing outcomes, as the router counted them.
 	Disaggregated     int `json:"disaggregated"`
 	Aggregated        int `json:"aggregated"`
@@ -125,10 +104,10 @@ type Result struct {
 	TransferFallbacks int `json:"transfer_fallbacks"`
 	// Transfers as the link saw them: duration from start to last byte and
 	// each transfer's bytes ÷ duration.
-	Transfers        int       `json:"transfers"`
-	TransferMs       Quantiles `json:"transfer_ms"`
-	TransferMBpsMean float64   `json:"transfer_mbps_mean"`
-	PeakTransfers    int       `json:"peak_concurrent_transfers"`
+	Transfers        int             `json:"transfers"`
+	TransferMs       stats.Quantiles `json:"transfer_ms"`
+	TransferMBpsMean float64         `json:"transfer_mbps_mean"`
+	PeakTransfers    int             `json:"peak_concurrent_transfers"`
 	// EstimateErrP50 is the median of |estimated − actual TTFT| ÷ actual
 	// over the chosen plans.
 	EstimateErrP50 float64 `json:"estimate_error_p50"`
@@ -588,7 +567,7 @@ func (s *simulation) result() Result {
 		Mode: string(s.cfg.Mode), Requests: s.cfg.Requests, Completed: len(s.done),
 		Disaggregated: int(st.Disaggregated), Aggregated: int(st.Aggregated), Fallbacks: int(st.Fallbacks),
 		TransferRetries: int(st.TransferRetries), TransferFallbacks: int(st.TransferFallbacks),
-		Transfers: len(s.xferMs), TransferMs: quantiles(s.xferMs), PeakTransfers: s.link.Peak(),
+		Transfers: len(s.xferMs), TransferMs: stats.WithMean(s.xferMs), PeakTransfers: s.link.Peak(),
 	}
 	var ttft, e2e, itl []float64
 	for _, r := range s.done {
@@ -598,15 +577,9 @@ func (s *simulation) result() Result {
 			itl = append(itl, float64(r.finish-r.first)/1e6/float64(s.cfg.OutputTokens-1))
 		}
 	}
-	res.TTFT, res.E2E, res.ITL = quantiles(ttft), quantiles(e2e), quantiles(itl)
-	if len(s.xferMBps) > 0 {
-		sum := 0.0
-		for _, x := range s.xferMBps {
-			sum += x
-		}
-		res.TransferMBpsMean = sum / float64(len(s.xferMBps))
-	}
-	res.EstimateErrP50 = sim.Percentile(s.estErr, 50)
+	res.TTFT, res.E2E, res.ITL = stats.WithMean(ttft), stats.WithMean(e2e), stats.WithMean(itl)
+	res.TransferMBpsMean = stats.Mean(s.xferMBps)
+	res.EstimateErrP50 = stats.Percentile(s.estErr, 50)
 	res.VirtualSeconds = s.now.Seconds()
 	return res
 }

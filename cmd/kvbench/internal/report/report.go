@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
 )
 
 // Report is the JSON document. Field names and nesting are a contract.
@@ -27,14 +28,14 @@ type Reference struct {
 
 // Result is one policy's figures (medians over reps).
 type Result struct {
-	Policy           string        `json:"policy"`
-	Requests         int           `json:"requests"`
-	RequestHitRate   float64       `json:"request_hit_rate"`
-	CachedTokenRatio float64       `json:"cached_token_ratio"`
-	TTFT             sim.Quantiles `json:"ttft_ms"`
-	E2E              sim.Quantiles `json:"e2e_ms"`
-	ThroughputRPS    float64       `json:"throughput_rps"`
-	Errors           int           `json:"errors"`
+	Policy           string          `json:"policy"`
+	Requests         int             `json:"requests"`
+	RequestHitRate   float64         `json:"request_hit_rate"`
+	CachedTokenRatio float64         `json:"cached_token_ratio"`
+	TTFT             stats.Quantiles `json:"ttft_ms"`
+	E2E              stats.Quantiles `json:"e2e_ms"`
+	ThroughputRPS    float64         `json:"throughput_rps"`
+	Errors           int             `json:"errors"`
 
 	// Extras (not in the contract).
 	Completed        int     `json:"completed"`
@@ -50,12 +51,12 @@ type Result struct {
 
 // RepFigures are one rep's headline figures.
 type RepFigures struct {
-	Seed             uint64        `json:"seed"`
-	RequestHitRate   float64       `json:"request_hit_rate"`
-	CachedTokenRatio float64       `json:"cached_token_ratio"`
-	TTFT             sim.Quantiles `json:"ttft_ms"`
-	ThroughputRPS    float64       `json:"throughput_rps"`
-	Errors           int           `json:"errors"`
+	Seed             uint64          `json:"seed"`
+	RequestHitRate   float64         `json:"request_hit_rate"`
+	CachedTokenRatio float64         `json:"cached_token_ratio"`
+	TTFT             stats.Quantiles `json:"ttft_ms"`
+	ThroughputRPS    float64         `json:"throughput_rps"`
+	Errors           int             `json:"errors"`
 }
 
 // Run is one policy's run in one rep.
@@ -80,11 +81,11 @@ func Median(policy string, runs []Run) Result {
 		Requests:         int(med(func(s sim.Summary) float64 { return float64(s.Requests) })),
 		RequestHitRate:   med(func(s sim.Summary) float64 { return s.RequestHitRate }),
 		CachedTokenRatio: med(func(s sim.Summary) float64 { return s.CachedTokenRatio }),
-		TTFT: sim.Quantiles{
+		TTFT: stats.Quantiles{
 			P50: med(func(s sim.Summary) float64 { return s.TTFT.P50 }),
 			P99: med(func(s sim.Summary) float64 { return s.TTFT.P99 }),
 		},
-		E2E: sim.Quantiles{
+		E2E: stats.Quantiles{
 			P50: med(func(s sim.Summary) float64 { return s.E2E.P50 }),
 			P99: med(func(s sim.Summary) float64 { return s.E2E.P99 }),
 		},

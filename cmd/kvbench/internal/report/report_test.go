@@ -10,13 +10,14 @@ import (
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
 )
 
 func TestSimReportMedian(t *testing.T) {
 	runs := []Run{
-		{Seed: 1, Summary: sim.Summary{Requests: 10, RequestHitRate: 0.5, TTFT: sim.Quantiles{P50: 30, P99: 90}, Errors: 0}},
-		{Seed: 2, Summary: sim.Summary{Requests: 10, RequestHitRate: 0.9, TTFT: sim.Quantiles{P50: 10, P99: 50}, Errors: 2}},
-		{Seed: 3, Summary: sim.Summary{Requests: 10, RequestHitRate: 0.7, TTFT: sim.Quantiles{P50: 20, P99: 70}, Errors: 0}},
+		{Seed: 1, Summary: sim.Summary{Requests: 10, RequestHitRate: 0.5, TTFT: stats.Quantiles{P50: 30, P99: 90}, Errors: 0}},
+		{Seed: 2, Summary: sim.Summary{Requests: 10, RequestHitRate: 0.9, TTFT: stats.Quantiles{P50: 10, P99: 50}, Errors: 2}},
+		{Seed: 3, Summary: sim.Summary{Requests: 10, RequestHitRate: 0.7, TTFT: stats.Quantiles{P50: 20, P99: 70}, Errors: 0}},
 	}
 	r := Median("kv", runs)
 	if r.RequestHitRate != 0.7 || r.TTFT.P50 != 20 || r.TTFT.P99 != 70 || r.Errors != 0 || r.ErrorsAllReps != 2 || r.Requests != 10 || len(r.Reps) != 3 {
@@ -79,8 +80,8 @@ func TestSimReportJSONContract(t *testing.T) {
 
 func TestSimReportTableAndPlot(t *testing.T) {
 	results := []Result{
-		{Policy: "round-robin", Requests: 600, RequestHitRate: 0.535, TTFT: sim.Quantiles{P50: 44, P99: 73}},
-		{Policy: "kv", Requests: 600, RequestHitRate: 0.857, TTFT: sim.Quantiles{P50: 27, P99: 55}},
+		{Policy: "round-robin", Requests: 600, RequestHitRate: 0.535, TTFT: stats.Quantiles{P50: 44, P99: 73}},
+		{Policy: "kv", Requests: 600, RequestHitRate: 0.857, TTFT: stats.Quantiles{P50: 27, P99: 55}},
 	}
 	var b strings.Builder
 	if err := WriteTable(&b, "head", &Report{Results: results}); err != nil {

@@ -1,17 +1,11 @@
 package sim
 
 import (
-	"slices"
 	"time"
 
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
 )
-
-// Quantiles are latency percentiles in milliseconds.
-type Quantiles struct {
-	P50 float64 `json:"p50"`
-	P99 float64 `json:"p99"`
-}
 
 // Summary is one run's figures.
 type Summary struct {
@@ -24,7 +18,7 @@ type Summary struct {
 	// CachedTokenRatio is engine-reported cached prompt tokens over prompt
 	// tokens, over completed requests.
 	CachedTokenRatio float64
-	TTFT, E2E        Quantiles
+	TTFT, E2E        stats.Quantiles
 	ThroughputRPS    float64
 	Preemptions      float64
 	IndexErrors      float64
@@ -77,8 +71,7 @@ func Summarize(w *workload.Workload, res *Result) Summary {
 	if prompt > 0 {
 		s.CachedTokenRatio = float64(cached) / float64(prompt)
 	}
-	s.TTFT = Quantiles{P50: Percentile(ttft, 50), P99: Percentile(ttft, 99)}
-	s.E2E = Quantiles{P50: Percentile(e2e, 50), P99: Percentile(e2e, 99)}
+	s.TTFT, s.E2E = stats.Of(ttft), stats.Of(e2e)
 	if s.Completed > 0 && last > first {
 		s.VirtualSeconds = (last - first).Seconds()
 		s.ThroughputRPS = float64(s.Completed) / s.VirtualSeconds
@@ -94,19 +87,3 @@ func Summarize(w *workload.Workload, res *Result) Summary {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-// Percentile is the p-th percentile of xs by linear interpolation between
-// closest ranks (NumPy's default); 0 for no data. xs is sorted in place.
-func Percentile(xs []float64, p float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	slices.Sort(xs)
-	pos := p / 100 * float64(len(xs)-1)
-	lo := int(pos)
-	if lo >= len(xs)-1 {
-		return xs[len(xs)-1]
-	}
-	frac := pos - float64(lo)
-	return xs[lo] + frac*(xs[lo+1]-xs[lo])
-}
