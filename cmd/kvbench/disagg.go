@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/cmd/internal/disaggflag"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/disagg"
 	"github.com/kvrouter/kvrouter/engine"
@@ -32,32 +33,32 @@ func parseDisaggFlags(args []string, output io.Writer) (*disaggOptions, error) {
 	o := &disaggOptions{}
 	fs := flag.NewFlagSet("kvbench disagg", flag.ContinueOnError)
 	fs.SetOutput(output)
-	var links, prompts, modes, kvShape, profile, latency, think string
-	var bytesPerToken int64
+	var links, prompts, modes, profile, think string
 	var perTransfer float64
 	b := &o.Grid.Base
+	if err := registerServeSettings(fs, b, &profile); err != nil {
+		return nil, err
+	}
+	// The grid's axes are lists of what kvrouter serve takes one of; its
+	// spellings name them too (--disagg-link-mbps 104 is a one-link grid).
 	fs.StringVar(&links, "link-mbps", "100,1000,10000,50000", "comma list of KV link throughputs in MB/s (10⁶ bytes), shared fairly by concurrent transfers")
+	fs.StringVar(&links, "disagg-link-mbps", "100,1000,10000,50000", "alias of --link-mbps (kvrouter serve's spelling)")
 	fs.StringVar(&prompts, "prompt-tokens", "500,1500,3000,8000,32000", "comma list of prompt lengths (tokens)")
 	fs.StringVar(&modes, "modes", "off,always,auto", "comma list of --disagg modes run side by side")
+	fs.StringVar(&modes, "disagg", "off,always,auto", "alias of --modes (kvrouter serve's spelling)")
 	fs.IntVar(&b.Concurrency, "concurrency", 4, "closed-loop clients")
 	fs.IntVar(&b.Requests, "requests", 200, "requests per run")
 	fs.IntVar(&b.OutputTokens, "output-tokens", 64, "tokens generated per request")
 	fs.IntVar(&b.PrefillWorkers, "prefill-workers", 1, "prefill-only workers")
 	fs.IntVar(&b.DecodeWorkers, "decode-workers", 1, "decode-only workers (they also serve aggregated requests)")
-	fs.Int64Var(&bytesPerToken, "kv-bytes-per-token", 114_688, "KV cache bytes per token (Qwen3-0.6B: 28 layers × 8 KV heads × 128 × 2 × 2 bytes)")
-	fs.StringVar(&kvShape, "kv-shape", "", "layers,kv-heads,head-dim,dtype-bytes: computes the bytes per token instead of --kv-bytes-per-token")
-	fs.StringVar(&profile, "profile", engine.ProfileSeed001Small, "engine timing profile: "+strings.Join(engine.Profiles(), ", "))
 	fs.IntVar(&b.MaxBatchedTokens, "max-batched-tokens", engine.DefaultMaxBatchedTokens, "per-step token budget (chunks long prefills)")
 	fs.IntVar(&b.MaxRunning, "max-running", engine.DefaultMaxRunning, "max running sequences per worker")
 	fs.IntVar(&b.KVCapacityTokens, "kv-capacity-tokens", 262_144, "KV cache capacity per worker, in tokens")
 	fs.IntVar(&b.BlockSize, "block-size", 16, "tokens per KV block (router hashes)")
 	fs.Float64Var(&perTransfer, "link-per-transfer-mbps", 0, "cap on one transfer's throughput in MB/s (0 = none)")
-	fs.IntVar(&b.Link.MaxConcurrent, "link-max-concurrent", 0, "transfers on the link at once; more wait in order (0 = no limit)")
-	fs.StringVar(&latency, "link-latency", "0s", "fixed cost per transfer before bytes flow")
 	fs.IntVar(&b.PrefixGroups, "prefix-groups", 0, "requests share one of N prefixes (0 = unique prompts)")
 	fs.IntVar(&b.PrefixTokens, "prefix-tokens", 0, "tokens of each shared prefix (with --prefix-groups)")
 	fs.IntVar(&b.FailEvery, "fail-every", 0, "every Nth transfer fails (retried, then served aggregated); 0 = none")
-	fs.IntVar(&b.TransferRetries, "transfer-retries", 1, "retries of a failed transfer before falling back to aggregated")
 	fs.Float64Var(&b.InterferenceWeight, "interference-weight", 0, "auto: weight of the decode stall an aggregated prefill causes (0 = TTFT only)")
 	fs.StringVar(&think, "think-time", "0s", "mean of each client's exponential wait before a request (0 = closed loop without think time)")
 	fs.Uint64Var(&b.Seed, "seed", 1, "seed of the router's tie-breaks and the prompts' hashes")
@@ -95,23 +96,14 @@ func parseDisaggFlags(args []string, output io.Writer) (*disaggOptions, error) {
 		}
 		o.Grid.Modes = append(o.Grid.Modes, mode)
 	}
-	if kvShape != "" {
-		dims, err := parseIntList("--kv-shape", kvShape)
-		if err != nil || len(dims) != 4 {
-			return nil, cli.Usagef("--kv-shape %q: want layers,kv-heads,head-dim,dtype-bytes", kvShape)
-		}
-		b.KV = router.ModelKV{Layers: dims[0], KVHeads: dims[1], HeadDim: dims[2], DTypeBytes: dims[3]}
-	} else {
-		b.KV = router.ModelKV{Given: bytesPerToken}
-	}
 	if err := b.KV.Validate(); err != nil {
 		return nil, cli.Usagef("KV size: %v", err)
 	}
 	if b.Profile, err = engine.LookupProfile(profile); err != nil {
 		return nil, cli.Usagef("--profile %q: unknown (have %s)", profile, strings.Join(engine.Profiles(), ", "))
 	}
-	if b.Link.Latency, err = time.ParseDuration(latency); err != nil || b.Link.Latency < 0 {
-		return nil, cli.Usagef("--link-latency %q: want a non-negative duration such as 2ms", latency)
+	if b.Link.Latency < 0 {
+		return nil, cli.Usagef("--link-latency %v: want a non-negative duration such as 2ms", b.Link.Latency)
 	}
 	if b.ThinkTime, err = time.ParseDuration(think); err != nil || b.ThinkTime < 0 {
 		return nil, cli.Usagef("--think-time %q: want a non-negative duration such as 500ms", think)
@@ -142,6 +134,39 @@ func parseDisaggFlags(args []string, output io.Writer) (*disaggOptions, error) {
 		}
 	}
 	return o, nil
+}
+
+// registerServeSettings defines the settings kvbench disagg shares with
+// kvrouter serve, parsed by disaggflag: kvbench's own names first (its
+// README and BENCHMARKS use them), serve's --disagg-* names as aliases.
+// Two defaults differ from serve's: the simulator reproduces seed 001, so
+// its profile is seed001-small; the KV size is the same Qwen3-0.6B shape.
+// A positive --kv-bytes-per-token wins over --kv-shape, as in serve.
+func registerServeSettings(fs *flag.FlagSet, b *disagg.Config, profile *string) error {
+	flags := []disaggflag.Flag{
+		rename(disaggflag.KVBytesPerToken(&b.KV), "kv-bytes-per-token", ""),
+		rename(disaggflag.ModelShape(&b.KV), "kv-shape", ""),
+		rename(disaggflag.Profile(profile), "profile", engine.ProfileSeed001Small),
+		rename(disaggflag.LinkMaxTransfers(&b.Link.MaxConcurrent), "link-max-concurrent", ""),
+		rename(disaggflag.LinkLatency(&b.Link.Latency), "link-latency", ""),
+		rename(disaggflag.TransferRetries(&b.TransferRetries), "transfer-retries", ""),
+	}
+	for _, f := range flags {
+		if err := f.Register(fs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rename puts kvbench's name for a shared setting first, so help lists
+// serve's name as its alias, and sets kvbench's default when def != "".
+func rename(f disaggflag.Flag, name, def string) disaggflag.Flag {
+	f.Names = append([]string{name}, f.Names...)
+	if def != "" {
+		f.Default = def
+	}
+	return f
 }
 
 func parseFloatList(name, s string) ([]float64, error) {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -32,7 +33,9 @@ func TestDisaggFlagValidation(t *testing.T) {
 		"mode twice":         {"--modes", "auto,auto"},
 		"empty mode":         {"--modes", "off,"},
 		"kv shape":           {"--kv-shape", "28,8,128"},
-		"kv bytes":           {"--kv-bytes-per-token", "0"},
+		"kv bytes":           {"--kv-bytes-per-token", "-1"},
+		"kv bytes, serve's":  {"--disagg-kv-bytes-per-token", "x"},
+		"shape, serve's":     {"--disagg-model-shape", "28,8"},
 		"profile":            {"--profile", "h100"},
 		"latency":            {"--link-latency", "-1ms"},
 		"bound":              {"--bound", "0.9"},
@@ -49,6 +52,55 @@ func TestDisaggFlagValidation(t *testing.T) {
 	for name, args := range bad {
 		if _, err := parseDisaggFlags(args, io.Discard); !errors.Is(err, cli.ErrUsage) {
 			t.Errorf("%s %q: err %v, want a usage error", name, args, err)
+		}
+	}
+}
+
+// kvrouter serve's spellings of the shared settings mean the same in
+// kvbench disagg (one parser, cmd/internal/disaggflag).
+func TestDisaggServeSpellings(t *testing.T) {
+	cases := []struct {
+		name         string
+		bench, serve []string
+	}{
+		{"defaults", nil, nil},
+		{"shape", []string{"--kv-shape", "32,8,128,2"}, []string{"--disagg-model-shape", "32,8,128,2"}},
+		{"bytes", []string{"--kv-bytes-per-token", "70000"}, []string{"--disagg-kv-bytes-per-token", "70000"}},
+		{"link", []string{"--link-mbps", "104", "--link-latency", "2ms", "--link-max-concurrent", "2"},
+			[]string{"--disagg-link-mbps", "104", "--disagg-link-latency", "2ms", "--disagg-link-max-transfers", "2"}},
+		{"profile and retries", []string{"--profile", "dynamo-mocker", "--transfer-retries", "3"},
+			[]string{"--disagg-profile", "dynamo-mocker", "--disagg-transfer-retries", "3"}},
+		{"modes", []string{"--modes", "auto"}, []string{"--disagg", "auto"}},
+	}
+	for _, c := range cases {
+		a, err := parseDisaggFlags(c.bench, io.Discard)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		b, err := parseDisaggFlags(c.serve, io.Discard)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if a.Grid.Base.KV != b.Grid.Base.KV || a.Grid.Base.Link != b.Grid.Base.Link || a.Grid.Base.Profile.Name != b.Grid.Base.Profile.Name ||
+			a.Grid.Base.TransferRetries != b.Grid.Base.TransferRetries || !slices.Equal(a.Grid.LinkMBps, b.Grid.LinkMBps) || !slices.Equal(a.Grid.Modes, b.Grid.Modes) {
+			t.Errorf("%s: kvbench spelling %+v, serve spelling %+v", c.name, a.Grid, b.Grid)
+		}
+	}
+	o, err := parseDisaggFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.Grid.Base.KV.BytesPerToken(); got != 114_688 || o.Grid.Base.Profile.Name != "seed001-small" {
+		t.Fatalf("defaults: %d B/token, profile %s", got, o.Grid.Base.Profile.Name)
+	}
+	// A measured size wins over the shape, in either order, as in serve.
+	for _, args := range [][]string{
+		{"--kv-shape", "32,8,128,2", "--kv-bytes-per-token", "70000"},
+		{"--kv-bytes-per-token", "70000", "--kv-shape", "32,8,128,2"},
+	} {
+		o, err := parseDisaggFlags(args, io.Discard)
+		if err != nil || o.Grid.Base.KV.BytesPerToken() != 70000 {
+			t.Errorf("%q: %v, %+v", args, err, o)
 		}
 	}
 }
