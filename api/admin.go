@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -51,50 +52,94 @@ func (s *Server) getBusyThreshold(c *gin.Context) {
 	c.JSON(http.StatusOK, gin.H{"thresholds": out})
 }
 
-// parseThresholdUpdate reads {"model": …, optional thresholds}; a field set
-// to null turns that threshold off, an absent field leaves it alone.
-func parseThresholdUpdate(body []byte) (string, ThresholdUpdate, error) {
+// thresholdFields are the three thresholds by their JSON names.
+var thresholdFields = []string{"active_decode_blocks_threshold", "active_prefill_tokens_threshold", "active_prefill_tokens_threshold_frac"}
+
+// errThresholdType is a well-formed body whose value has the wrong type
+// (a string threshold, a fractional token count): 422, as Dynamo answers.
+var errThresholdType = errors.New("wrong type")
+
+// thresholdRequest is a parsed POST /busy_threshold body.
+type thresholdRequest struct {
+	model   string
+	upd     ThresholdUpdate
+	ignored []string // fields Dynamo ignores too (unknown names), reported back
+}
+
+// parseThresholdUpdate reads {"model": …, optional thresholds} with
+// Dynamo's semantics: a threshold that is absent or null is left as it is,
+// unknown fields are ignored (and reported back in "ignored_fields", so a
+// typo is visible). Turning a threshold off is our extension, which Dynamo
+// ignores: "clear": ["active_decode_blocks_threshold", …].
+func parseThresholdUpdate(body []byte) (thresholdRequest, error) {
+	var req thresholdRequest
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(body, &raw); err != nil {
-		return "", ThresholdUpdate{}, fmt.Errorf("invalid JSON body: %w", err)
+		return req, fmt.Errorf("invalid JSON body: %w", err)
 	}
-	var model string
-	if err := json.Unmarshal(raw["model"], &model); err != nil || model == "" {
-		return "", ThresholdUpdate{}, errors.New("model is required")
+	if err := json.Unmarshal(raw["model"], &req.model); err != nil || req.model == "" {
+		return req, errors.New("model is required")
 	}
-	var u ThresholdUpdate
+	u := &req.upd
+	var clear json.RawMessage
 	for key, v := range raw {
-		null := string(v) == "null"
+		if string(v) == "null" {
+			continue
+		}
 		var err error
 		switch key {
 		case "model":
 		case "active_decode_blocks_threshold":
-			u.ClearActiveDecodeBlocks = null
-			if !null {
-				u.ActiveDecodeBlocks = new(float64)
-				err = json.Unmarshal(v, u.ActiveDecodeBlocks)
-			}
+			u.ActiveDecodeBlocks = new(float64)
+			err = json.Unmarshal(v, u.ActiveDecodeBlocks)
 		case "active_prefill_tokens_threshold":
-			u.ClearActivePrefillTokens = null
-			if !null {
-				u.ActivePrefillTokens = new(int64)
-				err = json.Unmarshal(v, u.ActivePrefillTokens)
-			}
+			u.ActivePrefillTokens = new(int64)
+			err = json.Unmarshal(v, u.ActivePrefillTokens)
 		case "active_prefill_tokens_threshold_frac":
-			u.ClearActivePrefillTokensFrac = null
-			if !null {
-				u.ActivePrefillTokensFrac = new(float64)
-				err = json.Unmarshal(v, u.ActivePrefillTokensFrac)
-			}
+			u.ActivePrefillTokensFrac = new(float64)
+			err = json.Unmarshal(v, u.ActivePrefillTokensFrac)
+		case "clear":
+			clear = v // after the values, so a field both set and cleared is refused whatever the key order
 		default:
-			return "", u, fmt.Errorf("unknown field %q", key)
+			req.ignored = append(req.ignored, key)
 		}
 		if err != nil {
-			return "", u, fmt.Errorf("%s: %w", key, err)
+			return req, fmt.Errorf("%s: %w: %v", key, errThresholdType, err)
 		}
 	}
-	return model, u, (router.Thresholds{ActiveDecodeBlocks: u.ActiveDecodeBlocks,
+	if clear != nil {
+		if err := parseClear(clear, u); err != nil {
+			return req, err
+		}
+	}
+	slices.Sort(req.ignored)
+	return req, (router.Thresholds{ActiveDecodeBlocks: u.ActiveDecodeBlocks,
 		ActivePrefillTokens: u.ActivePrefillTokens, ActivePrefillTokensFrac: u.ActivePrefillTokensFrac}).Validate()
+}
+
+// parseClear reads "clear": the thresholds to turn off.
+func parseClear(v json.RawMessage, u *ThresholdUpdate) error {
+	var names []string
+	if err := json.Unmarshal(v, &names); err != nil {
+		return fmt.Errorf("clear: want a list of threshold names: %w", errThresholdType)
+	}
+	for _, n := range names {
+		set := false
+		switch n {
+		case "active_decode_blocks_threshold":
+			set, u.ClearActiveDecodeBlocks = u.ActiveDecodeBlocks != nil, true
+		case "active_prefill_tokens_threshold":
+			set, u.ClearActivePrefillTokens = u.ActivePrefillTokens != nil, true
+		case "active_prefill_tokens_threshold_frac":
+			set, u.ClearActivePrefillTokensFrac = u.ActivePrefillTokensFrac != nil, true
+		default:
+			return fmt.Errorf("clear: unknown threshold %q (want one of %v)", n, thresholdFields)
+		}
+		if set {
+			return fmt.Errorf("clear: %s is both set and cleared", n)
+		}
+	}
+	return nil
 }
 
 func (s *Server) postBusyThreshold(c *gin.Context) {
@@ -103,17 +148,27 @@ func (s *Server) postBusyThreshold(c *gin.Context) {
 		c.JSON(http.StatusRequestEntityTooLarge, gin.H{"error": "request body too large"})
 		return
 	}
-	model, upd, err := parseThresholdUpdate(body)
+	req, err := parseThresholdUpdate(body)
 	if err != nil {
-		c.JSON(http.StatusBadRequest, gin.H{"error": err.Error()})
+		status := http.StatusBadRequest
+		if errors.Is(err, errThresholdType) {
+			status = http.StatusUnprocessableEntity
+		}
+		c.JSON(status, gin.H{"error": err.Error()})
 		return
 	}
+	model, upd := req.model, req.upd
 	if upd.Empty() && !s.readBarrier(c) {
 		return
 	}
 	cur, ok := s.rep.Thresholds(model)
-	if !ok {
-		c.JSON(http.StatusNotFound, gin.H{"error": fmt.Sprintf("model %q not found", model)})
+	switch {
+	case !ok && !upd.Empty():
+		c.JSON(http.StatusNotFound, gin.H{"error": fmt.Sprintf("model %q not found: thresholds can only be set for served models", model)})
+		return
+	case !ok:
+		// Dynamo answers a read of a model it does not know with nulls.
+		c.JSON(http.StatusOK, withIgnored(toJSON(model, router.Thresholds{}), req.ignored))
 		return
 	}
 	if !upd.Empty() {
@@ -124,7 +179,19 @@ func (s *Server) postBusyThreshold(c *gin.Context) {
 		s.log.Info("busy thresholds changed", "model", model, "decode", fmtPtr(cur.ActiveDecodeBlocks),
 			"prefill", fmtPtr(cur.ActivePrefillTokens), "prefill_frac", fmtPtr(cur.ActivePrefillTokensFrac))
 	}
-	c.JSON(http.StatusOK, toJSON(model, cur))
+	c.JSON(http.StatusOK, withIgnored(toJSON(model, cur), req.ignored))
+}
+
+// withIgnored adds "ignored_fields" to an answer when the body had fields
+// that are not thresholds.
+func withIgnored(t thresholdJSON, ignored []string) any {
+	if len(ignored) == 0 {
+		return t
+	}
+	return struct {
+		thresholdJSON
+		Ignored []string `json:"ignored_fields"`
+	}{t, ignored}
 }
 
 func fmtPtr[T any](p *T) string {

@@ -33,6 +33,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -596,6 +597,10 @@ var thresholdSeeds = []string{
 	`{"model":"m","active_prefill_tokens_threshold":9223372036854775808}`,
 	`{"model":"m","active_prefill_tokens_threshold_frac":-0.1}`,
 	`{"model":"m","threshold":1}`,
+	`{"model":"m","clear":["active_decode_blocks_threshold"],"active_prefill_tokens_threshold":7}`,
+	`{"model":"m","clear":["x"]}`,
+	`{"model":"m","clear":"active_decode_blocks_threshold"}`,
+	`{"model":"zz"}`,
 	`{"model":"","active_decode_blocks_threshold":0.5}`,
 	`{"model":null}`,
 	`{"model":5}`,
@@ -618,7 +623,7 @@ func FuzzHTTPBusyThresholdPost(f *testing.F) {
 		before := thresholdsJSON(t, fs)
 		rec := fs.serve(t, fuzzRequest("POST", "/busy_threshold", body, chunked))
 		what := "POST /busy_threshold"
-		checkStatus(t, what, rec, adminShape, 200, 400, 404, 413)
+		checkStatus(t, what, rec, adminShape, 200, 400, 404, 413, 422)
 		calls := checkWrites(t, what, fs, rec.Code, 1)
 		after := thresholdsJSON(t, fs)
 		if rec.Code != 200 {
@@ -628,8 +633,17 @@ func FuzzHTTPBusyThresholdPost(f *testing.F) {
 			return
 		}
 		var got thresholdJSON
-		if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil || got.Model != "m" {
-			t.Fatalf("%s: 200 answer is not model m's thresholds: %s", what, snippet(rec.Body.Bytes()))
+		if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+			t.Fatalf("%s: 200 answer is not thresholds: %s", what, snippet(rec.Body.Bytes()))
+		}
+		if got.Model != "m" {
+			// A read of a model the replica does not serve: nulls, as
+			// Dynamo answers, and nothing written.
+			if got.ActiveDecodeBlocksThreshold != nil || got.ActivePrefillTokensThreshold != nil ||
+				got.ActivePrefillTokensThresholdFrac != nil || len(calls) != 0 || after != before {
+				t.Fatalf("%s: read of unknown model %q answered %s with %d writes", what, got.Model, snippet(rec.Body.Bytes()), len(calls))
+			}
+			return
 		}
 		// The answer is the state now, and it holds every value the body set.
 		if want := mustJSON(t, []thresholdJSON{got}); after != want {
@@ -641,8 +655,12 @@ func FuzzHTTPBusyThresholdPost(f *testing.F) {
 		}
 		set := 0
 		for k, v := range raw {
-			if k == "model" {
-				continue
+			if k == "model" || string(v) == "null" || !slices.Contains(thresholdFields, k) {
+				var names []string
+				if k == "clear" && json.Unmarshal(v, &names) == nil && len(names) > 0 {
+					set++ // checked below: each named threshold answered null
+				}
+				continue // null and unknown fields leave the thresholds as they are (Dynamo)
 			}
 			set++
 			var sent, answered any
@@ -650,6 +668,14 @@ func FuzzHTTPBusyThresholdPost(f *testing.F) {
 			_ = json.Unmarshal(mustJSONRaw(t, got, k), &answered)
 			if fmt.Sprint(sent) != fmt.Sprint(answered) {
 				t.Fatalf("%s: %s sent %s, answered %v", what, k, v, answered)
+			}
+		}
+		var clear []string
+		if err := json.Unmarshal(raw["clear"], &clear); err == nil {
+			for _, k := range clear {
+				if string(mustJSONRaw(t, got, k)) != "null" {
+					t.Fatalf("%s: %s cleared, answered %s", what, k, mustJSONRaw(t, got, k))
+				}
 			}
 		}
 		if (set > 0) != (len(calls) == 1) {
@@ -803,7 +829,7 @@ func FuzzHTTPWorkersRegister(f *testing.F) {
 		fs := newFuzzServer(false)
 		rec := fs.serve(t, fuzzRequest("POST", "/workers/register", body, chunked))
 		what := "POST /workers/register"
-		checkStatus(t, what, rec, adminShape, 200, 400, 404, 413)
+		checkStatus(t, what, rec, adminShape, 200, 400, 404, 413, 422)
 		calls := checkWrites(t, what, fs, rec.Code, 1)
 		if rec.Code != 200 {
 			return
@@ -829,7 +855,7 @@ func FuzzHTTPWorkersDeregister(f *testing.F) {
 		fs := newFuzzServer(false)
 		rec := fs.serve(t, fuzzRequest("POST", "/workers/deregister", body, false))
 		what := "POST /workers/deregister"
-		checkStatus(t, what, rec, adminShape, 200, 400, 404, 413)
+		checkStatus(t, what, rec, adminShape, 200, 400, 404, 413, 422)
 		calls := checkWrites(t, what, fs, rec.Code, 1)
 		if rec.Code != 200 {
 			return
