@@ -31,6 +31,14 @@ type config struct {
 	Speedup          float64
 	EngineHashSeed   uint64
 	ChatTemplate     tokenize.Template
+	// ModelDir is a Hugging Face model directory whose tokenizer and chat
+	// template tokenize prompts, as the router's --model-dir does ("" = the
+	// builtin tokenizer and ChatTemplate).
+	ModelDir string
+	// ChatTemplateFile replaces ModelDir's chat template, as vLLM's
+	// --chat-template does: a deliberate way to make the engine's prompts
+	// drift from the router's (the replicas' self-check must catch it).
+	ChatTemplateFile string
 
 	NATS       string // comma list of NATS URLs; "" = publish no events
 	EventQueue int    // events buffered for the publisher before a full resync replaces them
@@ -92,7 +100,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&c.Profile, "profile", engine.ProfileDynamoMocker, "timing profile: "+strings.Join(engine.Profiles(), ", "))
 	fs.Float64Var(&c.Speedup, "speedup", 1, "divides every engine step time (> 0)")
 	fs.Uint64Var(&c.EngineHashSeed, "engine-hash-seed", 0, "0: name blocks in events by the content hash; else by an opaque seeded hash (exercises the router's engine→content mapping)")
-	fs.StringVar(&tmpl, "chat-template", "plain", "chat template for rendering messages: plain or chatml (must equal the router's; its default for the builtin tokenizer is plain)")
+	fs.StringVar(&tmpl, "chat-template", "plain", "chat template for rendering messages with the builtin tokenizer: plain or chatml (must equal the router's; its default for the builtin tokenizer is plain); ignored with --model-dir")
+	fs.StringVar(&c.ModelDir, "model-dir", "", "Hugging Face model directory (tokenizer.json, tokenizer_config.json, chat template): prompts are tokenized with its files exactly as a router started with --model-dir NAME=DIR does, and /tokenize answers with them (empty: the builtin tokenizer)")
+	fs.StringVar(&c.ChatTemplateFile, "chat-template-file", "", "with --model-dir: a Jinja chat template file used instead of the directory's, as vLLM's --chat-template (a template the routers do not have makes prompts drift: their self-check reports it)")
 	fs.StringVar(&c.NATS, "nats", "", "NATS URL(s) of the cluster's JetStream, comma list (empty: no KV events are published)")
 	fs.IntVar(&c.EventQueue, "event-queue", 65536, "KV events buffered while NATS is slow or down; on overflow they are replaced by a full-state resync")
 	fs.Uint64Var(&c.EventIDStart, "event-id-start", 0, "first KV event id (0: microseconds since the epoch at startup, so no run reuses an earlier run's ids, which the stream would drop as duplicates; the cluster resyncs the worker once at its first event)")
@@ -216,6 +226,9 @@ func (c config) validate() error {
 	}
 	if c.LinkMaxTransfers < 0 {
 		errs = append(errs, fmt.Errorf("--link-max-transfers %d: must not be negative (0 = no limit)", c.LinkMaxTransfers))
+	}
+	if c.ChatTemplateFile != "" && c.ModelDir == "" {
+		errs = append(errs, errors.New("--chat-template-file needs --model-dir (the builtin tokenizer knows only --chat-template plain or chatml)"))
 	}
 	if c.KVPullTimeout <= 0 || c.KVTransferTTL <= 0 {
 		errs = append(errs, errors.New("--kv-pull-timeout and --kv-transfer-ttl must be positive"))

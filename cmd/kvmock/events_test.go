@@ -84,7 +84,7 @@ func TestMockTokenIDsMatchRouter(t *testing.T) {
 		if err := json.Unmarshal([]byte(b), &in); err != nil {
 			t.Fatal(err)
 		}
-		got, err := tm.m.promptTokens(&in, true)
+		got, err := tm.m.promptTokens([]byte(b), &in, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +96,7 @@ func TestMockTokenIDsMatchRouter(t *testing.T) {
 	// Completions: a string prompt is encoded as is, token ids are taken as is.
 	for _, p := range []string{`"Once upon a time"`, `[5, 400, 31999]`, `["one string"]`} {
 		in := genRequest{Prompt: json.RawMessage(p)}
-		got, err := tm.m.promptTokens(&in, false)
+		got, err := tm.m.promptTokens([]byte(`{"prompt":`+p+`}`), &in, false)
 		if err != nil {
 			t.Fatal(err)
 		}

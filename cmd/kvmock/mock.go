@@ -8,10 +8,12 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouter/kvrouter/api/prompt"
 	"github.com/kvrouter/kvrouter/api/tokenize"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/eventbus"
@@ -21,9 +23,12 @@ import (
 // Mock is one simulated worker: the engine in real time behind an
 // OpenAI-compatible HTTP API, its KV events published to the cluster.
 type Mock struct {
-	cfg     config
-	log     *slog.Logger
-	tok     tokenize.Tokenizer
+	cfg config
+	log *slog.Logger
+	tok tokenize.Tokenizer // spells the generated output (builtin words)
+	// prompt turns request bodies into prompt ids: the --model-dir files,
+	// or the builtin tokenizer with --chat-template.
+	prompt  *prompt.Model
 	engCfg  engine.Config // with the engine's defaults filled in
 	profile string        // timing profile name
 	drv     *driver
@@ -68,10 +73,15 @@ func newMock(cfg config, log *slog.Logger, connect connectFunc) (*Mock, error) {
 	if err != nil {
 		return nil, err
 	}
+	pm, err := loadPrompt(cfg)
+	if err != nil {
+		return nil, err
+	}
 	m := &Mock{
 		cfg:     cfg,
 		log:     log,
 		tok:     tokenize.Builtin(),
+		prompt:  pm,
 		engCfg:  eng.Config(),
 		profile: eng.Profile().Name,
 		connect: connect,
@@ -93,6 +103,42 @@ func newMock(cfg config, log *slog.Logger, connect connectFunc) (*Mock, error) {
 		m.regCfg = registrationConfig(cfg, m.engCfg, log)
 	}
 	return m, nil
+}
+
+// loadPrompt builds what tokenizes prompts: the model directory's files
+// (prompt.Load, the router's own code, so both compute the same ids from
+// the same files), with its chat template replaced by --chat-template-file;
+// without a directory, the builtin tokenizer with --chat-template.
+func loadPrompt(cfg config) (*prompt.Model, error) {
+	if cfg.ModelDir == "" {
+		return prompt.Legacy(cfg.Model, tokenize.Builtin(), cfg.ChatTemplate, "builtin"), nil
+	}
+	pm, err := prompt.Load(cfg.Model, cfg.ModelDir)
+	if err != nil {
+		return nil, fmt.Errorf("--model-dir: %w", err)
+	}
+	if cfg.ChatTemplateFile == "" {
+		return pm, nil
+	}
+	src, err := os.ReadFile(cfg.ChatTemplateFile)
+	if err != nil {
+		return nil, fmt.Errorf("--chat-template-file: %w", err)
+	}
+	if pm, err = pm.WithChatTemplate(string(src)); err != nil {
+		return nil, fmt.Errorf("--chat-template-file %s: %w", cfg.ChatTemplateFile, err)
+	}
+	return pm, nil
+}
+
+// chatTemplateName says which chat template renders prompts (for the log).
+func (m *Mock) chatTemplateName() string {
+	switch {
+	case m.cfg.ChatTemplateFile != "":
+		return m.cfg.ChatTemplateFile
+	case m.cfg.ModelDir != "":
+		return "the model directory's"
+	}
+	return m.cfg.ChatTemplate.String()
 }
 
 // advertiseURL is the configured URL, or http:// plus the bound address
@@ -172,7 +218,9 @@ func (m *Mock) Serve(ctx context.Context, ln net.Listener) error {
 	m.log.Info("kvmock serving", "id", m.cfg.ID, "addr", ln.Addr().String(), "url", m.advertise, "model", m.cfg.Model,
 		"block_size", m.engCfg.BlockSize, "kv_blocks", m.engCfg.CapacityBlocks, "max_batched_tokens", m.engCfg.MaxBatchedTokens,
 		"max_running", m.engCfg.MaxRunning, "profile", m.profile, "speedup", m.engCfg.Speedup,
-		"chat_template", m.cfg.ChatTemplate.String(), "nats", m.cfg.NATS, "register", m.cfg.Register, "first_event_id", m.firstEventID,
+
+		"tokenizer", m.prompt.Tokenizer().Name(), "model_dir", m.cfg.ModelDir, "chat_template", m.chatTemplateName(), "fingerprint", m.prompt.Fingerprint(),
+		"nats", m.cfg.NATS, "register", m.cfg.Register, "first_event_id", m.firstEventID,
 		"role", m.cfg.Role, "link_mbps", m.cfg.LinkMBps, "link_max_transfers", m.cfg.LinkMaxTransfers, "kv_bytes_per_token", m.cfg.KVBytesPerToken)
 
 	var runErr error

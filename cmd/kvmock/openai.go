@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvrouter/kvrouter/api/tokenize"
 	"github.com/kvrouter/kvrouter/engine"
 )
 
@@ -30,6 +29,8 @@ func (m *Mock) Handler() http.Handler {
 	mux.HandleFunc("GET /stats", m.stats)
 	mux.HandleFunc("GET /metrics", m.metrics)
 	mux.HandleFunc("GET /kv/pull", m.kvPull)
+	mux.HandleFunc("POST /tokenize", m.tokenize)
+	mux.HandleFunc("POST /detokenize", m.detokenize)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 	})
@@ -38,10 +39,12 @@ func (m *Mock) Handler() http.Handler {
 
 // genRequest is the part of an OpenAI chat or completions body kvmock reads.
 type genRequest struct {
-	Model         string             `json:"model"`
-	Messages      []tokenize.Message `json:"messages"`
-	Prompt        json.RawMessage    `json:"prompt"`
-	Stream        bool               `json:"stream"`
+	Model string `json:"model"`
+	// Messages and Prompt are only looked at here: prompt.Model reads the
+	// body itself, as the router does.
+	Messages      json.RawMessage `json:"messages"`
+	Prompt        json.RawMessage `json:"prompt"`
+	Stream        bool            `json:"stream"`
 	StreamOptions *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
@@ -113,37 +116,26 @@ func (m *Mock) badRequest(w http.ResponseWriter, msg string) {
 }
 
 // promptTokens tokenizes the request exactly as the router does (see
-// api/openai.go): chat messages rendered with the chat template and the
-// generation prompt, then encoded; a completions prompt encoded, or taken
-// as token ids.
-func (m *Mock) promptTokens(in *genRequest, chat bool) ([]uint32, error) {
+// api/openai.go requestTokens), with the same code: prompt.Model. Chat: the
+// chat template renders the conversation with the generation prompt, then
+// it is encoded (add_special_tokens false unless the body says otherwise);
+// completions: the string encoded with the tokenizer's special tokens (BOS),
+// or the token ids as given. kvmock runs one prompt per request.
+func (m *Mock) promptTokens(body []byte, in *genRequest, chat bool) ([]uint32, error) {
 	if chat {
-		if len(in.Messages) == 0 {
+		if len(bytes.TrimSpace(in.Messages)) == 0 || string(bytes.TrimSpace(in.Messages)) == "null" {
 			return nil, errors.New("messages must not be empty")
 		}
-		text, err := tokenize.RenderChat(in.Messages, m.cfg.ChatTemplate, true)
-		if err != nil {
-			return nil, err
-		}
-		return m.tok.Encode(text), nil
+		return m.prompt.Chat(body)
 	}
-	raw := bytes.TrimSpace(in.Prompt)
-	if len(raw) == 0 || string(raw) == "null" {
-		return nil, errors.New("prompt is required")
+	prompts, err := m.prompt.Completion(body)
+	if err != nil {
+		return nil, err
 	}
-	var text string
-	if err := json.Unmarshal(raw, &text); err == nil {
-		return m.tok.Encode(text), nil
+	if len(prompts) != 1 {
+		return nil, fmt.Errorf("prompt: a batch of %d prompts; kvmock serves one prompt per request", len(prompts))
 	}
-	var ids []uint32
-	if err := json.Unmarshal(raw, &ids); err == nil {
-		return ids, nil
-	}
-	var texts []string
-	if err := json.Unmarshal(raw, &texts); err == nil && len(texts) == 1 {
-		return m.tok.Encode(texts[0]), nil
-	}
-	return nil, errors.New("prompt must be a string, one string in an array, or an array of token ids")
+	return prompts[0], nil
 }
 
 // generation is one request on its way through the engine.
@@ -187,7 +179,7 @@ func (m *Mock) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", fmt.Sprintf("the model %q does not exist (this worker serves %q)", in.Model, m.cfg.Model))
 		return
 	}
-	tokens, err := m.promptTokens(&in, chat)
+	tokens, err := m.promptTokens(body, &in, chat)
 	if err != nil {
 		m.badRequest(w, err.Error())
 		return
