@@ -47,6 +47,11 @@ type serveConfig struct {
 	DrainDelay    time.Duration // on SIGTERM, /ready is 503 this long before the server stops
 	DrainTimeout  time.Duration // then in-flight requests get this long before the listener closes
 	Disagg        disaggConfig
+	// Dynamo's names with our meaning (dynamo.go).
+	SnapshotThreshold uint64   // Raft entries between snapshots (0: cluster default)
+	MinInitialWorkers int      // not ready below this many registered workers
+	AdmissionControl  string   // none or token-capacity
+	Warnings          []string // Dynamo names accepted without effect here, logged at start
 }
 
 type peer struct{ ID, RaftAddr string }
@@ -71,8 +76,15 @@ type flagSpec struct {
 
 // parseServe reads flags, then environment variables for flags not given.
 func parseServe(args []string, getenv func(string) string, stderr io.Writer) (serveConfig, error) {
-	c := serveConfig{Router: router.DefaultConfig(), BusyStatus: 529, Retries: 2, MaxBodyBytes: 8 << 20}
+	c := serveConfig{Router: router.DefaultConfig(), BusyStatus: 529, Retries: 2, MaxBodyBytes: 8 << 20, AdmissionControl: "none"}
 	noEvents, noTrack := false, false
+	warned := map[string]bool{}
+	warn := func(msg string) { // one line per distinct warning, logged at start
+		if !warned[msg] {
+			warned[msg] = true
+			c.Warnings = append(c.Warnings, msg)
+		}
+	}
 	specs := []flagSpec{
 		{names: []string{"node-id"}, env: []string{"KVROUTER_NODE_ID"}, def: "r1", usage: "this replica's id (unique in the cluster)", set: str(&c.NodeID)},
 		{names: []string{"data-dir"}, env: []string{"KVROUTER_DATA_DIR"}, usage: "Raft and JetStream data (default data/<node-id>)", set: str(&c.DataDir)},
@@ -100,22 +112,15 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"tokenizer"}, env: []string{"KVROUTER_TOKENIZER"}, def: "builtin", usage: "\"builtin\" or the path of a Hugging Face tokenizer.json for the --model names without --model-dir (must match the workers')", set: str(&c.Tokenizer)},
 		{names: []string{"chat-template"}, env: []string{"KVROUTER_CHAT_TEMPLATE"}, usage: "chatml or plain (default: chatml for tokenizer.json, plain for builtin)", set: str(&c.ChatTemplate)},
 		{names: []string{"router-mode"}, env: []string{"KVROUTER_ROUTER_MODE", "DYN_ROUTER_MODE"}, def: "kv", usage: "round-robin, random, least-loaded, kv, kv-approx, load-aware, kv-pooled", set: func(v string) error {
-			m, err := router.ParseMode(v)
+			m, err := parseDynamoMode(v, warn)
 			c.Router.Mode = m
 			return err
 		}},
 		{names: []string{"kv-cache-block-size", "block-size"}, env: []string{"KVROUTER_BLOCK_SIZE", "DYN_KV_CACHE_BLOCK_SIZE"}, def: "16", usage: "tokens per KV block; must equal the engines'", set: intp(&c.Router.BlockSize)},
-		{names: []string{"router-kv-overlap-score-credit"}, env: []string{"KVROUTER_OVERLAP_CREDIT"}, def: "1", usage: "credit per cached block, 0..1", set: floatp(&c.Router.OverlapCredit)},
-		{names: []string{"router-prefill-load-scale", "kv-overlap-score-weight"}, env: []string{"KVROUTER_PREFILL_LOAD_SCALE", "DYN_KV_OVERLAP_SCORE_WEIGHT"}, def: "1", usage: "weight of prefill blocks against decode blocks (Dynamo's overlap_score_weight)", set: floatp(&c.Router.PrefillLoadScale)},
+		{names: []string{"router-kv-overlap-score-credit"}, env: []string{"KVROUTER_OVERLAP_CREDIT", "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT"}, def: "1", usage: "credit per cached block, 0..1", set: floatp(&c.Router.OverlapCredit)},
+		{names: []string{"router-prefill-load-scale", "kv-overlap-score-weight"}, env: []string{"KVROUTER_PREFILL_LOAD_SCALE", "DYN_ROUTER_PREFILL_LOAD_SCALE", "DYN_KV_OVERLAP_SCORE_WEIGHT"}, def: "1", usage: "weight of prefill blocks against decode blocks (Dynamo's overlap_score_weight)", set: floatp(&c.Router.PrefillLoadScale)},
 		{names: []string{"router-temperature"}, env: []string{"KVROUTER_TEMPERATURE", "DYN_ROUTER_TEMPERATURE"}, def: "0", usage: "0 = lowest cost; above 0 = softmax sampling", set: floatp(&c.Router.Temperature)},
 		{names: []string{"no-router-kv-events"}, env: []string{"KVROUTER_NO_KV_EVENTS"}, usage: "route without worker events (approximate mode: the router predicts from its own decisions)", set: boolp(&noEvents), bool: true},
-		{names: []string{"router-kv-events"}, env: []string{"DYN_KV_EVENTS"}, def: "true", usage: "consume worker KV events (false = approximate mode)", set: func(v string) error {
-			b, err := strconv.ParseBool(v)
-			if err == nil && !b {
-				noEvents = true
-			}
-			return err
-		}},
 		{names: []string{"router-ttl-secs"}, env: []string{"KVROUTER_TTL_SECS", "DYN_ROUTER_TTL_SECS"}, def: "120", usage: "lifetime of predicted blocks in approximate mode", set: secs(&c.Router.ApproxTTL)},
 		{names: []string{"router-queue-threshold"}, env: []string{"KVROUTER_QUEUE_THRESHOLD", "DYN_ROUTER_QUEUE_THRESHOLD"}, usage: "queue requests while every worker's prefill tokens exceed this fraction of its max batched tokens", set: optFloat(&c.Router.QueueThreshold)},
 		{names: []string{"router-queue-policy"}, env: []string{"KVROUTER_QUEUE_POLICY", "DYN_ROUTER_QUEUE_POLICY"}, def: "fcfs", usage: "fcfs, wspt or lcfs", set: func(v string) error { c.Router.QueuePolicy = router.QueuePolicy(v); return nil }},
@@ -139,6 +144,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"log-level"}, env: []string{"KVROUTER_LOG_LEVEL"}, def: "info", usage: "debug, info, warn, error", set: str(&c.LogLevel)},
 	}
 	specs = append(specs, disaggFlags(&c.Disagg)...)
+	specs = append(specs, dynamoSpecs(&c, &noEvents, warn)...)
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	for _, sp := range specs {
@@ -192,6 +198,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 	if noTrack {
 		c.Router.TrackPrefillTokens = false
 	}
+	c.applyAdmissionControl(warn)
 	return c, c.finish()
 }
 
@@ -254,6 +261,30 @@ func parseModelDirs(v string) ([]modelDir, error) {
 		out = append(out, modelDir{Name: strings.TrimSpace(name), Dir: strings.TrimSpace(dir)})
 	}
 	return out, nil
+}
+
+// applyAdmissionControl gives --admission-control Dynamo's meaning:
+// token-capacity turns the busy thresholds on, with Dynamo's defaults for
+// those not given (decode blocks 1.0, prefill tokens 10,000,000, prefill
+// fraction 64); none (the default) leaves them as given — Dynamo switches
+// a "none" with an explicit threshold to token-capacity, which is the same.
+func (c *serveConfig) applyAdmissionControl(warn func(string)) {
+	if c.AdmissionControl != "token-capacity" {
+		return
+	}
+	t := &c.Router.Thresholds
+	if t.ActiveDecodeBlocks == nil {
+		v := 1.0
+		t.ActiveDecodeBlocks = &v
+	}
+	if t.ActivePrefillTokens == nil {
+		var v int64 = 10_000_000
+		t.ActivePrefillTokens = &v
+	}
+	if t.ActivePrefillTokensFrac == nil {
+		v := 64.0
+		t.ActivePrefillTokensFrac = &v
+	}
 }
 
 func anyGiven(given map[string]bool, names []string) bool {
@@ -326,6 +357,10 @@ func floatp(p *float64) func(string) error {
 }
 func optFloat(p **float64) func(string) error {
 	return func(v string) error {
+		if isNone(v) { // Dynamo's "no threshold"
+			*p = nil
+			return nil
+		}
 		f, err := strconv.ParseFloat(v, 64)
 		*p = &f
 		return err
@@ -333,6 +368,10 @@ func optFloat(p **float64) func(string) error {
 }
 func optInt(p **int64) func(string) error {
 	return func(v string) error {
+		if isNone(v) {
+			*p = nil
+			return nil
+		}
 		n, err := strconv.ParseInt(v, 10, 64)
 		*p = &n
 		return err

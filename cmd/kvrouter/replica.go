@@ -289,6 +289,9 @@ func (r *replica) Ready() (bool, string) {
 	if len(r.fsm.Workers()) == 0 && len(r.cfg.StaticWorkers) == 0 {
 		return false, "no workers registered: nothing to route to"
 	}
+	if n := len(r.fsm.Workers()); n < r.cfg.MinInitialWorkers {
+		return false, fmt.Sprintf("%d of --router-min-initial-workers %d workers registered", n, r.cfg.MinInitialWorkers)
+	}
 	return true, "ok"
 }
 

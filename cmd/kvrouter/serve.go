@@ -38,6 +38,9 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) int {
 		return 2
 	}
 	log := newLogger(cfg.LogLevel, cfg.NodeID, stderr)
+	for _, w := range cfg.Warnings {
+		log.Warn("Dynamo option does not work as in Dynamo here", "detail", w)
+	}
 	if err := serve(ctx, cfg, log); err != nil {
 		log.Error("replica stopped", "err", err)
 		return 1
@@ -265,6 +268,9 @@ func clusterConfig(cfg serveConfig, state *fsm.FSM, reg prometheus.Registerer, l
 		c.Peers = []cluster.Peer{{ID: cfg.NodeID, RaftAddr: cfg.RaftAddr}}
 	}
 	c.Join = cfg.Join
+	if cfg.SnapshotThreshold > 0 {
+		c.SnapshotThreshold = cfg.SnapshotThreshold
+	}
 	c.AuthToken = cfg.AdminToken
 	c.Logger = log.With("component", "raft")
 	c.Registry = reg
