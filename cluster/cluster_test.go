@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/cluster"
 	"github.com/kvrouter/kvrouter/cluster/clustertest"
+	"github.com/kvrouter/kvrouter/internal/poll"
 )
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
@@ -75,7 +76,7 @@ func TestClusterFormPeers(t *testing.T) {
 		if cluster.BoltNoSync(n) || cluster.BoltOptionsNoSync() {
 			t.Errorf("%s: raft-boltdb NoSync is on", m.ID)
 		}
-		clustertest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		poll.Until(t, 5*time.Second, 10*time.Millisecond, func() error {
 			if ok, why := n.Ready(); !ok {
 				return fmt.Errorf("%s not ready: %s", m.ID, why)
 			}
@@ -197,7 +198,7 @@ func TestClusterIsolatedLeader(t *testing.T) {
 			live.Add(-1)
 		})
 	}
-	clustertest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+	poll.Until(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if live.Load() != 1 {
 			return fmt.Errorf("%d WhileLeader runs live, want 1", live.Load())
 		}
@@ -234,7 +235,7 @@ func TestClusterIsolatedLeader(t *testing.T) {
 	if _, err := c.ApplyVia(func() *cluster.Node { return c.WaitLeader(others...).Node() }, []byte("majority-write")); err != nil {
 		t.Fatalf("majority write: %v", err)
 	}
-	clustertest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+	poll.Until(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if ok, why := l.Node().Ready(); ok {
 			return fmt.Errorf("isolated old leader still ready (%s)", why)
 		}
@@ -298,7 +299,7 @@ func TestClusterSnapshotInstall(t *testing.T) {
 	c.Wipe(f.Index)
 	m4 := c.AddNode()
 	for _, m := range []*clustertest.Member{f, m4} {
-		clustertest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		poll.Until(t, 20*time.Second, 20*time.Millisecond, func() error {
 			if n := m.Node().SnapshotsRestored(); n == 0 {
 				return fmt.Errorf("%s: no snapshot installed", m.ID)
 			}
@@ -344,7 +345,7 @@ func TestClusterReady(t *testing.T) {
 	n := f.Node()
 	var sawCatchingUp bool
 	var reasons []string
-	clustertest.CheckFor(t, 30*time.Second, 2*time.Millisecond, func() error {
+	poll.Until(t, 30*time.Second, 2*time.Millisecond, func() error {
 		ok, why := n.Ready()
 		if ok {
 			return nil
@@ -367,14 +368,14 @@ func TestClusterReady(t *testing.T) {
 
 	// A follower cut off from everyone loses its leader and readiness.
 	c.Isolate(f.Index)
-	clustertest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if ok, why := n.Ready(); ok || why != "no leader" {
 			return fmt.Errorf("isolated follower: ready=%v %q", ok, why)
 		}
 		return nil
 	})
 	c.Heal()
-	clustertest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if ok, why := n.Ready(); !ok {
 			return errors.New(why)
 		}
@@ -454,7 +455,7 @@ func TestClusterSingleNodeTCP(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	n, fsm := open(reg)
-	clustertest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if ok, why := n.Ready(); !ok {
 			return errors.New(why)
 		}
@@ -497,7 +498,7 @@ func TestClusterSingleNodeTCP(t *testing.T) {
 
 	n2, fsm2 := open(reg) // same registry: works because Shutdown unregistered
 	defer n2.Shutdown(context.Background())
-	clustertest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if fsm2.Digest() != digest {
 			return fmt.Errorf("digest %s after reopen, want %s", fsm2.Digest(), digest)
 		}

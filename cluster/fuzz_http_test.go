@@ -34,6 +34,7 @@ import (
 	"github.com/kvrouter/kvrouter/cluster"
 	"github.com/kvrouter/kvrouter/cluster/clustertest"
 	"github.com/kvrouter/kvrouter/fsm"
+	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -76,7 +77,7 @@ func newHTTPFixture(tb testing.TB) *httpFixture {
 	leader := c.WaitLeader().Node()
 
 	var idle *cluster.Node
-	clustertest.CheckFor(tb, 10*time.Second, 50*time.Millisecond, func() error {
+	poll.Until(tb, 10*time.Second, 50*time.Millisecond, func() error {
 		addr, err := freeLoopbackAddr()
 		if err != nil {
 			return err

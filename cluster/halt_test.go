@@ -14,6 +14,7 @@ import (
 	"github.com/kvrouter/kvrouter/cluster"
 	"github.com/kvrouter/kvrouter/cluster/clustertest"
 	"github.com/kvrouter/kvrouter/fsm"
+	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -115,7 +116,7 @@ func TestClusterHaltOnUnknownCommand(t *testing.T) {
 	}
 
 	// The newer members applied it; the old one halted at it, loudly.
-	clustertest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+	poll.Until(t, 20*time.Second, 20*time.Millisecond, func() error {
 		for _, i := range []int{0, 1} {
 			if w, ok := realFSMOf(c.M(i).FSM()).Worker("p1"); !ok || w.Role != router.RolePrefill {
 				return fmt.Errorf("n%d: worker p1 %+v %v", i, w, ok)
@@ -123,7 +124,7 @@ func TestClusterHaltOnUnknownCommand(t *testing.T) {
 		}
 		return nil
 	})
-	clustertest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+	poll.Until(t, 20*time.Second, 20*time.Millisecond, func() error {
 		var he *fsm.HaltError
 		if !errors.As(oldFSM.Halted(), &he) {
 			return errors.New("old build not halted")
@@ -183,7 +184,7 @@ func TestClusterHaltOnUnknownCommand(t *testing.T) {
 	if w, ok := realFSMOf(c.M(2).FSM()).Worker("p1"); !ok || w.Role != router.RolePrefill {
 		t.Fatalf("upgraded member: worker p1 %+v %v", w, ok)
 	}
-	clustertest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+	poll.Until(t, 20*time.Second, 20*time.Millisecond, func() error {
 		if ok, reason := c.M(2).Node().Ready(); !ok {
 			return errors.New(reason)
 		}

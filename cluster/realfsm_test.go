@@ -10,6 +10,7 @@ import (
 	"github.com/kvrouter/kvrouter/cluster"
 	"github.com/kvrouter/kvrouter/cluster/clustertest"
 	"github.com/kvrouter/kvrouter/fsm"
+	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -67,7 +68,7 @@ func registerSelf(ctx context.Context, n *cluster.Node) {
 func registerAll(t *testing.T, c *clustertest.Cluster) {
 	t.Helper()
 	for _, m := range c.Running() {
-		clustertest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		poll.Until(t, 20*time.Second, 20*time.Millisecond, func() error {
 			n := m.Node()
 			cmd, err := fsm.EncodeRegisterNode(fsm.RegisterNode{NodeID: n.ID(), RaftAddr: n.RaftAddr(), HTTPAddr: n.HTTPAddr()})
 			if err != nil {
@@ -172,7 +173,7 @@ func TestClusterRealFSM(t *testing.T) {
 		t.Logf("snapshot: %v", err)
 	}
 	c.Wipe(f.Index)
-	clustertest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+	poll.Until(t, 20*time.Second, 20*time.Millisecond, func() error {
 		if f.Node().SnapshotsRestored() == 0 {
 			return errors.New("wiped follower got no snapshot")
 		}

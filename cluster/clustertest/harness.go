@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/cluster"
+	"github.com/kvrouter/kvrouter/internal/poll"
 )
 
 // Formation selects how New forms the initial members.
@@ -443,23 +444,6 @@ func (c *Cluster) Isolate(i int) {
 // Heal restores every link.
 func (c *Cluster) Heal() { c.Net.HealAll() }
 
-// CheckFor polls fn every `every` until it returns nil, failing the test
-// with fn's last error after total.
-func CheckFor(t testing.TB, total, every time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
-
 // WaitLeader waits until one of the given members (default: all running)
 // leads and is ready (its barrier completed), and returns it. With several
 // self-declared leaders (a stale one in a minority) it waits for the one of
@@ -467,7 +451,7 @@ func CheckFor(t testing.TB, total, every time.Duration, fn func() error) {
 func (c *Cluster) WaitLeader(among ...int) *Member {
 	c.T.Helper()
 	var leader *Member
-	CheckFor(c.T, 20*time.Second, 20*time.Millisecond, func() error {
+	poll.Until(c.T, 20*time.Second, 20*time.Millisecond, func() error {
 		leader = nil
 		var best uint64
 		for _, m := range c.pick(among) {
@@ -509,7 +493,7 @@ func (c *Cluster) pick(among []int) []*Member {
 func (c *Cluster) WaitConverged(among ...int) string {
 	c.T.Helper()
 	var digest string
-	CheckFor(c.T, 30*time.Second, 20*time.Millisecond, func() error {
+	poll.Until(c.T, 30*time.Second, 20*time.Millisecond, func() error {
 		ms := c.pick(among)
 		if len(ms) == 0 {
 			return errors.New("no running members")
