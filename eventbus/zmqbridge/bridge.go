@@ -2,11 +2,14 @@ package zmqbridge
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +43,16 @@ type WorkerSpec struct {
 	TotalBlocks      int    `json:"total_kv_blocks,omitempty"`
 	MaxBatchedTokens int    `json:"max_num_batched_tokens,omitempty"`
 	MetricsURL       string `json:"metrics_url,omitempty"` // default <url>/metrics
+	// Engine ("vllm", "sglang"; "": read as vLLM, as before these fields
+	// existed) and EngineVersion (its release, e.g. "0.5.18") choose how
+	// array-shaped events are read by position (SchemaFor); EventSchema
+	// names a Schema outright (builds no release number describes).
+	Engine        string `json:"engine,omitempty"`
+	EngineVersion string `json:"engine_version,omitempty"`
+	EventSchema   Schema `json:"event_schema,omitempty"`
+	// KVCacheGroup is the KV cache group to index (a hybrid model's
+	// full-attention group); absent: chosen from the events.
+	KVCacheGroup GroupIndex `json:"kv_cache_group,omitzero"`
 }
 
 // MaxDPRanks bounds WorkerSpec.DPRanks.
@@ -79,7 +92,63 @@ func (w *WorkerSpec) Normalize() error {
 	if w.TotalBlocks < 0 || w.MaxBatchedTokens < 0 {
 		errs = append(errs, fmt.Errorf("worker %s: sizes must not be negative", w.ID))
 	}
+	w.Engine = strings.ToLower(strings.TrimSpace(w.Engine))
+	w.EngineVersion = strings.TrimSpace(w.EngineVersion)
+	w.EventSchema = Schema(strings.ToLower(strings.TrimSpace(string(w.EventSchema))))
+	if _, err := w.Schema(); err != nil {
+		errs = append(errs, fmt.Errorf("worker %s: %w", w.ID, err))
+	}
+	if g, ok := w.KVCacheGroup.Get(); ok && (g < 0 || g > MaxKVCacheGroup) {
+		errs = append(errs, fmt.Errorf("worker %s: kv_cache_group %d outside [0,%d]", w.ID, g, MaxKVCacheGroup))
+	}
 	return errors.Join(errs...)
+}
+
+// Schema is the event schema the spec's engine fields select.
+func (w *WorkerSpec) Schema() (Schema, error) {
+	return SchemaFor(w.Engine, w.EngineVersion, w.EventSchema)
+}
+
+// MaxKVCacheGroup bounds WorkerSpec.KVCacheGroup (vLLM's group_idx).
+const MaxKVCacheGroup = math.MaxInt32
+
+// GroupIndex is an optional KV cache group index: the zero value is "not
+// set" (JSON null or absent), so a spec stays comparable and "absent"
+// keeps today's behaviour.
+type GroupIndex struct {
+	set bool
+	n   int
+}
+
+// Group returns a set GroupIndex.
+func Group(n int) GroupIndex { return GroupIndex{set: true, n: n} }
+
+// Get returns the index and whether it is set.
+func (g GroupIndex) Get() (int, bool) { return g.n, g.set }
+
+// IsZero reports an unset index (for omitzero).
+func (g GroupIndex) IsZero() bool { return !g.set }
+
+// MarshalJSON writes the number, or null when unset.
+func (g GroupIndex) MarshalJSON() ([]byte, error) {
+	if !g.set {
+		return []byte("null"), nil
+	}
+	return strconv.AppendInt(nil, int64(g.n), 10), nil
+}
+
+// UnmarshalJSON reads a number or null.
+func (g *GroupIndex) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*g = GroupIndex{}
+		return nil
+	}
+	var n int
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("kv_cache_group: %w", err)
+	}
+	*g = Group(n)
+	return nil
 }
 
 // Publisher is what the bridge needs of *eventbus.Publisher.
@@ -484,8 +553,10 @@ func (w *worker) follow(ctx context.Context) {
 		if replayEP != "" {
 			rep = &ZMQReplayer{Endpoint: replayEP, Timeout: cfg.ReplayTimeout}
 		}
+		schema, _ := spec.Schema() // checked by Normalize
 		st := NewStream(StreamConfig{Worker: spec.ID, DPRank: uint32(i), BlockSize: cfg.BlockSize, MaxEntries: cfg.MaxEntries,
-			Replayer: rep, Sink: &publisherSink{pub: pub, worker: spec.ID, rank: uint32(i)}, Logger: w.b.log})
+			Replayer: rep, Sink: &publisherSink{pub: pub, worker: spec.ID, rank: uint32(i)}, Logger: w.b.log,
+			Schema: schema, Group: spec.KVCacheGroup})
 		ranks = append(ranks, &rank{stream: st, pub: pub, resync: make(chan struct{}, 1)})
 	}
 	w.mu.Lock()

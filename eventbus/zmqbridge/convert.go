@@ -14,17 +14,28 @@ type SkipReason string
 // Skip reasons.
 const (
 	SkipOtherMedium       SkipReason = "other_medium"        // not the GPU prefix cache (CPU/disk offload tiers)
-	SkipOtherGroup        SkipReason = "other_group"         // a KV cache group other than 0 (hybrid models)
+	SkipOtherGroup        SkipReason = "other_group"         // a KV cache group the index does not follow (hybrid models: see groups.go)
 	SkipUnknownParent     SkipReason = "unknown_parent"      // parent block never seen: its content hash is unknown
 	SkipBadTokens         SkipReason = "bad_tokens"          // token_ids is not block_size tokens per block hash
 	SkipBlockSizeMismatch SkipReason = "block_size_mismatch" // the engine's block size is not the router's
 	SkipLoRAWithoutName   SkipReason = "lora_without_name"   // lora_id without lora_name: the hash seed is unknown
 	SkipUnknownType       SkipReason = "unknown_type"        // event type this bridge does not know
+	// SkipUnknownGroup: a hybrid model (KV cache groups besides 0) whose
+	// events do not say which group is full attention, and no
+	// kv_cache_group configured: no group is indexed rather than a guess.
+	SkipUnknownGroup SkipReason = "unknown_group"
+	// SkipUnknownLayout: an array-shaped event that does not fit the
+	// worker's event schema (engine / engine_version / event_schema).
+	SkipUnknownLayout SkipReason = "unknown_layout"
+	// SkipNamespaced: blocks in a cache namespace (SGLang cache_salt or
+	// extra_keys): the router's token hashes carry no salt, so indexing
+	// them would credit requests that cannot reuse them.
+	SkipNamespaced SkipReason = "namespaced"
 )
 
 // AllSkipReasons lists every reason (for metric labels).
 var AllSkipReasons = []SkipReason{SkipOtherMedium, SkipOtherGroup, SkipUnknownParent, SkipBadTokens,
-	SkipBlockSizeMismatch, SkipLoRAWithoutName, SkipUnknownType}
+	SkipBlockSizeMismatch, SkipLoRAWithoutName, SkipUnknownType, SkipUnknownGroup, SkipUnknownLayout, SkipNamespaced}
 
 // SkipError is an event the converter did not apply.
 type SkipError struct {
@@ -52,6 +63,9 @@ type ConverterStats struct {
 	UnknownRemovals uint64 // removed hashes the converter did not hold (ignored)
 	Overflows       uint64 // resets because the mapping outgrew its bound
 	Skipped         map[SkipReason]uint64
+	// Group is the KV cache group indexed (see GroupState); -1: none yet.
+	Group     int64
+	GroupRule GroupState
 }
 
 // DefaultMaxEntries bounds a converter's engine→content mapping. It holds
@@ -85,6 +99,8 @@ type Converter struct {
 	contents map[uint64]uint32   // content hash → live engine hashes naming it
 	deferred map[uint64][]uint64 // content hash → engine hashes removed while the content was still held
 
+	groups groupPolicy
+
 	stats ConverterStats
 }
 
@@ -94,7 +110,7 @@ func NewConverter(blockSize, maxEntries int) *Converter {
 	if maxEntries <= 0 {
 		maxEntries = DefaultMaxEntries
 	}
-	c := &Converter{blockSize: blockSize, maxEntries: maxEntries}
+	c := &Converter{blockSize: blockSize, maxEntries: maxEntries, groups: newGroupPolicy()}
 	c.stats.Skipped = map[SkipReason]uint64{}
 	c.reset()
 	return c
@@ -112,6 +128,7 @@ func (c *Converter) Len() int { return len(c.engines) }
 // Stats returns a copy of the counters.
 func (c *Converter) Stats() ConverterStats {
 	s := c.stats
+	s.Group, s.GroupRule = c.groups.followed, c.groups.state
 	s.Skipped = make(map[SkipReason]uint64, len(c.stats.Skipped))
 	for k, v := range c.stats.Skipped {
 		s.Skipped[k] = v
@@ -144,8 +161,15 @@ func (c *Converter) Convert(ev *Event, out []router.KVEvent) ([]router.KVEvent, 
 		if ev.Medium != "" && ev.Medium != MediumGPU {
 			return out, c.skipped(skip(SkipOtherMedium, "%s of medium %q", ev.Kind, ev.Medium))
 		}
-		if ev.HasGroupIdx && ev.GroupIdx != 0 {
-			return out, c.skipped(skip(SkipOtherGroup, "%s of KV cache group %d", ev.Kind, ev.GroupIdx))
+		var reset bool
+		var err *SkipError
+		if reset, err = c.groups.decide(ev); reset {
+			// The indexed group changed (or none is left): what the index
+			// holds came from another group.
+			out = append(out, c.Reset())
+		}
+		if err != nil {
+			return out, c.skipped(err)
 		}
 		if ev.Kind == KindBlockRemoved {
 			return c.remove(ev.BlockHashes, out), nil
@@ -154,6 +178,16 @@ func (c *Converter) Convert(ev *Event, out []router.KVEvent) ([]router.KVEvent, 
 	}
 	return out, c.skipped(skip(SkipUnknownType, "event type %q", ev.Tag))
 }
+
+// FollowGroup makes the converter index KV cache group g and no other,
+// whatever the events say (WorkerSpec.KVCacheGroup).
+func (c *Converter) FollowGroup(g int64) {
+	c.groups = groupPolicy{state: GroupConfigured, followed: g, kinds: c.groups.kinds}
+}
+
+// CountSkip counts an event refused before it reached the converter (a
+// layout the decoder refused), so every refusal shows in the same counter.
+func (c *Converter) CountSkip(reason SkipReason) { c.stats.Skipped[reason]++ }
 
 func (c *Converter) skipped(e *SkipError) error {
 	c.stats.Skipped[e.Reason]++
@@ -188,6 +222,9 @@ func (c *Converter) store(ev *Event, out []router.KVEvent) ([]router.KVEvent, er
 	}
 	if len(ev.TokenIDs) != n*c.blockSize {
 		return out, c.skipped(skip(SkipBadTokens, "%d token ids for %d blocks of %d", len(ev.TokenIDs), n, c.blockSize))
+	}
+	if ev.Namespaced {
+		return out, c.skipped(skip(SkipNamespaced, "%d blocks in a cache namespace (cache_salt %q): no request the router hashes can reuse them", n, ev.CacheSalt))
 	}
 	if ev.HasLoRAID && ev.LoRAName == "" {
 		return out, c.skipped(skip(SkipLoRAWithoutName, "lora_id %d without lora_name (upgrade the engine)", ev.LoRAID))

@@ -113,27 +113,26 @@ func TestBridgeConverterFilters(t *testing.T) {
 	c, sink := NewConverter(16, 0), newRecordSink(16)
 	cpu := stored([]uint64{1}, nil, tokens(0, 1))
 	cpu.Medium = "CPU"
-	grp := stored([]uint64{2}, nil, tokens(0, 1))
-	grp.HasGroupIdx, grp.GroupIdx = true, 1
 	bs := stored([]uint64{3}, nil, tokens(0, 1))
 	bs.BlockSize = 32
 	short := stored([]uint64{4, 5}, nil, tokens(0, 1))
 	unknown := Event{Kind: KindUnknown, Tag: "BlockPinned"}
 	gpuRemoveOnCPU := removed(1)
 	gpuRemoveOnCPU.Medium = "CPU_PINNED"
-	errs := convertAll(t, c, sink, cpu, grp, bs, short, unknown, gpuRemoveOnCPU)
+	errs := convertAll(t, c, sink, cpu, bs, short, unknown, gpuRemoveOnCPU)
 	st := c.Stats()
-	if len(errs) != 6 || st.Skipped[SkipOtherMedium] != 2 || st.Skipped[SkipOtherGroup] != 1 ||
+	if len(errs) != 5 || st.Skipped[SkipOtherMedium] != 2 ||
 		st.Skipped[SkipBlockSizeMismatch] != 1 || st.Skipped[SkipBadTokens] != 1 || st.Skipped[SkipUnknownType] != 1 {
 		t.Fatalf("errs %v stats %+v", errs, st)
 	}
-	if !errors.Is(errs[2], router.ErrBlockSizeMismatch) {
-		t.Fatalf("block size mismatch does not say so: %v", errs[2])
+	if !errors.Is(errs[1], router.ErrBlockSizeMismatch) {
+		t.Fatalf("block size mismatch does not say so: %v", errs[1])
 	}
 	if len(sink.contents()) != 0 {
 		t.Fatal("filtered events reached the index")
 	}
-	// GPU (and group 0, and no medium at all) pass.
+	// GPU (and group 0, and no medium at all) pass. KV cache groups:
+	// TestBridgeConverterGroups.
 	ok := stored([]uint64{6}, nil, tokens(0, 1))
 	ok.Medium, ok.HasGroupIdx = "GPU", true
 	if errs := convertAll(t, c, sink, ok); errs != nil || len(sink.contents()) != 1 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 )
 
 // EventKind is the type of one engine KV event.
@@ -52,6 +53,22 @@ type Event struct {
 	Medium      string // "" when not sent (nil): GPU
 	HasGroupIdx bool
 	GroupIdx    int64
+	// SpecKind is vLLM's kv_cache_spec_kind of the event's KV cache group
+	// ("full_attention", "sliding_window", ...); "" when not sent.
+	SpecKind         string
+	HasSlidingWindow bool
+	SlidingWindow    int64
+	// HasExtraKeys: the event carried a non-nil extra_keys list. vLLM's
+	// entries mix LoRA names, multimodal identifiers and cache salts and
+	// are not interpreted; see Namespaced for SGLang's.
+	HasExtraKeys bool
+	// CacheSalt is SGLang's cache_salt (its metadata map at position 7, or
+	// the map-shaped event's field); "" when not sent.
+	CacheSalt string
+	// Namespaced: SGLang said the blocks live in a cache namespace the
+	// router's token hashes cannot name (a cache_salt, or a non-nil
+	// extra_keys entry: salt and/or LoRA namespace).
+	Namespaced bool
 }
 
 // Batch is one published message: [ts, events, dp_rank] or the map form
@@ -77,6 +94,12 @@ func (e EventError) Error() string { return fmt.Sprintf("event %d: %v", e.Index,
 // wire format.
 var ErrMalformed = errors.New("malformed")
 
+// ErrUnknownLayout marks an array-shaped event that does not have the
+// shape the worker's event schema says its engine sends (a field where the
+// schema has none, or of another type): it is refused, never read by a
+// guessed position.
+var ErrUnknownLayout = errors.New("unknown event layout")
+
 func malformed(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
 }
@@ -95,9 +118,24 @@ const (
 // trailing fields that the sender omitted take their defaults and unknown
 // fields are ignored. A batch that is not well formed is an error wrapping
 // ErrMalformed; a single malformed event only lands in Batch.Bad.
+//
+// Array-shaped events are read by position with SchemaVLLM's table;
+// DecodeBatchAs reads them with another engine's.
 func DecodeBatch(payload []byte) (Batch, error) {
+	return DecodeBatchAs(payload, SchemaVLLM)
+}
+
+// DecodeBatchAs is DecodeBatch with the positions of array-shaped events
+// taken from schema (map-shaped events are read by name whatever the
+// schema). An event that does not fit the schema lands in Batch.Bad with an
+// error wrapping ErrUnknownLayout.
+func DecodeBatchAs(payload []byte, schema Schema) (Batch, error) {
+	lay, err := schema.layout()
+	if err != nil {
+		return Batch{}, err
+	}
 	r := &reader{b: payload}
-	b, err := decodeBatch(r)
+	b, err := decodeBatch(r, lay)
 	if err != nil {
 		return Batch{}, fmt.Errorf("%w: batch: %v", ErrMalformed, err)
 	}
@@ -107,7 +145,7 @@ func DecodeBatch(payload []byte) (Batch, error) {
 	return b, nil
 }
 
-func decodeBatch(r *reader) (Batch, error) {
+func decodeBatch(r *reader, lay *layout) (Batch, error) {
 	var b Batch
 	c, err := r.peek()
 	if err != nil {
@@ -129,7 +167,7 @@ func decodeBatch(r *reader) (Batch, error) {
 				b.TS, err = r.number()
 			case "events":
 				seenEvents = true
-				err = decodeEvents(r, &b)
+				err = decodeEvents(r, &b, lay)
 			case "data_parallel_rank", "attn_dp_rank", "dp_rank":
 				err = decodeRank(r, &b)
 			default:
@@ -154,7 +192,7 @@ func decodeBatch(r *reader) (Batch, error) {
 	if b.TS, err = r.number(); err != nil {
 		return b, fmt.Errorf("ts: %w", err)
 	}
-	if err := decodeEvents(r, &b); err != nil {
+	if err := decodeEvents(r, &b, lay); err != nil {
 		return b, fmt.Errorf("events: %w", err)
 	}
 	if n >= 3 {
@@ -182,7 +220,7 @@ func decodeRank(r *reader, b *Batch) error {
 	return nil
 }
 
-func decodeEvents(r *reader, b *Batch) error {
+func decodeEvents(r *reader, b *Batch, lay *layout) error {
 	n, err := r.arrayLen()
 	if err != nil {
 		return err
@@ -190,7 +228,7 @@ func decodeEvents(r *reader, b *Batch) error {
 	b.Events = make([]Event, 0, min(n, 1024))
 	for i := range n {
 		start := r.off
-		ev, err := decodeEvent(r)
+		ev, err := decodeEvent(r, lay)
 		if err != nil {
 			// Skip exactly this event and go on with the next one.
 			r.off = start
@@ -207,6 +245,8 @@ func decodeEvents(r *reader, b *Batch) error {
 
 func isMapCode(c byte) bool { return (c >= 0x80 && c <= 0x8f) || c == cMap16 || c == cMap32 }
 
+func isArrayCode(c byte) bool { return (c >= 0x90 && c <= 0x9f) || c == cArray16 || c == cArray32 }
+
 func kindOf(tag string) EventKind {
 	switch tag {
 	case "BlockStored":
@@ -219,15 +259,7 @@ func kindOf(tag string) EventKind {
 	return KindUnknown
 }
 
-// Field numbers of the array shape after the tag (msgspec array_like
-// structs, in declaration order). Positions past these differ between
-// versions and are ignored.
-var (
-	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"}
-	removedFields = []string{"block_hashes", "medium"}
-)
-
-func decodeEvent(r *reader) (Event, error) {
+func decodeEvent(r *reader, lay *layout) (Event, error) {
 	var ev Event
 	c, err := r.peek()
 	if err != nil {
@@ -259,6 +291,13 @@ func decodeEvent(r *reader) (Event, error) {
 				seen[k] = true
 				continue
 			}
+			if strings.HasPrefix(k, "\x00") {
+				// Names only the array shape reaches (fieldSGLangExtraKeys).
+				if err := r.skip(); err != nil {
+					return ev, err
+				}
+				continue
+			}
 			known, err := decodeField(r, k, &ev)
 			if err != nil {
 				return ev, fmt.Errorf("%s: %w", k, err)
@@ -286,21 +325,32 @@ func decodeEvent(r *reader) (Event, error) {
 		var names []string
 		switch kindOf(ev.Tag) {
 		case KindBlockStored:
-			names = storedFields
+			names = lay.stored
 		case KindBlockRemoved:
-			names = removedFields
+			names = lay.removed
 		}
 		for i := 1; i < n; i++ {
 			if i-1 >= len(names) {
+				if lay.strict && kindOf(ev.Tag) != KindUnknown {
+					return ev, fmt.Errorf("%w: %s of %d fields under schema %s, which has %d",
+						ErrUnknownLayout, ev.Tag, n, lay.schema, len(names)+1)
+				}
 				if err := r.skip(); err != nil {
 					return ev, err
 				}
 				continue
 			}
-			if _, err := decodeField(r, names[i-1], &ev); err != nil {
-				return ev, fmt.Errorf("%s: %w", names[i-1], err)
+			name := names[i-1]
+			if _, err := decodeField(r, name, &ev); err != nil {
+				if i >= firstVersionedPos {
+					// Where engines and versions disagree: refuse, with
+					// the schema named, rather than call it garbage.
+					return ev, fmt.Errorf("%w: %s field %d read as %s under schema %s: %v",
+						ErrUnknownLayout, ev.Tag, i, name, lay.schema, err)
+				}
+				return ev, fmt.Errorf("%s: %w", name, err)
 			}
-			seen[names[i-1]] = true
+			seen[name] = true
 		}
 	}
 	ev.Kind = kindOf(ev.Tag)
@@ -360,6 +410,27 @@ func decodeField(r *reader, name string, ev *Event) (known bool, err error) {
 		var v uint64
 		v, err = r.uint(math.MaxInt32)
 		ev.HasGroupIdx, ev.GroupIdx = err == nil, int64(v)
+	case "kv_cache_spec_kind":
+		ev.SpecKind, err = optString(r, 64)
+	case "kv_cache_spec_sliding_window":
+		if r.isNil() {
+			ev.HasSlidingWindow = false
+			return true, nil
+		}
+		var v uint64
+		v, err = r.uint(math.MaxInt32)
+		ev.HasSlidingWindow, ev.SlidingWindow = err == nil, int64(v)
+	case "extra_keys":
+		ev.HasExtraKeys, _, err = decodeExtraKeys(r)
+	case fieldSGLangExtraKeys:
+		ev.HasExtraKeys, ev.Namespaced, err = decodeExtraKeys(r)
+	case "cache_salt":
+		ev.CacheSalt, err = optString(r, 1024)
+		if ev.CacheSalt != "" {
+			ev.Namespaced = true
+		}
+	case fieldSGLangMetadata:
+		err = decodeSGLangMetadata(r, ev)
 	default:
 		return false, r.skip()
 	}

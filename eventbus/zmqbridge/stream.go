@@ -73,6 +73,11 @@ type StreamConfig struct {
 	Replayer Replayer
 	Sink     Sink
 	Logger   *slog.Logger
+	// Schema reads the engine's array-shaped events ("": SchemaVLLM).
+	Schema Schema
+	// Group, when set, is the only KV cache group indexed; unset: chosen
+	// from the events (see groups.go).
+	Group GroupIndex
 }
 
 // Stream follows one engine publisher (one data-parallel rank): it checks
@@ -167,10 +172,14 @@ func NewStream(cfg StreamConfig) *Stream {
 	if cfg.MaxEventBlocks <= 0 {
 		cfg.MaxEventBlocks = DefaultMaxEventBlocks
 	}
+	conv := NewConverter(cfg.BlockSize, cfg.MaxEntries)
+	if g, ok := cfg.Group.Get(); ok {
+		conv.FollowGroup(int64(g))
+	}
 	return &Stream{
 		cfg:     cfg,
 		log:     cfg.Logger.With("worker", cfg.Worker, "dp_rank", cfg.DPRank),
-		conv:    NewConverter(cfg.BlockSize, cfg.MaxEntries),
+		conv:    conv,
 		lastLog: map[string]time.Time{},
 	}
 }
@@ -489,7 +498,7 @@ func (s *Stream) apply(ctx context.Context, f Frame) error {
 	s.st.batches.Add(1)
 	s.st.lastSeq.Store(f.Seq)
 	s.st.haveSeq.Store(true)
-	b, err := DecodeBatch(f.Payload)
+	b, err := DecodeBatchAs(f.Payload, s.cfg.Schema)
 	if err != nil {
 		s.st.malformedBatches.Add(1)
 		s.warnLimited("malformed_batch", "dropping a batch that does not decode", "seq", f.Seq, "err", err)
@@ -501,6 +510,15 @@ func (s *Stream) apply(ctx context.Context, f Frame) error {
 			"batch_dp_rank", b.DPRank)
 	}
 	for _, bad := range b.Bad {
+		if errors.Is(bad.Err, ErrUnknownLayout) {
+			// Refused, not garbage: the engine sends a shape this worker's
+			// schema does not have (another engine or version).
+			s.conv.CountSkip(SkipUnknownLayout)
+			s.errorLimited("unknown_layout", "REFUSED: an engine event does not have the layout of this worker's event schema; "+
+				"set the worker's engine and engine_version (or event_schema) to the engine's",
+				"seq", f.Seq, "schema", s.cfg.Schema, "err", bad)
+			continue
+		}
 		s.st.malformedEvents.Add(1)
 		s.warnLimited("malformed_event", "skipping an event that does not decode", "seq", f.Seq, "err", bad)
 	}
@@ -511,7 +529,11 @@ func (s *Stream) apply(ctx context.Context, f Frame) error {
 		out, err = s.conv.Convert(&b.Events[i], out)
 		var se *SkipError
 		if errors.As(err, &se) {
-			if se.Reason == SkipBlockSizeMismatch {
+			if se.Reason == SkipUnknownGroup {
+				s.errorLimited("unknown_group", "REFUSED: a hybrid model's KV events do not say which KV cache group is full attention; "+
+					"nothing of this worker is indexed until its kv_cache_group names that group (or the engine sends kv_cache_spec_kind)",
+					"err", se)
+			} else if se.Reason == SkipBlockSizeMismatch {
 				s.errorLimited("block_size", "REJECTED: the engine's KV block size differs from the router's; no block of this worker can ever match. Restart the engine with the router's block size (vLLM --block-size, SGLang --page-size) or fix --block-size",
 					"err", se)
 			} else if se.Reason != SkipOtherMedium && se.Reason != SkipOtherGroup {
