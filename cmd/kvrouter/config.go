@@ -52,6 +52,10 @@ type serveConfig struct {
 	MinInitialWorkers int      // not ready below this many registered workers
 	AdmissionControl  string   // none or token-capacity
 	Warnings          []string // Dynamo names accepted without effect here, logged at start
+
+	// TokenizerCheck is how often each worker's /tokenize is compared with
+	// our ids (besides at registration); 0 = never (selfcheck.go).
+	TokenizerCheck time.Duration
 }
 
 type peer struct{ ID, RaftAddr string }
@@ -138,6 +142,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		}},
 		{names: []string{"retries"}, env: []string{"KVROUTER_RETRIES"}, def: "2", usage: "other workers tried when a worker could not have started the request (connection refused, dial or TLS failure, 503/529 before any byte); never after the request reached it", set: intp(&c.Retries)},
 		{names: []string{"events-missing-after"}, env: []string{"KVROUTER_EVENTS_MISSING_AFTER"}, def: "60s", usage: "warn when a routed worker has published no KV events this long", set: dur(&c.EventsMissing)},
+		{names: []string{"tokenizer-check-interval"}, env: []string{"KVROUTER_TOKENIZER_CHECK_INTERVAL"}, def: "10m", usage: "self-check: send canary requests to each worker's /tokenize when it registers and about this often after (jittered), and warn when its ids differ from ours (0: never)", set: dur(&c.TokenizerCheck)},
 		{names: []string{"bridge-config"}, env: []string{"KVROUTER_BRIDGE_CONFIG"}, usage: "JSON file of vLLM/SGLang engines whose ZMQ KV events this replica bridges in-process (see eventbus/zmqbridge/README.md)", set: str(&c.BridgeConfig)},
 		{names: []string{"drain-delay"}, env: []string{"KVROUTER_DRAIN_DELAY"}, def: "2s", usage: "on SIGTERM, report not ready this long (the load balancer moves away) before stopping; then in-flight requests finish", set: dur(&c.DrainDelay)},
 		{names: []string{"drain-timeout"}, env: []string{"KVROUTER_DRAIN_TIMEOUT"}, def: "30s", usage: "after --drain-delay, wait this long at most for in-flight requests before closing the listener", set: dur(&c.DrainTimeout)},

@@ -44,8 +44,9 @@ type replica struct {
 	health   *workerHealth
 	preds    *predictionBatcher
 	audit    *cacheAudit
-	draining atomic.Bool // SIGTERM received: not ready, finishing requests
-	prompts  *prompt.Set // which files tokenize each model (fingerprints in /cluster/status)
+	draining atomic.Bool     // SIGTERM received: not ready, finishing requests
+	prompts  *prompt.Set     // which files tokenize each model (fingerprints in /cluster/status)
+	tokcheck *tokenizerCheck // compares our prompt ids with each worker's /tokenize
 	loras    *loraDirectory
 	agree    *tokenizerAgreement // do the peers' model files match ours?
 }
@@ -339,6 +340,7 @@ func (r *replica) Status(digest bool) map[string]any {
 			ranks = append(ranks, rank)
 		}
 		entry["ranks"] = ranks
+		r.tokcheck.statusFields(w.ID, entry)
 		workers = append(workers, entry)
 	}
 	out["workers"] = workers

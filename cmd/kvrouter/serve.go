@@ -90,6 +90,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	r.health = newWorkerHealth(cfg.EventsMissing, reg, log)
 	r.preds = newPredictionBatcher(r, log)
 	r.audit = newCacheAudit(log)
+	r.tokcheck = newTokenizerCheck(cfg.TokenizerCheck, prompts.Lookup, state.Workers, reg, log.With("component", "tokenizer-check"))
 	r.loras = newLoRADirectory(log.With("component", "lora"))
 	r.agree = newTokenizerAgreement(cfg.NodeID, reg, log.With("component", "tokenizer-agreement"))
 	state.OnChange(r.onChange)
@@ -121,6 +122,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	go func() { _ = r.sync.Run(runCtx) }()
 	go r.preds.run(runCtx)
 	go r.health.run(runCtx, r)
+	go r.tokcheck.run(runCtx)
 	go r.loras.run(runCtx, state.Workers)
 	go r.agree.run(runCtx, func() modelPrints { return printsOf(prompts.Describe(r.Models())) }, state.Nodes)
 
@@ -336,6 +338,7 @@ func (r *replica) registerStatic(ctx context.Context) {
 // onChange follows replicated changes: routers re-read workers and knobs;
 // stale workers are resynced by the leader.
 func (r *replica) onChange(ch fsm.Change) {
+	r.tokcheck.note(ch)
 	switch ch.Kind {
 	case fsm.ChangeWorkers, fsm.ChangeModelConfig, fsm.ChangeRestored:
 		r.refresh()
