@@ -148,7 +148,7 @@ func (c *tokenizerCheck) schedule(ctx context.Context, now time.Time) {
 			continue
 		}
 		st.running, st.lastStarted = true, now
-		go c.check(ctx, w.ID, st.model, st.url)
+		go c.check(ctx, w.ID, st)
 	}
 	for id, st := range c.state {
 		if !seen[id] {
@@ -171,22 +171,31 @@ type checkOutcome struct {
 	theirs   []uint32
 }
 
-func (c *tokenizerCheck) check(ctx context.Context, worker, model, url string) {
+// check runs one check of st, the worker's state when it was scheduled
+// (model and url are fixed for a state's life).
+func (c *tokenizerCheck) check(ctx context.Context, worker string, st *workerCheck) {
+	c.mu.Lock()
+	model, url := st.model, st.url
+	c.mu.Unlock()
 	select {
 	case c.sem <- struct{}{}:
 		defer func() { <-c.sem }()
 	case <-ctx.Done():
 		c.mu.Lock()
-		if st := c.state[worker]; st != nil {
-			st.running = false
-		}
+		st.running = false
 		c.mu.Unlock()
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	cctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	out := c.compare(ctx, model, url)
-	c.record(worker, model, url, out)
+	out := c.compare(cctx, model, url)
+	if ctx.Err() != nil { // shutting down: no conclusion
+		c.mu.Lock()
+		st.running = false
+		c.mu.Unlock()
+		return
+	}
+	c.record(worker, st, out)
 }
 
 // compare sends each canary to the worker's /tokenize and compares the ids
@@ -281,17 +290,18 @@ func (c *tokenizerCheck) fetch(ctx context.Context, base string, body []byte) ([
 }
 
 // record stores a check's outcome, sets the gauge and logs transitions.
-func (c *tokenizerCheck) record(worker, model, url string, out checkOutcome) {
+func (c *tokenizerCheck) record(worker string, st *workerCheck, out checkOutcome) {
 	c.results.WithLabelValues(out.kind).Inc()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	st, ok := c.state[worker]
-	if !ok || st.model != model || st.url != url {
-		return // deregistered or changed while we checked: the next check says
+	st.running = false
+	if c.state[worker] != st {
+		return // deregistered or changed while we checked: a check of the new state says
 	}
+	model, url := st.model, st.url
 	now := time.Now()
 	prev := st.result
-	st.running, st.result, st.checkedAt, st.detail = false, out.text, now, nil
+	st.result, st.checkedAt, st.detail = out.text, now, nil
 	st.due = now.Add(c.interval*3/4 + rand.N(c.interval/2+1))
 	log := c.log.With("model", model, "worker", worker, "url", url)
 	switch out.kind {
