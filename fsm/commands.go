@@ -185,7 +185,9 @@ type Predictions struct {
 
 // Tick carries the leader's clock into the log: predictions with
 // Until <= Now and worker leases with LeaseUntil <= Now expire. The FSM's
-// clock is the largest Now seen, so it never runs backwards.
+// clock never runs backwards and moves at most MaxClockStep per Tick (the
+// first Tick only up to just before the earliest expiry): a Tick from a
+// clock far in the future cannot expire every worker (clock.go).
 type Tick struct {
 	Now int64
 }

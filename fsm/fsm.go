@@ -87,6 +87,10 @@ type ApplyResult struct {
 	Rejected   int // KV events not applied: unknown worker, block size, missing parent
 	Unknown    int // of Rejected: events of unregistered worker ranks
 	Expired    int // Tick: predictions and leases expired
+	// Clamped: a time the command carried (Tick.Now, a lease, a
+	// prediction's Until) was beyond the FSM's bounds and was applied
+	// clamped (see clock.go).
+	Clamped bool
 
 	UnknownWorkers []router.WorkerID // distinct unregistered ranks named (first 16)
 	Stale          []router.WorkerID // ranks this entry marked stale
@@ -159,6 +163,7 @@ type Stats struct {
 
 	ExpiredPredictions uint64
 	ExpiredLeases      uint64
+	ClampedTimes       uint64 // commands whose time was clamped (ApplyResult.Clamped)
 
 	HaltedEntries uint64 // entries refused because the FSM is halted (Halted)
 }
@@ -167,7 +172,7 @@ type counters struct {
 	commands, domainErrors, undecodable, unknownTypes, ignored, replayed atomic.Uint64
 	events, applied, duplicates, gaps                                    atomic.Uint64
 	unknownWorker, blockSize, missingParent, invalid                     atomic.Uint64
-	expiredPredictions, expiredLeases                                    atomic.Uint64
+	expiredPredictions, expiredLeases, clampedTimes                      atomic.Uint64
 	haltedEntries                                                        atomic.Uint64
 }
 
@@ -375,6 +380,9 @@ func (f *FSM) applyLocked(l *raft.Log) *ApplyResult {
 		res.Err = fmt.Errorf("apply log %d %s: %w", l.Index, t, err)
 		return res
 	}
+	if res.Clamped {
+		f.stats.clampedTimes.Add(1)
+	}
 	return res
 }
 
@@ -460,6 +468,9 @@ func (f *FSM) registerLocked(idx uint64, c RegisterWorker, res *ApplyResult) err
 		// The index is keyed by hashes of blockSize-token blocks: a worker
 		// with another block size could never match, so refuse it loudly.
 		return fmt.Errorf("register worker %q: block size %d, index uses %d: %w", c.ID, c.BlockSize, st.blockSize, ErrBlockSizeMismatch)
+	}
+	if c.LeaseUntil != 0 {
+		c.LeaseUntil, res.Clamped = st.clampAheadLocked(c.LeaseUntil)
 	}
 	rec := WorkerRecord(c)
 	ws := st.workers[c.ID]
@@ -616,6 +627,7 @@ func (f *FSM) predictLocked(c Predictions, res *ApplyResult) error {
 	if c.Until <= st.lastTick || len(c.Hashes) == 0 {
 		return nil // already expired by the FSM's clock: nothing to keep
 	}
+	c.Until, res.Clamped = st.clampAheadLocked(c.Until)
 	m := st.preds[rs.key]
 	if m == nil {
 		m = make(map[uint64]int64, len(c.Hashes))
@@ -649,7 +661,7 @@ func (f *FSM) predictLocked(c Predictions, res *ApplyResult) error {
 // or before it. f.mu held.
 func (f *FSM) tickLocked(idx uint64, now int64, res *ApplyResult) {
 	st := f.st
-	now = max(now, st.lastTick)
+	now, res.Clamped = st.tickTargetLocked(now)
 	st.lastTick = now
 	var expired []string
 	for id, ws := range st.workers {
@@ -1057,6 +1069,7 @@ func (f *FSM) Stats() Stats {
 		},
 		ExpiredPredictions: s.expiredPredictions.Load(),
 		ExpiredLeases:      s.expiredLeases.Load(),
+		ClampedTimes:       s.clampedTimes.Load(),
 		HaltedEntries:      s.haltedEntries.Load(),
 	}
 }

@@ -654,6 +654,8 @@ func TestFSMTickExpiry(t *testing.T) {
 func TestFSMPredictionHeapBounded(t *testing.T) {
 	h := newHarness(t)
 	h.ok(worker("w", 1))
+	h.ok(Predictions{Worker: "w", Hashes: []uint64{1, 2, 3}, Until: 100})
+	h.ok(Tick{Now: 99}) // the first tick sets the clock and expires nothing (clock.go)
 	for i := range 5000 {
 		h.ok(Predictions{Worker: "w", Hashes: []uint64{1, 2, 3}, Until: int64(100 + i)})
 	}

@@ -1,0 +1,184 @@
+package fsm
+
+import (
+	"fmt"
+	"math"
+)
+
+// Bounds on the times commands carry, in nanoseconds (this package may not
+// import time: Apply must never be able to read the clock). Apply enforces
+// them with times from the log only, so every replica clamps the same way
+// (see DESIGN.md, The clock).
+const (
+	nanosPerSecond int64 = 1_000_000_000
+
+	// MaxClockStep is the furthest one Tick moves the FSM's clock. Leases
+	// last 120 s and are renewed every 30 s, so a live worker's lease is at
+	// least 90 s ahead of the leader's clock: one Tick, however far in the
+	// future it claims to be, cannot expire a live worker. A leader that
+	// was away longer catches up one step per tick (the leader ticks every
+	// second while something is due): expiry may come late, never early.
+	MaxClockStep = 60 * nanosPerSecond
+
+	// MaxTimeAhead is how far past the FSM's clock a lease (LeaseUntil) or
+	// a prediction (Until) may lie; later ones are clamped to it. Without it
+	// a lease of year 2262 would never expire and a prediction would live
+	// forever. An hour is 30 times the default lease and prediction TTL,
+	// and stays ahead of a catching-up clock (30 min between two renewals
+	// at one step per second).
+	MaxTimeAhead = 3600 * nanosPerSecond
+
+	// MaxProposalSkew is how far the time a command carries may differ from
+	// the proposer's own clock (CheckTime): a Tick must be this close to
+	// now, a lease or prediction no earlier than now minus this, nor later
+	// than now plus MaxTimeAhead plus this. NTP keeps replicas' clocks far
+	// closer; a minute tolerates a badly synchronised host.
+	MaxProposalSkew = 60 * nanosPerSecond
+)
+
+// addSat is a+b for b >= 0, saturating at MaxInt64 (a state pushed before
+// these bounds existed may hold a clock near it).
+func addSat(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// earliestExpiryLocked is the earliest lease or live prediction expiry in
+// the state, 0 when nothing can expire. It pops stale heap entries off the
+// top (the heap is derived, not state), so the answer depends only on the
+// state and is the same after a restore. f.mu held for writing.
+func (st *state) earliestExpiryLocked() int64 {
+	for len(st.heap) > 0 {
+		e := st.heap[0]
+		if until, ok := st.preds[e.key][e.hash]; ok && until == e.until {
+			break
+		}
+		st.heap.pop()
+	}
+	var next int64
+	if len(st.heap) > 0 {
+		next = st.heap[0].until
+	}
+	for _, ws := range st.workers {
+		if l := ws.rec.LeaseUntil; l != 0 && (next == 0 || l < next) {
+			next = l
+		}
+	}
+	return next
+}
+
+// referenceLocked is the time the FSM judges a command's time against: its
+// clock, or before the first Tick set one the earliest expiry it holds;
+// ok is false when it has neither (nothing to judge against). f.mu held
+// for writing.
+func (st *state) referenceLocked() (int64, bool) {
+	if st.lastTick != 0 {
+		return st.lastTick, true
+	}
+	e := st.earliestExpiryLocked()
+	return e, e != 0
+}
+
+// tickTargetLocked is the clock a Tick{Now: now} leaves:
+//   - never earlier than the clock (it never runs backwards);
+//   - at most MaxClockStep past the clock;
+//   - with no clock yet, at most just before the earliest expiry the state
+//     holds (the first Tick establishes the clock and expires nothing: its
+//     Now cannot be judged against anything), and unchanged when nothing
+//     can expire (an empty state has no use for a clock).
+//
+// clamped reports that Now was beyond the bound. f.mu held for writing.
+func (st *state) tickTargetLocked(now int64) (next int64, clamped bool) {
+	limit := addSat(st.lastTick, MaxClockStep)
+	if st.lastTick == 0 {
+		e := st.earliestExpiryLocked()
+		if e == 0 {
+			return 0, now > 0
+		}
+		limit = e - 1
+	}
+	if now > limit {
+		now, clamped = limit, true
+	}
+	return max(now, st.lastTick), clamped
+}
+
+// clampAheadLocked bounds a lease or prediction expiry t to MaxTimeAhead
+// past the reference time; t itself when there is none. f.mu held for
+// writing.
+func (st *state) clampAheadLocked(t int64) (int64, bool) {
+	ref, ok := st.referenceLocked()
+	if !ok {
+		return t, false
+	}
+	if limit := addSat(ref, MaxTimeAhead); t > limit {
+		return limit, true
+	}
+	return t, false
+}
+
+// CheckTime refuses a command whose time is far from the proposer's clock
+// now (unix nanoseconds): a Tick more than MaxProposalSkew from now, a
+// lease or prediction expiry before now-MaxProposalSkew or after
+// now+MaxTimeAhead+MaxProposalSkew. Commands without a time pass. The
+// leader checks what it proposes and what /cluster/apply forwards to it;
+// Apply's clamps then only matter for a proposer that skipped the check.
+// The error wraps ErrInvalidCommand.
+func CheckTime(c Command, now int64) error {
+	switch c := c.(type) {
+	case Tick:
+		// Compare against bounds derived from now: c.Now - now could
+		// overflow for a hostile Now.
+		if c.Now > addSat(now, MaxProposalSkew) || c.Now < now-MaxProposalSkew {
+			return fmt.Errorf("tick at %d is more than %s from this proposer's clock %d: %w",
+				c.Now, fmtNanos(MaxProposalSkew), now, ErrInvalidCommand)
+		}
+	case RegisterWorker:
+		if c.LeaseUntil != 0 {
+			return checkAhead("register worker "+c.ID+": lease", c.LeaseUntil, now)
+		}
+	case Predictions:
+		return checkAhead("predictions for "+string(c.Worker)+": until", c.Until, now)
+	}
+	return nil
+}
+
+// CheckEntryTime is CheckTime for an encoded entry (what /cluster/apply
+// receives). An entry of a type this build does not know passes: refusing
+// unknown types is the caller's rule, not this one's.
+func CheckEntryTime(data []byte, now int64) error {
+	t, _, v, _, err := header(data)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !t.known() || v != EnvelopeVersion:
+		return nil
+	case t != CmdTick && t != CmdRegisterWorker && t != CmdRegisterWorkerRole && t != CmdPredictions:
+		return nil // no time inside: skip decoding (KV batches are the hot path)
+	}
+	c, err := Decode(data)
+	if err != nil {
+		return fmt.Errorf("check entry time: %w", err)
+	}
+	return CheckTime(c, now)
+}
+
+func checkAhead(what string, t, now int64) error {
+	switch {
+	case t < now-MaxProposalSkew:
+		return fmt.Errorf("%s %d is more than %s before this proposer's clock %d: %w",
+			what, t, fmtNanos(MaxProposalSkew), now, ErrInvalidCommand)
+	case t > addSat(now, MaxTimeAhead+MaxProposalSkew):
+		return fmt.Errorf("%s %d is more than %s after this proposer's clock %d: %w",
+			what, t, fmtNanos(MaxTimeAhead+MaxProposalSkew), now, ErrInvalidCommand)
+	}
+	return nil
+}
+
+// fmtNanos prints a duration in seconds (time.Duration is out of reach).
+func fmtNanos(d int64) string {
+	return fmt.Sprintf("%.3fs", float64(d)/float64(nanosPerSecond))
+}
