@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -111,7 +112,7 @@ func publishN(t *testing.T, nc *nats.Conn, workers []string, n int, opts ...Publ
 
 func waitApplied(t *testing.T, a *fakeApplier, n int) {
 	t.Helper()
-	checkFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+	poll.Until(t, 30*time.Second, 10*time.Millisecond, func() error {
 		if got := a.applied(); got < n {
 			return fmt.Errorf("%d of %d events applied", got, n)
 		}
@@ -134,7 +135,7 @@ func streamMsgs(t *testing.T, js jetstream.JetStream) uint64 {
 
 func waitStreamEmpty(t *testing.T, js jetstream.JetStream) {
 	t.Helper()
-	checkFor(t, 15*time.Second, 20*time.Millisecond, func() error {
+	poll.Until(t, 15*time.Second, 20*time.Millisecond, func() error {
 		if n := streamMsgs(t, js); n != 0 {
 			return fmt.Errorf("%d messages left in the stream", n)
 		}
@@ -160,7 +161,7 @@ func TestBusSingleNodePublishConsume(t *testing.T) {
 	waitStreamEmpty(t, js) // every applied event was acked (work queue)
 	a.check(t, ids, false)
 	// The metrics move just after the acks.
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if got := counterValue(t, c.Metrics().EventsApplied); got != float64(len(ids)) {
 			return fmt.Errorf("events_applied_total %v, want %d", got, len(ids))
 		}
@@ -411,7 +412,7 @@ func TestBusPublisherBackpressureAndRetry(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("publish into a full window: %v, want deadline exceeded", err)
 	}
-	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if p.Stats().Retries == 0 {
 			return errors.New("no re-send yet")
 		}

@@ -16,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvrouter/kvrouter/eventbus/internal/bustest"
+	"github.com/kvrouter/kvrouter/internal/poll"
 )
 
 // testLogger writes slog lines into t.Log (shown only on failure).
@@ -33,12 +34,6 @@ func freePort(t testing.TB) int {
 		t.Fatal(err)
 	}
 	return port
-}
-
-// checkFor polls fn every `every` until it returns nil or total elapses.
-func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
-	t.Helper()
-	bustest.CheckFor(t, total, every, fn)
 }
 
 func startSingle(t testing.TB, log *slog.Logger) *Server {
@@ -83,7 +78,7 @@ func startCluster(t testing.TB, n int) []*Server {
 		}
 		t.Cleanup(servers[i].Shutdown)
 	}
-	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+	poll.Until(t, 20*time.Second, 20*time.Millisecond, func() error {
 		for _, s := range servers {
 			if got := s.NATS().NumRoutes(); got < n-1 {
 				return fmt.Errorf("%s has %d routes", s.Name(), got)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvrouter/kvrouter/internal/poll"
 )
 
 // fakeClock moves only when told to.
@@ -177,7 +179,7 @@ func TestBusReplicaSync(t *testing.T) {
 
 	// Wait until each has seen the other's snapshot, so both subscriptions
 	// are live (a snapshot sent before the peer subscribed is lost).
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
 		a.publishFull()
 		b.publishFull()
 		if a.Stats().Replicas != 1 || b.Stats().Replicas != 1 {
@@ -197,7 +199,7 @@ func TestBusReplicaSync(t *testing.T) {
 	must(a.Add(ActiveRequest{Request: "q3", Worker: "w1"}))
 	must(a.Free("q2"))
 	want := "[q1@w1/done q3@w1]"
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if got := sinkB.view("r1"); got != want {
 			return fmt.Errorf("B's view of r1 %s, want %s", got, want)
 		}
@@ -216,7 +218,7 @@ func TestBusReplicaSync(t *testing.T) {
 	fullBefore := sinkB.replace
 	sinkB.mu.Unlock()
 	clkA.Advance(1100 * time.Millisecond)
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
 		sinkB.mu.Lock()
 		defer sinkB.mu.Unlock()
 		if sinkB.replace <= fullBefore {
@@ -237,7 +239,7 @@ func TestBusReplicaSync(t *testing.T) {
 		t.Fatalf("dropped after 2.9s: %v", sinkB.dropped())
 	}
 	// Through the Run loop: advance B's clock past 3 s.
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if d := sinkB.dropped(); len(d) == 1 && d[0] == "r1" {
 			return nil
 		}

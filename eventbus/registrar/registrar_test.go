@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/eventbus/internal/bustest"
+	"github.com/kvrouter/kvrouter/internal/poll"
 )
 
 // replica is a kvrouter replica's /workers endpoints. It answers each
@@ -183,7 +184,7 @@ func TestRegistrarSpecJSON(t *testing.T) {
 			cfg.Spec = s
 			r := New(cfg)
 			start(t, r, nil)
-			bustest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+			poll.Until(t, 10*time.Second, time.Millisecond, func() error {
 				if !isRegistered(r) {
 					return fmt.Errorf("not registered: %+v", r.Stats())
 				}
@@ -328,7 +329,7 @@ func TestRegistrarRun(t *testing.T) {
 				t.Fatal("Registered closed before Run")
 			}
 			stop := start(t, r, nil)
-			bustest.CheckFor(t, 10*time.Second, time.Millisecond, func() error { return tc.done(r, s) })
+			poll.Until(t, 10*time.Second, time.Millisecond, func() error { return tc.done(r, s) })
 			st := r.Stats()
 			stop()
 			tc.check(t, st, r, s)
@@ -363,7 +364,7 @@ func TestRegistrarBeforeSetTotalBlocks(t *testing.T) {
 			r.SetTotalBlocks(4096) // learnt from the engine's metrics
 		}
 	})
-	bustest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+	poll.Until(t, 10*time.Second, time.Millisecond, func() error {
 		if st := rep.state(t); len(st.specs) < 4 {
 			return fmt.Errorf("%d registrations", len(st.specs))
 		}
@@ -514,7 +515,7 @@ func TestRegistrarRunStopsWithContext(t *testing.T) {
 	cfg.BackoffMin, cfg.BackoffMax = time.Hour, time.Hour
 	r := New(cfg)
 	stop := start(t, r, nil)
-	bustest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+	poll.Until(t, 10*time.Second, time.Millisecond, func() error {
 		if st := r.Stats(); st.Failures == 0 {
 			return fmt.Errorf("no attempt yet")
 		}
@@ -534,7 +535,7 @@ func TestRegistrarLogEscalates(t *testing.T) {
 	cfg.Logger = slog.New(levels{next: bustest.Logger(t).Handler(), log: seen})
 	r := New(cfg)
 	stop := start(t, r, nil)
-	bustest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+	poll.Until(t, 10*time.Second, time.Millisecond, func() error {
 		if st := r.Stats(); st.Failures < 6 {
 			return fmt.Errorf("%d failures", st.Failures)
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -163,7 +164,7 @@ func TestBridgeEndToEnd(t *testing.T) {
 	id := router.WorkerKey("vllm-0", 0)
 	converge := func(what string, m *cacheModel, id router.WorkerID) {
 		t.Helper()
-		waitFor(t, 15*time.Second, func() error {
+		poll.Until(t, 15*time.Second, 10*time.Millisecond, func() error {
 			if err := sameSet(cluster.contents(id), m.contents()); err != nil {
 				return fmt.Errorf("%s: %w", what, err)
 			}
@@ -338,7 +339,7 @@ func TestBridgeRejectsBlockSize(t *testing.T) {
 		defer wg.Done()
 		_ = b.Run(ctx, []WorkerSpec{{ID: "w32", URL: eng.url(), Events: eng.pubAddr}})
 	}()
-	waitFor(t, 5*time.Second, func() error {
+	poll.Until(t, 5*time.Second, 10*time.Millisecond, func() error {
 		st := b.Status()
 		if len(st) != 1 || st[0].State != "rejected" {
 			return fmt.Errorf("status %+v", st)
@@ -359,7 +360,7 @@ func TestBridgeRejectsBlockSize(t *testing.T) {
 	go func() {
 		_ = b2.Run(ctx2, []WorkerSpec{{ID: "w2", URL: eng2.url(), Events: eng2.pubAddr, TotalBlocks: 10}})
 	}()
-	waitFor(t, 10*time.Second, func() error {
+	poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if st := b2.Status(); len(st) != 1 || st[0].State != "running" {
 			return fmt.Errorf("status %+v", st)
 		}
@@ -367,7 +368,7 @@ func TestBridgeRejectsBlockSize(t *testing.T) {
 	})
 	eng2.waitSubscribed(t)
 	eng2.publish(mp(t, batchArr(0, []any{[]any{"BlockStored", u64s(1), nil, tokens(0, 2), 32, nil, "GPU"}}, 0)), false)
-	waitFor(t, 5*time.Second, func() error {
+	poll.Until(t, 5*time.Second, 10*time.Millisecond, func() error {
 		st := b2.Status()
 		if len(st[0].Ranks) == 0 || st[0].Ranks[0].Converter.Skipped[SkipBlockSizeMismatch] != 1 {
 			return fmt.Errorf("status %+v", st)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/eventbus"
 	"github.com/kvrouter/kvrouter/eventbus/registrar"
+	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -228,7 +229,7 @@ func (e *fakeEngine) sendRaw(frames ...[]byte) {
 // a PUB socket drops what it sends before the subscription arrives).
 func (e *fakeEngine) waitSubscribed(t *testing.T) {
 	t.Helper()
-	waitFor(t, 10*time.Second, func() error {
+	poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
 		e.mu.Lock()
 		pub := e.pub
 		e.mu.Unlock()

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -207,9 +206,3 @@ func seqHashes(toks []uint32, lora string) []uint64 {
 
 // testLogger writes slog lines into t.Log (shown only on failure).
 func testLogger(t testing.TB) *slog.Logger { return bustest.Logger(t) }
-
-// waitFor polls fn until it returns nil or total elapses.
-func waitFor(t testing.TB, total time.Duration, fn func() error) {
-	t.Helper()
-	bustest.CheckFor(t, total, 10*time.Millisecond, fn)
-}

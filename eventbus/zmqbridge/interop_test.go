@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -119,7 +120,7 @@ func TestBridgeLibzmqInterop(t *testing.T) {
 			}()
 			id := router.WorkerKey("py", 0)
 			want := map[uint64]bool{exampleContent: true}
-			waitFor(t, 10*time.Second, func() error { return sameSet(cluster.contents(id), want) })
+			poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error { return sameSet(cluster.contents(id), want) })
 			// A child (lost on the way: the replay brings it), then a
 			// grandchild sent live, SGLang-style int64 hashes.
 			child, grand := tokens(3000, 1), tokens(4000, 1)

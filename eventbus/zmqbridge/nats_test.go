@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvrouter/kvrouter/eventbus"
+	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -89,7 +90,7 @@ func TestBridgeThroughEventBus(t *testing.T) {
 	}
 	converge := func(what string) {
 		t.Helper()
-		waitFor(t, 20*time.Second, func() error {
+		poll.Until(t, 20*time.Second, 10*time.Millisecond, func() error {
 			if err := sameSet(contents(), m.contents()); err != nil {
 				return fmt.Errorf("%s: %w", what, err)
 			}
@@ -111,7 +112,7 @@ func TestBridgeThroughEventBus(t *testing.T) {
 	if err != nil || !rep.Accepted || rep.NextEventID == 0 {
 		t.Fatalf("resync: %+v %v", rep, err)
 	}
-	waitFor(t, 10*time.Second, func() error {
+	poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, ev := range applied[before:] {

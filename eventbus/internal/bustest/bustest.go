@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 )
 
 // Logger writes slog lines into t.Log (shown only on failure), at debug
@@ -39,21 +38,4 @@ func (w *tWriter) stop() {
 	w.mu.Lock()
 	w.done = true
 	w.mu.Unlock()
-}
-
-// CheckFor polls fn every `every` until it returns nil, and fails the test
-// with fn's last error if total elapses first.
-func CheckFor(t testing.TB, total, every time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met after %v: %v", total, err)
-		}
-		time.Sleep(every)
-	}
 }
