@@ -44,7 +44,9 @@ func TestBridgeSchemaLayouts(t *testing.T) {
 		{"vllm lora_name", SchemaVLLM, vllmStoredArr(1, 3, "GPU", "sql"),
 			want{check: func(ev Event) bool { return ev.LoRAName == "sql" && ev.LoRAID == 3 && !ev.HasExtraKeys }}},
 		{"vllm group_idx, nil extra_keys", SchemaVLLM, vllmStoredArr(1, nil, "GPU", nil, nil, 1),
-			want{check: func(ev Event) bool { return ev.HasGroupIdx && ev.GroupIdx == 1 && !ev.HasExtraKeys && ev.SpecKind == "" }}},
+			want{check: func(ev Event) bool {
+				return ev.HasGroupIdx && ev.GroupIdx == 1 && !ev.HasExtraKeys && ev.SpecKind == ""
+			}}},
 		{"vllm extra_keys and group 0", SchemaVLLM, vllmStoredArr(1, 3, "GPU", "sql", []any{[]any{"sql", "salt"}}, 0),
 			want{check: func(ev Event) bool {
 				return ev.HasGroupIdx && ev.GroupIdx == 0 && ev.HasExtraKeys && !ev.Namespaced && ev.LoRAName == "sql"
