@@ -177,6 +177,23 @@ func (b *Bundle) ClientTLS(allow Allow) *tls.Config {
 	return c
 }
 
+// PeerTLS is one configuration for a symmetric link whose ends both dial
+// and accept with the same settings (NATS routes): client certificate
+// required when accepting, server certificate checked when dialling, and
+// allow applied to the peer either way.
+func (b *Bundle) PeerTLS(allow Allow) *tls.Config {
+	c := b.ServerTLS(allow)
+	c.RootCAs = b.roots
+	return c
+}
+
+// TrustOnlyTLS is a client configuration for a holder without a
+// certificate of its own (a tool authenticating with a token): it checks
+// the server exactly as ClientTLS does and presents nothing.
+func TrustOnlyTLS(roots *x509.CertPool, allow Allow) *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, VerifyConnection: verifyPeer(allow, true)}
+}
+
 func (b *Bundle) base() *tls.Config {
 	return &tls.Config{
 		// TLS 1.3 only: no downgrade, no renegotiation, no weak suites to
