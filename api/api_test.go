@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
+	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -280,7 +281,12 @@ func TestAPIQueueAdmitsInPolicyOrder(t *testing.T) {
 		resp.Body.Close()
 		done <- resp.StatusCode
 	}()
-	checkFor(t, func() bool { return testutilGauge(s) == 1 })
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if g := testutilGauge(s); g != 1 {
+			return fmt.Errorf("queued gauge %v, want 1", g)
+		}
+		return nil
+	})
 	rt.PrefillDone("blocker")
 	s.gates.wake("m")
 	if code := <-done; code != 200 {

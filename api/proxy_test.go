@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -315,7 +316,12 @@ func TestProxyClientCancel(t *testing.T) {
 				pp.s.Handler().ServeHTTP(rec, req)
 			}()
 			if tc.whileFirst {
-				checkFor(t, func() bool { return first.received.Load() == 1 })
+				poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+					if n := first.received.Load(); n != 1 {
+						return fmt.Errorf("first worker received %d requests, want 1", n)
+					}
+					return nil
+				})
 				cancel()
 			}
 			<-done
