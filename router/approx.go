@@ -25,7 +25,8 @@ func newPredictions() predictions {
 	return predictions{until: make(map[predKey]time.Time)}
 }
 
-// predictLocked records that w will hold hashes until now+TTL. r.mu held.
+// predictLocked records that w will hold hashes until now+TTL.
+// r.mu must be held.
 func (r *Router) predictLocked(w WorkerID, hashes []uint64, now time.Time) {
 	if len(hashes) == 0 {
 		return
@@ -42,7 +43,8 @@ func (r *Router) predictLocked(w WorkerID, hashes []uint64, now time.Time) {
 	_ = r.predicted.Apply(w, KVEvent{Kind: EventStored, Blocks: blocks})
 }
 
-// expirePredictionsLocked drops predicted blocks whose TTL has passed. r.mu held.
+// expirePredictionsLocked drops predicted blocks whose TTL has passed.
+// r.mu must be held.
 func (r *Router) expirePredictionsLocked(now time.Time) {
 	q := r.preds.queue
 	n := 0

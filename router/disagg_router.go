@@ -128,6 +128,11 @@ type disaggReq struct {
 // request between the stages: a failed transfer is retried, then served
 // aggregated on its decode worker. Safe for concurrent use.
 type DisaggRouter struct {
+	// mu guards every field below except prefill and decode, which
+	// NewDisaggRouter sets once and which lock themselves. Holding it across
+	// a whole plan-and-book (or stage change) keeps the two routers'
+	// bookings, the request stages and the link models consistent with
+	// each other. Lock order: mu, then the routers' own locks.
 	mu      sync.Mutex
 	base    Config
 	cfg     DisaggConfig
@@ -289,7 +294,7 @@ func (d *DisaggRouter) Route(req Request, now time.Time) (DisaggDecision, error)
 	return dd, nil
 }
 
-// planLocked: d.mu held. key is the link state's key of the disaggregated plan.
+// planLocked: d.mu must be held. key is the link state's key of the disaggregated plan.
 func (d *DisaggRouter) planLocked(req Request, now time.Time) (DisaggDecision, string, error) {
 	d.expireLocked(now)
 	var dd DisaggDecision
@@ -352,7 +357,7 @@ func (d *DisaggRouter) planLocked(req Request, now time.Time) (DisaggDecision, s
 
 // aggregatedLocked re-costs the decode router's rows with the full cost
 // function (overlap credit, prefill tracking) and picks as --disagg off
-// would route.
+// would route. d.mu must be held.
 func (d *DisaggRouter) aggregatedLocked(req Request, dec Decision) Decision {
 	cfg := d.base
 	out := Decision{Mode: cfg.Mode, Scale: cfg.PrefillLoadScale, Rows: slices.Clone(dec.Rows)}
@@ -388,7 +393,7 @@ func (d *DisaggRouter) aggregatedLocked(req Request, dec Decision) Decision {
 	return out
 }
 
-// planWorkerLocked describes worker w from its row in dec.
+// planWorkerLocked describes worker w from its row in dec. d.mu must be held.
 func (d *DisaggRouter) planWorkerLocked(dec Decision, w WorkerID, bs, tokens int, now time.Time) *PlanWorker {
 	pw := &PlanWorker{Worker: w}
 	for _, r := range dec.Rows {
@@ -427,6 +432,9 @@ func (d *DisaggRouter) planWorkerLocked(dec Decision, w WorkerID, bs, tokens int
 	return pw
 }
 
+// linkLocked returns the link state under key, made anew when there is
+// none or its link is no longer l.
+// d.mu must be held.
 func (d *DisaggRouter) linkLocked(key string, l Link) *LinkState {
 	ls := d.links[key]
 	if ls == nil || ls.Link() != l {
@@ -575,6 +583,7 @@ func (d *DisaggRouter) PrefillFailed(id string, now time.Time, cause error) (Rec
 
 // toAggregatedLocked moves a disaggregated request to its decode worker,
 // which will prefill the part of the prompt it does not hold.
+// d.mu must be held.
 func (d *DisaggRouter) toAggregatedLocked(r *disaggReq, now time.Time, reason string) {
 	d.prefill.Free(r.req.ID)
 	p := &r.plan
@@ -593,6 +602,7 @@ func (d *DisaggRouter) Free(id string) {
 	d.freeLocked(id)
 }
 
+// freeLocked: d.mu must be held.
 func (d *DisaggRouter) freeLocked(id string) {
 	r := d.reqs[id]
 	if r == nil {
@@ -615,7 +625,7 @@ func (d *DisaggRouter) freeLocked(id string) {
 }
 
 // expireLocked drops requests older than the request expiry: a lost Free
-// must not pin a booking or a modelled transfer forever.
+// must not pin a booking or a modelled transfer forever. d.mu must be held.
 func (d *DisaggRouter) expireLocked(now time.Time) {
 	exp := d.base.RequestExpiry
 	if exp <= 0 {

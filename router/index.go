@@ -14,8 +14,11 @@ import (
 //
 // Routing reads (FindMatches) take the read lock and run while events apply.
 type Index struct {
-	blockSize int
+	blockSize int // set once by NewIndex
 
+	// mu guards the maps and slices below (stats are atomics, read without
+	// it). Routing reads take it for reading, event application for
+	// writing; the *Locked helpers say which they need.
 	mu sync.RWMutex
 	// blocks maps a content hash to the workers in slots 0–63 holding it;
 	// wide holds the words for slots 64 and up, only for blocks that have
@@ -421,6 +424,7 @@ func (ix *Index) FindMatches(seq []uint64, dst []Overlap) []Overlap {
 
 // matchSmallLocked walks the prompt while the surviving workers all sit in
 // slots 0–63: one map lookup and two word operations per block.
+// ix.mu must be held.
 func (ix *Index) matchSmallLocked(seq []uint64, cur uint64, dst []Overlap) []Overlap {
 	for i := 1; i < len(seq) && cur != 0; i++ {
 		next := ix.blocks[seq[i]] & cur
@@ -432,6 +436,8 @@ func (ix *Index) matchSmallLocked(seq []uint64, cur uint64, dst []Overlap) []Ove
 	return ix.appendSlotsLocked(dst, cur, 0, len(seq))
 }
 
+// matchWideLocked is matchSmallLocked for fleets with slots 64 and up.
+// ix.mu must be held.
 func (ix *Index) matchWideLocked(seq []uint64, first workerSet, dst []Overlap) []Overlap {
 	cur := []uint64{first.lo}
 	if first.hi != nil {
@@ -465,6 +471,8 @@ func (ix *Index) matchWideLocked(seq []uint64, first workerSet, dst []Overlap) [
 	return dst
 }
 
+// appendSlotsLocked appends Overlap{worker, blocks} for every live slot set
+// in word (bit b is slot base+b). ix.mu must be held.
 func (ix *Index) appendSlotsLocked(dst []Overlap, word uint64, base, blocks int) []Overlap {
 	for word != 0 {
 		b := bits.TrailingZeros64(word)

@@ -12,6 +12,10 @@ import (
 // (replica sync) live here too, tagged with their origin so a silent replica's
 // entries can be dropped at once.
 type ActiveLoad struct {
+	// mu guards the maps and the order below (expiry is set once by
+	// NewActiveLoad). Routing, the proxy's PrefillDone/Free and replica
+	// sync use one ActiveLoad at once, so every exported method takes it;
+	// the *Locked helpers expect it held.
 	mu      sync.Mutex
 	expiry  time.Duration
 	reqs    map[string]*activeRequest
@@ -190,6 +194,7 @@ func (a *ActiveLoad) Expire(now time.Time) []string {
 }
 
 // compactLocked drops ids of freed requests from the expiry order.
+// a.mu must be held.
 func (a *ActiveLoad) compactLocked() {
 	live := a.order[:0]
 	seen := make(map[string]bool, len(a.reqs))
@@ -225,6 +230,7 @@ func (a *ActiveLoad) Load(w WorkerID) WorkerLoad {
 	return a.loadLocked(w)
 }
 
+// loadLocked: a.mu must be held.
 func (a *ActiveLoad) loadLocked(w WorkerID) WorkerLoad {
 	wl := a.workers[w]
 	if wl == nil {
@@ -250,6 +256,7 @@ func (a *ActiveLoad) NewBlocks(w WorkerID, hashes []uint64) int {
 	return a.newBlocksLocked(w, hashes)
 }
 
+// newBlocksLocked: a.mu must be held.
 func (a *ActiveLoad) newBlocksLocked(w WorkerID, hashes []uint64) int {
 	n := 0
 	for _, h := range hashes {

@@ -72,7 +72,7 @@ type rendezvousScore struct {
 
 // pooledCostsLocked rewrites the cost of every candidate row for kv-pooled
 // and returns the candidates left after the admission rule (a subslice of
-// candidates). r.mu held; r.loads and r.overlaps are filled for req.
+// candidates). r.mu must be held, with r.loads and r.overlaps filled for req.
 func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []int) []int {
 	ps := &r.pooled
 	n := len(req.Hashes)
@@ -164,6 +164,7 @@ func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []
 }
 
 // capacitiesKnownLocked: every candidate registered its KV capacity.
+// r.mu must be held.
 func (r *Router) capacitiesKnownLocked(candidates []int) bool {
 	for _, i := range candidates {
 		if r.workers[i].TotalBlocks <= 0 {
@@ -178,7 +179,7 @@ func (r *Router) capacitiesKnownLocked(candidates []int) bool {
 // with u_w uniform from hash(key, w), lowest first, so a key's home is w
 // with probability proportional to w's capacity (equal weights when some
 // capacity is unknown) and removing a worker only moves the keys it was
-// home to.
+// home to. r.mu must be held.
 func (r *Router) pooledRanksLocked(key uint64, candidates []int) []int {
 	ps := &r.pooled
 	ps.scores = ps.scores[:0]

@@ -64,6 +64,12 @@ func (d Decision) Explain() string {
 // in kv-approx mode, its own predicted index; the event-fed index is read
 // through an OverlapSource. Safe for concurrent use.
 type Router struct {
+	// mu guards every field below except index, load and predicted, which
+	// New sets once and which are safe for concurrent use themselves. Route
+	// decides and books in one critical section, so concurrent requests
+	// through one Router see each other's bookings; the scratch slices are
+	// reused across decisions under it. Lock order: DisaggRouter.mu, then
+	// mu, then ActiveLoad.mu and Index.mu (taken inside decisions).
 	mu      sync.Mutex
 	cfg     Config
 	index   OverlapSource
@@ -247,6 +253,7 @@ func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
 
 // overlapsLocked reads cached prefix lengths from the index the mode uses.
 // The result is parallel to r.workers and reused across decisions.
+// r.mu must be held.
 func (r *Router) overlapsLocked(hashes []uint64) []int {
 	r.overlaps = r.overlaps[:0]
 	for range r.workers {
@@ -277,6 +284,7 @@ func (r *Router) overlapsLocked(hashes []uint64) []int {
 }
 
 // pickLocked chooses a row among candidates according to the mode.
+// r.mu must be held.
 func (r *Router) pickLocked(rows []WorkerCost, candidates []int) int {
 	switch r.cfg.Mode {
 	case ModeRoundRobin:
