@@ -13,7 +13,7 @@ import (
 // every disaggregated request a failed prefill before its fallback, and a
 // blackholed worker a connect timeout per request.
 type cooldown struct {
-	mu     sync.Mutex
+	mu     sync.Mutex // guards until (period is set once)
 	period time.Duration
 	until  map[router.WorkerID]time.Time
 }

@@ -14,7 +14,7 @@ import (
 // Waiters re-check on every load drop this replica sees and on a short tick,
 // because load also drops on other replicas (replica sync) without a wake.
 type gates struct {
-	mu     sync.Mutex
+	mu     sync.Mutex // guards queues, wakeCh and every waiter's gone
 	queues map[string]*router.Queue
 	wakeCh chan struct{}
 }

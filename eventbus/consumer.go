@@ -608,7 +608,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // logLimiter lets one line per key through per interval and counts the rest.
 type logLimiter struct {
 	every time.Duration
-	mu    sync.Mutex
+	mu    sync.Mutex // guards last and supp
 	last  map[string]time.Time
 	supp  map[string]int
 }

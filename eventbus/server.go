@@ -191,7 +191,7 @@ func (s *Server) Shutdown() {
 type natsLogger struct {
 	log *slog.Logger
 
-	mu       sync.Mutex
+	mu       sync.Mutex // guards fatalErr: NATS logs from its own goroutines
 	fatalErr error
 }
 

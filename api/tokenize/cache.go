@@ -10,7 +10,7 @@ import (
 // is a map lookup instead of a merge loop. It belongs to one tokenizer (ids
 // are only meaningful for that vocab) and is safe for concurrent use.
 type wordCache struct {
-	mu  sync.RWMutex
+	mu  sync.RWMutex // guards m (max is set once); hits take it for reading
 	m   map[string][]uint32
 	max int
 }

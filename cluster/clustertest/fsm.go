@@ -33,6 +33,8 @@ const RejectPrefix = "reject:"
 // no-op, so a writer may retry after ErrOutcomeUnknown. Apply returns the
 // count after the command (uint64) or ErrRejected.
 type FSM struct {
+	// mu guards applied, count, chain and seen: raft applies on its own
+	// goroutine while tests read the digest and counts.
 	mu      sync.Mutex
 	applied uint64
 	count   uint64

@@ -147,6 +147,8 @@ type Cluster struct {
 	base string
 	logs *testLogSink
 
+	// mu guards members (AddNode appends while other goroutines read
+	// them). peers is written only by New, before the Cluster is shared.
 	mu      sync.Mutex
 	members []*Member
 	peers   []cluster.Peer // the initial set (FormPeers)
@@ -586,7 +588,7 @@ func NewTestLogger(t testing.TB) *slog.Logger {
 // after the test has finished panics, and Raft goroutines may still log).
 type testLogSink struct {
 	t      testing.TB
-	mu     sync.Mutex
+	mu     sync.Mutex // guards closed, and orders writes against close
 	closed bool
 }
 

@@ -17,6 +17,8 @@ var errCut = errors.New("clustertest: link cut")
 // its sender, closing both members' dialed connections severs the link
 // completely.
 type Network struct {
+	// mu guards the maps below: dials and closes run on every member's
+	// goroutines while the test cuts and heals links.
 	mu    sync.Mutex
 	owner map[string]int                       // "host:port" → member index
 	cut   map[[2]int]bool                      // directed
