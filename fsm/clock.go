@@ -12,21 +12,23 @@ import (
 const (
 	nanosPerSecond int64 = 1_000_000_000
 
-	// MaxClockStep is the furthest one Tick moves the FSM's clock. Leases
-	// last 120 s and are renewed every 30 s, so a live worker's lease is at
-	// least 90 s ahead of the leader's clock: one Tick, however far in the
-	// future it claims to be, cannot expire a live worker. A leader that
-	// was away longer catches up one step per tick (the leader ticks every
-	// second while something is due): expiry may come late, never early.
+	// MaxClockStep bounds how far one Tick moves the FSM's clock: to the
+	// later of clock+MaxClockStep and just before the earliest expiry the
+	// state holds (tickTargetLocked). Leases last 120 s and are renewed
+	// every 30 s, so a live worker's lease is at least 90 s ahead of the
+	// leader's clock: one Tick, however far in the future it claims to be,
+	// cannot expire a live worker. The leader ticks only when something is
+	// due, so the clock may lag real time by hours; the second term lets an
+	// honest tick reach what is due at once (one extra tick at most).
 	MaxClockStep = 60 * nanosPerSecond
 
-	// MaxTimeAhead is how far past the FSM's clock a lease (LeaseUntil) or
-	// a prediction (Until) may lie; later ones are clamped to it. Without it
-	// a lease of year 2262 would never expire and a prediction would live
-	// forever. An hour is 30 times the default lease and prediction TTL,
-	// and stays ahead of a catching-up clock (30 min between two renewals
-	// at one step per second).
-	MaxTimeAhead = 3600 * nanosPerSecond
+	// MaxTimeAhead is how far past the FSM's reference time a lease
+	// (LeaseUntil) or a prediction (Until) may lie; later ones are clamped
+	// to it. Without it a lease of year 2262 would never expire and a
+	// prediction would live forever. A day: far beyond any lease or
+	// prediction TTL, and beyond how stale the reference can be while
+	// something is pending.
+	MaxTimeAhead = 24 * 3600 * nanosPerSecond
 
 	// MaxProposalSkew is how far the time a command carries may differ from
 	// the proposer's own clock (CheckTime): a Tick must be this close to
@@ -69,35 +71,30 @@ func (st *state) earliestExpiryLocked() int64 {
 	return next
 }
 
-// referenceLocked is the time the FSM judges a command's time against: its
-// clock, or before the first Tick set one the earliest expiry it holds;
-// ok is false when it has neither (nothing to judge against). f.mu held
-// for writing.
-func (st *state) referenceLocked() (int64, bool) {
-	if st.lastTick != 0 {
-		return st.lastTick, true
-	}
-	e := st.earliestExpiryLocked()
-	return e, e != 0
-}
-
-// tickTargetLocked is the clock a Tick{Now: now} leaves:
-//   - never earlier than the clock (it never runs backwards);
-//   - at most MaxClockStep past the clock;
-//   - with no clock yet, at most just before the earliest expiry the state
-//     holds (the first Tick establishes the clock and expires nothing: its
-//     Now cannot be judged against anything), and unchanged when nothing
-//     can expire (an empty state has no use for a clock).
+// tickTargetLocked is the clock a Tick{Now: now} leaves: never earlier
+// than the clock (it never runs backwards), and no later than the later of
+//   - clock + MaxClockStep (a forged Tick moves the clock a minute), and
+//   - just before the earliest expiry the state holds (an honest Tick after
+//     a long quiet spell reaches what is due without crawling there a
+//     minute at a time; it expires nothing by itself, the next Tick does).
 //
-// clamped reports that Now was beyond the bound. f.mu held for writing.
+// Before the first Tick (clock 0) the first term means nothing: the first
+// Tick sets the clock and expires nothing; with nothing that could expire
+// the clock stays 0 (an empty state has no use for one, and a forged Tick
+// cannot poison a new cluster's clock). clamped reports that Now was
+// beyond the bound. f.mu held for writing.
 func (st *state) tickTargetLocked(now int64) (next int64, clamped bool) {
-	limit := addSat(st.lastTick, MaxClockStep)
-	if st.lastTick == 0 {
-		e := st.earliestExpiryLocked()
-		if e == 0 {
-			return 0, now > 0
-		}
+	e := st.earliestExpiryLocked()
+	var limit int64
+	switch {
+	case st.lastTick == 0 && e == 0:
+		return 0, now > 0
+	case st.lastTick == 0:
 		limit = e - 1
+	case e == 0:
+		limit = addSat(st.lastTick, MaxClockStep)
+	default:
+		limit = max(addSat(st.lastTick, MaxClockStep), e-1)
 	}
 	if now > limit {
 		now, clamped = limit, true
@@ -106,11 +103,13 @@ func (st *state) tickTargetLocked(now int64) (next int64, clamped bool) {
 }
 
 // clampAheadLocked bounds a lease or prediction expiry t to MaxTimeAhead
-// past the reference time; t itself when there is none. f.mu held for
-// writing.
+// past the reference time: the later of the clock and the earliest expiry
+// the state holds (the clock alone may be hours stale: the leader ticks
+// only when something is due). With neither, t is not judged. f.mu held
+// for writing.
 func (st *state) clampAheadLocked(t int64) (int64, bool) {
-	ref, ok := st.referenceLocked()
-	if !ok {
+	ref := max(st.lastTick, st.earliestExpiryLocked())
+	if ref <= 0 {
 		return t, false
 	}
 	if limit := addSat(ref, MaxTimeAhead); t > limit {
