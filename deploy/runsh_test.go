@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/poll"
 )
 
 // The lifecycle of deploy/local/run.sh, tested with stand-ins for kvrouter
@@ -216,13 +218,12 @@ func (h *runHarness) start(extraEnv ...string) {
 // wait polls cond until it holds or the deadline passes.
 func (h *runHarness) wait(what string, d time.Duration, cond func() bool) {
 	h.t.Helper()
-	end := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(end) {
-			h.t.Fatalf("timed out after %v waiting for %s", d, what)
+	poll.Until(h.t, d, 50*time.Millisecond, func() error {
+		if !cond() {
+			return fmt.Errorf("still waiting for %s", what)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func (h *runHarness) outputHas(s string) func() bool {
