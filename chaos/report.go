@@ -5,7 +5,7 @@
 //
 // The harness itself needs root and is built only with the `chaos` build
 // tag (`make chaos`, chaos/run.sh). This file and the catalog are untagged:
-// the report format (CONTRACTS.md: chaos/out/report.json) and the scenario
+// the report format (docs/CONTRACTS.md: chaos/out/report.json) and the scenario
 // list are plain data that ordinary `go test ./...` checks.
 package chaos
 
@@ -22,7 +22,7 @@ import (
 	"time"
 )
 
-// Report is chaos/out/report.json. The contract (CONTRACTS.md) fixes
+// Report is chaos/out/report.json. The contract (docs/CONTRACTS.md) fixes
 // scenarios[].{id, passed, lost, duplicates, failover_p99_s, availability};
 // everything else is extra and may grow.
 type Report struct {

@@ -12,7 +12,7 @@ import (
 )
 
 // These tests need neither root nor the `chaos` tag: they pin the report
-// contract (CONTRACTS.md), the SCENARIOS/DURATION syntax, the HAProxy
+// contract (docs/CONTRACTS.md), the SCENARIOS/DURATION syntax, the HAProxy
 // config derivation and the linearizability checker.
 
 func TestChaosReportContractFields(t *testing.T) {

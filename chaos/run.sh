@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# chaos/run.sh SCENARIOS DURATION — what `make chaos` runs (CONTRACTS.md).
+# chaos/run.sh SCENARIOS DURATION — what `make chaos` runs (docs/CONTRACTS.md).
 #
 #   SCENARIOS  comma list (T1,T4,T6), "short" (the CI tier), "all"; default T1,T4,T6
 #   DURATION   fault phase of each scenario (60s, 2m); default 60s

@@ -299,7 +299,7 @@ func TestDeployRunScriptLifecycle(t *testing.T) {
 		}
 	}
 
-	// Flags as CONTRACTS.md and cmd/kvrouter/config.go name them.
+	// Flags as docs/CONTRACTS.md and cmd/kvrouter/config.go name them.
 	o := h.offset
 	peers := fmt.Sprintf("r1=127.0.0.1:%d,r2=127.0.0.1:%d,r3=127.0.0.1:%d", 7001+o, 7002+o, 7003+o)
 	var pids []int

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# deploy/local/run.sh — the local cluster behind `make run` (CONTRACTS.md):
+# deploy/local/run.sh — the local cluster behind `make run` (docs/CONTRACTS.md):
 #   three kvrouter replicas   HTTP 127.0.0.1:8001-8003, Raft :7001-7003,
 #                             NATS clients :4222-4224, NATS routes :6222-6224
 #   four kvmock workers       HTTP 127.0.0.1:9001-9004
