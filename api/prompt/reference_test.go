@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -24,6 +25,30 @@ import (
 // by our Conversation, so a preprocessing slip shows up too.
 
 var refFamilies = []string{"llama3_1", "qwen3", "deepseek_v3", "gemma3"}
+
+// refModels caches each family's loaded Model across the reference tests:
+// loading Gemma 3's 260k-token vocabulary dominates their run time under
+// -race. Test-only state.
+var refModels = struct {
+	sync.Mutex
+	m map[string]*Model
+}{m: map[string]*Model{}}
+
+func loadRef(t *testing.T, fam string) (*Model, string) {
+	t.Helper()
+	dir := refModelDir(t, fam)
+	refModels.Lock()
+	defer refModels.Unlock()
+	if m, ok := refModels.m[fam]; ok {
+		return m, dir
+	}
+	m, err := Load(fam, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refModels.m[fam] = m
+	return m, dir
+}
 
 func missingReference(tb testing.TB, format string, args ...any) {
 	tb.Helper()
@@ -208,11 +233,7 @@ func TestPromptReferenceChat(t *testing.T) {
 	const perFamily = 220
 	for _, fam := range refFamilies {
 		t.Run(fam, func(t *testing.T) {
-			dir := refModelDir(t, fam)
-			m, err := Load(fam, dir)
-			if err != nil {
-				t.Fatal(err)
-			}
+			m, dir := loadRef(t, fam)
 			var cfg struct {
 				ChatTemplate string `json:"chat_template"`
 			}
@@ -282,14 +303,10 @@ func firstDiff(a, b []uint32) int {
 // tokenizer_config.json (LlamaTokenizerFast with add_bos_token: DeepSeek
 // V3 gets BOS although its tokenizer.json post-processor adds none).
 func TestPromptReferenceCompletions(t *testing.T) {
-	const perFamily = 120
+	const perFamily = 80
 	for _, fam := range refFamilies {
 		t.Run(fam, func(t *testing.T) {
-			dir := refModelDir(t, fam)
-			m, err := Load(fam, dir)
-			if err != nil {
-				t.Fatal(err)
-			}
+			m, dir := loadRef(t, fam)
 			r := rand.New(rand.NewPCG(uint64(len(fam)), 15))
 			texts := make([]string, perFamily)
 			for i := range texts {
