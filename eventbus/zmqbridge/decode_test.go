@@ -296,30 +296,44 @@ func TestBridgeFrames(t *testing.T) {
 }
 
 // FuzzDecodeBatch: the decoder never panics, never allocates beyond the
-// payload's size class, and what it accepts converts without panicking.
-// Corpus: testdata/fuzz/FuzzDecodeBatch plus the golden fixtures.
+// payload's size class, and what it accepts converts without panicking,
+// under every event schema; the schemas agree on whether the batch itself
+// decodes (they differ only in how array-shaped events are read).
+// Corpus: testdata/fuzz/FuzzDecodeBatch, the golden fixtures, and every
+// layout of TestBridgeSchemaLayouts.
 func FuzzDecodeBatch(f *testing.F) {
 	for _, data := range goldenFixtures(f) {
 		f.Add(data)
 	}
+	for _, data := range schemaSeeds(f) {
+		f.Add(data)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		b, err := DecodeBatch(data)
-		if err != nil {
-			if !errors.Is(err, ErrMalformed) {
-				t.Fatalf("error does not wrap ErrMalformed: %v", err)
+		var batchErr error
+		for i, schema := range Schemas {
+			b, err := DecodeBatchAs(data, schema)
+			if i == 0 {
+				batchErr = err
+			} else if (err == nil) != (batchErr == nil) {
+				t.Fatalf("schema %s: batch error %v, schema %s: %v", schema, err, Schemas[0], batchErr)
 			}
-			return
-		}
-		if len(b.Events)+len(b.Bad) > len(data) {
-			t.Fatalf("%d events from %d bytes", len(b.Events)+len(b.Bad), len(data))
-		}
-		c := NewConverter(16, 64)
-		for i := range b.Events {
-			if len(b.Events[i].BlockHashes) > len(data) || len(b.Events[i].TokenIDs) > len(data) {
-				t.Fatalf("event larger than its payload")
+			if err != nil {
+				if !errors.Is(err, ErrMalformed) {
+					t.Fatalf("error does not wrap ErrMalformed: %v", err)
+				}
+				continue
 			}
-			_, _ = c.Convert(&b.Events[i], nil)
+			if len(b.Events)+len(b.Bad) > len(data) {
+				t.Fatalf("%d events from %d bytes", len(b.Events)+len(b.Bad), len(data))
+			}
+			c := NewConverter(16, 64)
+			for i := range b.Events {
+				if len(b.Events[i].BlockHashes) > len(data) || len(b.Events[i].TokenIDs) > len(data) {
+					t.Fatalf("event larger than its payload")
+				}
+				_, _ = c.Convert(&b.Events[i], nil)
+			}
+			_ = c.Snapshot(7)
 		}
-		_ = c.Snapshot(7)
 	})
 }

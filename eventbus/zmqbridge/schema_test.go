@@ -24,6 +24,28 @@ func sglangStoredArr(h int64, at7 ...any) []any {
 	return append([]any{"BlockStored", []any{int64Code(h)}, nil, tokens(0, 1), 16, nil, "GPU"}, at7...)
 }
 
+// schemaSeeds are batches of every layout TestBridgeSchemaLayouts reads,
+// for the fuzz corpus: vLLM arrays with group_idx and kinds, SGLang
+// metadata and extra_keys at position 7, removals with a group.
+func schemaSeeds(tb testing.TB) [][]byte {
+	evs := [][]any{
+		{vllmStoredArr(1, nil, "GPU", nil, nil, 1), vllmStoredArr(2, 3, "GPU", "sql", []any{[]any{"sql", "salt"}}, 0)},
+		{vllmStoredArr(1, nil, "GPU", nil, []any{nil}, 2, "sliding_window", 1024), []any{"BlockRemoved", u64s(1), "GPU", 3}},
+		{vllmStoredArr(1, nil, "GPU", nil, nil, 0, "full_attention", nil, 96)},
+		{sglangStoredArr(-5), sglangStoredArr(-6, omap{{"cache_salt", "tenant-a"}, {"session_id", "s1"}})},
+		{sglangStoredArr(-5, []any{[]any{"tenant-a"}, nil}), []any{"BlockRemoved", []any{int64Code(-5)}, "GPU"}},
+		{sglangStoredArr(-5, "sql"), sglangStoredArr(-5, omap{{"cache_salt", "t"}}, 1)},
+	}
+	out := make([][]byte, len(evs))
+	for i, e := range evs {
+		out[i] = mp(tb, batchArr(1, []any{e[0]}, 0))
+		if len(e) > 1 {
+			out[i] = mp(tb, batchArr(1, []any{e[0], e[1]}, 0))
+		}
+	}
+	return out
+}
+
 // TestBridgeSchemaLayouts decodes every array layout of both engines, by
 // position, under each schema that should read it, and the near misses
 // each schema must refuse (ErrUnknownLayout) rather than misread.
