@@ -33,7 +33,7 @@ func (s *Server) readBarrier(c *gin.Context) bool {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), 3*time.Second)
 	defer cancel()
 	if err := s.rep.ReadBarrier(ctx); err != nil {
-		c.JSON(http.StatusServiceUnavailable, gin.H{"error": "cannot read the committed state now: " + err.Error()})
+		c.JSON(http.StatusServiceUnavailable, gin.H{"error": s.redact("cannot read the committed state now: " + err.Error())})
 		return false
 	}
 	return true
@@ -173,7 +173,7 @@ func (s *Server) postBusyThreshold(c *gin.Context) {
 	}
 	if !upd.Empty() {
 		if cur, err = s.rep.SetThresholds(c.Request.Context(), model, upd); err != nil {
-			c.JSON(statusOf(err), gin.H{"error": err.Error()})
+			c.JSON(statusOf(err), gin.H{"error": s.redact(err.Error())})
 			return
 		}
 		s.log.Info("busy thresholds changed", "model", model, "decode", fmtPtr(cur.ActiveDecodeBlocks),
@@ -293,8 +293,27 @@ func (s *Server) registerWorker(c *gin.Context) {
 		c.JSON(http.StatusBadRequest, gin.H{"error": err.Error()})
 		return
 	}
+	if err := checkWorkerURL(w.URL, s.cfg.AllowLoopbackWorkers); err != nil {
+		s.metrics.rejected.WithLabelValues("worker_url").Inc()
+		c.JSON(http.StatusBadRequest, gin.H{"error": s.redact(err.Error())})
+		return
+	}
+	// The caps are checked against this replica's view, so replicas taking
+	// registrations at the same moment may pass a few beyond them: a bound
+	// on growth, not an exact quota (DESIGN.md, Bounds).
+	workers, models, knownWorker, knownModel := s.registryCounts(w.ID, w.Model)
+	switch {
+	case !knownWorker && workers >= s.cfg.MaxWorkers:
+		s.metrics.rejected.WithLabelValues("max_workers").Inc()
+		c.JSON(http.StatusTooManyRequests, gin.H{"error": fmt.Sprintf("%d workers registered, the cap (MaxWorkers): deregister one first", workers)})
+		return
+	case !knownModel && models >= s.cfg.MaxModels:
+		s.metrics.rejected.WithLabelValues("max_models").Inc()
+		c.JSON(http.StatusTooManyRequests, gin.H{"error": fmt.Sprintf("%d models served, the cap (MaxModels): model %q refused", models, w.Model)})
+		return
+	}
 	if err := s.rep.RegisterWorker(c.Request.Context(), w); err != nil {
-		c.JSON(statusOf(err), gin.H{"error": err.Error()})
+		c.JSON(statusOf(err), gin.H{"error": s.redact(err.Error())})
 		return
 	}
 	c.JSON(http.StatusOK, gin.H{"registered": w.ID})
@@ -309,7 +328,7 @@ func (s *Server) deregisterWorker(c *gin.Context) {
 		return
 	}
 	if err := s.rep.DeregisterWorker(c.Request.Context(), body.ID); err != nil {
-		c.JSON(statusOf(err), gin.H{"error": err.Error()})
+		c.JSON(statusOf(err), gin.H{"error": s.redact(err.Error())})
 		return
 	}
 	c.JSON(http.StatusOK, gin.H{"deregistered": body.ID})

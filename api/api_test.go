@@ -51,7 +51,7 @@ func newTestServer(t *testing.T, cfg router.Config) (*Server, *fakeReplica, *ato
 	var hits atomic.Int64
 	w := fakeWorker(t, &hits)
 	rep.addWorker("m", "w1", w.URL)
-	s := New(Config{Registry: prometheus.NewRegistry(), Retries: 2}, rep)
+	s := New(Config{Registry: prometheus.NewRegistry(), Retries: 2, AllowLoopbackWorkers: true}, rep)
 	return s, rep, &hits
 }
 
@@ -243,7 +243,7 @@ func TestAPIReadyDebugAndMetrics(t *testing.T) {
 
 func TestAPIAuth(t *testing.T) {
 	rep := newFakeReplica("m", router.DefaultConfig())
-	s := New(Config{Registry: prometheus.NewRegistry(), AdminToken: "sekret", APIKeys: []string{"k1"}}, rep)
+	s := New(Config{Registry: prometheus.NewRegistry(), AdminToken: "sekret", APIKeys: []string{"k1"}, AllowLoopbackWorkers: true}, rep)
 	if rec := do(s, "GET", "/busy_threshold", ""); rec.Code != 401 {
 		t.Errorf("admin without token: %d", rec.Code)
 	}

@@ -112,7 +112,7 @@ func newDisaggServer(t *testing.T, mode router.DisaggMode, withPrefill bool) (*S
 	dr.SetWorkers(ws)
 	f.addWorker("m", "d", d.srv.URL)
 	reg := prometheus.NewRegistry()
-	return New(Config{Registry: reg, Retries: 1}, f), f, p, d, reg
+	return New(Config{Registry: reg, Retries: 1, AllowLoopbackWorkers: true}, f), f, p, d, reg
 }
 
 const disaggBody = `{"model":"m","max_tokens":20,"stream":false,"prompt":"the quick brown fox jumps over the lazy dog again and again"}`

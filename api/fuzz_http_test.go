@@ -303,7 +303,7 @@ func newFuzzServerSetup(auth bool, setup fuzzSetup) *fuzzServer {
 		fs.dr = dr
 		rep = &fuzzDisaggReplica{recordingReplica: fs.rep, dr: dr}
 	}
-	c := Config{Registry: prometheus.NewRegistry(), Retries: 2, MaxBodyBytes: fuzzMaxBody,
+	c := Config{Registry: prometheus.NewRegistry(), Retries: 2, MaxBodyBytes: fuzzMaxBody, AllowLoopbackWorkers: true,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if auth {
 		c.AdminToken, c.APIKeys = fuzzAdminToken, []string{fuzzAPIKey}

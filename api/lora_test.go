@@ -57,7 +57,7 @@ func TestAPILoRAAdapterRouting(t *testing.T) {
 		t.Fatal("prompt shorter than two blocks")
 	}
 
-	s := New(Config{Registry: prometheus.NewRegistry()}, rep)
+	s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true}, rep)
 	body := fmt.Sprintf(`{"model":"sql-lora","prompt":%q}`, prompt)
 	// The cost table: w2's adapter blocks match (adapter seed); w1's base
 	// blocks of the same tokens do not.

@@ -113,7 +113,7 @@ func (s *Server) prepare(c *gin.Context, chat bool) (*prepared, bool) {
 	return &prepared{
 		body: body, path: c.Request.URL.Path, model: model, stream: in.Stream, rt: rt, start: start,
 		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora), Tokens: len(tokens),
-			Priority: in.Nvext.AgentHints.Priority, Exclude: notServing(rt.Workers(), only)},
+			Priority: s.capPriority(bearer(c), in.Nvext.AgentHints.Priority), Exclude: notServing(rt.Workers(), only)},
 	}, true
 }
 

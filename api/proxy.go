@@ -116,15 +116,22 @@ func (s *Server) send(c *gin.Context, worker router.WorkerID, path string, body 
 			written.Store(true)
 		}
 	}}
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, base+path, bytes.NewReader(body))
+	// The attempt has its own context, so a worker that goes quiet can be
+	// cut (idleBody) without the client's request looking cancelled: the
+	// failure stays the worker's. Closing the answer's body releases it.
+	actx, cancel := context.WithCancelCause(ctx)
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(actx, trace), http.MethodPost, base+path, bytes.NewReader(body))
 	if err != nil {
+		cancel(nil)
 		return nil, &workerError{worker: worker, kind: failConnect, err: fmt.Errorf("building the request: %w", err)}
 	}
 	req.Header = outboundHeader(c.Request.Header)
 	resp, err := s.client.Do(req)
 	if err != nil {
+		cancel(nil)
 		return nil, sendFailure(ctx, worker, err, written.Load())
 	}
+	resp.Body = newIdleBody(actx, resp.Body, s.cfg.WorkerIdleTimeout, cancel)
 	if refusedWork(resp.StatusCode) {
 		return nil, unavailable(worker, resp)
 	}

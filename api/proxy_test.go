@@ -130,7 +130,7 @@ func newProxyPair(t *testing.T, firstURL string) proxyPair {
 	rep.addWorker("m", "second", second.srv.URL)
 	rt, _ := rep.Router("m")
 	rt.Load().Add(router.Booking{ID: preloadID, Worker: "second", PrefillTokens: 5000, Added: time.Now()})
-	s := New(Config{Registry: prometheus.NewRegistry(), Retries: 2, Logger: testLogger(t)}, rep)
+	s := New(Config{Registry: prometheus.NewRegistry(), Retries: 2, Logger: testLogger(t), AllowLoopbackWorkers: true}, rep)
 	return proxyPair{s: s, rep: rep, second: second}
 }
 

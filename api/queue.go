@@ -1,6 +1,8 @@
 package api
 
 import (
+	"fmt"
+	"net/http"
 	"sync"
 	"time"
 
@@ -14,9 +16,10 @@ import (
 // Waiters re-check on every load drop this replica sees and on a short tick,
 // because load also drops on other replicas (replica sync) without a wake.
 type gates struct {
-	mu     sync.Mutex // guards queues, wakeCh and every waiter's gone
-	queues map[string]*router.Queue
-	wakeCh chan struct{}
+	mu      sync.Mutex // guards queues, waiting, wakeCh and every waiter's gone
+	queues  map[string]*router.Queue
+	waiting map[string]int // live waiters per model (a queue also holds departed ones until they reach its head)
+	wakeCh  chan struct{}
 }
 
 type waiter struct {
@@ -24,7 +27,7 @@ type waiter struct {
 }
 
 func newGates() *gates {
-	return &gates{queues: make(map[string]*router.Queue), wakeCh: make(chan struct{})}
+	return &gates{queues: make(map[string]*router.Queue), waiting: make(map[string]int), wakeCh: make(chan struct{})}
 }
 
 // wake tells waiters that load dropped.
@@ -46,13 +49,25 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 	g := s.gates
 	me := &waiter{}
 	g.mu.Lock()
+	if n := g.waiting[p.model]; n >= s.cfg.MaxQueue {
+		// Every waiter holds a goroutine, its body and a connection: past
+		// the cap, refuse at once rather than queue without bound.
+		g.mu.Unlock()
+		s.metrics.rejected.WithLabelValues("queue_full").Inc()
+		c.Header("Retry-After", "1")
+		openAIError(c, http.StatusTooManyRequests, "rate_limit_exceeded",
+			fmt.Sprintf("%d requests already wait for a worker of model %q (the queue cap): retry later", n, p.model))
+		return false
+	}
 	q := g.queues[p.model]
 	if q == nil {
 		q = router.NewQueue(p.rt.Config().QueuePolicy)
 		g.queues[p.model] = q
 	}
 	q.Push(router.Waiting{Request: p.req, Arrived: time.Now(), Value: me})
+	g.waiting[p.model]++
 	g.mu.Unlock()
+	defer g.done(p.model)
 	gauge := s.metrics.queued.WithLabelValues(p.model)
 	gauge.Inc()
 	defer gauge.Dec()
@@ -102,6 +117,13 @@ func (g *gates) headLocked(q *router.Queue, me *waiter) bool {
 			return h == me
 		}
 	}
+}
+
+// done counts a waiter out, admitted or departed.
+func (g *gates) done(model string) {
+	g.mu.Lock()
+	g.waiting[model]--
+	g.mu.Unlock()
 }
 
 func (g *gates) leave(me *waiter) {

@@ -5,7 +5,9 @@
 package api
 
 import (
+	"bytes"
 	"crypto/subtle"
+	"encoding/json"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -41,6 +43,63 @@ type Config struct {
 	Logger         *slog.Logger
 	Registry       *prometheus.Registry // this replica's own registry
 	ClusterHandler http.Handler         // mounted at /cluster/* for join/remove/apply (Raft layer)
+
+	// Bounds (DESIGN.md, "Bounds"). Zero values take the defaults named.
+
+	// AllowLoopbackWorkers lets /workers/register take, and the proxy
+	// dial, loopback, link-local and unspecified worker addresses. Off by
+	// default: the proxy would otherwise reach the replica's own ports or a
+	// cloud metadata endpoint for whoever can register a worker. Tests and
+	// the local cluster (workers on 127.0.0.1) turn it on.
+	AllowLoopbackWorkers bool
+	// MaxWorkers caps registered workers (not ranks; default 1024) and
+	// MaxModels the models (default 256): a registration beyond is
+	// refused with 429. Renewals of registered workers always pass.
+	MaxWorkers int
+	MaxModels  int
+	// MaxQueue caps the requests waiting in one model's admission queue
+	// (default 1024); beyond, 429 at once.
+	MaxQueue int
+	// WorkerHeaderTimeout bounds the wait for a worker's answer headers
+	// after the request was written (default 10 min: a non-streamed
+	// answer's headers come with the whole generation; negative = none).
+	// WorkerIdleTimeout bounds one read of the answer's body (default
+	// 2 min; negative = none): a worker that sends headers and then
+	// nothing is cut and its booking freed.
+	WorkerHeaderTimeout time.Duration
+	WorkerIdleTimeout   time.Duration
+	// MaxPriority is the highest nvext.agent_hints.priority a client may
+	// set (higher values are lowered to it); MaxPriorityByKey overrides it
+	// per API key. 0 by default: clients may lower their priority, and
+	// only keys given a cap may raise theirs.
+	MaxPriority      int
+	MaxPriorityByKey map[string]int
+	// ProtectStatus puts /cluster/status and /metrics behind AdminToken
+	// (off by default: dashboards and peers scrape them).
+	ProtectStatus bool
+}
+
+// LogValue prints the configuration without its credentials, so a
+// replica may log it.
+func (c Config) LogValue() slog.Value {
+	keys := make([]string, len(c.APIKeys))
+	for i := range keys {
+		keys[i] = redacted
+	}
+	admin := ""
+	if c.AdminToken != "" {
+		admin = redacted
+	}
+	return slog.GroupValue(
+		slog.Int64("max_body_bytes", c.MaxBodyBytes), slog.Int("busy_status", c.BusyStatus),
+		slog.String("admin_token", admin), slog.Any("api_keys", keys),
+		slog.Duration("connect_timeout", c.ConnectTimeout), slog.Int("retries", c.Retries),
+		slog.Duration("queue_timeout", c.QueueTimeout), slog.Duration("worker_cooldown", c.WorkerCooldown),
+		slog.Bool("allow_loopback_workers", c.AllowLoopbackWorkers), slog.Int("max_workers", c.MaxWorkers),
+		slog.Int("max_models", c.MaxModels), slog.Int("max_queue", c.MaxQueue),
+		slog.Duration("worker_header_timeout", c.WorkerHeaderTimeout), slog.Duration("worker_idle_timeout", c.WorkerIdleTimeout),
+		slog.Int("max_priority", c.MaxPriority), slog.Int("priority_caps_by_key", len(c.MaxPriorityByKey)),
+		slog.Bool("protect_status", c.ProtectStatus))
 }
 
 // Server is one replica's HTTP server.
@@ -110,11 +169,26 @@ func New(cfg Config, rep Replica) *Server {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
+	if cfg.MaxWorkers <= 0 {
+		cfg.MaxWorkers = defaultMaxWorkers
+	}
+	if cfg.MaxModels <= 0 {
+		cfg.MaxModels = defaultMaxModels
+	}
+	if cfg.MaxQueue <= 0 {
+		cfg.MaxQueue = defaultMaxQueue
+	}
+	if cfg.WorkerHeaderTimeout == 0 {
+		cfg.WorkerHeaderTimeout = 10 * time.Minute
+	}
+	if cfg.WorkerIdleTimeout == 0 {
+		cfg.WorkerIdleTimeout = 2 * time.Minute
+	}
 	s := &Server{
 		cfg:     cfg,
 		rep:     rep,
 		metrics: newMetrics(cfg.Registry, rep),
-		client:  newWorkerClient(cfg.ConnectTimeout),
+		client:  newWorkerClient(cfg.ConnectTimeout, cfg.WorkerHeaderTimeout, cfg.AllowLoopbackWorkers),
 		log:     cfg.Logger,
 		gates:   newGates(),
 		cool:    newCooldown(cfg.WorkerCooldown),
@@ -141,10 +215,14 @@ func (s *Server) routes() *gin.Engine {
 
 	e.GET("/health", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok", "node_id": s.rep.NodeID()}) })
 	e.GET("/ready", s.ready)
-	e.GET("/metrics", gin.WrapH(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
+	status := e.Group("/")
+	if s.cfg.ProtectStatus {
+		status.Use(s.requireAdmin)
+	}
+	status.GET("/metrics", gin.WrapH(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
 	// ?digest=0 skips the state digest: pollers (kvbench ingest, dashboards)
 	// then cost the replica almost nothing.
-	e.GET("/cluster/status", func(c *gin.Context) { c.JSON(http.StatusOK, s.rep.Status(c.Query("digest") != "0")) })
+	status.GET("/cluster/status", s.clusterStatus)
 
 	admin := e.Group("/", s.requireAdmin)
 	admin.GET("/busy_threshold", s.getBusyThreshold)
@@ -206,6 +284,25 @@ func (s *Server) requireAdmin(c *gin.Context) {
 	}
 }
 
+// clusterStatus answers the replica's status document with credentials
+// removed (redactDoc): it may name the bus URL, whose userinfo is a
+// password. The round trip through JSON reaches values inside structs.
+func (s *Server) clusterStatus(c *gin.Context) {
+	raw, err := json.Marshal(s.rep.Status(c.Query("digest") != "0"))
+	if err != nil {
+		c.JSON(http.StatusInternalServerError, gin.H{"error": s.redact("encoding the status: " + err.Error())})
+		return
+	}
+	var doc any
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber() // exact 64-bit indexes and terms
+	if err := dec.Decode(&doc); err != nil {
+		c.JSON(http.StatusInternalServerError, gin.H{"error": "decoding the status: " + err.Error()})
+		return
+	}
+	c.JSON(http.StatusOK, s.redactDoc(doc))
+}
+
 func (s *Server) ready(c *gin.Context) {
 	ok, reason := s.rep.Ready()
 	if !ok {
@@ -213,7 +310,7 @@ func (s *Server) ready(c *gin.Context) {
 		if d, isD := s.rep.(Drainer); isD && d.Draining() && c.Query("draining") == "404" {
 			status = http.StatusNotFound
 		}
-		c.JSON(status, gin.H{"ready": false, "reason": reason, "node_id": s.rep.NodeID()})
+		c.JSON(status, gin.H{"ready": false, "reason": s.redact(reason), "node_id": s.rep.NodeID()})
 		return
 	}
 	c.JSON(http.StatusOK, gin.H{"ready": true, "node_id": s.rep.NodeID()})

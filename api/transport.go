@@ -2,6 +2,10 @@ package api
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"time"
@@ -20,13 +24,69 @@ const idleConnTimeout = 4 * time.Second
 // newWorkerClient is the client to the workers: a short dial timeout so a
 // dead worker is retried elsewhere quickly, no overall timeout (generations
 // stream for minutes), idle connections kept for the next request.
-func newWorkerClient(connect time.Duration) *http.Client {
-	d := &net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second}
+// headerTimeout bounds the wait for the answer's headers once the request
+// is written (a non-streamed answer's headers come with the whole
+// generation, so it is long; 0 = none); a timeout there is a dropped
+// request, never retried (failure.go). The dialer refuses local addresses
+// unless allowLocal (dialGuard).
+func newWorkerClient(connect, headerTimeout time.Duration, allowLocal bool) *http.Client {
+	d := &net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second, Control: dialGuard(allowLocal)}
 	return &http.Client{Transport: &http.Transport{
 		DialContext:           d.DialContext,
 		MaxIdleConnsPerHost:   256,
 		IdleConnTimeout:       idleConnTimeout,
-		ResponseHeaderTimeout: 0,
+		ResponseHeaderTimeout: max(headerTimeout, 0),
 		DisableCompression:    true, // relay bytes exactly as the worker sent them
 	}}
+}
+
+// errWorkerIdle is the cause of an attempt cancelled because the worker
+// sent nothing for the idle timeout.
+var errWorkerIdle = errors.New("worker sent nothing for the idle timeout")
+
+// idleBody bounds the time one Read of a worker's answer may block: a
+// worker that sent its headers and then nothing (hung engine, stalled
+// network) has its attempt cancelled after idle, so the relay ends, the
+// booking is freed and the connection is closed. Only time blocked in Read
+// counts: a slow client holding up our writes is not the worker's fault.
+type idleBody struct {
+	body   io.ReadCloser
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	idle   time.Duration
+	timer  *time.Timer
+}
+
+// newIdleBody wraps body; cancel cancels the attempt's request context.
+// idle <= 0 only ties cancel to Close.
+func newIdleBody(ctx context.Context, body io.ReadCloser, idle time.Duration, cancel context.CancelCauseFunc) *idleBody {
+	b := &idleBody{body: body, ctx: ctx, cancel: cancel, idle: idle}
+	if idle > 0 {
+		b.timer = time.AfterFunc(idle, func() { cancel(errWorkerIdle) })
+		b.timer.Stop()
+	}
+	return b
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	if b.timer != nil {
+		b.timer.Reset(b.idle)
+	}
+	n, err := b.body.Read(p)
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	if err != nil && err != io.EOF && errors.Is(context.Cause(b.ctx), errWorkerIdle) {
+		err = fmt.Errorf("%w (%s): %w", errWorkerIdle, b.idle, err)
+	}
+	return n, err
+}
+
+func (b *idleBody) Close() error {
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	err := b.body.Close()
+	b.cancel(nil)
+	return err
 }
