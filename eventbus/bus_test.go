@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/internal/pki"
 	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
 )
@@ -59,10 +60,10 @@ func TestBusServerSettings(t *testing.T) {
 	}
 	_ = c
 	// Clustering without a name is refused, DontListen is never used.
-	if _, err := StartServer(ServerConfig{StoreDir: t.TempDir(), ClusterPort: freePort(t)}); err == nil {
+	if _, err := StartServer(ServerConfig{StoreDir: t.TempDir(), ClusterPort: freePort(t), Security: Security{Insecure: true}}); err == nil {
 		t.Fatal("cluster without names accepted")
 	}
-	if _, err := StartServer(ServerConfig{Name: "x"}); err == nil {
+	if _, err := StartServer(ServerConfig{Name: "x", Security: Security{Insecure: true}}); err == nil {
 		t.Fatal("no StoreDir accepted")
 	}
 }
@@ -144,9 +145,15 @@ func waitStreamEmpty(t *testing.T, js jetstream.JetStream) {
 }
 
 func TestBusSingleNodePublishConsume(t *testing.T) {
+	for _, m := range bothModes(t) {
+		t.Run(m.name, func(t *testing.T) { testBusSingleNodePublishConsume(t, m) })
+	}
+}
+
+func testBusSingleNodePublishConsume(t *testing.T, m busMode) {
 	log := testLogger(t)
-	s := startSingle(t, log)
-	nc, js := connect(t, s.ClientURL(), "t", log)
+	s := startSingleMode(t, log, m)
+	nc, js := m.replica(t, s.ClientURL(), "single", log)
 	ensureStream(t, js, 1)
 	reg := prometheus.NewRegistry()
 	c, err := NewConsumer(context.Background(), js, ConsumerConfig{Logger: log, Registerer: reg, MaxBatch: 100})
@@ -465,10 +472,18 @@ func TestBusPublisherClose(t *testing.T) {
 }
 
 func TestBusCluster3(t *testing.T) {
-	servers := startCluster(t, 3)
+	for _, m := range bothModes(t) {
+		t.Run(m.name, func(t *testing.T) { testBusCluster3(t, m) })
+	}
+}
+
+// In the secure mode the routes run over mutual TLS: the stream still
+// replicates and survives the loss of a server.
+func testBusCluster3(t *testing.T, m busMode) {
+	servers := startClusterMode(t, 3, m)
 	log := testLogger(t)
-	nc1, js1 := connect(t, servers[0].ClientURL(), "pub", log)
-	_, js2 := connect(t, servers[1].ClientURL(), "leader", log)
+	nc1, js1 := m.replica(t, servers[0].ClientURL(), "n1", log)
+	_, js2 := m.replica(t, servers[1].ClientURL(), "n2", log)
 	ensureStream(t, js1, 3)
 	st, err := js1.Stream(context.Background(), StreamName)
 	if err != nil {
@@ -495,9 +510,19 @@ func TestBusCluster3(t *testing.T) {
 }
 
 func TestBusExternalURL(t *testing.T) {
+	for _, m := range bothModes(t) {
+		t.Run(m.name, func(t *testing.T) { testBusExternalURL(t, m) })
+	}
+}
+
+func testBusExternalURL(t *testing.T, m busMode) {
 	log := testLogger(t)
-	s := startSingle(t, log)
-	b, err := OpenBus(BusConfig{ExternalURL: s.ClientURL(), ClientName: "ext", Logger: log})
+	s := startSingleMode(t, log, m)
+	client := ClientSecurity{Insecure: true}
+	if m.pki != nil {
+		client = ClientSecurity{Bundle: m.pki.bundle(t, pki.Node("ext"))}
+	}
+	b, err := OpenBus(BusConfig{ExternalURL: s.ClientURL(), Client: client, ClientName: "ext", Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -517,13 +542,16 @@ func TestBusExternalURL(t *testing.T) {
 	a.check(t, ids, false)
 
 	// And the embedded flavour of the same API.
-	eb, err := OpenBus(BusConfig{Server: ServerConfig{Name: "emb", StoreDir: t.TempDir()}, Logger: log})
+	eb, err := OpenBus(BusConfig{Server: ServerConfig{Name: "emb", StoreDir: t.TempDir(), Security: m.security(t, "emb")}, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer eb.Close()
 	if eb.Server() == nil || eb.ClientURL() != eb.Server().ClientURL() || !eb.Conn().IsConnected() {
 		t.Fatal("embedded bus not up")
+	}
+	if eb.Server().Secure() != (m.pki != nil) {
+		t.Fatalf("embedded server Secure() = %v in mode %s", eb.Server().Secure(), m.name)
 	}
 }
 

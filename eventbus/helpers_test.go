@@ -36,9 +36,15 @@ func freePort(t testing.TB) int {
 	return port
 }
 
+// startSingle starts an insecure single server (the tests that are about
+// the stream, not about security).
 func startSingle(t testing.TB, log *slog.Logger) *Server {
+	return startSingleMode(t, log, insecureMode)
+}
+
+func startSingleMode(t testing.TB, log *slog.Logger, m busMode) *Server {
 	t.Helper()
-	s, err := StartServer(ServerConfig{Name: "single", StoreDir: t.TempDir(), Logger: log})
+	s, err := StartServer(ServerConfig{Name: "single", StoreDir: t.TempDir(), Logger: log, Security: m.security(t, "single")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,9 +52,11 @@ func startSingle(t testing.TB, log *slog.Logger) *Server {
 	return s
 }
 
-// startCluster starts n clustered servers on pre-allocated ports, each with
-// its own store directory and logger.
-func startCluster(t testing.TB, n int) []*Server {
+// startCluster starts n insecure clustered servers on pre-allocated ports,
+// each with its own store directory and logger.
+func startCluster(t testing.TB, n int) []*Server { return startClusterMode(t, n, insecureMode) }
+
+func startClusterMode(t testing.TB, n int, m busMode) []*Server {
 	t.Helper()
 	cports := make([]int, n)
 	routes := make([]string, n)
@@ -68,6 +76,7 @@ func startCluster(t testing.TB, n int) []*Server {
 				Name: name, Port: freePort(t),
 				ClusterName: "kvtest", ClusterPort: cports[i], Routes: routes,
 				StoreDir: t.TempDir(), Logger: testLogger(t).With("node", name),
+				Security: m.security(t, name),
 			})
 		}()
 	}
@@ -89,9 +98,15 @@ func startCluster(t testing.TB, n int) []*Server {
 	return servers
 }
 
+// connect opens a plain connection: a replica's on an insecure server.
 func connect(t testing.TB, url, name string, log *slog.Logger) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	nc, err := Connect(url, name, log)
+	return connectWith(t, url, name, log)
+}
+
+func connectWith(t testing.TB, url, name string, log *slog.Logger, opts ...ConnectOption) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := Connect(url, name, log, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvrouter/kvrouter/internal/pki"
 )
 
 // ServerConfig configures the embedded NATS server of one replica.
@@ -45,6 +47,9 @@ type ServerConfig struct {
 	// Debug and Trace turn on NATS's verbose levels (logged at slog
 	// Debug).
 	Debug, Trace bool
+	// Security is TLS and authentication for clients and routes. Its zero
+	// value is the secure mode and needs TLS material; see Security.
+	Security Security
 }
 
 // Clustered reports whether the configuration forms a cluster.
@@ -52,9 +57,10 @@ func (c ServerConfig) Clustered() bool { return c.ClusterPort != 0 || len(c.Rout
 
 // Server is a replica's embedded NATS server with JetStream.
 type Server struct {
-	ns  *server.Server
-	log *natsLogger
-	cfg ServerConfig
+	ns     *server.Server
+	log    *natsLogger
+	cfg    ServerConfig
+	bundle *pki.Bundle // nil in the insecure mode
 }
 
 // StartServer starts an embedded NATS server with JetStream on file storage
@@ -62,13 +68,17 @@ type Server struct {
 // until it accepts connections. NATS's logger is replaced by one that writes
 // to slog and never exits the process; NATS installs no signal handlers.
 func StartServer(cfg ServerConfig) (*Server, error) {
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
 	opts, err := serverOptions(cfg)
 	if err != nil {
 		return nil, err
 	}
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.Default()
+	bundle, err := applySecurity(opts, cfg.Security, cfg.Clustered(), logger.With("component", "nats-auth", "server", cfg.Name))
+	if err != nil {
+		return nil, fmt.Errorf("nats server %s: %w", cfg.Name, err)
 	}
 	nl := &natsLogger{log: logger.With("component", "nats", "server", cfg.Name)}
 	ns, err := server.NewServer(opts)
@@ -99,7 +109,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		}
 		return nil, fmt.Errorf("nats server %s: %w", cfg.Name, ferr)
 	}
-	return &Server{ns: ns, log: nl, cfg: cfg}, nil
+	return &Server{ns: ns, log: nl, cfg: cfg, bundle: bundle}, nil
 }
 
 func serverOptions(cfg ServerConfig) (*server.Options, error) {
@@ -169,6 +179,18 @@ func routeURL(s string) (*url.URL, error) {
 // ClientURL is the URL clients of this server connect to.
 func (s *Server) ClientURL() string { return s.ns.ClientURL() }
 
+// Secure reports whether the server requires TLS and authentication.
+func (s *Server) Secure() bool { return s.bundle != nil }
+
+// ClientSecurity is what a replica's own client needs to connect to this
+// server: its node certificate, or nothing in the insecure mode.
+func (s *Server) ClientSecurity() ClientSecurity {
+	if s.bundle == nil {
+		return ClientSecurity{Insecure: true}
+	}
+	return ClientSecurity{Bundle: s.bundle}
+}
+
 // Name is the server name.
 func (s *Server) Name() string { return s.ns.Name() }
 
@@ -224,39 +246,6 @@ func (l *natsLogger) fatal() error {
 // a reason to fail readiness.
 func (s *Server) FatalError() error { return s.log.fatal() }
 
-// Connect opens a client connection with the options every kvrouter client
-// wants: reconnect forever, log connection changes to logger. url may list
-// several servers separated by commas.
-func Connect(url, name string, logger *slog.Logger) (*nats.Conn, error) {
-	if logger == nil {
-		logger = slog.Default()
-	}
-	log := logger.With("component", "nats-client", "name", name)
-	nc, err := nats.Connect(url,
-		nats.Name(name),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
-		nats.Timeout(5*time.Second),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("nats disconnected", "err", err)
-			}
-		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "url", c.ConnectedUrlRedacted()) }),
-		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
-			subj := ""
-			if sub != nil {
-				subj = sub.Subject
-			}
-			log.Warn("nats async error", "subject", subj, "err", err)
-		}),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("connect %s: %w", url, err)
-	}
-	return nc, nil
-}
-
 // BusConfig chooses between the embedded server and an external NATS.
 type BusConfig struct {
 	// ExternalURL, when set, is an existing NATS cluster (with JetStream)
@@ -264,6 +253,10 @@ type BusConfig struct {
 	ExternalURL string
 	// Server configures the embedded server (ignored with ExternalURL).
 	Server ServerConfig
+	// Client is how the bus's client authenticates to ExternalURL (marked
+	// External automatically). With the embedded server it is ignored: the
+	// client uses the server's own Security (its node certificate).
+	Client ClientSecurity
 	// ClientName names this process's connection (default Server.Name).
 	ClientName string
 	Logger     *slog.Logger
@@ -293,6 +286,8 @@ func OpenBus(cfg BusConfig) (*Bus, error) {
 	}
 	b := &Bus{}
 	url := cfg.ExternalURL
+	sec := cfg.Client
+	sec.External = true
 	if url == "" {
 		srv, err := StartServer(cfg.Server)
 		if err != nil {
@@ -300,8 +295,14 @@ func OpenBus(cfg BusConfig) (*Bus, error) {
 		}
 		b.srv = srv
 		url = srv.ClientURL()
+		sec = srv.ClientSecurity()
 	}
-	nc, err := Connect(url, name, logger)
+	copts, err := sec.Options()
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	nc, err := Connect(url, name, logger, copts...)
 	if err != nil {
 		b.Close()
 		return nil, err
@@ -332,7 +333,7 @@ func (b *Bus) ClientURL() string {
 		return b.srv.ClientURL()
 	}
 	if b.nc != nil {
-		return b.nc.ConnectedUrl()
+		return b.nc.ConnectedUrlRedacted()
 	}
 	return ""
 }

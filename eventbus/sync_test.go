@@ -168,10 +168,16 @@ func startSyncer(t *testing.T, nc *nats.Conn, replica string, clk Clock, sink Lo
 }
 
 func TestBusReplicaSync(t *testing.T) {
+	for _, m := range bothModes(t) {
+		t.Run(m.name, func(t *testing.T) { testBusReplicaSync(t, m) })
+	}
+}
+
+func testBusReplicaSync(t *testing.T, m busMode) {
 	log := testLogger(t)
-	srv := startSingle(t, log)
-	ncA, _ := connect(t, srv.ClientURL(), "A", log)
-	ncB, _ := connect(t, srv.ClientURL(), "B", log)
+	srv := startSingleMode(t, log, m)
+	ncA, _ := m.replica(t, srv.ClientURL(), "r1", log)
+	ncB, _ := m.replica(t, srv.ClientURL(), "r2", log)
 	clkA, clkB := newFakeClock(), newFakeClock()
 	sinkA, sinkB := newRecSink(), newRecSink()
 	a, stopA := startSyncer(t, ncA, "r1", clkA, sinkA)
