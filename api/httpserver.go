@@ -67,11 +67,13 @@ func NewHTTPServer(h http.Handler, o ServerOptions) *http.Server {
 
 // BodyDeadline wraps h so a request body must arrive within d: it sets
 // the connection's read deadline when the request has a body and lifts it
-// once the body is read to its end or the handler returns. (Go's
-// ReadTimeout would do the first, but covers headers and body together and
-// cannot be lifted for one request.) A trickling client's read fails with
-// a timeout, the handler answers it as a bad body, and the connection
-// closes.
+// once the body is read to its end. (Go's ReadTimeout would do the first,
+// but covers headers and body together and cannot be lifted for one
+// request.) A trickling client's read fails with a timeout, the handler
+// answers it as a bad body, and the connection closes. A handler that
+// returns before the body's end leaves the deadline in place: the server
+// then discards the rest of the body, and that must be bounded too (the
+// next request on the connection gets fresh deadlines from the server).
 func BodyDeadline(h http.Handler, d time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Body == nil || r.Body == http.NoBody || d <= 0 {
@@ -86,7 +88,6 @@ func BodyDeadline(h http.Handler, d time.Duration) http.Handler {
 		}
 		b := &deadlineBody{body: r.Body, lift: func() { _ = rc.SetReadDeadline(time.Time{}) }}
 		r.Body = b
-		defer b.liftOnce()
 		h.ServeHTTP(w, r)
 	})
 }
