@@ -125,10 +125,12 @@ func (s *Server) registryCounts(worker, model string) (workers, models int, know
 
 // capPriority bounds the client-set nvext.agent_hints.priority by the cap
 // of the request's API key (MaxPriorityByKey), else MaxPriority: a client
-// may lower its priority freely, not jump every queue.
+// may lower its priority freely, not jump every queue. A key's own cap
+// counts only when keys are checked (APIKeys set, requireKey ran): on an
+// open endpoint anyone could send any bearer.
 func (s *Server) capPriority(key string, p int) int {
 	limit := s.cfg.MaxPriority
-	if l, ok := s.cfg.MaxPriorityByKey[key]; ok && key != "" {
+	if l, ok := s.cfg.MaxPriorityByKey[key]; ok && key != "" && len(s.cfg.APIKeys) > 0 {
 		limit = l
 	}
 	return min(p, limit)

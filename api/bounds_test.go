@@ -114,7 +114,8 @@ func TestAPIDialGuard(t *testing.T) {
 }
 
 func TestAPIPriorityCap(t *testing.T) {
-	s := New(Config{Registry: prometheus.NewRegistry(), MaxPriority: 1, MaxPriorityByKey: map[string]int{"gold-key": 10}}, newFakeReplica("m", router.DefaultConfig()))
+	s := New(Config{Registry: prometheus.NewRegistry(), MaxPriority: 1, MaxPriorityByKey: map[string]int{"gold-key": 10},
+		APIKeys: []string{"gold-key", "other"}}, newFakeReplica("m", router.DefaultConfig()))
 	for _, c := range []struct {
 		key      string
 		in, want int
@@ -127,6 +128,10 @@ func TestAPIPriorityCap(t *testing.T) {
 	}
 	if s := New(Config{Registry: prometheus.NewRegistry()}, newFakeReplica("m", router.DefaultConfig())); s.capPriority("", 7) != 0 {
 		t.Error("default cap is not 0")
+	}
+	open := New(Config{Registry: prometheus.NewRegistry(), MaxPriorityByKey: map[string]int{"gold-key": 10}}, newFakeReplica("m", router.DefaultConfig()))
+	if open.capPriority("gold-key", 5) != 0 {
+		t.Error("a per-key cap applied on an endpoint that checks no keys")
 	}
 }
 
