@@ -85,7 +85,8 @@ func (r *oneReplica) Freed(string, string)                           {}
 // usage audit finds cached tokens in the stream.
 func TestMockRouterEndToEnd(t *testing.T) {
 	rep := newOneReplica(t, "kvmock")
-	srv := api.New(api.Config{Tokenizer: tokenize.Builtin(), ChatTemplate: tokenize.Plain, Logger: testLog(t)}, rep)
+	// kvmock listens on loopback: allow it, as a local cluster does.
+	srv := api.New(api.Config{Tokenizer: tokenize.Builtin(), ChatTemplate: tokenize.Plain, Logger: testLog(t), AllowLoopbackWorkers: true}, rep)
 	front := httptest.NewServer(srv.Handler())
 	defer front.Close()
 
