@@ -170,8 +170,10 @@ func (s *Server) secrets() []string {
 	return out
 }
 
-// secretKeyRE matches document keys whose values are credentials.
-var secretKeyRE = regexp.MustCompile(`(?i)(password|passwd|secret|token|credential|api_?key|nkey|seed)`)
+// secretKeyRE matches document keys whose values are credentials: the
+// word must stand alone between underscores, so "admin_token" matches and
+// "tokenizer_check" or "max_tokens" do not.
+var secretKeyRE = regexp.MustCompile(`(?i)(^|_)(password|passwd|secret|token|credentials?|api_?key|nkey|seed)($|_)`)
 
 // redactDoc returns a copy of a JSON-like document (the replica's
 // /cluster/status) with credentials removed: values under keys that name

@@ -208,7 +208,12 @@ func (r *replica) argv(bin string, members []int) []string {
 			join = append(join, replicaURL(m))
 		}
 	}
-	args := []string{"ip", "netns", "exec", nsName(r.idx), bin, "serve",
+	// The suite measures fault tolerance on a private network of namespaces;
+	// it opts out of the secure default (TLS material off loopback) on
+	// purpose, through the environment so a previous release's binary (U1)
+	// starts with the same line. TLS in the chaos suite is still to come
+	// (issue 16).
+	args := []string{"ip", "netns", "exec", nsName(r.idx), "env", "KVROUTER_INSECURE=true", bin, "serve",
 		"--node-id", r.id,
 		"--data-dir", r.dataDir,
 		"--http-addr", fmt.Sprintf("%s:%d", nodeIP(r.idx), httpPort),

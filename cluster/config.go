@@ -76,6 +76,11 @@ type Config struct {
 	// StatusExtra adds fields to GET /cluster/status (e.g. workers,
 	// index_blocks); its keys override the node's own.
 	StatusExtra func() map[string]any
+	// CheckCommand, when set, vets every command on the leader before it
+	// enters the log — proposed here or forwarded through /cluster/apply —
+	// with what only a live proposer knows (its clock: fsm.CheckEntryTime).
+	// A refusal is a RejectedError; nothing is written.
+	CheckCommand func(cmd []byte) error
 
 	// SnapshotThreshold: take a snapshot when this many entries were
 	// appended since the last one. Default 2048.

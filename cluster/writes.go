@@ -32,6 +32,11 @@ func (n *Node) Apply(ctx context.Context, cmd []byte) (any, error) {
 
 // applyLeader runs cmd through raft on this (leader) node.
 func (n *Node) applyLeader(ctx context.Context, cmd []byte) (any, error) {
+	if n.cfg.CheckCommand != nil {
+		if err := n.cfg.CheckCommand(cmd); err != nil {
+			return nil, &RejectedError{Message: err.Error(), Err: err}
+		}
+	}
 	timeout := n.cfg.ApplyTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = max(min(timeout, time.Until(dl)), time.Millisecond)

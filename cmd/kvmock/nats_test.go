@@ -69,7 +69,7 @@ func TestMockNATS(t *testing.T) {
 		t.Fatalf("%d events queued while NATS is down, want 3", q)
 	}
 
-	srv, err := eventbus.StartServer(eventbus.ServerConfig{Name: "t", Port: port, StoreDir: t.TempDir(), Logger: log})
+	srv, err := eventbus.StartServer(eventbus.ServerConfig{Name: "t", Port: port, StoreDir: t.TempDir(), Logger: log, Security: eventbus.Security{Insecure: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

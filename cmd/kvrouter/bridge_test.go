@@ -180,7 +180,7 @@ func TestBridgeInReplica(t *testing.T) {
 // busWithStream starts an embedded event bus with the KV_EVENTS stream.
 func busWithStream(t *testing.T, name string) *eventbus.Server {
 	t.Helper()
-	srv, err := eventbus.StartServer(eventbus.ServerConfig{Name: name, StoreDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv, err := eventbus.StartServer(eventbus.ServerConfig{Name: name, StoreDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Security: eventbus.Security{Insecure: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,12 +5,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
+	"net"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/pki"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -47,6 +50,19 @@ type serveConfig struct {
 	DrainDelay    time.Duration // on SIGTERM, /ready is 503 this long before the server stops
 	DrainTimeout  time.Duration // then in-flight requests get this long before the listener closes
 	Disagg        disaggConfig
+	// Security (SECURITY.md): node certificate, key and CA for the bus
+	// (and, once wired, Raft); Insecure is the explicit opt-out.
+	TLS      pki.Material
+	Insecure bool
+	// Bounds (api/DESIGN.md, "Bounds").
+	AllowLoopbackWorkers bool           // workers on loopback/link-local addresses (default: only when --http-addr is loopback)
+	MaxPriority          int            // highest client priority (default: no cap, as Dynamo)
+	MaxPriorityByKey     map[string]int // per API key
+	MaxWorkers           int
+	MaxQueue             int
+	WorkerHeaderTimeout  time.Duration
+	WorkerIdleTimeout    time.Duration
+	ProtectStatus        bool
 	// Dynamo's names with our meaning (dynamo.go).
 	SnapshotThreshold uint64   // Raft entries between snapshots (0: cluster default)
 	MinInitialWorkers int      // not ready below this many registered workers
@@ -82,6 +98,8 @@ type flagSpec struct {
 func parseServe(args []string, getenv func(string) string, stderr io.Writer) (serveConfig, error) {
 	c := serveConfig{Router: router.DefaultConfig(), BusyStatus: 529, Retries: 2, MaxBodyBytes: 8 << 20, AdmissionControl: "none"}
 	noEvents, noTrack := false, false
+	var loopbackWorkers *bool
+	c.MaxPriority = math.MaxInt32 // no cap unless --max-priority: Dynamo lets clients set it
 	warned := map[string]bool{}
 	warn := func(msg string) { // one line per distinct warning, logged at start
 		if !warned[msg] {
@@ -146,6 +164,26 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"bridge-config"}, env: []string{"KVROUTER_BRIDGE_CONFIG"}, usage: "JSON file of vLLM/SGLang engines whose ZMQ KV events this replica bridges in-process (see eventbus/zmqbridge/README.md)", set: str(&c.BridgeConfig)},
 		{names: []string{"drain-delay"}, env: []string{"KVROUTER_DRAIN_DELAY"}, def: "2s", usage: "on SIGTERM, report not ready this long (the load balancer moves away) before stopping; then in-flight requests finish", set: dur(&c.DrainDelay)},
 		{names: []string{"drain-timeout"}, env: []string{"KVROUTER_DRAIN_TIMEOUT"}, def: "30s", usage: "after --drain-delay, wait this long at most for in-flight requests before closing the listener", set: dur(&c.DrainTimeout)},
+		{names: []string{"tls-ca"}, env: []string{"KVROUTER_TLS_CA"}, usage: "PEM CA certificate of the cluster (kvrouter certs makes one)", set: str(&c.TLS.CAFile)},
+		{names: []string{"tls-cert"}, env: []string{"KVROUTER_TLS_CERT"}, usage: "PEM certificate of this node (identity spiffe://kvrouter/node/<node-id>)", set: str(&c.TLS.CertFile)},
+		{names: []string{"tls-key"}, env: []string{"KVROUTER_TLS_KEY"}, usage: "PEM private key of this node", set: str(&c.TLS.KeyFile)},
+		{names: []string{"insecure"}, env: []string{"KVROUTER_INSECURE"}, usage: "run without TLS and authentication on the bus on purpose (logged every minute)", set: boolp(&c.Insecure), bool: true},
+		{names: []string{"allow-loopback-workers"}, env: []string{"KVROUTER_ALLOW_LOOPBACK_WORKERS"}, usage: "accept workers on loopback, link-local or unspecified addresses (default: true only when --http-addr is a loopback address; otherwise the proxy could be pointed at this host's own ports)", set: func(v string) error {
+			b, err := strconv.ParseBool(v)
+			loopbackWorkers = &b
+			return err
+		}, bool: true},
+		{names: []string{"max-priority"}, env: []string{"KVROUTER_MAX_PRIORITY"}, usage: "highest nvext.agent_hints.priority a client may set (default: no cap, as Dynamo); higher values are lowered to it", set: intp(&c.MaxPriority)},
+		{names: []string{"max-priority-by-key"}, env: []string{"KVROUTER_MAX_PRIORITY_BY_KEY"}, usage: "per API key caps KEY=N,… (override --max-priority)", set: func(v string) error {
+			m, err := parseKeyInts(v)
+			c.MaxPriorityByKey = m
+			return err
+		}},
+		{names: []string{"max-workers"}, env: []string{"KVROUTER_MAX_WORKERS"}, usage: "registered workers at most (default 1024; 429 beyond)", set: intp(&c.MaxWorkers)},
+		{names: []string{"max-queue"}, env: []string{"KVROUTER_MAX_QUEUE"}, usage: "requests waiting in one model's admission queue at most (default 1024; 429 beyond)", set: intp(&c.MaxQueue)},
+		{names: []string{"worker-header-timeout"}, env: []string{"KVROUTER_WORKER_HEADER_TIMEOUT"}, usage: "longest wait for a worker's answer headers (default 10m)", set: dur(&c.WorkerHeaderTimeout)},
+		{names: []string{"worker-idle-timeout"}, env: []string{"KVROUTER_WORKER_IDLE_TIMEOUT"}, usage: "longest silence inside a worker's answer body before it is cut and its booking freed (default 2m)", set: dur(&c.WorkerIdleTimeout)},
+		{names: []string{"protect-status"}, env: []string{"KVROUTER_PROTECT_STATUS"}, usage: "require the admin token for /cluster/status and /metrics", set: boolp(&c.ProtectStatus), bool: true},
 		{names: []string{"log-level"}, env: []string{"KVROUTER_LOG_LEVEL"}, def: "info", usage: "debug, info, warn, error", set: str(&c.LogLevel)},
 	}
 	specs = append(specs, disaggFlags(&c.Disagg)...)
@@ -204,6 +242,11 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		c.Router.TrackPrefillTokens = false
 	}
 	c.applyAdmissionControl(warn)
+	if loopbackWorkers != nil {
+		c.AllowLoopbackWorkers = *loopbackWorkers
+	} else {
+		c.AllowLoopbackWorkers = isLoopbackAddr(c.HTTPAddr)
+	}
 	return c, c.finish()
 }
 
@@ -239,6 +282,9 @@ func (c *serveConfig) finish() error {
 	}
 	if !c.SingleNode && len(c.Peers) == 0 && len(c.Join) == 0 {
 		return errors.New("say how to form the cluster: --peers (bootstrap), --join, or --single-node")
+	}
+	if err := c.checkSecurity(); err != nil {
+		return err
 	}
 	if c.Retries < 0 {
 		return errors.New("--retries must not be negative")
@@ -290,6 +336,74 @@ func (c *serveConfig) applyAdmissionControl(warn func(string)) {
 		v := 64.0
 		t.ActivePrefillTokensFrac = &v
 	}
+}
+
+// checkSecurity applies the secure default: TLS material (all three files)
+// makes the bus mutually authenticated; without it a replica refuses to
+// start unless every address it listens on is loopback (a local
+// development cluster, which then runs insecure with a warning) or
+// --insecure says so on purpose.
+func (c *serveConfig) checkSecurity() error {
+	if !c.TLS.IsZero() {
+		if missing := c.TLS.Missing(); len(missing) > 0 {
+			return fmt.Errorf("TLS needs %s (--tls-ca, --tls-cert, --tls-key)", strings.Join(missing, ", "))
+		}
+		return nil
+	}
+	if c.Insecure {
+		return nil
+	}
+	var open []string
+	for _, a := range []struct{ flag, addr string }{{"--http-addr", c.HTTPAddr}, {"--raft-addr", c.RaftAddr},
+		{"--nats-addr", c.NATSAddr}, {"--nats-cluster-addr", c.NATSClusterAddr}} {
+		if !isLoopbackAddr(a.addr) {
+			open = append(open, a.flag+" "+a.addr)
+		}
+	}
+	if len(open) > 0 {
+		return fmt.Errorf("listening off loopback (%s) needs TLS material (--tls-ca, --tls-cert, --tls-key; kvrouter certs makes them) — or --insecure to run unauthenticated on purpose", strings.Join(open, ", "))
+	}
+	c.Insecure = true // loopback only: a local cluster
+	c.Warnings = append(c.Warnings, "no TLS material: the bus runs without TLS or authentication (every address is loopback, so only this host can reach it); give --tls-ca/--tls-cert/--tls-key to secure it")
+	return nil
+}
+
+// isLoopbackAddr says whether a listen address binds loopback only.
+func isLoopbackAddr(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// parseKeyInts reads KEY=N,….
+func parseKeyInts(v string) (map[string]int, error) {
+	out := map[string]int{}
+	for _, item := range splitList(v) {
+		k, n, ok := strings.Cut(item, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%q: want KEY=N", redactKey(item))
+		}
+		i, err := strconv.Atoi(n)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", redactKey(k), err)
+		}
+		out[k] = i
+	}
+	return out, nil
+}
+
+// redactKey shows only the start of an API key in an error.
+func redactKey(k string) string {
+	if len(k) <= 4 {
+		return "****"
+	}
+	return k[:4] + "…"
 }
 
 func anyGiven(given map[string]bool, names []string) bool {

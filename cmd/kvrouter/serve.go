@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -102,14 +101,16 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 
 	srv := api.New(api.Config{
 		BusyStatus: cfg.BusyStatus, AdminToken: cfg.AdminToken, APIKeys: cfg.APIKeys, Prompts: prompts,
-		Retries: cfg.Retries, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,
+		Retries: cfg.Retries, AllowLoopbackWorkers: cfg.AllowLoopbackWorkers, MaxPriority: cfg.MaxPriority,
+		MaxPriorityByKey: cfg.MaxPriorityByKey, MaxWorkers: cfg.MaxWorkers, MaxQueue: cfg.MaxQueue,
+		WorkerHeaderTimeout: cfg.WorkerHeaderTimeout, WorkerIdleTimeout: cfg.WorkerIdleTimeout, ProtectStatus: cfg.ProtectStatus, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,
 		Registry: reg, ClusterHandler: node.Handler(),
 	}, r)
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("http listen: %w", err)
 	}
-	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	httpSrv := api.NewHTTPServer(srv.Handler(), api.ServerOptions{Logger: log})
 	httpErr := make(chan error, 1)
 	go func() { httpErr <- httpSrv.Serve(ln) }()
 	log.Info("replica serving", "http", cfg.HTTPAddr, "raft", cfg.RaftAddr, "nats", bus.ClientURL(), "mode", cfg.Router.Mode)
@@ -124,6 +125,9 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	go r.health.run(runCtx, r)
 	go r.tokcheck.run(runCtx)
 	go r.loras.run(runCtx, state.Workers)
+	if cfg.Insecure {
+		go remindInsecure(runCtx, log)
+	}
 	go r.agree.run(runCtx, func() modelPrints { return printsOf(prompts.Describe(r.Models())) }, state.Nodes)
 
 	if err := node.Form(runCtx); err != nil && runCtx.Err() == nil {
@@ -232,7 +236,8 @@ func openBus(cfg serveConfig, log *slog.Logger) (*eventbus.Bus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--nats-addr: %w", err)
 	}
-	sc := eventbus.ServerConfig{Name: cfg.NodeID, Host: host, Port: port, StoreDir: filepath.Join(cfg.DataDir, "jetstream"), Logger: log.With("component", "nats")}
+	sc := eventbus.ServerConfig{Name: cfg.NodeID, Host: host, Port: port, StoreDir: filepath.Join(cfg.DataDir, "jetstream"), Logger: log.With("component", "nats"),
+		Security: eventbus.Security{Insecure: cfg.Insecure, TLS: cfg.TLS}}
 	if !cfg.SingleNode && len(cfg.NATSRoutes) > 0 {
 		ch, cp, err := splitHostPort(cfg.NATSClusterAddr)
 		if err != nil {
@@ -280,6 +285,9 @@ func clusterConfig(cfg serveConfig, state *fsm.FSM, reg prometheus.Registerer, l
 		rec, _ := state.Node(id)
 		return rec.HTTPAddr
 	}
+	// A proposal whose time is far from the leader's clock (a forged Tick
+	// or lease) is refused before it enters the log (fsm/DESIGN.md, "The clock").
+	c.CheckCommand = func(cmd []byte) error { return fsm.CheckEntryTime(cmd, time.Now().UnixNano()) }
 	c.ResponseError = fsm.ResponseError
 	c.DecodeResult = fsm.DecodeResult
 	c.ForwardErrors = fsm.ForwardErrors()
@@ -468,6 +476,22 @@ func (r *replica) tick(ctx context.Context) {
 			if err != nil && ctx.Err() == nil {
 				r.log.Debug("tick", "err", err)
 			}
+		}
+	}
+}
+
+// remindInsecure repeats, every minute, that this replica's bus runs
+// without TLS or authentication: an insecure cluster must never look like a
+// secure one in the logs.
+func remindInsecure(ctx context.Context, log *slog.Logger) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			log.Warn("INSECURE: the event bus runs without TLS or authentication (--insecure, or no TLS material on loopback)")
 		}
 	}
 }

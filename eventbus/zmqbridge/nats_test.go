@@ -20,7 +20,7 @@ import (
 // NATS and checks the republished state.
 func TestBridgeThroughEventBus(t *testing.T) {
 	log := testLogger(t)
-	srv, err := eventbus.StartServer(eventbus.ServerConfig{Name: "bridge-test", StoreDir: t.TempDir(), Logger: log})
+	srv, err := eventbus.StartServer(eventbus.ServerConfig{Name: "bridge-test", StoreDir: t.TempDir(), Logger: log, Security: eventbus.Security{Insecure: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
