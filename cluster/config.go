@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/internal/pki"
 )
 
 // Peer is one member of the expected initial voter set.
@@ -68,10 +70,25 @@ type Config struct {
 	// still satisfies errors.Is(err, sentinel). Matching is by Error() text.
 	ForwardErrors []error
 
-	// AuthToken, when set, is required as "Authorization: Bearer <token>" by
-	// the cluster HTTP handler and sent on every forwarded or join request.
+	// TLS, when set, is this node's certificate, key and CA: the Raft
+	// transport runs over mutual TLS and refuses, in the handshake, any peer
+	// whose certificate does not name a member node; the /cluster/ endpoints
+	// take a member's client certificate as their credential; every cluster
+	// HTTP request this node sends goes over HTTPS presenting it. Its
+	// identity must be pki.Node(NodeID), and the advertised Raft and HTTP
+	// hosts must be in its SANs. Serve the HTTP port with HTTPServerTLS.
+	// Nil: plain TCP and HTTP, AuthToken/Authorize only (tests, --insecure).
+	// DESIGN.md "Transport security".
+	TLS *pki.Bundle
+	// AuthToken, when set, is sent on every forwarded or join request (the
+	// replica's HTTP layer may still ask for it). Without TLS it is also
+	// required as "Authorization: Bearer <token>" by the cluster HTTP
+	// handler; with TLS the handler ignores it: a token an operator holds is
+	// not a node's credential.
 	AuthToken string
-	// Authorize, when set, replaces the AuthToken check on incoming requests.
+	// Authorize, when set, replaces the AuthToken check on incoming requests;
+	// with TLS it runs after the peer-certificate check, which it cannot
+	// relax.
 	Authorize func(r *http.Request) error
 	// StatusExtra adds fields to GET /cluster/status (e.g. workers,
 	// index_blocks); its keys override the node's own.
@@ -81,6 +98,13 @@ type Config struct {
 	// with what only a live proposer knows (its clock: fsm.CheckEntryTime).
 	// A refusal is a RejectedError; nothing is written.
 	CheckCommand func(cmd []byte) error
+	// CheckForwarded, when set, vets every command arriving through POST
+	// /cluster/apply before anything else (then CheckCommand runs as for any
+	// proposal). The composition layer accepts exactly the command types its
+	// replicas forward with Apply — not, say, the leader-only ingest batch —
+	// so a member's credential cannot smuggle other entries into the log. A
+	// refusal answers 400 (code "forbidden_command"); nothing is written.
+	CheckForwarded func(cmd []byte) error
 
 	// SnapshotThreshold: take a snapshot when this many entries were
 	// appended since the last one. Default 2048.
@@ -213,6 +237,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("DataDir is required"))
+	}
+	if c.TLS != nil && c.NodeID != "" && c.TLS.Identity() != pki.Node(c.NodeID) {
+		errs = append(errs, fmt.Errorf("TLS certificate names %s, but this node is %s", c.TLS.Identity(), pki.Node(c.NodeID)))
 	}
 	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
 		errs = append(errs, fmt.Errorf("LeaderLeaseTimeout %v exceeds HeartbeatTimeout %v", c.LeaderLeaseTimeout, c.HeartbeatTimeout))

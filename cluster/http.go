@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/kvrouter/kvrouter/internal/pki"
 )
 
 // Wire format of the internal endpoints (all under /cluster/).
@@ -35,7 +37,10 @@ const (
 	codeShutdown       = "shutdown"        // node shutting down
 	codeUnencodable    = "unencodable"     // committed; the response is not JSON-encodable
 	codeBadRequest     = "bad_request"
-	codeUnauthorized   = "unauthorized"
+	codeUnauthorized   = "unauthorized"      // no credential (401)
+	codeForbidden      = "forbidden"         // a credential that may not do this (403)
+	codeForbiddenCmd   = "forbidden_command" // /cluster/apply: not a type replicas forward (400)
+	codeUnverified     = "unverified_peer"   // join: raft_addr does not answer as the node claimed (400)
 	codeFailed         = "failed"
 )
 
@@ -61,6 +66,10 @@ type adminResponse struct {
 	OK    bool   `json:"ok"`
 	Error string `json:"error,omitempty"`
 	Code  string `json:"code,omitempty"`
+	// Members are the node ids of the leader's configuration after a join:
+	// the joining node, which has no configuration yet, accepts Raft
+	// connections from them until the leader's first entries arrive.
+	Members []string `json:"members,omitempty"`
 }
 
 // Handler serves the cluster endpoints; mount it so it sees paths starting
@@ -74,6 +83,11 @@ type adminResponse struct {
 //
 // The POSTs are executed by the leader; a follower forwards them once to the
 // leader and a forwarded request reaching a non-leader gets 503.
+//
+// With Config.TLS the credential is the caller's verified client
+// certificate (serve the port with HTTPServerTLS): it must name a member
+// node, or for /cluster/join the joining node itself (DESIGN.md
+// "Transport security"). Without TLS: AuthToken / Authorize.
 func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /cluster/join", n.handleJoin)
@@ -86,6 +100,20 @@ func (n *Node) Handler() http.Handler {
 
 func (n *Node) authorize(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.cfg.TLS != nil {
+			status, code, err := n.checkPeer(r)
+			if err == nil && n.cfg.Authorize != nil {
+				status, code, err = http.StatusUnauthorized, codeUnauthorized, n.cfg.Authorize(r)
+			}
+			if err != nil {
+				n.refusedHTTP.Add(1)
+				n.log.Warn("refused cluster request", "path", r.URL.Path, "remote", r.RemoteAddr, "err", err)
+				writeJSON(w, status, adminResponse{Error: err.Error(), Code: code})
+				return
+			}
+			next.ServeHTTP(w, r)
+			return
+		}
 		var err error
 		switch {
 		case n.cfg.Authorize != nil:
@@ -102,6 +130,36 @@ func (n *Node) authorize(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// checkPeer is the TLS credential check: a verified client certificate
+// naming a node, a member for every endpoint but /cluster/join (whose
+// caller is not a member yet; handleJoin checks it is the joining node).
+func (n *Node) checkPeer(r *http.Request) (status int, code string, err error) {
+	id, err := requestIdentity(r)
+	if err != nil {
+		return http.StatusUnauthorized, codeUnauthorized, fmt.Errorf("cluster endpoints need a node's client certificate: %w", err)
+	}
+	allow := n.gate.members()
+	if r.URL.Path == "/cluster/join" {
+		allow = pki.AllowRoles(pki.RoleNode)
+	}
+	if err := allow(id); err != nil {
+		return http.StatusForbidden, codeForbidden, err
+	}
+	return 0, "", nil
+}
+
+// requestIdentity is the identity named by the request's verified client
+// certificate.
+func requestIdentity(r *http.Request) (pki.Identity, error) {
+	if r.TLS == nil {
+		return pki.Identity{}, errors.New("not a TLS connection")
+	}
+	if len(r.TLS.PeerCertificates) == 0 {
+		return pki.Identity{}, errors.New("no client certificate")
+	}
+	return pki.PeerIdentity(*r.TLS)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -160,7 +218,7 @@ func (n *Node) leaderCommitIndex(leader string) (uint64, error) {
 		case <-ctx.Done():
 		}
 	}()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL(base)+"/cluster/commit", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, n.baseURL(base)+"/cluster/commit", nil)
 	if err != nil {
 		return 0, err
 	}
@@ -185,6 +243,12 @@ func (n *Node) handleApply(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, applyEnvelope{Error: err.Error(), Code: codeBadRequest})
 		return
+	}
+	if n.cfg.CheckForwarded != nil {
+		if err := n.cfg.CheckForwarded(cmd); err != nil {
+			writeJSON(w, http.StatusBadRequest, applyEnvelope{Error: "command refused: " + err.Error(), Code: codeForbiddenCmd})
+			return
+		}
 	}
 	if n.isClosing() {
 		n.writeApplyResult(w, nil, ErrShutdown)
@@ -312,7 +376,7 @@ func (n *Node) forward(ctx context.Context, path, contentType string, body []byt
 		ctx, cancel = context.WithTimeout(ctx, defaultForwardTimeout)
 		defer cancel()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL(base)+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.baseURL(base)+path, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, leader, fmt.Errorf("%w: leader %s: %v", ErrNoLeader, leader, err)
 	}
@@ -355,6 +419,19 @@ func baseURL(s string) string {
 	return s
 }
 
+// baseURL is baseURL with HTTPS whenever the node has TLS, whatever the
+// address says: the credential is the node's client certificate, and the
+// AuthToken it also sends must never cross the network in clear.
+func (n *Node) baseURL(s string) string {
+	s = baseURL(s)
+	if n.cfg.TLS != nil {
+		if rest, ok := strings.CutPrefix(s, "http://"); ok {
+			s = "https://" + rest
+		}
+	}
+	return s
+}
+
 // checkRaftAddr accepts host:port with a non-empty host and a port in
 // 1..65535.
 func checkRaftAddr(addr string) error {
@@ -385,9 +462,56 @@ func (n *Node) handleJoin(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, adminResponse{Error: err.Error(), Code: codeBadRequest})
 		return
 	}
+	if n.cfg.TLS != nil {
+		if status, code, err := n.checkJoin(r, req); err != nil {
+			n.refusedHTTP.Add(1)
+			n.log.Warn("refused join", "node_id", req.NodeID, "raft_addr", req.RaftAddr, "remote", r.RemoteAddr, "err", err)
+			writeJSON(w, status, adminResponse{Error: err.Error(), Code: code})
+			return
+		}
+	}
+	var members []string
 	n.serveAdmin(w, r, "/cluster/join", req, func(ctx context.Context) error {
-		return n.addVoter(ctx, raft.ServerID(req.NodeID), raft.ServerAddress(req.RaftAddr))
-	})
+		if err := n.addVoter(ctx, raft.ServerID(req.NodeID), raft.ServerAddress(req.RaftAddr)); err != nil {
+			return err
+		}
+		members = n.memberIDs()
+		return nil
+	}, func() []string { return members })
+}
+
+// checkJoin enforces the TLS join rule: the caller is the joining node
+// itself (its certificate names req.NodeID) and req.RaftAddr answers a TLS
+// dial with a certificate naming req.NodeID — or the caller is a member
+// forwarding a join it checked so (X-Kvrouter-Forwarded-By names it).
+func (n *Node) checkJoin(r *http.Request, req joinRequest) (status int, code string, err error) {
+	caller, err := requestIdentity(r)
+	if err != nil {
+		return http.StatusUnauthorized, codeUnauthorized, err
+	}
+	if by := r.Header.Get(headerForwardedBy); by != "" {
+		if by != caller.ID || !n.gate.isMember(caller.ID) {
+			return http.StatusForbidden, codeForbidden, fmt.Errorf("forwarded join: caller %s is not member %q", caller, by)
+		}
+		return 0, "", nil
+	}
+	if caller != pki.Node(req.NodeID) {
+		return http.StatusForbidden, codeForbidden, fmt.Errorf("a node joins itself: caller %s may not join node %q", caller, req.NodeID)
+	}
+	if err := n.verifyRaftPeer(r.Context(), req.NodeID, req.RaftAddr); err != nil {
+		return http.StatusBadRequest, codeUnverified, err
+	}
+	return 0, "", nil
+}
+
+// memberIDs are the node ids of the latest configuration.
+func (n *Node) memberIDs() []string {
+	servers, _ := n.gate.servers()
+	ids := make([]string, 0, len(servers))
+	for _, s := range servers {
+		ids = append(ids, string(s.ID))
+	}
+	return ids
 }
 
 func (n *Node) handleRemove(w http.ResponseWriter, r *http.Request) {
@@ -398,17 +522,22 @@ func (n *Node) handleRemove(w http.ResponseWriter, r *http.Request) {
 	}
 	n.serveAdmin(w, r, "/cluster/remove", req, func(ctx context.Context) error {
 		return waitFuture(ctx, n.raft.RemoveServer(raft.ServerID(req.NodeID), 0, n.cfg.ApplyTimeout))
-	})
+	}, nil)
 }
 
-// serveAdmin runs op on the leader, or forwards the request once.
-func (n *Node) serveAdmin(w http.ResponseWriter, r *http.Request, path string, req any, op func(context.Context) error) {
+// serveAdmin runs op on the leader, or forwards the request once; members,
+// when set, fills the success answer's Members.
+func (n *Node) serveAdmin(w http.ResponseWriter, r *http.Request, path string, req any, op func(context.Context) error, members func() []string) {
 	if n.raft.State() == raft.Leader {
 		if err := mapRaftError(op(r.Context())); err != nil {
 			n.writeAdminError(w, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, adminResponse{OK: true})
+		ok := adminResponse{OK: true}
+		if members != nil {
+			ok.Members = members()
+		}
+		writeJSON(w, http.StatusOK, ok)
 		return
 	}
 	if by := r.Header.Get(headerForwardedBy); by != "" {
@@ -470,27 +599,53 @@ func adminResult(target string, status int, body []byte) error {
 // acceptance.
 func (n *Node) joinOnce(ctx context.Context) error {
 	body, _ := json.Marshal(joinRequest{NodeID: n.cfg.NodeID, RaftAddr: n.cfg.AdvertiseAddr, HTTPAddr: n.cfg.HTTPAddr})
+	client := n.client
+	if n.cfg.TLS != nil {
+		// This node has no configuration yet, so no member to check the
+		// target against: any node of our CA the operator named will do,
+		// and from the handshake on this node accepts Raft connections from
+		// it (the target dials back to check this node's raft_addr).
+		t := n.httpTransport(func(id pki.Identity) error {
+			if err := pki.AllowRoles(pki.RoleNode)(id); err != nil {
+				return err
+			}
+			n.gate.allowJoin(id.ID)
+			return nil
+		})
+		defer t.CloseIdleConnections()
+		client = &http.Client{Transport: t}
+	}
 	var errs []error
 	for _, target := range n.cfg.Join {
-		if n.cfg.HTTPAddr != "" && baseURL(target) == baseURL(n.cfg.HTTPAddr) {
+		if n.cfg.HTTPAddr != "" && n.baseURL(target) == n.baseURL(n.cfg.HTTPAddr) {
 			continue // the same --join list is given to every node
 		}
 		err := func() error {
 			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL(target)+"/cluster/join", bytes.NewReader(body))
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.baseURL(target)+"/cluster/join", bytes.NewReader(body))
 			if err != nil {
 				return err
 			}
 			req.Header.Set("Content-Type", "application/json")
 			n.setAuth(req)
-			resp, err := n.client.Do(req)
+			resp, err := client.Do(req)
 			if err != nil {
 				return err
 			}
 			defer resp.Body.Close()
 			rb, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-			return adminResult(target, resp.StatusCode, rb)
+			if err := adminResult(target, resp.StatusCode, rb); err != nil {
+				return err
+			}
+			var ar adminResponse
+			if json.Unmarshal(rb, &ar) == nil {
+				// The leader replicates to us from now on: accept it and the
+				// other members until its first entries bring the
+				// configuration.
+				n.gate.allowJoin(ar.Members...)
+			}
+			return nil
 		}()
 		if err == nil {
 			n.log.Info("joined cluster", "via", target)

@@ -12,10 +12,17 @@ import (
 // Join adds (id, raftAddr) as a voter. Idempotent: the same id at the same
 // address is already a voter → nil; the same id at a new address is removed
 // and re-added; another id at this address is removed first. Followers
-// forward to the leader.
+// forward to the leader. With TLS, raftAddr must first answer as node id.
 func (n *Node) Join(ctx context.Context, id, raftAddr string) error {
 	if id == "" || raftAddr == "" {
 		return errors.New("cluster: join needs node_id and raft_addr")
+	}
+	if n.cfg.TLS != nil {
+		// The same proof /cluster/join asks for: a bogus voter would cost
+		// the cluster its quorum.
+		if err := n.verifyRaftPeer(ctx, id, raftAddr); err != nil {
+			return fmt.Errorf("cluster: join %s: %w", id, err)
+		}
 	}
 	if n.raft.State() != raft.Leader {
 		return n.forwardAdmin(ctx, "/cluster/join", joinRequest{NodeID: id, RaftAddr: raftAddr})

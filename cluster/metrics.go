@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -41,6 +42,13 @@ func newMetrics(n *Node) *metrics {
 	counter := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
 	}
+	refusals := func(port string, v *atomic.Uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "kvrouter_cluster_peer_refusals_total",
+			Help:        "Connections (port=raft: TLS handshakes, or shed when too many were pending) and /cluster/ requests (port=http) refused for want of a member node's certificate.",
+			ConstLabels: prometheus.Labels{"port": port},
+		}, func() float64 { return float64(v.Load()) })
+	}
 	m.collectors = []prometheus.Collector{
 		m.applySeconds, m.snapshots, m.leaderChanges,
 		gauge("kvrouter_raft_state", "Raft state: 0 follower, 1 candidate, 2 leader, 3 shutdown.",
@@ -58,6 +66,8 @@ func newMetrics(n *Node) *metrics {
 				}
 				return 0
 			}),
+		refusals("raft", &n.refusedRaft),
+		refusals("http", &n.refusedHTTP),
 		counter("kvrouter_fsm_unknown_types_total", "Log entries of a command type or envelope version this build does not know, without the ignore bit (each halts the state machine).",
 			func() float64 { u, _, _ := n.sm.Refused(); return float64(u) }),
 		counter("kvrouter_fsm_undecodable_total", "Log entries that did not decode (a proposer bug or corruption; skipped on every replica alike).",

@@ -35,7 +35,14 @@ type Node struct {
 	logs   raft.LogStore // the bolt store behind a small read cache
 	snaps  *raft.FileSnapshotStore
 	m      *metrics
-	client *http.Client
+	client *http.Client // forwarding and commit-index requests (to members)
+	dial   func(ctx context.Context, network, addr string) (net.Conn, error)
+	gate   *peerGate // who may speak Raft and call /cluster/ (tls.go)
+
+	// refusedRaft and refusedHTTP count peers refused for want of a member
+	// certificate (kvrouter_cluster_peer_refusals_total).
+	refusedRaft atomic.Uint64
+	refusedHTTP atomic.Uint64
 
 	hadState bool // data dir held Raft state when the node was opened
 
@@ -115,7 +122,12 @@ func New(cfg Config, sm StateMachine) (_ *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: inspect existing state: %w", err)
 	}
-	n.trans, err = newTransport(&cfg, hl)
+	n.dial = cfg.Dial
+	if n.dial == nil {
+		n.dial = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	}
+	n.gate = newPeerGate(&cfg)
+	n.trans, err = newTransport(&cfg, hl, n.gate, func() { n.refusedRaft.Add(1) })
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
@@ -152,19 +164,14 @@ func New(cfg Config, sm StateMachine) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
 	cleanup = append(cleanup, func() { n.raft.Shutdown().Error() })
+	// From now on the gate reads raft's configuration; until here it
+	// refused every peer.
+	n.gate.rf.Store(n.raft)
 	if err := n.m.register(cfg.Registry); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 
-	dial := cfg.Dial
-	if dial == nil {
-		dial = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
-	}
-	n.client = &http.Client{Transport: &http.Transport{
-		DialContext:         dial,
-		MaxIdleConnsPerHost: 16,
-		IdleConnTimeout:     90 * time.Second,
-	}}
+	n.client = &http.Client{Transport: n.httpTransport(n.gate.members())}
 
 	n.observer = raft.NewObserver(n.obsCh, false, func(o *raft.Observation) bool {
 		_, ok := o.Data.(raft.LeaderObservation)

@@ -28,9 +28,11 @@ func (s *streamLayer) Accept() (net.Conn, error) { return s.ln.Accept() }
 func (s *streamLayer) Close() error              { return s.ln.Close() }
 func (s *streamLayer) Addr() net.Addr            { return s.advertise }
 
-// newTransport builds the Raft network transport: raft.NewTCPTransport's
-// stream layer when no dial hook is configured, ours otherwise.
-func newTransport(cfg *Config, logger *hclogAdapter) (*raft.NetworkTransport, error) {
+// newTransport builds the Raft network transport: mutual TLS when
+// cfg.TLS is set (tls.go), else raft.NewTCPTransport's stream layer when no
+// dial hook is configured, ours otherwise. The NetworkTransport on top —
+// connection pool, I/O timeouts, pipelining — is the same in every case.
+func newTransport(cfg *Config, logger *hclogAdapter, gate *peerGate, refused func()) (*raft.NetworkTransport, error) {
 	adv, err := net.ResolveTCPAddr("tcp", cfg.AdvertiseAddr)
 	if err != nil {
 		return nil, fmt.Errorf("resolve advertise address %q: %w", cfg.AdvertiseAddr, err)
@@ -39,6 +41,14 @@ func newTransport(cfg *Config, logger *hclogAdapter) (*raft.NetworkTransport, er
 		MaxPool: 3,
 		Timeout: cfg.TransportTimeout,
 		Logger:  logger.Named("transport"),
+	}
+	if cfg.TLS != nil {
+		ln, err := net.Listen("tcp", cfg.RaftAddr)
+		if err != nil {
+			return nil, fmt.Errorf("raft transport on %s: %w", cfg.RaftAddr, err)
+		}
+		tc.Stream = newTLSStreamLayer(ln, adv, cfg, gate, refused)
+		return raft.NewNetworkTransportWithConfig(tc), nil
 	}
 	if cfg.Dial == nil {
 		t, err := raft.NewTCPTransportWithConfig(cfg.RaftAddr, adv, tc)

@@ -1,11 +1,14 @@
 // Package clustertest is an in-process harness for cluster.Node: real
 // raft-boltdb stores in t.TempDir(), real TCP transports on 127.0.0.1, a
 // controllable network (Partition, Isolate, Heal), Restart, Wipe, AddNode,
-// and polling helpers (never sleep to synchronise).
+// and polling helpers (never sleep to synchronise). Options.TLS runs every
+// member with a node certificate of a test CA: mutual TLS on Raft and
+// HTTPS with client certificates on the cluster endpoints.
 package clustertest
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/cluster"
+	"github.com/kvrouter/kvrouter/internal/pki"
 	"github.com/kvrouter/kvrouter/internal/poll"
 )
 
@@ -66,6 +70,11 @@ type Options struct {
 	Quiet    bool
 	// FormTimeout bounds Form on each start; default 30s.
 	FormTimeout time.Duration
+	// TLS gives every member a node certificate (pki.Node(ID), host
+	// 127.0.0.1) of a CA the harness creates (Cluster.CA): Raft runs over
+	// mutual TLS, HTTP over HTTPS (cluster.HTTPServerTLS) and HTTPURL is
+	// https://.
+	TLS bool
 }
 
 func (o *Options) defaults() {
@@ -106,7 +115,11 @@ type Member struct {
 	reg     *prometheus.Registry
 	httpURL string
 	srv     *http.Server
+	bundle  *pki.Bundle // TLS mode: this member's certificate, kept across restarts
 }
+
+// Bundle is the member's TLS material (nil without Options.TLS).
+func (m *Member) Bundle() *pki.Bundle { return m.bundle }
 
 // Node is the running node, nil while stopped.
 func (m *Member) Node() *cluster.Node {
@@ -146,6 +159,7 @@ type Cluster struct {
 	opts Options
 	base string
 	logs *testLogSink
+	ca   *pki.CA // TLS mode only
 
 	// mu guards members (AddNode appends while other goroutines read
 	// them). peers is written only by New, before the Cluster is shared.
@@ -159,6 +173,13 @@ func New(t testing.TB, n int, opts Options) *Cluster {
 	t.Helper()
 	opts.defaults()
 	c := &Cluster{T: t, Net: NewNetwork(), opts: opts, base: t.TempDir(), logs: &testLogSink{t: t}}
+	if opts.TLS {
+		ca, err := pki.NewCA(pki.CAOptions{Name: "clustertest CA"})
+		if err != nil {
+			t.Fatalf("test CA: %v", err)
+		}
+		c.ca = ca
+	}
 	// Cleanups run last-in first-out: stop the log sink after the nodes.
 	t.Cleanup(c.logs.close)
 	t.Cleanup(c.shutdownAll)
@@ -195,7 +216,52 @@ func (c *Cluster) newMember() *Member {
 		c:        c,
 	}
 	c.Net.Register(m.RaftAddr, i)
+	if c.ca != nil {
+		m.bundle = c.Issue(pki.Node(m.ID))
+	}
 	return m
+}
+
+// CA is the harness's test CA (nil without Options.TLS): tests mint
+// certificates from it for strangers, workers and non-members.
+func (c *Cluster) CA() *pki.CA { return c.ca }
+
+// Issue returns a bundle for id from the harness CA (host 127.0.0.1).
+func (c *Cluster) Issue(id pki.Identity) *pki.Bundle {
+	c.T.Helper()
+	return IssueBundle(c.T, c.ca, id)
+}
+
+// IssueBundle issues a certificate for id (host 127.0.0.1) from ca and
+// returns it as a bundle trusting ca.
+func IssueBundle(t testing.TB, ca *pki.CA, id pki.Identity) *pki.Bundle {
+	t.Helper()
+	if ca == nil {
+		t.Fatal("clustertest: no CA (Options.TLS is off)")
+	}
+	kp, err := ca.Issue(pki.Request{Identity: id, Hosts: []string{"127.0.0.1"}})
+	if err != nil {
+		t.Fatalf("issue %s: %v", id, err)
+	}
+	b, err := pki.NewBundle(ca.CertPEM(), kp)
+	if err != nil {
+		t.Fatalf("bundle %s: %v", id, err)
+	}
+	return b
+}
+
+// HTTPClient is an HTTP client presenting b's certificate (nil b: none)
+// and trusting the harness CA, for tests calling members' endpoints as
+// some peer would.
+func (c *Cluster) HTTPClient(b *pki.Bundle) *http.Client {
+	var cfg *tls.Config
+	switch {
+	case b != nil:
+		cfg = b.ClientTLS(nil)
+	case c.ca != nil:
+		cfg = pki.TrustOnlyTLS(c.ca.Pool(), nil)
+	}
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
 }
 
 // freeAddr reserves a 127.0.0.1 port by binding and releasing it.
@@ -252,6 +318,10 @@ func (c *Cluster) start(m *Member, so startOpts) error {
 	}
 	httpURL := "http://" + ln.Addr().String()
 	c.Net.Register(ln.Addr().String(), m.Index)
+	if m.bundle != nil {
+		ln = tls.NewListener(ln, cluster.HTTPServerTLS(m.bundle))
+		httpURL = "https://" + ln.Addr().String()
+	}
 
 	reg := prometheus.NewRegistry()
 	sm := c.opts.NewFSM(m.Index)
@@ -274,6 +344,7 @@ func (c *Cluster) start(m *Member, so startOpts) error {
 		Dial:               c.Net.Dialer(m.Index),
 		Logger:             c.logs.logger(c.opts),
 		Registry:           reg,
+		TLS:                m.bundle,
 	}
 	if _, ok := sm.(*FSM); ok {
 		cfg.DecodeResult = DecodeCount
