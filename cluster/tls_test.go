@@ -1,13 +1,19 @@
 package cluster_test
 
 import (
+	"crypto/tls"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
 
 	"github.com/kvrouter/kvrouter/cluster/clustertest"
+	"github.com/kvrouter/kvrouter/internal/pki"
 	"github.com/kvrouter/kvrouter/internal/poll"
 )
 
@@ -58,5 +64,208 @@ func TestClusterTLSFormJoin(t *testing.T) {
 	c.WaitConverged()
 	c.Wipe(followerOf(c, l).Index)
 	c.ApplyN("b", 5)
+	c.WaitConverged()
+}
+
+// refusals is kvrouter_cluster_peer_refusals_total{port} of member m.
+func refusals(t *testing.T, m *clustertest.Member, port string) float64 {
+	t.Helper()
+	mf, ok := gather(t, m.Registry())["kvrouter_cluster_peer_refusals_total"]
+	if !ok {
+		t.Fatal("kvrouter_cluster_peer_refusals_total missing")
+	}
+	for _, x := range mf.GetMetric() {
+		for _, l := range x.GetLabel() {
+			if l.GetName() == "port" && l.GetValue() == port {
+				return x.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no refusals counter for port %s", port)
+	return 0
+}
+
+// attackerTLS is how a stranger holding b dials: it presents b's
+// certificate whatever CAs the server asks for (crypto/tls would
+// otherwise send nothing when b's CA is not among them) and does not care
+// whom it reaches.
+func attackerTLS(b *pki.Bundle) *tls.Config {
+	c := b.ClientTLS(nil)
+	cert := c.Certificates[0]
+	c.Certificates = nil
+	c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }
+	c.InsecureSkipVerify = true
+	c.VerifyConnection = nil
+	return c
+}
+
+// probeRaftTLS completes a client handshake to addr with cfg and reads: a
+// member's transport would wait for an RPC (the read times out), a refused
+// peer's connection is failed by the server's handshake (TLS 1.3 tells a
+// client its certificate was refused at its first read).
+func probeRaftTLS(addr string, cfg *tls.Config) error {
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
+	_, err = conn.Read(make([]byte, 1))
+	return err
+}
+
+// state is what a forged RPC must not change.
+type memberState struct {
+	term, commit, applied uint64
+	leader, digest        string
+}
+
+func stateOf(m *clustertest.Member) memberState {
+	st := m.Node().Status()
+	return memberState{term: st.Term, commit: st.CommitIndex, applied: st.AppliedIndex, leader: st.LeaderID, digest: st.Digest}
+}
+
+// forgedAppendEntries is the probe of issue 16: a term-1000 AppendEntries
+// from a "leader" that is no member, consistent with the target's log (so
+// a transport that let it through would make raft accept it), carrying one
+// entry and a commit index that covers it.
+func forgedAppendEntries(m *clustertest.Member, from string) *raft.AppendEntriesRequest {
+	st := m.Node().Status()
+	var lastTerm uint64
+	fmt.Sscan(m.Node().Stats()["last_log_term"], &lastTerm)
+	return &raft.AppendEntriesRequest{
+		RPCHeader:         raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("evil"), Addr: []byte(from)},
+		Term:              1000,
+		PrevLogEntry:      st.LastLogIndex,
+		PrevLogTerm:       lastTerm,
+		Entries:           []*raft.Log{{Index: st.LastLogIndex + 1, Term: 1000, Type: raft.LogCommand, Data: []byte("forged")}},
+		LeaderCommitIndex: st.LastLogIndex + 1,
+	}
+}
+
+// attackerStream is a raft.StreamLayer dialing with TLS config cfg (nil:
+// plain TCP), so the forged RPC is exactly what raft's own transport sends.
+type attackerStream struct {
+	net.Listener
+	cfg *tls.Config
+}
+
+func (s attackerStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	d := &net.Dialer{Timeout: timeout}
+	if s.cfg == nil {
+		return d.Dial("tcp", string(addr))
+	}
+	return tls.DialWithDialer(d, "tcp", string(addr), s.cfg)
+}
+
+// sendForged sends forgedAppendEntries to m through a raft transport of
+// the attacker's and returns raft's verdict.
+func sendForged(t *testing.T, m *clustertest.Member, cfg *tls.Config) (*raft.AppendEntriesResponse, error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	trans := raft.NewNetworkTransport(attackerStream{Listener: ln, cfg: cfg}, 1, 5*time.Second, io.Discard)
+	defer trans.Close()
+	var resp raft.AppendEntriesResponse
+	err = trans.AppendEntries("n-target", raft.ServerAddress(m.RaftAddr), forgedAppendEntries(m, ln.Addr().String()), &resp)
+	return &resp, err
+}
+
+// TestClusterRaftForgedAppendEntriesPlain is the control for the TLS
+// probes: without TLS the forged AppendEntries works (the replica adopts
+// term 1000 and commits the attacker's entry), so the probe is real and
+// its refusal below means something.
+func TestClusterRaftForgedAppendEntriesPlain(t *testing.T) {
+	c := clustertest.New(t, 1, clustertest.Options{Quiet: true})
+	c.WaitLeader()
+	c.ApplyN("a", 3)
+	m := c.M(0)
+	before := stateOf(m)
+	resp, err := sendForged(t, m, nil)
+	if err != nil || !resp.Success {
+		t.Fatalf("forged AppendEntries on plain TCP: success=%v err=%v (the control should succeed)", resp.Success, err)
+	}
+	poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if after := stateOf(m); after.term != 1000 || after.applied <= before.applied {
+			return fmt.Errorf("term %d applied %d (before %d)", after.term, after.applied, before.applied)
+		}
+		return nil
+	})
+}
+
+// TestClusterTLSRaftRefusesStrangers: with TLS, the Raft port refuses in
+// the handshake a client without a certificate, with a certificate of
+// another CA (even one naming a member), with a worker certificate, and
+// with a node certificate of a non-member; the forged term-1000
+// AppendEntries over plain TCP and over TLS with a non-member's
+// certificate changes nothing: term, leader, commit and applied index and
+// digest are as before on every member.
+func TestClusterTLSRaftRefusesStrangers(t *testing.T) {
+	c := clustertest.New(t, 3, clustertest.Options{TLS: true})
+	c.WaitLeader()
+	c.ApplyN("a", 5)
+	c.WaitConverged()
+
+	otherCA, err := pki.NewCA(pki.CAOptions{Name: "attacker CA"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign := clustertest.IssueBundle(t, otherCA, pki.Node("n0"))
+	worker := c.Issue(pki.Worker("w1"))
+	stranger := c.Issue(pki.Node("n9"))
+	noCert := pki.TrustOnlyTLS(c.CA().Pool(), nil)
+	noCert.InsecureSkipVerify, noCert.VerifyConnection = true, nil
+
+	before := map[string]memberState{}
+	for _, m := range c.Members() {
+		before[m.ID] = stateOf(m)
+	}
+	for _, m := range c.Members() {
+		for _, p := range []struct {
+			name string
+			cfg  *tls.Config
+		}{
+			{"no certificate", noCert},
+			{"another CA's certificate naming a member", attackerTLS(foreign)},
+			{"worker certificate", attackerTLS(worker)},
+			{"non-member node certificate", attackerTLS(stranger)},
+		} {
+			was := refusals(t, m, "raft")
+			err := probeRaftTLS(m.RaftAddr, p.cfg)
+			var ne net.Error
+			if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+				t.Errorf("%s: %s: connection kept (err %v)", m.ID, p.name, err)
+			}
+			poll.Until(t, 5*time.Second, 10*time.Millisecond, func() error {
+				if got := refusals(t, m, "raft"); got != was+1 {
+					return fmt.Errorf("%s: %s: raft refusals %v, want %v", m.ID, p.name, got, was+1)
+				}
+				return nil
+			})
+		}
+		for _, p := range []struct {
+			name string
+			cfg  *tls.Config
+		}{
+			{"plain TCP", nil},
+			{"TLS with a non-member certificate", attackerTLS(stranger)},
+			{"TLS with a worker certificate", attackerTLS(worker)},
+		} {
+			if resp, err := sendForged(t, m, p.cfg); err == nil {
+				t.Errorf("%s: forged AppendEntries over %s answered %+v", m.ID, p.name, resp)
+			}
+		}
+	}
+	// Give a forged entry that slipped through time to commit and apply.
+	c.WaitConverged()
+	for _, m := range c.Members() {
+		if got := stateOf(m); got != before[m.ID] {
+			t.Errorf("%s changed: before %+v, after %+v", m.ID, before[m.ID], got)
+		}
+	}
+	// The cluster still works.
+	c.ApplyN("b", 3)
 	c.WaitConverged()
 }
