@@ -472,6 +472,16 @@ func (n *Node) handleJoin(w http.ResponseWriter, r *http.Request) {
 	}
 	var members []string
 	n.serveAdmin(w, r, "/cluster/join", req, func(ctx context.Context) error {
+		if n.cfg.TLS != nil {
+			// The leader checks every join it executes, forwarded or not:
+			// a member's certificate vouches for the member, not for the
+			// address it forwards.
+			if err := n.verifyRaftPeer(ctx, req.NodeID, req.RaftAddr); err != nil {
+				n.refusedHTTP.Add(1)
+				n.log.Warn("refused join", "node_id", req.NodeID, "raft_addr", req.RaftAddr, "remote", r.RemoteAddr, "err", err)
+				return fmt.Errorf("%w: %w", errUnverified, err)
+			}
+		}
 		if err := n.addVoter(ctx, raft.ServerID(req.NodeID), raft.ServerAddress(req.RaftAddr)); err != nil {
 			return err
 		}
@@ -480,10 +490,15 @@ func (n *Node) handleJoin(w http.ResponseWriter, r *http.Request) {
 	}, func() []string { return members })
 }
 
-// checkJoin enforces the TLS join rule: the caller is the joining node
-// itself (its certificate names req.NodeID) and req.RaftAddr answers a TLS
-// dial with a certificate naming req.NodeID — or the caller is a member
-// forwarding a join it checked so (X-Kvrouter-Forwarded-By names it).
+// errUnverified: a join's raft_addr did not answer as the node it names.
+var errUnverified = errors.New("join refused")
+
+// checkJoin enforces the caller half of the TLS join rule: the caller is
+// the joining node itself (its certificate names req.NodeID), or a member
+// forwarding a join (X-Kvrouter-Forwarded-By names the caller). The other
+// half — req.RaftAddr answers a TLS dial with a certificate naming
+// req.NodeID — is checked by the leader just before it changes the
+// configuration (handleJoin), whoever forwarded the request.
 func (n *Node) checkJoin(r *http.Request, req joinRequest) (status int, code string, err error) {
 	caller, err := requestIdentity(r)
 	if err != nil {
@@ -497,9 +512,6 @@ func (n *Node) checkJoin(r *http.Request, req joinRequest) (status int, code str
 	}
 	if caller != pki.Node(req.NodeID) {
 		return http.StatusForbidden, codeForbidden, fmt.Errorf("a node joins itself: caller %s may not join node %q", caller, req.NodeID)
-	}
-	if err := n.verifyRaftPeer(r.Context(), req.NodeID, req.RaftAddr); err != nil {
-		return http.StatusBadRequest, codeUnverified, err
 	}
 	return 0, "", nil
 }
@@ -557,6 +569,8 @@ func (n *Node) serveAdmin(w http.ResponseWriter, r *http.Request, path string, r
 
 func (n *Node) writeAdminError(w http.ResponseWriter, err error) {
 	switch {
+	case errors.Is(err, errUnverified):
+		writeJSON(w, http.StatusBadRequest, adminResponse{Error: err.Error(), Code: codeUnverified})
 	case errors.Is(err, ErrNoLeader), errors.Is(err, ErrShutdown):
 		writeJSON(w, http.StatusServiceUnavailable, adminResponse{Error: err.Error(), Code: codeNoLeader})
 	case errors.Is(err, ErrOutcomeUnknown):

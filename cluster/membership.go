@@ -17,15 +17,16 @@ func (n *Node) Join(ctx context.Context, id, raftAddr string) error {
 	if id == "" || raftAddr == "" {
 		return errors.New("cluster: join needs node_id and raft_addr")
 	}
+	if n.raft.State() != raft.Leader {
+		// The leader checks raftAddr (handleJoin).
+		return n.forwardAdmin(ctx, "/cluster/join", joinRequest{NodeID: id, RaftAddr: raftAddr})
+	}
 	if n.cfg.TLS != nil {
 		// The same proof /cluster/join asks for: a bogus voter would cost
 		// the cluster its quorum.
 		if err := n.verifyRaftPeer(ctx, id, raftAddr); err != nil {
 			return fmt.Errorf("cluster: join %s: %w", id, err)
 		}
-	}
-	if n.raft.State() != raft.Leader {
-		return n.forwardAdmin(ctx, "/cluster/join", joinRequest{NodeID: id, RaftAddr: raftAddr})
 	}
 	return n.addVoter(ctx, raft.ServerID(id), raft.ServerAddress(raftAddr))
 }

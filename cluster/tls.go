@@ -219,6 +219,13 @@ func (s *tlsStreamLayer) handshake(c net.Conn) {
 	if err := tc.Handshake(); err != nil {
 		c.Close()
 		s.refused()
+		if servers, _ := s.gate.servers(); len(servers) == 0 && errors.Is(err, pki.ErrNotAllowed) {
+			// A node joining through a follower is checked by the leader,
+			// which this node cannot know yet: expected, the leader's check
+			// needs only this node's certificate.
+			s.log.Info("refused raft connection from a node not known before joining", "remote", c.RemoteAddr().String(), "err", err)
+			return
+		}
 		s.log.Warn("refused raft connection", "remote", c.RemoteAddr().String(), "err", err)
 		return
 	}

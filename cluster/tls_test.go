@@ -1,17 +1,23 @@
 package cluster_test
 
 import (
+	"bytes"
+	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
 
+	"github.com/kvrouter/kvrouter/cluster"
 	"github.com/kvrouter/kvrouter/cluster/clustertest"
 	"github.com/kvrouter/kvrouter/internal/pki"
 	"github.com/kvrouter/kvrouter/internal/poll"
@@ -268,4 +274,175 @@ func TestClusterTLSRaftRefusesStrangers(t *testing.T) {
 	// The cluster still works.
 	c.ApplyN("b", 3)
 	c.WaitConverged()
+}
+
+// postJSON sends body to url with client and returns the status and decoded
+// JSON answer (error, code, ok).
+func postJSON(t *testing.T, client *http.Client, url string, body []byte, header map[string]string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, map[string]any{"transport_error": err.Error()}
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out
+}
+
+// TestClusterTLSEndpointsRefuse: with TLS the /cluster/ endpoints take a
+// member's client certificate and nothing else — not the admin token, not
+// a worker's or a non-member's certificate; /cluster/apply refuses command
+// types replicas do not forward (CheckForwarded); a join must come from
+// the joining node itself and name a raft_addr answering as it (a bogus
+// voter is refused and the configuration stays as it was); a removed
+// member's certificate no longer opens the Raft port.
+func TestClusterTLSEndpointsRefuse(t *testing.T) {
+	const token = "s3cret"
+	c := clustertest.New(t, 3, clustertest.Options{TLS: true, Configure: func(_ int, cfg *cluster.Config, _ cluster.StateMachine) {
+		cfg.AuthToken = token
+		cfg.CheckForwarded = func(cmd []byte) error {
+			if bytes.HasPrefix(cmd, []byte("leader-only")) {
+				return errors.New("leader-only commands are not forwarded")
+			}
+			return nil
+		}
+	}})
+	l := c.WaitLeader()
+	c.ApplyN("a", 3)
+	c.WaitConverged()
+	f := followerOf(c, l)
+	// Forwarding (follower → leader over HTTPS with its node certificate)
+	// works although the token alone would not.
+	if _, err := c.ApplyVia(f.Node, []byte("forwarded")); err != nil {
+		t.Fatalf("forwarded apply: %v", err)
+	}
+	c.WaitConverged()
+
+	otherCA, err := pki.NewCA(pki.CAOptions{Name: "attacker CA"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	member := f.Bundle()
+	stranger := c.Issue(pki.Node("n9"))
+	anon := c.HTTPClient(nil)
+	bearer := map[string]string{"Authorization": "Bearer " + token}
+	before := map[string]memberState{}
+	for _, m := range c.Members() {
+		before[m.ID] = stateOf(m)
+	}
+	configBefore := voters(t, l.Node())
+
+	type probe struct {
+		name   string
+		client *http.Client
+		path   string
+		body   string
+		header map[string]string
+		status int
+		code   string
+		leader bool // send to the leader only (a forwarded request reaching a follower gets 503)
+	}
+	freeAddr := func() string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return ln.Addr().String()
+	}
+	foreign := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: attackerTLS(clustertest.IssueBundle(t, otherCA, pki.Node("n1")))}}
+	probes := []probe{
+		{"apply, admin token, no certificate", anon, "/cluster/apply", "x1", bearer, 401, "unauthorized", false},
+		{"apply, worker certificate", c.HTTPClient(c.Issue(pki.Worker("w1"))), "/cluster/apply", "x2", nil, 403, "forbidden", false},
+		{"apply, non-member certificate", c.HTTPClient(stranger), "/cluster/apply", "x3", nil, 403, "forbidden", false},
+		{"apply, another CA's certificate", foreign, "/cluster/apply", "x4", nil, 0, "", false},
+		{"apply, member, a type replicas do not forward", c.HTTPClient(member), "/cluster/apply", "leader-only-1", nil, 400, "forbidden_command", false},
+		{"remove, non-member certificate", c.HTTPClient(stranger), "/cluster/remove", `{"node_id":"n2"}`, nil, 403, "forbidden", false},
+		{"remove, admin token", anon, "/cluster/remove", `{"node_id":"n2"}`, bearer, 401, "unauthorized", false},
+		{"join, no certificate", anon, "/cluster/join", `{"node_id":"n9","raft_addr":"` + freeAddr() + `"}`, bearer, 401, "unauthorized", false},
+		{"join, raft_addr where nothing answers", c.HTTPClient(stranger), "/cluster/join", `{"node_id":"n9","raft_addr":"` + freeAddr() + `"}`, nil, 400, "unverified_peer", false},
+		{"join, raft_addr of another member", c.HTTPClient(stranger), "/cluster/join", `{"node_id":"n9","raft_addr":"` + c.M(2).RaftAddr + `"}`, nil, 400, "unverified_peer", false},
+		{"join of another node than the caller", c.HTTPClient(stranger), "/cluster/join", `{"node_id":"n8","raft_addr":"` + freeAddr() + `"}`, nil, 403, "forbidden", false},
+		{"join, worker certificate", c.HTTPClient(c.Issue(pki.Worker("n9"))), "/cluster/join", `{"node_id":"n9","raft_addr":"` + freeAddr() + `"}`, nil, 403, "forbidden", false},
+		{"join, forwarded-by spoofed by a non-member", c.HTTPClient(stranger), "/cluster/join", `{"node_id":"n7","raft_addr":"` + freeAddr() + `"}`, map[string]string{"X-Kvrouter-Forwarded-By": "n9"}, 403, "forbidden", false},
+		{"join, member claiming another forwarder", c.HTTPClient(member), "/cluster/join", `{"node_id":"n7","raft_addr":"` + freeAddr() + `"}`, map[string]string{"X-Kvrouter-Forwarded-By": l.ID}, 403, "forbidden", false},
+		// A member's certificate vouches for the member, not for the
+		// address it forwards: the leader checks it anyway.
+		{"join forwarded by a member, raft_addr where nothing answers", c.HTTPClient(member), "/cluster/join", `{"node_id":"n7","raft_addr":"` + freeAddr() + `"}`, map[string]string{"X-Kvrouter-Forwarded-By": f.ID}, 400, "unverified_peer", true},
+		{"join forwarded by a member, raft_addr of another member", c.HTTPClient(member), "/cluster/join", `{"node_id":"n7","raft_addr":"` + c.M(2).RaftAddr + `"}`, map[string]string{"X-Kvrouter-Forwarded-By": f.ID}, 400, "unverified_peer", true},
+	}
+	for _, m := range []*clustertest.Member{l, f} {
+		for _, p := range probes {
+			if p.leader && m != l {
+				continue
+			}
+			status, out := postJSON(t, p.client, m.HTTPURL()+p.path, []byte(p.body), p.header)
+			if p.status == 0 {
+				if status != 0 {
+					t.Errorf("%s on %s: HTTP %d %v, want the handshake refused", p.name, m.ID, status, out)
+				}
+				continue
+			}
+			if status != p.status || out["code"] != p.code {
+				t.Errorf("%s on %s: HTTP %d %v, want %d %s", p.name, m.ID, status, out, p.status, p.code)
+			}
+		}
+		// GET /cluster/commit, readiness's channel, needs a member too.
+		resp, err := anon.Get(m.HTTPURL() + "/cluster/commit")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("commit without certificate on %s: HTTP %d", m.ID, resp.StatusCode)
+		}
+	}
+	c.WaitConverged()
+	for _, m := range c.Members() {
+		if got := stateOf(m); got != before[m.ID] {
+			t.Errorf("%s changed: before %+v, after %+v", m.ID, before[m.ID], got)
+		}
+	}
+	if got := voters(t, l.Node()); !slices.Equal(got, configBefore) {
+		t.Errorf("configuration %v, was %v", got, configBefore)
+	}
+	if got := refusals(t, l, "http"); got == 0 {
+		t.Error("no HTTP refusals counted")
+	}
+
+	// A member's own certificate applies directly.
+	status, out := postJSON(t, c.HTTPClient(member), l.HTTPURL()+"/cluster/apply", []byte("direct"), nil)
+	if status != http.StatusOK || out["error"] != nil {
+		t.Errorf("apply with a member certificate: HTTP %d %v", status, out)
+	}
+
+	// Removed, a member is refused on the Raft port although its
+	// certificate is still valid.
+	gone := c.M(2)
+	if gone == l {
+		gone = c.M(1)
+	}
+	if err := retryErr(t, func(ctx context.Context) error { return c.WaitLeader().Node().Remove(ctx, gone.ID) }); err != nil {
+		t.Fatalf("remove %s: %v", gone.ID, err)
+	}
+	l = c.WaitLeader()
+	poll.Until(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if len(voters(t, l.Node())) != 2 {
+			return fmt.Errorf("configuration %v", voters(t, l.Node()))
+		}
+		return nil
+	})
+	err = probeRaftTLS(l.RaftAddr, attackerTLS(gone.Bundle()))
+	var ne net.Error
+	if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+		t.Errorf("removed member %s kept a Raft connection to %s (err %v)", gone.ID, l.ID, err)
+	}
 }
