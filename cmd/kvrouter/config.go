@@ -13,74 +13,19 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvrouter/kvrouter/internal/pki"
+	"github.com/kvrouter/kvrouter/cluster"
+	"github.com/kvrouter/kvrouter/cmd/kvrouter/internal/replica"
 	"github.com/kvrouter/kvrouter/router"
 )
 
-// serveConfig is everything `kvrouter serve` is told.
+// serveConfig is everything `kvrouter serve` is told: the replica's
+// configuration, which the flags fill directly, plus what only the command
+// line uses.
 type serveConfig struct {
-	NodeID          string
-	DataDir         string
-	HTTPAddr        string // listen address
-	AdvertiseHTTP   string // base URL other replicas and tools use
-	RaftAddr        string
-	AdvertiseRaft   string   // Raft address peers dial (default RaftAddr)
-	NATSAddr        string   // embedded NATS client listen address
-	NATSClusterAddr string   // embedded NATS cluster (routes) listen address
-	NATSRoutes      []string // peers' cluster addresses (nats://host:port)
-	NATSURL         string   // external NATS cluster instead of the embedded one
-	Peers           []peer   // expected initial Raft members
-	Join            []string // HTTP URLs of replicas to join through
-	SingleNode      bool
-
-	Models        []string
-	ModelDirs     []modelDir // models with their own Hugging Face files
-	Tokenizer     string     // "builtin" or a path to tokenizer.json
-	ChatTemplate  string
-	Router        router.Config
-	BusyStatus    int
-	AdminToken    string
-	APIKeys       []string
-	StaticWorkers []staticWorker
-	Retries       int
-	MaxBodyBytes  int64
-	EventsMissing time.Duration // warn when a kv-mode worker publishes nothing this long
-	LogLevel      string
-	BridgeConfig  string        // engines whose ZMQ KV events this replica bridges itself (small fleets)
-	DrainDelay    time.Duration // on SIGTERM, /ready is 503 this long before the server stops
-	DrainTimeout  time.Duration // then in-flight requests get this long before the listener closes
-	Disagg        disaggConfig
-	// Security (SECURITY.md): node certificate, key and CA for the bus
-	// (and, once wired, Raft); Insecure is the explicit opt-out.
-	TLS      pki.Material
-	Insecure bool
-	// Bounds (api/DESIGN.md, "Bounds").
-	AllowLoopbackWorkers bool           // workers on loopback/link-local addresses (default: only when --http-addr is loopback)
-	MaxPriority          int            // highest client priority (default: no cap, as Dynamo)
-	MaxPriorityByKey     map[string]int // per API key
-	MaxWorkers           int
-	MaxQueue             int
-	WorkerHeaderTimeout  time.Duration
-	WorkerIdleTimeout    time.Duration
-	ProtectStatus        bool
-	// Dynamo's names with our meaning (dynamo.go).
-	SnapshotThreshold uint64   // Raft entries between snapshots (0: cluster default)
-	MinInitialWorkers int      // not ready below this many registered workers
-	AdmissionControl  string   // none or token-capacity
-	Warnings          []string // Dynamo names accepted without effect here, logged at start
-
-	// TokenizerCheck is how often each worker's /tokenize is compared with
-	// our ids (besides at registration); 0 = never (selfcheck.go).
-	TokenizerCheck time.Duration
-}
-
-type peer struct{ ID, RaftAddr string }
-
-// modelDir is one --model-dir NAME=DIR.
-type modelDir struct{ Name, Dir string }
-
-type staticWorker struct {
-	ID, URL string
+	replica.Config
+	LogLevel         string
+	AdmissionControl string   // none or token-capacity (Dynamo's; dynamo.go)
+	Warnings         []string // Dynamo names accepted without effect here, logged at start
 }
 
 // flagSpec binds one flag, its environment variable(s), and Dynamo's
@@ -96,7 +41,7 @@ type flagSpec struct {
 
 // parseServe reads flags, then environment variables for flags not given.
 func parseServe(args []string, getenv func(string) string, stderr io.Writer) (serveConfig, error) {
-	c := serveConfig{Router: router.DefaultConfig(), BusyStatus: 529, Retries: 2, MaxBodyBytes: 8 << 20, AdmissionControl: "none"}
+	c := serveConfig{Config: replica.Config{Router: router.DefaultConfig(), BusyStatus: 529, Retries: 2, MaxBodyBytes: 8 << 20}, AdmissionControl: "none"}
 	noEvents, noTrack := false, false
 	var loopbackWorkers *bool
 	c.MaxPriority = math.MaxInt32 // no cap unless --max-priority: Dynamo lets clients set it
@@ -290,7 +235,7 @@ func (c *serveConfig) finish() error {
 		return errors.New("--retries must not be negative")
 	}
 	if c.Disagg.Mode != router.DisaggOff {
-		if _, err := c.Disagg.routerConfig(); err != nil {
+		if _, err := c.Disagg.RouterConfig(); err != nil {
 			return err
 		}
 	}
@@ -298,8 +243,8 @@ func (c *serveConfig) finish() error {
 }
 
 // parseModelDirs reads NAME=DIR[,NAME=DIR…].
-func parseModelDirs(v string) ([]modelDir, error) {
-	var out []modelDir
+func parseModelDirs(v string) ([]replica.ModelDir, error) {
+	var out []replica.ModelDir
 	for _, item := range strings.Split(v, ",") {
 		item = strings.TrimSpace(item)
 		if item == "" {
@@ -309,7 +254,7 @@ func parseModelDirs(v string) ([]modelDir, error) {
 		if !ok || strings.TrimSpace(name) == "" || strings.TrimSpace(dir) == "" {
 			return nil, fmt.Errorf("--model-dir %q: want NAME=DIR", item)
 		}
-		out = append(out, modelDir{Name: strings.TrimSpace(name), Dir: strings.TrimSpace(dir)})
+		out = append(out, replica.ModelDir{Name: strings.TrimSpace(name), Dir: strings.TrimSpace(dir)})
 	}
 	return out, nil
 }
@@ -422,26 +367,26 @@ func envNote(env []string) string {
 	return " (env " + strings.Join(env, ", ") + ")"
 }
 
-func parsePeers(v string) ([]peer, error) {
-	var out []peer
+func parsePeers(v string) ([]cluster.Peer, error) {
+	var out []cluster.Peer
 	for _, item := range splitList(v) {
 		id, addr, ok := strings.Cut(item, "=")
 		if !ok || id == "" || addr == "" {
 			return nil, fmt.Errorf("peer %q: want id=host:port", item)
 		}
-		out = append(out, peer{ID: id, RaftAddr: addr})
+		out = append(out, cluster.Peer{ID: id, RaftAddr: addr})
 	}
 	return out, nil
 }
 
-func parseStatic(v string) ([]staticWorker, error) {
-	var out []staticWorker
+func parseStatic(v string) ([]replica.StaticWorker, error) {
+	var out []replica.StaticWorker
 	for _, item := range splitList(v) {
 		id, url, ok := strings.Cut(item, "=")
 		if !ok || id == "" || !strings.HasPrefix(url, "http") {
 			return nil, fmt.Errorf("worker %q: want id=http://host:port", item)
 		}
-		out = append(out, staticWorker{ID: id, URL: strings.TrimRight(url, "/")})
+		out = append(out, replica.StaticWorker{ID: id, URL: strings.TrimRight(url, "/")})
 	}
 	return out, nil
 }

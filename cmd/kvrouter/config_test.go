@@ -49,7 +49,7 @@ func TestServeConfig(t *testing.T) {
 		}},
 		{"disagg auto", []string{"--single-node", "--disagg", "auto", "--disagg-link-mbps", "1000", "--disagg-model-shape", "32,8,128,2",
 			"--disagg-link-max-transfers", "4"}, nil, true, func(c serveConfig) bool {
-			dc, err := c.Disagg.routerConfig()
+			dc, err := c.Disagg.RouterConfig()
 			return err == nil && c.Disagg.Mode == router.DisaggAuto && dc.KV.BytesPerToken() == 131072 && dc.Topology.Links["link"].MaxConcurrent == 4
 		}},
 		{"disagg env and measured bytes", []string{"--single-node"}, map[string]string{"KVROUTER_DISAGG": "always", "KVROUTER_DISAGG_KV_BYTES_PER_TOKEN": "70000"}, true,

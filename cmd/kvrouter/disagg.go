@@ -1,91 +1,14 @@
 package main
 
-import (
-	"strings"
-	"time"
+import "github.com/kvrouter/kvrouter/cmd/internal/disaggflag"
 
-	"github.com/kvrouter/kvrouter/api"
-	"github.com/kvrouter/kvrouter/cmd/internal/disaggflag"
-	"github.com/kvrouter/kvrouter/router"
-)
-
-// disaggConfig is how `kvrouter serve` routes disaggregated prefill/decode
-// (--disagg and its knobs). The settings and their parsing live in
-// cmd/internal/disaggflag, shared with kvbench disagg.
-type disaggConfig struct{ disaggflag.Settings }
-
-func disaggFlags(c *disaggConfig) []flagSpec {
+// disaggFlags are --disagg and its knobs as `kvrouter serve` flags. The
+// settings and their parsing live in cmd/internal/disaggflag, shared with
+// kvbench disagg; the replica routes by them (internal/replica/disagg.go).
+func disaggFlags(c *disaggflag.Settings) []flagSpec {
 	var specs []flagSpec
 	for _, f := range c.Flags() {
 		specs = append(specs, flagSpec{names: f.Names, env: f.Env, def: f.Default, usage: f.Usage, set: f.Set, bool: f.Bool})
 	}
 	return specs
-}
-
-// routerConfig turns the flags into the router's configuration; errors
-// name the flag.
-func (c disaggConfig) routerConfig() (router.DisaggConfig, error) { return c.RouterConfig() }
-
-// Disagg returns the model's two-stage router when --disagg is not off
-// (api.DisaggReplica), creating it on first use.
-func (r *replica) Disagg(model string) (*router.DisaggRouter, bool) {
-	if r.cfg.Disagg.Mode == "" || r.cfg.Disagg.Mode == router.DisaggOff {
-		return nil, false
-	}
-	r.mu.RLock()
-	d, ok := r.disagg[model]
-	r.mu.RUnlock()
-	if ok {
-		return d, true
-	}
-	if !r.knownModel(model) {
-		return nil, false
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if d, ok := r.disagg[model]; ok {
-		return d, true
-	}
-	base := r.modelConfig(model)
-	dc, err := r.cfg.Disagg.routerConfig()
-	if err != nil {
-		r.log.Error("disaggregated router", "model", model, "err", err)
-		return nil, false
-	}
-	d, err = router.NewDisaggRouter(base, r.fsm.Overlaps(), dc, uint64(time.Now().UnixNano()))
-	if err != nil {
-		r.log.Error("disaggregated router", "model", model, "err", err)
-		return nil, false
-	}
-	d.SetWorkers(r.fsm.RoleWorkers(model))
-	r.disagg[model] = d
-	return d, true
-}
-
-// decodeCapable drops prefill-only workers: an aggregated request must
-// decode where it lands.
-func decodeCapable(ws []router.RoleWorker) []router.WorkerInfo {
-	out := make([]router.WorkerInfo, 0, len(ws))
-	for _, w := range ws {
-		if w.Role.Decodes() {
-			out = append(out, w.WorkerInfo)
-		}
-	}
-	return out
-}
-
-// stageLoad is the load tracker a replica-sync booking id belongs to: a
-// disaggregated request's "|p" booking on the model's prefill router, its
-// "|d" booking on the decode router, anything else on the model's router.
-func (r *replica) stageLoad(model, request string, rt *router.Router) *router.ActiveLoad {
-	if d, ok := r.Disagg(model); ok {
-		pr, dc := d.Routers()
-		switch {
-		case strings.HasSuffix(request, api.PrefillBookingSuffix):
-			return pr.Load()
-		case strings.HasSuffix(request, api.DecodeBookingSuffix):
-			return dc.Load()
-		}
-	}
-	return rt.Load()
 }

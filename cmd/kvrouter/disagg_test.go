@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -85,7 +86,7 @@ func TestServeDisaggWithKvmock(t *testing.T) {
 		c.Disagg.Speedup = 4
 		c.Models = []string{"kvmock"}
 	})
-	checkFor(t, 60*time.Second, func() error { _, err := leaderOf(reps); return err })
+	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { _, err := leaderOf(reps); return err })
 	st, err := status(reps[0].url())
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +96,7 @@ func TestServeDisaggWithKvmock(t *testing.T) {
 	prefill := startKvmock(t, bin, append([]string{"--id", "dg-p", "--addr", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--role", "prefill", "--link-mbps", "104"}, common...)...)
 	startKvmock(t, bin, append([]string{"--id", "dg-d", "--addr", fmt.Sprintf("127.0.0.1:%d", ports[1]), "--role", "decode"}, common...)...)
 	for _, r := range reps {
-		checkFor(t, 30*time.Second, func() error {
+		poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
 			resp, err := http.Get(r.url() + "/cluster/status?digest=0")
 			if err != nil {
 				return err
@@ -164,7 +165,7 @@ func TestServeDisaggWithKvmock(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, 10*time.Second, func() error {
+	poll.Until(t, 10*time.Second, 50*time.Millisecond, func() error {
 		for _, r := range reps {
 			if v := metricValue(t, r.url(), "kvrouter_worker_inflight_requests", `worker="dg-`); v != 0 {
 				return fmt.Errorf("%s still counts %v requests in flight", r.cfg.NodeID, v)

@@ -15,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/cluster"
 	"github.com/kvrouter/kvrouter/eventbus"
+	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -82,9 +84,9 @@ func newTestCluster(t *testing.T, opts ...func(*serveConfig)) []*testReplica {
 	t.Helper()
 	ports := freePorts(t, 12)
 	dir := t.TempDir()
-	var peers []peer
+	var peers []cluster.Peer
 	for i := range 3 {
-		peers = append(peers, peer{ID: fmt.Sprintf("r%d", i+1), RaftAddr: fmt.Sprintf("127.0.0.1:%d", ports[4*i+1])})
+		peers = append(peers, cluster.Peer{ID: fmt.Sprintf("r%d", i+1), RaftAddr: fmt.Sprintf("127.0.0.1:%d", ports[4*i+1])})
 	}
 	var reps []*testReplica
 	for i := range 3 {
@@ -152,22 +154,6 @@ func status(base string) (statusDoc, error) {
 	return s, json.NewDecoder(resp.Body).Decode(&s)
 }
 
-// checkFor polls fn until it returns nil or d passes.
-func checkFor(t *testing.T, d time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %v", d, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func leaderOf(reps []*testReplica) (*testReplica, error) {
 	for _, r := range reps {
 		if s, err := status(r.url()); err == nil && s.State == "leader" {
@@ -187,12 +173,12 @@ func TestServeIngestSurvivesLeaderLoss(t *testing.T) {
 		t.Skip("three in-process replicas")
 	}
 	reps := newTestCluster(t)
-	checkFor(t, 60*time.Second, func() error { _, err := leaderOf(reps); return err })
+	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { _, err := leaderOf(reps); return err })
 
 	workers := []string{"w-a", "w-b"}
 	for _, w := range workers {
 		body := fmt.Sprintf(`{"id":%q,"url":"http://127.0.0.1:1","model":"kvmock","block_size":16,"total_kv_blocks":100000}`, w)
-		checkFor(t, 30*time.Second, func() error {
+		poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
 			resp, err := http.Post(reps[1].url()+"/workers/register", "application/json", bytes.NewBufferString(body))
 			if err != nil {
 				return err
@@ -210,7 +196,7 @@ func TestServeIngestSurvivesLeaderLoss(t *testing.T) {
 	// back at once from every other one (read index, not local state).
 	for i, v := range []string{"0.61", "0.62", "0.63"} {
 		body := `{"model":"kvmock","active_decode_blocks_threshold":` + v + `}`
-		checkFor(t, 30*time.Second, func() error { // the first may wait for node registration
+		poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error { // the first may wait for node registration
 			resp, err := http.Post(reps[i].url()+"/busy_threshold", "application/json", bytes.NewBufferString(body))
 			if err != nil {
 				return err
@@ -332,7 +318,7 @@ func TestServeIngestSurvivesLeaderLoss(t *testing.T) {
 	}
 	old.start()
 
-	checkFor(t, 60*time.Second, func() error {
+	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error {
 		var digests []string
 		for _, r := range reps {
 			s, err := status(r.url())

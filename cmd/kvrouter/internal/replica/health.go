@@ -1,4 +1,4 @@
-package main
+package replica
 
 import (
 	"context"
@@ -21,7 +21,7 @@ type workerHealth struct {
 	limit   time.Duration
 	log     *slog.Logger
 	gauge   *prometheus.GaugeVec
-	mu      sync.Mutex
+	mu      sync.Mutex                    // guards the four maps below (the gauge locks on its own)
 	routed  map[router.WorkerID]int       // requests routed since the cursor last moved
 	cursor  map[router.WorkerID]uint64    // last cursor seen
 	movedAt map[router.WorkerID]time.Time // when it last moved (or was first seen)
@@ -59,7 +59,7 @@ func (h *workerHealth) run(ctx context.Context, r *replica) {
 	if m := r.cfg.Router.Mode; h.limit <= 0 || (m != router.ModeKV && m != router.ModeKVPooled) {
 		return // only the event-fed modes depend on events
 	}
-	t := time.NewTicker(min(h.limit/4, 5*time.Second))
+	t := time.NewTicker(min(h.limit/4, healthCheckMax))
 	defer t.Stop()
 	for {
 		select {

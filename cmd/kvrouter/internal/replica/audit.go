@@ -1,4 +1,4 @@
-package main
+package replica
 
 import (
 	"log/slog"
@@ -13,7 +13,7 @@ import (
 // here as a ratio far from 1: flagged in /cluster/status and logged once.
 type cacheAudit struct {
 	log *slog.Logger
-	mu  sync.Mutex
+	mu  sync.Mutex // guards per and its entries
 	per map[router.WorkerID]*auditEntry
 }
 

@@ -1,4 +1,4 @@
-package main
+package replica
 
 import (
 	"context"
@@ -18,10 +18,10 @@ import (
 type predictionBatcher struct {
 	r       *replica
 	log     *slog.Logger
-	mu      sync.Mutex
-	pending map[router.WorkerID][]uint64
-	until   time.Time
-	kick    chan struct{}
+	mu      sync.Mutex                   // guards pending and until
+	pending map[router.WorkerID][]uint64 // predictions not yet proposed, per worker rank
+	until   time.Time                    // their expiry: the latest record's time plus the TTL
+	kick    chan struct{}                // one pending wake-up for run
 }
 
 func newPredictionBatcher(r *replica, log *slog.Logger) *predictionBatcher {
@@ -50,7 +50,7 @@ func (p *predictionBatcher) run(ctx context.Context) {
 			return
 		case <-p.kick:
 		}
-		time.Sleep(5 * time.Millisecond) // let a burst gather
+		time.Sleep(predictionGather) // let a burst gather
 		p.mu.Lock()
 		batch, until := p.pending, p.until
 		p.pending = map[router.WorkerID][]uint64{}

@@ -1,4 +1,4 @@
-package main
+package replica
 
 import (
 	"context"
@@ -25,9 +25,10 @@ import (
 
 // replica composes one kvrouter replica: the Raft node over the FSM, the
 // event bus, one router per model reading the replicated index, and replica
-// sync of load. It implements api.Replica.
+// sync of load. It implements api.Replica with the optional api.DisaggReplica
+// and api.Drainer, and eventbus.LoadSink; assemble builds it, start runs it.
 type replica struct {
-	cfg  serveConfig
+	cfg  Config
 	log  *slog.Logger
 	reg  *prometheus.Registry
 	fsm  *fsm.FSM
@@ -35,11 +36,14 @@ type replica struct {
 	bus  *eventbus.Bus
 	sync *eventbus.Syncer
 
+	// mu guards the three maps below (not the routers themselves, which
+	// lock on their own): Router and Disagg create entries on first use
+	// under the write lock, refresh re-reads every router under it, the
+	// load paths read under the read lock.
 	mu      sync.RWMutex
 	routers map[string]*router.Router
 	disagg  map[string]*router.DisaggRouter // --disagg always/auto: per model, beside routers
 	models  map[router.WorkerID]string      // worker rank → model, for remote load
-	remote  map[string]string               // remote request id → model
 
 	health   *workerHealth
 	preds    *predictionBatcher
@@ -212,7 +216,7 @@ func (r *replica) SetThresholds(ctx context.Context, model string, u api.Thresho
 // propose applies a command through Raft (forwarded when not the leader)
 // and surfaces the FSM's domain error.
 func (r *replica) propose(ctx context.Context, cmd []byte) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, proposeTimeout)
 	defer cancel()
 	resp, err := r.node.Apply(ctx, cmd)
 	if err != nil {
@@ -226,18 +230,14 @@ func (r *replica) propose(ctx context.Context, cmd []byte) error {
 
 // waitApplied waits until this replica applied every write committed so far
 // (read-your-writes on followers: the answer reflects the write it follows),
-// bounded by ctx and 2 s.
+// bounded by ctx and readYourWritesWait.
 func (r *replica) waitApplied(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, readYourWritesWait)
 	defer cancel()
 	if err := r.node.LinearizableRead(ctx); err != nil {
 		r.log.Debug("read-your-writes barrier", "err", err)
 	}
 }
-
-// leaseFor is how long a registration lasts without renewal (kvmock renews
-// every 30 s); static workers never expire.
-const leaseFor = 120 * time.Second
 
 func (r *replica) RegisterWorker(ctx context.Context, w api.WorkerSpec) error {
 	ranks := uint32(max(w.DPRanks, 1))
@@ -476,5 +476,12 @@ func (r *replica) eachRouter(fn func(*router.Router)) {
 	}
 }
 
-var _ api.Replica = (*replica)(nil)
-var _ eventbus.LoadSink = (*replica)(nil)
+// The interfaces the replica implements: api.Replica, and the optional ones
+// the API finds by type assertion (documented beside api.Replica), and the
+// replica-sync sink of the other replicas' load.
+var (
+	_ api.Replica       = (*replica)(nil)
+	_ api.DisaggReplica = (*replica)(nil)
+	_ api.Drainer       = (*replica)(nil)
+	_ eventbus.LoadSink = (*replica)(nil)
+)

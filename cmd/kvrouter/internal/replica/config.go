@@ -1,0 +1,92 @@
+package replica
+
+import (
+	"time"
+
+	"github.com/kvrouter/kvrouter/cluster"
+	"github.com/kvrouter/kvrouter/cmd/internal/disaggflag"
+	"github.com/kvrouter/kvrouter/internal/pki"
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// Config is everything one replica is told. `kvrouter serve` fills it from
+// flags and environment (cmd/kvrouter/config.go, dynamo.go), validated and
+// with derived defaults filled; Run trusts it.
+type Config struct {
+	NodeID          string
+	DataDir         string
+	HTTPAddr        string // listen address
+	AdvertiseHTTP   string // base URL other replicas and tools use
+	RaftAddr        string
+	AdvertiseRaft   string         // Raft address peers dial (default RaftAddr)
+	NATSAddr        string         // embedded NATS client listen address
+	NATSClusterAddr string         // embedded NATS cluster (routes) listen address
+	NATSRoutes      []string       // peers' cluster addresses (nats://host:port)
+	NATSURL         string         // external NATS cluster instead of the embedded one
+	Peers           []cluster.Peer // expected initial Raft members
+	Join            []string       // HTTP URLs of replicas to join through
+	SingleNode      bool
+
+	Models        []string
+	ModelDirs     []ModelDir // models with their own Hugging Face files
+	Tokenizer     string     // "builtin" or a path to tokenizer.json
+	ChatTemplate  string
+	Router        router.Config
+	BusyStatus    int
+	AdminToken    string
+	APIKeys       []string
+	StaticWorkers []StaticWorker
+	Retries       int
+	MaxBodyBytes  int64
+	EventsMissing time.Duration       // warn when a kv-mode worker publishes nothing this long
+	BridgeConfig  string              // engines whose ZMQ KV events this replica bridges itself (small fleets)
+	DrainDelay    time.Duration       // on SIGTERM, /ready is 503 this long before the server stops
+	DrainTimeout  time.Duration       // then in-flight requests get this long before the listener closes
+	Disagg        disaggflag.Settings // --disagg and its knobs
+	// Security (SECURITY.md): node certificate, key and CA for the bus
+	// (and, once wired, Raft); Insecure is the explicit opt-out.
+	TLS      pki.Material
+	Insecure bool
+	// Bounds (api/DESIGN.md, "Bounds").
+	AllowLoopbackWorkers bool           // workers on loopback/link-local addresses (default: only when --http-addr is loopback)
+	MaxPriority          int            // highest client priority (default: no cap, as Dynamo)
+	MaxPriorityByKey     map[string]int // per API key
+	MaxWorkers           int
+	MaxQueue             int
+	WorkerHeaderTimeout  time.Duration
+	WorkerIdleTimeout    time.Duration
+	ProtectStatus        bool
+	// Dynamo's names with our meaning (cmd/kvrouter/dynamo.go).
+	SnapshotThreshold uint64 // Raft entries between snapshots (0: cluster default)
+	MinInitialWorkers int    // not ready below this many registered workers
+
+	// TokenizerCheck is how often each worker's /tokenize is compared with
+	// our ids (besides at registration); 0 = never (selfcheck.go).
+	TokenizerCheck time.Duration
+}
+
+// ModelDir is one --model-dir NAME=DIR.
+type ModelDir struct{ Name, Dir string }
+
+// StaticWorker is one --workers entry: registered for the first model,
+// without a lease.
+type StaticWorker struct {
+	ID, URL string
+}
+
+// clusteredStreamReplicas is how many NATS servers keep the KV_EVENTS
+// stream when the embedded servers are clustered (--nats-routes). The
+// documented cluster is three replicas, each with its own server: three
+// copies survive the loss of any one server with a majority left, as the
+// three-member Raft group does.
+const clusteredStreamReplicas = 3
+
+// streamReplicas is the KV_EVENTS replication the leader asks for: a
+// replica without routes (--single-node, or an external or lone server)
+// may have one server only, which can keep one copy.
+func streamReplicas(cfg Config) int {
+	if cfg.SingleNode || len(cfg.NATSRoutes) == 0 {
+		return 1
+	}
+	return clusteredStreamReplicas
+}

@@ -1,0 +1,318 @@
+package replica
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/prompt"
+	"github.com/kvrouter/kvrouter/api/tokenize"
+	"github.com/kvrouter/kvrouter/cluster"
+	"github.com/kvrouter/kvrouter/eventbus"
+	"github.com/kvrouter/kvrouter/fsm"
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// Run builds one replica from cfg — state machine, event bus, Raft node,
+// the replica over them, the API server — and serves until ctx ends; then
+// it drains (not ready, in-flight requests finish), hands leadership over
+// and stops.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	prompts, err := loadModels(cfg, log)
+	if err != nil {
+		return err
+	}
+	state, err := fsm.NewFSM(cfg.Router)
+	if err != nil {
+		return fmt.Errorf("state machine: %w", err)
+	}
+
+	bus, err := openBus(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer bus.Close()
+
+	node, err := cluster.New(clusterConfig(cfg, state, reg, log), state)
+	if err != nil {
+		return fmt.Errorf("raft node: %w", err)
+	}
+	r, err := assemble(cfg, log, parts{reg: reg, fsm: state, node: node, bus: bus, prompts: prompts})
+	if err != nil {
+		return err
+	}
+
+	srv := api.New(api.Config{
+		BusyStatus: cfg.BusyStatus, AdminToken: cfg.AdminToken, APIKeys: cfg.APIKeys, Prompts: prompts,
+		Retries: cfg.Retries, AllowLoopbackWorkers: cfg.AllowLoopbackWorkers, MaxPriority: cfg.MaxPriority,
+		MaxPriorityByKey: cfg.MaxPriorityByKey, MaxWorkers: cfg.MaxWorkers, MaxQueue: cfg.MaxQueue,
+		WorkerHeaderTimeout: cfg.WorkerHeaderTimeout, WorkerIdleTimeout: cfg.WorkerIdleTimeout, ProtectStatus: cfg.ProtectStatus, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,
+		Registry: reg, ClusterHandler: node.Handler(),
+	}, r)
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("http listen: %w", err)
+	}
+	httpSrv := api.NewHTTPServer(srv.Handler(), api.ServerOptions{Logger: log})
+	httpErr := make(chan error, 1)
+	go func() { httpErr <- httpSrv.Serve(ln) }()
+	log.Info("replica serving", "http", cfg.HTTPAddr, "raft", cfg.RaftAddr, "nats", bus.ClientURL(), "mode", cfg.Router.Mode)
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r.start(runCtx)
+
+	if err := node.Form(runCtx); err != nil && runCtx.Err() == nil {
+		return fmt.Errorf("forming the cluster: %w", err)
+	}
+	if cfg.BridgeConfig != "" {
+		wait, err := startReplicaBridge(runCtx, cfg.BridgeConfig, bus.Conn(), cfg.AdvertiseHTTP, cfg.AdminToken,
+			cfg.Router.BlockSize, reg, log.With("component", "bridge"))
+		if err != nil {
+			return fmt.Errorf("engine bridge: %w", err)
+		}
+		defer func() { cancel(); wait() }()
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-httpErr:
+		log.Error("http server failed", "err", err)
+	}
+	// Drain: report not ready so the load balancer routes away. HAProxy
+	// checks /ready?draining=404 and, on 404, stops sending new sessions
+	// but keeps the open ones (disable-on-404); a 503 would mark us down and
+	// cut them (on-marked-down shutdown-sessions). Keep-alives end, so
+	// clients' pinned connections close after their current answer and
+	// reconnect elsewhere. Then wait for in-flight requests before closing
+	// the listener: a closed listener fails the checks and would cut the
+	// streams still running.
+	r.draining.Store(true)
+	httpSrv.SetKeepAlivesEnabled(false)
+	if cfg.DrainDelay > 0 {
+		log.Info("draining: /ready is 503 (404 to the load balancer) while it moves away", "for", cfg.DrainDelay)
+		time.Sleep(cfg.DrainDelay)
+	}
+	waitIdle(srv, cfg.DrainTimeout, log)
+	stopCtx, stop := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer stop()
+	if err := httpSrv.Shutdown(stopCtx); err != nil {
+		log.Warn("http shutdown: in-flight requests cut", "err", err)
+	}
+	log.Info("shutting down: leadership transfer first")
+	cancel()
+	if err := node.Shutdown(stopCtx); err != nil {
+		log.Warn("raft shutdown", "err", err)
+	}
+	return nil
+}
+
+// parts are what a replica is assembled over: Run builds them from the
+// configuration; the package's tests build them over the cluster harness
+// (cluster/clustertest) and a test NATS server.
+type parts struct {
+	reg     *prometheus.Registry
+	fsm     *fsm.FSM
+	node    *cluster.Node
+	bus     *eventbus.Bus
+	prompts *prompt.Set
+}
+
+// assemble builds the replica over p: its routers (created per model on
+// first use), worker health, prediction batcher, cache audit, tokenizer
+// self-check, LoRA directory, tokenizer agreement and replica sync, and
+// subscribes it to the FSM's changes. Nothing runs until start.
+func assemble(cfg Config, log *slog.Logger, p parts) (*replica, error) {
+	r := &replica{cfg: cfg, log: log, reg: p.reg, fsm: p.fsm, node: p.node, bus: p.bus, prompts: p.prompts,
+		routers: map[string]*router.Router{}, disagg: map[string]*router.DisaggRouter{}, models: map[router.WorkerID]string{}}
+	r.health = newWorkerHealth(cfg.EventsMissing, p.reg, log)
+	r.preds = newPredictionBatcher(r, log)
+	r.audit = newCacheAudit(log)
+	r.tokcheck = newTokenizerCheck(cfg.TokenizerCheck, p.prompts.Lookup, p.fsm.Workers, p.reg, log.With("component", "tokenizer-check"))
+	r.loras = newLoRADirectory(log.With("component", "lora"))
+	r.agree = newTokenizerAgreement(cfg.NodeID, p.reg, log.With("component", "tokenizer-agreement"))
+	p.fsm.OnChange(r.onChange)
+
+	var err error
+	r.sync, err = eventbus.NewSyncer(p.bus.Conn(), eventbus.SyncConfig{Replica: cfg.NodeID, Registerer: p.reg, Logger: log}, r)
+	if err != nil {
+		return nil, fmt.Errorf("replica sync: %w", err)
+	}
+	return r, nil
+}
+
+// start hands the leader's duties to the node (lead runs whenever this
+// replica leads) and starts the background work every replica does, until
+// ctx ends. Call it before the node forms, so no leadership is missed.
+func (r *replica) start(ctx context.Context) {
+	r.node.WhileLeader(r.lead)
+	go r.registerSelf(ctx)
+	go r.registerStatic(ctx)
+	go func() { _ = r.sync.Run(ctx) }()
+	go r.preds.run(ctx)
+	go r.health.run(ctx, r)
+	go r.tokcheck.run(ctx)
+	go r.loras.run(ctx, r.fsm.Workers)
+	if r.cfg.Insecure {
+		go remindInsecure(ctx, r.log)
+	}
+	go r.agree.run(ctx, func() modelPrints { return printsOf(r.prompts.Describe(r.Models())) }, r.fsm.Nodes)
+}
+
+// waitIdle waits until srv serves no inference request, at most limit.
+func waitIdle(srv *api.Server, limit time.Duration, log *slog.Logger) {
+	deadline := time.Now().Add(limit)
+	for n := srv.InFlight(); n > 0; n = srv.InFlight() {
+		if time.Now().After(deadline) {
+			log.Warn("drain timeout: closing with requests in flight", "in_flight", n, "after", limit)
+			return
+		}
+		time.Sleep(drainPoll)
+	}
+}
+
+// loadModels loads every --model-dir and the replica-wide --tokenizer /
+// --chat-template the other models use. A broken directory stops the
+// start, naming the file and the feature.
+func loadModels(cfg Config, log *slog.Logger) (*prompt.Set, error) {
+	tok, tmpl, err := loadTokenizer(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var dirs []*prompt.Model
+	listed := slices.Clone(cfg.Models)
+	for _, d := range cfg.ModelDirs {
+		m, err := prompt.Load(d.Name, d.Dir)
+		if err != nil {
+			return nil, fmt.Errorf("--model-dir: %w", err)
+		}
+		log.Info("model files loaded", "model", d.Name, "dir", d.Dir, "tokenizer", m.Tokenizer().Name(),
+			"fingerprint", m.Fingerprint(), "chat_template", m.HasChatTemplate())
+		dirs = append(dirs, m)
+		listed = slices.DeleteFunc(listed, func(n string) bool { return n == d.Name })
+	}
+	return prompt.NewSet(listed, dirs, tok, tmpl, cfg.Tokenizer), nil
+}
+
+func loadTokenizer(cfg Config) (tokenize.Tokenizer, tokenize.Template, error) {
+	var tok tokenize.Tokenizer = tokenize.Builtin()
+	tmplName := cfg.ChatTemplate
+	if cfg.Tokenizer != "" && cfg.Tokenizer != "builtin" {
+		hf, err := tokenize.LoadHF(cfg.Tokenizer)
+		if err != nil {
+			return nil, 0, fmt.Errorf("tokenizer: %w", err)
+		}
+		tok = hf
+		if tmplName == "" {
+			tmplName = "chatml"
+		}
+	} else if tmplName == "" {
+		tmplName = "plain"
+	}
+	tmpl, err := tokenize.ParseTemplate(tmplName)
+	if err != nil {
+		return nil, 0, fmt.Errorf("chat template: %w", err)
+	}
+	return tok, tmpl, nil
+}
+
+func openBus(cfg Config, log *slog.Logger) (*eventbus.Bus, error) {
+	host, port, err := splitHostPort(cfg.NATSAddr)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-addr: %w", err)
+	}
+	sc := eventbus.ServerConfig{Name: cfg.NodeID, Host: host, Port: port, StoreDir: filepath.Join(cfg.DataDir, "jetstream"), Logger: log.With("component", "nats"),
+		Security: eventbus.Security{Insecure: cfg.Insecure, TLS: cfg.TLS}}
+	if !cfg.SingleNode && len(cfg.NATSRoutes) > 0 {
+		ch, cp, err := splitHostPort(cfg.NATSClusterAddr)
+		if err != nil {
+			return nil, fmt.Errorf("--nats-cluster-addr: %w", err)
+		}
+		sc.ClusterName, sc.ClusterHost, sc.ClusterPort, sc.Routes = "kvrouter", ch, cp, cfg.NATSRoutes
+	}
+	bus, err := eventbus.OpenBus(eventbus.BusConfig{ExternalURL: cfg.NATSURL, Server: sc, ClientName: cfg.NodeID, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("event bus: %w", err)
+	}
+	return bus, nil
+}
+
+func splitHostPort(addr string) (string, int, error) {
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	var port int
+	if _, err := fmt.Sscan(p, &port); err != nil {
+		return "", 0, fmt.Errorf("port %q: %w", p, err)
+	}
+	return h, port, nil
+}
+
+func clusterConfig(cfg Config, state *fsm.FSM, reg prometheus.Registerer, log *slog.Logger) cluster.Config {
+	c := cluster.DefaultConfig()
+	c.NodeID, c.RaftAddr, c.DataDir, c.HTTPAddr = cfg.NodeID, cfg.RaftAddr, filepath.Join(cfg.DataDir, "raft"), cfg.AdvertiseHTTP
+	c.AdvertiseAddr = cfg.AdvertiseRaft
+	for _, p := range cfg.Peers {
+		c.Peers = append(c.Peers, cluster.Peer{ID: p.ID, RaftAddr: p.RaftAddr})
+	}
+	if cfg.SingleNode && len(c.Peers) == 0 {
+		c.Peers = []cluster.Peer{{ID: cfg.NodeID, RaftAddr: cfg.RaftAddr}}
+	}
+	c.Join = cfg.Join
+	if cfg.SnapshotThreshold > 0 {
+		c.SnapshotThreshold = cfg.SnapshotThreshold
+	}
+	c.AuthToken = cfg.AdminToken
+	c.Logger = log.With("component", "raft")
+	c.Registry = reg
+	overFSM(&c, state)
+	return c
+}
+
+// overFSM ties a node's configuration to the state machine it replicates:
+// leaders are found at the HTTP address the FSM's node registry holds
+// (registerSelf puts it there), proposals are checked and results decoded
+// the FSM's way. Run and the tests over the cluster harness share it.
+func overFSM(c *cluster.Config, state *fsm.FSM) {
+	c.LeaderHTTP = func(id string) string {
+		rec, _ := state.Node(id)
+		return rec.HTTPAddr
+	}
+	// A proposal whose time is far from the leader's clock (a forged Tick
+	// or lease) is refused before it enters the log (fsm/DESIGN.md, "The clock").
+	c.CheckCommand = func(cmd []byte) error { return fsm.CheckEntryTime(cmd, time.Now().UnixNano()) }
+	c.ResponseError = fsm.ResponseError
+	c.DecodeResult = fsm.DecodeResult
+	c.ForwardErrors = fsm.ForwardErrors()
+}
+
+// remindInsecure repeats, every insecureReminder, that this replica's bus runs
+// without TLS or authentication: an insecure cluster must never look like a
+// secure one in the logs.
+func remindInsecure(ctx context.Context, log *slog.Logger) {
+	t := time.NewTicker(insecureReminder)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			log.Warn("INSECURE: the event bus runs without TLS or authentication (--insecure, or no TLS material on loopback)")
+		}
+	}
+}
