@@ -9,9 +9,22 @@ import (
 )
 
 // Replica is what the HTTP layer needs from the replica it serves. The
-// composition in cmd/kvrouter implements it over the Raft node, the FSM and
-// the event bus; tests use a fake. Writes go through Raft, so any replica can
-// take them.
+// composition in cmd/kvrouter/internal/replica implements it over the Raft
+// node, the FSM and the event bus; tests use a fake. Writes go through Raft,
+// so any replica can take them.
+//
+// Two more abilities are optional: the server finds them by type assertion
+// on the Replica it was given, so a fake need not implement them, and a
+// replica without them behaves as described.
+//   - DisaggReplica (disagg.go): per-model two-stage prefill/decode routers.
+//     Without it every model routes aggregated through Router; the load
+//     metrics read Router alone and no disaggregation series is reported
+//     (metrics.go).
+//   - Drainer (server.go): SIGTERM received. Without it /ready?draining=404
+//     never answers 404; a replica that is not ready answers 503 as usual.
+//
+// The replica in cmd/kvrouter implements both (asserted at compile time
+// there).
 type Replica interface {
 	NodeID() string
 	// Models lists the served models, sorted.
