@@ -71,6 +71,19 @@ func TestClusterTLSFormJoin(t *testing.T) {
 	c.Wipe(followerOf(c, l).Index)
 	c.ApplyN("b", 5)
 	c.WaitConverged()
+
+	// Joining through a follower: the follower forwards, the leader checks
+	// the new node's raft_addr, and the new node accepts the leader's
+	// replication once the join answer names the members.
+	l = c.WaitLeader()
+	start := time.Now()
+	m := c.AddNodeVia(followerOf(c, l).Index)
+	c.ApplyN("c", 5)
+	c.WaitConverged()
+	t.Logf("%s joined through a follower and converged in %v", m.ID, time.Since(start))
+	if got := voters(t, c.WaitLeader().Node()); len(got) != 4 {
+		t.Fatalf("configuration %v", got)
+	}
 }
 
 // refusals is kvrouter_cluster_peer_refusals_total{port} of member m.
@@ -444,5 +457,21 @@ func TestClusterTLSEndpointsRefuse(t *testing.T) {
 	var ne net.Error
 	if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
 		t.Errorf("removed member %s kept a Raft connection to %s (err %v)", gone.ID, l.ID, err)
+	}
+}
+
+// TestClusterTLSConfigIdentity: a node refuses to start with a certificate
+// naming another node (or a worker): peers would check the wrong name.
+func TestClusterTLSConfigIdentity(t *testing.T) {
+	ca, err := pki.NewCA(pki.CAOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []pki.Identity{pki.Node("n1"), pki.Worker("n0")} {
+		cfg := cluster.Config{NodeID: "n0", RaftAddr: "127.0.0.1:1", DataDir: t.TempDir(), TLS: clustertest.IssueBundle(t, ca, id)}
+		_, err := cluster.New(cfg, clustertest.NewFSM())
+		if err == nil || !strings.Contains(err.Error(), "TLS certificate names") {
+			t.Errorf("certificate %s for node n0: err %v", id, err)
+		}
 	}
 }

@@ -467,6 +467,18 @@ func (c *Cluster) AddNode() *Member {
 	return m
 }
 
+// AddNodeVia starts a new member that joins through member via only (a
+// follower, to exercise forwarding of the join).
+func (c *Cluster) AddNodeVia(via int) *Member {
+	c.T.Helper()
+	m := c.newMember()
+	c.mu.Lock()
+	c.members = append(c.members, m)
+	c.mu.Unlock()
+	c.startOrFail(m, startOpts{join: []string{c.M(via).HTTPURL()}})
+	return m
+}
+
 func (c *Cluster) joinTargets(self *Member) []string {
 	var out []string
 	for _, m := range c.Running() {
