@@ -319,10 +319,14 @@ func (n *Node) verifyRaftPeer(ctx context.Context, id, addr string) error {
 // certificates still reach /v1 while the /cluster/ endpoints (Handler)
 // refuse callers whose verified certificate does not name a member node.
 // A client certificate from another CA fails the handshake.
+//
+// Use it as http.Server.TLSConfig with ServeTLS(ln, "", "") (net/http then
+// offers HTTP/2 itself, when the server allows it) or wrap the listener
+// with tls.NewListener (HTTP/1.1). NextProtos is left empty on purpose: a
+// config that advertised h2 to a server unable to speak it would break
+// every HTTP/2 client.
 func HTTPServerTLS(b *pki.Bundle) *tls.Config {
-	c := b.ServerTLSOptionalClient(nil)
-	c.NextProtos = []string{"h2", "http/1.1"}
-	return c
+	return b.ServerTLSOptionalClient(nil)
 }
 
 // httpTransport is the node's HTTP client transport: through the dial
