@@ -16,23 +16,13 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/eventbus"
+	"github.com/kvrouter/kvrouter/internal/poll"
 )
 
-// checkFor polls fn every `every` until it returns nil or total passes.
-func checkFor(t *testing.T, total, every time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met after %v: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
+// checkFor is internal/poll.Until, the one deadline-polling helper of every
+// test package (docs/STYLE.md, Tests), under the name this package's tests
+// call it by.
+var checkFor = poll.Until
 
 // testLog is a logger into t.Log that goes quiet once the test is over.
 func testLog(t *testing.T) *slog.Logger {
