@@ -147,7 +147,7 @@ func checkNATSURL(u string) error {
 }
 
 // ingestReport is the JSON document: the contract's fields first
-// (CONTRACTS.md), then extras.
+// (docs/CONTRACTS.md), then extras.
 type ingestReport struct {
 	EventsPerS float64         `json:"events_per_s"`
 	VisibleMs  stats.Quantiles `json:"visible_ms"`

@@ -15,7 +15,7 @@ import (
 // runTokenize prints, for each request body read as a JSON line on stdin,
 // the token ids a replica serving the model would hash: `{"tokens":[…]}`,
 // or `{"error":"…"}` for a request the model refuses. It exits 0 once it
-// could read its input, whatever each request gave (CONTRACTS.md), so a
+// could read its input, whatever each request gave (docs/CONTRACTS.md), so a
 // corpus can be compared line by line against the engine's own ids.
 func runTokenize(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)

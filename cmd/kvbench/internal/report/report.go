@@ -1,5 +1,5 @@
 // Package report turns simulation summaries into kvbench's JSON report
-// (CONTRACTS.md), a console table and a PNG chart.
+// (docs/CONTRACTS.md), a console table and a PNG chart.
 package report
 
 import (

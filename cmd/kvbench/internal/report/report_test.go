@@ -32,7 +32,7 @@ func TestSimReportMedian(t *testing.T) {
 	}
 }
 
-// The JSON keys are a contract (CONTRACTS.md).
+// The JSON keys are a contract (docs/CONTRACTS.md).
 func TestSimReportJSONContract(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "r.json")
 	rep := &Report{Config: map[string]int{"workers": 2}, Results: []Result{Median("kv", []Run{{}})}}
