@@ -264,6 +264,25 @@ func (c *Cluster) HTTPClient(b *pki.Bundle) *http.Client {
 	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
 }
 
+// listenHTTP binds a member's HTTP port on 127.0.0.1:0, never on a port
+// freeAddr reserved for a stopped member's Raft transport (the kernel may
+// hand a released port out again, and the member would then fail to bind
+// its Raft port for as long as this listener lives).
+func (c *Cluster) listenHTTP() (net.Listener, error) {
+	for range 10 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		addr := ln.Addr().String()
+		if !slices.ContainsFunc(c.Members(), func(m *Member) bool { return m.RaftAddr == addr }) {
+			return ln, nil
+		}
+		ln.Close()
+	}
+	return nil, errors.New("clustertest: no free HTTP port")
+}
+
 // freeAddr reserves a 127.0.0.1 port by binding and releasing it.
 func freeAddr(t testing.TB) string {
 	t.Helper()
@@ -312,7 +331,7 @@ func (c *Cluster) start(m *Member, so startOpts) error {
 	if m.Running() {
 		return fmt.Errorf("%s already running", m.ID)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := c.listenHTTP()
 	if err != nil {
 		return err
 	}
