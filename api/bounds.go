@@ -157,7 +157,7 @@ func (s *Server) redact(msg string) string {
 // every "a" in a message would destroy it and protect nothing).
 func (s *Server) secrets() []string {
 	var out []string
-	for _, k := range append([]string{s.cfg.AdminToken}, s.cfg.APIKeys...) {
+	for _, k := range append([]string{s.cfg.AdminToken, s.cfg.WorkerAPIKey}, s.cfg.APIKeys...) {
 		if len(k) >= 6 {
 			out = append(out, k)
 		}

@@ -1,9 +1,13 @@
 package api
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"net/http"
 	"net/textproto"
 	"strings"
+
+	"github.com/gin-gonic/gin"
 )
 
 // Hop-by-hop headers (RFC 9110 §7.6.1) describe one connection, not the
@@ -53,23 +57,74 @@ func copyEndToEnd(dst, src http.Header) {
 	}
 }
 
-// forwardedHeaders are the client headers a worker gets (besides our own
-// Content-Type). An allow-list, not a copy: the client's credentials for
-// this router are not the worker's business, and an Idempotency-Key header
-// would make Go's transport replay a POST after a dropped connection, the
-// very repeat the proxy loop exists to prevent.
-var forwardedHeaders = []string{"Accept"}
+// Which client headers reach a worker: every end-to-end header except
+// those below (a deny-list, so the request ids, trace context, tenant and
+// custom headers that clients and gateways rely on reach the engine):
+//   - Authorization, Cookie: the client's credentials for this router are
+//     not the worker's business (a worker API key replaces them,
+//     Config.WorkerAPIKey);
+//   - Idempotency-Key, X-Idempotency-Key: Go's transport would replay a
+//     POST after a dropped connection, the very repeat the proxy loop
+//     exists to prevent;
+//   - Host, Content-Length, Content-Type, Expect: the outbound request's own;
+//   - X-Data-Parallel-Rank: set by the router to the rank it booked (a
+//     client's value would send the request to another rank than the one
+//     the load was booked on);
+//   - Forwarded, X-Forwarded-*, X-Real-Ip: a client could forge them.
+var deniedHeaders = map[string]bool{
+	"Authorization": true, "Cookie": true, "Idempotency-Key": true, "X-Idempotency-Key": true,
+	"Host": true, "Content-Length": true, "Content-Type": true, "Expect": true,
+	"X-Data-Parallel-Rank": true, "Forwarded": true, "X-Real-Ip": true,
+}
+
+func denied(name string) bool {
+	return deniedHeaders[name] || strings.HasPrefix(name, "X-Forwarded-")
+}
 
 // outboundHeader is the header of the request to a worker, from the
-// client's: the allow-listed end-to-end headers only.
+// client's: its end-to-end headers minus the denied ones, plus our
+// Content-Type.
 func outboundHeader(client http.Header) http.Header {
 	in := client.Clone()
 	removeHopByHop(in)
 	out := http.Header{"Content-Type": {"application/json"}}
-	for _, name := range forwardedHeaders {
-		if v := in.Get(name); v != "" {
-			out.Set(name, v)
+	for name, vs := range in {
+		if denied(name) {
+			continue
 		}
+		out[name] = vs
 	}
 	return out
+}
+
+// requestID gives every inference request an id the client, the router's
+// logs and the engine share: the client's X-Request-Id when it is a sane
+// token (printable ASCII, at most 128 bytes), else a fresh random one. It
+// is set on the request (so it reaches the worker, which vLLM uses as its
+// own request id) and on the answer.
+func requestID(c *gin.Context) {
+	id := c.Request.Header.Get("X-Request-Id")
+	if !saneRequestID(id) {
+		var b [16]byte
+		_, _ = rand.Read(b[:])
+		id = hex.EncodeToString(b[:])
+		c.Request.Header.Set("X-Request-Id", id)
+	}
+	c.Writer.Header().Set("X-Request-Id", id)
+	c.Set(requestIDKey, id)
+	c.Next()
+}
+
+const requestIDKey = "request_id"
+
+func saneRequestID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] <= ' ' || id[i] > '~' {
+			return false
+		}
+	}
+	return true
 }

@@ -126,6 +126,9 @@ func (s *Server) send(c *gin.Context, worker router.WorkerID, path string, body 
 		return nil, &workerError{worker: worker, kind: failConnect, err: fmt.Errorf("building the request: %w", err)}
 	}
 	req.Header = outboundHeader(c.Request.Header)
+	if s.cfg.WorkerAPIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+s.cfg.WorkerAPIKey)
+	}
 	resp, err := s.client.Do(req)
 	if err != nil {
 		cancel(nil)

@@ -25,10 +25,14 @@ import (
 
 // Config holds the HTTP layer's settings.
 type Config struct {
-	MaxBodyBytes int64              // request body limit (default 8 MiB → 413 above)
-	BusyStatus   int                // status when every worker is busy: 529 (Dynamo) or 503
-	AdminToken   string             // bearer token for admin endpoints; "" = open
-	APIKeys      []string           // accepted bearer keys for inference; empty = open
+	MaxBodyBytes int64    // request body limit (default 8 MiB → 413 above)
+	BusyStatus   int      // status when every worker is busy: 529 (Dynamo) or 503
+	AdminToken   string   // bearer token for admin endpoints; "" = open
+	APIKeys      []string // accepted bearer keys for inference; empty = open
+	// WorkerAPIKey, when set, is sent to every worker as
+	// "Authorization: Bearer <key>" (engines started with --api-key); the
+	// client's own Authorization never reaches a worker.
+	WorkerAPIKey string
 	Tokenizer    tokenize.Tokenizer // must match the workers'
 	ChatTemplate tokenize.Template
 	// Prompts tokenizes requests per model; nil = every model uses
@@ -205,7 +209,7 @@ func (s *Server) routes() *gin.Engine {
 	e := gin.New()
 	e.Use(gin.Recovery(), s.limitBody)
 
-	infer := e.Group("/v1", s.countInFlight, s.requireKey)
+	infer := e.Group("/v1", s.countInFlight, requestID, s.requireKey)
 	infer.POST("/chat/completions", s.chatCompletions)
 	infer.POST("/completions", s.completions)
 	infer.GET("/models", s.listModels)

@@ -1,0 +1,77 @@
+package api
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// What reaches a worker: the client's end-to-end headers (request id,
+// trace context, custom ones) but never its credentials, idempotency keys,
+// forwarding headers or a rank of its own choosing; the worker API key
+// when one is set. The answer carries the request id.
+func TestAPIHeadersToWorker(t *testing.T) {
+	var mu sync.Mutex
+	var got http.Header
+	worker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = r.Header.Clone()
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"choices":[{"text":"x"}]}`))
+	}))
+	defer worker.Close()
+	rep := newFakeReplica("m", router.DefaultConfig())
+	rep.addWorker("m", "w1", worker.URL)
+	s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true, WorkerAPIKey: "engine-key-123",
+		APIKeys: []string{"client-key-456"}}, rep)
+
+	send := func(h map[string]string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("POST", "/v1/completions", strings.NewReader(`{"model":"m","prompt":"hello"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer client-key-456")
+		for k, v := range h {
+			req.Header.Set(k, v)
+		}
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		return rec
+	}
+	rec := send(map[string]string{"X-Request-Id": "req-abc", "Traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		"Tracestate": "vendor=1", "X-Tenant": "t1", "Cookie": "s=1", "Idempotency-Key": "k", "X-Forwarded-For": "6.6.6.6",
+		"X-Data-Parallel-Rank": "3"})
+	if rec.Code != 200 {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	mu.Lock()
+	seen := got.Clone()
+	mu.Unlock()
+	for k, want := range map[string]string{"X-Request-Id": "req-abc", "Traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		"Tracestate": "vendor=1", "X-Tenant": "t1", "Authorization": "Bearer engine-key-123", "Content-Type": "application/json"} {
+		if seen.Get(k) != want {
+			t.Errorf("worker got %s=%q, want %q", k, seen.Get(k), want)
+		}
+	}
+	for _, k := range []string{"Cookie", "Idempotency-Key", "X-Forwarded-For", "X-Data-Parallel-Rank"} {
+		if seen.Get(k) != "" {
+			t.Errorf("worker got %s=%q", k, seen.Get(k))
+		}
+	}
+	if rec.Header().Get("X-Request-Id") != "req-abc" {
+		t.Errorf("answer's request id %q", rec.Header().Get("X-Request-Id"))
+	}
+	// Without one (or with a bad one) the router makes an id.
+	for _, bad := range []string{"", "has space", strings.Repeat("x", 200)} {
+		rec := send(map[string]string{"X-Request-Id": bad})
+		id := rec.Header().Get("X-Request-Id")
+		if len(id) != 32 || id == bad {
+			t.Errorf("client id %q: answered id %q", bad, id)
+		}
+	}
+}
