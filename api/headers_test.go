@@ -75,3 +75,17 @@ func TestAPIHeadersToWorker(t *testing.T) {
 		}
 	}
 }
+
+// Unknown paths and methods answer OpenAI-shaped JSON errors.
+func TestAPIUnknownPathJSON(t *testing.T) {
+	s, _, _ := newTestServer(t, router.DefaultConfig())
+	for _, c := range []struct {
+		method, path string
+		status       int
+	}{{"POST", "/v1/nope", 404}, {"GET", "/nope", 404}, {"GET", "/v1/chat/completions", 404}} {
+		rec := do(s, c.method, c.path, "")
+		if rec.Code != c.status || !strings.Contains(rec.Body.String(), `"error":{`) || !strings.Contains(rec.Header().Get("Content-Type"), "json") {
+			t.Errorf("%s %s: %d %q %s", c.method, c.path, rec.Code, rec.Header().Get("Content-Type"), rec.Body)
+		}
+	}
+}

@@ -244,6 +244,12 @@ func (s *Server) routes() *gin.Engine {
 		admin.GET("/cluster/commit", h)
 	}
 	e.NoRoute(func(c *gin.Context) { openAIError(c, http.StatusNotFound, "not_found", "no route "+c.Request.URL.Path) })
+	// Unknown paths (and methods: 404 too, as documented) answer in
+	// OpenAI's error shape, as every client of this API parses it (gin's
+	// default is a plain-text 404).
+	e.NoRoute(func(c *gin.Context) {
+		openAIError(c, http.StatusNotFound, "not_found_error", "no route for "+c.Request.Method+" "+c.Request.URL.Path)
+	})
 	return e
 }
 
