@@ -215,6 +215,13 @@ type Config struct {
 	MaxEntries int
 	// QueueSize is the SUB messages buffered per rank (default 1024).
 	QueueSize int
+	// MaxMessageBytes caps one ZMQ message from an engine, all frames
+	// (default DefaultMaxMessageBytes): a frame header declaring more drops
+	// the connection before anything is allocated.
+	MaxMessageBytes int64
+	// InsecureAPI lets the HTTP API accept register/deregister requests
+	// without a token from other hosts; see CheckAPIListen.
+	InsecureAPI bool
 	// HTTPClient talks to engines and replicas (default 5s timeout).
 	HTTPClient *http.Client
 	Logger     *slog.Logger
@@ -246,6 +253,12 @@ func New(cfg Config) (*Bridge, error) {
 	}
 	if cfg.QueueSize <= 0 {
 		cfg.QueueSize = 1024
+	}
+	if cfg.MaxMessageBytes < 0 {
+		return nil, fmt.Errorf("bridge: max message bytes %d", cfg.MaxMessageBytes)
+	}
+	if cfg.MaxMessageBytes == 0 {
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
 	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Timeout: 5 * time.Second}
@@ -550,13 +563,18 @@ func (w *worker) follow(ctx context.Context) {
 			return
 		}
 		var rep Replayer
+		var zrep *ZMQReplayer
 		if replayEP != "" {
-			rep = &ZMQReplayer{Endpoint: replayEP, Timeout: cfg.ReplayTimeout}
+			zrep = &ZMQReplayer{Endpoint: replayEP, Timeout: cfg.ReplayTimeout, MaxMessageBytes: cfg.MaxMessageBytes}
+			rep = zrep
 		}
 		schema, _ := spec.Schema() // checked by Normalize
 		st := NewStream(StreamConfig{Worker: spec.ID, DPRank: uint32(i), BlockSize: cfg.BlockSize, MaxEntries: cfg.MaxEntries,
 			Replayer: rep, Sink: &publisherSink{pub: pub, worker: spec.ID, rank: uint32(i)}, Logger: w.b.log,
 			Schema: schema, Group: spec.KVCacheGroup})
+		if zrep != nil {
+			zrep.Counters = st.Wire() // before the stream's first replay: Start runs later, in followRank
+		}
 		ranks = append(ranks, &rank{stream: st, pub: pub, resync: make(chan struct{}, 1)})
 	}
 	w.mu.Lock()
@@ -609,7 +627,8 @@ func (w *worker) followRank(ctx context.Context, r *rank, endpoint string) error
 	in := make(chan Message, w.b.cfg.QueueSize)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sub := &Subscriber{Endpoint: endpoint, Topic: w.spec.Topic, Logger: w.log.With("dp_rank", r.stream.cfg.DPRank)}
+	sub := &Subscriber{Endpoint: endpoint, Topic: w.spec.Topic, Logger: w.log.With("dp_rank", r.stream.cfg.DPRank),
+		MaxMessageBytes: w.b.cfg.MaxMessageBytes, Counters: r.stream.Wire()}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

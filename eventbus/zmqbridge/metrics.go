@@ -30,6 +30,8 @@ var counterMetrics = []struct {
 	{"dp_rank_mismatches_total", "Batches naming another data-parallel rank than their endpoint's.", func(s *StreamStats) uint64 { return s.DPRankMismatches }},
 	{"publish_rejected_total", "Converted events the publisher refused (a bug: full state republished).", func(s *StreamStats) uint64 { return s.PublishRejected }},
 	{"republished_total", "Full-state republications (resync requests, rejections).", func(s *StreamStats) uint64 { return s.Republished }},
+	{"oversized_frames_total", "ZMQ connections dropped because a frame header declared more than the message cap.", func(s *StreamStats) uint64 { return s.OversizedFrames }},
+	{"zmq_panics_total", "Panics recovered from the ZMQ library while dialling or receiving.", func(s *StreamStats) uint64 { return s.ZMQPanics }},
 	{"published_total", "Router events handed to the publisher.", func(s *StreamStats) uint64 { return s.Published }},
 	{"stored_blocks_total", "Blocks published as stored.", func(s *StreamStats) uint64 { return s.Converter.StoredBlocks }},
 	{"removed_blocks_total", "Blocks published as removed.", func(s *StreamStats) uint64 { return s.Converter.RemovedBlocks }},

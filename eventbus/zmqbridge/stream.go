@@ -52,6 +52,8 @@ type StreamStats struct {
 	PublishRejected  uint64 `json:"publish_rejected"` // events the publisher refused as invalid (bug)
 	Republished      uint64 `json:"republished"`      // full-state republications (resync requests, rejections)
 	Published        uint64 `json:"published"`        // router events handed to the publisher
+	OversizedFrames  uint64 `json:"oversized_frames"` // connections dropped for a frame header over the cap
+	ZMQPanics        uint64 `json:"zmq_panics"`       // panics recovered from zmq4 on this rank's sockets
 	HaveSeq          bool   `json:"have_seq"`
 	LastSeq          uint64 `json:"last_seq"` // last sequence number applied
 	Blocks           int    `json:"blocks"`   // engine hashes held
@@ -103,6 +105,7 @@ type Stream struct {
 	tr   tracker
 
 	st      streamCounters
+	wire    WireCounters // the rank's SUB and replay sockets count into it
 	statsMu sync.Mutex
 	convSt  ConverterStats
 	blocks  int
@@ -576,6 +579,9 @@ func (s *Stream) syncStats() {
 	s.statsMu.Unlock()
 }
 
+// Wire is the counters the stream's ZMQ sockets report into.
+func (s *Stream) Wire() *WireCounters { return &s.wire }
+
 // Stats returns the stream's counters.
 func (s *Stream) Stats() StreamStats {
 	st := &s.st
@@ -589,6 +595,7 @@ func (s *Stream) Stats() StreamStats {
 		HistoryLost: st.historyLost.Load(), Reconnects: st.reconnects.Load(), DPRankMismatches: st.dpRankMismatches.Load(),
 		PublishRejected: st.publishRejected.Load(), Republished: st.republished.Load(), Published: st.published.Load(),
 		HaveSeq: st.haveSeq.Load(), LastSeq: st.lastSeq.Load(),
+		OversizedFrames: s.wire.Oversized.Load(), ZMQPanics: s.wire.Panics.Load(),
 	}
 	s.statsMu.Lock()
 	out.Converter, out.Blocks = s.convSt, s.blocks

@@ -3,6 +3,7 @@ package zmqbridge
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -36,6 +37,14 @@ type Subscriber struct {
 	// RetryMin and RetryMax bound the wait between connection attempts
 	// (defaults 100ms and 5s).
 	RetryMin, RetryMax time.Duration
+	// MaxMessageBytes caps one message (DefaultMaxMessageBytes when 0): a
+	// frame header declaring more drops the connection before zmq4
+	// allocates anything.
+	MaxMessageBytes int64
+	// HandshakeTimeout bounds the ZMTP handshake (DefaultHandshakeTimeout).
+	HandshakeTimeout time.Duration
+	// Counters, when set, count oversized frames and recovered panics.
+	Counters *WireCounters
 }
 
 // quietZMQ keeps zmq4's own logging (to stderr by default) out of the way.
@@ -59,14 +68,20 @@ func (s *Subscriber) Run(ctx context.Context, out chan<- Message) {
 	backoff := rmin
 	connected, lost := false, false
 	var lastWarn time.Time
+	guard := &wireGuard{maxMessage: s.MaxMessageBytes, handshakeTimeout: s.HandshakeTimeout, counters: s.Counters}
 	for ctx.Err() == nil {
-		sctx, cancel := context.WithCancel(ctx)
+		sctx, cancel := context.WithCancel(withWireGuard(ctx, guard))
 		sub := zmq4.NewSub(sctx, zmq4.WithDialerMaxRetries(0), zmq4.WithLogger(quietZMQ))
 		_ = sub.SetOption(zmq4.OptionSubscribe, s.Topic)
-		if err := sub.Dial(s.Endpoint); err != nil {
+		if err := guard.protect("dial", func() error { return sub.Dial(cappedEndpoint(s.Endpoint)) }); err != nil {
 			_ = sub.Close()
 			cancel()
-			if time.Since(lastWarn) > 30*time.Second {
+			switch {
+			case ctx.Err() != nil:
+				return
+			case isGuardErr(err):
+				lg.Error("refused the engine's handshake; retrying", "err", err)
+			case time.Since(lastWarn) > 30*time.Second:
 				lastWarn = time.Now()
 				lg.Warn("cannot reach the engine's KV event socket; retrying", "err", err)
 			}
@@ -76,7 +91,6 @@ func (s *Subscriber) Run(ctx context.Context, out chan<- Message) {
 			backoff = min(2*backoff, rmax)
 			continue
 		}
-		backoff = rmin
 		if !connected {
 			lg.Info("subscribed to the engine's KV events")
 		} else {
@@ -89,10 +103,21 @@ func (s *Subscriber) Run(ctx context.Context, out chan<- Message) {
 			}
 		}
 		connected = true
+		refused := false
 		for {
-			msg, err := sub.Recv()
+			var msg zmq4.Msg
+			err := guard.protect("receive", func() (err error) { msg, err = sub.Recv(); return err })
 			if err != nil {
-				if ctx.Err() == nil {
+				switch {
+				case ctx.Err() != nil:
+				case isGuardErr(err):
+					// The engine's socket (or whoever answers at its
+					// address) sent what no engine sends: say so loudly,
+					// and back off so a hostile peer cannot keep us in a
+					// tight reconnect loop.
+					lg.Error("dropped the engine's connection: it broke the ZMQ frame limits; reconnecting", "err", err)
+					refused = true
+				default:
 					lg.Warn("lost the engine's KV event stream; reconnecting", "err", err)
 				}
 				lost = true
@@ -108,7 +133,21 @@ func (s *Subscriber) Run(ctx context.Context, out chan<- Message) {
 		}
 		_ = sub.Close()
 		cancel()
+		if refused {
+			if !sleepCtx(ctx, backoff/2+rand.N(backoff/2+1)) {
+				return
+			}
+			backoff = min(2*backoff, rmax)
+		} else {
+			backoff = rmin
+		}
 	}
+}
+
+// isGuardErr says whether err is the frame guard's doing (an oversized
+// frame or a panic recovered from zmq4) rather than a network failure.
+func isGuardErr(err error) bool {
+	return errors.Is(err, ErrFrameTooLarge) || errors.Is(err, errZMQPanic)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {
@@ -127,6 +166,10 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 type ZMQReplayer struct {
 	Endpoint string        // tcp://host:port of the replay socket
 	Timeout  time.Duration // for the whole replay (default 30s)
+	// MaxMessageBytes caps one reply (DefaultMaxMessageBytes when 0).
+	MaxMessageBytes int64
+	// Counters, when set, count oversized frames and recovered panics.
+	Counters *WireCounters
 }
 
 // Replay implements Replayer: it sends ["", seq8] and reads replies until
@@ -136,12 +179,13 @@ func (z *ZMQReplayer) Replay(ctx context.Context, from uint64, fn func(Frame) er
 	if timeout <= 0 {
 		timeout = 30 * time.Second
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	guard := &wireGuard{maxMessage: z.MaxMessageBytes, handshakeTimeout: min(timeout, DefaultHandshakeTimeout), counters: z.Counters}
+	ctx, cancel := context.WithTimeout(withWireGuard(ctx, guard), timeout)
 	defer cancel()
 	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(2), zmq4.WithDialerRetry(100*time.Millisecond),
 		zmq4.WithDialerTimeout(5*time.Second), zmq4.WithTimeout(timeout), zmq4.WithLogger(quietZMQ))
 	defer d.Close()
-	if err := d.Dial(z.Endpoint); err != nil {
+	if err := guard.protect("dial", func() error { return d.Dial(cappedEndpoint(z.Endpoint)) }); err != nil {
 		return fmt.Errorf("replay from %d: %w", from, err)
 	}
 	var seq [8]byte
@@ -150,7 +194,8 @@ func (z *ZMQReplayer) Replay(ctx context.Context, from uint64, fn func(Frame) er
 		return fmt.Errorf("replay from %d: send: %w", from, err)
 	}
 	for {
-		msg, err := d.Recv()
+		var msg zmq4.Msg
+		err := guard.protect("receive", func() (err error) { msg, err = d.Recv(); return err })
 		if err != nil {
 			if ctx.Err() != nil {
 				return fmt.Errorf("replay from %d: %w", from, ctx.Err())
