@@ -12,9 +12,15 @@ import (
 // content (sequence) hash. Each worker also keeps the engine's name for each
 // block it holds, only to apply later removals by that name.
 //
+// Each worker has a block size: the index's, or its own when added with
+// AddWorkerBlockSize (a fleet whose models use different block sizes shares
+// one index). Hashes of blocks of different sizes are chained over different
+// token counts, so they do not meet by anything but chance (2^-64): a lookup
+// with one model's hashes finds the workers that hold those blocks.
+//
 // Routing reads (FindMatches) take the read lock and run while events apply.
 type Index struct {
-	blockSize int // set once by NewIndex
+	blockSize int // set once by NewIndex: the default of workers added without one
 
 	// mu guards the maps and slices below (stats are atomics, read without
 	// it). Routing reads take it for reading, event application for
@@ -151,10 +157,11 @@ func (ix *Index) putLocked(ch uint64, s workerSet) {
 // our hash, like kvmock, cost nothing here), how many blocks it holds, and
 // how many of those no other worker holds.
 type workerBlocks struct {
-	id     WorkerID
-	engine map[uint64]uint64
-	held   int
-	unique int
+	id        WorkerID
+	blockSize int // the worker's events' block size: never 0 (the index's when added without one)
+	engine    map[uint64]uint64
+	held      int
+	unique    int
 }
 
 type indexCounters struct {
@@ -175,7 +182,7 @@ type IndexStats struct {
 	UnknownRemovals uint64 // removes of engine hashes the worker did not hold (ignored)
 	DuplicateStores uint64 // stores of blocks the worker already held (no change)
 	MissingParents  uint64 // stored events rejected: parent not held
-	SizeMismatches  uint64 // events rejected: block size differs
+	SizeMismatches  uint64 // events rejected: block size differs from the worker's
 	UnknownWorkers  uint64 // events for workers not in the index
 	Clears          uint64
 }
@@ -190,26 +197,49 @@ func NewIndex(blockSize int) *Index {
 	}
 }
 
-// BlockSize is the configured tokens per block.
+// BlockSize is the configured tokens per block: the block size of workers
+// added without their own.
 func (ix *Index) BlockSize() int { return ix.blockSize }
 
-// AddWorker makes w known to the index. Adding a known worker is a no-op.
-func (ix *Index) AddWorker(w WorkerID) {
+// AddWorker makes w known to the index, with the index's block size.
+// Adding a known worker is a no-op.
+func (ix *Index) AddWorker(w WorkerID) { ix.AddWorkerBlockSize(w, 0) }
+
+// AddWorkerBlockSize makes w known to the index with its own block size
+// (0 or less = the index's): w's events are checked against it. Adding a
+// known worker is a no-op, whatever the size (its blocks were hashed at
+// the size it has): remove it first to change its block size.
+func (ix *Index) AddWorkerBlockSize(w WorkerID, blockSize int) {
+	if blockSize <= 0 {
+		blockSize = ix.blockSize
+	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if _, ok := ix.slotOf[w]; ok {
 		return
 	}
+	wb := &workerBlocks{id: w, blockSize: blockSize, engine: make(map[uint64]uint64)}
 	slot := len(ix.slots)
 	if n := len(ix.free); n > 0 {
 		// Reuse the lowest free slot so slots stay dense and below 64.
 		slices.Sort(ix.free)
 		slot, ix.free = ix.free[0], ix.free[1:]
-		ix.slots[slot] = &workerBlocks{id: w, engine: make(map[uint64]uint64)}
+		ix.slots[slot] = wb
 	} else {
-		ix.slots = append(ix.slots, &workerBlocks{id: w, engine: make(map[uint64]uint64)})
+		ix.slots = append(ix.slots, wb)
 	}
 	ix.slotOf[w] = slot
+}
+
+// WorkerBlockSize is w's block size (the index's unless it was added with
+// its own), or false when w is not known.
+func (ix *Index) WorkerBlockSize(w WorkerID) (int, bool) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	if slot, ok := ix.slotOf[w]; ok {
+		return ix.slots[slot].blockSize, true
+	}
+	return 0, false
 }
 
 // RemoveWorker forgets w and every block it held.
@@ -247,8 +277,8 @@ func (ix *Index) Workers() []WorkerID {
 }
 
 // Apply applies one event of worker w. Applying the same event twice changes
-// nothing. A rejected event (unknown worker, block size mismatch, missing
-// parent) changes nothing and returns a typed error.
+// nothing. A rejected event (unknown worker, a block size other than the
+// worker's, missing parent) changes nothing and returns a typed error.
 func (ix *Index) Apply(w WorkerID, ev KVEvent) error {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -260,9 +290,9 @@ func (ix *Index) Apply(w WorkerID, ev KVEvent) error {
 	wb := ix.slots[slot]
 	switch ev.Kind {
 	case EventStored:
-		if ev.BlockSize != 0 && ev.BlockSize != ix.blockSize {
+		if ev.BlockSize != 0 && ev.BlockSize != wb.blockSize {
 			ix.stats.sizeMismatches.Add(1)
-			return &BlockSizeError{Worker: w, Got: ev.BlockSize, Want: ix.blockSize}
+			return &BlockSizeError{Worker: w, Got: ev.BlockSize, Want: wb.blockSize}
 		}
 		if ev.HasParent && !ix.holdsEngineLocked(slot, wb, ev.Parent) {
 			ix.stats.missingParents.Add(1)

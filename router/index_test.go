@@ -2,6 +2,7 @@ package router
 
 import (
 	"errors"
+	"maps"
 	"slices"
 	"testing"
 )
@@ -267,5 +268,99 @@ func TestIndexAllWorkerBlocksMatchesPerWorker(t *testing.T) {
 		if !slices.Equal(all[w], ix.WorkerBlocks(w)) {
 			t.Fatalf("%s: all %v, per worker %v", w, all[w], ix.WorkerBlocks(w))
 		}
+	}
+}
+
+// TestIndexPerWorkerBlockSize: workers added with their own block size (a
+// fleet of models with different block sizes shares one index) have their
+// events checked against it, not the index's; lookups with one size's
+// hashes find the workers holding those blocks and no others; a removed
+// worker's slot and size are not inherited.
+func TestIndexPerWorkerBlockSize(t *testing.T) {
+	type step struct {
+		worker WorkerID
+		size   int // event block size (0 = unstated)
+		hashes []uint64
+		err    error
+	}
+	tests := []struct {
+		name  string
+		steps []step
+		query []uint64
+		want  map[WorkerID]int
+	}{
+		{"each worker at its own size", []step{
+			{"a16", 16, []uint64{1, 2}, nil},
+			{"b32", 32, []uint64{91, 92}, nil},
+			{"c32", 32, []uint64{91}, nil},
+		}, []uint64{91, 92}, map[WorkerID]int{"b32": 2, "c32": 1}},
+		{"the index's size is refused for a 32 worker", []step{
+			{"b32", 16, []uint64{91}, ErrBlockSizeMismatch},
+		}, []uint64{91}, map[WorkerID]int{}},
+		{"32 is refused for a default worker", []step{
+			{"a16", 32, []uint64{1}, ErrBlockSizeMismatch},
+		}, []uint64{1}, map[WorkerID]int{}},
+		{"a worker added with the index's size", []step{
+			{"d16", 16, []uint64{1}, nil},
+			{"d16", 32, []uint64{2}, ErrBlockSizeMismatch},
+		}, []uint64{1, 2}, map[WorkerID]int{"d16": 1}},
+		{"unstated size is accepted", []step{
+			{"b32", 0, []uint64{91}, nil},
+			{"a16", 0, []uint64{1}, nil},
+		}, []uint64{91}, map[WorkerID]int{"b32": 1}},
+		{"16-token lookup misses 32-token blocks", []step{
+			{"a16", 16, []uint64{1, 2}, nil},
+			{"b32", 32, []uint64{91}, nil},
+		}, []uint64{1, 2}, map[WorkerID]int{"a16": 2}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := NewIndex(16)
+			ix.AddWorker("a16")
+			ix.AddWorkerBlockSize("b32", 32)
+			ix.AddWorkerBlockSize("c32", 32)
+			ix.AddWorkerBlockSize("d16", 16)
+			for i, s := range tc.steps {
+				err := ix.Apply(s.worker, KVEvent{Kind: EventStored, Blocks: chain(s.hashes...), BlockSize: s.size})
+				if (s.err == nil) != (err == nil) || (err != nil && !errors.Is(err, s.err)) {
+					t.Fatalf("step %d: err = %v, want %v", i, err, s.err)
+				}
+				var bse *BlockSizeError
+				if errors.As(err, &bse) {
+					if want, _ := ix.WorkerBlockSize(s.worker); bse.Got != s.size || bse.Want != want {
+						t.Fatalf("step %d: %+v, worker's size %d", i, bse, want)
+					}
+				}
+			}
+			if got := overlapOf(ix, tc.query); !maps.Equal(got, tc.want) {
+				t.Fatalf("overlaps %v, want %v", got, tc.want)
+			}
+		})
+	}
+
+	ix := NewIndex(16)
+	ix.AddWorkerBlockSize("b", 32)
+	ix.AddWorker("b") // known: keeps its size
+	for w, want := range map[WorkerID]int{"b": 32} {
+		if got, ok := ix.WorkerBlockSize(w); !ok || got != want {
+			t.Fatalf("%s block size %d %v, want %d", w, got, ok, want)
+		}
+	}
+	if _, ok := ix.WorkerBlockSize("zz"); ok {
+		t.Fatal("unknown worker has a block size")
+	}
+	if err := ix.Apply("b", KVEvent{Kind: EventStored, Blocks: chain(1), BlockSize: 32}); err != nil {
+		t.Fatal(err)
+	}
+	ix.RemoveWorker("b")
+	ix.AddWorker("e") // takes b's slot: neither its blocks nor its size
+	if bs, _ := ix.WorkerBlockSize("e"); bs != 16 || ix.Held("e") != 0 {
+		t.Fatalf("e: block size %d, held %d", bs, ix.Held("e"))
+	}
+	if err := ix.Apply("e", KVEvent{Kind: EventStored, Blocks: chain(1), BlockSize: 32}); !errors.Is(err, ErrBlockSizeMismatch) {
+		t.Fatalf("32-token event on e: %v", err)
+	}
+	if s := ix.Stats(); s.SizeMismatches != 1 {
+		t.Fatalf("stats %+v", s)
 	}
 }
