@@ -4,7 +4,9 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 
@@ -20,7 +22,13 @@ import (
 //	POST /workers/register     WorkerSpec JSON: start following a worker
 //	POST /workers/deregister   {"id": ...}: stop following it and deregister it
 //
-// token, when set, is the bearer token the POST endpoints require.
+// token, when set, is the bearer token the POST endpoints require. Without
+// one they answer only clients on loopback (403 to anyone else) unless
+// Config.InsecureAPI says otherwise: registering a worker points the
+// bridge's sockets and HTTP probes at any address the caller names, and
+// hands the cluster that worker, so an open endpoint on the network is a
+// way in. CheckAPIListen refuses such a setup before it starts; this is
+// the same rule at request time, for whoever builds the server without it.
 func (b *Bridge) Handler(gatherer prometheus.Gatherer, token string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -34,12 +42,17 @@ func (b *Bridge) Handler(gatherer prometheus.Gatherer, token string) http.Handle
 	}
 	auth := func(h http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
-			if token != "" {
+			switch {
+			case token != "":
 				got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 				if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 					writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "bearer token required"})
 					return
 				}
+			case !b.cfg.InsecureAPI && !loopbackRemote(r.RemoteAddr):
+				writeJSON(w, http.StatusForbidden, map[string]string{
+					"error": "the bridge has no API token: /workers/* answers only loopback clients (give the bridge an API token)"})
+				return
 			}
 			h(w, r)
 		}
@@ -85,4 +98,39 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+}
+
+// CheckAPIListen applies the secure default to the bridge's HTTP API before
+// it listens: off loopback (a wildcard or any other address) the
+// register/deregister endpoints need a token, or insecure must say that
+// they are open on purpose.
+func CheckAPIListen(addr, token string, insecure bool) error {
+	if addr == "" || token != "" || insecure || loopbackListen(addr) {
+		return nil
+	}
+	return fmt.Errorf("bridge API on %s (off loopback) needs an API token: anyone who can reach it could register workers — give a token, listen on 127.0.0.1, or opt out explicitly (insecure)", addr)
+}
+
+// loopbackListen says whether a listen address binds loopback only
+// ("localhost" counts; ":port" and 0.0.0.0 do not).
+func loopbackListen(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// loopbackRemote says whether a request came from this host.
+func loopbackRemote(remoteAddr string) bool {
+	host, _, err := net.SplitHostPort(remoteAddr)
+	if err != nil {
+		host = remoteAddr
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"runtime/debug"
 	"strings"
@@ -98,23 +99,45 @@ func guardOf(ctx context.Context) *wireGuard {
 }
 
 // protect runs fn (a zmq4 call that reads from the peer) and turns a panic
-// inside it into a counted error. zmq4's handshake parses the peer's
-// metadata with unchecked slicing (Property.Write reads data[n:n+4] past a
-// short body), and that runs in our goroutine, inside Dial.
+// inside it into a counted *zmqPanic error. zmq4's handshake parses the
+// peer's metadata with unchecked slicing (Property.Write reads
+// data[n:n+4] past a short READY body), and that runs in our goroutine,
+// inside Dial; Recv is guarded too, in case a future zmq4 parses there.
 func (g *wireGuard) protect(what string, fn func() error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			if g.counters != nil {
 				g.counters.Panics.Add(1)
 			}
-			err = fmt.Errorf("%s: %w: %v\n%s", what, errZMQPanic, p, debug.Stack())
+			err = &zmqPanic{what: what, value: p, stack: debug.Stack()}
 		}
 	}()
 	return fn()
 }
 
+// zmqPanic is a panic recovered inside zmq4; the stack is kept for a debug
+// log (the place to report upstream), out of the error text.
+type zmqPanic struct {
+	what  string
+	value any
+	stack []byte
+}
+
+func (p *zmqPanic) Error() string { return fmt.Sprintf("%s: %v: %v", p.what, errZMQPanic, p.value) }
+func (p *zmqPanic) Unwrap() error { return errZMQPanic }
+
 // errZMQPanic marks an error made from a panic recovered inside zmq4.
 var errZMQPanic = errors.New("zmq4 panicked")
+
+// logGuardErr logs what the guard refused or caught, with zmq4's stack at
+// debug level for a panic.
+func logGuardErr(lg *slog.Logger, msg string, err error) {
+	lg.Error(msg, "err", err)
+	var p *zmqPanic
+	if errors.As(err, &p) {
+		lg.Debug("zmq4 panic stack", "stack", string(p.stack))
+	}
+}
 
 // cappedEndpoint turns tcp://host:port into the capped transport's scheme;
 // CheckEndpoint has already insisted on tcp.
@@ -188,10 +211,10 @@ func (c *cappedConn) Read(p []byte) (int, error) {
 		if serr != nil {
 			// Nothing of this read reaches zmq4: the header's last bytes are
 			// in it, so the library never completes the header.
-			_ = c.Conn.Close()
 			if c.g.counters != nil {
 				c.g.counters.Oversized.Add(1)
 			}
+			_ = c.Conn.Close()
 			return 0, serr
 		}
 		if lift {
@@ -290,8 +313,8 @@ func (s *frameScanner) scan(p []byte) error {
 
 // header checks a complete frame header's size against the cap.
 func (s *frameScanner) header(size uint64) error {
-	room := uint64(max(s.max-s.msgBytes-frameOverhead, 0))
-	if size > room {
+	room := s.max - s.msgBytes - frameOverhead // negative: even an empty frame is over
+	if room < 0 || size > uint64(room) {
 		return fmt.Errorf("%w: a frame declares %d bytes, the message may hold %d more (cap %d)", ErrFrameTooLarge, size, room, s.max)
 	}
 	s.msgBytes += int64(size) + frameOverhead

@@ -80,7 +80,7 @@ func (s *Subscriber) Run(ctx context.Context, out chan<- Message) {
 			case ctx.Err() != nil:
 				return
 			case isGuardErr(err):
-				lg.Error("refused the engine's handshake; retrying", "err", err)
+				logGuardErr(lg, "refused the engine's handshake; retrying", err)
 			case time.Since(lastWarn) > 30*time.Second:
 				lastWarn = time.Now()
 				lg.Warn("cannot reach the engine's KV event socket; retrying", "err", err)
@@ -115,7 +115,7 @@ func (s *Subscriber) Run(ctx context.Context, out chan<- Message) {
 					// address) sent what no engine sends: say so loudly,
 					// and back off so a hostile peer cannot keep us in a
 					// tight reconnect loop.
-					lg.Error("dropped the engine's connection: it broke the ZMQ frame limits; reconnecting", "err", err)
+					logGuardErr(lg, "dropped the engine's connection: it broke the ZMQ frame limits; reconnecting", err)
 					refused = true
 				default:
 					lg.Warn("lost the engine's KV event stream; reconnecting", "err", err)
