@@ -1,7 +1,8 @@
 package zmqbridge
 
 // Fuzz targets for the bridge's other inputs from outside the process: the
-// ZMQ frames around a batch (ParseLive, ParseReplay; the batch itself is
+// raw ZMTP byte stream under the frame guard (FuzzZMTPScanner), the ZMQ
+// frames around a batch (ParseLive, ParseReplay; the batch itself is
 // FuzzDecodeBatch's), the engine's /metrics and /v1/models answers, the
 // config file, and the bridge's own HTTP API.
 
@@ -396,4 +397,84 @@ func FuzzBridgeHTTP(f *testing.F) {
 			t.Fatalf("valid spec %q answered %q, want the not-running error", body, msg)
 		}
 	})
+}
+
+// FuzzZMTPScanner feeds any byte stream after a greeting to the frame
+// guard's scanner, in reads of any size, and checks it against a plain
+// reference walk of the whole stream (zmq4's framing: flags, a 1- or
+// 8-byte size, the body). Invariants: no panic; the read sizes never
+// change the verdict; a stream is refused exactly when some header, once
+// complete, declares more than is left of its message's cap (frames
+// charged frameOverhead each); otherwise the whole messages counted agree.
+// Seeds: issue 16's 2^50-byte header, a normal event message, a
+// handshake, frames at and just over the cap.
+func FuzzZMTPScanner(f *testing.F) {
+	seeds := [][]byte{
+		hugeHeader(),
+		concat(zmtpReady(pubMeta()), zmtpFrame(zmtpMore, []byte("kv@gpu0")), zmtpFrame(zmtpMore, seqBytes(7)), zmtpFrame(0, []byte{0x93, 0xcb})),
+		zmtpFrame(0, bytes.Repeat([]byte{1}, 300-frameOverhead)),
+		zmtpFrame(0, bytes.Repeat([]byte{1}, 300-frameOverhead+1)),
+		concat(zmtpFrame(zmtpMore, nil), zmtpFrame(zmtpMore, nil), zmtpFrame(zmtpMore, nil), zmtpFrame(zmtpMore, nil), zmtpFrame(0, nil)),
+	}
+	for _, s := range seeds {
+		f.Add(s, uint8(0), uint16(300))
+		f.Add(s, uint8(1), uint16(300))
+	}
+	f.Fuzz(func(t *testing.T, data []byte, chunk uint8, limit uint16) {
+		stream := concat(zmtpGreeting(), data)
+		wantRefused, wantMsgs := refScanZMTP(stream, int64(limit))
+		s := newFrameScanner(int64(limit))
+		var err error
+		step := int(chunk) + 1
+		for p := stream; len(p) > 0 && err == nil; {
+			k := min(step, len(p))
+			err = s.scan(p[:k])
+			p = p[k:]
+		}
+		if err != nil && !errors.Is(err, ErrFrameTooLarge) {
+			t.Fatalf("error %v", err)
+		}
+		if (err != nil) != wantRefused {
+			t.Fatalf("reads of %d, cap %d: refused %v (%v), reference says %v", step, limit, err != nil, err, wantRefused)
+		}
+		if !wantRefused && s.messages != wantMsgs {
+			t.Fatalf("%d messages, reference %d", s.messages, wantMsgs)
+		}
+	})
+}
+
+// refScanZMTP walks a whole stream the way zmq4's Conn.read does.
+func refScanZMTP(stream []byte, limit int64) (refused bool, messages uint64) {
+	p := stream[zmtpGreetingLen:]
+	var used int64
+	for len(p) > 0 {
+		fl := p[0]
+		p = p[1:]
+		var size uint64
+		if fl&zmtpLong != 0 {
+			if len(p) < 8 {
+				return false, messages
+			}
+			size, p = binary.BigEndian.Uint64(p), p[8:]
+		} else {
+			if len(p) < 1 {
+				return false, messages
+			}
+			size, p = uint64(p[0]), p[1:]
+		}
+		left := limit - used - frameOverhead
+		if left < 0 || size > uint64(left) {
+			return true, messages
+		}
+		used += int64(size) + frameOverhead
+		if uint64(len(p)) < size {
+			return false, messages
+		}
+		p = p[size:]
+		if fl&zmtpMore == 0 {
+			messages++
+			used = 0
+		}
+	}
+	return false, messages
 }
