@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/cluster"
 	"github.com/kvrouter/kvrouter/cmd/kvrouter/internal/replica"
+	"github.com/kvrouter/kvrouter/internal/pki"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -43,7 +44,8 @@ type flagSpec struct {
 func parseServe(args []string, getenv func(string) string, stderr io.Writer) (serveConfig, error) {
 	c := serveConfig{Config: replica.Config{Router: router.DefaultConfig(), BusyStatus: 529, Retries: 2, MaxBodyBytes: 8 << 20}, AdmissionControl: "none"}
 	noEvents, noTrack := false, false
-	var loopbackWorkers *bool
+	var loopbackWorkers, plainHTTP *bool
+	var secretFiles struct{ admin, worker, replica string }
 	c.MaxPriority = math.MaxInt32 // no cap unless --max-priority: Dynamo lets clients set it
 	warned := map[string]bool{}
 	warn := func(msg string) { // one line per distinct warning, logged at start
@@ -96,7 +98,11 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"active-prefill-tokens-threshold"}, env: []string{"KVROUTER_ACTIVE_PREFILL_TOKENS_THRESHOLD", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD"}, usage: "busy above this many prefill tokens", set: optInt(&c.Router.Thresholds.ActivePrefillTokens)},
 		{names: []string{"active-prefill-tokens-threshold-frac"}, env: []string{"KVROUTER_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC"}, usage: "busy above this fraction of max batched tokens", set: optFloat(&c.Router.Thresholds.ActivePrefillTokensFrac)},
 		{names: []string{"busy-status"}, env: []string{"KVROUTER_BUSY_STATUS"}, def: "529", usage: "HTTP status when every worker is busy (529 or 503)", set: intp(&c.BusyStatus)},
-		{names: []string{"admin-token"}, env: []string{"KVROUTER_ADMIN_TOKEN"}, usage: "bearer token required by admin endpoints", set: str(&c.AdminToken)},
+		{names: []string{"admin-token"}, env: []string{"KVROUTER_ADMIN_TOKEN"}, usage: "bearer token required by admin endpoints (prefer --admin-token-file: argv is visible to every local user)", set: str(&c.AdminToken)},
+		{names: []string{"admin-token-file"}, env: []string{"KVROUTER_ADMIN_TOKEN_FILE"}, usage: "file holding the admin token (instead of --admin-token)", set: str(&secretFiles.admin)},
+		{names: []string{"worker-api-key"}, env: []string{"KVROUTER_WORKER_API_KEY"}, usage: "bearer token sent to every worker (engines started with --api-key; prefer --worker-api-key-file)", set: secret(&c.WorkerAPIKey)},
+		{names: []string{"worker-api-key-file"}, env: []string{"KVROUTER_WORKER_API_KEY_FILE"}, usage: "file holding the worker API key", set: str(&secretFiles.worker)},
+		{names: []string{"replica-token-file"}, env: []string{"KVROUTER_REPLICA_TOKEN_FILE"}, usage: "file holding a token that admits bus clients without a certificate with a replica's rights (tools such as kvbench ingest); needs TLS material", set: str(&secretFiles.replica)},
 		{names: []string{"api-keys"}, env: []string{"KVROUTER_API_KEYS"}, usage: "comma list of accepted inference API keys", set: list(&c.APIKeys)},
 		{names: []string{"workers"}, env: []string{"KVROUTER_WORKERS"}, usage: "static workers id=http://host:port,… (registered for the first model)", set: func(v string) error {
 			ws, err := parseStatic(v)
@@ -112,7 +118,12 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"tls-ca"}, env: []string{"KVROUTER_TLS_CA"}, usage: "PEM CA certificate of the cluster (kvrouter certs makes one)", set: str(&c.TLS.CAFile)},
 		{names: []string{"tls-cert"}, env: []string{"KVROUTER_TLS_CERT"}, usage: "PEM certificate of this node (identity spiffe://kvrouter/node/<node-id>)", set: str(&c.TLS.CertFile)},
 		{names: []string{"tls-key"}, env: []string{"KVROUTER_TLS_KEY"}, usage: "PEM private key of this node", set: str(&c.TLS.KeyFile)},
-		{names: []string{"insecure"}, env: []string{"KVROUTER_INSECURE"}, usage: "run without TLS and authentication on the bus on purpose (logged every minute)", set: boolp(&c.Insecure), bool: true},
+		{names: []string{"insecure"}, env: []string{"KVROUTER_INSECURE"}, usage: "run without TLS and authentication (Raft, bus, cluster endpoints) on purpose (logged every minute)", set: boolp(&c.Insecure), bool: true},
+		{names: []string{"allow-plain-http"}, env: []string{"KVROUTER_ALLOW_PLAIN_HTTP"}, usage: "with TLS material, also serve plaintext HTTP on the HTTP port (default: true only when --http-addr is loopback); /cluster/* still needs a member certificate", set: func(v string) error {
+			b, err := strconv.ParseBool(v)
+			plainHTTP = &b
+			return err
+		}, bool: true},
 		{names: []string{"allow-loopback-workers"}, env: []string{"KVROUTER_ALLOW_LOOPBACK_WORKERS"}, usage: "accept workers on loopback, link-local or unspecified addresses (default: true only when --http-addr is a loopback address; otherwise the proxy could be pointed at this host's own ports)", set: func(v string) error {
 			b, err := strconv.ParseBool(v)
 			loopbackWorkers = &b
@@ -192,6 +203,14 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 	} else {
 		c.AllowLoopbackWorkers = isLoopbackAddr(c.HTTPAddr)
 	}
+	if plainHTTP != nil {
+		c.AllowPlainHTTP = *plainHTTP
+	} else {
+		c.AllowPlainHTTP = isLoopbackAddr(c.HTTPAddr)
+	}
+	if err := c.readSecretFiles(secretFiles.admin, secretFiles.worker, secretFiles.replica); err != nil {
+		return c, err
+	}
 	return c, c.finish()
 }
 
@@ -203,8 +222,15 @@ func (c *serveConfig) finish() error {
 	if c.DataDir == "" {
 		c.DataDir = filepath.Join("data", c.NodeID)
 	}
+	if err := c.checkSecurity(); err != nil {
+		return err
+	}
 	if c.AdvertiseHTTP == "" {
-		c.AdvertiseHTTP = "http://" + c.HTTPAddr
+		// With TLS material peers reach each other's /cluster/ endpoints
+		// over HTTPS (the certificate is their credential).
+		c.AdvertiseHTTP = c.httpScheme() + "://" + c.HTTPAddr
+	} else if c.httpScheme() == "https" && !strings.HasPrefix(c.AdvertiseHTTP, "https://") {
+		return fmt.Errorf("--advertise-http %q: with TLS material peers reach this replica over https://", c.AdvertiseHTTP)
 	}
 	if c.BusyStatus != 529 && c.BusyStatus != 503 {
 		return fmt.Errorf("--busy-status must be 529 or 503, got %d", c.BusyStatus)
@@ -227,9 +253,6 @@ func (c *serveConfig) finish() error {
 	}
 	if !c.SingleNode && len(c.Peers) == 0 && len(c.Join) == 0 {
 		return errors.New("say how to form the cluster: --peers (bootstrap), --join, or --single-node")
-	}
-	if err := c.checkSecurity(); err != nil {
-		return err
 	}
 	if c.Retries < 0 {
 		return errors.New("--retries must not be negative")
@@ -283,19 +306,18 @@ func (c *serveConfig) applyAdmissionControl(warn func(string)) {
 	}
 }
 
-// checkSecurity applies the secure default: TLS material (all three files)
-// makes the bus mutually authenticated; without it a replica refuses to
-// start unless every address it listens on is loopback (a local
-// development cluster, which then runs insecure with a warning) or
-// --insecure says so on purpose.
+// checkSecurity applies the secure default (SECURITY.md): TLS material
+// (all three files) puts Raft, the bus and the cluster endpoints behind
+// mutual TLS. Listening off loopback needs that material and an admin
+// token; without them a replica refuses to start, naming what is missing,
+// unless --insecure says so on purpose. A replica listening on loopback
+// only without material is a local development cluster: it runs insecure
+// with a warning (repeated every minute).
 func (c *serveConfig) checkSecurity() error {
-	if !c.TLS.IsZero() {
-		if missing := c.TLS.Missing(); len(missing) > 0 {
-			return fmt.Errorf("TLS needs %s (--tls-ca, --tls-cert, --tls-key)", strings.Join(missing, ", "))
-		}
-		return nil
-	}
 	if c.Insecure {
+		if !c.ReplicaToken.IsZero() {
+			return errors.New("--replica-token-file admits bus clients over TLS: it needs TLS material, not --insecure")
+		}
 		return nil
 	}
 	var open []string
@@ -305,12 +327,73 @@ func (c *serveConfig) checkSecurity() error {
 			open = append(open, a.flag+" "+a.addr)
 		}
 	}
-	if len(open) > 0 {
-		return fmt.Errorf("listening off loopback (%s) needs TLS material (--tls-ca, --tls-cert, --tls-key; kvrouter certs makes them) — or --insecure to run unauthenticated on purpose", strings.Join(open, ", "))
+	var missing []string
+	if c.TLS.IsZero() {
+		missing = append(missing, "TLS material (--tls-ca, --tls-cert, --tls-key; kvrouter certs makes them)")
+	} else if m := c.TLS.Missing(); len(m) > 0 {
+		return fmt.Errorf("TLS needs %s (--tls-ca, --tls-cert, --tls-key)", strings.Join(m, ", "))
 	}
-	c.Insecure = true // loopback only: a local cluster
-	c.Warnings = append(c.Warnings, "no TLS material: the bus runs without TLS or authentication (every address is loopback, so only this host can reach it); give --tls-ca/--tls-cert/--tls-key to secure it")
+	if len(open) > 0 && c.AdminToken == "" {
+		missing = append(missing, "an admin token (--admin-token-file or KVROUTER_ADMIN_TOKEN_FILE)")
+	}
+	if len(open) > 0 && len(missing) > 0 {
+		return fmt.Errorf("listening off loopback (%s) needs %s — or --insecure to run unauthenticated on purpose",
+			strings.Join(open, ", "), strings.Join(missing, " and "))
+	}
+	if c.TLS.IsZero() {
+		if !c.ReplicaToken.IsZero() {
+			return errors.New("--replica-token-file admits bus clients over TLS: it needs TLS material")
+		}
+		c.Insecure = true // loopback only: a local cluster
+		c.Warnings = append(c.Warnings, "no TLS material: Raft, the bus and the cluster endpoints run without TLS or authentication (every address is loopback, so only this host can reach them); give --tls-ca/--tls-cert/--tls-key to secure them")
+	}
 	return nil
+}
+
+// httpScheme is how peers and tools reach this replica's HTTP port.
+func (c *serveConfig) httpScheme() string {
+	if c.Insecure {
+		return "http"
+	}
+	return "https"
+}
+
+// readSecretFiles reads the *_FILE secrets (so they need not be on a
+// command line, where every local user can read them). A secret given
+// both inline and as a file is refused: which one wins would be a guess.
+func (c *serveConfig) readSecretFiles(admin, worker, replica string) error {
+	if admin != "" {
+		if c.AdminToken != "" {
+			return errors.New("give the admin token once: --admin-token or --admin-token-file")
+		}
+		s, err := pki.ReadSecretFile(admin)
+		if err != nil {
+			return fmt.Errorf("--admin-token-file: %w", err)
+		}
+		c.AdminToken = s.Reveal()
+	}
+	if worker != "" {
+		if !c.WorkerAPIKey.IsZero() {
+			return errors.New("give the worker API key once: --worker-api-key or --worker-api-key-file")
+		}
+		s, err := pki.ReadSecretFile(worker)
+		if err != nil {
+			return fmt.Errorf("--worker-api-key-file: %w", err)
+		}
+		c.WorkerAPIKey = s
+	}
+	if replica != "" {
+		s, err := pki.ReadSecretFile(replica)
+		if err != nil {
+			return fmt.Errorf("--replica-token-file: %w", err)
+		}
+		c.ReplicaToken = s
+	}
+	return nil
+}
+
+func secret(p *pki.Secret) func(string) error {
+	return func(v string) error { *p = pki.Secret(v); return nil }
 }
 
 // isLoopbackAddr says whether a listen address binds loopback only.

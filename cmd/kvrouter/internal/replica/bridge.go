@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,7 +18,7 @@ import (
 // (selfURL). It returns when the bridge is set up; the bridge runs until
 // ctx ends, and wait blocks until it has stopped.
 func startReplicaBridge(ctx context.Context, path string, nc *nats.Conn, selfURL, adminToken string, blockSize int,
-	reg prometheus.Registerer, log *slog.Logger) (wait func(), err error) {
+	client *http.Client, reg prometheus.Registerer, log *slog.Logger) (wait func(), err error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -37,7 +38,7 @@ func startReplicaBridge(ctx context.Context, path string, nc *nats.Conn, selfURL
 		token = adminToken
 	}
 	b, err := zmqbridge.New(zmqbridge.Config{BlockSize: blockSize, Publishers: zmqbridge.NATSPublishers(nc, log), NATS: nc,
-		Register: register, AdminToken: token, Logger: log})
+		Register: register, AdminToken: token, HTTPClient: client, Logger: log})
 	if err != nil {
 		return nil, err
 	}

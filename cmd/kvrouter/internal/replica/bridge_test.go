@@ -23,12 +23,12 @@ func TestBridgeInReplica(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "b.json")
 	_ = os.WriteFile(path, []byte(`{"block_size":32,"workers":[]}`), 0o644)
-	if _, err := startReplicaBridge(t.Context(), path, nc, "", "", 16, nil, nil); err == nil {
+	if _, err := startReplicaBridge(t.Context(), path, nc, "", "", 16, nil, nil, nil); err == nil {
 		t.Fatal("block size mismatch accepted")
 	}
 	_ = os.WriteFile(path, []byte(`{"workers":[{"id":"a","url":"http://127.0.0.1:1","model":"m","events":"tcp://127.0.0.1:1"}]}`), 0o644)
 	ctx, cancel := context.WithCancel(context.Background())
-	wait, err := startReplicaBridge(ctx, path, nc, "", "", 16, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	wait, err := startReplicaBridge(ctx, path, nc, "", "", 16, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

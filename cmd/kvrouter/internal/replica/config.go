@@ -43,10 +43,18 @@ type Config struct {
 	DrainDelay    time.Duration       // on SIGTERM, /ready is 503 this long before the server stops
 	DrainTimeout  time.Duration       // then in-flight requests get this long before the listener closes
 	Disagg        disaggflag.Settings // --disagg and its knobs
-	// Security (SECURITY.md): node certificate, key and CA for the bus
-	// (and, once wired, Raft); Insecure is the explicit opt-out.
+	// Security (SECURITY.md): node certificate, key and CA for Raft, the
+	// bus and HTTPS; Insecure is the explicit opt-out (no TLS anywhere).
 	TLS      pki.Material
 	Insecure bool
+	// AllowPlainHTTP also serves plaintext HTTP on the HTTPS port (default
+	// only when --http-addr is loopback). /cluster/* refuses it regardless.
+	AllowPlainHTTP bool
+	// WorkerAPIKey is sent to workers as their bearer token; ReplicaToken
+	// admits bus clients without a certificate with a replica's rights
+	// (tools such as kvbench ingest). Both print as [redacted].
+	WorkerAPIKey pki.Secret
+	ReplicaToken pki.Secret
 	// Bounds (api/DESIGN.md, "Bounds").
 	AllowLoopbackWorkers bool           // workers on loopback/link-local addresses (default: only when --http-addr is loopback)
 	MaxPriority          int            // highest client priority (default: no cap, as Dynamo)

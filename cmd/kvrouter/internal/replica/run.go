@@ -19,6 +19,7 @@ import (
 	"github.com/kvrouter/kvrouter/cluster"
 	"github.com/kvrouter/kvrouter/eventbus"
 	"github.com/kvrouter/kvrouter/fsm"
+	"github.com/kvrouter/kvrouter/internal/pki"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -42,36 +43,56 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("state machine: %w", err)
 	}
 
-	bus, err := openBus(cfg, log)
+	// One load of the TLS material for Raft, the bus and HTTPS: all three
+	// present the same node certificate.
+	bundle, err := loadBundle(cfg)
+	if err != nil {
+		return err
+	}
+	members := newMembership(cfg)
+	bus, err := openBus(cfg, bundle, members.isMember, log)
 	if err != nil {
 		return err
 	}
 	defer bus.Close()
 
-	node, err := cluster.New(clusterConfig(cfg, state, reg, log), state)
+	node, err := cluster.New(clusterConfig(cfg, bundle, state, reg, log), state)
 	if err != nil {
 		return fmt.Errorf("raft node: %w", err)
 	}
-	r, err := assemble(cfg, log, parts{reg: reg, fsm: state, node: node, bus: bus, prompts: prompts})
+	members.node.Store(node)
+	r, err := assemble(cfg, log, parts{reg: reg, fsm: state, node: node, bus: bus, prompts: prompts, tls: bundle})
 	if err != nil {
 		return err
 	}
 
-	srv := api.New(api.Config{
+	apiCfg := api.Config{
 		BusyStatus: cfg.BusyStatus, AdminToken: cfg.AdminToken, APIKeys: cfg.APIKeys, Prompts: prompts,
-		Retries: cfg.Retries, AllowLoopbackWorkers: cfg.AllowLoopbackWorkers, MaxPriority: cfg.MaxPriority,
+		WorkerAPIKey: cfg.WorkerAPIKey.Reveal(),
+		Retries:      cfg.Retries, AllowLoopbackWorkers: cfg.AllowLoopbackWorkers, MaxPriority: cfg.MaxPriority,
 		MaxPriorityByKey: cfg.MaxPriorityByKey, MaxWorkers: cfg.MaxWorkers, MaxQueue: cfg.MaxQueue,
 		WorkerHeaderTimeout: cfg.WorkerHeaderTimeout, WorkerIdleTimeout: cfg.WorkerIdleTimeout, ProtectStatus: cfg.ProtectStatus, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,
-		Registry: reg, ClusterHandler: node.Handler(),
-	}, r)
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
-	if err != nil {
-		return fmt.Errorf("http listen: %w", err)
+		Registry: reg,
 	}
-	httpSrv := api.NewHTTPServer(srv.Handler(), api.ServerOptions{Logger: log})
+	if bundle == nil {
+		// Without TLS the admin token is the cluster endpoints' only
+		// credential: the API mounts them behind it.
+		apiCfg.ClusterHandler = node.Handler()
+	}
+	srv := api.New(apiCfg, r)
+	handler := srv.Handler()
+	if bundle != nil {
+		handler = withClusterEndpoints(handler, node.Handler())
+	}
+	ln, err := listenHTTP(cfg, bundle)
+	if err != nil {
+		return err
+	}
+	httpSrv := api.NewHTTPServer(handler, api.ServerOptions{Logger: log})
 	httpErr := make(chan error, 1)
 	go func() { httpErr <- httpSrv.Serve(ln) }()
-	log.Info("replica serving", "http", cfg.HTTPAddr, "raft", cfg.RaftAddr, "nats", bus.ClientURL(), "mode", cfg.Router.Mode)
+	log.Info("replica serving", "http", cfg.HTTPAddr, "advertise", cfg.AdvertiseHTTP, "raft", cfg.RaftAddr, "nats", bus.ClientURL(), "mode", cfg.Router.Mode,
+		"tls", bundle != nil, "plain_http", bundle == nil || cfg.AllowPlainHTTP, "admin_token", cfg.AdminToken != "", "worker_api_key", !cfg.WorkerAPIKey.IsZero())
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -82,7 +103,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	if cfg.BridgeConfig != "" {
 		wait, err := startReplicaBridge(runCtx, cfg.BridgeConfig, bus.Conn(), cfg.AdvertiseHTTP, cfg.AdminToken,
-			cfg.Router.BlockSize, reg, log.With("component", "bridge"))
+			cfg.Router.BlockSize, peerClient(bundle, bridgeHTTPTimeout), reg, log.With("component", "bridge"))
 		if err != nil {
 			return fmt.Errorf("engine bridge: %w", err)
 		}
@@ -130,6 +151,7 @@ type parts struct {
 	node    *cluster.Node
 	bus     *eventbus.Bus
 	prompts *prompt.Set
+	tls     *pki.Bundle // nil: insecure (and the tests over the harness)
 }
 
 // assemble builds the replica over p: its routers (created per model on
@@ -145,6 +167,9 @@ func assemble(cfg Config, log *slog.Logger, p parts) (*replica, error) {
 	r.tokcheck = newTokenizerCheck(cfg.TokenizerCheck, p.prompts.Lookup, p.fsm.Workers, p.reg, log.With("component", "tokenizer-check"))
 	r.loras = newLoRADirectory(log.With("component", "lora"))
 	r.agree = newTokenizerAgreement(cfg.NodeID, p.reg, log.With("component", "tokenizer-agreement"))
+	if p.tls != nil {
+		r.agree.client = peerClient(p.tls, r.agree.client.Timeout) // peers advertise https://
+	}
 	p.fsm.OnChange(r.onChange)
 
 	var err error
@@ -230,13 +255,21 @@ func loadTokenizer(cfg Config) (tokenize.Tokenizer, tokenize.Template, error) {
 	return tok, tmpl, nil
 }
 
-func openBus(cfg Config, log *slog.Logger) (*eventbus.Bus, error) {
+// openBus starts the embedded NATS server (or connects to --nats-url) with
+// this replica's bundle: TLS on the client port and the routes, nodes
+// admitted while isMember says they are cluster members, workers by their
+// certificates, tools by the replica token when one is set.
+func openBus(cfg Config, bundle *pki.Bundle, isMember func(string) bool, log *slog.Logger) (*eventbus.Bus, error) {
 	host, port, err := splitHostPort(cfg.NATSAddr)
 	if err != nil {
 		return nil, fmt.Errorf("--nats-addr: %w", err)
 	}
+	sec := eventbus.Security{Insecure: bundle == nil}
+	if bundle != nil {
+		sec.Bundle, sec.ReplicaToken, sec.IsMember = bundle, cfg.ReplicaToken, isMember
+	}
 	sc := eventbus.ServerConfig{Name: cfg.NodeID, Host: host, Port: port, StoreDir: filepath.Join(cfg.DataDir, "jetstream"), Logger: log.With("component", "nats"),
-		Security: eventbus.Security{Insecure: cfg.Insecure, TLS: cfg.TLS}}
+		Security: sec}
 	if !cfg.SingleNode && len(cfg.NATSRoutes) > 0 {
 		ch, cp, err := splitHostPort(cfg.NATSClusterAddr)
 		if err != nil {
@@ -244,7 +277,9 @@ func openBus(cfg Config, log *slog.Logger) (*eventbus.Bus, error) {
 		}
 		sc.ClusterName, sc.ClusterHost, sc.ClusterPort, sc.Routes = "kvrouter", ch, cp, cfg.NATSRoutes
 	}
-	bus, err := eventbus.OpenBus(eventbus.BusConfig{ExternalURL: cfg.NATSURL, Server: sc, ClientName: cfg.NodeID, Logger: log})
+	// An external NATS (--nats-url) sees the same node certificate.
+	client := eventbus.ClientSecurity{Insecure: bundle == nil, Bundle: bundle}
+	bus, err := eventbus.OpenBus(eventbus.BusConfig{ExternalURL: cfg.NATSURL, Server: sc, Client: client, ClientName: cfg.NodeID, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("event bus: %w", err)
 	}
@@ -263,7 +298,10 @@ func splitHostPort(addr string) (string, int, error) {
 	return h, port, nil
 }
 
-func clusterConfig(cfg Config, state *fsm.FSM, reg prometheus.Registerer, log *slog.Logger) cluster.Config {
+// clusterConfig is the Raft node's configuration. With a bundle the Raft
+// transport and the /cluster/ endpoints take member certificates only, and
+// /cluster/apply takes only what replicas forward (checkForwarded).
+func clusterConfig(cfg Config, bundle *pki.Bundle, state *fsm.FSM, reg prometheus.Registerer, log *slog.Logger) cluster.Config {
 	c := cluster.DefaultConfig()
 	c.NodeID, c.RaftAddr, c.DataDir, c.HTTPAddr = cfg.NodeID, cfg.RaftAddr, filepath.Join(cfg.DataDir, "raft"), cfg.AdvertiseHTTP
 	c.AdvertiseAddr = cfg.AdvertiseRaft
@@ -278,6 +316,10 @@ func clusterConfig(cfg Config, state *fsm.FSM, reg prometheus.Registerer, log *s
 		c.SnapshotThreshold = cfg.SnapshotThreshold
 	}
 	c.AuthToken = cfg.AdminToken
+	if bundle != nil {
+		c.TLS = bundle
+		c.CheckForwarded = checkForwarded
+	}
 	c.Logger = log.With("component", "raft")
 	c.Registry = reg
 	overFSM(&c, state)

@@ -70,4 +70,13 @@ const (
 	// insecureReminder is how often a replica without TLS on its bus says
 	// so in its log: an insecure cluster must never look like a secure one.
 	insecureReminder = time.Minute
+
+	// firstByteTimeout bounds the wait for a new HTTP connection's first
+	// byte (which tells TLS from plaintext): net/http's ReadHeaderTimeout
+	// (10 s) bounds the rest of the headers the same way.
+	firstByteTimeout = 10 * time.Second
+
+	// bridgeHTTPTimeout is the in-replica bridge's HTTP client timeout,
+	// zmqbridge's own default.
+	bridgeHTTPTimeout = 5 * time.Second
 )

@@ -1,0 +1,209 @@
+package replica
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/cluster"
+	"github.com/kvrouter/kvrouter/fsm"
+	"github.com/kvrouter/kvrouter/internal/pki"
+)
+
+// TestReplicaCheckForwarded: /cluster/apply takes the command types
+// replicas forward and refuses the leader's own (ingest batch, Tick), the
+// unproposed RemoveNode, unknown types and undecodable bytes.
+func TestReplicaCheckForwarded(t *testing.T) {
+	must := func(b []byte, err error) []byte {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	reg := fsm.RegisterWorker{ID: "w1", DPRanks: 1, Address: "http://127.0.0.1:9001", Model: "m", BlockSize: 16, TotalBlocks: 64}
+	withRole := reg
+	withRole.Role = "prefill"
+	ok := map[string][]byte{
+		"register":      must(fsm.EncodeRegisterWorker(reg)),
+		"register role": must(fsm.EncodeRegisterWorker(withRole)),
+		"deregister":    must(fsm.EncodeDeregisterWorker(fsm.DeregisterWorker{ID: "w1"})),
+		"model config":  must(fsm.EncodeSetModelConfig(fsm.SetModelConfig{Model: "m"})),
+		"predictions":   must(fsm.EncodePredictions(fsm.Predictions{Worker: "w1", Hashes: []uint64{1}, Until: 1})),
+		"register node": must(fsm.EncodeRegisterNode(fsm.RegisterNode{NodeID: "r1", RaftAddr: "127.0.0.1:7001", HTTPAddr: "https://127.0.0.1:8001"})),
+		"resync":        must(fsm.EncodeResyncWorker(fsm.ResyncWorker{Worker: "w1"})),
+	}
+	for name, cmd := range ok {
+		if err := checkForwarded(cmd); err != nil {
+			t.Errorf("%s: refused: %v", name, err)
+		}
+	}
+	if withRole := ok["register role"]; fsm.CommandType(withRole[0]&^fsm.IgnoreIfUnknown) != fsm.CmdRegisterWorkerRole {
+		t.Fatalf("a registration with a role encodes as type %d, the test expects %d", withRole[0], fsm.CmdRegisterWorkerRole)
+	}
+	refused := map[string][]byte{
+		"kv batch":    must(fsm.EncodeKVBatch(nil)),
+		"tick":        must(fsm.EncodeTick(fsm.Tick{Now: 1 << 62})),
+		"remove node": must(fsm.EncodeRemoveNode(fsm.RemoveNode{NodeID: "r2"})),
+		"unknown":     {42, fsm.EnvelopeVersion, 0},
+		"unknown ign": {42 | fsm.IgnoreIfUnknown, fsm.EnvelopeVersion, 0},
+		"empty":       nil,
+	}
+	for name, cmd := range refused {
+		if err := checkForwarded(cmd); !errors.Is(err, errForbiddenCommand) {
+			t.Errorf("%s: err = %v, want errForbiddenCommand", name, err)
+		}
+	}
+	garbage := append([]byte{byte(fsm.CmdRegisterWorker), fsm.EnvelopeVersion}, 0xff, 0xff, 0xff)
+	if err := checkForwarded(garbage); err == nil {
+		t.Error("undecodable RegisterWorker accepted")
+	}
+}
+
+// testBundles issues a CA with node r1 (127.0.0.1) and worker w1.
+func testBundles(t *testing.T) (node, worker *pki.Bundle) {
+	t.Helper()
+	l := pki.Layout{Dir: t.TempDir()}
+	if _, err := l.Ensure([]pki.Holder{{Identity: pki.Node("r1"), Hosts: []string{"127.0.0.1"}}, {Identity: pki.Worker("w1")}}); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if node, err = pki.LoadBundle(l.Material(pki.Node("r1"))); err != nil {
+		t.Fatal(err)
+	}
+	if worker, err = pki.LoadBundle(l.Material(pki.Worker("w1"))); err != nil {
+		t.Fatal(err)
+	}
+	return node, worker
+}
+
+// TestReplicaHTTPPortTLSAndPlain: with TLS material the HTTP port speaks
+// HTTPS (the handler sees the verified client certificate) and, when
+// allowed, plaintext on the same port; when not allowed a plaintext
+// request gets a 400 naming HTTPS.
+func TestReplicaHTTPPortTLSAndPlain(t *testing.T) {
+	node, worker := testBundles(t)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		who := "plain"
+		if r.TLS != nil {
+			who = "tls"
+			if id, err := pki.PeerIdentity(*r.TLS); err == nil {
+				who = id.String()
+			}
+		}
+		io.WriteString(w, who)
+	})
+	for _, plain := range []bool{true, false} {
+		ln, err := listenHTTP(Config{HTTPAddr: "127.0.0.1:0", AllowPlainHTTP: plain}, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln)
+		base := ln.Addr().String()
+		get := func(c *http.Client, url string) (int, string) {
+			t.Helper()
+			resp, err := c.Get(url)
+			if err != nil {
+				t.Fatalf("plain=%v GET %s: %v", plain, url, err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		trustOnly := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.TrustOnlyTLS(node.Roots(), nil)}}
+		if code, body := get(trustOnly, "https://"+base+"/"); code != 200 || body != "tls" {
+			t.Errorf("plain=%v https without certificate: %d %q", plain, code, body)
+		}
+		if code, body := get(peerClient(node, 5*time.Second), "https://"+base+"/"); code != 200 || body != pki.Node("r1").String() {
+			t.Errorf("plain=%v https with the node certificate: %d %q", plain, code, body)
+		}
+		wc := &http.Client{Transport: &http.Transport{TLSClientConfig: worker.ClientTLS(pki.AllowRoles(pki.RoleNode))}}
+		if code, body := get(wc, "https://"+base+"/"); code != 200 || body != pki.Worker("w1").String() {
+			t.Errorf("plain=%v https with a worker certificate: %d %q", plain, code, body)
+		}
+		code, body := get(http.DefaultClient, "http://"+base+"/")
+		if plain && (code != 200 || body != "plain") {
+			t.Errorf("plain allowed: http: %d %q", code, body)
+		}
+		if !plain && (code != 400 || !strings.Contains(body, "HTTPS only")) {
+			t.Errorf("plain refused: http: %d %q", code, body)
+		}
+		// A client that connects and says nothing does not block others.
+		idle, err := net.Dial("tcp", base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code, _ := get(trustOnly, "https://"+base+"/"); code != 200 {
+			t.Errorf("plain=%v: a silent connection blocked the next one", plain)
+		}
+		idle.Close()
+		srv.Close()
+	}
+}
+
+// TestReplicaClusterEndpointsTakeCertificates: with TLS the cluster
+// endpoints bypass the API (and its admin token) and everything else
+// reaches it.
+func TestReplicaClusterEndpointsTakeCertificates(t *testing.T) {
+	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "api") })
+	cl := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "cluster") })
+	h := withClusterEndpoints(api, cl)
+	for path, want := range map[string]string{"/cluster/apply": "cluster", "/cluster/join": "cluster", "/cluster/remove": "cluster",
+		"/cluster/commit": "cluster", "/cluster/status": "api", "/v1/models": "api", "/busy_threshold": "api"} {
+		rec := &recorder{header: http.Header{}}
+		r, _ := http.NewRequest(http.MethodGet, path, nil)
+		h.ServeHTTP(rec, r)
+		if rec.body.String() != want {
+			t.Errorf("%s went to %q, want %q", path, rec.body.String(), want)
+		}
+	}
+}
+
+type recorder struct {
+	header http.Header
+	body   strings.Builder
+}
+
+func (r *recorder) Header() http.Header         { return r.header }
+func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }
+func (r *recorder) WriteHeader(int)             {}
+
+// TestReplicaLoadBundleChecksIdentity: another node's files are refused at
+// start, naming the mismatch.
+func TestReplicaLoadBundleChecksIdentity(t *testing.T) {
+	dir := t.TempDir()
+	l := pki.Layout{Dir: dir}
+	if _, err := l.Ensure([]pki.Holder{{Identity: pki.Node("r1"), Hosts: []string{"127.0.0.1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadBundle(Config{NodeID: "r1", TLS: l.Material(pki.Node("r1"))}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := loadBundle(Config{NodeID: "r2", TLS: l.Material(pki.Node("r1"))})
+	if err == nil || !strings.Contains(err.Error(), "node/r1") {
+		t.Errorf("r2 with r1's certificate: %v", err)
+	}
+	if b, err := loadBundle(Config{NodeID: "r2", Insecure: true}); b != nil || err != nil {
+		t.Errorf("insecure: %v %v", b, err)
+	}
+	if _, err := loadBundle(Config{NodeID: "r1", TLS: pki.Material{CAFile: filepath.Join(dir, "none.pem")}}); err == nil {
+		t.Error("incomplete material accepted")
+	}
+}
+
+// TestReplicaMembership: the bus admits this node and the bootstrap set
+// until the Raft node is there.
+func TestReplicaMembership(t *testing.T) {
+	m := newMembership(Config{NodeID: "r1", Peers: []cluster.Peer{{ID: "r1"}, {ID: "r2"}}})
+	for id, want := range map[string]bool{"r1": true, "r2": true, "r3": false} {
+		if got := m.isMember(id); got != want {
+			t.Errorf("isMember(%s) = %v before the node exists", id, got)
+		}
+	}
+}
