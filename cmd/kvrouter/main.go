@@ -25,12 +25,13 @@ func commands() map[string]command {
 		"tokenize": {"print the prompt token ids a replica would hash, one JSON line per request", runTokenize},
 
 		"bridge": {"follow vLLM / SGLang KV events over ZMQ into the event bus", runBridge},
+		"certs":  {"create a private CA and node / worker certificates in a directory", runCerts},
 	}
 }
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: kvrouter <command> [flags]\n\ncommands:")
-	for _, name := range []string{"serve", "hash", "tokenize", "bridge"} {
+	for _, name := range []string{"serve", "certs", "hash", "tokenize", "bridge"} {
 		fmt.Fprintf(w, "  %-8s %s\n", name, commands()[name].summary)
 	}
 }
