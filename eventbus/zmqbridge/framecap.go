@@ -30,13 +30,14 @@ import (
 // never gets a size to allocate.
 
 // DefaultMaxMessageBytes is the default cap on one ZMQ message (all its
-// frames). The engines' largest messages are KV event batches: a batch
-// storing a 128k-token prompt at block size 16 is ~8,000 blocks of one
-// hash and 16 token ids each, well under 1 MiB of msgpack, and vLLM and
-// SGLang flush batches far more often than that. 16 MiB leaves a 16x margin
-// over a long-context prefill while bounding what a forged header can make
-// us allocate: zmq4 queues at most ~12 messages per connection, so under
-// 200 MiB per connection in the worst case.
+// frames). The engines' largest messages are KV event batches, one per
+// scheduler step, whose stored blocks are bounded by the tokens scheduled
+// in a step (vLLM's max_num_batched_tokens, a few thousand to tens of
+// thousands). Even 128k tokens in one step, at block size 16, are ~8,000
+// blocks of one hash and 16 token ids each: under 1 MiB of msgpack. 16 MiB
+// leaves a wide margin while bounding what one forged header can make us
+// allocate. (What a peer can keep allocated is this times the
+// messages queued: zmq4's ~12 per connection plus the rank's QueueSize.)
 const DefaultMaxMessageBytes = 16 << 20
 
 // DefaultHandshakeTimeout bounds the ZMTP greeting and handshake: a peer
