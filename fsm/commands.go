@@ -28,6 +28,10 @@ const (
 	// CmdRegisterWorkerRole is RegisterWorker with a role (decodes to a
 	// RegisterWorker).
 	CmdRegisterWorkerRole CommandType = 10
+	// CmdRegisterWorkerBlockSize is RegisterWorker with a block size that
+	// may differ from the cluster default (the model's own), and with an
+	// optional role (decodes to a RegisterWorker with OwnBlockSize set).
+	CmdRegisterWorkerBlockSize CommandType = 11
 	// Add new types here, with the next number.
 )
 
@@ -60,11 +64,13 @@ func (t CommandType) String() string {
 		return "RemoveNode"
 	case CmdRegisterWorkerRole:
 		return "RegisterWorkerRole"
+	case CmdRegisterWorkerBlockSize:
+		return "RegisterWorkerBlockSize"
 	}
 	return fmt.Sprintf("CommandType(%d)", uint8(t))
 }
 
-func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdRegisterWorkerRole }
+func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdRegisterWorkerBlockSize }
 
 // Errors of commands. The router's sentinels are aliased so errors.Is works
 // across layers.
@@ -79,7 +85,9 @@ var (
 	ErrUnknownWorker = router.ErrUnknownWorker
 	// ErrUnknownNode: RemoveNode of a node that is not registered.
 	ErrUnknownNode = errors.New("unknown node")
-	// ErrBlockSizeMismatch: a worker or event block size differs from the index's.
+	// ErrBlockSizeMismatch: a worker's block size differs from its model's
+	// (or, registered without OwnBlockSize, from the cluster default), or an
+	// event's from its worker's.
 	ErrBlockSizeMismatch = router.ErrBlockSizeMismatch
 	// ErrInvalidConfig: a model configuration the router would reject.
 	ErrInvalidConfig = router.ErrInvalidConfig
@@ -104,7 +112,7 @@ type RegisterWorker struct {
 	DPRanks          uint32 // >= 1
 	Address          string
 	Model            string
-	BlockSize        int   // 0 = the index's block size; anything else must equal it
+	BlockSize        int   // 0 = the cluster default; see OwnBlockSize
 	TotalBlocks      int   // KV capacity in blocks (decode threshold)
 	MaxBatchedTokens int   // prefill fraction threshold
 	LeaseUntil       int64 // unix nanos stamped by the proposer; 0 = no lease
@@ -115,6 +123,32 @@ type RegisterWorker struct {
 	// refuses the entry loudly instead of registering a prefill-only worker
 	// as aggregated.
 	Role router.Role
+	// OwnBlockSize says BlockSize is the worker's model's own, which may
+	// differ from the cluster default (router.Config.BlockSize of NewFSM).
+	// Such a registration travels as CmdRegisterWorkerBlockSize, which
+	// builds before per-model block sizes do not know: they halt on it
+	// instead of refusing it (a domain error) while newer builds accept it.
+	// Without it a block size other than the default is refused, as by
+	// every older build, so CmdRegisterWorker and CmdRegisterWorkerRole
+	// keep their meaning. FSM.CheckRegisterWorker sets it exactly when the
+	// block size differs from the default; it is not part of the record.
+	//
+	// Either way, a model's workers share one block size: the first
+	// registered fixes it while any of them is registered.
+	OwnBlockSize bool
+}
+
+// record is the registry entry c leaves (before defaults and clamping).
+func (c RegisterWorker) record() WorkerRecord {
+	return WorkerRecord{ID: c.ID, DPRanks: c.DPRanks, Address: c.Address, Model: c.Model, BlockSize: c.BlockSize,
+		TotalBlocks: c.TotalBlocks, MaxBatchedTokens: c.MaxBatchedTokens, LeaseUntil: c.LeaseUntil, Role: c.Role}
+}
+
+// command is the registration that leaves w (OwnBlockSize unset: the
+// snapshot's worker records carry no command type).
+func (w WorkerRecord) command() RegisterWorker {
+	return RegisterWorker{ID: w.ID, DPRanks: w.DPRanks, Address: w.Address, Model: w.Model, BlockSize: w.BlockSize,
+		TotalBlocks: w.TotalBlocks, MaxBatchedTokens: w.MaxBatchedTokens, LeaseUntil: w.LeaseUntil, Role: w.Role}
 }
 
 // DeregisterWorker removes a worker, all its ranks, blocks, predictions and
@@ -213,9 +247,13 @@ type ResyncWorker struct {
 	DPRank uint32
 }
 
-// Type is CmdRegisterWorkerRole when the registration carries a role.
+// Type is CmdRegisterWorkerBlockSize when the registration has its own
+// block size, else CmdRegisterWorkerRole when it carries a role.
 func (c RegisterWorker) Type() CommandType {
-	if c.Role != "" {
+	switch {
+	case c.OwnBlockSize:
+		return CmdRegisterWorkerBlockSize
+	case c.Role != "":
 		return CmdRegisterWorkerRole
 	}
 	return CmdRegisterWorker
@@ -230,7 +268,7 @@ func (ResyncWorker) Type() CommandType     { return CmdResyncWorker }
 func (RemoveNode) Type() CommandType       { return CmdRemoveNode }
 
 // Validate checks the domain rules Apply enforces (except the block size,
-// which needs the index). Proposers call it before proposing.
+// which needs the registry: FSM.CheckRegisterWorker checks everything).
 func (c RegisterWorker) Validate() error {
 	switch {
 	case c.ID == "":
@@ -304,12 +342,15 @@ func Encode(c Command) ([]byte, error) {
 	b := []byte{byte(c.Type()), EnvelopeVersion}
 	switch c := c.(type) {
 	case RegisterWorker:
-		if c.Role == "" {
+		if c.Role == "" && !c.OwnBlockSize {
 			return appendRegisterWorker(b, &c)
 		}
 		b, err := appendRegisterWorker(b, &c)
 		if err != nil {
 			return nil, err
+		}
+		if c.OwnBlockSize && c.Role == "" {
+			return appendString(b, ""), nil // no role
 		}
 		return appendRole(b, &c)
 	case DeregisterWorker:
@@ -408,6 +449,18 @@ func readRole(r *reader) router.Role {
 	role := router.Role(r.string("role"))
 	switch role {
 	case router.RolePrefill, router.RoleDecode, router.RoleBoth:
+		return role
+	}
+	r.fail("worker role %q", role)
+	return ""
+}
+
+// readRoleOrNone reads CmdRegisterWorkerBlockSize's role: the empty string
+// (no role) or one of the three roles.
+func readRoleOrNone(r *reader) router.Role {
+	role := router.Role(r.string("role"))
+	switch role {
+	case "", router.RolePrefill, router.RoleDecode, router.RoleBoth:
 		return role
 	}
 	r.fail("worker role %q", role)
@@ -552,6 +605,11 @@ func decodePayload(t CommandType, p []byte) (Command, error) {
 	case CmdRegisterWorkerRole:
 		rw := readRegisterWorker(r)
 		rw.Role = readRole(r)
+		c = rw
+	case CmdRegisterWorkerBlockSize:
+		rw := readRegisterWorker(r)
+		rw.OwnBlockSize = true
+		rw.Role = readRoleOrNone(r)
 		c = rw
 	case CmdDeregisterWorker:
 		c = DeregisterWorker{ID: r.string("worker id")}

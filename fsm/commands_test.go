@@ -33,6 +33,7 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 		{CmdResyncWorker, 8, "ResyncWorker"},
 		{CmdRemoveNode, 9, "RemoveNode"},
 		{CmdRegisterWorkerRole, 10, "RegisterWorkerRole"},
+		{CmdRegisterWorkerBlockSize, 11, "RegisterWorkerBlockSize"},
 	}
 	for _, p := range pinned {
 		if uint8(p.typ) != p.num || p.typ.String() != p.name || !p.typ.known() {
@@ -42,7 +43,7 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 	if CommandType(len(pinned) + 1).known() {
 		t.Errorf("type %d is known but not pinned here: add it to the table", len(pinned)+1)
 	}
-	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 2 {
+	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 3 {
 		t.Errorf("ignore bit %#x, envelope %d, snapshot format %d", IgnoreIfUnknown, EnvelopeVersion, SnapshotVersion)
 	}
 	fields := []ModelField{FieldActiveDecodeBlocks, FieldActivePrefillTokens, FieldActivePrefillTokensFrac,
@@ -119,6 +120,10 @@ func goldenCommands() []struct {
 		{"remove-node", RemoveNode{NodeID: "r3"}},
 		{"register-worker-role", RegisterWorker{ID: "p-0", DPRanks: 1, Address: "10.0.0.8:8000", Model: "llama-3-8b",
 			BlockSize: 16, TotalBlocks: 4096, MaxBatchedTokens: 16384, LeaseUntil: 1_700_000_000_000_000_000, Role: router.RolePrefill}},
+		{"register-worker-block-size", RegisterWorker{ID: "sglang-0", DPRanks: 2, Address: "10.0.0.9:30000", Model: "qwen3-8b",
+			BlockSize: 1, TotalBlocks: 262144, MaxBatchedTokens: 16384, LeaseUntil: 1_700_000_000_000_000_000, OwnBlockSize: true}},
+		{"register-worker-block-size-role", RegisterWorker{ID: "d-0", DPRanks: 1, Address: "10.0.0.10:8000", Model: "mistral-7b",
+			BlockSize: 32, TotalBlocks: 2048, MaxBatchedTokens: 8192, Role: router.RoleDecode, OwnBlockSize: true}},
 	}
 }
 
@@ -227,6 +232,8 @@ func TestFSMCommandRoundTrip(t *testing.T) {
 		{"predictions-none", Predictions{Worker: "w", Until: 1}},
 		{"register-prefill-worker", RegisterWorker{ID: "p-1", DPRanks: 1, Address: "http://10.0.0.9:8000", Model: "m", Role: router.RolePrefill}},
 		{"register-decode-worker", RegisterWorker{ID: "d-1", DPRanks: 2, Model: "m", TotalBlocks: 9, Role: router.RoleDecode, LeaseUntil: 77}},
+		{"register-own-default-block-size", RegisterWorker{ID: "o-1", DPRanks: 1, Model: "m", BlockSize: 16, OwnBlockSize: true}},
+		{"register-own-block-size-both", RegisterWorker{ID: "o-2", DPRanks: 1, Model: "m", BlockSize: 64, Role: router.RoleBoth, OwnBlockSize: true}},
 	}...)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -316,6 +323,8 @@ func TestFSMDecodeRejects(t *testing.T) {
 		{"bad bool", append(append([]byte{4, 1, 1, 'm', 0}, byte(FieldTrackPrefillTokens)), 7), ErrUndecodable},
 		{"unknown set field", []byte{4, 1, 1, 'm', 0, 0x80, 0x40}, ErrUndecodable},
 		{"trailing", append(append([]byte{}, good...), 0), ErrUndecodable},
+		{"block size registration without its role field", []byte{11, 1, 1, 'w', 1, 0, 0, 32, 0, 0, 0}, ErrUndecodable},
+		{"block size registration with a bad role", []byte{11, 1, 1, 'w', 1, 0, 0, 32, 0, 0, 0, 1, 'x'}, ErrUndecodable},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

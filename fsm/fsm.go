@@ -22,7 +22,7 @@ import (
 )
 
 // WorkerRecord is a registered worker, as its last RegisterWorker set it
-// (BlockSize filled in with the index's when the command left it 0).
+// (BlockSize filled in with the cluster default when the command left it 0).
 type WorkerRecord struct {
 	ID               string
 	DPRanks          uint32
@@ -203,6 +203,11 @@ type FSM struct {
 	// and cleared by Restore; read without mu by Halted.
 	halt atomic.Pointer[HaltError]
 
+	// Tests lower these to act as an older build: the newest command type
+	// and snapshot format it knows (0 = this build's).
+	newestType   CommandType
+	newestFormat byte
+
 	obsMu     sync.Mutex
 	observers []func(Change)
 
@@ -227,6 +232,17 @@ type state struct {
 	preds map[router.WorkerID]map[uint64]int64 // rank → hash → until
 	heap  predHeap                             // expiry order; stale entries skipped lazily
 	live  int                                  // entries in preds
+
+	// modelSizes: per model with registered workers, the block size they
+	// all have and how many they are. Derived from workers (Restore
+	// rebuilds it), so it is in no snapshot.
+	modelSizes map[string]modelSize
+}
+
+// modelSize is the block size a model's registered workers share.
+type modelSize struct {
+	blockSize int
+	workers   int
 }
 
 type workerState struct {
@@ -259,12 +275,16 @@ func newState(blockSize int) *state {
 		models:    make(map[string]*SetModelConfig),
 		nodes:     make(map[string]NodeRecord),
 		preds:     make(map[router.WorkerID]map[uint64]int64),
+
+		modelSizes: make(map[string]modelSize),
 	}
 }
 
 // NewFSM returns an empty state machine. base is the router configuration
 // every model starts from (SetModelConfig overrides it per model); its
-// BlockSize is the index's, fixed for the life of the cluster.
+// BlockSize is the cluster default, fixed for the life of the cluster: the
+// block size of every model whose workers register without their own
+// (RegisterWorker.OwnBlockSize).
 func NewFSM(base router.Config) (*FSM, error) {
 	if err := base.Validate(); err != nil {
 		return nil, fmt.Errorf("fsm base config: %w", err)
@@ -336,7 +356,7 @@ func (f *FSM) applyLocked(l *raft.Log) *ApplyResult {
 	}
 	t, ignore, version, payload, err := header(l.Data)
 	res := &ApplyResult{Type: t}
-	if err == nil && (!t.known() || version != EnvelopeVersion) && !ignore {
+	if err == nil && (!f.knows(t) || version != EnvelopeVersion) && !ignore {
 		// A type or version this build does not know, which the proposer
 		// did not mark skippable: replicas that know it apply it. Skipping
 		// it would diverge silently; halt instead.
@@ -352,7 +372,7 @@ func (f *FSM) applyLocked(l *raft.Log) *ApplyResult {
 		res.Err = fmt.Errorf("apply log %d: %w", l.Index, err)
 		return res
 	}
-	if !t.known() || version != EnvelopeVersion {
+	if !f.knows(t) || version != EnvelopeVersion {
 		f.stats.ignored.Add(1)
 		res.Ignored = true
 		return res
@@ -384,6 +404,12 @@ func (f *FSM) applyLocked(l *raft.Log) *ApplyResult {
 		f.stats.clampedTimes.Add(1)
 	}
 	return res
+}
+
+// knows reports whether this build applies type t (tests can make it an
+// older build, see newestType).
+func (f *FSM) knows(t CommandType) bool {
+	return t.known() && (f.newestType == 0 || t <= f.newestType)
 }
 
 // applyCommandLocked applies every command but KV batches. A returned error
@@ -456,34 +482,89 @@ func (st *state) rank(worker string, rank uint32) *rankState {
 	return ws.ranks[rank]
 }
 
-// registerLocked adds or updates a worker. f.mu held.
-func (f *FSM) registerLocked(idx uint64, c RegisterWorker, res *ApplyResult) error {
-	st := f.st
+// checkRegister returns the domain error that refuses c, or nil. c's
+// BlockSize is filled in (0 = the cluster default).
+//
+// The rule: a registration without OwnBlockSize must have the cluster
+// default (as in every build before per-model block sizes, so such entries
+// apply alike on all builds); and a model's workers share one block size,
+// fixed by the first registered while any of them is registered. A worker
+// re-registering may change its own block size when no other worker of
+// its model is registered.
+func (st *state) checkRegister(c RegisterWorker) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
+	if !c.OwnBlockSize && c.BlockSize != st.blockSize {
+		// A worker with another block size could never match the model's
+		// prompts: refuse it loudly. Builds before per-model block sizes
+		// refuse this too, and know no other registration.
+		return fmt.Errorf("register worker %q: block size %d, cluster default %d (another block size registers as %s): %w",
+			c.ID, c.BlockSize, st.blockSize, CmdRegisterWorkerBlockSize, ErrBlockSizeMismatch)
+	}
+	ms, ok := st.modelSizes[c.Model]
+	if !ok || ms.blockSize == c.BlockSize {
+		return nil
+	}
+	others := ms.workers
+	if ws := st.workers[c.ID]; ws != nil && ws.rec.Model == c.Model {
+		others--
+	}
+	if others > 0 {
+		// The model's prompts are hashed with one block size: a worker
+		// with another would never match them.
+		return fmt.Errorf("register worker %q: block size %d, model %q uses %d (the block size of its %d registered workers): %w",
+			c.ID, c.BlockSize, c.Model, ms.blockSize, others, ErrBlockSizeMismatch)
+	}
+	return nil
+}
+
+// countWorker adds (n = 1) or removes (n = -1) rec in its model's block size.
+func (st *state) countWorker(rec WorkerRecord, n int) {
+	ms := st.modelSizes[rec.Model]
+	ms.blockSize, ms.workers = rec.BlockSize, ms.workers+n
+	if ms.workers <= 0 {
+		delete(st.modelSizes, rec.Model)
+		return
+	}
+	st.modelSizes[rec.Model] = ms
+}
+
+// registerLocked adds or updates a worker. f.mu held.
+func (f *FSM) registerLocked(idx uint64, c RegisterWorker, res *ApplyResult) error {
+	st := f.st
 	if c.BlockSize == 0 {
 		c.BlockSize = st.blockSize
-	} else if c.BlockSize != st.blockSize {
-		// The index is keyed by hashes of blockSize-token blocks: a worker
-		// with another block size could never match, so refuse it loudly.
-		return fmt.Errorf("register worker %q: block size %d, index uses %d: %w", c.ID, c.BlockSize, st.blockSize, ErrBlockSizeMismatch)
+	}
+	if err := st.checkRegister(c); err != nil {
+		return err
 	}
 	if c.LeaseUntil != 0 {
 		c.LeaseUntil, res.Clamped = st.clampAheadLocked(c.LeaseUntil)
 	}
-	rec := WorkerRecord(c)
+	rec := c.record()
 	ws := st.workers[c.ID]
 	reason := "updated"
 	if ws == nil {
 		ws = &workerState{}
 		st.workers[c.ID] = ws
 		reason = "registered"
+	} else {
+		st.countWorker(ws.rec, -1)
+		if ws.rec.BlockSize != rec.BlockSize {
+			// Its blocks were hashed at the old size: every rank starts
+			// afresh, as after a deregistration.
+			for _, rs := range ws.ranks {
+				st.removeRank(rs)
+			}
+			ws.ranks = nil
+		}
 	}
+	st.countWorker(rec, 1)
 	old := ws.rec
 	ws.rec = rec
 	for r := uint32(len(ws.ranks)); r < rec.DPRanks; r++ {
-		ws.ranks = append(ws.ranks, st.addRank(c.ID, r))
+		ws.ranks = append(ws.ranks, st.addRank(c.ID, r, rec.BlockSize))
 	}
 	for r := len(ws.ranks) - 1; r >= int(rec.DPRanks); r-- {
 		st.removeRank(ws.ranks[r])
@@ -499,10 +580,10 @@ func (f *FSM) registerLocked(idx uint64, c RegisterWorker, res *ApplyResult) err
 	return nil
 }
 
-func (st *state) addRank(worker string, r uint32) *rankState {
+func (st *state) addRank(worker string, r uint32, blockSize int) *rankState {
 	rs := &rankState{worker: worker, rank: r, key: router.WorkerKey(worker, r)}
-	st.index.AddWorker(rs.key)
-	st.predicted.AddWorker(rs.key)
+	st.index.AddWorkerBlockSize(rs.key, blockSize)
+	st.predicted.AddWorkerBlockSize(rs.key, blockSize)
 	st.ranks[rs.key] = rs
 	return rs
 }
@@ -525,6 +606,7 @@ func (f *FSM) removeWorkerLocked(idx uint64, id, reason string) {
 	for _, rs := range ws.ranks {
 		st.removeRank(rs)
 	}
+	st.countWorker(ws.rec, -1)
 	delete(st.workers, id)
 	f.changes = append(f.changes, Change{Kind: ChangeWorkers, Index: idx, Worker: id, Model: ws.rec.Model, Removed: true, Reason: reason})
 }
@@ -709,6 +791,7 @@ func (f *FSM) mergeModelLocked(c SetModelConfig) (*SetModelConfig, router.Config
 	next.set(&c)
 	next.Reset = 0
 	cfg := overlay(f.base, next)
+	cfg.BlockSize = f.st.modelBlockSize(c.Model)
 	if err := cfg.Validate(); err != nil {
 		return nil, router.Config{}, fmt.Errorf("model %q: %w", c.Model, err)
 	}
@@ -881,8 +964,46 @@ func (f *FSM) Overlaps() router.OverlapSource { return indexView{&f.index} }
 // PredictedOverlaps is a router.OverlapSource over the current predictions.
 func (f *FSM) PredictedOverlaps() router.OverlapSource { return indexView{&f.predicted} }
 
-// BlockSize is the index's tokens per block (the base configuration's).
+// BlockSize is the cluster default block size (the base configuration's):
+// the block size of every model whose workers registered without their own.
+// A model's own is ModelBlockSize.
 func (f *FSM) BlockSize() int { return f.base.BlockSize }
+
+// ModelBlockSize is the block size of model's prompts: the one its
+// registered workers share, or the cluster default while it has none.
+func (f *FSM) ModelBlockSize(model string) int {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.modelBlockSize(model)
+}
+
+// modelBlockSize: f.mu held (read).
+func (st *state) modelBlockSize(model string) int {
+	if ms, ok := st.modelSizes[model]; ok {
+		return ms.blockSize
+	}
+	return st.blockSize
+}
+
+// CheckRegisterWorker returns c as it must be proposed, OwnBlockSize set
+// exactly when its block size differs from the cluster default (so a
+// registration with the default keeps its old encoding), or the domain
+// error Apply would return now (invalid fields; a block size other than
+// the model's while another worker of the model is registered), without
+// changing anything. Proposers call it, then Encode.
+func (f *FSM) CheckRegisterWorker(c RegisterWorker) (RegisterWorker, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	c.OwnBlockSize = c.BlockSize != 0 && c.BlockSize != f.st.blockSize
+	filled := c
+	if filled.BlockSize == 0 {
+		filled.BlockSize = f.st.blockSize
+	}
+	if err := f.st.checkRegister(filled); err != nil {
+		return RegisterWorker{}, err
+	}
+	return c, nil
+}
 
 // AppliedIndex is the index of the last log entry applied (or restored).
 func (f *FSM) AppliedIndex() uint64 { return f.applied.Load() }
@@ -974,11 +1095,14 @@ func (f *FSM) Models() []string {
 }
 
 // ModelConfig is the router configuration of model: the base configuration
-// with the model's overrides applied. Unknown models get the base.
+// with the model's overrides applied and its block size (ModelBlockSize).
+// Unknown models get the base.
 func (f *FSM) ModelConfig(model string) router.Config {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	return overlay(f.base, f.st.models[model])
+	c := overlay(f.base, f.st.models[model])
+	c.BlockSize = f.st.modelBlockSize(model)
+	return c
 }
 
 // ModelOverrides returns the fields SetModelConfig has set for model.

@@ -69,12 +69,12 @@ func TestFSMRegisterWorker(t *testing.T) {
 				t.Fatalf("predicted workers %v, want %v", got, tc.keys)
 			}
 			rec, ok := h.f.Worker(tc.cmd.ID)
-			want := WorkerRecord(tc.cmd)
+			want := tc.cmd.record()
 			want.BlockSize = 16
 			if !ok || rec != want {
 				t.Fatalf("record %+v, want %+v", rec, want)
 			}
-			if got := WorkerRecord(tc.cmd).Keys(); !slices.Equal(got, tc.keys) {
+			if got := tc.cmd.record().Keys(); !slices.Equal(got, tc.keys) {
 				t.Fatalf("Keys %v", got)
 			}
 			infos := h.f.WorkerInfos("m")

@@ -199,7 +199,8 @@ func FuzzFSMRestore(f *testing.F) {
 	f.Add(good)
 	f.Add(good[:len(good)/2])
 	f.Add(append(bytes.Clone(good), 0))
-	f.Add(snapshotBytes(f, goldenStateRoles(f))) // format 2
+	f.Add(snapshotBytes(f, goldenStateRoles(f)))      // format 2
+	f.Add(snapshotBytes(f, goldenStateBlockSizes(f))) // format 3
 	empty := snapshotBytes(f, newFSM(f))
 	f.Add(empty)
 	f.Add([]byte{})

@@ -223,7 +223,8 @@ func (g *gen) command(t testing.TB) []byte {
 		}
 		c = RegisterWorker{ID: g.worker(), DPRanks: uint32(1 + r.IntN(3)), Address: "10.0.0.1:8000",
 			Model: []string{"m1", "m2"}[r.IntN(2)], BlockSize: []int{0, 16, 16, 16, 32}[r.IntN(5)],
-			TotalBlocks: 1000 + r.IntN(1000), MaxBatchedTokens: 8192, LeaseUntil: lease}
+			TotalBlocks: 1000 + r.IntN(1000), MaxBatchedTokens: 8192, LeaseUntil: lease,
+			OwnBlockSize: r.IntN(4) == 0} // m1 and m2 at 16 or 32, by their first worker
 	case x < 15:
 		c = DeregisterWorker{ID: g.worker()}
 	case x < 55:

@@ -18,9 +18,10 @@ import (
 	"github.com/kvrouter/kvrouter/router"
 )
 
-// Snapshot stream, format versions 1 and 2 (see DESIGN.md):
+// Snapshot stream, format versions 1 to 3 (see DESIGN.md):
 //
-//	"KVRS" | byte format version (1, or 2 when a worker has a role)
+//	"KVRS" | byte format version (1; 2 when a worker has a role; 3 when a
+//	  worker's block size differs from the header's, the cluster default)
 //	records: byte type | uvarint body length (<= maxRecordLen) | body
 //	  1 header (exactly once, first): u64 applied index, uvarint block size,
 //	    varint clock, uvarint counts of nodes, workers, models, cursors,
@@ -43,7 +44,7 @@ const (
 	// builds can still install it during a rolling upgrade unless the state
 	// holds something they cannot represent, which they then refuse by
 	// version instead of misreading.
-	SnapshotVersion = 2
+	SnapshotVersion = 3
 
 	// digestVersion is the version byte the digest hashes whatever version
 	// expresses the state: a state has one digest, and it is the one the
@@ -225,15 +226,21 @@ func (c *crcWriter) record(typ byte) {
 	c.write(c.buf)
 }
 
-// snapshotVersionOf is the oldest format that expresses img: 2 once a
-// worker has a role (format 1 has no field for it), else 1.
+// snapshotVersionOf is the oldest format that expresses img: 3 once a
+// worker's block size differs from the cluster default (formats 1 and 2
+// hold the same bytes but their readers refuse such a worker), else 2 once
+// a worker has a role (format 1 has no field for it), else 1.
 func snapshotVersionOf(img *image) byte {
+	v := byte(1)
 	for _, w := range img.workers {
+		if w.BlockSize != img.blockSize {
+			return 3
+		}
 		if w.Role != "" {
-			return 2
+			v = 2
 		}
 	}
-	return 1
+	return v
 }
 
 // writeImage streams img in the snapshot format. withApplied false is the
@@ -275,7 +282,7 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 		c.record(recNode)
 	}
 	for _, w := range img.workers {
-		rw := RegisterWorker(w)
+		rw := w.command()
 		b, err := appendRegisterWorker(c.buf[:0], &rw)
 		if err == nil && rw.Role != "" {
 			// Present only with a role (then the format is 2): a record
@@ -424,7 +431,11 @@ func (f *FSM) Digest() string {
 // CRC, and only then swaps it in; on any error the FSM is unchanged.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	st, applied, err := readSnapshot(rc, f.base)
+	newest := f.newestFormat
+	if newest == 0 {
+		newest = SnapshotVersion
+	}
+	st, applied, err := readSnapshot(rc, f.base, newest)
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
@@ -490,8 +501,9 @@ func corrupt(format string, args ...any) error {
 	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrCorruptSnapshot)
 }
 
-// readSnapshot builds a fresh state from a snapshot stream.
-func readSnapshot(r io.Reader, base router.Config) (*state, uint64, error) {
+// readSnapshot builds a fresh state from a snapshot stream of a format
+// version up to newest.
+func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64, error) {
 	s := &snapReader{br: bufio.NewReaderSize(r, 256<<10)}
 	var magic [len(snapshotMagic) + 1]byte
 	if err := s.readFull(magic[:]); err != nil {
@@ -500,8 +512,9 @@ func readSnapshot(r io.Reader, base router.Config) (*state, uint64, error) {
 	if string(magic[:4]) != snapshotMagic {
 		return nil, 0, corrupt("bad magic %q", magic[:4])
 	}
-	if magic[4] < 1 || magic[4] > SnapshotVersion {
-		return nil, 0, corrupt("format version %d, this build reads 1 to %d", magic[4], SnapshotVersion)
+	version := magic[4]
+	if version < 1 || version > newest {
+		return nil, 0, corrupt("format version %d, this build reads 1 to %d", version, newest)
 	}
 	st := newState(base.BlockSize)
 	var applied uint64
@@ -563,14 +576,21 @@ func readSnapshot(r io.Reader, base router.Config) (*state, uint64, error) {
 				if err := c.Validate(); err != nil {
 					return nil, 0, corrupt("worker: %v", err)
 				}
-				if c.BlockSize != base.BlockSize || st.workers[c.ID] != nil {
+				// Before format 3 every worker has the cluster default block
+				// size (those builds refuse any other); from 3 on, a model's
+				// workers share one.
+				if c.BlockSize <= 0 || (version < 3 && c.BlockSize != base.BlockSize) || st.workers[c.ID] != nil {
 					return nil, 0, corrupt("worker %q block size %d or repeated", c.ID, c.BlockSize)
 				}
-				ws := &workerState{rec: WorkerRecord(c)}
+				if ms, ok := st.modelSizes[c.Model]; ok && ms.blockSize != c.BlockSize {
+					return nil, 0, corrupt("worker %q block size %d, another worker of model %q has %d", c.ID, c.BlockSize, c.Model, ms.blockSize)
+				}
+				ws := &workerState{rec: c.record()}
 				for r := range c.DPRanks {
-					ws.ranks = append(ws.ranks, st.addRank(c.ID, r))
+					ws.ranks = append(ws.ranks, st.addRank(c.ID, r, c.BlockSize))
 				}
 				st.workers[c.ID] = ws
+				st.countWorker(ws.rec, 1)
 			}
 		case recModel:
 			m := &SetModelConfig{Model: rd.string("model")}

@@ -64,6 +64,30 @@ func goldenStateRoles(t testing.TB) *FSM {
 	return h.f
 }
 
+// goldenStateBlockSizes is goldenStateRoles plus a model whose workers
+// have their own block size (32, the cluster default being 16), one with
+// a role, with blocks: the state pinned by testdata/snapshot-v3.bin.
+func goldenStateBlockSizes(t testing.TB) *FSM {
+	f := goldenStateRoles(t)
+	h := &harness{t: t, f: f, idx: f.AppliedIndex()}
+	h.ok(RegisterWorker{ID: "mistral-0", DPRanks: 1, Address: "10.0.3.1:8000", Model: "mistral", BlockSize: 32, TotalBlocks: 1024,
+		MaxBatchedTokens: 8192, OwnBlockSize: true})
+	h.ok(RegisterWorker{ID: "mistral-1", DPRanks: 2, Address: "10.0.3.2:8000", Model: "mistral", BlockSize: 32, TotalBlocks: 2048,
+		LeaseUntil: 9_000, Role: router.RoleDecode, OwnBlockSize: true})
+	p32 := router.SequenceHashes([]uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24,
+		25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55,
+		56, 57, 58, 59, 60, 61, 62, 63, 64}, 32, "")
+	ev := func(w string, rank uint32, hashes ...uint64) KVBatchEvent {
+		e := stored(w, rank, 1, hashes...)
+		e.Event.BlockSize = 32
+		return e
+	}
+	if r := h.events(ev("mistral-0", 0, p32...), ev("mistral-1", 1, p32[0])); r.Applied != 2 {
+		t.Fatalf("mistral events: %+v", r)
+	}
+	return h.f
+}
+
 // richState is a larger random state, with a rank holding more blocks and
 // predictions than fit one snapshot record.
 func richState(t testing.TB, seed uint64, n int) (*FSM, uint64) {
@@ -127,6 +151,12 @@ func sameState(t *testing.T, a, b *FSM) {
 		if !slices.Equal(a.Index().WorkerBlocks(w), b.Index().WorkerBlocks(w)) ||
 			!slices.Equal(a.Predicted().WorkerBlocks(w), b.Predicted().WorkerBlocks(w)) {
 			t.Fatalf("blocks of %s differ", w)
+		}
+		abs, _ := a.Index().WorkerBlockSize(w)
+		bbs, _ := b.Index().WorkerBlockSize(w)
+		pbs, _ := b.Predicted().WorkerBlockSize(w)
+		if abs != bbs || bbs != pbs {
+			t.Fatalf("%s block size %d vs %d (predicted %d)", w, abs, bbs, pbs)
 		}
 		if a.Index().Held(w) != b.Index().Held(w) {
 			t.Fatalf("%s holds %d vs %d blocks", w, a.Index().Held(w), b.Index().Held(w))
@@ -404,11 +434,13 @@ func TestFSMSnapshotCorrupt(t *testing.T) {
 }
 
 // goldenWriters are the golden snapshots this build writes, with the state
-// each pins: format 1 for a state without roles, 2 with them. Files not
+// each pins: format 1 for a state without roles, 2 with them, 3 with a
+// worker whose block size is not the cluster default. Files not
 // listed (testdata/snapshot-v1-roles.bin) were written by older builds.
 var goldenWriters = map[string]func(testing.TB) *FSM{
 	"snapshot-v1.bin": goldenState,
 	"snapshot-v2.bin": goldenStateRoles,
+	"snapshot-v3.bin": goldenStateBlockSizes,
 }
 
 // TestFSMGoldenSnapshots restores every committed snapshot, of every format
@@ -518,7 +550,7 @@ func TestFSMSnapshotVersions(t *testing.T) {
 	// A version this build does not know is refused by its version.
 	next := slices.Clone(roles)
 	next[4] = SnapshotVersion + 1
-	if err := restoreBytes(newFSM(t), next); !errors.Is(err, ErrCorruptSnapshot) || !strings.Contains(err.Error(), "format version 3") {
+	if err := restoreBytes(newFSM(t), next); !errors.Is(err, ErrCorruptSnapshot) || !strings.Contains(err.Error(), fmt.Sprint("format version ", SnapshotVersion+1)) {
 		t.Fatalf("format %d: %v", SnapshotVersion+1, err)
 	}
 }
