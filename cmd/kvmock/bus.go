@@ -26,11 +26,12 @@ type busHooks struct {
 type connectFunc func(ctx context.Context, worker string, hooks busHooks) (pub Publisher, closeFn func(), err error)
 
 // natsConnect returns the real connectFunc: a NATS client connection to
-// urls (comma list), an eventbus.Publisher for rank 0 of worker, and the
-// worker's resync subject served.
-func natsConnect(urls string, log *slog.Logger) connectFunc {
+// urls (comma list) with opts (the worker certificate on a secure bus), an
+// eventbus.Publisher for rank 0 of worker, and the worker's resync subject
+// served.
+func natsConnect(urls string, log *slog.Logger, opts ...eventbus.ConnectOption) connectFunc {
 	return func(ctx context.Context, worker string, hooks busHooks) (Publisher, func(), error) {
-		nc, err := eventbus.Connect(urls, "kvmock-"+worker, log)
+		nc, err := eventbus.Connect(urls, "kvmock-"+worker, log, opts...)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/kvrouter/kvrouter/api/tokenize"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/eventbus"
+	"github.com/kvrouter/kvrouter/internal/pki"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -48,6 +49,12 @@ type config struct {
 	Register     []string // kvrouter replica base URLs
 	// AdminToken is the bearer token of the replicas' admin endpoints.
 	AdminToken string
+	// NATSTLS is the worker's certificate, key and the cluster's CA for a
+	// secure bus (kvrouter certs --workers <id>); zero = plaintext.
+	NATSTLS pki.Material
+	// RegisterCA is the CA file trusted for https:// --register URLs
+	// (default NATSTLS.CAFile).
+	RegisterCA string
 	// RegisterInterval is the lease renewal period.
 	RegisterInterval time.Duration
 	ShutdownTimeout  time.Duration
@@ -87,6 +94,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	var (
 		c                           config
 		register, level, tmpl, role string
+		adminTokenFile              string
 	)
 	fs.StringVar(&c.ID, "id", "mock-1", "worker id (unique among the workers; no '#')")
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:9001", "HTTP listen address")
@@ -107,7 +115,12 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.IntVar(&c.EventQueue, "event-queue", 65536, "KV events buffered while NATS is slow or down; on overflow they are replaced by a full-state resync")
 	fs.Uint64Var(&c.EventIDStart, "event-id-start", 0, "first KV event id (0: microseconds since the epoch at startup, so no run reuses an earlier run's ids, which the stream would drop as duplicates; the cluster resyncs the worker once at its first event)")
 	fs.StringVar(&register, "register", "", "comma list of kvrouter replica base URLs to register with (empty: do not register)")
-	fs.StringVar(&c.AdminToken, "admin-token", "", "bearer token for the replicas' /workers endpoints (their --admin-token), if they require one")
+	fs.StringVar(&c.AdminToken, "admin-token", "", "bearer token for the replicas' /workers endpoints (their --admin-token), if they require one (prefer --admin-token-file)")
+	fs.StringVar(&adminTokenFile, "admin-token-file", "", "file holding the admin token (instead of --admin-token: argv is visible to every local user)")
+	fs.StringVar(&c.NATSTLS.CAFile, "nats-tls-ca", "", "CA certificate of the cluster (PEM) for a secure bus; with --nats-tls-cert and --nats-tls-key")
+	fs.StringVar(&c.NATSTLS.CertFile, "nats-tls-cert", "", "this worker's certificate (PEM, identity spiffe://kvrouter/worker/<id>: kvrouter certs --workers <id>)")
+	fs.StringVar(&c.NATSTLS.KeyFile, "nats-tls-key", "", "this worker's private key (PEM)")
+	fs.StringVar(&c.RegisterCA, "register-ca", "", "CA certificate trusted for https:// --register URLs (default --nats-tls-ca)")
 	fs.DurationVar(&c.RegisterInterval, "register-interval", 30*time.Second, "registration lease renewal period")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGINT/SIGTERM: how long to let requests finish and events flush")
 	fs.StringVar(&role, "role", "both", "disaggregated serving role: prefill (answers kv_transfer_params.do_remote_decode prefills and serves their KV on /kv/pull), decode (pulls the KV of do_remote_prefill requests) or both; every role also serves plain requests")
@@ -149,6 +162,15 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 			c.Register = append(c.Register, u)
 		}
 	}
+	if adminTokenFile != "" {
+		if c.AdminToken != "" {
+			errs = append(errs, errors.New("give the admin token once: --admin-token or --admin-token-file"))
+		} else if tok, err := pki.ReadSecretFile(adminTokenFile); err != nil {
+			errs = append(errs, fmt.Errorf("--admin-token-file: %w", err))
+		} else {
+			c.AdminToken = tok.Reveal()
+		}
+	}
 	c.NATS = strings.Join(splitList(c.NATS), ",")
 	c.AdvertiseURL = strings.TrimRight(strings.TrimSpace(c.AdvertiseURL), "/")
 	var err error
@@ -161,7 +183,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if err := c.LogLevel.UnmarshalText([]byte(level)); err != nil {
 		errs = append(errs, fmt.Errorf("--log-level: %w", err))
 	}
-	errs = append(errs, c.validate())
+	errs = append(errs, c.validate(), c.checkSecurity())
 	if err := errors.Join(errs...); err != nil {
 		return config{}, err
 	}

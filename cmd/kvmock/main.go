@@ -44,9 +44,14 @@ func run(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	busOpts, err := cfg.busOptions()
+	if err != nil {
+		log.Error("cannot start", "err", err)
+		return 1
+	}
 	var connect connectFunc
 	if cfg.NATS != "" {
-		connect = natsConnect(cfg.NATS, log)
+		connect = natsConnect(cfg.NATS, log, busOpts...)
 	}
 	m, err := newMock(cfg, log, connect)
 	if err != nil {

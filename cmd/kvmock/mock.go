@@ -101,6 +101,9 @@ func newMock(cfg config, log *slog.Logger, connect connectFunc) (*Mock, error) {
 	m.drv = newDriver(eng, m.q, log.With("component", "engine"))
 	if len(cfg.Register) > 0 {
 		m.regCfg = registrationConfig(cfg, m.engCfg, log)
+		if m.regCfg.Client, err = cfg.registerClient(); err != nil {
+			return nil, err
+		}
 	}
 	return m, nil
 }
