@@ -129,23 +129,14 @@ func (a *tokenizerAgreement) fetch(ctx context.Context, base string) (modelPrint
 	if !strings.Contains(base, "://") {
 		base = "http://" + base
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+"/cluster/status?digest=0", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := a.client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("status: %s", resp.Status)
-	}
 	var st struct {
 		Tokenizers []map[string]any `json:"tokenizers"`
 	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&st); err != nil {
-		return nil, fmt.Errorf("status: %w", err)
+	err := httpGet(ctx, a.client, strings.TrimRight(base, "/")+"/cluster/status?digest=0", 16<<20, func(r io.Reader) error {
+		return json.NewDecoder(r).Decode(&st)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("peer status: %w", err)
 	}
 	return printsOf(st.Tokenizers), nil
 }

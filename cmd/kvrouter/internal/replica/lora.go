@@ -116,19 +116,13 @@ func (d *loraDirectory) refresh(ctx context.Context, workers []fsm.WorkerRecord)
 // adaptersOf lists the adapters a worker serves on top of its model: the
 // /v1/models entries whose parent is the worker's model.
 func (d *loraDirectory) adaptersOf(ctx context.Context, w fsm.WorkerRecord) ([]string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(w.Address, "/")+"/v1/models", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := d.client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /v1/models: %s", resp.Status)
-	}
-	return parseAdapters(io.LimitReader(resp.Body, 4<<20), w.Model)
+	var adapters []string
+	err := httpGet(ctx, d.client, strings.TrimRight(w.Address, "/")+"/v1/models", 4<<20, func(r io.Reader) error {
+		var err error
+		adapters, err = parseAdapters(r, w.Model)
+		return err
+	})
+	return adapters, err
 }
 
 // parseAdapters reads an OpenAI model list and returns the ids whose
