@@ -36,7 +36,8 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 // forwardedTypes are the command types a replica forwards to the leader
 // through /cluster/apply (replica.propose → cluster.Node.Apply on a
 // follower). Who proposes each:
-//   - RegisterWorker (1; 10 when it carries a role), DeregisterWorker (2),
+//   - RegisterWorker (1; 10 when it carries a role; 11 when its block size
+//     is not the cluster default), DeregisterWorker (2),
 //     SetModelConfig (4): the admin API, on whichever replica took the
 //     request; RegisterWorker also registerStatic (--workers).
 //   - Predictions (5): the kv-approx batcher, on every replica.
@@ -52,7 +53,7 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 // through /cluster/remove, which the cluster package handles); and every
 // type this build does not know.
 var forwardedTypes = []fsm.CommandType{
-	fsm.CmdRegisterWorker, fsm.CmdRegisterWorkerRole, fsm.CmdDeregisterWorker, fsm.CmdSetModelConfig,
+	fsm.CmdRegisterWorker, fsm.CmdRegisterWorkerRole, fsm.CmdRegisterWorkerBlockSize, fsm.CmdDeregisterWorker, fsm.CmdSetModelConfig,
 	fsm.CmdPredictions, fsm.CmdRegisterNode, fsm.CmdResyncWorker,
 }
 

@@ -29,7 +29,10 @@ func TestReplicaCheckForwarded(t *testing.T) {
 	reg := fsm.RegisterWorker{ID: "w1", DPRanks: 1, Address: "http://127.0.0.1:9001", Model: "m", BlockSize: 16, TotalBlocks: 64}
 	withRole := reg
 	withRole.Role = "prefill"
+	ownSize := reg
+	ownSize.BlockSize, ownSize.OwnBlockSize = 32, true
 	ok := map[string][]byte{
+		"register size": must(fsm.EncodeRegisterWorker(ownSize)),
 		"register":      must(fsm.EncodeRegisterWorker(reg)),
 		"register role": must(fsm.EncodeRegisterWorker(withRole)),
 		"deregister":    must(fsm.EncodeDeregisterWorker(fsm.DeregisterWorker{ID: "w1"})),
@@ -45,6 +48,9 @@ func TestReplicaCheckForwarded(t *testing.T) {
 	}
 	if withRole := ok["register role"]; fsm.CommandType(withRole[0]&^fsm.IgnoreIfUnknown) != fsm.CmdRegisterWorkerRole {
 		t.Fatalf("a registration with a role encodes as type %d, the test expects %d", withRole[0], fsm.CmdRegisterWorkerRole)
+	}
+	if b := ok["register size"]; fsm.CommandType(b[0]&^fsm.IgnoreIfUnknown) != fsm.CmdRegisterWorkerBlockSize {
+		t.Fatalf("a registration with its own block size encodes as type %d, the test expects %d", b[0], fsm.CmdRegisterWorkerBlockSize)
 	}
 	refused := map[string][]byte{
 		"kv batch":    must(fsm.EncodeKVBatch(nil)),
