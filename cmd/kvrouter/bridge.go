@@ -31,6 +31,8 @@ type bridgeConfig struct {
 	RegisterInterval time.Duration
 	HTTPAddr         string
 	APIToken         string
+	InsecureAPI      bool  // --insecure-api: register API open off loopback, on purpose
+	MaxMessageBytes  int64 // ZMQ message cap (0: zmqbridge's default)
 	ReplayTimeout    time.Duration
 	LogLevel         slog.Level
 
@@ -71,7 +73,9 @@ func parseBridge(args []string, getenv func(string) string, stderr io.Writer) (b
 	fs.StringVar(&c.AdminToken, "admin-token", "", "bearer token of the replicas' /workers endpoints (their --admin-token)")
 	fs.DurationVar(&c.RegisterInterval, "register-interval", 30*time.Second, "registration lease renewal period")
 	fs.StringVar(&c.HTTPAddr, "http-addr", "127.0.0.1:8090", "listen address of /status, /metrics and the register API (empty: none)")
-	fs.StringVar(&c.APIToken, "api-token", "", "bearer token the bridge's POST /workers/* endpoints require")
+	fs.StringVar(&c.APIToken, "api-token", "", "bearer token the bridge's POST /workers/* endpoints require (required off loopback unless --insecure-api)")
+	fs.BoolVar(&c.InsecureAPI, "insecure-api", false, "let anyone who reaches --http-addr register workers without a token (on purpose)")
+	fs.Int64Var(&c.MaxMessageBytes, "max-message-bytes", 0, "largest ZMQ message accepted from an engine, all frames (0: 16 MiB); a peer declaring more is dropped before anything is allocated")
 	fs.DurationVar(&c.ReplayTimeout, "replay-timeout", 30*time.Second, "bound on one replay request to an engine")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	fs.Usage = func() {
@@ -108,6 +112,11 @@ func parseBridge(args []string, getenv func(string) string, stderr io.Writer) (b
 		return c, err
 	}
 	c.Register = splitComma(register)
+	if c.HTTPAddr != "" {
+		if err := zmqbridge.CheckAPIListen(c.HTTPAddr, c.APIToken, c.InsecureAPI); err != nil {
+			return c, err
+		}
+	}
 	if c.ConfigFile != "" {
 		fc, err := zmqbridge.LoadConfigFile(c.ConfigFile)
 		if err != nil {
@@ -197,7 +206,7 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	b, err := zmqbridge.New(zmqbridge.Config{
 		BlockSize: cfg.BlockSize, Publishers: zmqbridge.NATSPublishers(nc, log), NATS: nc,
 		Register: cfg.Register, AdminToken: cfg.AdminToken, RegisterInterval: cfg.RegisterInterval,
-		ReplayTimeout: cfg.ReplayTimeout, Logger: log,
+		ReplayTimeout: cfg.ReplayTimeout, Logger: log, InsecureAPI: cfg.InsecureAPI, MaxMessageBytes: cfg.MaxMessageBytes,
 	})
 	if err != nil {
 		log.Error("cannot start", "err", err)
