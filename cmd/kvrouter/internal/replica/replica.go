@@ -145,6 +145,17 @@ func (r *replica) refresh() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for model, rt := range r.routers {
+		if rt.Config().BlockSize != r.modelConfig(model).BlockSize {
+			// The model's block size changed (all its workers left, one of
+			// another size registered): its hashes change with it, so the
+			// router is rebuilt on next use (Router) rather than
+			// reconfigured. Bookings on the old one end with their requests.
+			r.log.Info("model block size changed: router rebuilt", "model", model,
+				"from", rt.Config().BlockSize, "to", r.modelConfig(model).BlockSize)
+			delete(r.routers, model)
+			delete(r.disagg, model)
+			continue
+		}
 		roles := r.fsm.RoleWorkers(model)
 		rt.SetWorkers(decodeCapable(roles))
 		for _, w := range roles {
@@ -244,11 +255,16 @@ func (r *replica) RegisterWorker(ctx context.Context, w api.WorkerSpec) error {
 	cmd := fsm.RegisterWorker{ID: w.ID, DPRanks: ranks, Address: w.URL, Model: w.Model, BlockSize: w.BlockSize,
 		TotalBlocks: w.TotalBlocks, MaxBatchedTokens: w.MaxBatchedTokens, LeaseUntil: time.Now().Add(leaseFor).UnixNano(),
 		Role: router.Role(w.Role)}
-	if w.BlockSize != r.fsm.BlockSize() {
-		return fmt.Errorf("%w: worker %s block size %d differs from the router's %d: its blocks would never match",
-			api.ErrInvalid, w.ID, w.BlockSize, r.fsm.BlockSize())
-	}
 	if err := cmd.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", api.ErrInvalid, err)
+	}
+	// Each model has its own block size (fixed by its first worker while
+	// any is registered); the check also marks a registration whose size
+	// differs from the cluster default, which travels as its own command
+	// type so a build that predates per-model sizes halts instead of
+	// diverging (fsm/DESIGN.md).
+	cmd, err := r.fsm.CheckRegisterWorker(cmd)
+	if err != nil {
 		return fmt.Errorf("%w: %v", api.ErrInvalid, err)
 	}
 	b, err := fsm.EncodeRegisterWorker(cmd)
@@ -389,7 +405,7 @@ func (r *replica) Booked(model string, b router.Booking) {
 		return
 	}
 	overlap := 0
-	if bs := r.fsm.BlockSize(); bs > 0 {
+	if bs := r.fsm.ModelBlockSize(model); bs > 0 {
 		overlap = len(b.Hashes) - (b.PrefillTokens+bs-1)/bs
 	}
 	if err := r.sync.Add(eventbus.ActiveRequest{Request: b.ID, Worker: b.Worker, Hashes: b.Hashes,
