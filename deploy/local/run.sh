@@ -27,6 +27,20 @@
 #                             [1 when stdout is a terminal, else 0]
 #   KVROUTER_RUN_READY_TIMEOUT seconds to wait for /ready before warning [180]
 #   KVROUTER_RUN_STOP_TIMEOUT  seconds children get after SIGTERM before SIGKILL [15]
+#   KVROUTER_RUN_INSECURE=1   no certificates: Raft, NATS and /cluster/* unauthenticated
+#                             (the replicas are started with --insecure) [0]
+#   KVROUTER_RUN_ADMIN_TOKEN=1 also generate an admin token (secrets/admin-token)
+#                             and require it on the admin endpoints [0: they stay
+#                             open to this host only, see SECURITY.md]
+#
+# Security (SECURITY.md): by default the run directory gets a private CA and
+# certificates (certs/, from `kvrouter certs`): every replica serves Raft over
+# mutual TLS (members only), NATS with TLS and authentication (replicas by
+# node certificate, each kvmock by its worker certificate, publishing only its
+# own events; tools by the replica token in secrets/replica-token), and
+# HTTPS on its HTTP port, where /cluster/* takes a member's certificate only.
+# The HTTP ports also answer plaintext http:// (they bind loopback), so curl,
+# HAProxy and the acceptance scripts work unchanged.
 # Every other KVROUTER_* / DYN_* variable reaches `kvrouter serve` unchanged
 # (e.g. KVROUTER_LOG_LEVEL=debug, DYN_ROUTER_MODE=round-robin), and KVMOCK_*
 # ones reach kvmock (which reads KVMOCK_<FLAG>; flags given here win).
@@ -53,6 +67,8 @@ speedup=${KVMOCK_SPEEDUP:-10}
 max_batched=${KVMOCK_MAX_BATCHED_TOKENS:-}
 use_haproxy=${KVROUTER_RUN_HAPROXY:-auto}
 ready_timeout=${KVROUTER_RUN_READY_TIMEOUT:-180}
+insecure=${KVROUTER_RUN_INSECURE:-0}
+want_admin_token=${KVROUTER_RUN_ADMIN_TOKEN:-0}
 stop_timeout=${KVROUTER_RUN_STOP_TIMEOUT:-15}
 if [ -t 1 ]; then tail_logs=${KVROUTER_RUN_TAIL:-1}; else tail_logs=${KVROUTER_RUN_TAIL:-0}; fi
 read -r -a serve_extra <<<"${KVROUTER_SERVE_ARGS:-}"
@@ -285,6 +301,54 @@ else
   }
 fi
 
+# --- credentials --------------------------------------------------------------
+# new_secret FILE: 32 random bytes, hex, written 0600 before a byte of it.
+new_secret() {
+  (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$1") || die "cannot write $1"
+}
+certs_dir=$run_dir/certs
+secrets_dir=$run_dir/secrets
+serve_sec=() scheme=http
+if [ "$insecure" = 1 ]; then
+  serve_sec=(--insecure)
+  say "KVROUTER_RUN_INSECURE=1: Raft, NATS and /cluster/* run without TLS or authentication"
+else
+  node_hosts='' worker_ids=''
+  for r in "${replicas[@]}"; do node_hosts+="${node_hosts:+,}$r=$host"; done
+  for w in "${workers[@]}"; do worker_ids+="${worker_ids:+,}$w"; done
+  "$kvrouter" certs --dir "$certs_dir" --nodes "$node_hosts" --workers "$worker_ids" >"$run_dir/certs.log" 2>&1 ||
+    { cat "$run_dir/certs.log" >&2; die "kvrouter certs failed"; }
+  mkdir -p "$secrets_dir" && chmod 700 "$secrets_dir"
+  new_secret "$secrets_dir/replica-token"
+  scheme=https
+fi
+if [ "$want_admin_token" = 1 ]; then
+  mkdir -p "$secrets_dir" && chmod 700 "$secrets_dir"
+  new_secret "$secrets_dir/admin-token"
+fi
+# serve_security R: the security flags of replica R.
+serve_security() {
+  local r=$1 a=("${serve_sec[@]}")
+  if [ "$insecure" != 1 ]; then
+    a+=(--tls-ca "$certs_dir/ca.pem" --tls-cert "$certs_dir/node-$r.pem" --tls-key "$certs_dir/node-$r-key.pem"
+      --replica-token-file "$secrets_dir/replica-token")
+  fi
+  [ "$want_admin_token" = 1 ] && a+=(--admin-token-file "$secrets_dir/admin-token")
+  [ ${#a[@]} = 0 ] || printf '%s\n' "${a[@]}"
+}
+# mock_security W: the security flags of worker W (its own certificate; it
+# registers over HTTPS, trusting the CA).
+mock_security() {
+  local w=$1 a=()
+  if [ "$insecure" != 1 ]; then
+    a+=(--nats-tls-ca "$certs_dir/ca.pem" --nats-tls-cert "$certs_dir/worker-$w.pem" --nats-tls-key "$certs_dir/worker-$w-key.pem")
+  fi
+  [ "$want_admin_token" = 1 ] && a+=(--admin-token-file "$secrets_dir/admin-token")
+  [ ${#a[@]} = 0 ] || printf '%s\n' "${a[@]}"
+}
+register_urls=''
+for r in "${replicas[@]}"; do register_urls+="${register_urls:+,}$scheme://$host:${http_port[$r]}"; done
+
 # --- go ----------------------------------------------------------------------
 say "run directory $run_dir (wiped at start; logs are <name>.log there)"
 
@@ -294,6 +358,7 @@ for r in "${replicas[@]}"; do
     [ "$o" = "$r" ] || routes+="${routes:+,}nats://$host:${route_port[$o]}"
   done
   mkdir -p "$run_dir/$r"
+  mapfile -t sec < <(serve_security "$r")
   start "$r" "$kvrouter" serve \
     --node-id "$r" \
     --data-dir "$run_dir/$r" \
@@ -305,6 +370,7 @@ for r in "${replicas[@]}"; do
     --peers "$peers" \
     --model "$model" \
     --block-size "$block_size" \
+    ${sec[@]+"${sec[@]}"} \
     ${serve_extra[@]+"${serve_extra[@]}"}
 done
 
@@ -349,8 +415,10 @@ done
 for w in "${workers[@]}"; do
   args=(--id "$w" --addr "$host:${worker_port[$w]}" --advertise-url "http://$host:${worker_port[$w]}"
     --model "$model" --block-size "$block_size" --kv-blocks "$kv_blocks" --speedup "$speedup"
-    --nats "$nats_urls" --register "$replica_urls")
+    --nats "$nats_urls" --register "$register_urls")
   [ -n "$max_batched" ] && args+=(--max-batched-tokens "$max_batched")
+  mapfile -t sec < <(mock_security "$w")
+  args+=(${sec[@]+"${sec[@]}"})
   start "$w" "$kvmock" "${args[@]}" ${mock_extra[@]+"${mock_extra[@]}"}
 done
 
@@ -388,6 +456,16 @@ $(for r in "${replicas[@]}"; do printf '    %s  http://%s:%s  raft %s:%s  nats n
   workers (model $model, block size $block_size, $kv_blocks KV blocks, speedup $speedup):
 $(for w in "${workers[@]}"; do printf '    %s  http://%s:%s\n' "$w" "$host" "${worker_port[$w]}"; done)
   haproxy:  $lb_note
+  security: $(if [ "$insecure" = 1 ]; then echo "OFF (KVROUTER_RUN_INSECURE=1)"; else
+    echo "Raft mTLS, NATS TLS+auth, HTTPS (and http:// on loopback); /cluster/* needs a member certificate"; fi)
+$(if [ "$insecure" != 1 ]; then
+    printf '            CA + certificates %s/ (ca-key.pem too: keep it off real replicas)\n' "$certs_dir"
+    printf '            replica token for bus tools (kvbench ingest) %s/replica-token\n' "$secrets_dir"
+    printf '            peer call: curl --cacert %s/ca.pem --cert %s/node-r1.pem --key %s/node-r1-key.pem https://%s:%s/cluster/commit\n' \
+      "$certs_dir" "$certs_dir" "$certs_dir" "$host" "${http_port[r1]}"
+  fi)
+  admin:    $(if [ "$want_admin_token" = 1 ]; then echo "token in $secrets_dir/admin-token (curl -H \"Authorization: Bearer \$(cat $secrets_dir/admin-token)\")"; else
+    echo "no token: admin endpoints open to this host's users (KVROUTER_RUN_ADMIN_TOKEN=1 to require one)"; fi)
   logs:     $run_dir/<name>.log
   try:      curl -s $try_url/v1/chat/completions -H 'content-type: application/json' \\
               -d '{"model":"$model","messages":[{"role":"user","content":"hello"}],"max_tokens":16}'
