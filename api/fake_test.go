@@ -16,7 +16,8 @@ type fakeAdapter struct {
 }
 
 type fakeReplica struct {
-	adapters map[string]fakeAdapter // LoRA adapter → base model and its workers
+	adapters map[string]fakeAdapter  // LoRA adapter → base model and its workers
+	ranks    map[router.WorkerID]int // DP rank of workers whose engine runs several
 	mu       sync.Mutex
 	index    *router.Index
 	routers  map[string]*router.Router
@@ -63,6 +64,10 @@ func (f *fakeReplica) WorkerURL(id router.WorkerID) (string, bool) {
 	return u, ok
 }
 func (f *fakeReplica) ReadBarrier(context.Context) error { return nil }
+func (f *fakeReplica) DPRank(id router.WorkerID) (int, bool) {
+	r, ok := f.ranks[id]
+	return r, ok
+}
 func (f *fakeReplica) Adapter(name string) (string, []router.WorkerID, bool) {
 	a, ok := f.adapters[name]
 	return a.base, a.workers, ok

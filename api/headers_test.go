@@ -89,3 +89,46 @@ func TestAPIUnknownPathJSON(t *testing.T) {
 		}
 	}
 }
+
+// A worker running several data-parallel ranks behind one URL gets the
+// rank the router booked, so the engine's own balancer keeps it there; a
+// single-rank worker gets no rank header.
+func TestAPIDataParallelRankHeader(t *testing.T) {
+	var mu sync.Mutex
+	ranks := map[string]string{} // X-Worker-Id the client saw → rank header the engine got
+	var last string
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		last = r.Header.Get("X-Data-Parallel-Rank")
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"choices":[{"text":"x"}]}`))
+	}))
+	defer engine.Close()
+	single := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		last = r.Header.Get("X-Data-Parallel-Rank")
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"choices":[{"text":"x"}]}`))
+	}))
+	defer single.Close()
+	rep := newFakeReplica("m", router.Config{Mode: router.ModeRoundRobin, BlockSize: 16})
+	rep.addWorker("m", "dp", engine.URL)
+	rep.addWorker("m", "dp#1", engine.URL)
+	rep.addWorker("m", "solo", single.URL)
+	rep.ranks = map[router.WorkerID]int{"dp": 0, "dp#1": 1}
+	s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true}, rep)
+	for range 6 {
+		rec := do(s, "POST", "/v1/completions", `{"model":"m","prompt":"hello"}`)
+		if rec.Code != 200 {
+			t.Fatalf("%d %s", rec.Code, rec.Body)
+		}
+		mu.Lock()
+		ranks[rec.Header().Get("X-Worker-Id")] = last
+		mu.Unlock()
+	}
+	if ranks["dp"] != "0" || ranks["dp#1"] != "1" || ranks["solo"] != "" {
+		t.Errorf("rank headers by worker: %v", ranks)
+	}
+}

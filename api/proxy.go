@@ -129,6 +129,9 @@ func (s *Server) send(c *gin.Context, worker router.WorkerID, path string, body 
 	if s.cfg.WorkerAPIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+s.cfg.WorkerAPIKey)
 	}
+	if rank, ok := s.rep.DPRank(worker); ok {
+		req.Header.Set("X-Data-Parallel-Rank", strconv.Itoa(rank))
+	}
 	resp, err := s.client.Do(req)
 	if err != nil {
 		cancel(nil)

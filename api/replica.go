@@ -33,6 +33,11 @@ type Replica interface {
 	Router(model string) (*router.Router, bool)
 	// WorkerURL is the OpenAI base URL of a worker (http://host:port).
 	WorkerURL(id router.WorkerID) (string, bool)
+	// DPRank is the data-parallel rank id stands for, ok only when its
+	// engine runs several ranks behind one URL: the proxy then sends it as
+	// X-data-parallel-rank (vLLM and SGLang honour it), so the engine's own
+	// balancer does not move the request off the rank the router booked.
+	DPRank(id router.WorkerID) (rank int, ok bool)
 	// Adapter resolves a LoRA adapter name (a request's "model") to the
 	// base model whose workers serve it and those workers' ranks; ok is
 	// false when no worker serves such an adapter.

@@ -44,6 +44,7 @@ func (r *oneReplica) Router(m string) (*router.Router, bool) {
 	return r.rt, m == r.model
 }
 func (r *oneReplica) Adapter(string) (string, []router.WorkerID, bool) { return "", nil, false }
+func (r *oneReplica) DPRank(router.WorkerID) (int, bool)               { return 0, false }
 func (r *oneReplica) WorkerURL(id router.WorkerID) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -173,6 +173,23 @@ func (r *replica) refresh() {
 	}
 }
 
+// DPRank is the data-parallel rank id names when its worker runs several
+// (sent to the engine so its own balancer keeps the rank we booked).
+func (r *replica) DPRank(id router.WorkerID) (int, bool) {
+	base, rank, _ := strings.Cut(string(id), "#")
+	w, ok := r.fsm.Worker(base)
+	if !ok || w.DPRanks <= 1 {
+		return 0, false
+	}
+	n := 0
+	if rank != "" {
+		if _, err := fmt.Sscan(rank, &n); err != nil {
+			return 0, false
+		}
+	}
+	return n, true
+}
+
 func (r *replica) WorkerURL(id router.WorkerID) (string, bool) {
 	base, _, _ := strings.Cut(string(id), "#")
 	w, ok := r.fsm.Worker(base)
