@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/cluster"
+	"github.com/kvrouter/kvrouter/cluster/clustertest"
+	"github.com/kvrouter/kvrouter/eventbus"
 	"github.com/kvrouter/kvrouter/fsm"
 	"github.com/kvrouter/kvrouter/internal/pki"
 )
@@ -210,6 +212,43 @@ func TestReplicaMembership(t *testing.T) {
 	for id, want := range map[string]bool{"r1": true, "r2": true, "r3": false} {
 		if got := m.isMember(id); got != want {
 			t.Errorf("isMember(%s) = %v before the node exists", id, got)
+		}
+	}
+}
+
+// TestReplicaOpenBusSecure: with a bundle the replica's bus takes its own
+// node certificate, a worker's certificate and the replica token (over
+// TLS), and refuses anonymous clients and a wrong token.
+func TestReplicaOpenBusSecure(t *testing.T) {
+	node, worker := testBundles(t)
+	log := clustertest.NewTestLogger(t)
+	cfg := Config{NodeID: "r1", NATSAddr: "127.0.0.1:0", DataDir: t.TempDir(), ReplicaToken: "tool-token"}
+	bus, err := openBus(cfg, node, newMembership(cfg).isMember, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bus.Close()
+	url := bus.Server().ClientURL()
+	trust := eventbus.WithTLSConfig(pki.TrustOnlyTLS(node.Roots(), pki.AllowRoles(pki.RoleNode)))
+	for name, opts := range map[string][]eventbus.ConnectOption{
+		"worker certificate": {eventbus.WithBundle(worker)},
+		"replica token":      {trust, eventbus.WithToken("tool-token")},
+	} {
+		nc, err := eventbus.Connect(url, name, log, opts...)
+		if err != nil {
+			t.Errorf("%s refused: %v", name, err)
+			continue
+		}
+		nc.Close()
+	}
+	for name, opts := range map[string][]eventbus.ConnectOption{
+		"anonymous":   nil,
+		"TLS only":    {trust},
+		"wrong token": {trust, eventbus.WithToken("guess")},
+	} {
+		if nc, err := eventbus.Connect(url, name, log, opts...); err == nil {
+			nc.Close()
+			t.Errorf("%s accepted", name)
 		}
 	}
 }
