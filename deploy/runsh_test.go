@@ -54,6 +54,9 @@ func runFake(role string, args []string) int {
 	if role == "kvmock" {
 		id, addr = f["id"], f["addr"]
 	}
+	if role == "kvrouter" && len(args) > 0 && args[0] == "certs" {
+		return fakeCerts(f)
+	}
 	if role == "kvrouter" && (len(args) == 0 || args[0] != "serve") {
 		fmt.Fprintln(os.Stderr, "fake kvrouter: want `serve`")
 		return 2
@@ -94,6 +97,35 @@ func runFake(role string, args []string) int {
 	<-ctx.Done()
 	fmt.Printf("fake %s %s stopping\n", role, id)
 	srv.Close()
+	return 0
+}
+
+// fakeCerts stands in for `kvrouter certs`: the files run.sh then names,
+// empty (the fakes never read them).
+func fakeCerts(f map[string]string) int {
+	dir := f["dir"]
+	if dir == "" || f["nodes"] == "" {
+		fmt.Fprintln(os.Stderr, "fake kvrouter certs: want --dir and --nodes")
+		return 2
+	}
+	files := []string{"ca.pem", "ca-key.pem"}
+	for _, n := range strings.Split(f["nodes"], ",") {
+		id, _, _ := strings.Cut(n, "=")
+		files = append(files, "node-"+id+".pem", "node-"+id+"-key.pem")
+	}
+	for _, w := range strings.Split(f["workers"], ",") {
+		files = append(files, "worker-"+w+".pem", "worker-"+w+"-key.pem")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	for _, name := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
 	return 0
 }
 
@@ -322,6 +354,11 @@ func TestDeployRunScriptLifecycle(t *testing.T) {
 			"peers":             peers,
 			"data-dir":          filepath.Join(h.dir, "run", r),
 			"model":             "kvmock",
+			// Secure by default (SECURITY.md): the node's own certificate.
+			"tls-ca":             filepath.Join(h.dir, "run", "certs", "ca.pem"),
+			"tls-cert":           filepath.Join(h.dir, "run", "certs", "node-"+r+".pem"),
+			"tls-key":            filepath.Join(h.dir, "run", "certs", "node-"+r+"-key.pem"),
+			"replica-token-file": filepath.Join(h.dir, "run", "secrets", "replica-token"),
 		}
 		for k, v := range want {
 			if rec.Flags[k] != v {
@@ -330,7 +367,7 @@ func TestDeployRunScriptLifecycle(t *testing.T) {
 		}
 	}
 	nats := fmt.Sprintf("nats://127.0.0.1:%d,nats://127.0.0.1:%d,nats://127.0.0.1:%d", 4222+o, 4223+o, 4224+o)
-	register := fmt.Sprintf("http://127.0.0.1:%d,http://127.0.0.1:%d,http://127.0.0.1:%d", 8001+o, 8002+o, 8003+o)
+	register := fmt.Sprintf("https://127.0.0.1:%d,https://127.0.0.1:%d,https://127.0.0.1:%d", 8001+o, 8002+o, 8003+o)
 	for j := 1; j <= 4; j++ {
 		id := fmt.Sprintf("mock-%d", j)
 		rec := h.record(id)
@@ -341,6 +378,9 @@ func TestDeployRunScriptLifecycle(t *testing.T) {
 			"nats":          nats,
 			"register":      register,
 			"model":         "kvmock",
+			"nats-tls-ca":   filepath.Join(h.dir, "run", "certs", "ca.pem"),
+			"nats-tls-cert": filepath.Join(h.dir, "run", "certs", "worker-"+id+".pem"),
+			"nats-tls-key":  filepath.Join(h.dir, "run", "certs", "worker-"+id+"-key.pem"),
 		}
 		for k, v := range want {
 			if rec.Flags[k] != v {
@@ -494,7 +534,8 @@ func TestDeployRunScriptRefuses(t *testing.T) {
 // flags, say), run.sh shows why and exits non-zero instead of waiting forever.
 func TestDeployRunScriptStartupFailure(t *testing.T) {
 	h := newRunHarness(t)
-	bad := "#!/bin/sh\necho 'kvrouter serve: not built yet' >&2\nexit 2\n"
+	// `certs` succeeds (run.sh stops at once when it fails): serve is what breaks.
+	bad := "#!/bin/sh\n[ \"$1\" = certs ] && exit 0\necho 'kvrouter serve: not built yet' >&2\nexit 2\n"
 	if err := os.WriteFile(filepath.Join(h.dir, "bin", "kvrouter"), []byte(bad), 0o755); err != nil {
 		t.Fatal(err)
 	}
