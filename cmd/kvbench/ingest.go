@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"slices"
@@ -23,6 +24,7 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/live"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
 	"github.com/kvrouter/kvrouter/eventbus"
+	"github.com/kvrouter/kvrouter/internal/pki"
 )
 
 // ingestOptions are kvbench ingest's validated flags.
@@ -42,6 +44,8 @@ type ingestOptions struct {
 	DrainTimeout   time.Duration
 	Model          string
 	AdminToken     string
+	NATSCA         string // CA of a TLS bus (tls://)
+	NATSTokenFile  string // the replicas' bus token, for a bus that requires authentication
 	KeepWorkers    bool
 	JSON           string
 	Progress       bool
@@ -55,6 +59,8 @@ func parseIngestFlags(args []string, output io.Writer) (*ingestOptions, error) {
 	fs.StringVar(&o.Target, "target", "", "HTTP base URL of one replica of the cluster (required), e.g. http://127.0.0.1:8001")
 	fs.StringVar(&replicas, "replicas", "", "comma list of every replica's HTTP base URL (default: discovered from the target's /cluster/status)")
 	fs.StringVar(&o.NATS, "nats", "", "NATS URL(s) to publish to, comma separated; worker i uses entry i mod n (default: the target's nats_url)")
+	fs.StringVar(&o.NATSCA, "nats-ca", os.Getenv("KVBENCH_NATS_CA"), "PEM CA of a TLS event bus (default: "+defaultRunCA+" when it exists, as `make run` writes it)")
+	fs.StringVar(&o.NATSTokenFile, "nats-token-file", os.Getenv("KVBENCH_NATS_TOKEN_FILE"), "file holding the replicas' bus token (default: "+defaultRunToken+" when it exists)")
 	fs.DurationVar(&o.Duration, "duration", 10*time.Second, "how long to publish")
 	fs.IntVar(&o.Workers, "workers", 8, "synthetic workers (one publisher and one NATS connection each)")
 	// vLLM publishes a scheduled prefill chunk as one BlockStored event carrying all its
@@ -130,10 +136,56 @@ func parseIngestFlags(args []string, output io.Writer) (*ingestOptions, error) {
 	return o, nil
 }
 
+// Where `make run` (deploy/local/run.sh, default KVROUTER_RUN_DIR) writes
+// the cluster CA and the replica token: kvbench drives local clusters, so
+// it finds them there when run from the project root.
+const (
+	defaultRunCA    = "tmp/run/certs/ca.pem"
+	defaultRunToken = "tmp/run/secrets/replica-token"
+)
+
+// natsOptions are the credentials kvbench connects to the bus with: the
+// cluster CA to trust a TLS bus and the replica token to authenticate
+// (a secure bus admits nobody anonymous), from flags, their environment
+// variables, or make run's files.
+func (o *ingestOptions) natsOptions() ([]eventbus.ConnectOption, error) {
+	ca, tokFile := o.NATSCA, o.NATSTokenFile
+	if ca == "" && fileExists(defaultRunCA) {
+		ca = defaultRunCA
+	}
+	if tokFile == "" && fileExists(defaultRunToken) {
+		tokFile = defaultRunToken
+	}
+	var opts []eventbus.ConnectOption
+	if ca != "" {
+		pool, err := pki.LoadPool(ca)
+		if err != nil {
+			return nil, fmt.Errorf("--nats-ca: %w", err)
+		}
+		opts = append(opts, eventbus.WithTLSConfig(pki.TrustOnlyTLS(pool, pki.AllowRoles(pki.RoleNode))))
+	}
+	if tokFile != "" {
+		tok, err := pki.ReadSecretFile(tokFile)
+		if err != nil {
+			return nil, fmt.Errorf("--nats-token-file: %w", err)
+		}
+		opts = append(opts, eventbus.WithToken(tok))
+	}
+	return opts, nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
 func checkNATSURL(u string) error {
 	rest, ok := strings.CutPrefix(u, "nats://")
 	if !ok {
-		return fmt.Errorf("%q is not a nats:// URL", u)
+		rest, ok = strings.CutPrefix(u, "tls://")
+	}
+	if !ok {
+		return fmt.Errorf("%q is not a nats:// or tls:// URL", u)
 	}
 	host := rest
 	if i := strings.LastIndexByte(rest, ':'); i >= 0 {
@@ -339,9 +391,9 @@ type jsLeaders struct {
 	Consumer string `json:"consumer"`
 }
 
-func streamLeaders(ctx context.Context, url string) jsLeaders {
+func streamLeaders(ctx context.Context, url string, opts []eventbus.ConnectOption) jsLeaders {
 	var l jsLeaders
-	nc, err := nats.Connect(url, nats.Name("kvbench-probe"), nats.Timeout(2*time.Second))
+	nc, err := eventbus.Connect(url, "kvbench-probe", slog.New(slog.NewTextHandler(io.Discard, nil)), opts...)
 	if err != nil {
 		return l
 	}

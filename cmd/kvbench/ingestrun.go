@@ -198,7 +198,11 @@ func chooseNATS(ctx context.Context, o *ingestOptions, target *live.Status, nats
 	if err := checkNATSURL(target.NATSURL); err != nil {
 		return nil, jsLeaders{}, fmt.Errorf("the target's nats_url: %w (give --nats)", err)
 	}
-	leaders := streamLeaders(ctx, target.NATSURL)
+	opts, err := o.natsOptions()
+	if err != nil {
+		return nil, jsLeaders{}, err
+	}
+	leaders := streamLeaders(ctx, target.NATSURL, opts)
 	if u, ok := natsOf[leaders.Stream]; ok {
 		return []string{u}, leaders, nil
 	}
@@ -298,8 +302,12 @@ func (r *ingestRun) connectPublishers() error {
 	})
 	quiet := slog.New(slog.NewTextHandler(r.stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	urls := r.cluster.natsURLs
+	natsOpts, err := r.o.natsOptions()
+	if err != nil {
+		return err
+	}
 	for i, w := range r.ws {
-		nc, err := eventbus.Connect(urls[i%len(urls)], "kvbench-"+w.id, quiet)
+		nc, err := eventbus.Connect(urls[i%len(urls)], "kvbench-"+w.id, quiet, natsOpts...)
 		if err != nil {
 			return fmt.Errorf("NATS %s: %w", urls[i%len(urls)], err)
 		}
