@@ -21,7 +21,10 @@ type inferenceRequest struct {
 	Model    string            `json:"model"`
 	Messages []json.RawMessage `json:"messages"`
 	Stream   bool              `json:"stream"`
-	Nvext    struct {
+	// CacheSalt is vLLM's prefix-cache salt: blocks hashed under it match
+	// only requests with the same salt (Dynamo's rule, router.CacheSeed).
+	CacheSalt string `json:"cache_salt"`
+	Nvext     struct {
 		AgentHints struct {
 			Priority int `json:"priority"`
 		} `json:"agent_hints"`
@@ -112,7 +115,7 @@ func (s *Server) prepare(c *gin.Context, chat bool) (*prepared, bool) {
 	s.metrics.inputTokens.WithLabelValues(in.Model).Add(float64(len(tokens)))
 	return &prepared{
 		body: body, path: c.Request.URL.Path, model: model, stream: in.Stream, rt: rt, start: start,
-		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora), Tokens: len(tokens),
+		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora, in.CacheSalt), Tokens: len(tokens),
 			Priority: s.capPriority(bearer(c), in.Nvext.AgentHints.Priority), Exclude: notServing(rt.Workers(), only)},
 	}, true
 }
@@ -167,13 +170,13 @@ func (s *Server) noTokenizer(model string) {
 }
 
 // hashes are the request's block hashes as the engine computes them: with
-// Dynamo's LoRA seed when it names an adapter (the engines' events for the
-// adapter's blocks carry the same seed).
-func hashes(tokens []uint32, blockSize int, hashable bool, lora string) []uint64 {
+// Dynamo's LoRA seed when it names an adapter and Dynamo's salt seed for a
+// cache_salt (the engines' events for such blocks carry the same seed).
+func hashes(tokens []uint32, blockSize int, hashable bool, lora, salt string) []uint64 {
 	if !hashable {
 		return nil
 	}
-	return router.SequenceHashes(tokens, blockSize, lora)
+	return router.SaltedSequenceHashes(tokens, blockSize, lora, salt)
 }
 
 func (s *Server) listModels(c *gin.Context) {

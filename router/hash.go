@@ -13,11 +13,26 @@ const HashSeed uint64 = 1337
 // LoRASeed returns the hash seed for blocks computed under a LoRA adapter:
 // the base seed plus XXH3-64 of the adapter name (seed 0), wrapping.
 // An empty name is the base model.
-func LoRASeed(lora string) uint64 {
-	if lora == "" {
-		return HashSeed
+func LoRASeed(lora string) uint64 { return CacheSeed(lora, "") }
+
+// CacheSeed returns the hash seed for blocks computed under a LoRA adapter
+// and a cache salt (vLLM's `cache_salt`), by Dynamo's rule
+// (compute_salt_hash, lib/kv-hashing/src/salt.rs):
+//
+//	seed = 1337 + XXH3-64(lora, seed 0) + XXH3-64(salt, seed 1)   (wrapping)
+//
+// where an empty lora or salt adds nothing. The seed is that of every block's
+// local hash; the chain hash keeps seed 1337. A salted request thus never
+// matches unsalted blocks (nor another salt's), and matches its own salt's.
+func CacheSeed(lora, salt string) uint64 {
+	seed := HashSeed
+	if lora != "" {
+		seed += xxh3.HashSeed([]byte(lora), 0)
 	}
-	return HashSeed + xxh3.HashSeed([]byte(lora), 0)
+	if salt != "" {
+		seed += xxh3.HashSeed([]byte(salt), 1)
+	}
+	return seed
 }
 
 // LocalBlockHash hashes one block's token ids (little-endian u32) with seed.
@@ -46,6 +61,12 @@ func ChainHash(parentSeq, local uint64) uint64 {
 // tokens. A trailing partial block is not hashed: engines cache full blocks
 // only. The sequence hash is the content hash the prefix index is keyed by.
 func BlockHashes(tokens []uint32, blockSize int, lora string) (local, seq []uint64) {
+	return SeededBlockHashes(tokens, blockSize, LoRASeed(lora))
+}
+
+// SeededBlockHashes is BlockHashes with the local hashes' seed given
+// (CacheSeed).
+func SeededBlockHashes(tokens []uint32, blockSize int, seed uint64) (local, seq []uint64) {
 	if blockSize <= 0 {
 		return nil, nil
 	}
@@ -53,7 +74,6 @@ func BlockHashes(tokens []uint32, blockSize int, lora string) (local, seq []uint
 	if n == 0 {
 		return nil, nil
 	}
-	seed := LoRASeed(lora)
 	local = make([]uint64, n)
 	seq = make([]uint64, n)
 	for i := 0; i < n; i++ {
@@ -70,5 +90,12 @@ func BlockHashes(tokens []uint32, blockSize int, lora string) (local, seq []uint
 // SequenceHashes is BlockHashes without the local hashes.
 func SequenceHashes(tokens []uint32, blockSize int, lora string) []uint64 {
 	_, seq := BlockHashes(tokens, blockSize, lora)
+	return seq
+}
+
+// SaltedSequenceHashes is SequenceHashes under a LoRA adapter and a cache salt
+// (CacheSeed); an empty salt gives SequenceHashes.
+func SaltedSequenceHashes(tokens []uint32, blockSize int, lora, salt string) []uint64 {
+	_, seq := SeededBlockHashes(tokens, blockSize, CacheSeed(lora, salt))
 	return seq
 }
