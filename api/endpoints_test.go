@@ -3,12 +3,16 @@ package api
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/api/tokenize"
+	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -79,5 +83,36 @@ func TestAPICacheSalt(t *testing.T) {
 				break
 			}
 		}
+	}
+}
+
+// A request with n > 1 is booked as n sequences while it runs.
+func TestAPINSequencesBooked(t *testing.T) {
+	cfg := router.DefaultConfig()
+	rep := newFakeReplica("m", cfg)
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices":[{"text":"a"},{"text":"b"},{"text":"c"}]}`)
+	}))
+	t.Cleanup(srv.Close)
+	rep.addWorker("m", "w1", srv.URL)
+	s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true}, rep)
+	rt, _ := rep.Router("m")
+	done := make(chan int)
+	go func() { done <- do(s, "POST", "/v1/completions", `{"model":"m","prompt":"hello","n":3}`).Code }()
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if l := rt.Load().Load("w1"); l.Requests != 3 {
+			return fmt.Errorf("booked %+v, want 3 requests", l)
+		}
+		return nil
+	})
+	close(release)
+	if code := <-done; code != 200 {
+		t.Fatalf("status %d", code)
+	}
+	if l := rt.Load().Load("w1"); l.Requests != 0 {
+		t.Errorf("after the answer: %+v", l)
 	}
 }

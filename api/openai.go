@@ -24,7 +24,10 @@ type inferenceRequest struct {
 	// CacheSalt is vLLM's prefix-cache salt: blocks hashed under it match
 	// only requests with the same salt (Dynamo's rule, router.CacheSeed).
 	CacheSalt string `json:"cache_salt"`
-	Nvext     struct {
+	// N is the number of sequences to generate: booked as N decoding
+	// requests sharing the prompt (router.Request.Sequences).
+	N     int `json:"n"`
+	Nvext struct {
 		AgentHints struct {
 			Priority int `json:"priority"`
 		} `json:"agent_hints"`
@@ -43,6 +46,10 @@ type prepared struct {
 }
 
 var requestSeq atomic.Uint64
+
+// maxSequences caps the n a request is booked with: an absurd n (which the
+// engine refuses anyway) must not make a worker look full until it answers.
+const maxSequences = 1024
 
 func (s *Server) chatCompletions(c *gin.Context) { s.infer(c, true) }
 func (s *Server) completions(c *gin.Context)     { s.infer(c, false) }
@@ -115,7 +122,7 @@ func (s *Server) prepare(c *gin.Context, chat bool) (*prepared, bool) {
 	s.metrics.inputTokens.WithLabelValues(in.Model).Add(float64(len(tokens)))
 	return &prepared{
 		body: body, path: c.Request.URL.Path, model: model, stream: in.Stream, rt: rt, start: start,
-		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora, in.CacheSalt), Tokens: len(tokens),
+		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora, in.CacheSalt), Tokens: len(tokens), Sequences: min(max(in.N, 1), maxSequences),
 			Priority: s.capPriority(bearer(c), in.Nvext.AgentHints.Priority), Exclude: notServing(rt.Workers(), only)},
 	}, true
 }

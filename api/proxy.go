@@ -60,7 +60,7 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 	}
 	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
 	s.rep.Booked(p.model, router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: p.req.Hashes,
-		PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Added: p.start})
+		PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Sequences: p.req.Sequences, Added: p.start})
 	resp, err := s.send(c, d.Worker, p.path, p.body)
 	if err != nil {
 		s.free(p)

@@ -39,12 +39,13 @@ type activeRequest struct {
 	hashes        []uint64
 	prefillTokens int
 	prefillDone   bool
+	seqs          int // sequences generated (n), at least 1
 	added         time.Time
 }
 
 type workerLoad struct {
 	prefillTokens int
-	requests      int
+	requests      int // sequences in flight: a request with n > 1 counts n
 	blocks        int // distinct blocks held by in-flight requests
 }
 
@@ -74,7 +75,11 @@ type Booking struct {
 	Hashes        []uint64 // full-block sequence hashes of the prompt
 	PrefillTokens int      // uncached prompt tokens still to compute
 	PrefillDone   bool
-	Added         time.Time
+	// Sequences is the number of sequences the request generates (OpenAI's
+	// n): they share the prompt's blocks but each decodes, so the worker's
+	// request count grows by n. 0 means 1.
+	Sequences int
+	Added     time.Time
 }
 
 // Add books a request. Re-adding a known id replaces the old booking.
@@ -85,13 +90,14 @@ func (a *ActiveLoad) Add(b Booking) {
 	r := &activeRequest{
 		id: b.ID, origin: b.Origin, worker: b.Worker, hashes: b.Hashes,
 		prefillTokens: max(b.PrefillTokens, 0), prefillDone: b.PrefillDone, added: b.Added,
+		seqs: max(b.Sequences, 1),
 	}
 	wl := a.workers[b.Worker]
 	if wl == nil {
 		wl = &workerLoad{}
 		a.workers[b.Worker] = wl
 	}
-	wl.requests++
+	wl.requests += r.seqs
 	if !r.prefillDone {
 		wl.prefillTokens += r.prefillTokens
 	}
@@ -137,7 +143,7 @@ func (a *ActiveLoad) removeLocked(id string) {
 	}
 	delete(a.reqs, id)
 	wl := a.workers[r.worker]
-	wl.requests--
+	wl.requests -= r.seqs
 	if !r.prefillDone {
 		wl.prefillTokens -= r.prefillTokens
 	}
@@ -302,7 +308,7 @@ func (a *ActiveLoad) Bookings(origin string) []Booking {
 	for _, r := range a.reqs {
 		if r.origin == origin {
 			out = append(out, Booking{ID: r.id, Origin: r.origin, Worker: r.worker, Hashes: r.hashes,
-				PrefillTokens: r.prefillTokens, PrefillDone: r.prefillDone, Added: r.added})
+				PrefillTokens: r.prefillTokens, PrefillDone: r.prefillDone, Sequences: r.seqs, Added: r.added})
 		}
 	}
 	slices.SortFunc(out, func(x, y Booking) int {

@@ -107,3 +107,36 @@ func TestRouterShouldQueue(t *testing.T) {
 		t.Error("b's prefill finished")
 	}
 }
+
+// A request generating n sequences (OpenAI's n) is booked as n decoding
+// requests sharing the prompt's blocks, and freed as n.
+func TestActiveLoadSequences(t *testing.T) {
+	a := NewActiveLoad(0)
+	a.Add(Booking{ID: "n4", Worker: "w", Hashes: []uint64{1, 2}, PrefillTokens: 32, Sequences: 4, Added: t0})
+	a.Add(Booking{ID: "one", Worker: "w", Hashes: []uint64{1, 2}, PrefillTokens: 32, Added: t0})
+	if l := a.Load("w"); l.Requests != 5 || l.ActiveBlocks != 2 || l.ActivePrefillTokens != 64 {
+		t.Errorf("booked: %+v, want 5 requests, 2 shared blocks, 64 prefill tokens", l)
+	}
+	if b := a.Bookings(""); len(b) != 2 || b[0].ID != "n4" || b[0].Sequences != 4 {
+		t.Errorf("bookings must carry the sequences: %+v", b)
+	}
+	a.Free("n4")
+	if l := a.Load("w"); l.Requests != 1 {
+		t.Errorf("after freeing n=4: %+v", l)
+	}
+}
+
+func TestRouterBooksSequences(t *testing.T) {
+	cfg := DefaultConfig()
+	rt, err := New(cfg, NewIndex(cfg.BlockSize), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.SetWorkers([]WorkerInfo{{ID: "w", TotalBlocks: 100}})
+	if _, err := rt.Route(Request{ID: "r", Tokens: 10, Sequences: 3}, t0); err != nil {
+		t.Fatal(err)
+	}
+	if l := rt.Load().Load("w"); l.Requests != 3 {
+		t.Errorf("n=3 booked as %d requests", l.Requests)
+	}
+}

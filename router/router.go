@@ -28,6 +28,9 @@ type Request struct {
 	Hashes   []uint64 // sequence hashes of the prompt's full blocks
 	Tokens   int      // prompt length in tokens (isl)
 	Priority int      // nvext.agent_hints.priority: higher goes first in the queue
+	// Sequences is OpenAI's n: the sequences generated from the one prompt,
+	// booked as n decoding requests sharing the prompt's blocks. 0 means 1.
+	Sequences int
 	// Exclude lists workers not to choose (a retry after a failed connection).
 	Exclude []WorkerID
 }
@@ -182,7 +185,7 @@ func (r *Router) Route(req Request, now time.Time) (Decision, error) {
 		return d, err
 	}
 	prefill := req.Tokens - d.Overlap*r.cfg.BlockSize
-	r.load.Add(Booking{ID: req.ID, Worker: d.Worker, Hashes: req.Hashes, PrefillTokens: prefill, Added: now})
+	r.load.Add(Booking{ID: req.ID, Worker: d.Worker, Hashes: req.Hashes, PrefillTokens: prefill, Sequences: req.Sequences, Added: now})
 	if r.cfg.Mode == ModeKVApprox {
 		if r.sharedRecord != nil {
 			r.sharedRecord(d.Worker, req.Hashes, now)
