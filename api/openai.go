@@ -69,9 +69,17 @@ func (s *Server) infer(c *gin.Context, chat bool) {
 	s.forward(c, p)
 }
 
-// prepare reads, parses and tokenizes the request, answering the client
-// itself on any error.
+// prepare reads, parses and tokenizes a chat or completions request,
+// answering the client itself on any error.
 func (s *Server) prepare(c *gin.Context, chat bool) (*prepared, bool) {
+	if chat {
+		return s.prepareFor(c, epChat)
+	}
+	return s.prepareFor(c, epCompletions)
+}
+
+// prepareFor is prepare for any endpoint (endpoints.go).
+func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 	start := time.Now()
 	body, err := io.ReadAll(c.Request.Body)
 	if err != nil {
@@ -108,21 +116,25 @@ func (s *Server) prepare(c *gin.Context, chat bool) (*prepared, bool) {
 		openAIError(c, http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q is not served here", in.Model))
 		return nil, false
 	}
-	if chat && len(in.Messages) == 0 {
+	if ep == epChat && len(in.Messages) == 0 {
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", "messages must not be empty")
 		return nil, false
 	}
-	tokens, hashable, err := s.requestTokens(model, body, chat)
+	tokens, isl, hashable, err := s.requestTokens(model, body, ep)
 	if err != nil {
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return nil, false
 	}
 	bs := rt.Config().BlockSize
 	id := fmt.Sprintf("%s-%d-%d", s.rep.NodeID(), start.UnixNano(), requestSeq.Add(1))
-	s.metrics.inputTokens.WithLabelValues(in.Model).Add(float64(len(tokens)))
+	s.metrics.inputTokens.WithLabelValues(in.Model).Add(float64(isl))
+	seqs := 1
+	if ep.generates() {
+		seqs = min(max(in.N, 1), maxSequences)
+	}
 	return &prepared{
 		body: body, path: c.Request.URL.Path, model: model, stream: in.Stream, rt: rt, start: start,
-		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora, in.CacheSalt), Tokens: len(tokens), Sequences: min(max(in.N, 1), maxSequences),
+		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora, in.CacheSalt), Tokens: isl, Sequences: seqs,
 			Priority: s.capPriority(bearer(c), in.Nvext.AgentHints.Priority), Exclude: notServing(rt.Workers(), only)},
 	}, true
 }
@@ -144,26 +156,30 @@ func notServing(ws []router.WorkerInfo, only []router.WorkerID) []router.WorkerI
 
 // requestTokens returns the prompt token ids of a request as the model's
 // engine computes them (chat: the first and only prompt; completions: the
-// first prompt of a batch, which the request is routed by). hashable is
-// false for a model this replica has no tokenizer for: the ids are then a
-// length estimate only, the request is routed by load alone, and that is
-// counted and logged (a router that silently routes blind is the failure
-// operators never see).
-func (s *Server) requestTokens(model string, body []byte, chat bool) (tokens []uint32, hashable bool, err error) {
+// first prompt of a batch, which the request is routed by; the other
+// endpoints: endpointTokens) and isl, the prompt tokens it is booked with.
+// hashable is false when the ids cannot be hashed: for a model this replica
+// has no tokenizer for, isl is then a length estimate only, the request is
+// routed by load alone, and that is counted and logged (a router that
+// silently routes blind is the failure operators never see).
+func (s *Server) requestTokens(model string, body []byte, ep endpoint) (tokens []uint32, isl int, hashable bool, err error) {
 	m, ok := s.cfg.Prompts.Lookup(model)
 	if !ok {
 		s.noTokenizer(model)
-		return make([]uint32, len(body)/4), false, nil
+		return nil, len(body) / 4, false, nil
 	}
-	if chat {
+	switch ep {
+	case epChat:
 		tokens, err = m.Chat(body)
-		return tokens, true, err
+		return tokens, len(tokens), err == nil, err
+	case epCompletions:
+		prompts, err := m.Completion(body)
+		if err != nil {
+			return nil, 0, false, err
+		}
+		return prompts[0], len(prompts[0]), true, nil
 	}
-	prompts, err := m.Completion(body)
-	if err != nil {
-		return nil, false, err
-	}
-	return prompts[0], true, nil
+	return endpointTokens(m, ep, body)
 }
 
 // noTokenizer makes a request for a model without model files loud: a
