@@ -21,7 +21,8 @@ import (
 //     function_call_output → a {"role": "tool"} message; reasoning → an
 //     assistant message with "reasoning" (its one summary or content text;
 //     encrypted reasoning is refused, as vLLM does);
-//   - function tools → chat tools ({"type": "function", "function": {…}});
+//   - function tools → chat tools ({"type": "function", "function": {name,
+//     description, parameters}}, responses_utils.py construct_tool_dicts);
 //     built-in tools (web search, file search, …) are not part of the prompt.
 //
 // previous_response_id (history stored on the worker) cannot be rendered
