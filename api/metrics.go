@@ -1,6 +1,10 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/router"
@@ -28,9 +32,11 @@ type metrics struct {
 	disaggDecisions  *prometheus.CounterVec
 	disaggEstimate   *prometheus.HistogramVec
 	disaggRecoveries *prometheus.CounterVec
+
+	dynamo *dynamoMetrics // nil unless --metrics-compat dynamo
 }
 
-func newMetrics(reg prometheus.Registerer, rep Replica) *metrics {
+func newMetrics(reg prometheus.Registerer, rep Replica, compat string) *metrics {
 	latency := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_requests_total",
@@ -44,9 +50,9 @@ func newMetrics(reg prometheus.Registerer, rep Replica) *metrics {
 		workerFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_worker_failures_total",
 			Help: "Failed attempts on a worker, by failure: connect (request not delivered), unavailable (503/529 answer), dropped (connection lost after the request was sent: never retried), no_address."}, []string{"worker", "failure"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvrouter_ttft_seconds",
-			Help: "Time from request arrival to the worker's first response bytes.", Buckets: latency}, []string{"model"}),
+			Help: "Time from request arrival to the first generated token of a streamed answer (the first SSE event with content, reasoning or a tool call); non-streamed answers are not observed (see kvrouter_request_duration_seconds).", Buckets: latency}, []string{"model"}),
 		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvrouter_itl_seconds",
-			Help: "Time between streamed chunks.", Buckets: latency}, []string{"model"}),
+			Help: "Time per generated token after the first in a streamed answer: the gap since the previous tokens divided by the tokens that arrived, observed once per token.", Buckets: latency}, []string{"model"}),
 		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvrouter_request_duration_seconds",
 			Help: "Time from request arrival to the end of the answer.", Buckets: latency}, []string{"model"}),
 		inputTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_input_tokens_total",
@@ -77,6 +83,9 @@ func newMetrics(reg prometheus.Registerer, rep Replica) *metrics {
 	reg.MustRegister(m.requests, m.routed, m.rejected, m.retries, m.workerFailures, m.ttft, m.itl, m.e2e, m.inputTokens,
 		m.outputTokens, m.promptTokens, m.engineCached, m.predictedCached, m.queued, &loadCollector{rep: rep},
 		m.disaggDecisions, m.disaggEstimate, m.disaggRecoveries, &disaggCollector{rep: rep}, m.noTokenizer)
+	if compat == MetricsCompatDynamo {
+		m.dynamo = newDynamoMetrics(reg, rep)
+	}
 	return m
 }
 
@@ -195,4 +204,113 @@ func (d *disaggCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descXferEst, prometheus.CounterValue, st.TransferEstimateSeconds, model)
 		ch <- prometheus.MustNewConstMetric(descXferInfl, prometheus.GaugeValue, float64(st.InFlightTransfers), model)
 	}
+}
+
+// tokenScanner finds the generated tokens in a streamed (SSE) answer as
+// the relay passes it on, so TTFT and ITL are taken at tokens rather than
+// at bytes (DESIGN.md, "Token timing"). An SSE data event carries
+// generated output when one of its choices has non-empty delta.content,
+// delta.reasoning_content / delta.reasoning, delta.tool_calls (chat) or
+// text (completions); a role-only first chunk, an empty content, a
+// usage-only final chunk and [DONE] carry none. Such an event stands for
+// one token, unless it reports usage (vLLM's continuous_usage_stats):
+// then for the growth of usage.completion_tokens since the last event
+// that reported it, Dynamo's "tokens per response".
+type tokenScanner struct {
+	pending   []byte // the unfinished line
+	lastUsage int    // the last cumulative completion_tokens seen
+	tokens    int    // tokens counted so far
+}
+
+// sseChunk is the part of a streamed chunk the scanner reads.
+type sseChunk struct {
+	Choices []struct {
+		Delta *struct {
+			Content          string            `json:"content"`
+			ReasoningContent string            `json:"reasoning_content"`
+			Reasoning        string            `json:"reasoning"`
+			ToolCalls        []json.RawMessage `json:"tool_calls"`
+		} `json:"delta"`
+		Text string `json:"text"`
+	} `json:"choices"`
+	Usage *struct {
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+// write consumes relayed bytes and returns the tokens the complete events
+// among them carry (0: none, the bytes were not a token).
+func (t *tokenScanner) write(b []byte) int {
+	t.pending = append(t.pending, b...)
+	n := 0
+	for {
+		i := bytes.IndexByte(t.pending, '\n')
+		if i < 0 {
+			break
+		}
+		line := bytes.TrimSpace(t.pending[:i])
+		t.pending = t.pending[i+1:]
+		if data, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			n += t.event(bytes.TrimSpace(data))
+		}
+	}
+	if len(t.pending) > maxAuditBody { // not SSE: stop buffering
+		t.pending = t.pending[:0]
+	}
+	if len(t.pending) == 0 && cap(t.pending) > 64<<10 {
+		t.pending = nil
+	}
+	t.tokens += n
+	return n
+}
+
+// event returns the tokens one SSE data event carries.
+func (t *tokenScanner) event(data []byte) int {
+	if len(data) == 0 || data[0] != '{' { // [DONE] or not JSON
+		return 0
+	}
+	var ch sseChunk
+	if json.Unmarshal(data, &ch) != nil {
+		return 0
+	}
+	content := 0
+	for _, c := range ch.Choices {
+		if c.Text != "" || c.Delta != nil && (c.Delta.Content != "" || c.Delta.ReasoningContent != "" ||
+			c.Delta.Reasoning != "" || len(c.Delta.ToolCalls) > 0) {
+			content++
+		}
+	}
+	if ch.Usage == nil {
+		return content
+	}
+	grown := ch.Usage.CompletionTokens - t.lastUsage
+	t.lastUsage = ch.Usage.CompletionTokens
+	if content == 0 {
+		return 0 // the usage-only final chunk: no token arrived now
+	}
+	return max(grown, content)
+}
+
+// observeTokens times k tokens of a streamed answer that arrived at now
+// (k 0: nothing to time). The first tokens' arrival is the TTFT (tokens
+// that came with the first are not timed again, as in Dynamo); each later
+// token gets the gap since the previous tokens divided by k, so the ITL
+// histogram has one observation per token.
+func (m *metrics) observeTokens(p *prepared, dyn *dynamoRequest, k int, now time.Time, last *time.Time) {
+	if k <= 0 {
+		return
+	}
+	if last.IsZero() {
+		ttft := now.Sub(p.start)
+		m.ttft.WithLabelValues(p.model).Observe(ttft.Seconds())
+		dyn.token(k, ttft, 0, true)
+	} else {
+		itl := now.Sub(*last).Seconds() / float64(k)
+		h := m.itl.WithLabelValues(p.model)
+		for range k {
+			h.Observe(itl)
+		}
+		dyn.token(k, 0, itl, false)
+	}
+	*last = now
 }

@@ -34,6 +34,10 @@ func (s *Server) forward(c *gin.Context, p *prepared) {
 // must leave nothing booked when it fails, and must fail only before the
 // client was sent anything.
 func (s *Server) proxyLoop(c *gin.Context, p *prepared, try func() error) {
+	if dyn := s.metrics.dynamo.begin(p); dyn != nil {
+		c.Set(dynamoKey, dyn)
+		defer func() { dyn.end(c.Writer.Status(), !c.Writer.Written() && c.Request.Context().Err() != nil) }()
+	}
 	var prev error // the last worker failure that was retried
 	for attempt := 0; ; attempt++ {
 		err := c.Request.Context().Err()
@@ -189,9 +193,14 @@ func (s *Server) relay(c *gin.Context, p *prepared, worker router.WorkerID, over
 	defer resp.Body.Close()
 	defer hooks.done()
 	audit := newUsageScanner(p.stream)
+	var toks *tokenScanner // TTFT and ITL at tokens, streams only (metrics.go)
+	if p.stream {
+		toks = &tokenScanner{}
+	}
+	dyn := dynamoOf(c)
+	var lastToken time.Time
 	buf := make([]byte, 32<<10)
 	started := false
-	last := time.Now()
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
@@ -200,14 +209,15 @@ func (s *Server) relay(c *gin.Context, p *prepared, worker router.WorkerID, over
 				started = true
 				s.writeHead(c, resp, worker, overlap)
 				hooks.firstByte()
-				s.metrics.ttft.WithLabelValues(p.model).Observe(now.Sub(p.start).Seconds())
-			} else if p.stream {
-				s.metrics.itl.WithLabelValues(p.model).Observe(now.Sub(last).Seconds())
+				dyn.firstByte(overlap * p.rt.Config().BlockSize)
 			}
-			last = now
+			if toks != nil {
+				s.metrics.observeTokens(p, dyn, toks.write(buf[:n]), now, &lastToken)
+			}
 			audit.write(buf[:n])
 			if _, werr := c.Writer.Write(buf[:n]); werr != nil {
 				s.metrics.requests.WithLabelValues(p.model, "client_gone").Inc()
+				dyn.broke(true)
 				return nil
 			}
 			c.Writer.Flush()
@@ -216,6 +226,9 @@ func (s *Server) relay(c *gin.Context, p *prepared, worker router.WorkerID, over
 			break
 		}
 		if err != nil {
+			if started {
+				dyn.broke(c.Request.Context().Err() != nil)
+			}
 			return s.streamBroke(c, p, worker, started, err)
 		}
 	}
@@ -224,7 +237,7 @@ func (s *Server) relay(c *gin.Context, p *prepared, worker router.WorkerID, over
 	}
 	s.metrics.requests.WithLabelValues(p.model, strconv.Itoa(resp.StatusCode)).Inc()
 	s.metrics.e2e.WithLabelValues(p.model).Observe(time.Since(p.start).Seconds())
-	s.auditUsage(p, worker, overlap, audit)
+	s.auditUsage(p, worker, overlap, audit, dyn)
 	return nil
 }
 
@@ -263,11 +276,12 @@ func (s *Server) streamBroke(c *gin.Context, p *prepared, worker router.WorkerID
 
 // auditUsage compares the usage the worker reported with the router's
 // prediction (a negative overlap: no prediction to audit).
-func (s *Server) auditUsage(p *prepared, worker router.WorkerID, overlap int, audit *usageScanner) {
+func (s *Server) auditUsage(p *prepared, worker router.WorkerID, overlap int, audit *usageScanner, dyn *dynamoRequest) {
 	u, ok := audit.usage()
 	if !ok {
 		return
 	}
+	dyn.usage(u)
 	bs := p.rt.Config().BlockSize
 	s.metrics.observeUsage(p.model, string(worker), u, max(overlap, 0)*bs)
 	if u.Details != nil && overlap >= 0 {

@@ -81,6 +81,9 @@ type Config struct {
 	// ProtectStatus puts /cluster/status and /metrics behind AdminToken
 	// (off by default: dashboards and peers scrape them).
 	ProtectStatus bool
+	// MetricsCompat "dynamo" also exports Dynamo's frontend and router
+	// metric names (metrics_dynamo.go); "" or "none": kvrouter_* only.
+	MetricsCompat string
 }
 
 // LogValue prints the configuration without its credentials, so a
@@ -191,7 +194,7 @@ func New(cfg Config, rep Replica) *Server {
 	s := &Server{
 		cfg:     cfg,
 		rep:     rep,
-		metrics: newMetrics(cfg.Registry, rep),
+		metrics: newMetrics(cfg.Registry, rep, cfg.MetricsCompat),
 		client:  newWorkerClient(cfg.ConnectTimeout, cfg.WorkerHeaderTimeout, cfg.AllowLoopbackWorkers),
 		log:     cfg.Logger,
 		gates:   newGates(),
