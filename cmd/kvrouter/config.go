@@ -140,6 +140,13 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"worker-header-timeout"}, env: []string{"KVROUTER_WORKER_HEADER_TIMEOUT"}, usage: "longest wait for a worker's answer headers (default 10m)", set: dur(&c.WorkerHeaderTimeout)},
 		{names: []string{"worker-idle-timeout"}, env: []string{"KVROUTER_WORKER_IDLE_TIMEOUT"}, usage: "longest silence inside a worker's answer body before it is cut and its booking freed (default 2m)", set: dur(&c.WorkerIdleTimeout)},
 		{names: []string{"protect-status"}, env: []string{"KVROUTER_PROTECT_STATUS"}, usage: "require the admin token for /cluster/status and /metrics", set: boolp(&c.ProtectStatus), bool: true},
+		{names: []string{"metrics-compat"}, env: []string{"KVROUTER_METRICS_COMPAT"}, def: "none", usage: "none, or dynamo: also export Dynamo's dynamo_frontend_* / dynamo_component_router_* metric names beside kvrouter_* (api/DESIGN.md)", set: func(v string) error {
+			if v != "none" && v != "dynamo" { // api.MetricsCompatNone, api.MetricsCompatDynamo
+				return fmt.Errorf("--metrics-compat must be none or dynamo, got %q", v)
+			}
+			c.MetricsCompat = v
+			return nil
+		}},
 		{names: []string{"log-level"}, env: []string{"KVROUTER_LOG_LEVEL"}, def: "info", usage: "debug, info, warn, error", set: str(&c.LogLevel)},
 	}
 	specs = append(specs, disaggFlags(&c.Disagg)...)

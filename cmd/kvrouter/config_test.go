@@ -56,6 +56,10 @@ func TestServeConfig(t *testing.T) {
 			func(c serveConfig) bool {
 				return c.Disagg.Mode == router.DisaggAlways && c.Disagg.KV.BytesPerToken() == 70000
 			}},
+		{"metrics compat off by default", []string{"--single-node"}, nil, true, func(c serveConfig) bool { return c.MetricsCompat == "none" }},
+		{"metrics compat dynamo from env", []string{"--single-node"}, map[string]string{"KVROUTER_METRICS_COMPAT": "dynamo"}, true,
+			func(c serveConfig) bool { return c.MetricsCompat == "dynamo" }},
+		{"metrics compat unknown", []string{"--single-node", "--metrics-compat", "vllm"}, nil, false, nil},
 		{"disagg bad mode", []string{"--single-node", "--disagg", "sometimes"}, nil, false, nil},
 		{"disagg zero link", []string{"--single-node", "--disagg", "always", "--disagg-link-mbps", "0"}, nil, false, nil},
 		{"disagg bad shape", []string{"--single-node", "--disagg", "auto", "--disagg-model-shape", "28,8"}, nil, false, nil},

@@ -64,6 +64,8 @@ type Config struct {
 	WorkerHeaderTimeout  time.Duration
 	WorkerIdleTimeout    time.Duration
 	ProtectStatus        bool
+	// MetricsCompat is api.Config.MetricsCompat (--metrics-compat).
+	MetricsCompat string
 	// Dynamo's names with our meaning (cmd/kvrouter/dynamo.go).
 	SnapshotThreshold uint64 // Raft entries between snapshots (0: cluster default)
 	MinInitialWorkers int    // not ready below this many registered workers

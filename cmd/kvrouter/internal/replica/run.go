@@ -71,7 +71,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		WorkerAPIKey: cfg.WorkerAPIKey.Reveal(),
 		Retries:      cfg.Retries, AllowLoopbackWorkers: cfg.AllowLoopbackWorkers, MaxPriority: cfg.MaxPriority,
 		MaxPriorityByKey: cfg.MaxPriorityByKey, MaxWorkers: cfg.MaxWorkers, MaxQueue: cfg.MaxQueue,
-		WorkerHeaderTimeout: cfg.WorkerHeaderTimeout, WorkerIdleTimeout: cfg.WorkerIdleTimeout, ProtectStatus: cfg.ProtectStatus, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,
+		WorkerHeaderTimeout: cfg.WorkerHeaderTimeout, WorkerIdleTimeout: cfg.WorkerIdleTimeout, ProtectStatus: cfg.ProtectStatus, MetricsCompat: cfg.MetricsCompat, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,
 		Registry: reg,
 	}
 	if bundle == nil {
