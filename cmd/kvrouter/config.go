@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/cluster"
 	"github.com/kvrouter/kvrouter/cmd/kvrouter/internal/replica"
+	"github.com/kvrouter/kvrouter/internal/netaddr"
 	"github.com/kvrouter/kvrouter/internal/pki"
 	"github.com/kvrouter/kvrouter/router"
 )
@@ -208,12 +208,12 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 	if loopbackWorkers != nil {
 		c.AllowLoopbackWorkers = *loopbackWorkers
 	} else {
-		c.AllowLoopbackWorkers = isLoopbackAddr(c.HTTPAddr)
+		c.AllowLoopbackWorkers = netaddr.LoopbackListen(c.HTTPAddr)
 	}
 	if plainHTTP != nil {
 		c.AllowPlainHTTP = *plainHTTP
 	} else {
-		c.AllowPlainHTTP = isLoopbackAddr(c.HTTPAddr)
+		c.AllowPlainHTTP = netaddr.LoopbackListen(c.HTTPAddr)
 	}
 	if err := c.readSecretFiles(secretFiles.admin, secretFiles.worker, secretFiles.replica); err != nil {
 		return c, err
@@ -330,7 +330,7 @@ func (c *serveConfig) checkSecurity() error {
 	var open []string
 	for _, a := range []struct{ flag, addr string }{{"--http-addr", c.HTTPAddr}, {"--raft-addr", c.RaftAddr},
 		{"--nats-addr", c.NATSAddr}, {"--nats-cluster-addr", c.NATSClusterAddr}} {
-		if !isLoopbackAddr(a.addr) {
+		if !netaddr.LoopbackListen(a.addr) {
 			open = append(open, a.flag+" "+a.addr)
 		}
 	}
@@ -401,19 +401,6 @@ func (c *serveConfig) readSecretFiles(admin, worker, replica string) error {
 
 func secret(p *pki.Secret) func(string) error {
 	return func(v string) error { *p = pki.Secret(v); return nil }
-}
-
-// isLoopbackAddr says whether a listen address binds loopback only.
-func isLoopbackAddr(hostport string) bool {
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // parseKeyInts reads KEY=N,….

@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvrouter/kvrouter/internal/netaddr"
 )
 
 // Handler serves the bridge's HTTP API:
@@ -105,24 +107,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // register/deregister endpoints need a token, or insecure must say that
 // they are open on purpose.
 func CheckAPIListen(addr, token string, insecure bool) error {
-	if addr == "" || token != "" || insecure || loopbackListen(addr) {
+	if addr == "" || token != "" || insecure || netaddr.LoopbackListen(addr) {
 		return nil
 	}
 	return fmt.Errorf("bridge API on %s (off loopback) needs an API token: anyone who can reach it could register workers — give a token, listen on 127.0.0.1, or opt out explicitly (insecure)", addr)
-}
-
-// loopbackListen says whether a listen address binds loopback only
-// ("localhost" counts; ":port" and 0.0.0.0 do not).
-func loopbackListen(hostport string) bool {
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // loopbackRemote says whether a request came from this host.
