@@ -270,23 +270,7 @@ func TestAPIQueueAdmitsInPolicyOrder(t *testing.T) {
 	rt.Load().Add(router.Booking{ID: "blocker", Worker: "w1", PrefillTokens: 100, Added: time.Now()})
 	srv := httptest.NewServer(s.Handler())
 	defer srv.Close()
-	done := make(chan int, 1)
-	go func() {
-		resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(fmt.Sprintf(chatBody, "")))
-		if err != nil {
-			done <- 0
-			return
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		done <- resp.StatusCode
-	}()
-	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
-		if g := testutilGauge(s); g != 1 {
-			return fmt.Errorf("queued gauge %v, want 1", g)
-		}
-		return nil
-	})
+	done := postQueued(t, s, srv.URL)
 	rt.PrefillDone("blocker")
 	s.gates.wake("m")
 	if code := <-done; code != 200 {
@@ -295,3 +279,28 @@ func TestAPIQueueAdmitsInPolicyOrder(t *testing.T) {
 }
 
 func testutilGauge(s *Server) float64 { return readGauge(s.metrics.queued.WithLabelValues("m")) }
+
+// postQueued sends a chat request to the server at url in the background
+// and returns once the admission queue holds it; the channel gets the
+// answer's status (0 if the request failed).
+func postQueued(t *testing.T, s *Server, url string) <-chan int {
+	t.Helper()
+	status := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(fmt.Sprintf(chatBody, "")))
+		if err != nil {
+			status <- 0
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		status <- resp.StatusCode
+	}()
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if g := testutilGauge(s); g != 1 {
+			return fmt.Errorf("queued gauge %v, want 1", g)
+		}
+		return nil
+	})
+	return status
+}

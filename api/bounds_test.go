@@ -146,23 +146,7 @@ func TestAPIQueueCap(t *testing.T) {
 	rt.Load().Add(router.Booking{ID: "blocker", Worker: "w1", PrefillTokens: 100, Added: time.Now()})
 	srv := httptest.NewServer(s.Handler())
 	defer srv.Close()
-	first := make(chan int, 1)
-	go func() {
-		resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(fmt.Sprintf(chatBody, "")))
-		if err != nil {
-			first <- 0
-			return
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		first <- resp.StatusCode
-	}()
-	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
-		if g := testutilGauge(s); g != 1 {
-			return fmt.Errorf("queued gauge %v, want 1", g)
-		}
-		return nil
-	})
+	first := postQueued(t, s, srv.URL)
 	rec := do(s, "POST", "/v1/chat/completions", fmt.Sprintf(chatBody, ""))
 	var e struct {
 		Error struct {
