@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+	"github.com/kvrouter/kvrouter/internal/pki"
 )
 
 // loadOptions are kvbench load's validated flags.
@@ -33,6 +35,7 @@ type loadOptions struct {
 	Model   string
 	APIKey  string
 	Token   string // admin token, for the capacity behind the reference figures
+	CAFile  string // CA that https endpoints are checked against ("" : the system roots)
 
 	cli.Workload
 	BlockSize int
@@ -56,6 +59,7 @@ func parseLoadFlags(args []string, output io.Writer) (*loadOptions, error) {
 	fs.StringVar(&o.Model, "model", "", "model name in the requests (default: the first of the first endpoint's /v1/models)")
 	fs.StringVar(&o.APIKey, "api-key", os.Getenv("KVROUTER_API_KEY"), "bearer API key for the inference endpoints (default $KVROUTER_API_KEY)")
 	fs.StringVar(&o.Token, "admin-token", os.Getenv("KVROUTER_ADMIN_TOKEN"), "admin bearer token, to read the workers' capacity for the reference figures (default $KVROUTER_ADMIN_TOKEN)")
+	fs.StringVar(&o.CAFile, "ca", os.Getenv("KVROUTER_CA_FILE"), "PEM CA to trust for https:// endpoints (default $KVROUTER_CA_FILE, else make run's "+defaultRunCA+" when it exists and an endpoint is https)")
 	o.Workload.Register(fs)
 	fs.IntVar(&o.BlockSize, "block-size", 16, "tokens per KV block, for the hit rule and the reference figures")
 	fs.Uint64Var(&o.Seed, "seed", 1, "workload seed (the same seed is the same workload as kvbench sim's)")
@@ -202,8 +206,13 @@ func executeLoad(ctx context.Context, o *loadOptions, stderr io.Writer) (*loadRe
 	if err != nil {
 		return nil, err
 	}
-	hc := live.NewInferenceClient(o.Concurrency)
+	tlsConf, err := o.clientTLS()
+	if err != nil {
+		return nil, err
+	}
+	hc := live.NewInferenceClient(o.Concurrency, tlsConf)
 	cl := live.NewClient(o.Token)
+	cl.HTTP.Transport.(*http.Transport).TLSClientConfig = tlsConf
 	first := o.Direct
 	if len(o.Targets) > 0 {
 		first = o.Targets[0]
@@ -407,3 +416,24 @@ func summarizeLive(policy string, w *workload.Workload, reqs []liveRequest, endp
 	}
 	return lr
 }
+
+// clientTLS is the TLS configuration for https endpoints: the CA named by
+// --ca, or make run's CA when an endpoint is https and the file is there
+// (a secure local cluster serves HTTPS with its own CA), else nil (the
+// system roots).
+func (o *loadOptions) clientTLS() (*tls.Config, error) {
+	ca := o.CAFile
+	if ca == "" && fileExists(defaultRunCA) && slices.ContainsFunc(append([]string{o.Direct}, o.Targets...), isHTTPS) {
+		ca = defaultRunCA
+	}
+	if ca == "" {
+		return nil, nil
+	}
+	pool, err := pki.LoadPool(ca)
+	if err != nil {
+		return nil, fmt.Errorf("--ca: %w", err)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
+}
+
+func isHTTPS(u string) bool { return strings.HasPrefix(strings.ToLower(u), "https://") }

@@ -246,7 +246,7 @@ func TestLoadStreamParsing(t *testing.T) {
 		fmt.Fprintf(w, "data: [DONE]\n\n")
 	}))
 	defer srv.Close()
-	hc := NewInferenceClient(2)
+	hc := NewInferenceClient(2, nil)
 	c, err := Complete(context.Background(), hc, srv.URL, "", NewCompletionRequest("m", "a b c", 2))
 	if err != nil {
 		t.Fatal(err)

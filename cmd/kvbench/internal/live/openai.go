@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -69,9 +70,11 @@ func NewCompletionRequest(model, prompt string, maxTokens int) CompletionRequest
 }
 
 // NewInferenceClient returns an HTTP client for up to conns concurrent
-// streams to local endpoints.
-func NewInferenceClient(conns int) *http.Client {
+// streams to local endpoints; tlsConf (nil: the defaults) checks https
+// ones.
+func NewInferenceClient(conns int, tlsConf *tls.Config) *http.Client {
 	tr := &http.Transport{
+		TLSClientConfig:     tlsConf,
 		Proxy:               nil,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        4 * conns,
@@ -117,6 +120,12 @@ func Complete(ctx context.Context, hc *http.Client, base, apiKey string, body Co
 	}
 	err = readStream(resp.Body, start, &c)
 	c.E2E = time.Since(start)
+	// Read what follows [DONE] (the end of the chunked body) so the
+	// connection goes back to the pool: a body closed early closes the
+	// connection, and every request would pay a new TCP and, over HTTPS, a
+	// new TLS handshake — a cost real clients, which read to the end, do
+	// not pay.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	return c, err
 }
 
