@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -118,3 +119,154 @@ func TestCerts(t *testing.T) {
 }
 
 func fmtAny(v any) string { return fmt.Sprintf("%v %+v %#v", v, v, v) }
+
+// TestCertsTokenFiles: --token-files creates each token once (0600, 32
+// random bytes as hex, different per file), keeps it on later runs, and
+// refuses names that are not plain file names or that would overwrite a
+// certificate.
+func TestCertsTokenFiles(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{"certs", "--dir", dir, "--token-files", "admin-token,replica-token"}
+	var out, errb bytes.Buffer
+	if code := dispatch(t.Context(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	read := func(name string) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, want 0600", name, fi.Mode().Perm())
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	hexToken := regexp.MustCompile(`^[0-9a-f]{64}$`)
+	admin, replica := read("admin-token"), read("replica-token")
+	for name, tok := range map[string]string{"admin-token": admin, "replica-token": replica} {
+		if !hexToken.MatchString(tok) {
+			t.Errorf("%s: %d bytes, want 64 hex digits", name, len(tok))
+		}
+		if strings.Contains(out.String(), tok) {
+			t.Errorf("the output shows the %s", name)
+		}
+	}
+	if admin == replica {
+		t.Error("both tokens are equal")
+	}
+	if s, err := pki.ReadSecretFile(filepath.Join(dir, "admin-token")); err != nil || s.Reveal() != admin {
+		t.Errorf("ReadSecretFile: %v", err)
+	}
+
+	// A rerun keeps both, also a token the operator wrote by hand.
+	if err := os.WriteFile(filepath.Join(dir, "replica-token"), []byte("chosen\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if code := dispatch(t.Context(), args, &out, &errb); code != 0 {
+		t.Fatalf("second run: exit %d: %s", code, errb.String())
+	}
+	if read("admin-token") != admin || read("replica-token") != "chosen\n" {
+		t.Error("a rerun changed an existing token")
+	}
+	if !strings.Contains(out.String(), "kept") {
+		t.Errorf("second run output %q: want the tokens reported kept", out.String())
+	}
+	leftovers, _ := filepath.Glob(filepath.Join(dir, ".*tmp*"))
+	if len(leftovers) > 0 {
+		t.Errorf("temporary files left: %v", leftovers)
+	}
+
+	// An empty token file is an error that names the file, not a silent keep.
+	if err := os.WriteFile(filepath.Join(dir, "empty"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	errb.Reset()
+	if code := dispatch(t.Context(), []string{"certs", "--dir", dir, "--token-files", "empty"}, io.Discard, &errb); code == 0 ||
+		!strings.Contains(errb.String(), filepath.Join(dir, "empty")) {
+		t.Errorf("empty token file: exit %d, %q", code, errb.String())
+	}
+
+	for _, bad := range []string{"../escape", "sub/token", ".hidden", "ca.pem", "node-r1-key.pem", "a,a"} {
+		if code := dispatch(t.Context(), []string{"certs", "--dir", dir, "--token-files", bad}, io.Discard, io.Discard); code != 2 {
+			t.Errorf("--token-files %q: exit %d, want 2", bad, code)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(dir), "escape")); err == nil {
+		t.Error("a token was written outside --dir")
+	}
+}
+
+// TestCertsExport: --export copies the CA certificate, the holders'
+// certificates and keys and the tokens, with their modes, but never the CA
+// key; a rerun rewrites nothing, and a reissued certificate is copied again.
+func TestCertsExport(t *testing.T) {
+	base := t.TempDir()
+	dir, export := filepath.Join(base, "ca"), filepath.Join(base, "mounted")
+	args := []string{"certs", "--dir", dir, "--export", export, "--nodes", "r1=r1,127.0.0.1",
+		"--workers", "mock-1", "--token-files", "admin-token"}
+	var out, errb bytes.Buffer
+	if code := dispatch(t.Context(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	want := map[string]os.FileMode{"ca.pem": 0o644, "node-r1.pem": 0o644, "node-r1-key.pem": 0o600,
+		"worker-mock-1.pem": 0o644, "worker-mock-1-key.pem": 0o600, "admin-token": 0o600}
+	entries, err := os.ReadDir(export)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Name())
+	}
+	if len(got) != len(want) {
+		t.Errorf("exported %v, want exactly %d files (no ca-key.pem)", got, len(want))
+	}
+	for name, mode := range want {
+		p := filepath.Join(export, name)
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		if fi.Mode().Perm() != mode {
+			t.Errorf("%s: mode %v, want %v", name, fi.Mode().Perm(), mode)
+		}
+		a, _ := os.ReadFile(p)
+		b, _ := os.ReadFile(filepath.Join(dir, name))
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s: the copy differs from the original", name)
+		}
+	}
+	// The exported directory is usable without the CA key.
+	l := pki.Layout{Dir: export}
+	if b, err := pki.LoadBundle(l.Material(pki.Node("r1"))); err != nil || b.Identity() != pki.Node("r1") {
+		t.Errorf("exported node bundle: %v", err)
+	}
+
+	out.Reset()
+	if code := dispatch(t.Context(), args, &out, &errb); code != 0 || !strings.Contains(out.String(), "(0 changed") {
+		t.Errorf("rerun: exit %d, %q: want nothing rewritten", code, out.String())
+	}
+
+	// A new host for r1 reissues its certificate; the export follows.
+	old, _ := os.ReadFile(filepath.Join(export, "node-r1.pem"))
+	args[6] = "r1=r1,127.0.0.1,localhost"
+	out.Reset()
+	if code := dispatch(t.Context(), args, &out, &errb); code != 0 || !strings.Contains(out.String(), "(2 changed") {
+		t.Errorf("reissue: exit %d, %q: want the node certificate and key rewritten", code, out.String())
+	}
+	if now, _ := os.ReadFile(filepath.Join(export, "node-r1.pem")); bytes.Equal(now, old) {
+		t.Error("the exported certificate was not replaced")
+	}
+
+	if code := dispatch(t.Context(), []string{"certs", "--dir", dir, "--export", dir + "/", "--workers", "w"}, io.Discard, io.Discard); code != 2 {
+		t.Errorf("--export equal to --dir: exit %d, want 2", code)
+	}
+}
