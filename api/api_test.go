@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -262,19 +263,88 @@ func TestAPIAuth(t *testing.T) {
 	}
 }
 
+// TestAPIQueueAdmitsInPolicyOrder: requests queued while the only worker
+// is busy reach it one at a time, in the order of the queue policy —
+// priority first (nvext.agent_hints.priority; -1 lowers, +1 raises up to
+// MaxPriority), then oldest (fcfs), newest (lcfs) or shortest prompt
+// (wspt). Each admitted request books its prefill before the next waiter
+// looks at the load, so exactly one passes per freed slot.
 func TestAPIQueueAdmitsInPolicyOrder(t *testing.T) {
-	cfg := router.DefaultConfig()
-	cfg.QueueThreshold = ptr(0.0)
-	s, rep, _ := newTestServer(t, cfg)
-	rt, _ := rep.Router("m")
-	rt.Load().Add(router.Booking{ID: "blocker", Worker: "w1", PrefillTokens: 100, Added: time.Now()})
-	srv := httptest.NewServer(s.Handler())
-	defer srv.Close()
-	done := postQueued(t, s, srv.URL)
-	rt.PrefillDone("blocker")
-	s.gates.wake("m")
-	if code := <-done; code != 200 {
-		t.Errorf("queued request: %d", code)
+	// Sent in this order; prompt length in words.
+	sent := []struct {
+		name     string
+		words    int
+		priority int
+	}{{"a", 30, 0}, {"d", 40, -1}, {"b", 10, 0}, {"c", 20, 0}, {"e", 50, 1}}
+	for _, tc := range []struct {
+		policy router.QueuePolicy
+		want   string
+	}{
+		{router.QueueFCFS, "eabcd"},
+		{router.QueueLCFS, "ecbad"},
+		{router.QueueWSPT, "ebcad"},
+	} {
+		t.Run(string(tc.policy), func(t *testing.T) {
+			cfg := router.DefaultConfig()
+			cfg.QueueThreshold = ptr(0.0)
+			cfg.QueuePolicy = tc.policy
+			rep := newFakeReplica("m", cfg)
+			var mu sync.Mutex
+			var order []string
+			worker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				var body struct {
+					Messages []struct{ Content string } `json:"messages"`
+				}
+				_ = json.NewDecoder(r.Body).Decode(&body)
+				mu.Lock()
+				order = append(order, strings.Fields(body.Messages[0].Content)[0])
+				mu.Unlock()
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprint(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":40,"completion_tokens":1}}`)
+			}))
+			defer worker.Close()
+			rep.addWorker("m", "w1", worker.URL)
+			s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true, MaxPriority: 1}, rep)
+			rt, _ := rep.Router("m")
+			rt.Load().Add(router.Booking{ID: "blocker", Worker: "w1", PrefillTokens: 100, Added: time.Now()})
+			srv := httptest.NewServer(s.Handler())
+			defer srv.Close()
+
+			codes := make(chan int, len(sent))
+			for i, r := range sent {
+				content := r.name + strings.Repeat(" word", r.words)
+				body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"nvext":{"agent_hints":{"priority":%d}}}`, content, r.priority)
+				go func() {
+					resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+					if err != nil {
+						codes <- 0
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					codes <- resp.StatusCode
+				}()
+				// One at a time into the queue, so "sent before" is well defined.
+				poll.Until(t, 5*time.Second, 2*time.Millisecond, func() error {
+					if g := testutilGauge(s); g != float64(i+1) {
+						return fmt.Errorf("queued gauge %v, want %d", g, i+1)
+					}
+					return nil
+				})
+			}
+			rt.PrefillDone("blocker")
+			s.gates.wake("m")
+			for range sent {
+				if code := <-codes; code != 200 {
+					t.Errorf("queued request answered %d", code)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if got := strings.Join(order, ""); got != tc.want {
+				t.Errorf("the worker received %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
 

@@ -59,6 +59,7 @@ func (s *Server) forwardDisagg(c *gin.Context, p *prepared, dr *router.DisaggRou
 // decode stage, relay. It leaves nothing booked when it fails.
 func (s *Server) attemptDisagg(c *gin.Context, p *prepared, dr *router.DisaggRouter) error {
 	dd, err := dr.Route(p.req, time.Now())
+	p.settled() // both stages booked by Route, or never to be
 	if err != nil {
 		return fmt.Errorf("routing: %w", err)
 	}

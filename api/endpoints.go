@@ -43,6 +43,7 @@ func (s *Server) inferPlain(c *gin.Context, ep endpoint) {
 	if !s.admit(c, p) {
 		return
 	}
+	defer p.settled()
 	s.forward(c, p)
 }
 

@@ -43,6 +43,18 @@ type prepared struct {
 	rt     *router.Router
 	req    router.Request
 	start  time.Time
+	// settle, set when the request waited in the admission queue, lets
+	// the next waiter go: called once its booking is in the load view
+	// (after routing) or when it leaves without one.
+	settle func()
+}
+
+// settled reports the request's booking in place (or abandoned) to the
+// admission queue it came through, if any. Idempotent.
+func (p *prepared) settled() {
+	if p.settle != nil {
+		p.settle()
+	}
 }
 
 var requestSeq atomic.Uint64
@@ -62,6 +74,7 @@ func (s *Server) infer(c *gin.Context, chat bool) {
 	if !s.admit(c, p) {
 		return
 	}
+	defer p.settled()
 	if dr, ok := s.disaggRouter(p.model); ok {
 		s.forwardDisagg(c, p, dr)
 		return

@@ -59,6 +59,7 @@ func (s *Server) proxyLoop(c *gin.Context, p *prepared, try func() error) {
 // attempt is one try of an aggregated request: route, book, send, relay.
 func (s *Server) attempt(c *gin.Context, p *prepared) error {
 	d, err := p.rt.Route(p.req, time.Now())
+	p.settled() // booked in the load view by Route, or never to be
 	if err != nil {
 		return fmt.Errorf("routing: %w", err)
 	}

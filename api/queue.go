@@ -19,7 +19,12 @@ type gates struct {
 	mu      sync.Mutex // guards queues, waiting, wakeCh and every waiter's gone
 	queues  map[string]*router.Queue
 	waiting map[string]int // live waiters per model (a queue also holds departed ones until they reach its head)
-	wakeCh  chan struct{}
+	// admitting counts, per model, waiters admitted whose booking is not
+	// in the load view yet: until it is, the load still looks as it did
+	// before the admission, and a second waiter would pass on the same
+	// free capacity (and out of policy order).
+	admitting map[string]int
+	wakeCh    chan struct{}
 }
 
 type waiter struct {
@@ -27,7 +32,8 @@ type waiter struct {
 }
 
 func newGates() *gates {
-	return &gates{queues: make(map[string]*router.Queue), waiting: make(map[string]int), wakeCh: make(chan struct{})}
+	return &gates{queues: make(map[string]*router.Queue), waiting: make(map[string]int), admitting: make(map[string]int),
+		wakeCh: make(chan struct{})}
 }
 
 // wake tells waiters that load dropped.
@@ -79,9 +85,11 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 	for {
 		g.mu.Lock()
 		wake := g.wakeCh
-		admitted := g.headLocked(q, me) && !p.rt.ShouldQueue()
+		admitted := g.admitting[p.model] == 0 && g.headLocked(q, me) && !p.rt.ShouldQueue()
 		if admitted {
 			q.Pop()
+			g.admitting[p.model]++
+			p.settle = sync.OnceFunc(func() { g.settled(p.model) })
 		}
 		g.mu.Unlock()
 		if admitted {
@@ -117,6 +125,15 @@ func (g *gates) headLocked(q *router.Queue, me *waiter) bool {
 			return h == me
 		}
 	}
+}
+
+// settled ends an admission: the admitted request's booking is in the
+// load view (or it will never be), so the next waiter may look at the load.
+func (g *gates) settled(model string) {
+	g.mu.Lock()
+	g.admitting[model]--
+	g.mu.Unlock()
+	g.wake(model)
 }
 
 // done counts a waiter out, admitted or departed.
