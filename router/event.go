@@ -66,6 +66,7 @@ var (
 	ErrMissingParent     = errors.New("stored event's parent block is not held by the worker")
 	ErrBlockSizeMismatch = errors.New("block size mismatch")
 	ErrInvalidEvent      = errors.New("invalid event")
+	ErrOverCapacity      = errors.New("worker's blocks would exceed its cap")
 )
 
 // MissingParentError says a stored event named a parent block the worker does
@@ -94,3 +95,19 @@ func (e *BlockSizeError) Error() string {
 }
 
 func (e *BlockSizeError) Unwrap() error { return ErrBlockSizeMismatch }
+
+// CapacityError says a stored event would have taken a worker past the
+// most blocks its caller lets it hold (Index.ApplyCapped). Nothing of the
+// event was applied.
+type CapacityError struct {
+	Worker WorkerID
+	Held   int // blocks the worker holds
+	Adding int // blocks of the event it does not hold yet
+	Limit  int
+}
+
+func (e *CapacityError) Error() string {
+	return fmt.Sprintf("worker %s: holds %d blocks, the event adds %d, cap %d: %v", e.Worker, e.Held, e.Adding, e.Limit, ErrOverCapacity)
+}
+
+func (e *CapacityError) Unwrap() error { return ErrOverCapacity }

@@ -173,6 +173,7 @@ type indexCounters struct {
 	sizeMismatches  atomic.Uint64
 	unknownWorkers  atomic.Uint64
 	clears          atomic.Uint64
+	overCapacity    atomic.Uint64
 }
 
 // IndexStats are the index's counters since it was created.
@@ -185,6 +186,7 @@ type IndexStats struct {
 	SizeMismatches  uint64 // events rejected: block size differs from the worker's
 	UnknownWorkers  uint64 // events for workers not in the index
 	Clears          uint64
+	OverCapacity    uint64 // stored events refused by ApplyCapped's cap
 }
 
 // NewIndex returns an empty index for blocks of blockSize tokens.
@@ -279,7 +281,15 @@ func (ix *Index) Workers() []WorkerID {
 // Apply applies one event of worker w. Applying the same event twice changes
 // nothing. A rejected event (unknown worker, a block size other than the
 // worker's, missing parent) changes nothing and returns a typed error.
-func (ix *Index) Apply(w WorkerID, ev KVEvent) error {
+func (ix *Index) Apply(w WorkerID, ev KVEvent) error { return ix.ApplyCapped(w, ev, 0) }
+
+// ApplyCapped is Apply with a cap on the blocks w may hold: a stored event
+// that would take w past maxHeld blocks is refused whole with a
+// *CapacityError (removals, clears and stores of blocks w already holds
+// always apply). maxHeld <= 0 means no cap. The decision depends only on the index and the event, so replicas
+// holding the same index decide alike (fsm caps each worker rank at a
+// multiple of its registered capacity).
+func (ix *Index) ApplyCapped(w WorkerID, ev KVEvent, maxHeld int) error {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	slot, ok := ix.slotOf[w]
@@ -297,6 +307,21 @@ func (ix *Index) Apply(w WorkerID, ev KVEvent) error {
 		if ev.HasParent && !ix.holdsEngineLocked(slot, wb, ev.Parent) {
 			ix.stats.missingParents.Add(1)
 			return &MissingParentError{Worker: w, Parent: ev.Parent}
+		}
+		if maxHeld > 0 && wb.held+len(ev.Blocks) > maxHeld {
+			// Only now count exactly: blocks w already holds add nothing.
+			// (A block named twice in the event counts twice: the
+			// decision errs toward refusing, deterministically.)
+			adding := 0
+			for _, b := range ev.Blocks {
+				if set, _ := ix.getLocked(b.ContentHash); !set.has(slot) {
+					adding++
+				}
+			}
+			if adding > 0 && wb.held+adding > maxHeld {
+				ix.stats.overCapacity.Add(1)
+				return &CapacityError{Worker: w, Held: wb.held, Adding: adding, Limit: maxHeld}
+			}
 		}
 		for _, b := range ev.Blocks {
 			ix.storeLocked(slot, wb, b)
@@ -660,5 +685,6 @@ func (ix *Index) Stats() IndexStats {
 		SizeMismatches:  ix.stats.sizeMismatches.Load(),
 		UnknownWorkers:  ix.stats.unknownWorkers.Load(),
 		Clears:          ix.stats.clears.Load(),
+		OverCapacity:    ix.stats.overCapacity.Load(),
 	}
 }

@@ -364,3 +364,55 @@ func TestIndexPerWorkerBlockSize(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// TestIndexApplyCapped: a stored event that would take the worker past its
+// cap is refused whole with a typed error; blocks it already holds do not
+// count; removals and clears always apply; 0 means no cap.
+func TestIndexApplyCapped(t *testing.T) {
+	stored := func(hs ...uint64) KVEvent { return KVEvent{Kind: EventStored, Blocks: chain(hs...)} }
+	type step struct {
+		ev      KVEvent
+		cap     int
+		refused bool
+	}
+	tests := []struct {
+		name  string
+		steps []step
+		held  int
+	}{
+		{"up to the cap", []step{{stored(1, 2, 3), 4, false}, {stored(4), 4, false}}, 4},
+		{"one past the cap, refused whole", []step{{stored(1, 2, 3), 4, false}, {stored(4, 5), 4, true}}, 3},
+		{"held blocks add nothing", []step{{stored(1, 2, 3, 4), 4, false}, {stored(3, 4), 4, false}}, 4},
+		{"new among held still refused", []step{{stored(1, 2, 3, 4), 4, false}, {stored(4, 5), 4, true}}, 4},
+		{"removal makes room", []step{
+			{stored(1, 2, 3, 4), 4, false},
+			{KVEvent{Kind: EventRemoved, Removed: []uint64{1001, 1002}}, 4, false},
+			{stored(5, 6), 4, false},
+		}, 4},
+		{"clear always applies", []step{{stored(1, 2), 2, false}, {KVEvent{Kind: EventCleared}, 2, false}, {stored(3, 4), 2, false}}, 2},
+		{"no cap", []step{{stored(1, 2, 3, 4, 5), 0, false}}, 5},
+		{"a lower cap after the fact refuses new blocks only", []step{
+			{stored(1, 2, 3), 0, false}, {stored(2, 3), 1, false}, {stored(9), 1, true},
+		}, 3},
+		{"a block named twice counts twice", []step{{stored(1), 2, false}, {stored(2, 2), 2, true}}, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := NewIndex(16)
+			ix.AddWorker("a")
+			for i, s := range tc.steps {
+				err := ix.ApplyCapped("a", s.ev, s.cap)
+				var ce *CapacityError
+				if got := errors.As(err, &ce); got != s.refused || (err != nil && !s.refused) {
+					t.Fatalf("step %d: err %v, want refused %v", i, err, s.refused)
+				}
+				if s.refused && (!errors.Is(err, ErrOverCapacity) || ce.Limit != s.cap) {
+					t.Fatalf("step %d: %v", i, err)
+				}
+			}
+			if got := ix.Held("a"); got != tc.held {
+				t.Fatalf("held %d, want %d", got, tc.held)
+			}
+		})
+	}
+}
