@@ -8,9 +8,11 @@
 package fsm
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -74,7 +76,15 @@ const (
 	RejectBlockSize     = "block_size_mismatch"
 	RejectMissingParent = "missing_parent"
 	RejectInvalid       = "invalid_event"
+	// RejectOverCapacity: a stored event that would take its rank past
+	// RankBlockCap blocks (refused whole; the rank is marked stale).
+	RejectOverCapacity = "over_capacity"
 )
+
+// StaleOverCapacity is the stale reason of a rank whose stored event was
+// refused by its block cap: the index holds more than the worker can, so
+// it no longer follows the worker's cache.
+const StaleOverCapacity = "over capacity"
 
 // ApplyResult is the response of every command entry (raft's
 // ApplyFuture.Response()). Domain errors are in Err; Apply never panics on
@@ -86,7 +96,10 @@ type ApplyResult struct {
 	Gaps       int // KV events that followed a gap (applied, rank marked stale)
 	Rejected   int // KV events not applied: unknown worker, block size, missing parent
 	Unknown    int // of Rejected: events of unregistered worker ranks
-	Expired    int // Tick: predictions and leases expired
+	// OverCapacity: of Rejected, stored events refused because their rank
+	// would have held more than RankBlockCap blocks.
+	OverCapacity int
+	Expired      int // Tick: predictions and leases expired
 	// Clamped: a time the command carried (Tick.Now, a lease, a
 	// prediction's Until) was beyond the FSM's bounds and was applied
 	// clamped (see clock.go).
@@ -113,6 +126,9 @@ const (
 	ChangeStale                             // a worker rank was marked stale
 	ChangeResync                            // a worker rank's blocks and cursor were cleared
 	ChangeRestored                          // the whole state was replaced from a snapshot
+	// ChangeOverCapacity: stored events of a worker rank were refused by
+	// its block cap (one per rank per entry; Reason says how full).
+	ChangeOverCapacity
 )
 
 func (k ChangeKind) String() string {
@@ -129,6 +145,8 @@ func (k ChangeKind) String() string {
 		return "resync"
 	case ChangeRestored:
 		return "restored"
+	case ChangeOverCapacity:
+		return "over-capacity"
 	}
 	return fmt.Sprintf("ChangeKind(%d)", uint8(k))
 }
@@ -164,6 +182,12 @@ type Stats struct {
 	ExpiredPredictions uint64
 	ExpiredLeases      uint64
 	ClampedTimes       uint64 // commands whose time was clamped (ApplyResult.Clamped)
+	// OversizeEntries: entries refused for exceeding MaxEntryBytes (also
+	// counted in Undecodable).
+	OversizeEntries uint64
+	// OverCapacityBlocks: blocks of the stored events refused by their
+	// rank's block cap (the events are in Rejected[RejectOverCapacity]).
+	OverCapacityBlocks uint64
 
 	HaltedEntries uint64 // entries refused because the FSM is halted (Halted)
 }
@@ -171,9 +195,9 @@ type Stats struct {
 type counters struct {
 	commands, domainErrors, undecodable, unknownTypes, ignored, replayed atomic.Uint64
 	events, applied, duplicates, gaps                                    atomic.Uint64
-	unknownWorker, blockSize, missingParent, invalid                     atomic.Uint64
+	unknownWorker, blockSize, missingParent, invalid, overCapacity       atomic.Uint64
 	expiredPredictions, expiredLeases, clampedTimes                      atomic.Uint64
-	haltedEntries                                                        atomic.Uint64
+	haltedEntries, oversizeEntries, overCapacityBlocks                   atomic.Uint64
 }
 
 // FSM is the replicated state machine. Raft calls Apply, ApplyBatch,
@@ -198,6 +222,11 @@ type FSM struct {
 	predicted atomic.Pointer[router.Index]
 
 	stats counters
+	// refused: per worker id, blocks its ranks' stored events had refused
+	// by their block cap since NewFSM (mu held). A diagnostic like stats,
+	// not replicated state: in no snapshot or digest; a worker's entry
+	// goes when the worker leaves the registry.
+	refused map[string]uint64
 
 	// halt is set (under mu) by the first entry this build cannot apply,
 	// and cleared by Restore; read without mu by Halted.
@@ -207,6 +236,9 @@ type FSM struct {
 	// and snapshot format it knows (0 = this build's).
 	newestType   CommandType
 	newestFormat byte
+	// Tests lower this to exercise the refusal of oversized entries
+	// without allocating MaxEntryBytes (0 = MaxEntryBytes).
+	maxEntry int
 
 	obsMu     sync.Mutex
 	observers []func(Change)
@@ -289,7 +321,7 @@ func NewFSM(base router.Config) (*FSM, error) {
 	if err := base.Validate(); err != nil {
 		return nil, fmt.Errorf("fsm base config: %w", err)
 	}
-	f := &FSM{base: cloneConfig(base), st: newState(base.BlockSize)}
+	f := &FSM{base: cloneConfig(base), st: newState(base.BlockSize), refused: make(map[string]uint64)}
 	f.index.Store(f.st.index)
 	f.predicted.Store(f.st.predicted)
 	return f, nil
@@ -353,6 +385,14 @@ func (f *FSM) applyLocked(l *raft.Log) *ApplyResult {
 	if l.Type != raft.LogCommand {
 		f.applied.Store(l.Index)
 		return nil
+	}
+	if limit := cmp.Or(f.maxEntry, MaxEntryBytes); len(l.Data) > limit {
+		// No proposer of any build writes this: refuse it before decoding
+		// anything, like an undecodable entry (see bounds.go).
+		f.applied.Store(l.Index)
+		f.stats.undecodable.Add(1)
+		f.stats.oversizeEntries.Add(1)
+		return &ApplyResult{Err: fmt.Errorf("apply log %d: %w", l.Index, errEntryTooLarge(len(l.Data)))}
 	}
 	t, ignore, version, payload, err := header(l.Data)
 	res := &ApplyResult{Type: t}
@@ -608,6 +648,7 @@ func (f *FSM) removeWorkerLocked(idx uint64, id, reason string) {
 	}
 	st.countWorker(ws.rec, -1)
 	delete(st.workers, id)
+	delete(f.refused, id)
 	f.changes = append(f.changes, Change{Kind: ChangeWorkers, Index: idx, Worker: id, Model: ws.rec.Model, Removed: true, Reason: reason})
 }
 
@@ -616,7 +657,8 @@ func (f *FSM) removeWorkerLocked(idx uint64, id, reason string) {
 // index. Nothing here fails the entry: each event's outcome is counted.
 func (f *FSM) applyEventsLocked(idx uint64, evs []KVBatchEvent, res *ApplyResult) {
 	st := f.st
-	var applied, dups, gaps, rejUnknown, rejSize, rejParent, rejInvalid int
+	var applied, dups, gaps, rejUnknown, rejSize, rejParent, rejInvalid, rejOver, overBlocks int
+	var over []*rankState // ranks refused by their cap in this entry (few)
 	for i := range evs {
 		e := &evs[i]
 		ws := st.workers[e.Worker]
@@ -649,7 +691,7 @@ func (f *FSM) applyEventsLocked(idx uint64, evs []KVBatchEvent, res *ApplyResult
 			rejSize++
 			continue
 		}
-		err := st.index.Apply(rs.key, e.Event)
+		err := st.index.ApplyCapped(rs.key, e.Event, RankBlockCap(ws.rec.TotalBlocks))
 		if err == nil {
 			applied++
 			if e.Event.Kind == router.EventCleared && rs.stale {
@@ -660,10 +702,25 @@ func (f *FSM) applyEventsLocked(idx uint64, evs []KVBatchEvent, res *ApplyResult
 			continue
 		}
 		var mp *router.MissingParentError
+		var ce *router.CapacityError
 		switch {
 		case errors.As(err, &mp):
 			rejParent++
 			f.markStaleLocked(idx, rs, "missing parent", e.EventID, res)
+		case errors.As(err, &ce):
+			// The index would hold more of this rank than twice what the
+			// worker can: refuse, deterministically (held counts are
+			// replicated state, the cap comes from the registry), and have
+			// the rank resynced.
+			rejOver++
+			overBlocks += ce.Adding
+			f.refused[ws.rec.ID] += uint64(ce.Adding)
+			f.markStaleLocked(idx, rs, StaleOverCapacity, e.EventID, res)
+			if !slices.Contains(over, rs) {
+				over = append(over, rs)
+				f.changes = append(f.changes, Change{Kind: ChangeOverCapacity, Index: idx, Worker: rs.worker, DPRank: rs.rank,
+					Reason: fmt.Sprintf("holds %d blocks, cap %d (registered capacity %d)", ce.Held, ce.Limit, ws.rec.TotalBlocks)})
+			}
 		case errors.Is(err, router.ErrBlockSizeMismatch):
 			rejSize++
 		case errors.Is(err, router.ErrUnknownWorker):
@@ -672,8 +729,9 @@ func (f *FSM) applyEventsLocked(idx uint64, evs []KVBatchEvent, res *ApplyResult
 			rejInvalid++
 		}
 	}
-	rejected := rejUnknown + rejSize + rejParent + rejInvalid
+	rejected := rejUnknown + rejSize + rejParent + rejInvalid + rejOver
 	res.Applied, res.Duplicates, res.Gaps, res.Rejected, res.Unknown = applied, dups, gaps, rejected, rejUnknown
+	res.OverCapacity = rejOver
 	slices.Sort(res.UnknownWorkers)
 	s := &f.stats
 	s.events.Add(uint64(len(evs)))
@@ -684,6 +742,10 @@ func (f *FSM) applyEventsLocked(idx uint64, evs []KVBatchEvent, res *ApplyResult
 	s.blockSize.Add(uint64(rejSize))
 	s.missingParent.Add(uint64(rejParent))
 	s.invalid.Add(uint64(rejInvalid))
+	if rejOver > 0 {
+		s.overCapacity.Add(uint64(rejOver))
+		s.overCapacityBlocks.Add(uint64(overBlocks))
+	}
 }
 
 // markStaleLocked records the first reason a rank went stale. f.mu held.
@@ -1171,6 +1233,16 @@ func (f *FSM) Cursors() map[RankKey]uint64 {
 	return out
 }
 
+// OverCapacityRefused returns, per worker id, the blocks of its ranks'
+// stored events this replica refused by their block cap (RankBlockCap)
+// since it started, for workers still registered. Not replicated state:
+// a replica restored from a snapshot counts from there.
+func (f *FSM) OverCapacityRefused() map[string]uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return maps.Clone(f.refused)
+}
+
 // PredictionCount is the number of live (worker, hash) predictions.
 func (f *FSM) PredictionCount() int {
 	f.mu.RLock()
@@ -1190,11 +1262,14 @@ func (f *FSM) Stats() Stats {
 			RejectBlockSize:     s.blockSize.Load(),
 			RejectMissingParent: s.missingParent.Load(),
 			RejectInvalid:       s.invalid.Load(),
+			RejectOverCapacity:  s.overCapacity.Load(),
 		},
 		ExpiredPredictions: s.expiredPredictions.Load(),
 		ExpiredLeases:      s.expiredLeases.Load(),
 		ClampedTimes:       s.clampedTimes.Load(),
 		HaltedEntries:      s.haltedEntries.Load(),
+		OversizeEntries:    s.oversizeEntries.Load(),
+		OverCapacityBlocks: s.overCapacityBlocks.Load(),
 	}
 }
 

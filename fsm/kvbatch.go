@@ -34,6 +34,74 @@ const (
 	kvMinEvent    = 6 // idx, rank, id, kind, flags, block size: one byte each at least
 )
 
+// KVBatchOverhead bounds the bytes of a KVEventBatch entry that belong to
+// no event: type, envelope version and the two counts. An entry of events
+// e₁…eₙ encodes in at most KVBatchOverhead + Σ KVBatchEventBytes(eᵢ) bytes.
+const KVBatchOverhead = 2 + 2*binary.MaxVarintLen64
+
+// KVEventShape is what an event's size in a KVEventBatch entry depends on,
+// so a proposer can size an event it holds in another form (the ingest
+// consumer's wire events) without converting it.
+type KVEventShape struct {
+	WorkerLen int // bytes of the worker id
+	DPRank    uint32
+	EventID   uint64
+	Kind      router.EventKind
+	BlockSize int
+	HasParent bool // stored
+	Blocks    int  // stored
+	Aliased   bool // stored: some block's engine hash differs from its content hash
+	Removed   int  // removed
+}
+
+// Bytes is an upper bound on the bytes the event adds to an entry: its own
+// encoding, exactly, plus its worker id's place in the string table (paid
+// once per entry, counted here for every event) and the widest worker
+// index a batch of up to 2³² names needs.
+func (s KVEventShape) Bytes() int {
+	n := uvarintLen(uint64(s.WorkerLen)) + s.WorkerLen + // string table entry
+		binary.MaxVarintLen32 + // worker index
+		uvarintLen(uint64(s.DPRank)) + uvarintLen(s.EventID) +
+		2 + uvarintLen(uint64(s.BlockSize)) // kind, flags, block size
+	switch s.Kind {
+	case router.EventStored:
+		if s.HasParent {
+			n += 8
+		}
+		per := 8
+		if s.Aliased {
+			per = 16
+		}
+		n += uvarintLen(uint64(s.Blocks)) + per*s.Blocks
+	case router.EventRemoved:
+		n += uvarintLen(uint64(s.Removed)) + 8*s.Removed
+	}
+	return n
+}
+
+// KVBatchEventBytes is KVEventShape.Bytes of e.
+func KVBatchEventBytes(e *KVBatchEvent) int {
+	ev := &e.Event
+	s := KVEventShape{WorkerLen: len(e.Worker), DPRank: e.DPRank, EventID: e.EventID, Kind: ev.Kind,
+		BlockSize: ev.BlockSize, HasParent: ev.HasParent, Blocks: len(ev.Blocks), Removed: len(ev.Removed)}
+	for _, b := range ev.Blocks {
+		if b.EngineHash != b.ContentHash {
+			s.Aliased = true
+			break
+		}
+	}
+	return s.Bytes()
+}
+
+func uvarintLen(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
+}
+
 // AppendKVBatch appends a complete KVEventBatch log entry (type byte,
 // envelope version, payload) to dst. It refuses events the decoder would
 // refuse: unknown kinds, negative or huge block sizes, over-long worker ids.

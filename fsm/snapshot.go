@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 
@@ -448,6 +449,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.gen.Add(1)
 	f.index.Store(st.index)
 	f.predicted.Store(st.predicted)
+	maps.DeleteFunc(f.refused, func(id string, _ uint64) bool { return st.workers[id] == nil })
 	f.mu.Unlock()
 	f.notify([]Change{{Kind: ChangeRestored, Index: applied}})
 	return nil
