@@ -217,8 +217,11 @@ func TestClusterIsolatedLeader(t *testing.T) {
 	if !errors.Is(err, cluster.ErrOutcomeUnknown) && !errors.Is(err, cluster.ErrNoLeader) {
 		t.Errorf("isolated write error %v, want ErrOutcomeUnknown or ErrNoLeader", err)
 	}
-	if took > 1500*time.Millisecond {
-		t.Errorf("isolated write took %v to fail, want <= 1.5s", took)
+	// The claim is that the write fails on its own (the leader steps down
+	// when its lease runs out) rather than hanging until the caller gives
+	// up; how fast is a benchmark's business (a loaded machine is slower).
+	if ctxLimit := 5 * time.Second; took >= ctxLimit {
+		t.Errorf("isolated write failed only when its %v context ran out (%v)", ctxLimit, took)
 	}
 	t.Logf("isolated write failed after %v: %v", took, err)
 
@@ -411,8 +414,11 @@ func TestClusterShutdownTransfersLeadership(t *testing.T) {
 	nl := c.WaitLeader(others...)
 	took := time.Since(start)
 	t.Logf("new leader %s %v after shutdown began", nl.ID, took)
-	if took > 2*time.Second {
-		t.Errorf("new leader after %v; a leadership transfer should beat the 3s heartbeat timeout", took)
+	// Without a transfer no follower may even start an election before its
+	// 3 s heartbeat timeout, so a new leader sooner than that proves the
+	// hand-over. (How much sooner depends on the machine: not asserted.)
+	if took >= 3*time.Second {
+		t.Errorf("new leader after %v: no sooner than the 3s heartbeat timeout, so leadership was not transferred", took)
 	}
 	mu.Lock()
 	defer mu.Unlock()

