@@ -180,7 +180,11 @@ type seq struct {
 	scheduled bool
 	cancelled bool
 	remote    bool // RemotePrefill and its KV not received yet
-	state     seqState
+	// received: the prompt's KV arrived by KVReceived and nothing has been
+	// recomputed since; its last-token step is not a prefill in the
+	// timing (Dynamo's decode workers charge no prefill time).
+	received bool
+	state    seqState
 }
 
 func (s *seq) numTokens() int { return s.promptLen + s.generated }
@@ -405,6 +409,7 @@ func (e *Engine) KVReceived(now time.Duration, id string) bool {
 	e.awaiting = slices.Delete(e.awaiting, i, i+1)
 	local := s.computed
 	s.remote = false // a recompute after preemption uses the local cache
+	s.received = true
 	s.computed = s.promptLen - 1
 	s.state = stRunning
 	e.running = append(e.running, s)
@@ -548,21 +553,42 @@ func (e *Engine) startStep(t time.Duration) {
 	if len(e.batch) == 0 {
 		return
 	}
-	prefill, decode := 0, 0
-	for _, w := range e.batch {
-		if w.decode {
-			decode++
-		} else {
-			prefill += w.n
-		}
-	}
-	fill := float64(e.pool.used()) / float64(e.pool.capacity())
-	d := msToDuration(e.prof.StepMs(prefill, decode, fill), e.cfg.Speedup)
+	d := msToDuration(e.prof.PassMs(e.pass()), e.cfg.Speedup)
 	e.inflight = true
 	e.stepEnd = t + d
 	e.st.Steps++
 	e.st.BusyTime += d
-	e.st.PrefillTokens += uint64(prefill)
+	for _, w := range e.batch {
+		if !w.decode {
+			e.st.PrefillTokens += uint64(w.n)
+		}
+	}
+}
+
+// pass describes the scheduled batch for the timing model the way Dynamo's
+// mocker does (lib/mocker/src/scheduler/vllm/core.rs, schedule_request and
+// emit_ready_tokens): a request is a prefill when its chunk computes prompt
+// tokens, counted by the prompt position before and after the chunk; it
+// samples when the chunk reaches the end of its known tokens. Must run
+// after schedule and before finishStep moves computed.
+func (e *Engine) pass() Pass {
+	x := Pass{Fill: float64(e.pool.used()) / float64(e.pool.capacity())}
+	for _, w := range e.batch {
+		s := w.s
+		if s.computed+w.n >= s.numTokens() {
+			x.Sampled++
+		}
+		if s.received {
+			continue
+		}
+		before, after := min(s.computed, s.promptLen), min(s.computed+w.n, s.promptLen)
+		if after > before {
+			x.Prefills++
+			x.ISL += after
+			x.Prefix += before
+		}
+	}
+	return x
 }
 
 // schedule fills e.batch; false when it preempted someone.
@@ -763,7 +789,7 @@ func (e *Engine) free(s *seq) {
 		e.pool.release(s.blocks[i])
 	}
 	s.blocks = s.blocks[:0]
-	s.computed, s.nStored, s.inDecode = 0, 0, false
+	s.computed, s.nStored, s.inDecode, s.received = 0, 0, false, false
 }
 
 // preempt frees s and puts it at the head of the waiting queue; it will be

@@ -316,15 +316,23 @@ func TestEngineChunkedPrefill(t *testing.T) {
 		// until the last first token.
 		wantFirst []time.Duration
 	}{
+		// Chunks that finish a prompt sample its first token, so their
+		// step adds a decode step at the fill after scheduling (blocks of
+		// 256); TestEngineTimingDynamo checks the formula by hand.
 		{"one long prompt", 64, []int{200},
-			[]time.Duration{3*d(prof.PrefillMs(64)) + d(prof.PrefillMs(8))}},
+			[]time.Duration{3*d(prof.PrefillMs(64)) + d(prof.StepMs(8, 1, 13.0/256))}},
 		{"fits one step", 8192, []int{200},
-			[]time.Duration{d(prof.PrefillMs(200))}},
+			[]time.Duration{d(prof.StepMs(200, 1, 13.0/256))}},
 		{"two prompts share the budget", 64, []int{40, 40},
-			// step 1: a 40 + b 24; step 2: a's decode token + b's last 16.
-			[]time.Duration{d(prof.PrefillMs(64)), d(prof.PrefillMs(64)) + d(prof.PrefillMs(17))}},
+			// step 1: a 40 (samples) + b 24, 3 + 2 blocks; step 2: a's
+			// decode token + b's last 16 (both sample), 3 + 3 blocks.
+			[]time.Duration{
+				d(prof.PassMs(Pass{Prefills: 2, ISL: 40 + 24, Sampled: 1, Fill: 5.0 / 256})),
+				d(prof.PassMs(Pass{Prefills: 2, ISL: 40 + 24, Sampled: 1, Fill: 5.0 / 256})) +
+					d(prof.PassMs(Pass{Prefills: 1, ISL: 40, Prefix: 24, Sampled: 2, Fill: 6.0 / 256})),
+			}},
 		{"budget of one block", 16, []int{40},
-			[]time.Duration{2*d(prof.PrefillMs(16)) + d(prof.PrefillMs(8))}},
+			[]time.Duration{2*d(prof.PrefillMs(16)) + d(prof.StepMs(8, 1, 3.0/256))}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -540,15 +548,17 @@ func TestEngineTiming(t *testing.T) {
 		name      string
 		got, want float64
 	}{
-		{"dynamo prefill 1500", dyn.PrefillMs(1500), 4.21e-7*1500*1500 + 0.01518*1500 + 16.5},
-		{"dynamo prefill 1500 value", dyn.PrefillMs(1500), 40.21725},
-		{"dynamo prefill 1", dyn.PrefillMs(1), 16.51518042100},
+		// Dynamo's coefficients: 4.209989e-07·2,250,000 + 1.518344e-02·1,500 + 16.50142
+		{"dynamo prefill 1500", dyn.PrefillMs(1500), 0.947247525 + 22.77516 + 16.50142},
+		{"dynamo prefill 1", dyn.PrefillMs(1), 4.209989e-07 + 1.518344e-02 + 16.50142},
+		{"dynamo prefill 0", dyn.PrefillMs(0), 0},
 		{"dynamo decode p=0", dyn.DecodeMs(0), 5.74},
-		{"dynamo decode p=0.5", dyn.DecodeMs(0.5), -25.74*0.25 + 54.01*0.5 + 5.74},
+		{"dynamo decode p=0.5", dyn.DecodeMs(0.5), -6.435 + 27.005 + 5.74},
 		{"dynamo decode p=1", dyn.DecodeMs(1), 34.01},
 		{"dynamo decode floor", dyn.DecodeMs(3), 1},
-		{"dynamo mixed step", dyn.StepMs(100, 4, 0.9), max(dyn.PrefillMs(104), dyn.DecodeMs(0.9))},
-		{"dynamo mixed step, decode bound", dyn.StepMs(1, 4, 0.9), dyn.DecodeMs(0.9)},
+		// prefill(100) + decode(0.9) = (0.004209989 + 1.518344 + 16.50142) + (−20.8494 + 48.609 + 5.74)
+		{"dynamo mixed step", dyn.StepMs(100, 4, 0.9), 18.023973989 + 33.4996},
+		{"dynamo prefill step that samples nothing", dyn.StepMs(100, 0, 0.9), 18.023973989},
 		{"empty step", dyn.StepMs(0, 0, 0.5), 0},
 		{"small cold 1500", small.PrefillMs(1500), 80.0},
 		{"small 3000", small.PrefillMs(3000), 172.1},
@@ -591,7 +601,8 @@ func TestEngineTiming(t *testing.T) {
 			outs = runIdle(t, e)
 			first, _ := find(outs, "a", FirstToken)
 			fin, _ := find(outs, "a", Finished)
-			wantFirst := start + msToDuration(p.PrefillMs(1500), sp)
+			// The prompt's step samples the first token at ⌈1500/16⌉ = 94 blocks.
+			wantFirst := start + msToDuration(p.StepMs(1500, 1, 94.0/capacity), sp)
 			// Two decode steps, each holding ceil(1501/16) then
 			// ceil(1502/16) blocks.
 			wantFin := wantFirst + msToDuration(p.DecodeMs(94.0/capacity), sp) + msToDuration(p.DecodeMs(94.0/capacity), sp)

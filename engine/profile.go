@@ -10,11 +10,11 @@ import (
 // Profile is a step-time model. Times are in milliseconds before the
 // engine's speedup divides them.
 //
-//	prefill ms = PrefillQuad·N² + PrefillLin·N + PrefillConst   (N new tokens in the step)
+//	prefill ms = PrefillQuad·N² + PrefillLin·N + PrefillConst   (N new prompt tokens in the step; 0 when N = 0)
 //	decode  ms = max(DecodeMin, DecodeQuad·p² + DecodeLin·p + DecodeConst)   (p = KV fill fraction)
 //
-// A step is one forward pass over a batch (see StepMs for how prefill chunks
-// and decode tokens in one batch combine).
+// A step is one forward pass over a batch; PassMs says how its prefill
+// chunks and sampled tokens combine (Dynamo's mocker: prefill + decode).
 type Profile struct {
 	Name                                  string
 	PrefillQuad, PrefillLin, PrefillConst float64
@@ -30,11 +30,13 @@ const (
 
 var profiles = []Profile{
 	{
-		// Dynamo's mocker (DESIGN.md §6).
+		// Dynamo's mocker, PerfModel::Polynomial (engine/DESIGN.md,
+		// "Timing", cites the file and commit): the coefficients as
+		// Dynamo writes them, not rounded.
 		Name:         ProfileDynamoMocker,
-		PrefillQuad:  4.21e-7,
-		PrefillLin:   0.01518,
-		PrefillConst: 16.5,
+		PrefillQuad:  4.209989e-07,
+		PrefillLin:   1.518344e-02,
+		PrefillConst: 1.650142e+01,
 		DecodeQuad:   -25.74,
 		DecodeLin:    54.01,
 		DecodeConst:  5.74,
@@ -81,8 +83,12 @@ func LookupProfile(name string) (Profile, error) {
 	return Profile{}, fmt.Errorf("engine: unknown profile %q (have %v): %w", name, Profiles(), ErrConfig)
 }
 
-// PrefillMs is the prefill time of n new tokens.
+// PrefillMs is the prefill time of n new tokens; 0 for none, as Dynamo's
+// mocker returns for a step whose prompts are wholly cached.
 func (p Profile) PrefillMs(n int) float64 {
+	if n <= 0 {
+		return 0
+	}
 	x := float64(n)
 	return p.PrefillQuad*x*x + p.PrefillLin*x + p.PrefillConst
 }
@@ -92,27 +98,61 @@ func (p Profile) DecodeMs(fill float64) float64 {
 	return math.Max(p.DecodeMin, p.DecodeQuad*fill*fill+p.DecodeLin*fill+p.DecodeConst)
 }
 
-// StepMs is the time of one engine step that runs prefillTokens prompt
-// tokens (chunks of one or more prompts) and decodeSeqs decode tokens (one per
-// decoding sequence) at KV fill fraction fill:
-//
-//   - decode only: DecodeMs(fill);
-//   - prefill only: PrefillMs(prefillTokens);
-//   - mixed: max(PrefillMs(prefillTokens+decodeSeqs), DecodeMs(fill)) — vLLM
-//     runs the whole batch as one forward pass, so the decode tokens are just
-//     more new tokens, and a mixed step never costs less than a decode step.
-//
-// An empty step costs 0.
-func (p Profile) StepMs(prefillTokens, decodeSeqs int, fill float64) float64 {
-	switch {
-	case prefillTokens == 0 && decodeSeqs == 0:
+// Pass is one engine step as Dynamo's mocker (lib/mocker, vLLM scheduler
+// core) accounts for it. Only requests that compute prompt tokens in the
+// step count as prefills; tokens recomputed past the prompt after a
+// preemption do not, nor does a prompt whose KV was received (Dynamo's
+// decode workers charge no prefill).
+type Pass struct {
+	Prefills int // requests computing prompt tokens in this step
+	// ISL sums, over those requests, the prompt position the step
+	// reaches: tokens cached or computed before it plus this chunk.
+	ISL int
+	// Prefix sums, over those requests, the prompt tokens cached or
+	// computed before the step (a prefix hit, earlier chunks).
+	Prefix int
+	// Sampled counts sequences that sample a token at the end of the
+	// step: decoding sequences and prompts whose last chunk is in it.
+	Sampled int
+	Fill    float64 // KV blocks held by running requests ÷ capacity, after scheduling
+}
+
+// PrefillTokens is the token count Dynamo's polynomial is evaluated at:
+// Prefills × (⌊ISL/Prefills⌋ − ⌊Prefix/Prefills⌋). The mocker reduces the
+// batch to integer means before multiplying back, so this can fall short
+// of the chunks' sum by up to Prefills−1 tokens.
+func (x Pass) PrefillTokens() int {
+	if x.Prefills <= 0 {
 		return 0
-	case prefillTokens == 0:
-		return p.DecodeMs(fill)
-	case decodeSeqs == 0:
-		return p.PrefillMs(prefillTokens)
 	}
-	return math.Max(p.PrefillMs(prefillTokens+decodeSeqs), p.DecodeMs(fill))
+	return x.Prefills * max(x.ISL/x.Prefills-x.Prefix/x.Prefills, 0)
+}
+
+// PassMs is the time of one step: one prefill over the whole batch's new
+// prompt tokens plus one decode step when any sequence samples a token.
+// Both parts are added, never overlapped: Dynamo's mocker sleeps the
+// prefill time, then the decode time, per forward pass.
+func (p Profile) PassMs(x Pass) float64 {
+	ms := p.PrefillMs(x.PrefillTokens())
+	if x.Sampled > 0 {
+		ms += p.DecodeMs(x.Fill)
+	}
+	return ms
+}
+
+// StepMs is PassMs for a step whose prompt tokens are one chunk of
+// prefillTokens (or chunks whose means do not round) and in which sampled
+// sequences sample a token at fill: PrefillMs(prefillTokens) +
+// DecodeMs(fill), each only when its count is positive. A caller that
+// passes only the decoding sequences as sampled leaves out the decode time
+// of a step that finishes a prompt; Dynamo charges it (except on its
+// prefill-only workers, where the first token comes with the prefill).
+func (p Profile) StepMs(prefillTokens, sampled int, fill float64) float64 {
+	x := Pass{Sampled: sampled, Fill: fill}
+	if prefillTokens > 0 {
+		x.Prefills, x.ISL = 1, prefillTokens
+	}
+	return p.PassMs(x)
 }
 
 // msToDuration converts model milliseconds to virtual time under speedup,
