@@ -15,7 +15,9 @@ import (
 )
 
 // Applier commits a batch of valid events, in stream order. The cluster
-// implements it with one raft.Apply of a batch command. nil means committed
+// implements it with one raft.Apply of a batch command (ConsumerConfig's
+// EntryBytes and MaxEntryBytes bound its size: a larger fetched batch
+// comes as several calls, in order). nil means committed
 // (the messages are acked after it returns); any error means "not committed
 // or unknown" (ErrLeadershipLost, a timeout): nothing is acked and the
 // events come back, so applying must be idempotent per
@@ -70,6 +72,18 @@ type ConsumerConfig struct {
 
 	MaxBlocks int       // Validate's cap (default DefaultMaxBlocks)
 	Validator Validator // optional
+
+	// EntryBytes and MaxEntryBytes bound what one ApplyEvents call
+	// carries, so that one Raft entry stays bounded in bytes: the valid
+	// events of a fetched batch go to the applier in consecutive runs whose
+	// EntryBytes add up to at most MaxEntryBytes, each run acked once it is
+	// committed, the next applied only then. An event whose EntryBytes
+	// alone exceed MaxEntryBytes could never be committed: it is refused
+	// (ReasonTooLarge). EntryBytes must bound from above what an event adds
+	// to the applier's entry (the applier's fixed overhead left out of
+	// MaxEntryBytes). Either unset: one call per fetched batch.
+	EntryBytes    func(*WireEvent) int
+	MaxEntryBytes int
 	// OnReject, if set, sees every terminated event (the cluster may mark
 	// its worker stale at once instead of waiting for the gap).
 	OnReject func(Rejection)
@@ -120,8 +134,11 @@ type ConsumerMetrics struct {
 	BatchSeconds  prometheus.Histogram   // first message fetched → acks sent
 	Rejected      *prometheus.CounterVec // terminated events by reason
 	ApplyErrors   prometheus.Counter     // batches the applier refused (redelivered)
-	FetchErrors   prometheus.Counter
-	AckErrors     prometheus.Counter // acks that failed to send (the events come back, harmlessly)
+	// SplitBatches counts fetched batches applied as more than one run
+	// (ConsumerConfig.MaxEntryBytes); Batches counts every run.
+	SplitBatches prometheus.Counter
+	FetchErrors  prometheus.Counter
+	AckErrors    prometheus.Counter // acks that failed to send (the events come back, harmlessly)
 	// DeliveryGaps counts fetched batches whose consumer sequence did not
 	// continue the previous one: a delivery was lost (a consumer leader
 	// change, a fetch abandoned at its deadline), so the batch was dropped
@@ -133,7 +150,10 @@ func newConsumerMetrics(reg prometheus.Registerer) *ConsumerMetrics {
 	m := &ConsumerMetrics{
 		Batches: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvrouter", Subsystem: "eventbus", Name: "batches_total",
-			Help: "KV event batches committed through the applier and acked."}),
+			Help: "KV event batches committed through the applier and acked (one per Raft entry: a fetched batch larger than the entry cap counts once per entry)."}),
+		SplitBatches: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "split_batches_total",
+			Help: "Fetched batches split into several Raft entries because their events exceeded the entry byte cap."}),
 		EventsApplied: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvrouter", Subsystem: "eventbus", Name: "events_applied_total",
 			Help: "KV events committed through the applier and acked."}),
@@ -166,6 +186,7 @@ func newConsumerMetrics(reg prometheus.Registerer) *ConsumerMetrics {
 		m.BatchSeconds = register(reg, m.BatchSeconds)
 		m.Rejected = register(reg, m.Rejected)
 		m.ApplyErrors = register(reg, m.ApplyErrors)
+		m.SplitBatches = register(reg, m.SplitBatches)
 		m.FetchErrors = register(reg, m.FetchErrors)
 		m.AckErrors = register(reg, m.AckErrors)
 		m.DeliveryGaps = register(reg, m.DeliveryGaps)
@@ -404,22 +425,28 @@ type badMsg struct {
 }
 
 // process handles one fetched batch; it reports whether the batch is done
-// with (applied and acked, or nothing valid in it). Invalid messages are
-// terminated together with the acks of the batch they came in, so a batch
+// with (applied and acked, or nothing valid in it). The valid events go to
+// the applier in runs that fit MaxEntryBytes (splitRuns), in order; each
+// run's messages are acked once it committed, and a run is applied only
+// after the one before it committed. If a run fails, the batch is rewound:
+// what earlier runs committed comes back and the state machine skips it.
+// Invalid messages are terminated after the last run committed, so a batch
 // that is rewound is re-examined whole (and no late Term races the rewind).
 func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg, applier Applier) bool {
 	start := time.Now()
 	events := make([]WireEvent, 0, len(msgs))
 	valid := make([]jetstream.Msg, 0, len(msgs))
+	var sizes []int
 	var bad []badMsg
 	for _, m := range msgs {
-		ev, err := c.check(m)
+		ev, size, err := c.check(m)
 		if err != nil {
 			bad = append(bad, badMsg{m, ev, err})
 			continue
 		}
 		events = append(events, ev)
 		valid = append(valid, m)
+		sizes = append(sizes, size)
 	}
 	if len(events) == 0 {
 		for _, b := range bad {
@@ -427,40 +454,87 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg, applier Ap
 		}
 		return true
 	}
-	if err := applier.ApplyEvents(ctx, events); err != nil {
-		c.metrics.ApplyErrors.Inc()
-		if ctx.Err() == nil {
-			if ok, n := c.limiter.allow("apply"); ok {
-				c.log.Warn("apply KV event batch failed; left for redelivery", "events", len(events), "err", err, "suppressed", n)
+	ends := []int{len(events)}
+	if c.bounded() {
+		ends = splitRuns(sizes, c.cfg.MaxEntryBytes)
+	}
+	from := 0
+	for i, to := range ends {
+		if err := applier.ApplyEvents(ctx, events[from:to]); err != nil {
+			c.metrics.ApplyErrors.Inc()
+			if ctx.Err() == nil {
+				if ok, n := c.limiter.allow("apply"); ok {
+					c.log.Warn("apply KV event batch failed; left for redelivery", "events", to-from,
+						"entry", i+1, "entries", len(ends), "err", err, "suppressed", n)
+				}
 			}
+			c.rewind(ctx, msgs)
+			return false
 		}
-		c.rewind(ctx, msgs)
-		return false
+		c.ackAll(ctx, valid[from:to])
+		c.metrics.Batches.Inc()
+		c.metrics.EventsApplied.Add(float64(to - from))
+		from = to
 	}
 	for _, b := range bad {
 		c.reject(b.m, b.ev, b.err)
 	}
-	c.ackAll(ctx, valid)
-	c.metrics.Batches.Inc()
-	c.metrics.EventsApplied.Add(float64(len(events)))
+	if len(ends) > 1 {
+		c.metrics.SplitBatches.Inc()
+	}
 	c.metrics.BatchSeconds.Observe(time.Since(start).Seconds())
 	return true
 }
 
-// check decodes and validates one message.
-func (c *Consumer) check(m jetstream.Msg) (WireEvent, error) {
+// bounded reports whether applier calls are bounded in bytes.
+func (c *Consumer) bounded() bool { return c.cfg.EntryBytes != nil && c.cfg.MaxEntryBytes > 0 }
+
+// splitRuns cuts events of the given sizes, in order, into consecutive runs
+// whose sizes add up to at most limit, greedily (each run as long as it can
+// be), and returns each run's end index. A size above limit (check refuses
+// such events) gets a run of its own rather than a panic or a loop.
+func splitRuns(sizes []int, limit int) []int {
+	var ends []int
+	sum := 0
+	for i, n := range sizes {
+		if i > 0 && sum+n > limit {
+			ends = append(ends, i)
+			sum = 0
+		}
+		sum += n
+	}
+	if len(sizes) > 0 {
+		ends = append(ends, len(sizes))
+	}
+	return ends
+}
+
+// check decodes and validates one message, and returns its EntryBytes
+// (0 when unbounded).
+func (c *Consumer) check(m jetstream.Msg) (WireEvent, int, error) {
 	ev, err := Decode(m.Data())
 	if err != nil {
-		return ev, &InvalidEventError{Reason: ReasonUndecodable, Detail: err.Error(), Err: err}
+		return ev, 0, &InvalidEventError{Reason: ReasonUndecodable, Detail: err.Error(), Err: err}
 	}
 	if err := Validate(&ev, c.cfg.MaxBlocks); err != nil {
-		return ev, err
+		return ev, 0, err
 	}
 	if subj := m.Subject(); subj != EventSubject(ev.Worker) {
-		return ev, invalid(ReasonSubjectMismatch, "%s on subject %s", ev.MsgID(), subj)
+		return ev, 0, invalid(ReasonSubjectMismatch, "%s on subject %s", ev.MsgID(), subj)
 	}
 	if id := m.Headers().Get(jetstream.MsgIDHeader); id != "" && id != ev.MsgID() {
-		return ev, invalid(ReasonMsgIDMismatch, "%s with Nats-Msg-Id %q", ev.MsgID(), id)
+		return ev, 0, invalid(ReasonMsgIDMismatch, "%s with Nats-Msg-Id %q", ev.MsgID(), id)
+	}
+	size := 0
+	if c.bounded() {
+		size = c.cfg.EntryBytes(&ev)
+		if size > c.cfg.MaxEntryBytes {
+			// No entry could hold it: refuse it now rather than have every
+			// later batch fail behind it (a worker's KV state is lost for
+			// this event: the gap marks it stale, a resync repairs it).
+			return ev, size, invalid(ReasonTooLarge, "%s: %d blocks, %d removed: %d bytes in an entry, cap %d",
+				ev.MsgID(), len(ev.Blocks), len(ev.Removed), size, c.cfg.MaxEntryBytes)
+		}
 	}
 	if c.cfg.Validator != nil {
 		bs := 0
@@ -475,10 +549,10 @@ func (c *Consumer) check(m jetstream.Msg) (WireEvent, error) {
 			case errors.Is(err, router.ErrBlockSizeMismatch):
 				r = ReasonBlockSizeMismatch
 			}
-			return ev, &InvalidEventError{Reason: r, Detail: ev.MsgID() + ": " + err.Error(), Err: err}
+			return ev, size, &InvalidEventError{Reason: r, Detail: ev.MsgID() + ": " + err.Error(), Err: err}
 		}
 	}
-	return ev, nil
+	return ev, size, nil
 }
 
 // reject terminates m so it is never redelivered, counts and logs it.
@@ -493,7 +567,11 @@ func (c *Consumer) reject(m jetstream.Msg, ev WireEvent, err error) {
 		seq = md.Sequence.Stream
 	}
 	if ok, n := c.limiter.allow("reject:" + string(r)); ok {
-		c.log.Warn("rejected KV event", "reason", r, "subject", m.Subject(), "stream_seq", seq, "err", err, "suppressed", n)
+		level := slog.LevelWarn
+		if r == ReasonTooLarge {
+			level = slog.LevelError // a valid worker event the cluster can never hold
+		}
+		c.log.Log(context.Background(), level, "rejected KV event", "reason", r, "subject", m.Subject(), "stream_seq", seq, "err", err, "suppressed", n)
 	}
 	if c.cfg.OnReject != nil {
 		rej := Rejection{Reason: r, Err: err, Subject: m.Subject(), StreamSeq: seq}

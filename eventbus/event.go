@@ -374,13 +374,14 @@ const (
 	ReasonUnknownWorker     Reason = "unknown_worker"      // Validator: worker not registered
 	ReasonBlockSizeMismatch Reason = "block_size_mismatch" // Validator: block size differs from the configured one
 	ReasonRejected          Reason = "rejected"            // Validator: any other error
+	ReasonTooLarge          Reason = "too_large"           // alone larger than one Raft entry may be (ConsumerConfig.MaxEntryBytes)
 )
 
 // AllReasons lists every reason (for pre-initialising metric labels).
 var AllReasons = []Reason{
 	ReasonUndecodable, ReasonBadWorker, ReasonBadEventID, ReasonBadKind, ReasonTooManyBlocks,
 	ReasonBadBlockSize, ReasonInconsistent, ReasonSubjectMismatch, ReasonMsgIDMismatch,
-	ReasonUnknownWorker, ReasonBlockSizeMismatch, ReasonRejected,
+	ReasonUnknownWorker, ReasonBlockSizeMismatch, ReasonRejected, ReasonTooLarge,
 }
 
 // ErrInvalidEvent is the router's sentinel, aliased so errors.Is works
