@@ -13,13 +13,20 @@
 #   3. builds kvrouter:local (docker/Dockerfile, from static binaries built into
 #      the temporary directory; bin/ is not touched) and kvrouter-haproxy:smoke
 #      (docker/haproxy/Dockerfile: the host's haproxy and the libraries ldd lists);
-#   4. starts docker-compose.yml + compose-smoke.yml: r1-r3, mock-1..4 and
-#      haproxy (Prometheus and Grafana come from Docker Hub: not started);
-#   5. routes POST /v1/chat/completions (model kvmock) through HAProxy on
-#      127.0.0.1:8000 and expects 200 with an X-Worker-Id;
+#   4. starts docker-compose.yml + compose-smoke.yml: the one-shot certs
+#      service (CA, certificates, tokens), r1-r3, mock-1..4 and haproxy
+#      (Prometheus and Grafana come from Docker Hub: not started), all with
+#      TLS and authentication on, as the deployment runs;
+#   5. copies ca.pem out of the certs volume (docker cp), checks that the
+#      replicas refuse plaintext HTTP and admin calls without the token, and
+#      that HAProxy's TLS health checks pass (L7OK), then routes POST
+#      /v1/chat/completions (model kvmock) through HAProxy on
+#      https://127.0.0.1:8000 (curl --cacert) and expects 200 with an
+#      X-Worker-Id;
 #   6. docker kill's the Raft leader's container, waits for HAProxy to mark it
-#      DOWN, routes again, and checks /cluster/status on the two survivors:
-#      both ready, one leader they agree on, four workers, equal FSM digests;
+#      DOWN, routes again, and checks https /cluster/status on the two
+#      survivors: both ready, one leader they agree on, four workers, equal
+#      FSM digests;
 #   7. whatever happened (trap on EXIT): compose stop and down -v, dockerd
 #      stopped, its mounts, bridge and directory removed, the host firewall
 #      and sysctls compared with what they were before (and restored if
@@ -51,6 +58,7 @@ stats_port=8404
 declare -A http_port=([r1]=8001 [r2]=8002 [r3]=8003)
 replicas=(r1 r2 r3)
 workers=(mock-1 mock-2 mock-3 mock-4)
+base=https://127.0.0.1 # every replica port is HTTPS only (TLS on)
 
 # --- output and timing --------------------------------------------------------
 now_ms() { local t=${EPOCHREALTIME//[!0-9]/}; echo $((t / 1000)); }
@@ -199,7 +207,7 @@ dump_failure() {
   if [ "$compose_up" = 1 ]; then
     "${compose[@]}" ps 2>&1 | sed "s/^/$me:   /" || true
     local s
-    for s in "${replicas[@]}" haproxy "${workers[@]}"; do
+    for s in certs "${replicas[@]}" haproxy "${workers[@]}"; do
       log "---- last lines of $s"
       "${compose[@]}" logs --no-color --tail 15 "$s" 2>&1 | sed "s/^/$me:   /" || true
     done
@@ -546,6 +554,16 @@ compose_up=1
 "${compose[@]}" up -d --no-build "${replicas[@]}" "${workers[@]}" haproxy >"$work/compose-up.log" 2>&1 ||
   fail "compose up: $(tail -5 "$work/compose-up.log")"
 log "running: $("${compose[@]}" ps --services --filter status=running 2>/dev/null | sort | tr '\n' ' ')"
+certs_cid=$("${compose[@]}" ps -a -q certs)
+[ -n "$certs_cid" ] || fail "no certs container (the one-shot service the others depend on)"
+log "certs service: $("$docker" inspect -f '{{.State.Status}} (exit {{.State.ExitCode}})' "$certs_cid"); $("$docker" logs "$certs_cid" 2>&1 | grep -E '^(certs|exported)' | tr '\n' ';')"
+# The CA as a client on the host gets it: out of the volume, through a
+# replica that mounts it (the image is FROM scratch; docker cp needs no tar in it).
+r1_cid=$("${compose[@]}" ps -q r1)
+"$docker" cp "$r1_cid:/certs/ca.pem" "$work/ca.pem" || fail "docker cp r1:/certs/ca.pem"
+"$docker" cp "$r1_cid:/certs/admin-token" "$work/admin-token" || fail "docker cp r1:/certs/admin-token"
+openssl_subject=$(openssl x509 -in "$work/ca.pem" -noout -subject 2>/dev/null || echo '?')
+log "CA copied out of the certs volume: $work/ca.pem ($openssl_subject)"
 got=$("$docker" network inspect -f '{{range .IPAM.Config}}{{.Subnet}} {{.Gateway}}{{end}}' "${project}_default")
 [ "$got" = "$subnet $gateway" ] || fail "compose network is '$got', want '$subnet $gateway' (the DNS stub's address)"
 
@@ -565,10 +583,13 @@ wait_for() {
   log "$what ($(secs "$t"))"
 }
 
+# tls_curl: curl trusting the deployment's CA only (no -k anywhere).
+tls_curl() { curl --cacert "$work/ca.pem" "$@"; }
+
 ready() { # port
   local code
-  code=$(curl -s -m 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1/ready") || true
-  [ "$code" = 200 ] || { why="127.0.0.1:$1/ready: ${code:-no answer}"; return 1; }
+  code=$(tls_curl -s -m 2 -o /dev/null -w '%{http_code}' "$base:$1/ready") || true
+  [ "$code" = 200 ] || { why="$base:$1/ready: ${code:-no answer}"; return 1; }
 }
 all_ready() {
   local r
@@ -582,9 +603,9 @@ chat() {
   n_sent=$((n_sent + 1))
   local code body
   body=$(printf '{"model":"kvmock","max_tokens":8,"messages":[{"role":"user","content":"compose smoke test, request %d: the same long shared prefix for every request so that the router has blocks to match"}]}' "$n_sent")
-  code=$(curl -sS -m 10 -o "$work/chat.body" -D "$work/chat.hdr" -w '%{http_code}' \
+  code=$(tls_curl -sS -m 10 -o "$work/chat.body" -D "$work/chat.hdr" -w '%{http_code}' \
     -H 'Content-Type: application/json' --data-binary "$body" \
-    "http://127.0.0.1:$haproxy_port/v1/chat/completions" 2>"$work/chat.err") ||
+    "$base:$haproxy_port/v1/chat/completions" 2>"$work/chat.err") ||
     { why="curl: $(tail -1 "$work/chat.err")"; return 1; }
   worker=$(tr -d '\r' <"$work/chat.hdr" | sed -n 's/^[Xx]-[Ww][Oo][Rr][Kk][Ee][Rr]-[Ii][Dd]: *//p' | tail -1)
   [ "$code" = 200 ] || { why="HTTP $code: $(head -c 300 "$work/chat.body")"; return 1; }
@@ -605,11 +626,14 @@ route_n() {
 haproxy_status() { # server → UP, DOWN, MAINT, … from the stats CSV (field 18)
   curl -s -m 2 "http://127.0.0.1:$stats_port/stats;csv" | awk -F, -v s="$1" '$1 == "replicas" && $2 == s {print $18}'
 }
+haproxy_check() { # server → its last check: status and code (fields 37, 38), e.g. "L7OK 200"
+  curl -s -m 2 "http://127.0.0.1:$stats_port/stats;csv" | awk -F, -v s="$1" '$1 == "replicas" && $2 == s {print $37, $38}'
+}
 haproxy_all_up() {
   local r st
   for r in "${replicas[@]}"; do
     st=$(haproxy_status "$r")
-    [[ $st == UP* ]] || { why="HAProxy sees $r as '${st:-?}'"; return 1; }
+    [[ $st == UP* ]] || { why="HAProxy sees $r as '${st:-?}' (last check: $(haproxy_check "$r"))"; return 1; }
   done
 }
 haproxy_down() { # server
@@ -624,8 +648,8 @@ haproxy_down() { # server
 cluster_agrees() {
   local p files=()
   for p in "$@"; do
-    curl -sf -m 3 "http://127.0.0.1:$p/cluster/status" >"$work/status.$p" 2>/dev/null ||
-      { why="127.0.0.1:$p/cluster/status does not answer"; return 1; }
+    tls_curl -sf -m 3 "$base:$p/cluster/status" >"$work/status.$p" 2>/dev/null ||
+      { why="$base:$p/cluster/status does not answer"; return 1; }
     files+=("$work/status.$p")
   done
   summary=$(python3 - "${#workers[@]}" "${files[@]}" 2>&1 <<'PY'
@@ -655,8 +679,42 @@ PY
 leader_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["leader_id"])' "$work/status.$1"; }
 
 phase "cluster up"
-wait_for "all three replicas ready (GET /ready 200 on 127.0.0.1:8001-8003)" all_ready
+wait_for "all three replicas ready (GET https /ready 200 on 127.0.0.1:8001-8003, CA verified)" all_ready
 wait_for "HAProxy sees r1 r2 r3 UP" haproxy_all_up
+checks=''
+for r in "${replicas[@]}"; do
+  c=$(haproxy_check "$r")
+  [ "${c% *}" = L7OK ] || fail "HAProxy's last check of $r is '$c', want L7OK (an HTTPS GET /ready answered 200)"
+  checks+=" $r=${c// /:}"
+done
+log "HAProxy checks over TLS (check-ssl, verify required, check-sni):$checks"
+
+# TLS and authentication are on: plaintext is refused on every replica port,
+# and so are admin calls without the token (and with a wrong one); with it,
+# an admin read goes through. Nothing here changes state.
+plain_status() { # port → what a plaintext GET /ready gets (the replica answers 400 in plain HTTP)
+  curl -s -m 3 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1/ready" || true
+}
+admin_status() { # port [token]
+  local auth=()
+  [ -z "${2:-}" ] || auth=(-H "Authorization: Bearer $2")
+  tls_curl -s -m 3 -o /dev/null -w '%{http_code}' ${auth[@]+"${auth[@]}"} \
+    -H 'Content-Type: application/json' --data-binary '{}' "$base:$1/workers/register" || true
+}
+sec=''
+for r in "${replicas[@]}"; do
+  p=${http_port[$r]}
+  plain=$(plain_status "$p")
+  [ "$plain" != 200 ] || fail "plain http://127.0.0.1:$p/ready answered 200: $r takes plaintext"
+  none=$(admin_status "$p")
+  wrong=$(admin_status "$p" not-the-token)
+  [ "$none" = 401 ] && [ "$wrong" = 401 ] ||
+    fail "$r: POST /workers/register without the admin token answered $none, with a wrong one $wrong; want 401"
+  sec+=" $r: plain http $plain, admin without/wrong token $none/$wrong;"
+done
+good=$(admin_status "${http_port[r1]}" "$(cat "$work/admin-token")")
+[ "$good" = 400 ] || fail "r1: POST /workers/register {} with the admin token answered $good, want 400 (invalid, not unauthenticated)"
+log "refused:$sec with the token: $good (the empty registration is invalid: the token was accepted)"
 wait_for "first completion routed through HAProxy" chat
 log "answered by $worker"
 route_n "$n_requests"

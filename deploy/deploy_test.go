@@ -32,7 +32,7 @@ func TestDeployHAProxyValid(t *testing.T) {
 		t.Skip("haproxy is not installed, cannot validate the configs (apt-get install -y haproxy); CI installs it")
 	}
 	for _, f := range haproxyConfigs {
-		out, err := exec.Command(bin, "-c", "-f", f).CombinedOutput()
+		out, err := exec.Command(bin, "-c", "-f", haproxyConfigForHost(t, f)).CombinedOutput()
 		if err != nil {
 			t.Errorf("haproxy -c -f %s: %v\n%s", f, err, out)
 			continue
@@ -45,6 +45,26 @@ func TestDeployHAProxyValid(t *testing.T) {
 			}
 		}
 	}
+}
+
+// haproxyConfigForHost returns path, or for the compose variant a copy that
+// reads its ca-file from a temporary CA instead of the certs volume's
+// /certs/ca.pem (HAProxy loads the file when it reads the configuration).
+func haproxyConfigForHost(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b, []byte(composeCAFile)) {
+		return path
+	}
+	caFile := writeTestCA(t)
+	out := filepath.Join(t.TempDir(), filepath.Base(path))
+	if err := os.WriteFile(out, bytes.ReplaceAll(b, []byte(composeCAFile), []byte(caFile)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // TestDeployHAProxySettings pins the settings the failover behaviour depends
@@ -222,7 +242,25 @@ type k8sObject struct {
 	Metadata   k8sMeta           `yaml:"metadata"`
 	Spec       k8sSpec           `yaml:"spec"`
 	Data       map[string]string `yaml:"data"`
-	Resources  []string          `yaml:"resources"` // Kustomization
+	// Kustomization
+	Resources          []string       `yaml:"resources"`
+	SecretGenerator    []k8sGenerator `yaml:"secretGenerator"`
+	ConfigMapGenerator []k8sGenerator `yaml:"configMapGenerator"`
+}
+
+// k8sGenerator is a kustomize secretGenerator or configMapGenerator entry.
+type k8sGenerator struct {
+	Name  string   `yaml:"name"`
+	Files []string `yaml:"files"`
+}
+
+// keys returns the generated object's keys: the files' base names.
+func (g k8sGenerator) keys() []string {
+	var out []string
+	for _, f := range g.Files {
+		out = append(out, filepath.Base(f))
+	}
+	return out
 }
 
 type k8sMeta struct {
@@ -265,6 +303,21 @@ type k8sSpec struct {
 type podSpec struct {
 	TerminationGracePeriodSeconds *int        `yaml:"terminationGracePeriodSeconds"`
 	Containers                    []container `yaml:"containers"`
+	SecurityContext               struct {
+		RunAsUser *int `yaml:"runAsUser"`
+		FSGroup   *int `yaml:"fsGroup"`
+	} `yaml:"securityContext"`
+	Volumes []struct {
+		Name   string `yaml:"name"`
+		Secret *struct {
+			SecretName  string `yaml:"secretName"`
+			DefaultMode *int   `yaml:"defaultMode"`
+			Items       []struct {
+				Key  string `yaml:"key"`
+				Path string `yaml:"path"`
+			} `yaml:"items"`
+		} `yaml:"secret"`
+	} `yaml:"volumes"`
 }
 
 type container struct {
@@ -299,13 +352,15 @@ type container struct {
 	VolumeMounts   []struct {
 		Name      string `yaml:"name"`
 		MountPath string `yaml:"mountPath"`
+		ReadOnly  bool   `yaml:"readOnly"`
 	} `yaml:"volumeMounts"`
 }
 
 type probe struct {
 	HTTPGet *struct {
-		Path string `yaml:"path"`
-		Port any    `yaml:"port"`
+		Path   string `yaml:"path"`
+		Port   any    `yaml:"port"`
+		Scheme string `yaml:"scheme"`
 	} `yaml:"httpGet"`
 	TCPSocket *struct {
 		Port any `yaml:"port"`
@@ -450,6 +505,8 @@ func TestDeployK8sStatefulSet(t *testing.T) {
 			t.Errorf("%s: want an httpGet probe on %s", name, path)
 		case p.HTTPGet.Path != path:
 			t.Errorf("%s: path %q, want %s", name, p.HTTPGet.Path, path)
+		case p.HTTPGet.Scheme != "HTTPS":
+			t.Errorf("%s: scheme %q, want HTTPS (with TLS material the port takes nothing else off loopback)", name, p.HTTPGet.Scheme)
 		default:
 			if pn, ok := p.HTTPGet.Port.(string); ok && ports[pn] == 0 {
 				t.Errorf("%s: port %q is not a container port", name, pn)
@@ -644,7 +701,9 @@ type composeService struct {
 	Environment map[string]string `yaml:"environment"`
 	Ports       []string          `yaml:"ports"`
 	Volumes     []string          `yaml:"volumes"`
-	DependsOn   []string          `yaml:"depends_on"`
+	User        string            `yaml:"user"`
+	// A list of names, or name → {condition: …}.
+	DependsOn any `yaml:"depends_on"`
 }
 
 func TestDeployCompose(t *testing.T) {
@@ -655,7 +714,7 @@ func TestDeployCompose(t *testing.T) {
 	c := docs[0]
 	replicas := []string{"r1", "r2", "r3"}
 	mocks := []string{"mock-1", "mock-2", "mock-3", "mock-4"}
-	want := append(append(slices.Clone(replicas), mocks...), "haproxy", "prometheus", "grafana")
+	want := append(append(slices.Clone(replicas), mocks...), "certs", "haproxy", "prometheus", "grafana")
 	var got []string
 	for name := range c.Services {
 		got = append(got, name)
@@ -705,7 +764,7 @@ func TestDeployCompose(t *testing.T) {
 			t.Errorf("%s: NATS listens on %q / %q", r, f["nats-addr"], f["nats-cluster-addr"])
 		}
 		_, httpPort[r], _ = strings.Cut(f["http-addr"], ":")
-		if f["advertise-http"] != "http://"+r+":"+httpPort[r] {
+		if f["advertise-http"] != "https://"+r+":"+httpPort[r] {
 			t.Errorf("%s: --advertise-http %q", r, f["advertise-http"])
 		}
 		vol := r + "-data:/data"
@@ -728,7 +787,7 @@ func TestDeployCompose(t *testing.T) {
 		}
 		var reg, nats []string
 		for _, r := range replicas {
-			reg = append(reg, "http://"+r+":"+httpPort[r])
+			reg = append(reg, "https://"+r+":"+httpPort[r])
 			nats = append(nats, "nats://"+r+":4222")
 		}
 		if f["register"] != strings.Join(reg, ",") || f["nats"] != strings.Join(nats, ",") {
