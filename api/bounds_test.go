@@ -391,3 +391,50 @@ func TestAPIConfigLogValueRedacts(t *testing.T) {
 		t.Fatalf("logged: %s", b.String())
 	}
 }
+
+// TestAPIClientCertCheck: Config.ClientCert guards the inference endpoints
+// (/v1/*, /tokenize, /detokenize) with an OpenAI-shaped 401 naming why,
+// and nothing else (/health, /ready, admin and status keep their own
+// rules).
+func TestAPIClientCertCheck(t *testing.T) {
+	rep := newFakeReplica("m", router.DefaultConfig())
+	var hits atomic.Int64
+	rep.addWorker("m", "w1", fakeWorker(t, &hits).URL)
+	s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true, ClientCert: func(r *http.Request) error {
+		if r.Header.Get("X-Test-Cert") == "client" {
+			return nil
+		}
+		return errors.New("no client certificate presented")
+	}}, rep)
+	for _, tc := range []struct {
+		method, path, body string
+		cert               bool
+		want               int
+	}{
+		{"POST", "/v1/chat/completions", fmt.Sprintf(chatBody, ""), false, 401},
+		{"POST", "/v1/chat/completions", fmt.Sprintf(chatBody, ""), true, 200},
+		{"GET", "/v1/models", "", false, 401},
+		{"POST", "/tokenize", `{"model":"m","prompt":"hi"}`, false, 401},
+		{"POST", "/detokenize", `{"model":"m","tokens":[1]}`, false, 401},
+		{"GET", "/health", "", false, 200},
+		{"GET", "/ready", "", false, 200},
+		{"GET", "/cluster/status", "", false, 200},
+	} {
+		req := httptest.NewRequest(tc.method, tc.path, strings.NewReader(tc.body))
+		req.Header.Set("Content-Type", "application/json")
+		if tc.cert {
+			req.Header.Set("X-Test-Cert", "client")
+		}
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		if rec.Code != tc.want && !(tc.want == 200 && tc.path == "/ready" && rec.Code == 503) {
+			t.Errorf("%s %s (certificate %v): %d %s, want %d", tc.method, tc.path, tc.cert, rec.Code, rec.Body, tc.want)
+		}
+		if tc.want == 401 && !strings.Contains(rec.Body.String(), "client certificate required: no client certificate presented") {
+			t.Errorf("%s %s: body %s does not say why", tc.method, tc.path, rec.Body)
+		}
+	}
+	if hits.Load() != 1 {
+		t.Errorf("the worker saw %d requests, want 1 (only the one with a certificate)", hits.Load())
+	}
+}

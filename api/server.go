@@ -29,6 +29,11 @@ type Config struct {
 	BusyStatus   int      // status when every worker is busy: 529 (Dynamo) or 503
 	AdminToken   string   // bearer token for admin endpoints; "" = open
 	APIKeys      []string // accepted bearer keys for inference; empty = open
+	// ClientCert, when set, must accept a request to the inference
+	// endpoints (/v1/*, /tokenize, /detokenize) — the replica checks the
+	// verified TLS client certificate there (--api-client-certs); with
+	// APIKeys both are required.
+	ClientCert func(*http.Request) error
 	// WorkerAPIKey, when set, is sent to every worker as
 	// "Authorization: Bearer <key>" (engines started with --api-key); the
 	// client's own Authorization never reaches a worker.
@@ -106,7 +111,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Int("max_models", c.MaxModels), slog.Int("max_queue", c.MaxQueue),
 		slog.Duration("worker_header_timeout", c.WorkerHeaderTimeout), slog.Duration("worker_idle_timeout", c.WorkerIdleTimeout),
 		slog.Int("max_priority", c.MaxPriority), slog.Int("priority_caps_by_key", len(c.MaxPriorityByKey)),
-		slog.Bool("protect_status", c.ProtectStatus))
+		slog.Bool("protect_status", c.ProtectStatus), slog.Bool("client_certs", c.ClientCert != nil))
 }
 
 // Server is one replica's HTTP server.
@@ -212,7 +217,7 @@ func (s *Server) routes() *gin.Engine {
 	e := gin.New()
 	e.Use(gin.Recovery(), s.limitBody)
 
-	infer := e.Group("/v1", s.countInFlight, requestID, s.requireKey)
+	infer := e.Group("/v1", s.countInFlight, requestID, s.requireClientCert, s.requireKey)
 	infer.POST("/chat/completions", s.chatCompletions)
 	infer.POST("/completions", s.completions)
 	infer.POST("/embeddings", s.embeddings)
@@ -220,7 +225,7 @@ func (s *Server) routes() *gin.Engine {
 	infer.POST("/rerank", s.rerank)
 	infer.POST("/responses", s.responses)
 	infer.GET("/models", s.listModels)
-	tok := e.Group("/", s.requireKey)
+	tok := e.Group("/", s.requireClientCert, s.requireKey)
 	tok.POST("/tokenize", s.tokenize)
 	tok.POST("/detokenize", s.detokenize)
 
@@ -250,7 +255,6 @@ func (s *Server) routes() *gin.Engine {
 		// Followers read the leader's commit index here to judge readiness.
 		admin.GET("/cluster/commit", h)
 	}
-	e.NoRoute(func(c *gin.Context) { openAIError(c, http.StatusNotFound, "not_found", "no route "+c.Request.URL.Path) })
 	// Unknown paths (and methods: 404 too, as documented) answer in
 	// OpenAI's error shape, as every client of this API parses it (gin's
 	// default is a plain-text 404).
@@ -290,6 +294,18 @@ func (s *Server) requireKey(c *gin.Context) {
 		}
 	}
 	openAIError(c, http.StatusUnauthorized, "authentication_error", "missing or invalid API key")
+}
+
+// requireClientCert applies Config.ClientCert to the inference endpoints:
+// a request without the certificate it asks for is refused before its body
+// is read.
+func (s *Server) requireClientCert(c *gin.Context) {
+	if s.cfg.ClientCert == nil {
+		return
+	}
+	if err := s.cfg.ClientCert(c.Request); err != nil {
+		openAIError(c, http.StatusUnauthorized, "authentication_error", "client certificate required: "+err.Error())
+	}
 }
 
 func (s *Server) requireAdmin(c *gin.Context) {

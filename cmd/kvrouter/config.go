@@ -104,6 +104,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"worker-api-key-file"}, env: []string{"KVROUTER_WORKER_API_KEY_FILE"}, usage: "file holding the worker API key", set: str(&secretFiles.worker)},
 		{names: []string{"replica-token-file"}, env: []string{"KVROUTER_REPLICA_TOKEN_FILE"}, usage: "file holding a token that admits bus clients without a certificate with a replica's rights (tools such as kvbench ingest); needs TLS material", set: str(&secretFiles.replica)},
 		{names: []string{"api-keys"}, env: []string{"KVROUTER_API_KEYS"}, usage: "comma list of accepted inference API keys", set: list(&c.APIKeys)},
+		{names: []string{"api-client-certs"}, env: []string{"KVROUTER_API_CLIENT_CERTS"}, usage: "require a client certificate of the cluster's CA naming an API client (kvrouter certs --clients) on /v1/*, /tokenize and /detokenize (needs TLS material; with --api-keys both are required)", set: boolp(&c.APIClientCerts), bool: true},
 		{names: []string{"workers"}, env: []string{"KVROUTER_WORKERS"}, usage: "static workers id=http://host:port,… (registered for the first model)", set: func(v string) error {
 			ws, err := parseStatic(v)
 			c.StaticWorkers = ws
@@ -321,6 +322,9 @@ func (c *serveConfig) applyAdmissionControl(warn func(string)) {
 // only without material is a local development cluster: it runs insecure
 // with a warning (repeated every minute).
 func (c *serveConfig) checkSecurity() error {
+	if c.APIClientCerts && (c.Insecure || c.TLS.IsZero()) {
+		return errors.New("--api-client-certs checks TLS client certificates: it needs TLS material (--tls-ca, --tls-cert, --tls-key), not --insecure")
+	}
 	if c.Insecure {
 		if !c.ReplicaToken.IsZero() {
 			return errors.New("--replica-token-file admits bus clients over TLS: it needs TLS material, not --insecure")

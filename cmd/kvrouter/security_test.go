@@ -57,6 +57,9 @@ func TestServeSecurityConfig(t *testing.T) {
 		{"token twice", []string{"--single-node", "--admin-token", "a", "--admin-token-file", adminFile}, nil, "give the admin token once", nil},
 		{"missing secret file", []string{"--single-node", "--worker-api-key-file", filepath.Join(dir, "nope")}, nil, "--worker-api-key-file", nil},
 		{"replica token needs TLS", []string{"--single-node", "--replica-token-file", replicaFile}, nil, "needs TLS material", nil},
+		{"client certificates need TLS", []string{"--single-node", "--api-client-certs"}, nil, "--api-client-certs checks TLS client certificates", nil},
+		{"client certificates not with --insecure", append([]string{"--single-node", "--api-client-certs", "--insecure"}, tlsArgs...), nil, "not --insecure", nil},
+		{"client certificates", append([]string{"--single-node", "--api-client-certs"}, tlsArgs...), nil, "", func(c serveConfig) bool { return c.APIClientCerts }},
 		{"http advertise with TLS", append([]string{"--single-node", "--advertise-http", "http://127.0.0.1:8001"}, tlsArgs...), nil, "https://", nil},
 	}
 	for _, tc := range tests {

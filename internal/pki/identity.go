@@ -28,9 +28,12 @@ const (
 	// RoleWorker is an engine worker (or its publisher): a NATS client that
 	// may publish only its own KV events.
 	RoleWorker Role = "worker"
+	// RoleClient is an inference client of the HTTP API (when a replica
+	// requires client certificates there): no Raft, bus or cluster rights.
+	RoleClient Role = "client"
 )
 
-func (r Role) valid() bool { return r == RoleNode || r == RoleWorker }
+func (r Role) valid() bool { return r == RoleNode || r == RoleWorker || r == RoleClient }
 
 // Identity is who a certificate names: spiffe://kvrouter/<role>/<id>.
 type Identity struct {
@@ -43,6 +46,9 @@ func Node(id string) Identity { return Identity{Role: RoleNode, ID: id} }
 
 // Worker is the identity of worker id.
 func Worker(id string) Identity { return Identity{Role: RoleWorker, ID: id} }
+
+// Client is the identity of API client id.
+func Client(id string) Identity { return Identity{Role: RoleClient, ID: id} }
 
 // ErrNoIdentity: the certificate names no kvrouter identity (or more than
 // one, which is as good as none: we would not know which one to believe).

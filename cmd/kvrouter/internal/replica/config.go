@@ -64,6 +64,7 @@ type Config struct {
 	WorkerHeaderTimeout  time.Duration
 	WorkerIdleTimeout    time.Duration
 	ProtectStatus        bool
+	APIClientCerts       bool // a verified pki.RoleClient certificate on the inference endpoints (needs TLS)
 	// MetricsCompat is api.Config.MetricsCompat (--metrics-compat).
 	MetricsCompat string
 	// Dynamo's names with our meaning (cmd/kvrouter/dynamo.go).

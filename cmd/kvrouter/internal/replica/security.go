@@ -133,6 +133,33 @@ func peerClient(b *pki.Bundle, timeout time.Duration) *http.Client {
 	return c
 }
 
+// apiClientCheck is api.Config.ClientCert: nil (no check) unless
+// --api-client-certs.
+func apiClientCheck(cfg Config) func(*http.Request) error {
+	if !cfg.APIClientCerts {
+		return nil
+	}
+	return requireAPIClient
+}
+
+// requireAPIClient accepts a request whose connection presented a verified
+// certificate of the cluster's CA naming an API client. A node's or a
+// worker's certificate is refused: each credential is good for its role
+// only. Plaintext (loopback) connections carry none and are refused.
+func requireAPIClient(r *http.Request) error {
+	if r.TLS == nil {
+		return errors.New("not a TLS connection")
+	}
+	id, err := pki.PeerIdentity(*r.TLS)
+	if err != nil {
+		return err
+	}
+	if id.Role != pki.RoleClient {
+		return fmt.Errorf("%s is not an API client certificate", id)
+	}
+	return nil
+}
+
 // clusterPaths are the cluster package's endpoints a replica serves. With
 // TLS they bypass the API's admin-token group: the credential is the
 // caller's member certificate (cluster.Handler checks it), not a token an

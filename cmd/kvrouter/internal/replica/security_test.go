@@ -252,3 +252,76 @@ func TestReplicaOpenBusSecure(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaAPIClientCerts: with --api-client-certs the inference
+// endpoints take only a verified certificate naming an API client — not
+// none, not plaintext, not a node's or a worker's (each credential is good
+// for its role only) — while /health and the rest stay as they were.
+func TestReplicaAPIClientCerts(t *testing.T) {
+	dir := t.TempDir()
+	l := pki.Layout{Dir: dir}
+	ids := []pki.Identity{pki.Node("r1"), pki.Worker("w1"), pki.Client("app")}
+	var holders []pki.Holder
+	for _, id := range ids {
+		holders = append(holders, pki.Holder{Identity: id, Hosts: []string{"127.0.0.1"}})
+	}
+	if _, err := l.Ensure(holders); err != nil {
+		t.Fatal(err)
+	}
+	bundles := map[pki.Role]*pki.Bundle{}
+	for _, id := range ids {
+		b, err := pki.LoadBundle(l.Material(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		bundles[id.Role] = b
+	}
+	node := bundles[pki.RoleNode]
+	check := apiClientCheck(Config{APIClientCerts: true})
+	if apiClientCheck(Config{}) != nil {
+		t.Fatal("a check without --api-client-certs")
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := check(r); err != nil {
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		io.WriteString(w, "ok")
+	})
+	ln, err := listenHTTP(Config{HTTPAddr: "127.0.0.1:0", AllowPlainHTTP: true}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	defer srv.Close()
+	base := ln.Addr().String()
+	client := func(b *pki.Bundle) *http.Client {
+		if b == nil {
+			return &http.Client{Transport: &http.Transport{TLSClientConfig: pki.TrustOnlyTLS(node.Roots(), nil)}}
+		}
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: b.ClientTLS(pki.AllowRoles(pki.RoleNode))}}
+	}
+	for _, tc := range []struct {
+		name string
+		c    *http.Client
+		url  string
+		want int
+	}{
+		{"client certificate", client(bundles[pki.RoleClient]), "https://" + base + "/v1/models", 200},
+		{"no certificate", client(nil), "https://" + base + "/v1/models", 401},
+		{"node certificate", client(node), "https://" + base + "/v1/models", 401},
+		{"worker certificate", client(bundles[pki.RoleWorker]), "https://" + base + "/v1/models", 401},
+		{"plaintext", http.DefaultClient, "http://" + base + "/v1/models", 401},
+	} {
+		resp, err := tc.c.Get(tc.url)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("%s: %d %q, want %d", tc.name, resp.StatusCode, b, tc.want)
+		}
+	}
+}
