@@ -36,10 +36,11 @@ func runCerts(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	dir := fs.String("dir", "certs", "directory for ca.pem, ca-key.pem and <role>-<id>.pem / <role>-<id>-key.pem")
 	nodes := fs.String("nodes", "", "replicas and the hosts peers dial them at: id=host[,host…][,id=host…] — a comma item without '=' is another host (DNS name or IP) of the node before it, e.g. r1=node1.example,10.0.0.1,r2=node2.example,10.0.0.2")
 	workers := fs.String("workers", "", "worker ids, comma separated (each may publish only its own KV events)")
+	clients := fs.String("clients", "", "API client ids, comma separated: certificates for the inference endpoints of replicas started with --api-client-certs (no Raft, bus or admin rights)")
 	tokens := fs.String("token-files", "", "bearer tokens to create in --dir when missing, comma separated file names (e.g. admin-token,replica-token): 32 random bytes as hex, mode 0600; an existing file is kept as it is")
 	export := fs.String("export", "", "also copy ca.pem, the certificates and keys of --nodes and --workers and the --token-files into this directory (never ca-key.pem): what replicas and workers mount; a file is rewritten only when it differs")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvrouter certs --dir DIR --nodes r1=host[,ip],r2=host… [--workers w1,w2…] [--token-files admin-token,…] [--export DIR]\n\nCreates (once) a private CA and issues what is missing. Keep ca-key.pem off the replicas: only this command needs it (--export copies everything else).")
+		fmt.Fprintln(fs.Output(), "usage: kvrouter certs --dir DIR --nodes r1=host[,ip],r2=host… [--workers w1,w2…] [--clients app1,…] [--token-files admin-token,…] [--export DIR]\n\nCreates (once) a private CA and issues what is missing. Keep ca-key.pem off the replicas: only this command needs it (--export copies everything else).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -52,7 +53,7 @@ func runCerts(_ context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvrouter certs: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	holders, err := certHolders(*nodes, *workers)
+	holders, err := certHolders(*nodes, *workers, *clients)
 	if err == nil {
 		err = checkExportDir(*dir, *export)
 	}
@@ -61,7 +62,7 @@ func runCerts(_ context.Context, args []string, stdout, stderr io.Writer) int {
 		tokenNames, err = tokenFileNames(*tokens)
 	}
 	if err == nil && len(holders) == 0 && len(tokenNames) == 0 {
-		err = errors.New("nothing to issue: give --nodes, --workers and/or --token-files")
+		err = errors.New("nothing to issue: give --nodes, --workers, --clients and/or --token-files")
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kvrouter certs: %v\n", err)
@@ -111,10 +112,10 @@ func runCerts(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// certHolders parses --nodes and --workers. A node needs at least one host
-// (cluster.New refuses a certificate that does not name the advertised
-// Raft and HTTP hosts).
-func certHolders(nodes, workers string) ([]pki.Holder, error) {
+// certHolders parses --nodes, --workers and --clients. A node needs at
+// least one host (cluster.New refuses a certificate that does not name the
+// advertised Raft and HTTP hosts).
+func certHolders(nodes, workers, clients string) ([]pki.Holder, error) {
 	var out []pki.Holder
 	seen := map[pki.Identity]bool{}
 	add := func(id pki.Identity) error {
@@ -146,6 +147,11 @@ func certHolders(nodes, workers string) ([]pki.Holder, error) {
 	for _, w := range splitList(workers) {
 		if err := add(pki.Worker(w)); err != nil {
 			return nil, fmt.Errorf("--workers: %w", err)
+		}
+	}
+	for _, c := range splitList(clients) {
+		if err := add(pki.Client(c)); err != nil {
+			return nil, fmt.Errorf("--clients: %w", err)
 		}
 	}
 	return out, nil

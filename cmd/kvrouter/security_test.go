@@ -92,15 +92,15 @@ func TestServeSecurityConfig(t *testing.T) {
 func TestCerts(t *testing.T) {
 	dir := t.TempDir()
 	var out, errb bytes.Buffer
-	args := []string{"--dir", dir, "--nodes", "r1=127.0.0.1,localhost,r2=127.0.0.1", "--workers", "mock-1,mock-2"}
+	args := []string{"--dir", dir, "--nodes", "r1=127.0.0.1,localhost,r2=127.0.0.1", "--workers", "mock-1,mock-2", "--clients", "app"}
 	if code := dispatch(t.Context(), append([]string{"certs"}, args...), &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
-	if !strings.Contains(out.String(), "4 issued") {
+	if !strings.Contains(out.String(), "5 issued") {
 		t.Errorf("output %q", out.String())
 	}
 	l := pki.Layout{Dir: dir}
-	for _, id := range []pki.Identity{pki.Node("r1"), pki.Node("r2"), pki.Worker("mock-1"), pki.Worker("mock-2")} {
+	for _, id := range []pki.Identity{pki.Node("r1"), pki.Node("r2"), pki.Worker("mock-1"), pki.Worker("mock-2"), pki.Client("app")} {
 		b, err := pki.LoadBundle(l.Material(id))
 		if err != nil || b.Identity() != id {
 			t.Errorf("%s: %v", id, err)
@@ -114,7 +114,7 @@ func TestCerts(t *testing.T) {
 		t.Errorf("second run: exit %d, %q", code, out.String())
 	}
 	for _, bad := range [][]string{{"--dir", dir}, {"--dir", dir, "--nodes", "127.0.0.1"}, {"--dir", dir, "--nodes", "r1="},
-		{"--dir", dir, "--nodes", "r1=a,r1=b"}, {"--dir", dir, "--workers", "bad/id"}} {
+		{"--dir", dir, "--nodes", "r1=a,r1=b"}, {"--dir", dir, "--workers", "bad/id"}, {"--dir", dir, "--clients", "a,a"}} {
 		if code := dispatch(t.Context(), append([]string{"certs"}, bad...), io.Discard, io.Discard); code == 0 {
 			t.Errorf("%q accepted", bad)
 		}
