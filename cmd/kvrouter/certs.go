@@ -38,7 +38,7 @@ func runCerts(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	workers := fs.String("workers", "", "worker ids, comma separated (each may publish only its own KV events)")
 	clients := fs.String("clients", "", "API client ids, comma separated: certificates for the inference endpoints of replicas started with --api-client-certs (no Raft, bus or admin rights)")
 	tokens := fs.String("token-files", "", "bearer tokens to create in --dir when missing, comma separated file names (e.g. admin-token,replica-token): 32 random bytes as hex, mode 0600; an existing file is kept as it is")
-	export := fs.String("export", "", "also copy ca.pem, the certificates and keys of --nodes and --workers and the --token-files into this directory (never ca-key.pem): what replicas and workers mount; a file is rewritten only when it differs")
+	export := fs.String("export", "", "also copy ca.pem, the certificates and keys of every holder named here (--nodes, --workers, --clients) and the --token-files into this directory (never ca-key.pem): what replicas and workers mount; a file is rewritten only when it differs")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: kvrouter certs --dir DIR --nodes r1=host[,ip],r2=host… [--workers w1,w2…] [--clients app1,…] [--token-files admin-token,…] [--export DIR]\n\nCreates (once) a private CA and issues what is missing. Keep ca-key.pem off the replicas: only this command needs it (--export copies everything else).")
 		fs.PrintDefaults()
