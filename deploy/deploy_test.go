@@ -570,10 +570,15 @@ func TestDeployK8sStatefulSet(t *testing.T) {
 			t.Errorf("--nats-routes entry %q, want %q", r, want)
 		}
 	}
-	for flag, port := range map[string]string{"http-addr": "http", "nats-addr": "nats", "nats-cluster-addr": "nats-cluster"} {
+	for flag, port := range map[string]string{"http-addr": "http", "nats-cluster-addr": "nats-cluster"} {
 		if want := fmt.Sprintf("0.0.0.0:%d", ports[port]); f[flag] != want {
 			t.Errorf("--%s %q, want %q (container port %s)", flag, f[flag], want, port)
 		}
+	}
+	// The NATS client port on the pod's own name: the replica's own bus
+	// client dials it over TLS and verifies the name against its certificate.
+	if want := fmt.Sprintf("$(POD_NAME).%s.$(POD_NAMESPACE).svc.$(CLUSTER_DOMAIN):%d", s.ServiceName, ports["nats"]); f["nats-addr"] != want {
+		t.Errorf("--nats-addr %q, want %q", f["nats-addr"], want)
 	}
 }
 
@@ -760,7 +765,9 @@ func TestDeployCompose(t *testing.T) {
 		if f["nats-routes"] != strings.Join(routes, ",") {
 			t.Errorf("%s: --nats-routes %q, want %q", r, f["nats-routes"], strings.Join(routes, ","))
 		}
-		if f["nats-cluster-addr"] != "0.0.0.0:6222" || f["nats-addr"] != "0.0.0.0:4222" {
+		// The client port on the service name: the replica's own client
+		// dials it over TLS and verifies the name (0.0.0.0 cannot be).
+		if f["nats-cluster-addr"] != "0.0.0.0:6222" || f["nats-addr"] != r+":4222" {
 			t.Errorf("%s: NATS listens on %q / %q", r, f["nats-addr"], f["nats-cluster-addr"])
 		}
 		_, httpPort[r], _ = strings.Cut(f["http-addr"], ":")
