@@ -43,10 +43,14 @@ const (
 
 func newRouteStats() *routeStats { return &routeStats{errs: map[string]int{}} }
 
-// routeClient sends chat completions through HAProxy until ctx ends.
-func routeClient(ctx context.Context, n int, st *routeStats, pace time.Duration) {
-	client := &http.Client{Timeout: routeTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: 30 * time.Second}}
-	url := fmt.Sprintf("http://%s:%d/v1/chat/completions", hostIP, lbPort)
+// routeClient sends chat completions through HAProxy until ctx ends. With
+// TLS the replica behind HAProxy answers the handshake (HAProxy passes TCP
+// through), so the client checks for the cluster's service name.
+func routeClient(ctx context.Context, n int, acc *access, st *routeStats, pace time.Duration) {
+	client := acc.client(routeTimeout, serviceName)
+	t := client.Transport.(*http.Transport)
+	t.MaxIdleConnsPerHost, t.IdleConnTimeout = 2, 30*time.Second
+	url := acc.lbURL() + "/v1/chat/completions"
 	rng := rand.New(rand.NewPCG(uint64(n), 7))
 	for i := 0; ctx.Err() == nil; i++ {
 		// A few shared prefixes so KV routing has something to do.
@@ -169,12 +173,10 @@ func (st *routeStats) snapshot() (total, okFirst, okRetry, failed int, errs map[
 
 // --- admin clients ---------------------------------------------------------------------
 
-var adminHTTP = &http.Client{Timeout: 3 * time.Second}
-
 // adminClient alternates writes and reads against the replicas (a random
 // one each time, whatever its state) until ctx ends. Each client writes
 // its own values: client c writes c*1e5+1, c*1e5+2, …
-func adminClient(ctx context.Context, c int, urls func() []replicaRef, h *adminHistory, pace time.Duration) {
+func adminClient(ctx context.Context, c int, acc *access, urls func() []replicaRef, h *adminHistory, pace time.Duration) {
 	rng := rand.New(rand.NewPCG(uint64(c), 11))
 	seq := int64(0)
 	for ctx.Err() == nil {
@@ -187,9 +189,9 @@ func adminClient(ctx context.Context, c int, urls func() []replicaRef, h *adminH
 		if write {
 			seq++
 			op.Value = int64(c)*100000 + seq
-			err = adminWrite(ctx, ref.url, op.Value)
+			err = adminWrite(ctx, acc, ref.url, op.Value)
 		} else {
-			op.Value, err = adminRead(ctx, ref.url)
+			op.Value, err = adminRead(ctx, acc, ref.url)
 		}
 		ret := time.Now()
 		if ctx.Err() != nil && err != nil {
@@ -219,19 +221,19 @@ func adminClient(ctx context.Context, c int, urls func() []replicaRef, h *adminH
 
 type replicaRef struct{ id, url string }
 
-func adminWrite(ctx context.Context, base string, v int64) error {
-	return postThreshold(ctx, base, fmt.Sprintf(`{"model":%q,"active_decode_blocks_threshold":%s}`, ledgerModel, valueJSON(v)))
+func adminWrite(ctx context.Context, acc *access, base string, v int64) error {
+	return postThreshold(ctx, acc, base, fmt.Sprintf(`{"model":%q,"active_decode_blocks_threshold":%s}`, ledgerModel, valueJSON(v)))
 }
 
 // postThreshold POSTs body to base's /busy_threshold; anything but 200 is
 // an error carrying the answer's first line.
-func postThreshold(ctx context.Context, base, body string) error {
+func postThreshold(ctx context.Context, acc *access, base, body string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/busy_threshold", strings.NewReader(body))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := adminHTTP.Do(req)
+	resp, err := acc.adminDo(req)
 	if err != nil {
 		return err
 	}
@@ -245,12 +247,12 @@ func postThreshold(ctx context.Context, base, body string) error {
 
 func valueJSON(v int64) string { return fmt.Sprintf("%.6f", float64(v)/1e6) }
 
-func adminRead(ctx context.Context, base string) (int64, error) {
+func adminRead(ctx context.Context, acc *access, base string) (int64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/busy_threshold", nil)
 	if err != nil {
 		return 0, err
 	}
-	resp, err := adminHTTP.Do(req)
+	resp, err := acc.adminDo(req)
 	if err != nil {
 		return 0, err
 	}

@@ -4,6 +4,7 @@ package chaos
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -30,7 +31,9 @@ type env struct {
 
 	net      *network
 	pids     *pidRegistry
-	mu       sync.Mutex // replicas and members, which T7 changes while the monitor and clients read them
+	cred     *credentials // nil: this scenario runs insecure on purpose (scenario.insecure)
+	acc      *access      // how the harness's clients reach the replicas
+	mu       sync.Mutex   // replicas and members, which T7 changes while the monitor and clients read them
 	replicas map[int]*replica
 	members  []int // replicas that should be running and in the cluster
 	prev     []int // replicas started on the previous release's binary (scenario.prev)
@@ -41,6 +44,10 @@ type env struct {
 	ledger []*ledgerWorker
 	route  *routeStats
 	admin  *adminHistory
+
+	routeClients  int           // Options.RouteClients, or 0 for a scenario without clients
+	adminClients  int           // Options.AdminClients, likewise
+	registerEvery time.Duration // workers' lease renewal
 
 	bgCtx          context.Context // monitor, registrations: until teardown
 	workloadCtx    context.Context
@@ -149,7 +156,7 @@ func (e *env) startReplica(r *replica) error {
 	if bin == "" {
 		bin = e.bin("kvrouter")
 	}
-	return r.start(r.argv(bin, members), e.pids)
+	return r.start(r.argv(bin, members, e.cred), e.pids)
 }
 
 func (e *env) setup() error {
@@ -166,7 +173,7 @@ func (e *env) setup() error {
 	go e.monitor()
 	if _, err := e.waitFor("raft ready on every replica", 90*time.Second, 200*time.Millisecond, func() bool {
 		for _, i := range e.members {
-			st, err := getStatus(e.ctx, replicaURL(i))
+			st, err := e.acc.getStatus(e.ctx, e.acc.url(i))
 			if err != nil || !st.Ready {
 				return false
 			}
@@ -176,14 +183,14 @@ func (e *env) setup() error {
 		return err
 	}
 	for j := 1; j <= 2; j++ {
-		m := &mock{id: fmt.Sprintf("mock-%d", j), port: mockBase + j}
+		m := &mock{id: fmt.Sprintf("mock-%d", j), port: mockBase + j, registerEvery: e.registerEvery}
 		m.name, m.logPath = m.id, filepath.Join(e.dir, m.id+".log")
-		if err := m.start(m.argv(e.bin("kvmock"), e.members), e.pids); err != nil {
+		if err := m.start(m.argv(e.bin("kvmock"), e.members, e.cred), e.pids); err != nil {
 			return err
 		}
 		e.mocks = append(e.mocks, m)
 	}
-	cfg, err := haproxyConfig(filepath.Join(e.opts.Root, "deploy", "haproxy", "haproxy.cfg"), e.members)
+	cfg, err := haproxyConfig(filepath.Join(e.opts.Root, "deploy", "haproxy", "haproxy.cfg"), e.members, e.haproxyCheckTLS)
 	if err != nil {
 		return err
 	}
@@ -199,14 +206,20 @@ func (e *env) setup() error {
 	var natsURLs, regURLs []string
 	for _, i := range e.members {
 		natsURLs = append(natsURLs, fmt.Sprintf("nats://%s:%d", nodeIP(i), natsPort))
-		regURLs = append(regURLs, replicaURL(i))
+		regURLs = append(regURLs, e.acc.url(i))
 	}
 	bgCtx := e.bgCtx
 	for j := 1; j <= e.opts.LedgerWorkers; j++ {
-		w := newLedgerWorker(j, e.log, e.opts.LedgerEvery, e.iso, regURLs)
+		w := newLedgerWorker(j, e.log, e.opts.LedgerEvery, e.iso, regURLs, e.acc, e.registerEvery)
 		// Worker j starts on server j (mod 3), then the others in order.
 		urls := append(slices.Clone(natsURLs[(j-1)%len(natsURLs):]), natsURLs[:(j-1)%len(natsURLs)]...)
-		if err := w.connect(urls); err != nil {
+		var tlsConf *tls.Config
+		if e.cred != nil {
+			if tlsConf, err = e.cred.workerTLS(w.id); err != nil {
+				return fmt.Errorf("ledger worker %d: %w", j, err)
+			}
+		}
+		if err := w.connect(urls, tlsConf); err != nil {
 			return fmt.Errorf("ledger worker %d: %w", j, err)
 		}
 		first := make(chan error, 1)
@@ -235,7 +248,7 @@ func (e *env) setup() error {
 		return err
 	}
 	if _, err := e.waitFor("kvmock workers registered", 30*time.Second, 250*time.Millisecond, func() bool {
-		st, err := getStatus(e.ctx, replicaURL(e.members[0]))
+		st, err := e.acc.getStatus(e.ctx, e.acc.url(e.members[0]))
 		if err != nil {
 			return false
 		}
@@ -253,6 +266,18 @@ func (e *env) setup() error {
 	return nil
 }
 
+// haproxyCheckTLS is server i's health-check TLS: the replica port is
+// HTTPS only off loopback, so HAProxy's checks (its own connections; the
+// balanced traffic passes through as TCP) speak TLS, verify the chain
+// against the run's CA and the certificate's name against node i's, so a
+// check on rN passes only if rN answers.
+func (e *env) haproxyCheckTLS(i int) string {
+	if e.cred == nil {
+		return ""
+	}
+	return fmt.Sprintf("check-ssl verify required ca-file %s verifyhost %s", e.cred.caFile(), nodeName(i))
+}
+
 // startWorkload starts the ledger publishers and the clients; the fault
 // phase runs from now for the scenario's duration.
 func (e *env) startWorkload() {
@@ -266,25 +291,28 @@ func (e *env) startWorkload() {
 		e.ledgerWG.Add(1)
 		go func() { defer e.ledgerWG.Done(); w.run(ledgerCtx) }()
 	}
-	for c := 0; c < e.opts.RouteClients; c++ {
+	for c := 0; c < e.routeClients; c++ {
 		e.clientsWG.Add(1)
-		go func() { defer e.clientsWG.Done(); routeClient(clientCtx, c, e.route, 100*time.Millisecond) }()
+		go func() { defer e.clientsWG.Done(); routeClient(clientCtx, c, e.acc, e.route, 100*time.Millisecond) }()
 	}
 	refs := func() []replicaRef {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		var out []replicaRef
 		for _, i := range e.members {
-			out = append(out, replicaRef{id: e.replicas[i].id, url: replicaURL(i)})
+			out = append(out, replicaRef{id: e.replicas[i].id, url: e.acc.url(i)})
 		}
 		return out
 	}
-	for c := 0; c < e.opts.AdminClients; c++ {
+	for c := 0; c < e.adminClients; c++ {
 		e.clientsWG.Add(1)
-		go func() { defer e.clientsWG.Done(); adminClient(clientCtx, c, refs, e.admin, 150*time.Millisecond) }()
+		go func() {
+			defer e.clientsWG.Done()
+			adminClient(clientCtx, c, e.acc, refs, e.admin, 150*time.Millisecond)
+		}()
 	}
 	e.event("workload", "started: %d route clients via HAProxy, %d admin clients, %d ledger workers (one event per %s each); fault phase %s",
-		e.opts.RouteClients, e.opts.AdminClients, len(e.ledger), e.opts.LedgerEvery, e.opts.Duration)
+		e.routeClients, e.adminClients, len(e.ledger), e.opts.LedgerEvery, e.opts.Duration)
 }
 
 // monitor polls every replica's status into status.jsonl (the run's Raft
@@ -307,7 +335,7 @@ func (e *env) monitor() {
 		}
 		for _, i := range e.replicaIdxs() {
 			ctx, cancel := context.WithTimeout(e.bgCtx, 400*time.Millisecond)
-			st, err := getStatus(ctx, replicaURL(i))
+			st, err := e.acc.getStatus(ctx, e.acc.url(i))
 			cancel()
 			line := map[string]any{"at": time.Now().Format("15:04:05.000"), "node": fmt.Sprintf("r%d", i)}
 			key := "down"
@@ -343,7 +371,7 @@ func (e *env) replicaIdxs() []int {
 // allReady reports whether every member answers /ready with 200.
 func (e *env) allReady() bool {
 	for _, i := range e.members {
-		if getReady(e.ctx, replicaURL(i)) != 200 {
+		if e.acc.getReady(e.ctx, e.acc.url(i)) != 200 {
 			return false
 		}
 	}
@@ -389,7 +417,7 @@ func (e *env) statuses(idxs []int) map[int]*status {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(e.ctx, 800*time.Millisecond)
 			defer cancel()
-			if st, err := getStatus(ctx, replicaURL(i)); err == nil {
+			if st, err := e.acc.getStatus(ctx, e.acc.url(i)); err == nil {
 				mu.Lock()
 				out[i] = st
 				mu.Unlock()
@@ -536,7 +564,7 @@ func (e *env) finish() {
 		var applied uint64
 		for _, i := range e.members {
 			st := sts[i]
-			if !st.Ready || getReady(e.ctx, replicaURL(i)) != 200 {
+			if !st.Ready || e.acc.getReady(e.ctx, e.acc.url(i)) != 200 {
 				return false
 			}
 			if digest == "" {

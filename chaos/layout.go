@@ -45,15 +45,27 @@ const (
 	blockSize   = 16
 )
 
-func replicaURL(i int) string { return fmt.Sprintf("http://%s:%d", nodeIP(i), httpPort) }
+// replicaURL is node i's HTTP port: https (the secure default off
+// loopback), or http for a scenario that runs insecure on purpose.
+func replicaURL(scheme string, i int) string {
+	return fmt.Sprintf("%s://%s:%d", scheme, nodeIP(i), httpPort)
+}
 
 // haproxyConfig derives the harness's HAProxy configuration from the
 // deployed one (deploy/haproxy/haproxy.cfg), changing only the listen
-// addresses and the servers, so the checks under test are the real ones.
-// Every backend's block of server lines (the deployed file has one per
-// backend: replicas, checked on /ready, and survivors, on /health) becomes
-// the members' servers, with the options of the block's first line.
-func haproxyConfig(template string, members []int) (string, error) {
+// addresses, the servers and how the checks reach them, so the checks under
+// test are the real ones. Every backend's block of server lines (the
+// deployed file has one per backend: replicas, checked on /ready, and
+// survivors, on /health) becomes the members' servers, with the options of
+// the block's first line.
+//
+// HAProxy balances TCP (L4): TLS passes through to the replicas untouched,
+// but its health checks are its own connections. checkTLS(i) gives server
+// i's check TLS options ("" for plain HTTP checks); whatever TLS options
+// the deployed file carries for its own setting (its CA path, its SNI) are
+// dropped from server and default-server lines first, so the derived file
+// never mixes the two.
+func haproxyConfig(template string, members []int, checkTLS func(i int) string) (string, error) {
 	data, err := os.ReadFile(template)
 	if err != nil {
 		return "", err
@@ -70,10 +82,16 @@ func haproxyConfig(template string, members []int) (string, error) {
 			blocks++
 			opts := "check"
 			if f := strings.Fields(t); len(f) > 3 {
-				opts = strings.Join(f[3:], " ")
+				opts = strings.Join(withoutTLSOptions(f[3:]), " ")
 			}
 			for _, i := range members {
-				out = append(out, fmt.Sprintf("    server r%d %s:%d %s", i, nodeIP(i), httpPort, opts))
+				o := opts
+				if checkTLS != nil {
+					if extra := checkTLS(i); extra != "" {
+						o += " " + extra
+					}
+				}
+				out = append(out, fmt.Sprintf("    server r%d %s:%d %s", i, nodeIP(i), httpPort, o))
 			}
 			continue
 		}
@@ -83,6 +101,8 @@ func haproxyConfig(template string, members []int) (string, error) {
 			line = fmt.Sprintf("    bind %s:%d", hostIP, lbPort)
 		case strings.HasPrefix(t, "bind :8404"):
 			line = fmt.Sprintf("    bind %s:%d", hostIP, statsPort)
+		case strings.HasPrefix(t, "default-server "):
+			line = "    " + strings.Join(withoutTLSOptions(strings.Fields(t)), " ")
 		}
 		out = append(out, line)
 	}
@@ -91,4 +111,28 @@ func haproxyConfig(template string, members []int) (string, error) {
 		return "", fmt.Errorf("%s: bind :8000 or server lines not found; the harness cannot derive its config", template)
 	}
 	return cfg, nil
+}
+
+// HAProxy server options about TLS: those without an argument and those
+// taking one.
+var (
+	tlsFlagOptions = map[string]bool{"ssl": true, "no-ssl": true, "check-ssl": true, "no-check-ssl": true, "no-verifyhost": true}
+	tlsArgOptions  = map[string]bool{"verify": true, "ca-file": true, "crl-file": true, "crt": true, "verifyhost": true,
+		"sni": true, "check-sni": true, "ciphers": true, "ciphersuites": true, "ssl-min-ver": true, "ssl-max-ver": true, "alpn": true, "check-alpn": true}
+)
+
+// withoutTLSOptions drops the TLS options (and their arguments) from a
+// server or default-server line's words.
+func withoutTLSOptions(words []string) []string {
+	var out []string
+	for k := 0; k < len(words); k++ {
+		switch w := words[k]; {
+		case tlsFlagOptions[w]:
+		case tlsArgOptions[w]:
+			k++
+		default:
+			out = append(out, w)
+		}
+	}
+	return out
 }

@@ -5,6 +5,7 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
@@ -45,6 +46,8 @@ type ledgerWorker struct {
 	rate  time.Duration // between events
 	iso   *isolationWatch
 	regTo []string
+	acc   *access       // HTTPS and the admin token for registration
+	renew time.Duration // registration lease renewal
 
 	mu          sync.Mutex
 	nextID      uint64            // next event id to assign
@@ -64,9 +67,9 @@ type ledgerWorker struct {
 	resyncReq atomic.Pointer[eventbus.ResyncRequest]
 }
 
-func newLedgerWorker(idx int, log *slog.Logger, rate time.Duration, iso *isolationWatch, registerTo []string) *ledgerWorker {
+func newLedgerWorker(idx int, log *slog.Logger, rate time.Duration, iso *isolationWatch, registerTo []string, acc *access, renew time.Duration) *ledgerWorker {
 	id := fmt.Sprintf("ledger-%d", idx)
-	return &ledgerWorker{id: id, idx: idx, log: log.With("ledger", id), rate: rate, iso: iso, regTo: registerTo,
+	return &ledgerWorker{id: id, idx: idx, log: log.With("ledger", id), rate: rate, iso: iso, regTo: registerTo, acc: acc, renew: renew,
 		nextID: 1, heldAfter: map[uint64]int{0: 0}, failed: map[uint64]string{}}
 }
 
@@ -89,9 +92,20 @@ func (w *ledgerWorker) heldLocked() int {
 // tried in order (not shuffled), so the caller decides which replica's NATS
 // server each worker starts on: every server gets workers, and an isolated
 // replica always has publishers attached.
-func (w *ledgerWorker) connect(urls []string) error {
+//
+// tlsConf (nil: a plaintext, anonymous bus) is the worker's own
+// certificate: the bus then lets it publish kv.events.<its id> and nothing
+// else, subscribe only to its resync subject and its inbox, and reply once
+// to each resync request. That is all a ledger worker does: the publisher's
+// acks come to the inbox (WorkerInboxPrefix, which the permissions
+// require), ServeResync answers on the resync subject.
+func (w *ledgerWorker) connect(urls []string, tlsConf *tls.Config) error {
 	log := w.log.With("component", "nats-client")
-	nc, err := nats.Connect(strings.Join(urls, ","),
+	var secure []nats.Option
+	if tlsConf != nil {
+		secure = append(secure, nats.Secure(tlsConf), nats.CustomInboxPrefix(eventbus.WorkerInboxPrefix(w.id)))
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), append(secure,
 		nats.Name("chaos-"+w.id),
 		nats.DontRandomize(),
 		nats.MaxReconnects(-1),
@@ -103,7 +117,7 @@ func (w *ledgerWorker) connect(urls []string) error {
 			}
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "url", c.ConnectedUrlRedacted()) }),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("nats async error", "err", err) }))
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("nats async error", "err", err) }))...)
 	if err != nil {
 		return err
 	}
@@ -166,7 +180,6 @@ func (w *ledgerWorker) register(ctx context.Context, first chan<- error) {
 	spec := map[string]any{"id": w.id, "url": fmt.Sprintf("http://%s:1", hostIP), "model": ledgerModel,
 		"block_size": blockSize, "total_kv_blocks": 1 << 20, "max_num_batched_tokens": 8192}
 	body, _ := json.Marshal(spec)
-	client := &http.Client{Timeout: 3 * time.Second}
 	reported := false
 	for i := 0; ctx.Err() == nil; i++ {
 		var err error
@@ -174,7 +187,7 @@ func (w *ledgerWorker) register(ctx context.Context, first chan<- error) {
 			u := w.regTo[(i+j)%len(w.regTo)] + "/workers/register"
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
-			resp, e := client.Do(req)
+			resp, e := w.acc.adminDo(req)
 			if e == nil {
 				msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 				resp.Body.Close()
@@ -186,7 +199,7 @@ func (w *ledgerWorker) register(ctx context.Context, first chan<- error) {
 			}
 			err = e
 		}
-		wait := 20 * time.Second
+		wait := w.renew
 		if err != nil {
 			wait = 500 * time.Millisecond
 		}

@@ -21,6 +21,7 @@ import (
 type proc struct {
 	name    string
 	logPath string
+	env     []string // added to the harness's environment (secrets: never in argv, which the log shows)
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -44,6 +45,9 @@ func (p *proc) start(argv []string, registry *pidRegistry) error {
 	fmt.Fprintf(f, "\n===== chaos: start #%d of %s at %s: %s\n", p.starts, p.name, time.Now().Format(time.RFC3339Nano), strings.Join(argv, " "))
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = f, f
+	if len(p.env) > 0 {
+		cmd.Env = append(os.Environ(), p.env...)
+	}
 	// Pdeathsig: the child dies with the harness even if the harness is
 	// SIGKILLed; its own process group keeps terminal signals away.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
@@ -195,25 +199,33 @@ type replica struct {
 	bin     string // kvrouter binary to start; "" = this build's (U1 starts one on the previous release's)
 }
 
-func (r *replica) url() string { return replicaURL(r.idx) }
-
 // argv is the replica's command line, always the same (formation resumes
-// from the data dir; a wiped or new replica joins or bootstraps).
-func (r *replica) argv(bin string, members []int) []string {
+// from the data dir; a wiped or new replica joins or bootstraps). With
+// credentials it runs as a deployment should: off loopback, so the secure
+// default applies, with its node certificate, the replica token (bus
+// clients without a certificate: the probes' operator connection) and the
+// admin token, all from files. Without (a scenario insecure on purpose,
+// see scenario.insecure) it opts out through the environment, which a
+// previous release that predates the flag ignores, so its command line is
+// the same.
+func (r *replica) argv(bin string, members []int, cred *credentials) []string {
+	scheme := "http"
+	if cred != nil {
+		scheme = "https"
+	}
 	var peers, routes, join []string
 	for _, m := range members {
 		peers = append(peers, fmt.Sprintf("r%d=%s:%d", m, nodeIP(m), raftPort))
 		if m != r.idx {
 			routes = append(routes, fmt.Sprintf("nats://%s:%d", nodeIP(m), routePort))
-			join = append(join, replicaURL(m))
+			join = append(join, replicaURL(scheme, m))
 		}
 	}
-	// The suite measures fault tolerance on a private network of namespaces;
-	// it opts out of the secure default (TLS material off loopback) on
-	// purpose, through the environment so a previous release's binary (U1)
-	// starts with the same line. TLS in the chaos suite is still to come
-	// (issue 16).
-	args := []string{"ip", "netns", "exec", nsName(r.idx), "env", "KVROUTER_INSECURE=true", bin, "serve",
+	args := []string{"ip", "netns", "exec", nsName(r.idx)}
+	if cred == nil {
+		args = append(args, "env", "KVROUTER_INSECURE=true")
+	}
+	args = append(args, bin, "serve",
 		"--node-id", r.id,
 		"--data-dir", r.dataDir,
 		"--http-addr", fmt.Sprintf("%s:%d", nodeIP(r.idx), httpPort),
@@ -221,8 +233,13 @@ func (r *replica) argv(bin string, members []int) []string {
 		"--nats-addr", fmt.Sprintf("%s:%d", nodeIP(r.idx), natsPort),
 		"--nats-cluster-addr", fmt.Sprintf("%s:%d", nodeIP(r.idx), routePort),
 		"--nats-routes", strings.Join(routes, ","),
-		"--model", routeModel + "," + ledgerModel,
+		"--model", routeModel+","+ledgerModel,
 		"--block-size", fmt.Sprint(blockSize),
+	)
+	if cred != nil {
+		m := cred.node(r.idx)
+		args = append(args, "--tls-ca", m.CAFile, "--tls-cert", m.CertFile, "--tls-key", m.KeyFile,
+			"--replica-token-file", cred.replicaFile, "--admin-token-file", cred.adminFile)
 	}
 	if r.join {
 		args = append(args, "--join", strings.Join(join, ","))
@@ -264,23 +281,23 @@ type status struct {
 		Duplicates uint64            `json:"Duplicates"`
 		Gaps       uint64            `json:"Gaps"`
 		Rejected   map[string]uint64 `json:"Rejected"`
+		Commands   uint64            `json:"Commands"`
 	} `json:"fsm"`
 	raw json.RawMessage
 }
 
 type peerS struct {
 	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
 	Suffrage string `json:"suffrage"`
 }
 
-var statusClient = &http.Client{Timeout: 800 * time.Millisecond}
-
-func getStatus(ctx context.Context, base string) (*status, error) {
+func (a *access) getStatus(ctx context.Context, base string) (*status, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/cluster/status", nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := statusClient.Do(req)
+	resp, err := a.status.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -301,12 +318,12 @@ func getStatus(ctx context.Context, base string) (*status, error) {
 }
 
 // getReady returns /ready's status code (0: no answer).
-func getReady(ctx context.Context, base string) int {
+func (a *access) getReady(ctx context.Context, base string) int {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/ready", nil)
 	if err != nil {
 		return 0
 	}
-	resp, err := statusClient.Do(req)
+	resp, err := a.status.Do(req)
 	if err != nil {
 		return 0
 	}
@@ -318,17 +335,25 @@ func getReady(ctx context.Context, base string) int {
 // mock is one kvmock worker in the root namespace.
 type mock struct {
 	proc
-	id   string
-	port int
+	id            string
+	port          int
+	registerEvery time.Duration // lease renewal (the lease is 120 s)
 }
 
-func (m *mock) argv(bin string, members []int) []string {
+// argv: with credentials the worker publishes with its own certificate
+// (it may publish only its own events) and registers over HTTPS with the
+// admin token, as `make run`'s kvmocks do.
+func (m *mock) argv(bin string, members []int, cred *credentials) []string {
+	scheme := "http"
+	if cred != nil {
+		scheme = "https"
+	}
 	var nats, reg []string
 	for _, i := range members {
 		nats = append(nats, fmt.Sprintf("nats://%s:%d", nodeIP(i), natsPort))
-		reg = append(reg, replicaURL(i))
+		reg = append(reg, replicaURL(scheme, i))
 	}
-	return []string{bin,
+	args := []string{bin,
 		"--id", m.id,
 		"--addr", fmt.Sprintf("%s:%d", hostIP, m.port),
 		"--model", routeModel,
@@ -337,9 +362,19 @@ func (m *mock) argv(bin string, members []int) []string {
 		"--speedup", "25",
 		"--nats", strings.Join(nats, ","),
 		"--register", strings.Join(reg, ","),
-		"--register-interval", "20s",
+		"--register-interval", m.registerEvery.String(),
 	}
+	if cred != nil {
+		w := cred.worker(m.id)
+		args = append(args, "--nats-tls-ca", w.CAFile, "--nats-tls-cert", w.CertFile, "--nats-tls-key", w.KeyFile,
+			"--register-ca", w.CAFile, "--admin-token-file", cred.adminFile)
+	}
+	return args
 }
+
+// statsClient reads HAProxy's stats page: plain HTTP on the harness's own
+// bridge address, not a replica port.
+var statsClient = &http.Client{Timeout: 800 * time.Millisecond}
 
 // haproxyStatus reads the backend servers' states from the stats page CSV:
 // server name → status (UP, DOWN, "UP 1/2", MAINT, …).
@@ -348,7 +383,7 @@ func haproxyStatus(ctx context.Context) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp, err := statusClient.Do(req)
+	resp, err := statsClient.Do(req)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -165,7 +166,7 @@ func TestChaosPercentile(t *testing.T) {
 // deployed file changes shape, this fails here rather than in a root-only
 // chaos run.
 func TestChaosHAProxyConfigFromDeploy(t *testing.T) {
-	cfg, err := haproxyConfig(filepath.Join("..", "deploy", "haproxy", "haproxy.cfg"), []int{1, 2, 3})
+	cfg, err := haproxyConfig(filepath.Join("..", "deploy", "haproxy", "haproxy.cfg"), []int{1, 2, 3}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,13 +201,63 @@ func TestChaosHAProxyConfigFromDeploy(t *testing.T) {
 			t.Errorf("derived config still has a local address: %q", l)
 		}
 	}
-	if _, err := haproxyConfig(filepath.Join(t.TempDir(), "missing.cfg"), []int{1}); err == nil {
+	if _, err := haproxyConfig(filepath.Join(t.TempDir(), "missing.cfg"), []int{1}, nil); err == nil {
 		t.Error("missing template: error")
 	}
 	bad := filepath.Join(t.TempDir(), "bad.cfg")
 	_ = os.WriteFile(bad, []byte("global\n"), 0o644)
-	if _, err := haproxyConfig(bad, []int{1}); err == nil {
+	if _, err := haproxyConfig(bad, []int{1}, nil); err == nil {
 		t.Error("template without bind/server lines: error")
+	}
+}
+
+// With TLS the checks get the harness's TLS options, per server, and the
+// TLS options a deployed file carries for its own setting (its CA path,
+// its SNI) are gone from server and default-server lines, whether the
+// deployed checks are plain or not.
+func TestChaosHAProxyConfigTLSChecks(t *testing.T) {
+	checkTLS := func(i int) string {
+		return fmt.Sprintf("check-ssl verify required ca-file /run/ca.pem verifyhost r%d.kvc", i)
+	}
+	deployed := filepath.Join("..", "deploy", "haproxy", "haproxy.cfg")
+	tlsTemplate := filepath.Join(t.TempDir(), "tls.cfg")
+	if err := os.WriteFile(tlsTemplate, []byte(`defaults
+    mode tcp
+frontend kvrouter
+    bind :8000
+backend replicas
+    option httpchk GET /ready
+    default-server inter 500ms check-ssl verify required ca-file /certs/ca.pem fall 2
+    server r1 r1:8080 check check-ssl verify required ca-file /certs/ca.pem check-sni r1 inter 1s
+    server r2 r2:8080 check check-ssl verify required ca-file /certs/ca.pem check-sni r2 inter 1s
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tmpl := range []string{deployed, tlsTemplate} {
+		cfg, err := haproxyConfig(tmpl, []int{1, 2, 3}, checkTLS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 1; i <= 3; i++ {
+			want := fmt.Sprintf("check-ssl verify required ca-file /run/ca.pem verifyhost r%d.kvc", i)
+			for _, line := range strings.Split(cfg, "\n") {
+				if strings.Contains(line, fmt.Sprintf("server r%d ", i)) && !strings.HasSuffix(line, want) {
+					t.Errorf("%s: %q does not end with %q", tmpl, line, want)
+				}
+			}
+		}
+		for _, gone := range []string{"/certs/ca.pem", "check-sni", "ca-file /run/ca.pem verifyhost r1.kvc check-ssl"} {
+			if strings.Contains(cfg, gone) {
+				t.Errorf("%s: derived config still has %q:\n%s", tmpl, gone, cfg)
+			}
+		}
+		if tmpl == tlsTemplate {
+			for _, want := range []string{"    default-server inter 500ms fall 2", "server r1 10.77.0.11:8080 check inter 1s check-ssl"} {
+				if !strings.Contains(cfg, want) {
+					t.Errorf("derived config lacks %q:\n%s", want, cfg)
+				}
+			}
+		}
 	}
 }
 

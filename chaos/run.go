@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -139,11 +140,24 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		_ = rep.Write(reportPath)
 		return rep, err
 	}
+	// One CA and one set of certificates and tokens for the run: each
+	// scenario starts a fresh cluster, but issuing per scenario would only
+	// cost time.
+	cred, err := issueCredentials(ctx, filepath.Join(o.BinDir, "kvrouter"), runDir, workerIDs(o))
+	if err != nil {
+		for _, id := range o.Scenarios {
+			sc, _ := Lookup(id)
+			rep.Scenarios = append(rep.Scenarios, Result{ID: id, Title: sc.Title, Lost: -1, Duplicates: -1, Error: "credentials: " + err.Error()})
+		}
+		rep.Finished = time.Now()
+		_ = rep.Write(reportPath)
+		return rep, err
+	}
 	for _, id := range o.Scenarios {
 		if ctx.Err() != nil {
 			break
 		}
-		res := runScenario(ctx, o, runDir, id)
+		res := runScenario(ctx, o, runDir, id, cred)
 		rep.Scenarios = append(rep.Scenarios, res)
 		rep.Finished = time.Now()
 		if err := rep.Write(reportPath); err != nil {
@@ -185,7 +199,7 @@ func pruneRuns(outDir string, keep int, current string) {
 	}
 }
 
-func runScenario(parent context.Context, o Options, runDir, id string) (res Result) {
+func runScenario(parent context.Context, o Options, runDir, id string, cred *credentials) (res Result) {
 	sc, _ := Lookup(id)
 	impl := scenarios[id]
 	dir := filepath.Join(runDir, id)
@@ -218,6 +232,26 @@ func runScenario(parent context.Context, o Options, runDir, id string) (res Resu
 		bgCtx:    bgCtx, stopBackground: stopBG,
 	}
 	e.net = newNetwork(func(f string, a ...any) { e.log.Warn(fmt.Sprintf(f, a...)) })
+	e.routeClients, e.adminClients, e.registerEvery = o.RouteClients, o.AdminClients, 20*time.Second
+	if impl.quiet {
+		e.routeClients, e.adminClients, e.registerEvery = 0, 0, quietRenewal
+	}
+	insecure := impl.insecure
+	if insecure == "" && len(impl.prev) > 0 && !hasTLSFlags(ctx, o.PrevBin) {
+		insecure = fmt.Sprintf("the previous release (%s) has no TLS flags, and a replica without TLS cannot speak to members "+
+			"that accept Raft only over mutual TLS: the whole cluster runs without TLS and authentication (chaos/run.sh, PREV_REF)", o.PrevBin)
+	}
+	if insecure == "" {
+		e.cred = cred
+	} else {
+		e.metric("insecure", insecure)
+	}
+	acc, err := newAccess(e.cred)
+	if err != nil {
+		res.Error = "credentials: " + err.Error()
+		return res
+	}
+	e.acc = acc
 	e.tlFile, _ = os.Create(filepath.Join(dir, "timeline.jsonl"))
 	if impl.ledgerEvery > 0 {
 		e.opts.LedgerEvery = impl.ledgerEvery
@@ -267,6 +301,13 @@ func runScenario(parent context.Context, o Options, runDir, id string) (res Resu
 	return res
 }
 
+// hasTLSFlags reports whether a kvrouter binary's serve knows --tls-ca
+// (every build since issue 16's secure defaults).
+func hasTLSFlags(ctx context.Context, bin string) bool {
+	out, _ := run(ctx, bin, "serve", "--help") // -help exits non-zero on some builds; the text is what counts
+	return strings.Contains(out, "-tls-ca")
+}
+
 // scenario is one fault schedule and its own pass criteria.
 type scenario struct {
 	nemesis     func(e *env) error
@@ -279,4 +320,19 @@ type scenario struct {
 	// prev: replicas started on the previous release's binary
 	// (Options.PrevBin) instead of this build's.
 	prev []int
+	// insecure, when set, says why this scenario runs the cluster without
+	// TLS and authentication (plaintext Raft, bus and HTTP, no tokens);
+	// every other scenario runs with the secure defaults. It is recorded in
+	// the result's metrics.
+	insecure string
+	// quiet: no route or admin clients, and workers renew their leases
+	// only every quietRenewal, so nothing but the ledger writes to the
+	// cluster (A1 compares the state before and after its probes).
+	quiet bool
 }
+
+// quietRenewal is the workers' lease renewal in a quiet scenario: the
+// lease is 120 s (replica leaseFor), so one renewal 100 s after the first
+// registration keeps them registered while leaving a window of that long
+// without renewal writes.
+const quietRenewal = 100 * time.Second

@@ -59,7 +59,9 @@ fi
 
 # U1 starts a replica on the previous release's kvrouter: build it once per
 # PREV_REF (a commit or tag; default the last commit before snapshot format 2
-# and the halt-on-unknown-command policy).
+# and the halt-on-unknown-command policy). That default predates TLS, so U1
+# then runs its whole cluster insecure (the harness checks the binary's
+# flags; see u1Nemesis in chaos/scenarios.go for why not 2e93e6a).
 prev_ref=${PREV_REF:-27008e8}
 prev_bin=$root/bin/kvrouter-prev-$prev_ref
 case ",$(printf %s "${scenarios:-}" | tr 'A-Z ' 'a-z,')," in

@@ -109,7 +109,7 @@ func (e *env) writeProbe(i int, every time.Duration) (stop func() []probeOp) {
 			n++
 			call := time.Now()
 			cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
-			err := probeWrite(cctx, replicaURL(i), n)
+			err := probeWrite(cctx, e.acc, e.acc.url(i), n)
 			ccancel()
 			if ctx.Err() != nil {
 				return
@@ -138,8 +138,8 @@ func (e *env) writeProbe(i int, every time.Duration) (stop func() []probeOp) {
 
 // probeWrite sets the ledger model's prefill-token threshold: a Raft write
 // like the admin clients', on a field their register history does not track.
-func probeWrite(ctx context.Context, base string, n int64) error {
-	return postThreshold(ctx, base, fmt.Sprintf(`{"model":%q,"active_prefill_tokens_threshold":%d}`, ledgerModel, 900000+n))
+func probeWrite(ctx context.Context, acc *access, base string, n int64) error {
+	return postThreshold(ctx, acc, base, fmt.Sprintf(`{"model":%q,"active_prefill_tokens_threshold":%d}`, ledgerModel, 900000+n))
 }
 
 // probeSummary: writes called in [from, to): successes, and the slowest
@@ -169,7 +169,7 @@ func (e *env) untilReady(i int, want int, t0 time.Time, timeout time.Duration) f
 		_, err := e.waitFor(fmt.Sprintf("r%d /ready %d", i, want), timeout, 100*time.Millisecond, func() bool {
 			ctx, cancel := context.WithTimeout(e.ctx, 500*time.Millisecond)
 			defer cancel()
-			return getReady(ctx, replicaURL(i)) == want
+			return e.acc.getReady(ctx, e.acc.url(i)) == want
 		})
 		if err != nil {
 			ch <- math.NaN()
@@ -203,7 +203,7 @@ func (e *env) untilHAProxy(i int, want string, t0 time.Time, timeout time.Durati
 // has applied at least target.
 func (e *env) caughtUp(i int, target uint64, t0 time.Time, timeout time.Duration) float64 {
 	_, err := e.waitFor(fmt.Sprintf("r%d caught up to %d", i, target), timeout, 100*time.Millisecond, func() bool {
-		st, err := getStatus(e.ctx, replicaURL(i))
+		st, err := e.acc.getStatus(e.ctx, e.acc.url(i))
 		return err == nil && st.Ready && st.AppliedIndex >= target
 	})
 	if err != nil {
@@ -337,7 +337,7 @@ func t3Nemesis(e *env) error {
 		// On resume the old leader must learn it is deposed (a status
 		// from itself saying it is not the leader).
 		_, err = e.waitFor("old leader steps down", 15*time.Second, 50*time.Millisecond, func() bool {
-			st, err := getStatus(e.ctx, replicaURL(l))
+			st, err := e.acc.getStatus(e.ctx, e.acc.url(l))
 			return err == nil && st.State != "leader"
 		})
 		s := time.Since(t1).Seconds()
@@ -489,7 +489,7 @@ func t5Nemesis(e *env) error {
 	// The survivor must stay unready the whole time.
 	readyWhileAlone := 0
 	for time.Since(t0) < down-500*time.Millisecond {
-		if getReady(e.ctx, replicaURL(survivor)) == 200 && time.Since(t0) > 3*time.Second {
+		if e.acc.getReady(e.ctx, e.acc.url(survivor)) == 200 && time.Since(t0) > 3*time.Second {
 			readyWhileAlone++
 		}
 		if !e.sleep(250 * time.Millisecond) {
@@ -580,9 +580,9 @@ func t7Nemesis(e *env) error {
 			for n := 0; pumpCtx.Err() == nil; n++ {
 				i := e.members[(g+n)%len(e.members)]
 				body := fmt.Sprintf(`{"model":%q,"active_prefill_tokens_threshold":%d}`, ledgerModel, 1000+n)
-				req, _ := http.NewRequestWithContext(pumpCtx, http.MethodPost, replicaURL(i)+"/busy_threshold", strings.NewReader(body))
+				req, _ := http.NewRequestWithContext(pumpCtx, http.MethodPost, e.acc.url(i)+"/busy_threshold", strings.NewReader(body))
 				req.Header.Set("Content-Type", "application/json")
-				if resp, err := adminHTTP.Do(req); err == nil {
+				if resp, err := e.acc.adminDo(req); err == nil {
 					resp.Body.Close()
 					pumped.Add(1)
 				}
@@ -632,7 +632,7 @@ func t7Nemesis(e *env) error {
 	}
 	commit, _ := e.commitIndexOfLeader(f)
 	s := e.caughtUp(f, commit, t0, 60*time.Second)
-	st, _ := getStatus(e.ctx, replicaURL(f))
+	st, _ := e.acc.getStatus(e.ctx, e.acc.url(f))
 	restored := uint64(0)
 	if st != nil {
 		restored = st.SnapshotsRestored
@@ -656,7 +656,7 @@ func t7Nemesis(e *env) error {
 	e.event("join", "r4 started with --join")
 	commit, _ = e.commitIndexOfLeader(4)
 	s = e.caughtUp(4, commit, t1, 60*time.Second)
-	st, _ = getStatus(e.ctx, replicaURL(4))
+	st, _ = e.acc.getStatus(e.ctx, e.acc.url(4))
 	restored = 0
 	if st != nil {
 		restored = st.SnapshotsRestored
@@ -790,7 +790,7 @@ func t11Nemesis(e *env) error {
 }
 
 func syncPeers(e *env, i int) int {
-	st, err := getStatus(e.ctx, replicaURL(i))
+	st, err := e.acc.getStatus(e.ctx, e.acc.url(i))
 	if err != nil {
 		return -1
 	}
@@ -828,9 +828,9 @@ func s1Nemesis(e *env) error {
 		return e.ctx.Err()
 	}
 	body := fmt.Sprintf(`{"id":%q}`, e.ledger[0].id)
-	req, _ := http.NewRequestWithContext(e.ctx, http.MethodPost, replicaURL(e.members[0])+"/workers/deregister", strings.NewReader(body))
+	req, _ := http.NewRequestWithContext(e.ctx, http.MethodPost, e.acc.url(e.members[0])+"/workers/deregister", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := adminHTTP.Do(req)
+	resp, err := e.acc.adminDo(req)
 	if err != nil {
 		return err
 	}
@@ -858,6 +858,18 @@ func s1Check(e *env) {
 // SIGTERM and started again on this build (one step of a rolling upgrade):
 // it must come back ready and agree; the common checks then find nothing
 // lost and every digest equal.
+//
+// What it upgrades across is PREV_REF (chaos/run.sh): by default 27008e8,
+// the last build before snapshot format 2, the halt-on-unknown-command
+// policy, the clock bounds and format 3 (fsm/DESIGN.md), i.e. every fsm
+// change since. That build predates TLS, so with it U1 runs the whole
+// cluster without TLS and authentication (runScenario: hasTLSFlags; the
+// result's metrics say so): members that speak Raft only over mutual TLS
+// and one that cannot are no cluster. 2e93e6a, the first landed build with
+// the TLS flags, is no substitute yet: the fsm has not changed since it, so
+// an upgrade from it would test a restart, not an upgrade. Once the fsm
+// changes after a TLS build, PREV_REF=<that build> runs U1 secure with no
+// change here.
 func u1Nemesis(e *env) error {
 	const i = 3
 	sampled := e.sampleDigests(200 * time.Millisecond)
@@ -940,11 +952,11 @@ func (e *env) sampleDigests(every time.Duration) func() (compared, mismatched in
 		defer close(done)
 		for time.Now().Before(e.end) && e.ctx.Err() == nil {
 			for _, i := range e.replicaIdxs() {
-				a, err := getStatus(e.ctx, replicaURL(i))
+				a, err := e.acc.getStatus(e.ctx, e.acc.url(i))
 				if err != nil || a.Digest == "" {
 					continue
 				}
-				b, err := getStatus(e.ctx, replicaURL(i))
+				b, err := e.acc.getStatus(e.ctx, e.acc.url(i))
 				if err != nil || b.AppliedIndex != a.AppliedIndex {
 					continue
 				}
