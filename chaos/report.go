@@ -212,6 +212,9 @@ var Catalog = []Scenario{
 	{ID: "T7", Title: "wiped follower and a new fourth replica catch up by snapshot", Short: true},
 	{ID: "T8", Title: "rolling SIGTERM restart, leader last", Short: true},
 	{ID: "T11", Title: "replica-sync (NATS route) traffic of one replica cut for 30 s", Short: true},
+	// A1 replays issue 16's attacks against the secure defaults (probes.go,
+	// SECURITY.md): every probe refused, nothing changed.
+	{ID: "A1", Title: "security probes: every attack of issue 16 refused, state unchanged", Short: true},
 	// U1 needs the previous release's binary (chaos/run.sh builds it).
 	{ID: "U1", Title: "rolling upgrade under load: one replica on the previous release, upgraded by SIGTERM + restart"},
 	// S1 checks the checker: it injects a loss and a duplicate, and passes

@@ -31,6 +31,8 @@ var scenarios = map[string]scenario{
 	"T11": {nemesis: t11Nemesis, check: t11Check},
 	"S1":  {nemesis: s1Nemesis, check: s1Check, selfTest: true},
 	"U1":  {nemesis: u1Nemesis, check: u1Check, prev: []int{3}, minDuration: 40 * time.Second},
+	// A1: the security probes (probes.go), in a quiet window.
+	"A1": {nemesis: a1Nemesis, check: a1Check, quiet: true},
 }
 
 func (e *env) measure(name string, v float64) {
