@@ -57,51 +57,58 @@ func BenchmarkFindMatches(b *testing.B) {
 // on a worker and removes that worker's oldest chain, so the figure includes
 // the matching removal and the maps never grow.
 func BenchmarkApplyStored(b *testing.B) {
-	b.Run("blocks=1M/workers=64", func(b *testing.B) {
-		ix, _ := benchIndex(b, 1<<20, 64, 256)
-		const chain, ring = 16, 64
-		rng := rand.New(rand.NewPCG(9, 9))
-		fresh := func() KVEvent {
-			sb := make([]StoredBlock, chain)
-			for i := range sb {
-				h := rng.Uint64()
-				sb[i] = StoredBlock{EngineHash: h ^ 0x5bd1e995, ContentHash: h}
-			}
-			return KVEvent{Kind: EventStored, Blocks: sb, BlockSize: 16}
+	b.Run("blocks=1M/workers=64", func(b *testing.B) { benchApplyStored(b, 0) })
+	// The same through ApplyCapped with a cap never reached (what fsm
+	// does for every stored event): the cost of the cap check.
+	b.Run("capped/blocks=1M/workers=64", func(b *testing.B) { benchApplyStored(b, 1<<30) })
+}
+
+// benchApplyStored applies stored events through ApplyCapped with maxHeld
+// (0: no cap, what Apply does), evicting as it goes.
+func benchApplyStored(b *testing.B, maxHeld int) {
+	ix, _ := benchIndex(b, 1<<20, 64, 256)
+	const chain, ring = 16, 64
+	rng := rand.New(rand.NewPCG(9, 9))
+	fresh := func() KVEvent {
+		sb := make([]StoredBlock, chain)
+		for i := range sb {
+			h := rng.Uint64()
+			sb[i] = StoredBlock{EngineHash: h ^ 0x5bd1e995, ContentHash: h}
 		}
-		workers := ix.Workers()
-		// Each worker keeps a ring of its last chains to evict from.
-		rings := make([][]KVEvent, len(workers))
-		for w := range rings {
-			for range ring {
-				ev := fresh()
-				_ = ix.Apply(workers[w], ev)
-				rings[w] = append(rings[w], ev)
-			}
+		return KVEvent{Kind: EventStored, Blocks: sb, BlockSize: 16}
+	}
+	workers := ix.Workers()
+	// Each worker keeps a ring of its last chains to evict from.
+	rings := make([][]KVEvent, len(workers))
+	for w := range rings {
+		for range ring {
+			ev := fresh()
+			_ = ix.Apply(workers[w], ev)
+			rings[w] = append(rings[w], ev)
 		}
-		pool := make([]KVEvent, 4096)
-		for i := range pool {
-			pool[i] = fresh()
+	}
+	pool := make([]KVEvent, 4096)
+	for i := range pool {
+		pool[i] = fresh()
+	}
+	removal := make([]uint64, chain)
+	b.ResetTimer()
+	for e := 0; e*chain < b.N; e++ {
+		w := e % len(workers)
+		slot := (e / len(workers)) % ring
+		old := rings[w][slot]
+		for i, blk := range old.Blocks {
+			removal[i] = blk.EngineHash
 		}
-		removal := make([]uint64, chain)
-		b.ResetTimer()
-		for e := 0; e*chain < b.N; e++ {
-			w := e % len(workers)
-			slot := (e / len(workers)) % ring
-			old := rings[w][slot]
-			for i, blk := range old.Blocks {
-				removal[i] = blk.EngineHash
-			}
-			if err := ix.Apply(workers[w], KVEvent{Kind: EventRemoved, Removed: removal}); err != nil {
-				b.Fatal(err)
-			}
-			ev := pool[e%len(pool)]
-			if err := ix.Apply(workers[w], ev); err != nil {
-				b.Fatal(err)
-			}
-			rings[w][slot] = ev
+		if err := ix.Apply(workers[w], KVEvent{Kind: EventRemoved, Removed: removal}); err != nil {
+			b.Fatal(err)
 		}
-	})
+		ev := pool[e%len(pool)]
+		if err := ix.ApplyCapped(workers[w], ev, maxHeld); err != nil {
+			b.Fatal(err)
+		}
+		rings[w][slot] = ev
+	}
 }
 
 // selectBench is a 64-worker router over a 256K-block index with four
