@@ -110,9 +110,8 @@ func refusals(t *testing.T, m *clustertest.Member, port string) float64 {
 // whom it reaches.
 func attackerTLS(b *pki.Bundle) *tls.Config {
 	c := b.ClientTLS(nil)
-	cert := c.Certificates[0]
-	c.Certificates = nil
-	c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }
+	cert := b.Certificate()
+	c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
 	c.InsecureSkipVerify = true
 	c.VerifyConnection = nil
 	return c

@@ -69,9 +69,8 @@ func TestBusSecureRefusesStrangers(t *testing.T) {
 			foreign := other.bundle(t, pki.Node("r1")) // right name, wrong CA
 			forced := foreign.ClientTLS(nil)
 			forced.RootCAs = p.ca.Pool() // it trusts our server...
-			cert := forced.Certificates[0]
-			forced.Certificates = nil // ...and sends its certificate whatever the server asks for
-			forced.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }
+			cert := foreign.Certificate() // ...and sends its certificate whatever the server asks for
+			forced.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
 			refused := map[string][]ConnectOption{
 				"anonymous plaintext":       nil,
 				"anonymous TLS":             {WithTLSConfig(pki.TrustOnlyTLS(p.ca.Pool(), nil))},
@@ -266,9 +265,8 @@ func TestBusSecureRoutesRefuseStrangers(t *testing.T) {
 		c := b.ClientTLS(nil)
 		c.RootCAs = p.ca.Pool()
 		if force {
-			cert := c.Certificates[0]
-			c.Certificates = nil
-			c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }
+			cert := b.Certificate()
+			c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
 		}
 		// A TLS route starts with the handshake: NATS sends its INFO only
 		// to a peer that passed it.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
@@ -122,6 +123,9 @@ func TestMockRegisterOverHTTPS(t *testing.T) {
 			fmt.Fprint(w, r.Header.Get("Authorization"))
 		}))
 		s.TLS = b.ServerTLSOptionalClient(nil)
+		// StartTLS installs its own certificate when Certificates is
+		// empty (a bundle's configurations pick theirs per handshake).
+		s.TLS.Certificates = []tls.Certificate{*b.Certificate()}
 		s.StartTLS()
 		t.Cleanup(s.Close)
 		return s

@@ -62,7 +62,7 @@ func (l Layout) Ensure(holders []Holder) ([]Identity, error) {
 	var issued []Identity
 	for _, h := range holders {
 		m := l.Material(h.Identity)
-		if b, err := LoadBundle(m); err == nil && b.Identity() == h.Identity && coversHosts(b.cert.Leaf, h.Hosts) {
+		if b, err := LoadBundle(m); err == nil && b.Identity() == h.Identity && coversHosts(b.cert.Load().Leaf, h.Hosts) {
 			continue
 		}
 		kp, err := ca.Issue(Request{Identity: h.Identity, Hosts: h.Hosts})

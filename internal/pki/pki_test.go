@@ -45,7 +45,9 @@ func bundle(t testing.TB, ca, trust *CA, req Request) *Bundle {
 		t.Fatal(err)
 	}
 	id, _ := IdentityOf(cert.Leaf)
-	return &Bundle{roots: trust.Pool(), cert: cert, identity: id}
+	b := &Bundle{roots: trust.Pool(), identity: id}
+	b.cert.Store(&cert)
+	return b
 }
 
 // handshake runs a TLS handshake over loopback TCP. The server writes one
@@ -200,9 +202,11 @@ func TestPKIHandshake(t *testing.T) {
 // forceCert makes c present its certificate even when the server's list of
 // acceptable CAs does not name its issuer, as an attacker's client would.
 func forceCert(c *tls.Config) *tls.Config {
-	cert := c.Certificates[0]
-	c.Certificates = nil
-	c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }
+	polite := c.GetClientCertificate
+	c.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		cri.AcceptableCAs = nil // "any CA": the polite check then passes
+		return polite(cri)
+	}
 	return c
 }
 

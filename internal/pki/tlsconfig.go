@@ -1,11 +1,13 @@
 package pki
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 )
 
@@ -37,12 +39,14 @@ func (m Material) Missing() []string {
 }
 
 // Bundle is one holder's loaded TLS material: whom it trusts, what it
-// presents, and who it is.
+// presents, and who it is. The certificate it presents can be replaced
+// while connections are served (Reload): every configuration it made
+// picks the current one at each handshake.
 type Bundle struct {
 	roots    *x509.CertPool
-	cert     tls.Certificate
 	identity Identity
-	notAfter time.Time
+	material Material // the files Reload rereads (zero for in-memory bundles)
+	cert     atomic.Pointer[tls.Certificate]
 }
 
 // LoadBundle reads m and checks it is usable: the certificate matches the
@@ -63,7 +67,12 @@ func LoadBundle(m Material) (*Bundle, error) {
 		// key material.
 		return nil, fmt.Errorf("load %s / %s: %w", m.CertFile, m.KeyFile, err)
 	}
-	return newBundle(pool, cert, time.Now())
+	b, err := newBundle(pool, cert, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	b.material = m
+	return b, nil
 }
 
 // NewBundle builds a bundle from PEM in memory (tests, and `kvrouter certs`
@@ -96,14 +105,51 @@ func newBundle(pool *x509.CertPool, cert tls.Certificate, now time.Time) (*Bundl
 	if err != nil {
 		return nil, fmt.Errorf("bundle: own certificate: %w", err)
 	}
-	return &Bundle{roots: pool, cert: cert, identity: ident, notAfter: leaf.NotAfter}, nil
+	b := &Bundle{roots: pool, identity: ident}
+	b.cert.Store(&cert)
+	return b, nil
 }
+
+// Reload rereads the certificate and key files (not the CA: trusting a new
+// CA is a new deployment) and, when they changed and still make a valid
+// bundle naming the same identity under the same CA, presents the new
+// certificate from the next handshake on. Open connections keep theirs.
+// Anything wrong leaves the current certificate in place and says why, so
+// a half-written file during a rotation never takes a replica down.
+func (b *Bundle) Reload() (changed bool, err error) {
+	if b.material.IsZero() {
+		return false, errors.New("reload: bundle was not loaded from files")
+	}
+	cert, err := tls.LoadX509KeyPair(b.material.CertFile, b.material.KeyFile)
+	if err != nil {
+		return false, fmt.Errorf("reload %s / %s: %w", b.material.CertFile, b.material.KeyFile, err)
+	}
+	if cur := b.cert.Load(); bytes.Equal(cur.Certificate[0], cert.Certificate[0]) {
+		return false, nil
+	}
+	nb, err := newBundle(b.roots, cert, time.Now())
+	if err != nil {
+		return false, fmt.Errorf("reload %s: %w", b.material.CertFile, err)
+	}
+	if nb.identity != b.identity {
+		return false, fmt.Errorf("reload %s: names %s, this process is %s", b.material.CertFile, nb.identity, b.identity)
+	}
+	b.cert.Store(nb.cert.Load())
+	return true, nil
+}
+
+// Certificate is the certificate (with its key) this bundle presents now.
+func (b *Bundle) Certificate() *tls.Certificate { return b.cert.Load() }
 
 // Identity is who this bundle's certificate names.
 func (b *Bundle) Identity() Identity { return b.identity }
 
-// NotAfter is when this bundle's certificate expires.
-func (b *Bundle) NotAfter() time.Time { return b.notAfter }
+// NotAfter is when this bundle's current certificate expires.
+func (b *Bundle) NotAfter() time.Time { return b.cert.Load().Leaf.NotAfter }
+
+// Material is the files this bundle was loaded from (zero when built in
+// memory).
+func (b *Bundle) Material() Material { return b.material }
 
 // Roots is the trusted CA pool.
 func (b *Bundle) Roots() *x509.CertPool { return b.roots }
@@ -198,8 +244,22 @@ func (b *Bundle) base() *tls.Config {
 	return &tls.Config{
 		// TLS 1.3 only: no downgrade, no renegotiation, no weak suites to
 		// configure; every peer is ours or a worker we ship guidance for.
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{b.cert},
+		MinVersion: tls.VersionTLS13,
+		// The certificate is looked up per handshake (not Certificates,
+		// which crypto/tls would prefer to GetCertificate for clients that
+		// send no SNI — peers dialled by IP), so Reload takes effect on
+		// every listener and dialer built from this bundle.
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return b.cert.Load(), nil },
+		GetClientCertificate: func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			// As crypto/tls does with Certificates: withhold a certificate
+			// the server's list of acceptable CAs does not name (the
+			// server then sees an anonymous client and decides).
+			cert := b.cert.Load()
+			if cri.SupportsCertificate(cert) != nil {
+				return &tls.Certificate{}, nil
+			}
+			return cert, nil
+		},
 	}
 }
 

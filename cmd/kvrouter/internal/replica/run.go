@@ -65,6 +65,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	if bundle != nil { // one bundle behind Raft, the bus and HTTPS: rotating it rotates all three
+		go watchCertificate(ctx, bundle, reg, log.With("component", "certificate"))
+	}
 
 	apiCfg := api.Config{
 		BusyStatus: cfg.BusyStatus, AdminToken: cfg.AdminToken, APIKeys: cfg.APIKeys, ClientCert: apiClientCheck(cfg), Prompts: prompts,
