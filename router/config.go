@@ -98,6 +98,8 @@ type Config struct {
 
 	ApproxTTL     time.Duration // --router-ttl-secs: lifetime of predicted blocks in kv-approx mode
 	RequestExpiry time.Duration // in-flight requests older than this are dropped from the load view
+
+	Pooled PooledConfig // kv-pooled's constants (pooled.go); the zero value is the defaults
 }
 
 // DefaultConfig is Dynamo's defaults in kv mode with block size 16.
@@ -157,7 +159,7 @@ func (c Config) Validate() error {
 	if c.ApproxTTL < 0 || c.RequestExpiry < 0 {
 		return fmt.Errorf("negative ttl or expiry: %w", ErrInvalidConfig)
 	}
-	return nil
+	return c.Pooled.Validate()
 }
 
 func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }

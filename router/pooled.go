@@ -22,31 +22,72 @@ import (
 // cluster is overloaded). Every input is replicated (index, worker
 // registry) or synced (ActiveLoad): replicas with the same state and load
 // make the same decision, up to the rng's tie-break as in kv.
+// Defaults of PooledConfig. They are prices in Dynamo's cost units (one
+// block of prefill or decode) and one load fraction, set from the policy's
+// reasoning (router/DESIGN.md), not fitted to a benchmark; kvbench sim's
+// --pooled-* flags sweep them (BENCHMARKS.md, "Sensitivity").
 const (
-	// PooledEvictWeight prices one evicted block that no other worker
-	// holds, in Dynamo's cost units (one block of prefill or decode): the
-	// block will be recomputed later, and the recompute evicts in turn.
-	PooledEvictWeight = 8.0
-	// PooledHomeWeight prices placing fresh content (blocks no candidate
-	// holds) one rank further from its rendezvous home, per fresh block and
-	// per 1/(N−1) of the ranking: the home vs the last-ranked worker differ
-	// by one block per fresh block.
-	PooledHomeWeight = 1.0
-	// PooledDecodeReserve is the KV room, in blocks, kept per in-flight
-	// request for the tokens it will generate (the router does not know
-	// output lengths).
-	PooledDecodeReserve = 4
-	// PooledOverloaded: when the in-flight requests' blocks exceed this
-	// fraction of the candidates' total capacity, waiting for KV admission is
-	// inevitable somewhere; kv-pooled then stops excluding workers that
-	// would queue and weighs their overflow with PooledQueueWeight instead.
-	PooledOverloaded = 0.8
-	// PooledQueueWeight prices one block of admission overflow beyond the
-	// least-overflowing candidate, in the overloaded regime.
-	PooledQueueWeight = 0.5
+	// DefaultPooledEvictWeight prices one evicted block that no other
+	// worker holds: the block will be recomputed later, and the recompute
+	// evicts in turn.
+	DefaultPooledEvictWeight = 8.0
+	// DefaultPooledHomeWeight prices placing fresh content (blocks no
+	// candidate holds) one rank further from its rendezvous home, per
+	// fresh block and per 1/(N−1) of the ranking: the home vs the
+	// last-ranked worker differ by one block per fresh block.
+	DefaultPooledHomeWeight = 1.0
+	// DefaultPooledOverloaded: when the in-flight requests' blocks exceed
+	// this fraction of the candidates' total capacity, waiting for KV
+	// admission is inevitable somewhere; kv-pooled then stops excluding
+	// workers that would queue and weighs their overflow instead.
+	DefaultPooledOverloaded = 0.8
+	// DefaultPooledQueueWeight prices one block of admission overflow
+	// beyond the least-overflowing candidate, in the overloaded regime.
+	DefaultPooledQueueWeight = 0.5
 
-	pooledTieBreak = 1e-6
+	// pooledOutputWindow: the observed mean output length weighs the last
+	// ~1,024 finished requests (a running mean whose count stops there),
+	// so it follows a workload that changes.
+	pooledOutputWindow = 1024
+	pooledTieBreak     = 1e-6
 )
+
+// PooledConfig holds kv-pooled's settings; a nil field takes its default.
+type PooledConfig struct {
+	EvictWeight *float64 // DefaultPooledEvictWeight
+	HomeWeight  *float64 // DefaultPooledHomeWeight
+	Overloaded  *float64 // DefaultPooledOverloaded
+	QueueWeight *float64 // DefaultPooledQueueWeight
+	// OutputTokens is the output length the decode reserve plans for.
+	// Nil: the mean the router observed (Router.Finished), and one block's
+	// worth of tokens before the first observation.
+	OutputTokens *float64
+	// CopyWeight prices one block of content the request would recompute
+	// on a worker while another candidate holds it, when the fleet is not
+	// overloaded. Nil: the evict weight.
+	CopyWeight *float64
+}
+
+// Validate rejects negative, NaN and infinite settings.
+func (p PooledConfig) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    *float64
+	}{{"evict weight", p.EvictWeight}, {"home weight", p.HomeWeight}, {"overloaded fraction", p.Overloaded},
+		{"queue weight", p.QueueWeight}, {"output tokens", p.OutputTokens}, {"copy weight", p.CopyWeight}} {
+		if f.v != nil && (!finite(*f.v) || *f.v < 0) {
+			return fmt.Errorf("kv-pooled %s %v must be finite and non-negative: %w", f.name, *f.v, ErrInvalidConfig)
+		}
+	}
+	return nil
+}
+
+func orDefault[T any](p *T, d T) T {
+	if p == nil {
+		return d
+	}
+	return *p
+}
 
 // CacheStats is the optional part of an OverlapSource that kv-pooled reads
 // when the source offers it (Index does): how many blocks a worker holds
@@ -65,9 +106,34 @@ type pooledScratch struct {
 	kept   []int
 }
 
+// pooledOutputs is the observed output length (Router.Finished).
+type pooledOutputs struct {
+	n    int
+	mean float64
+}
+
+func (o *pooledOutputs) observe(tokens int) {
+	o.n = min(o.n+1, pooledOutputWindow)
+	o.mean += (float64(tokens) - o.mean) / float64(o.n)
+}
+
 type rendezvousScore struct {
 	score float64
 	j     int // candidate position
+}
+
+// pooledReserveLocked is the KV room, in blocks, a request's output takes
+// beyond its prompt's full blocks (which the load view counts): the
+// expected output tokens plus the partial last prompt block, half a block
+// on average. r.mu must be held.
+func (r *Router) pooledReserveLocked() float64 {
+	bs := float64(r.cfg.BlockSize)
+	out := bs // one block's worth until the first observation
+	if r.outputs.n > 0 {
+		out = r.outputs.mean
+	}
+	out = orDefault(r.cfg.Pooled.OutputTokens, out)
+	return (out + (bs-1)/2) / bs
 }
 
 // pooledCostsLocked rewrites the cost of every candidate row for kv-pooled
@@ -75,6 +141,10 @@ type rendezvousScore struct {
 // candidates). r.mu must be held, with r.loads and r.overlaps filled for req.
 func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []int) []int {
 	ps := &r.pooled
+	pc := &r.cfg.Pooled
+	evictWeight := orDefault(pc.EvictWeight, DefaultPooledEvictWeight)
+	homeWeight := orDefault(pc.HomeWeight, DefaultPooledHomeWeight)
+	queueWeight := orDefault(pc.QueueWeight, DefaultPooledQueueWeight)
 	n := len(req.Hashes)
 
 	// Effective overlap: cached (index) or being computed right now by an
@@ -104,23 +174,28 @@ func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []
 
 	// Admission: would the request wait for KV blocks on the worker? Only
 	// with every candidate's capacity known (registered TotalBlocks).
+	reserve := r.pooledReserveLocked()
 	ps.over = ps.over[:0]
 	var demand, capacity float64
 	minOver := math.Inf(1)
 	for _, i := range candidates {
 		l := r.loads[i]
 		total := float64(r.workers[i].TotalBlocks)
-		demand += float64(l.ActiveBlocks + PooledDecodeReserve*l.Requests)
+		demand += float64(l.ActiveBlocks) + reserve*float64(l.Requests)
 		capacity += total
-		o := float64(l.ActiveBlocks+l.NewBlocks+PooledDecodeReserve*(l.Requests+1)) - total
+		o := float64(l.ActiveBlocks+l.NewBlocks) + reserve*float64(l.Requests+1) - total
 		ps.over = append(ps.over, o)
 		minOver = min(minOver, o)
 	}
 	known := r.capacitiesKnownLocked(candidates)
-	overloaded := demand > PooledOverloaded*capacity
+	overloaded := demand > orDefault(pc.Overloaded, DefaultPooledOverloaded)*capacity
 	strict := known && minOver <= 0 && !overloaded
 	queued := known && !strict
 
+	copyWeight := orDefault(pc.CopyWeight, evictWeight)
+	if !strict {
+		copyWeight = 0
+	}
 	stats, _ := r.index.(CacheStats)
 	ps.kept = ps.kept[:0]
 	for j, i := range candidates {
@@ -144,12 +219,19 @@ func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []
 				evict *= float64(unique) / float64(held)
 			}
 		}
-		extra := PooledEvictWeight*evict + PooledHomeWeight*fresh*float64(ranks[j])/rankDen
+		// A copy: blocks w would recompute that another candidate holds.
+		// It takes as many blocks of the fleet's capacity as new content
+		// does, and one of the two copies will sit idle until it ages out
+		// (DESIGN.md). When the fleet is overloaded copies are how a hot
+		// prefix spreads its load (and waiting is priced instead), so
+		// they cost nothing there.
+		copied := float64(hi - o)
+		extra := evictWeight*evict + copyWeight*copied + homeWeight*fresh*float64(ranks[j])/rankDen
 		// Exact ties go to the better-ranked worker, not to the rng: replicas
 		// agree even on ties.
 		extra += pooledTieBreak * float64(ranks[j])
 		if queued {
-			extra += PooledQueueWeight * (ps.over[j] - minOver)
+			extra += queueWeight * (ps.over[j] - minOver)
 		}
 		row.Pooled = extra
 		row.Cost = cost + extra

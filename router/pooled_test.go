@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -472,5 +473,95 @@ func TestPooledTemperatureRespectsAdmission(t *testing.T) {
 		if d.Worker == "a" {
 			t.Fatal("sampled a worker that would wait for KV admission")
 		}
+	}
+}
+
+// A copy of content another candidate holds is priced when the fleet is
+// not overloaded: the holder keeps the request although an empty worker
+// (nothing to evict) has less load. With the copy weight at 0 the empty
+// worker wins, so the case shows the term decides.
+func TestPooledCopyCost(t *testing.T) {
+	prompt := tokens(7, 16*12)
+	hashes := SequenceHashes(prompt, 16, "")
+	ws := []WorkerInfo{{ID: "a", TotalBlocks: 100}, {ID: "b", TotalBlocks: 100}, {ID: "c", TotalBlocks: 100}}
+	zero := 0.0
+	for _, c := range []struct {
+		name   string
+		weight *float64
+		want   WorkerID
+	}{
+		{"default copy weight", nil, "a"},
+		{"copy weight 0", &zero, "b"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ix := NewIndex(16)
+			cfg := pooledConfig()
+			cfg.Pooled.CopyWeight = c.weight
+			r := newTestRouter(t, cfg, ix, ws...)
+			fill(t, ix, "a", 1, 80)
+			store(t, ix, "a", prompt)
+			fill(t, ix, "c", 3, 100)
+			// 30 blocks in flight on a: Dynamo's cost is 30+12 there, 12+12 on b.
+			busy := SequenceHashes(tokens(40_000, 16*30), 16, "")
+			r.Load().Add(Booking{ID: "bg", Worker: "a", Hashes: busy, Added: t0})
+			d, err := r.Decide(Request{ID: "q", Tokens: len(prompt), Hashes: hashes}, t0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Worker != c.want {
+				t.Errorf("chose %s, want %s\n%s", d.Worker, c.want, d.Explain())
+			}
+		})
+	}
+}
+
+// The decode reserve plans for the output lengths the router observed
+// (Router.Finished): one block's worth before any, the configured length
+// when set. A worker that admits a request under the first reserve is
+// excluded once long outputs have been seen.
+func TestPooledReserveFromOutputs(t *testing.T) {
+	prompt := tokens(7, 16*12)
+	hashes := SequenceHashes(prompt, 16, "")
+	ws := []WorkerInfo{{ID: "a", TotalBlocks: 100}, {ID: "b", TotalBlocks: 100}}
+	long := 256.0
+	for _, c := range []struct {
+		name     string
+		outputs  []int    // Finished before the decision
+		config   *float64 // PooledConfig.OutputTokens
+		reserve  float64  // (output tokens + 7.5) / 16
+		excluded bool     // a: 70 blocks in flight + 12 new + 2·reserve > 100
+	}{
+		{"no output seen: one block's worth", nil, nil, (16 + 7.5) / 16, false},
+		{"short outputs seen", []int{16, 48}, nil, (32 + 7.5) / 16, false},
+		{"long outputs seen", []int{150, 170}, nil, (160 + 7.5) / 16, true},
+		{"configured length wins", []int{16}, &long, (256 + 7.5) / 16, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ix := NewIndex(16)
+			cfg := pooledConfig()
+			cfg.Pooled.OutputTokens = c.config
+			r := newTestRouter(t, cfg, ix, ws...)
+			for i, n := range c.outputs {
+				id := fmt.Sprint("done", i)
+				r.Load().Add(Booking{ID: id, Worker: "b", Hashes: hashes[:1], Added: t0})
+				r.Finished(id, n)
+			}
+			store(t, ix, "a", prompt)
+			held := SequenceHashes(tokens(50_000, 16*70), 16, "")
+			r.Load().Add(Booking{ID: "bg", Worker: "a", Hashes: held, Added: t0})
+			r.mu.Lock()
+			got := r.pooledReserveLocked()
+			r.mu.Unlock()
+			if math.Abs(got-c.reserve) > 1e-9 {
+				t.Errorf("reserve %.4f blocks, want %.4f", got, c.reserve)
+			}
+			d, err := r.Decide(Request{ID: "q", Tokens: len(prompt), Hashes: hashes}, t0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Rows[0].Busy != c.excluded {
+				t.Errorf("a busy %v (%s), want %v\n%s", d.Rows[0].Busy, d.Rows[0].BusyReason, c.excluded, d.Explain())
+			}
+		})
 	}
 }

@@ -94,6 +94,7 @@ type Router struct {
 	loads    []LoadRow     // per worker, parallel to workers, during a decision
 	overlaps []int         // likewise
 	pooled   pooledScratch // kv-pooled, per decision (pooled.go)
+	outputs  pooledOutputs // kv-pooled: the output lengths seen (Finished)
 }
 
 // New returns a router. index may be nil for modes that ignore the cache.
@@ -210,6 +211,17 @@ func (r *Router) PrefillDone(id string) { r.load.PrefillDone(id) }
 
 // Free ends a request.
 func (r *Router) Free(id string) { r.load.Free(id) }
+
+// Finished ends a request that completed after generating outputTokens
+// tokens: Free, and kv-pooled learns the output length its decode reserve
+// plans for (PooledConfig.OutputTokens). A caller that does not know the
+// count calls Free.
+func (r *Router) Finished(id string, outputTokens int) {
+	r.load.Free(id)
+	r.mu.Lock()
+	r.outputs.observe(max(outputTokens, 0))
+	r.mu.Unlock()
+}
 
 // decideLocked: r.mu must be held.
 func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {

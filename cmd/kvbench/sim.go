@@ -31,6 +31,7 @@ type simOptions struct {
 	PrefillLoadScale *float64 // nil: the router's default
 	OverlapCredit    *float64
 	Temperature      *float64
+	Pooled           router.PooledConfig // kv-pooled's --pooled-* flags (nil: the router's default)
 
 	Seed     uint64
 	Reps     int
@@ -64,6 +65,8 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.SetOutput(output)
 	var kvBlocks, policies, eventDelay string
 	var scale, credit, temp float64
+	var pEvict, pHome, pOverloaded, pQueue, pOutput float64
+	var pCopy float64
 	fs.IntVar(&o.Workers, "workers", 6, "number of simulated engines")
 	fs.StringVar(&kvBlocks, "kv-blocks", "16384", "KV cache capacity in blocks: one number for every worker, or a comma list, one per worker")
 	fs.IntVar(&o.BlockSize, "block-size", 16, "tokens per KV block (engines and router)")
@@ -77,6 +80,12 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.Float64Var(&scale, "prefill-load-scale", 0, "kv-family policies: prefill load scale (default: the router's)")
 	fs.Float64Var(&credit, "overlap-credit", 0, "kv-family policies: overlap score credit in [0,1] (default: the router's)")
 	fs.Float64Var(&temp, "temperature", 0, "kv-family policies: selection temperature (default: the router's)")
+	fs.Float64Var(&pEvict, "pooled-evict-weight", router.DefaultPooledEvictWeight, "kv-pooled: price of one evicted block no other worker holds, in cost units")
+	fs.Float64Var(&pHome, "pooled-home-weight", router.DefaultPooledHomeWeight, "kv-pooled: price per fresh block of placing it one rank further from its rendezvous home, per 1/(N-1)")
+	fs.Float64Var(&pOverloaded, "pooled-overloaded", router.DefaultPooledOverloaded, "kv-pooled: in-flight blocks over this fraction of the fleet's capacity turn the admission rule soft")
+	fs.Float64Var(&pQueue, "pooled-queue-weight", router.DefaultPooledQueueWeight, "kv-pooled: price of one block of admission overflow when overloaded")
+	fs.Float64Var(&pOutput, "pooled-output-tokens", 0, "kv-pooled: output tokens the decode reserve plans for (default: the mean the router observes)")
+	fs.Float64Var(&pCopy, "pooled-copy-weight", router.DefaultPooledEvictWeight, "kv-pooled: price of recomputing one block another worker holds, when not overloaded (default: the evict weight)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the workload and the router; rep k uses seed+k")
 	fs.IntVar(&o.Reps, "reps", 1, "repetitions (seeds seed, seed+1, …); figures are medians over reps")
 	fs.IntVar(&o.Parallel, "parallel", 0, "simulations run at once (default GOMAXPROCS)")
@@ -130,6 +139,18 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	}
 	if set["temperature"] {
 		o.Temperature = &temp
+	}
+	for name, dst := range map[string]struct {
+		v   *float64
+		out **float64
+	}{
+		"pooled-evict-weight": {&pEvict, &o.Pooled.EvictWeight}, "pooled-home-weight": {&pHome, &o.Pooled.HomeWeight},
+		"pooled-overloaded": {&pOverloaded, &o.Pooled.Overloaded}, "pooled-queue-weight": {&pQueue, &o.Pooled.QueueWeight},
+		"pooled-output-tokens": {&pOutput, &o.Pooled.OutputTokens}, "pooled-copy-weight": {&pCopy, &o.Pooled.CopyWeight},
+	} {
+		if set[name] {
+			*dst.out = dst.v
+		}
 	}
 	for _, m := range o.Policies {
 		if err := o.routerConfig(m).Validate(); err != nil {
@@ -263,6 +284,7 @@ func (o *simOptions) routerConfig(m router.Mode) router.Config {
 			c.Temperature = *o.Temperature
 		}
 	}
+	c.Pooled = o.Pooled
 	return c
 }
 

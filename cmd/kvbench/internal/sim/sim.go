@@ -313,7 +313,7 @@ func (s *state) handle(wi int, outs []engine.Output) {
 			}
 			rr.Finished = o.At
 			rr.Done = true
-			s.rt.Free(o.RequestID)
+			s.rt.Finished(o.RequestID, o.OutputTokens)
 			s.complete(i)
 		}
 	}
