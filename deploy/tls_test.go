@@ -511,8 +511,10 @@ func k8sMounts(t *testing.T, what string, ps podSpec, c container, kust k8sObjec
 			if !m.ReadOnly {
 				t.Errorf("%s: Secret volume %s is not mounted readOnly", what, v.Name)
 			}
-			if v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o007 != 0 {
-				t.Errorf("%s: Secret volume %s: defaultMode %v, want no access for others (e.g. 288 = 0440)", what, v.Name, v.Secret.DefaultMode)
+			if v.Secret.DefaultMode == nil {
+				t.Errorf("%s: Secret volume %s: no defaultMode (Kubernetes' default 0644 lets every user of the pod read the keys)", what, v.Name)
+			} else if *v.Secret.DefaultMode&0o007 != 0 {
+				t.Errorf("%s: Secret volume %s: defaultMode %#o, want no access for others (e.g. 288 = 0440)", what, v.Name, *v.Secret.DefaultMode)
 			} else if *v.Secret.DefaultMode&0o400 == 0 || (*v.Secret.DefaultMode&0o040 != 0) != (ps.SecurityContext.FSGroup != nil) {
 				t.Errorf("%s: Secret volume %s: defaultMode %#o and fsGroup %v: the pod's user must read it through the group", what, v.Name, *v.Secret.DefaultMode, ps.SecurityContext.FSGroup)
 			}
@@ -556,6 +558,8 @@ func TestDeployK8sSecurity(t *testing.T) {
 		t.Helper()
 		for flag, file := range want {
 			v := f[flag]
+			// Exact base names: a per-pod file must name $(POD_NAME), or
+			// every pod would present one pod's identity.
 			if filepath.Base(v) != file {
 				t.Errorf("%s: --%s %q, want …/%s", what, flag, v, file)
 				continue
