@@ -15,6 +15,7 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/report"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+	"github.com/kvrouter/kvrouter/router"
 )
 
 // runSim is the `kvbench sim` subcommand.
@@ -152,7 +153,7 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 		runs[p] = make([]report.Run, o.Reps)
 	}
 	refs := make([]sim.Reference, o.Reps)
-	errs := make([]error, np*o.Reps)
+	errs := make([]error, (np+1)*o.Reps) // runs, then references
 
 	var done atomic.Int64
 	total := int64(np * o.Reps * len(loads[0].Requests))
@@ -171,6 +172,14 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 						continue // same workload: filled in below
 					}
 					refs[j.r] = sim.ComputeReference(loads[j.r], capacity)
+					one, err := sim.EngineReference(loads[j.r], sim.Config{
+						Engine: o.engineConfig(), Router: o.routerConfig(router.ModeRoundRobin),
+						EventDelay: o.EventDelay, Seed: o.Seed + uint64(j.r),
+					}, capacity)
+					if err != nil {
+						errs[j.r] = fmt.Errorf("rep %d: %w", j.r, err)
+					}
+					refs[j.r].OneEngine = one
 					continue
 				}
 				t0 := time.Now()
@@ -181,7 +190,7 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 					Progress: func() { done.Add(1) },
 				})
 				if err != nil {
-					errs[j.p*o.Reps+j.r] = fmt.Errorf("policy %s, rep %d: %w", o.Policies[j.p], j.r, err)
+					errs[(j.p+1)*o.Reps+j.r] = fmt.Errorf("policy %s, rep %d: %w", o.Policies[j.p], j.r, err)
 					continue
 				}
 				runs[j.p][j.r] = report.Run{Seed: seed, Summary: sim.Summarize(loads[j.r], res), WallSeconds: time.Since(t0).Seconds()}

@@ -24,6 +24,10 @@ type Report struct {
 type Reference struct {
 	PooledLRUCachedTokenRatio float64 `json:"pooled_lru_cached_token_ratio"`
 	IdealCachedTokenRatio     float64 `json:"ideal_cached_token_ratio"`
+	// EnginePooledCachedTokenRatio: one engine of the fleet's total
+	// capacity running the same requests at the same concurrency (sim
+	// only; absent when not computed). PooledLRU keeps its meaning.
+	EnginePooledCachedTokenRatio float64 `json:"engine_pooled_cached_token_ratio,omitempty"`
 }
 
 // Result is one policy's figures (medians over reps).
@@ -114,10 +118,11 @@ func Median(policy string, runs []Run) Result {
 func MedianReference(refs []sim.Reference) Reference {
 	p := make([]float64, len(refs))
 	q := make([]float64, len(refs))
+	e := make([]float64, len(refs))
 	for i, r := range refs {
-		p[i], q[i] = r.PooledLRU, r.Ideal
+		p[i], q[i], e[i] = r.PooledLRU, r.Ideal, r.OneEngine
 	}
-	return Reference{PooledLRUCachedTokenRatio: median(p), IdealCachedTokenRatio: median(q)}
+	return Reference{PooledLRUCachedTokenRatio: median(p), IdealCachedTokenRatio: median(q), EnginePooledCachedTokenRatio: median(e)}
 }
 
 func median(xs []float64) float64 {
@@ -141,8 +146,13 @@ func WriteTable(w io.Writer, header string, r *Report) error {
 		b.WriteString(header)
 		b.WriteByte('\n')
 	}
-	fmt.Fprintf(&b, "reference: pooled-LRU cached-token ratio %.3f, ideal %.3f\n",
-		r.Reference.PooledLRUCachedTokenRatio, r.Reference.IdealCachedTokenRatio)
+	if e := r.Reference.EnginePooledCachedTokenRatio; e > 0 {
+		fmt.Fprintf(&b, "reference: pooled-LRU cached-token ratio %.3f, one engine of the fleet's capacity %.3f, ideal %.3f\n",
+			r.Reference.PooledLRUCachedTokenRatio, e, r.Reference.IdealCachedTokenRatio)
+	} else {
+		fmt.Fprintf(&b, "reference: pooled-LRU cached-token ratio %.3f, ideal %.3f\n",
+			r.Reference.PooledLRUCachedTokenRatio, r.Reference.IdealCachedTokenRatio)
+	}
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "policy\trequests\thit rate\tcached ratio\tTTFT p50 ms\tTTFT p99 ms\tE2E p50 ms\tE2E p99 ms\treq/s\terrors\t")
 	for _, x := range r.Results {

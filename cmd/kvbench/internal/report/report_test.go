@@ -26,8 +26,8 @@ func TestSimReportMedian(t *testing.T) {
 	if m := median([]float64{4, 1, 3, 2}); m != 2.5 {
 		t.Fatalf("median of 1..4 = %v", m)
 	}
-	ref := MedianReference([]sim.Reference{{PooledLRU: 0.3, Ideal: 0.9}, {PooledLRU: 0.1, Ideal: 0.8}, {PooledLRU: 0.2, Ideal: 0.7}})
-	if ref.PooledLRUCachedTokenRatio != 0.2 || ref.IdealCachedTokenRatio != 0.8 {
+	ref := MedianReference([]sim.Reference{{PooledLRU: 0.3, Ideal: 0.9, OneEngine: 0.25}, {PooledLRU: 0.1, Ideal: 0.8, OneEngine: 0.05}, {PooledLRU: 0.2, Ideal: 0.7, OneEngine: 0.15}})
+	if ref.PooledLRUCachedTokenRatio != 0.2 || ref.IdealCachedTokenRatio != 0.8 || ref.EnginePooledCachedTokenRatio != 0.15 {
 		t.Fatalf("reference %+v", ref)
 	}
 }

@@ -1,6 +1,11 @@
 package sim
 
-import "github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+import (
+	"fmt"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+	"github.com/kvrouter/kvrouter/router"
+)
 
 // Reference cache figures of a workload, independent of any routing policy.
 type Reference struct {
@@ -9,6 +14,37 @@ type Reference struct {
 	PooledLRU float64
 	// Ideal is the cached-token ratio with an infinite cache.
 	Ideal float64
+	// OneEngine is the cached-token ratio of one engine holding every
+	// worker's blocks, running the same requests at the same concurrency
+	// (EngineReference); 0 when not computed. Unlike PooledLRU it pays
+	// for what running requests pin (their partial last block, their
+	// output blocks) and for the order in which requests finish.
+	OneEngine float64
+}
+
+// EngineReference runs w on one engine of capacity blocks with cfg's engine
+// settings (round-robin over that one worker) and returns its cached-token
+// ratio over all prompt tokens: what the fleet's capacity caches as one
+// engine, with the pins and the finishing order a fleet has too.
+func EngineReference(w *workload.Workload, cfg Config, capacity int) (float64, error) {
+	cfg.Workers, cfg.KVBlocks = 1, []int{capacity}
+	cfg.Router.Mode = router.ModeRoundRobin
+	cfg.Progress = nil
+	res, err := Run(w, cfg)
+	if err != nil {
+		return 0, fmt.Errorf("one-engine reference: %w", err)
+	}
+	var cached, prompt int64
+	for i, rr := range res.Requests {
+		prompt += int64(w.Requests[i].PromptTokens)
+		if rr.Done {
+			cached += int64(rr.CachedTokens)
+		}
+	}
+	if prompt == 0 {
+		return 0, nil
+	}
+	return float64(cached) / float64(prompt), nil
 }
 
 // ComputeReference processes w's requests in order, one at a time, on a
