@@ -138,6 +138,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		}},
 		{names: []string{"max-workers"}, env: []string{"KVROUTER_MAX_WORKERS"}, usage: "registered workers at most (default 1024; 429 beyond)", set: intp(&c.MaxWorkers)},
 		{names: []string{"max-queue"}, env: []string{"KVROUTER_MAX_QUEUE"}, usage: "requests waiting in one model's admission queue at most (default 1024; 429 beyond)", set: intp(&c.MaxQueue)},
+		{names: []string{"max-entry-bytes"}, env: []string{"KVROUTER_MAX_ENTRY_BYTES"}, def: strconv.Itoa(replica.DefaultMaxEntryBytes), usage: fmt.Sprintf("bytes one Raft entry of KV events may encode to, %d to %d (4 MiB by default): a larger ingest batch is committed as several entries, in order, each acked once committed; a single event larger than this is refused (kvrouter_eventbus_events_rejected_total{reason=\"too_large\"})", replica.MinMaxEntryBytes, replica.MaxMaxEntryBytes), set: intp(&c.MaxEntryBytes)},
 		{names: []string{"worker-header-timeout"}, env: []string{"KVROUTER_WORKER_HEADER_TIMEOUT"}, usage: "longest wait for a worker's answer headers (default 10m)", set: dur(&c.WorkerHeaderTimeout)},
 		{names: []string{"worker-idle-timeout"}, env: []string{"KVROUTER_WORKER_IDLE_TIMEOUT"}, usage: "longest silence inside a worker's answer body before it is cut and its booking freed (default 2m)", set: dur(&c.WorkerIdleTimeout)},
 		{names: []string{"protect-status"}, env: []string{"KVROUTER_PROTECT_STATUS"}, usage: "require the admin token for /cluster/status and /metrics", set: boolp(&c.ProtectStatus), bool: true},
@@ -239,6 +240,9 @@ func (c *serveConfig) finish() error {
 		c.AdvertiseHTTP = c.httpScheme() + "://" + c.HTTPAddr
 	} else if c.httpScheme() == "https" && !strings.HasPrefix(c.AdvertiseHTTP, "https://") {
 		return fmt.Errorf("--advertise-http %q: with TLS material peers reach this replica over https://", c.AdvertiseHTTP)
+	}
+	if c.MaxEntryBytes < replica.MinMaxEntryBytes || c.MaxEntryBytes > replica.MaxMaxEntryBytes {
+		return fmt.Errorf("--max-entry-bytes must be %d to %d, got %d", replica.MinMaxEntryBytes, replica.MaxMaxEntryBytes, c.MaxEntryBytes)
 	}
 	if c.BusyStatus != 529 && c.BusyStatus != 503 {
 		return fmt.Errorf("--busy-status must be 529 or 503, got %d", c.BusyStatus)

@@ -71,6 +71,11 @@ type Config struct {
 	SnapshotThreshold uint64 // Raft entries between snapshots (0: cluster default)
 	MinInitialWorkers int    // not ready below this many registered workers
 
+	// MaxEntryBytes caps one KV batch entry in the Raft log
+	// (--max-entry-bytes; 0: DefaultMaxEntryBytes): larger batches are
+	// split (bounds.go).
+	MaxEntryBytes int
+
 	// TokenizerCheck is how often each worker's /tokenize is compared with
 	// our ids (besides at registration); 0 = never (selfcheck.go).
 	TokenizerCheck time.Duration

@@ -70,7 +70,11 @@ type testCluster struct {
 // model is the one model the test replicas serve.
 const model = "m"
 
-func newTestCluster(t *testing.T, n int) *testCluster {
+func newTestCluster(t *testing.T, n int) *testCluster { return newTestClusterWith(t, n, nil) }
+
+// newTestClusterWith is newTestCluster with each replica's Config passed
+// through configure first (nil: as is).
+func newTestClusterWith(t *testing.T, n int, configure func(*Config)) *testCluster {
 	t.Helper()
 	log := clustertest.NewTestLogger(t) // closes last: after the nodes and the bus
 	tc := &testCluster{Bus: testBus(t, log.With("component", "nats")), reps: map[int]*replica{}}
@@ -106,6 +110,9 @@ func newTestCluster(t *testing.T, n int) *testCluster {
 			f, _ := fsms.Load(i)
 			url, _ := advertise.Load(i)
 			cfg := Config{NodeID: node.ID(), AdvertiseHTTP: url.(string), Models: []string{model}, Router: router.DefaultConfig()}
+			if configure != nil {
+				configure(&cfg)
+			}
 			rlog := log.With("node", node.ID())
 			bus, err := eventbus.OpenBus(eventbus.BusConfig{ExternalURL: tc.Bus.ClientURL(), ClientName: node.ID(),
 				Client: eventbus.ClientSecurity{Insecure: true}, Logger: rlog})

@@ -42,6 +42,8 @@ func (r *replica) consume(ctx context.Context, replicas int) error {
 	}
 	cons, err := eventbus.NewConsumer(ctx, r.bus.JetStream(), eventbus.ConsumerConfig{
 		Validator: r, Logger: r.log.With("component", "ingest"), Registerer: r.reg,
+		// One Raft entry per run of events within --max-entry-bytes.
+		EntryBytes: wireEntryBytes, MaxEntryBytes: r.cfg.maxEntryBytes() - fsm.KVBatchOverhead,
 	})
 	if err != nil {
 		return fmt.Errorf("kv event consumer: %w", err)
@@ -63,8 +65,9 @@ func (r *replica) CheckWorker(worker string, blockSize int) error {
 	return nil
 }
 
-// applyEvents commits a batch of KV events through Raft; the consumer acks
-// the stream only when this returns nil.
+// applyEvents commits a batch of KV events through Raft, as one entry; the
+// consumer acks the stream only when this returns nil, and sized the batch
+// to fit --max-entry-bytes (wireEntryBytes bounds each event's share).
 func (r *replica) applyEvents(_ context.Context, events []eventbus.WireEvent) error {
 	batch := make([]fsm.KVBatchEvent, len(events))
 	for i := range events {
@@ -74,6 +77,11 @@ func (r *replica) applyEvents(_ context.Context, events []eventbus.WireEvent) er
 	cmd, err := fsm.EncodeKVBatch(batch)
 	if err != nil {
 		return fmt.Errorf("encode kv batch: %w", err)
+	}
+	if limit := r.cfg.maxEntryBytes(); len(cmd) > limit {
+		// wireEntryBytes is an upper bound (fsm tests it): this is a bug,
+		// and the entry must not reach the log anyway.
+		return fmt.Errorf("kv batch of %d events encodes to %d bytes, over --max-entry-bytes %d", len(events), len(cmd), limit)
 	}
 	f := r.node.ApplyLocal(cmd, commitTimeout)
 	if err := f.Error(); err != nil {
@@ -118,6 +126,8 @@ func (r *replica) onChange(ch fsm.Change) {
 	switch ch.Kind {
 	case fsm.ChangeWorkers, fsm.ChangeModelConfig, fsm.ChangeRestored:
 		r.refresh()
+	case fsm.ChangeOverCapacity:
+		r.capacity.note(ch)
 	case fsm.ChangeStale:
 		r.log.Warn("worker index out of step with the worker: resync", "worker", ch.Worker, "dp_rank", ch.DPRank, "reason", ch.Reason)
 		if r.node.IsLeader() {

@@ -53,6 +53,7 @@ type replica struct {
 	tokcheck *tokenizerCheck // compares our prompt ids with each worker's /tokenize
 	loras    *loraDirectory
 	agree    *tokenizerAgreement // do the peers' model files match ours?
+	capacity *capacityWatch      // logs refusals beyond a worker's index block cap
 }
 
 // Adapter resolves a LoRA adapter to its base model and serving workers.
@@ -357,9 +358,12 @@ func (r *replica) Status(digest bool) map[string]any {
 	stale := r.fsm.Stale()
 	cursors := r.fsm.Cursors()
 	missing := r.health.missing()
+	refused := r.fsm.OverCapacityRefused()
 	for _, w := range r.fsm.Workers() {
 		entry := map[string]any{"id": w.ID, "url": w.Address, "model": w.Model, "block_size": w.BlockSize,
-			"total_kv_blocks": w.TotalBlocks, "dp_ranks": w.DPRanks, "role": roleName(w.Role)}
+			"total_kv_blocks": w.TotalBlocks, "dp_ranks": w.DPRanks, "role": roleName(w.Role),
+			// Per rank; blocks refused beyond it since this replica started (fsm/DESIGN.md, Bounds).
+			"index_block_cap": fsm.RankBlockCap(w.TotalBlocks), "over_capacity_refused": refused[w.ID]}
 		var ranks []map[string]any
 		for _, key := range w.Keys() {
 			rk := fsm.RankKey{Worker: w.ID, DPRank: rankOf(key)}
@@ -426,7 +430,7 @@ func (r *replica) Booked(model string, b router.Booking) {
 		overlap = len(b.Hashes) - (b.PrefillTokens+bs-1)/bs
 	}
 	if err := r.sync.Add(eventbus.ActiveRequest{Request: b.ID, Worker: b.Worker, Hashes: b.Hashes,
-		ISL: b.PrefillTokens, Overlap: max(overlap, 0)}); err != nil {
+		ISL: b.PrefillTokens, Overlap: max(overlap, 0), Sequences: b.Sequences}); err != nil {
 		r.log.Debug("replica sync add", "err", err)
 	}
 }
@@ -471,7 +475,7 @@ func (r *replica) AddRemote(replica string, req eventbus.ActiveRequest) {
 		return
 	}
 	r.stageLoad(model, req.Request, rt).Add(router.Booking{ID: remoteID(replica, req.Request), Origin: replica, Worker: req.Worker,
-		Hashes: req.Hashes, PrefillTokens: req.ISL, PrefillDone: req.PrefillDone, Added: time.Now()})
+		Hashes: req.Hashes, PrefillTokens: req.ISL, PrefillDone: req.PrefillDone, Sequences: req.Sequences, Added: time.Now()})
 }
 
 func (r *replica) PrefillDoneRemote(replica, request string) {

@@ -167,6 +167,7 @@ func assemble(cfg Config, log *slog.Logger, p parts) (*replica, error) {
 	r.health = newWorkerHealth(cfg.EventsMissing, p.reg, log)
 	r.preds = newPredictionBatcher(r, log)
 	r.audit = newCacheAudit(log)
+	r.capacity = newCapacityWatch(p.fsm, p.reg, log.With("component", "index-cap"))
 	r.tokcheck = newTokenizerCheck(cfg.TokenizerCheck, p.prompts.Lookup, p.fsm.Workers, p.reg, log.With("component", "tokenizer-check"))
 	r.loras = newLoRADirectory(log.With("component", "lora"))
 	r.agree = newTokenizerAgreement(cfg.NodeID, p.reg, log.With("component", "tokenizer-agreement"))
