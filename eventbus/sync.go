@@ -53,7 +53,21 @@ type ActiveRequest struct {
 	ISL         int             `msgpack:"n,omitempty"` // prompt tokens
 	Overlap     int             `msgpack:"o,omitempty"` // blocks the worker had cached
 	PrefillDone bool            `msgpack:"d,omitempty"`
+	// Sequences is OpenAI's n (router.Booking.Sequences); 0 means 1. Added
+	// after the first release under a new key: an older peer skips the key
+	// (and books one sequence, as it always did), and a message from an
+	// older peer decodes to 0.
+	Sequences int `msgpack:"k,omitempty"`
 }
+
+// MaxSyncSequences caps the sequences a peer's message can book: api caps n
+// at the same number, so a larger value is not from a kvrouter replica and
+// must not inflate a worker's request count without bound.
+const MaxSyncSequences = 1024
+
+// clampSequences keeps a received count in [0, MaxSyncSequences] (0 and
+// negative mean one sequence).
+func clampSequences(n int) int { return min(max(n, 0), MaxSyncSequences) }
 
 // SyncMsg is one replica-sync message on kv.sync.<model>. Seq counts the
 // sender's messages (one sequence per Epoch, i.e. per process start), so a
@@ -69,6 +83,9 @@ type SyncMsg struct {
 	ISL     int             `msgpack:"n,omitempty"`
 	Overlap int             `msgpack:"o,omitempty"`
 	Full    []ActiveRequest `msgpack:"f,omitempty"`
+	// Sequences of a SyncAdd (ActiveRequest.Sequences; same key, same
+	// compatibility).
+	Sequences int `msgpack:"k,omitempty"`
 }
 
 // LoadSink receives other replicas' load, in the order each replica sent
@@ -266,7 +283,7 @@ func (s *Syncer) Add(req ActiveRequest) error {
 	r.Hashes = slices.Clone(req.Hashes)
 	s.active[req.Request] = &r
 	return s.publishLocked(SyncMsg{Op: SyncAdd, Request: req.Request, Worker: req.Worker,
-		Hashes: req.Hashes, ISL: req.ISL, Overlap: req.Overlap})
+		Hashes: req.Hashes, ISL: req.ISL, Overlap: req.Overlap, Sequences: req.Sequences})
 }
 
 // PrefillDone announces that a request's prefill finished.
@@ -381,12 +398,16 @@ func (s *Syncer) deliver(m SyncMsg, now time.Time) {
 	st.lastSeq, st.lastSeen = m.Seq, now
 	switch m.Op {
 	case SyncAdd:
-		s.sink.AddRemote(m.Replica, ActiveRequest{Request: m.Request, Worker: m.Worker, Hashes: m.Hashes, ISL: m.ISL, Overlap: m.Overlap})
+		s.sink.AddRemote(m.Replica, ActiveRequest{Request: m.Request, Worker: m.Worker, Hashes: m.Hashes, ISL: m.ISL, Overlap: m.Overlap,
+			Sequences: clampSequences(m.Sequences)})
 	case SyncPrefillDone:
 		s.sink.PrefillDoneRemote(m.Replica, m.Request)
 	case SyncFree:
 		s.sink.FreeRemote(m.Replica, m.Request)
 	case SyncFull:
+		for i := range m.Full {
+			m.Full[i].Sequences = clampSequences(m.Full[i].Sequences)
+		}
 		s.sink.ReplaceReplica(m.Replica, m.Full)
 	default:
 		s.undecodable.Add(1)

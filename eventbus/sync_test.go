@@ -14,6 +14,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvrouter/kvrouter/internal/poll"
+	"github.com/kvrouter/kvrouter/router"
 )
 
 // fakeClock moves only when told to.
@@ -123,13 +124,17 @@ func (s *recSink) DropReplica(replica string) {
 	s.drops = append(s.drops, replica)
 }
 
-// view renders a replica's remote view as sorted "req@worker[/done]".
+// view renders a replica's remote view as sorted "req@worker[xN][/done]"
+// (xN: n sequences, when more than one).
 func (s *recSink) view(replica string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []string
 	for _, r := range s.active[replica] {
 		v := r.Request + "@" + string(r.Worker)
+		if r.Sequences > 1 {
+			v += fmt.Sprintf("x%d", r.Sequences)
+		}
 		if r.PrefillDone {
 			v += "/done"
 		}
@@ -202,9 +207,9 @@ func testBusReplicaSync(t *testing.T, m busMode) {
 	must(a.Add(ActiveRequest{Request: "q1", Worker: "w1", Hashes: []uint64{1, 2}, ISL: 40, Overlap: 1}))
 	must(a.Add(ActiveRequest{Request: "q2", Worker: "w2", ISL: 8}))
 	must(a.PrefillDone("q1"))
-	must(a.Add(ActiveRequest{Request: "q3", Worker: "w1"}))
+	must(a.Add(ActiveRequest{Request: "q3", Worker: "w1", Sequences: 3})) // n = 3
 	must(a.Free("q2"))
-	want := "[q1@w1/done q3@w1]"
+	want := "[q1@w1/done q3@w1x3]"
 	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if got := sinkB.view("r1"); got != want {
 			return fmt.Errorf("B's view of r1 %s, want %s", got, want)
@@ -358,6 +363,8 @@ func FuzzSyncHandle(f *testing.F) {
 		{Replica: "r2", Epoch: 1, Seq: 40, Op: SyncPrefillDone, Request: "x"},
 		{Replica: "r2", Epoch: 1, Seq: 41, Op: SyncFree, Request: "x|d"},
 		{Replica: "r3", Epoch: 2, Seq: 1, Op: SyncOp(99)},
+		{Replica: "r4", Epoch: 2, Seq: 1, Op: SyncAdd, Request: "n", Worker: "w1", Sequences: 4},
+		{Replica: "r4", Epoch: 2, Seq: 2, Op: SyncFull, Full: []ActiveRequest{{Request: "n", Worker: "w1", Sequences: 1 << 40}}},
 	} {
 		b, err := msgpack.Marshal(&m)
 		if err != nil {
@@ -379,6 +386,13 @@ func FuzzSyncHandle(f *testing.F) {
 		s.handle(&nats.Msg{Data: data})
 		s.handle(&nats.Msg{Data: data}) // the same again: a duplicate
 		st := s.Stats()
+		for _, reqs := range sink.active {
+			for _, r := range reqs {
+				if r.Sequences < 0 || r.Sequences > MaxSyncSequences {
+					t.Fatalf("sink booked %d sequences for %q", r.Sequences, r.Request)
+				}
+			}
+		}
 		var m SyncMsg
 		if decodeSync(data, &m) != nil || m.Replica == "" || m.Seq == 0 {
 			if st.Received != 0 || st.Undecodable != 2 {
@@ -386,4 +400,95 @@ func FuzzSyncHandle(f *testing.F) {
 			}
 		}
 	})
+}
+
+// syncMsgV1 and activeRequestV1 are the replica-sync message as peers
+// before the sequence count (n > 1) encoded and decoded it: same keys,
+// no "k".
+type syncMsgV1 struct {
+	Replica string            `msgpack:"r"`
+	Epoch   uint64            `msgpack:"e"`
+	Seq     uint64            `msgpack:"s"`
+	Op      SyncOp            `msgpack:"op"`
+	Request string            `msgpack:"q,omitempty"`
+	Worker  router.WorkerID   `msgpack:"w,omitempty"`
+	Hashes  []uint64          `msgpack:"h,omitempty"`
+	ISL     int               `msgpack:"n,omitempty"`
+	Overlap int               `msgpack:"o,omitempty"`
+	Full    []activeRequestV1 `msgpack:"f,omitempty"`
+}
+
+type activeRequestV1 struct {
+	Request     string          `msgpack:"q"`
+	Worker      router.WorkerID `msgpack:"w"`
+	Hashes      []uint64        `msgpack:"h,omitempty"`
+	ISL         int             `msgpack:"n,omitempty"`
+	Overlap     int             `msgpack:"o,omitempty"`
+	PrefillDone bool            `msgpack:"d,omitempty"`
+}
+
+// A request with n > 1 reaches peers as n sequences; old and new peers read
+// each other's messages (an old peer books one sequence, as before); a count
+// no replica sends is clamped.
+func TestSyncSequences(t *testing.T) {
+	// New → old: the old decoder skips the new key.
+	msg := SyncMsg{Replica: "r1", Epoch: 3, Seq: 2, Op: SyncAdd, Request: "q", Worker: "w1", Hashes: []uint64{7, 8}, ISL: 40, Overlap: 1, Sequences: 3}
+	data, err := msgpack.Marshal(&msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old syncMsgV1
+	if err := msgpack.Unmarshal(data, &old); err != nil {
+		t.Fatalf("old peer cannot decode a new add: %v", err)
+	}
+	if want := (syncMsgV1{Replica: "r1", Epoch: 3, Seq: 2, Op: SyncAdd, Request: "q", Worker: "w1", Hashes: []uint64{7, 8}, ISL: 40, Overlap: 1}); fmt.Sprint(old) != fmt.Sprint(want) {
+		t.Fatalf("old peer read %+v, want %+v", old, want)
+	}
+	full := SyncMsg{Replica: "r1", Epoch: 3, Seq: 3, Op: SyncFull, Full: []ActiveRequest{{Request: "q", Worker: "w1", ISL: 40, Sequences: 3}}}
+	if data, err = msgpack.Marshal(&full); err != nil {
+		t.Fatal(err)
+	}
+	if err := msgpack.Unmarshal(data, &old); err != nil || len(old.Full) != 1 || old.Full[0].ISL != 40 {
+		t.Fatalf("old peer read a new snapshot as %+v (%v)", old, err)
+	}
+	// Old → new: no key, Sequences 0 (one sequence).
+	if data, err = msgpack.Marshal(&syncMsgV1{Replica: "r1", Epoch: 3, Seq: 2, Op: SyncAdd, Request: "q", Worker: "w1", ISL: 40}); err != nil {
+		t.Fatal(err)
+	}
+	var back SyncMsg
+	if err := decodeSync(data, &back); err != nil || back.Sequences != 0 || back.ISL != 40 || back.Request != "q" {
+		t.Fatalf("new peer read an old add as %+v (%v)", back, err)
+	}
+
+	// What the sink books, message by message.
+	cases := []struct {
+		name string
+		msg  SyncMsg
+		want string
+	}{
+		{"add n=3", SyncMsg{Op: SyncAdd, Request: "a", Worker: "w1", Sequences: 3}, "[a@w1x3]"},
+		{"add from an old peer", SyncMsg{Op: SyncAdd, Request: "a", Worker: "w1"}, "[a@w1]"},
+		{"add, count beyond any n", SyncMsg{Op: SyncAdd, Request: "a", Worker: "w1", Sequences: 1 << 40}, "[a@w1x1024]"},
+		{"add, negative count", SyncMsg{Op: SyncAdd, Request: "a", Worker: "w1", Sequences: -5}, "[a@w1]"},
+		{"snapshot", SyncMsg{Op: SyncFull, Full: []ActiveRequest{{Request: "a", Worker: "w1", Sequences: 2}, {Request: "b", Worker: "w2", Sequences: 5000}}}, "[a@w1x2 b@w2x1024]"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			sink := newRecSink()
+			s, err := NewSyncer(nil, SyncConfig{Replica: "me", Clock: newFakeClock(), Logger: testLogger(t)}, sink)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := c.msg
+			m.Replica, m.Epoch, m.Seq = "r1", 1, 1
+			data, err := msgpack.Marshal(&m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.handle(&nats.Msg{Data: data})
+			if got := sink.view("r1"); got != c.want {
+				t.Fatalf("booked %s, want %s", got, c.want)
+			}
+		})
+	}
 }
