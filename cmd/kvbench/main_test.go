@@ -56,6 +56,8 @@ func TestSimFlagValidation(t *testing.T) {
 		"hot shift":               {"--hot-shift", "-1"},
 		"popularity, shuffled":    {"--prefix-order", "shuffled", "--popularity", "zipf:1"},
 		"popularity with trace":   {"--trace", trace, "--popularity", "zipf:1"},
+		"pooled evict weight":     {"--pooled-evict-weight", "-1"},
+		"pooled output tokens":    {"--pooled-output-tokens", "NaN"},
 		"stray argument":          {"extra"},
 		"unknown flag":            {"--nope"},
 	}
@@ -80,6 +82,17 @@ func TestSimFlagValidation(t *testing.T) {
 	}
 	if c := o.routerConfig("round-robin"); c.Temperature != 0 {
 		t.Fatalf("knobs leak into round-robin: temperature %v", c.Temperature)
+	}
+	// kv-pooled's flags: set ones reach the router config, the others stay
+	// nil (the router's defaults).
+	o, err := parseSimFlags([]string{"--policies", "kv-pooled", "--pooled-evict-weight", "16", "--pooled-output-tokens", "0"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := o.routerConfig("kv-pooled").Pooled
+	if p.EvictWeight == nil || *p.EvictWeight != 16 || p.OutputTokens == nil || *p.OutputTokens != 0 ||
+		p.HomeWeight != nil || p.CopyWeight != nil || p.Overloaded != nil || p.QueueWeight != nil {
+		t.Fatalf("pooled config %+v", p)
 	}
 }
 

@@ -89,6 +89,7 @@ type simConfig struct {
 	PrefillLoadScale *float64  `json:"prefill_load_scale,omitempty"`
 	OverlapCredit    *float64  `json:"overlap_credit,omitempty"`
 	Temperature      *float64  `json:"temperature,omitempty"`
+	Pooled           pooledCfg `json:"pooled"`
 	Seed             uint64    `json:"seed"`
 	Reps             int       `json:"reps"`
 	Synthetic        *synthCfg `json:"synthetic,omitempty"`
@@ -96,6 +97,17 @@ type simConfig struct {
 	Requests         int       `json:"requests"`
 	HitRule          string    `json:"hit_rule"`
 	WallSeconds      float64   `json:"wall_seconds"`
+}
+
+// pooledCfg is kv-pooled's settings as given by --pooled-* (absent: the
+// router's default; output_tokens absent: the mean the router observes).
+type pooledCfg struct {
+	EvictWeight  *float64 `json:"evict_weight,omitempty"`
+	CopyWeight   *float64 `json:"copy_weight,omitempty"`
+	HomeWeight   *float64 `json:"home_weight,omitempty"`
+	Overloaded   *float64 `json:"overloaded,omitempty"`
+	QueueWeight  *float64 `json:"queue_weight,omitempty"`
+	OutputTokens *float64 `json:"output_tokens,omitempty"`
 }
 
 type synthCfg struct {
@@ -263,6 +275,8 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 		EventDelayMs:   float64(o.EventDelay) / float64(time.Millisecond),
 		EngineHashSeed: o.EngineHashSeed, PrefillLoadScale: o.PrefillLoadScale, OverlapCredit: o.OverlapCredit,
 		Temperature: o.Temperature, Seed: o.Seed, Reps: o.Reps, Requests: len(w.Requests),
+		Pooled: pooledCfg{EvictWeight: o.Pooled.EvictWeight, CopyWeight: o.Pooled.CopyWeight, HomeWeight: o.Pooled.HomeWeight,
+			Overloaded: o.Pooled.Overloaded, QueueWeight: o.Pooled.QueueWeight, OutputTokens: o.Pooled.OutputTokens},
 		WallSeconds: wall.Seconds(),
 	}
 	for _, m := range o.Policies {
