@@ -430,7 +430,7 @@ func (r *replica) Booked(model string, b router.Booking) {
 		overlap = len(b.Hashes) - (b.PrefillTokens+bs-1)/bs
 	}
 	if err := r.sync.Add(eventbus.ActiveRequest{Request: b.ID, Worker: b.Worker, Hashes: b.Hashes,
-		ISL: b.PrefillTokens, Overlap: max(overlap, 0)}); err != nil {
+		ISL: b.PrefillTokens, Overlap: max(overlap, 0), Sequences: b.Sequences}); err != nil {
 		r.log.Debug("replica sync add", "err", err)
 	}
 }
@@ -475,7 +475,7 @@ func (r *replica) AddRemote(replica string, req eventbus.ActiveRequest) {
 		return
 	}
 	r.stageLoad(model, req.Request, rt).Add(router.Booking{ID: remoteID(replica, req.Request), Origin: replica, Worker: req.Worker,
-		Hashes: req.Hashes, PrefillTokens: req.ISL, PrefillDone: req.PrefillDone, Added: time.Now()})
+		Hashes: req.Hashes, PrefillTokens: req.ISL, PrefillDone: req.PrefillDone, Sequences: req.Sequences, Added: time.Now()})
 }
 
 func (r *replica) PrefillDoneRemote(replica, request string) {
