@@ -116,6 +116,11 @@ type ClientSecurity struct {
 	// NATS, BusConfig.ExternalURL): its certificate is checked against
 	// the CA and the host name only, not for a node identity.
 	External bool
+	// ServerName, when set, is the name the server's certificate must
+	// carry instead of the URL's host: a replica's own client dialling its
+	// embedded server on loopback because it listens on a wildcard address
+	// (Server.ClientSecurity).
+	ServerName string
 }
 
 // Options turns the settings into Connect options.
@@ -147,6 +152,9 @@ func (cs ClientSecurity) Options() ([]ConnectOption, error) {
 	}
 	if !cs.Token.IsZero() {
 		opts = append(opts, WithToken(cs.Token))
+	}
+	if cs.ServerName != "" {
+		opts = append(opts, func(o *connectOptions) { o.tls.ServerName = cs.ServerName })
 	}
 	return opts, nil
 }

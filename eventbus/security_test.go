@@ -68,7 +68,7 @@ func TestBusSecureRefusesStrangers(t *testing.T) {
 			url := s.ClientURL()
 			foreign := other.bundle(t, pki.Node("r1")) // right name, wrong CA
 			forced := foreign.ClientTLS(nil)
-			forced.RootCAs = p.ca.Pool() // it trusts our server...
+			forced.RootCAs = p.ca.Pool()  // it trusts our server...
 			cert := foreign.Certificate() // ...and sends its certificate whatever the server asks for
 			forced.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
 			refused := map[string][]ConnectOption{
@@ -328,5 +328,37 @@ func TestBusRedactURL(t *testing.T) {
 	_, err := Connect("nats://hunter2@127.0.0.1:1", "t", testLogger(t))
 	if err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Fatalf("connect error %v quotes the credential", err)
+	}
+}
+
+// TestBusWildcardListenSecure: a replica whose bus listens on 0.0.0.0
+// connects its own client (no certificate names a wildcard address): it
+// dials loopback and checks the server against its own certificate's name,
+// here a DNS name that does not resolve to loopback at all.
+func TestBusWildcardListenSecure(t *testing.T) {
+	p := newTestPKI(t)
+	kp, err := p.ca.Issue(pki.Request{Identity: pki.Node("r1"), Hosts: []string{"r1.example"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := pki.NewBundle(p.ca.CertPEM(), kp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus, err := OpenBus(BusConfig{ClientName: "r1", Logger: testLogger(t), Server: ServerConfig{Name: "r1", Host: "0.0.0.0",
+		StoreDir: t.TempDir(), Security: Security{Bundle: b}}})
+	if err != nil {
+		t.Fatalf("open a secure bus listening on 0.0.0.0: %v", err)
+	}
+	t.Cleanup(bus.Close)
+	if !bus.Conn().IsConnected() {
+		t.Fatal("own client not connected")
+	}
+	if got := bus.Server().ClientSecurity().ServerName; got != "r1.example" {
+		t.Errorf("own client checks the server as %q, want the certificate's r1.example", got)
+	}
+	// The URL it dials is loopback, not the wildcard.
+	if u, wildcard := bus.Server().localURL(); !wildcard || !strings.Contains(u, "127.0.0.1") {
+		t.Errorf("local URL %q (wildcard %v), want loopback", u, wildcard)
 	}
 }

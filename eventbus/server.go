@@ -2,6 +2,7 @@ package eventbus
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -179,16 +180,54 @@ func routeURL(s string) (*url.URL, error) {
 // ClientURL is the URL clients of this server connect to.
 func (s *Server) ClientURL() string { return s.ns.ClientURL() }
 
+// localURL is how this process's own client reaches the server: ClientURL,
+// except that a wildcard listen address (0.0.0.0, ::), which no client can
+// dial and no certificate names, becomes loopback. wildcard says so.
+func (s *Server) localURL() (u string, wildcard bool) {
+	u = s.ClientURL()
+	parsed, err := url.Parse(u)
+	if err != nil {
+		return u, false
+	}
+	if ip := net.ParseIP(parsed.Hostname()); ip == nil || !ip.IsUnspecified() {
+		return u, false
+	}
+	parsed.Host = net.JoinHostPort("127.0.0.1", parsed.Port())
+	return parsed.String(), true
+}
+
 // Secure reports whether the server requires TLS and authentication.
 func (s *Server) Secure() bool { return s.bundle != nil }
 
 // ClientSecurity is what a replica's own client needs to connect to this
 // server: its node certificate, or nothing in the insecure mode.
+// On a wildcard listen address the client dials loopback (localURL) and
+// checks the server against the first name of the node's own certificate
+// instead: the server is this process, presenting that very certificate,
+// and the identity check (a member node) still applies.
 func (s *Server) ClientSecurity() ClientSecurity {
 	if s.bundle == nil {
 		return ClientSecurity{Insecure: true}
 	}
-	return ClientSecurity{Bundle: s.bundle}
+	cs := ClientSecurity{Bundle: s.bundle}
+	if _, wildcard := s.localURL(); wildcard {
+		cs.ServerName = certName(s.bundle.Certificate().Leaf)
+	}
+	return cs
+}
+
+// certName is a name leaf is valid for: its first DNS name, else its first
+// IP address ("" if it names neither).
+func certName(leaf *x509.Certificate) string {
+	switch {
+	case leaf == nil:
+		return ""
+	case len(leaf.DNSNames) > 0:
+		return leaf.DNSNames[0]
+	case len(leaf.IPAddresses) > 0:
+		return leaf.IPAddresses[0].String()
+	}
+	return ""
 }
 
 // Name is the server name.
@@ -294,7 +333,7 @@ func OpenBus(cfg BusConfig) (*Bus, error) {
 			return nil, err
 		}
 		b.srv = srv
-		url = srv.ClientURL()
+		url, _ = srv.localURL()
 		sec = srv.ClientSecurity()
 	}
 	copts, err := sec.Options()
