@@ -64,7 +64,9 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 		return fmt.Errorf("routing: %w", err)
 	}
 	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
-	s.rep.Booked(p.model, router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: p.req.Hashes,
+	// The hashes Route booked (distinct ones under --no-router-assume-kv-reuse),
+	// so peers book what this replica booked.
+	s.rep.Booked(p.model, router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: d.ActiveHashes,
 		PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Sequences: p.req.Sequences, Added: p.start})
 	resp, err := s.send(c, d.Worker, p.path, p.body)
 	if err != nil {

@@ -18,13 +18,16 @@ const (
 	ModeKV          Mode = "kv"
 	ModeKVApprox    Mode = "kv-approx"
 	ModeLoadAware   Mode = "load-aware"
+	// ModePowerOfTwo is Dynamo's power-of-two-choices: the fewer requests
+	// in flight of two workers drawn at random.
+	ModePowerOfTwo Mode = "power-of-two"
 	// ModeKVPooled is kv plus placement that makes the workers' caches act
 	// as one pooled cache (pooled.go, DESIGN.md).
 	ModeKVPooled Mode = "kv-pooled"
 )
 
 // Modes lists every mode this package implements.
-var Modes = []Mode{ModeRoundRobin, ModeRandom, ModeLeastLoaded, ModeKV, ModeKVApprox, ModeLoadAware, ModeKVPooled}
+var Modes = []Mode{ModeRoundRobin, ModeRandom, ModeLeastLoaded, ModePowerOfTwo, ModeKV, ModeKVApprox, ModeLoadAware, ModeKVPooled}
 
 // ParseMode accepts our names and Dynamo's spellings (round_robin, kv without events…).
 func ParseMode(s string) (Mode, error) {
@@ -35,6 +38,8 @@ func ParseMode(s string) (Mode, error) {
 		return ModeRandom, nil
 	case "least-loaded", "least_loaded":
 		return ModeLeastLoaded, nil
+	case "power-of-two", "power_of_two", "power-of-two-choices":
+		return ModePowerOfTwo, nil
 	case "kv":
 		return ModeKV, nil
 	case "kv-approx", "kv_approx", "approx":
@@ -90,6 +95,18 @@ type Config struct {
 	PrefillLoadScale   float64 // --router-prefill-load-scale (legacy overlap_score_weight), default 1
 	TrackPrefillTokens bool    // --no-router-track-prefill-tokens turns this off
 	Temperature        float64 // --router-temperature, 0 = argmin
+	// OverlapCreditDecay (--router-kv-overlap-score-credit-decay, ≥ 0,
+	// default 0 = off) shrinks the overlap credit of a worker whose active
+	// prefill exceeds the least loaded eligible worker's (cost.go).
+	OverlapCreditDecay float64
+	// DecodeActiveRequestWeight (--router-decode-active-request-weight,
+	// ≥ 0, default 0) adds this many blocks of cost per request (sequence)
+	// a worker is decoding.
+	DecodeActiveRequestWeight float64
+	// DistinctActiveBlocks (--no-router-assume-kv-reuse) books every
+	// request's blocks as its own: requests sharing a prefix on a worker do
+	// not share active blocks. Off (false) is Dynamo's default.
+	DistinctActiveBlocks bool
 
 	Thresholds Thresholds
 
@@ -141,6 +158,12 @@ func (c Config) Validate() error {
 	}
 	if !finite(c.PrefillLoadScale) || c.PrefillLoadScale < 0 {
 		return fmt.Errorf("prefill load scale %v must be finite and non-negative: %w", c.PrefillLoadScale, ErrInvalidConfig)
+	}
+	if !finite(c.OverlapCreditDecay) || c.OverlapCreditDecay < 0 {
+		return fmt.Errorf("overlap credit decay %v must be finite and non-negative: %w", c.OverlapCreditDecay, ErrInvalidConfig)
+	}
+	if !finite(c.DecodeActiveRequestWeight) || c.DecodeActiveRequestWeight < 0 {
+		return fmt.Errorf("decode active request weight %v must be finite and non-negative: %w", c.DecodeActiveRequestWeight, ErrInvalidConfig)
 	}
 	if !finite(c.Temperature) || c.Temperature < 0 {
 		return fmt.Errorf("temperature %v must be finite and non-negative: %w", c.Temperature, ErrInvalidConfig)

@@ -20,9 +20,12 @@ type WorkerCost struct {
 	ActivePrefillTokens int     // before this request
 	ActiveBlocks        int     // before this request
 	NewBlocks           int     // blocks this request adds to the worker's active set
-	PrefillBlocks       float64 // (active prefill + isl)/bs − credit·overlap, ≥ 0
+	ActiveRequests      int     // sequences decoding before this request
+	PrefillBlocks       float64 // (active prefill + isl)/bs − credit·decay·overlap, ≥ 0
 	DecodeBlocks        float64 // active + new blocks
-	Cost                float64 // scale·prefill + decode (+ Pooled)
+	RequestBlocks       float64 // decode active-request weight · active requests
+	CreditDecay         float64 // the factor on the overlap credit (1: none; Config.OverlapCreditDecay)
+	Cost                float64 // scale·prefill + decode + requests (+ Pooled)
 	Pooled              float64 // kv-pooled's placement terms, included in Cost
 	Busy                bool
 	BusyReason          string
@@ -34,31 +37,86 @@ type costInput struct {
 	overlap   int // cached blocks
 	load      WorkerLoad
 	newBlocks int
+	// minActivePrefill is the least active prefill tokens among the
+	// eligible workers: the floor the overlap credit decay measures a
+	// worker's excess backlog from (Config.OverlapCreditDecay).
+	minActivePrefill int
 }
 
-// computeCost applies Dynamo's cost function to one worker.
-func computeCost(cfg *Config, in costInput) (prefill, decode, cost float64) {
+// costTerms is one worker's cost, term by term.
+type costTerms struct {
+	prefill, decode, requests, decay, cost float64
+}
+
+// computeTerms applies Dynamo's cost function to one worker:
+//
+//	cost = scale·max(0, (active prefill + isl)/bs − credit·decay·overlap)
+//	     + active blocks + new blocks
+//	     + request weight·active requests
+//
+// decay = 1/(1 + d·(excess/bs)/⌈isl/bs⌉), excess = the worker's active
+// prefill tokens above the least loaded eligible worker's: a cache-rich
+// worker with a prefill backlog earns less credit for its cache, and one at
+// the load floor keeps all of it. Dynamo applies it only when prefill tokens
+// are tracked; so do we, and also not for an empty prompt (Dynamo would
+// divide by zero blocks).
+func computeTerms(cfg *Config, in costInput) costTerms {
+	var t costTerms
 	bs := float64(cfg.BlockSize)
 	active := 0.0
 	if cfg.TrackPrefillTokens {
 		active = float64(in.load.ActivePrefillTokens)
 	}
-	prefill = (active+float64(in.isl))/bs - cfg.OverlapCredit*float64(in.overlap)
-	if prefill < 0 {
-		prefill = 0
+	t.decay = 1
+	if reqBlocks := (in.isl + cfg.BlockSize - 1) / cfg.BlockSize; cfg.TrackPrefillTokens && cfg.OverlapCreditDecay > 0 && reqBlocks > 0 {
+		excess := float64(max(in.load.ActivePrefillTokens-in.minActivePrefill, 0)) / bs
+		t.decay = 1 / (1 + cfg.OverlapCreditDecay*excess/float64(reqBlocks))
 	}
-	decode = float64(in.load.ActiveBlocks + in.newBlocks)
-	cost = cfg.PrefillLoadScale*prefill + decode
-	return prefill, decode, cost
+	t.prefill = (active+float64(in.isl))/bs - cfg.OverlapCredit*t.decay*float64(in.overlap)
+	if t.prefill < 0 {
+		t.prefill = 0
+	}
+	t.decode = float64(in.load.ActiveBlocks + in.newBlocks)
+	t.requests = cfg.DecodeActiveRequestWeight * float64(in.load.Requests)
+	t.cost = cfg.PrefillLoadScale*t.prefill + t.decode + t.requests
+	return t
+}
+
+// computeCost is computeTerms for callers that need only the three sums.
+func computeCost(cfg *Config, in costInput) (prefill, decode, cost float64) {
+	t := computeTerms(cfg, in)
+	return t.prefill, t.decode, t.cost
+}
+
+// minActivePrefill is the least active prefill tokens among rows[candidates]
+// (0 without candidates).
+func minActivePrefill(loads []LoadRow, candidates []int) int {
+	if len(candidates) == 0 {
+		return 0
+	}
+	least := loads[candidates[0]].ActivePrefillTokens
+	for _, i := range candidates[1:] {
+		least = min(least, loads[i].ActivePrefillTokens)
+	}
+	return least
 }
 
 // Formula renders a row the way Dynamo logs it: "5.188 = 1.5 * 2.125 + 2.000".
-// kv-pooled rows add their placement terms: "… + 1.000 + pooled 12.500".
+// A request term (Config.DecodeActiveRequestWeight) adds "+ requests 3.000",
+// a decayed credit "(credit decay 0.500)", kv-pooled rows their placement
+// terms: "… + 1.000 + pooled 12.500".
 func (c WorkerCost) Formula(scale float64) string {
-	if c.Pooled != 0 {
-		return fmt.Sprintf("%.3f = %.1f * %.3f + %.3f + pooled %.3f", c.Cost, scale, c.PrefillBlocks, c.DecodeBlocks, c.Pooled)
+	s := fmt.Sprintf("%.3f = %.1f * %.3f + %.3f", c.Cost, scale, c.PrefillBlocks, c.DecodeBlocks)
+	if c.RequestBlocks != 0 {
+		s += fmt.Sprintf(" + requests %.3f", c.RequestBlocks)
 	}
-	return fmt.Sprintf("%.3f = %.1f * %.3f + %.3f", c.Cost, scale, c.PrefillBlocks, c.DecodeBlocks)
+	if c.Pooled != 0 {
+		s += fmt.Sprintf(" + pooled %.3f", c.Pooled)
+	}
+	if c.CreditDecay != 0 && c.CreditDecay != 1 {
+		s += fmt.Sprintf(" (credit decay %.3f)", c.CreditDecay)
+	}
+	return s
 }
 
 // busyReason says why a worker is busy under t, or "" when it is not.

@@ -369,7 +369,7 @@ func (d *DisaggRouter) aggregatedLocked(req Request, dec Decision) Decision {
 			// Its disaggregated prefills are booked on the prefill router.
 			r.ActivePrefillTokens += d.prefill.Load().Load(r.Worker).ActivePrefillTokens
 		}
-		load := WorkerLoad{ActivePrefillTokens: r.ActivePrefillTokens, ActiveBlocks: r.ActiveBlocks}
+		load := WorkerLoad{ActivePrefillTokens: r.ActivePrefillTokens, ActiveBlocks: r.ActiveBlocks, Requests: r.ActiveRequests}
 		r.PrefillBlocks, r.DecodeBlocks, r.Cost = computeCost(&cfg, costInput{isl: req.Tokens, overlap: r.Overlap, load: load, newBlocks: r.NewBlocks})
 		if !r.Busy {
 			cands = append(cands, *r)

@@ -42,6 +42,10 @@ type Decision struct {
 	Overlap int // cached blocks on the chosen worker
 	Rows    []WorkerCost
 	Scale   float64
+	// ActiveHashes are the block hashes Route booked as the request's
+	// active blocks: the prompt's, or with Config.DistinctActiveBlocks ones
+	// no other request shares. Replica sync must announce these.
+	ActiveHashes []uint64
 }
 
 // Explain renders the decision as Dynamo logs it: one formula per worker,
@@ -186,7 +190,7 @@ func (r *Router) Route(req Request, now time.Time) (Decision, error) {
 		return d, err
 	}
 	prefill := req.Tokens - d.Overlap*r.cfg.BlockSize
-	r.load.Add(Booking{ID: req.ID, Worker: d.Worker, Hashes: req.Hashes, PrefillTokens: prefill, Sequences: req.Sequences, Added: now})
+	r.load.Add(Booking{ID: req.ID, Worker: d.Worker, Hashes: d.ActiveHashes, PrefillTokens: prefill, Sequences: req.Sequences, Added: now})
 	if r.cfg.Mode == ModeKVApprox {
 		if r.sharedRecord != nil {
 			r.sharedRecord(d.Worker, req.Hashes, now)
@@ -234,18 +238,14 @@ func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
 	r.expirePredictionsLocked(now)
 
 	overlaps := r.overlapsLocked(req.Hashes)
-	r.loads = r.load.Rows(r.workers, r.pos, req.Hashes, r.loads)
+	d.ActiveHashes = r.activeHashesLocked(req)
+	r.loads = r.load.Rows(r.workers, r.pos, d.ActiveHashes, r.loads)
 	d.Rows = make([]WorkerCost, len(r.workers))
 	candidates := make([]int, 0, len(r.workers))
 	for i, w := range r.workers {
 		load := r.loads[i].WorkerLoad
-		in := costInput{isl: req.Tokens, overlap: overlaps[i], load: load, newBlocks: r.loads[i].NewBlocks}
-		prefill, decode, cost := computeCost(cfg, in)
-		row := WorkerCost{
-			Worker: w.ID, Overlap: in.overlap, ActivePrefillTokens: load.ActivePrefillTokens,
-			ActiveBlocks: load.ActiveBlocks, NewBlocks: in.newBlocks,
-			PrefillBlocks: prefill, DecodeBlocks: decode, Cost: cost,
-		}
+		row := WorkerCost{Worker: w.ID, Overlap: overlaps[i], ActivePrefillTokens: load.ActivePrefillTokens,
+			ActiveBlocks: load.ActiveBlocks, ActiveRequests: load.Requests, NewBlocks: r.loads[i].NewBlocks}
 		if slices.Contains(req.Exclude, w.ID) {
 			row.Busy, row.BusyReason = true, "excluded by the caller"
 		} else if reason := busyReason(&cfg.Thresholds, w, load); reason != "" {
@@ -254,6 +254,15 @@ func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
 			candidates = append(candidates, i)
 		}
 		d.Rows[i] = row
+	}
+	// The credit decay's floor is the least loaded eligible worker's
+	// backlog, so costs follow eligibility.
+	floor := minActivePrefill(r.loads, candidates)
+	for i := range d.Rows {
+		row := &d.Rows[i]
+		t := computeTerms(cfg, costInput{isl: req.Tokens, overlap: row.Overlap, load: r.loads[i].WorkerLoad,
+			newBlocks: row.NewBlocks, minActivePrefill: floor})
+		row.PrefillBlocks, row.DecodeBlocks, row.RequestBlocks, row.CreditDecay, row.Cost = t.prefill, t.decode, t.requests, t.decay, t.cost
 	}
 	if len(candidates) == 0 {
 		return d, ErrAllBusy
@@ -308,6 +317,8 @@ func (r *Router) pickLocked(rows []WorkerCost, candidates []int) int {
 		return i
 	case ModeRandom:
 		return candidates[r.rng.IntN(len(candidates))]
+	case ModePowerOfTwo:
+		return r.powerOfTwoLocked(candidates)
 	case ModeLeastLoaded:
 		best, n := -1, 0
 		for _, i := range candidates {
@@ -328,6 +339,60 @@ func (r *Router) pickLocked(rows []WorkerCost, candidates []int) int {
 		sub[j] = rows[i]
 	}
 	return candidates[pickByCost(sub, r.cfg.Temperature, r.rng)]
+}
+
+// powerOfTwoLocked is Dynamo's power-of-two-choices: two distinct
+// candidates drawn at random, the one with fewer requests in flight wins (a
+// tie goes to the first drawn). One candidate is chosen alone. r.mu must be
+// held.
+func (r *Router) powerOfTwoLocked(candidates []int) int {
+	if len(candidates) == 1 {
+		return candidates[0]
+	}
+	a := r.rng.IntN(len(candidates))
+	b := r.rng.IntN(len(candidates) - 1)
+	if b >= a {
+		b++ // distinct from a, uniform over the rest
+	}
+	i, j := candidates[a], candidates[b]
+	if r.loads[j].Requests < r.loads[i].Requests {
+		return j
+	}
+	return i
+}
+
+// activeHashesLocked returns the hashes req's active blocks are booked
+// under. By default the prompt's: requests sharing a prefix on a worker
+// share its blocks (Dynamo's --router-assume-kv-reuse). With
+// Config.DistinctActiveBlocks (--no-router-assume-kv-reuse) every block of
+// every request counts on its own, as when transferred KV is not
+// deduplicated on the decode side: hashes derived from the request id, one
+// per prompt block, so no two requests share one. r.mu must be held.
+func (r *Router) activeHashesLocked(req Request) []uint64 {
+	if !r.cfg.DistinctActiveBlocks || len(req.Hashes) == 0 {
+		return req.Hashes
+	}
+	return distinctHashes(req.ID, len(req.Hashes))
+}
+
+// distinctHashes derives n hashes from id (FNV-1a of the id, then a
+// splitmix64 sequence): the same id gives the same hashes on every replica,
+// different ids collide with negligible probability.
+func distinctHashes(id string, n int) []uint64 {
+	seed := uint64(14695981039346656037)
+	for i := 0; i < len(id); i++ {
+		seed ^= uint64(id[i])
+		seed *= 1099511628211
+	}
+	out := make([]uint64, n)
+	for i := range out {
+		seed += 0x9e3779b97f4a7c15
+		z := seed
+		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+		z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+		out[i] = z ^ (z >> 31)
+	}
+	return out
 }
 
 // ShouldQueue reports whether a new request should wait: a queue threshold

@@ -109,12 +109,16 @@ func dynamoSpecs(c *serveConfig, noEvents *bool, warn func(string)) []flagSpec {
 				c.AdmissionControl = v
 				return nil
 			}},
-		noEffect("router-kv-overlap-score-credit-decay", "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY", "overlap credit does not decay with load here (not implemented yet)"),
-		noEffect("router-host-cache-hit-weight", "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT", "the index does not track CPU/disk tiers yet: every indexed block counts as device-resident"),
-		noEffect("router-disk-cache-hit-weight", "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT", "the index does not track CPU/disk tiers yet: every indexed block counts as device-resident"),
+		{names: []string{"router-kv-overlap-score-credit-decay"}, env: []string{"DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY"},
+			usage: "shrink the overlap credit of a worker with more active prefill than the least loaded eligible one: credit/(1 + decay·excess blocks/prompt blocks) (Dynamo's; 0 = off)",
+			set:   floatp(&c.Router.OverlapCreditDecay)},
+		{names: []string{"router-decode-active-request-weight"}, env: []string{"DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT"},
+			usage: "blocks of cost per request a worker is decoding (Dynamo's; 0 = off)",
+			set:   floatp(&c.Router.DecodeActiveRequestWeight)},
+		noEffect("router-host-cache-hit-weight", "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT", tiersWhy),
+		noEffect("router-disk-cache-hit-weight", "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT", tiersWhy),
 		noEffect("shared-cache-multiplier", "DYN_SHARED_CACHE_MULTIPLIER", "no external shared cache (HiCache/Mooncake) is queried"),
 		noEffect("shared-cache-type", "DYN_SHARED_CACHE_TYPE", "no external shared cache (HiCache/Mooncake) is queried"),
-		noEffect("router-decode-active-request-weight", "DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT", "the cost counts decode blocks, not requests (not implemented yet)"),
 		noEffect("router-prefill-load-model", "DYN_ROUTER_PREFILL_LOAD_MODEL", "prompt load is booked statically until the first token (Dynamo's 'none')"),
 		noEffect("router-max-tree-size", "DYN_ROUTER_MAX_TREE_SIZE", "the index is bounded by the workers' own eviction events, not a tree size"),
 		noEffect("router-prune-target-ratio", "DYN_ROUTER_PRUNE_TARGET_RATIO", "the index is bounded by the workers' own eviction events, not pruning"),
@@ -131,9 +135,21 @@ func dynamoSpecs(c *serveConfig, noEvents *bool, warn func(string)) []flagSpec {
 	specs = append(specs, negatable("router-track-active-blocks", "DYN_ROUTER_TRACK_ACTIVE_BLOCKS", true,
 		"active blocks are always tracked: the cost function needs them", "track-active-blocks")...)
 	specs = append(specs, negatable("router-track-output-blocks", "DYN_ROUTER_TRACK_OUTPUT_BLOCKS", false,
-		"output blocks are booked at the request's start (max_tokens), not grown as tokens arrive (not implemented yet)", "track-output-blocks")...)
-	specs = append(specs, negatable("router-assume-kv-reuse", "DYN_ROUTER_ASSUME_KV_REUSE", true,
-		"active blocks always assume KV reuse (hashes of the prompt's blocks)", "assume-kv-reuse")...)
+		"not implemented: a request's active blocks are its prompt's until it finishes; growing them as tokens stream (toward nvext "+
+			"agent_hints.osl) needs per-token progress from the relay in the load view and a replica-sync message per block per request", "track-output-blocks")...)
+	specs = append(specs, flagSpec{names: []string{"router-assume-kv-reuse", "assume-kv-reuse"}, env: envs("DYN_ROUTER_ASSUME_KV_REUSE"), bool: true,
+		usage: "requests sharing a prefix on a worker share its active blocks (default true; --no-router-assume-kv-reuse: every request's blocks count on their own)",
+		set: func(v string) error {
+			b, err := strconv.ParseBool(v)
+			c.Router.DistinctActiveBlocks = err == nil && !b
+			return err
+		}},
+		flagSpec{names: []string{"no-router-assume-kv-reuse", "no-assume-kv-reuse"}, bool: true, usage: "Dynamo's; see --router-assume-kv-reuse",
+			set: func(v string) error {
+				b, err := strconv.ParseBool(v)
+				c.Router.DistinctActiveBlocks = err == nil && b
+				return err
+			}})
 	specs = append(specs, negatable("router-reset-states", "DYN_ROUTER_RESET_STATES", false,
 		"the index is replicated state: wiping it at one replica's start would wipe every replica's; deregister workers instead")...)
 	specs = append(specs, negatable("use-remote-indexer", "DYN_USE_REMOTE_INDEXER", false,
@@ -147,6 +163,11 @@ func dynamoSpecs(c *serveConfig, noEvents *bool, warn func(string)) []flagSpec {
 	return specs
 }
 
+// tiersWhy is why the host/disk cache-hit weights have no effect.
+const tiersWhy = "the index holds only blocks in the engines' GPU prefix cache: the KV event bridge skips CPU/disk-tier events (medium CPU/DISK, " +
+	"counted as other_medium) because the replicated event in the Raft log carries no tier, so no lower-tier overlap can be counted; " +
+	"adding a tier to it is a change of the replicated log format (fsm, docs/CONTRACTS.md)"
+
 func envs(e string) []string {
 	if e == "" {
 		return nil
@@ -158,9 +179,6 @@ func envs(e string) []string {
 // differently: each one warns once at start.
 func parseDynamoMode(v string, warn func(string)) (router.Mode, error) {
 	switch v {
-	case "power-of-two", "power_of_two":
-		warn("--router-mode power-of-two: routed as least-loaded (the least loaded of all workers, not of two sampled ones)")
-		return router.ModeLeastLoaded, nil
 	case "device-aware-weighted", "device_aware_weighted":
 		warn("--router-mode device-aware-weighted: routed as least-loaded (workers carry no device type here)")
 		return router.ModeLeastLoaded, nil

@@ -13,7 +13,9 @@ import (
 // testdata/dynamo-names.tsv (with the upstream file it comes from) is
 // accepted by `kvrouter serve` and either applies Dynamo's meaning (the
 // configuration changes) or logs a startup warning naming it — or is
-// marked "same": already what kvrouter does.
+// marked "same": already what kvrouter does. Rows marked "changes" must
+// change it without a warning (implemented), rows marked "warns" must warn
+// without changing it (no effect here, and the warning says why).
 func TestDynamoNames(t *testing.T) {
 	f, err := os.Open("testdata/dynamo-names.tsv")
 	if err != nil {
@@ -68,6 +70,14 @@ func TestDynamoNames(t *testing.T) {
 		case "changes-or-warns":
 			if !changed && !warned {
 				t.Errorf("%s %s=%q accepted but did nothing and said nothing", kind, name, sample)
+			}
+		case "changes": // implemented with Dynamo's meaning: no "no effect" warning
+			if !changed || warned {
+				t.Errorf("%s %s=%q is marked implemented but changed=%v warned=%v %s", kind, name, sample, changed, warned, stderr.String())
+			}
+		case "warns": // accepted without effect: the warning must say so
+			if changed || !warned {
+				t.Errorf("%s %s=%q is marked no-effect but changed=%v warned=%v", kind, name, sample, changed, warned)
 			}
 		default:
 			t.Fatalf("row %q: expect %q", line, expect)
