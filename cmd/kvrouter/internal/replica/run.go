@@ -91,7 +91,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	httpSrv := api.NewHTTPServer(handler, api.ServerOptions{Logger: log})
+	httpSrv := api.NewHTTPServer(closeWhileDraining(handler, &r.draining), api.ServerOptions{Logger: log})
 	httpErr := make(chan error, 1)
 	go func() { httpErr <- httpSrv.Serve(ln) }()
 	log.Info("replica serving", "http", cfg.HTTPAddr, "advertise", cfg.AdvertiseHTTP, "raft", cfg.RaftAddr, "nats", bus.ClientURL(), "mode", cfg.Router.Mode,
@@ -125,8 +125,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// reconnect elsewhere. Then wait for in-flight requests before closing
 	// the listener: a closed listener fails the checks and would cut the
 	// streams still running.
-	r.draining.Store(true)
-	httpSrv.SetKeepAlivesEnabled(false)
+	r.draining.Store(true) // closeWhileDraining: keep-alives end with each connection's next answer
 	if cfg.DrainDelay > 0 {
 		log.Info("draining: /ready is 503 (404 to the load balancer) while it moves away", "for", cfg.DrainDelay)
 		time.Sleep(cfg.DrainDelay)
