@@ -14,14 +14,19 @@ import (
 //
 //	cost_w = scale·prefill_w + decode_w             Dynamo's, with the effective overlap
 //	       + EvictWeight·evicted_w·unique_w          what the request's new blocks destroy
+//	       + CopyWeight·copied_w                     content another candidate holds (not when overloaded)
 //	       + HomeWeight·fresh·rank_w/(N−1)           new content goes to its rendezvous home
 //	       + QueueWeight·(overflow_w − min overflow)  only when the cluster is overloaded
 //
-// and a worker the request would wait on for KV admission leaves the
-// candidate set while some other worker can admit it at once (unless the
-// cluster is overloaded). Every input is replicated (index, worker
-// registry) or synced (ActiveLoad): replicas with the same state and load
-// make the same decision, up to the rng's tie-break as in kv.
+// and a worker the request would wait on for KV admission (its pinned
+// blocks plus a decode reserve per request, from the observed output
+// lengths) leaves the candidate set while some other worker can admit it
+// at once (unless the cluster is overloaded). Every input is replicated
+// (index, worker registry) or synced (ActiveLoad), except the observed
+// output length, which each replica learns from the requests it finishes:
+// replicas with the same state, load and mean output make the same
+// decision, up to the rng's tie-break as in kv.
+
 // Defaults of PooledConfig. They are prices in Dynamo's cost units (one
 // block of prefill or decode) and one load fraction, set from the policy's
 // reasoning (router/DESIGN.md), not fitted to a benchmark; kvbench sim's
