@@ -23,19 +23,20 @@ type busHooks struct {
 // whatever else the connection serves; closeFn releases the rest after the
 // publisher is closed. It fails if the bus is not reachable (the caller
 // retries).
-type connectFunc func(ctx context.Context, worker string, hooks busHooks) (pub Publisher, closeFn func(), err error)
+type connectFunc func(ctx context.Context, worker string, dpRank uint32, hooks busHooks) (pub Publisher, closeFn func(), err error)
 
 // natsConnect returns the real connectFunc: a NATS client connection to
 // urls (comma list) with opts (the worker certificate on a secure bus), an
-// eventbus.Publisher for rank 0 of worker, and the worker's resync subject
-// served.
+// eventbus.Publisher for rank dpRank of worker, and (rank 0 only: the
+// subject is the worker's, the request names the rank) the worker's resync
+// subject served.
 func natsConnect(urls string, log *slog.Logger, opts ...eventbus.ConnectOption) connectFunc {
-	return func(ctx context.Context, worker string, hooks busHooks) (Publisher, func(), error) {
-		nc, err := eventbus.Connect(urls, "kvmock-"+worker, log, opts...)
+	return func(ctx context.Context, worker string, dpRank uint32, hooks busHooks) (Publisher, func(), error) {
+		nc, err := eventbus.Connect(urls, fmt.Sprintf("kvmock-%s-%d", worker, dpRank), log, opts...)
 		if err != nil {
 			return nil, nil, err
 		}
-		pub, err := eventbus.NewPublisher(nc, worker, 0,
+		pub, err := eventbus.NewPublisher(nc, worker, dpRank,
 			eventbus.WithNextEventID(hooks.firstEventID),
 			eventbus.WithOnError(hooks.onError),
 			eventbus.WithOnAck(hooks.onAck),
@@ -43,6 +44,10 @@ func natsConnect(urls string, log *slog.Logger, opts ...eventbus.ConnectOption) 
 		if err != nil {
 			nc.Close()
 			return nil, nil, err
+		}
+		if dpRank != 0 {
+			log.Info("connected to NATS", "url", nc.ConnectedUrlRedacted(), "events_subject", eventbus.EventSubject(worker), "dp_rank", dpRank)
+			return pub, nc.Close, nil
 		}
 		sub, err := eventbus.ServeResync(nc, worker, log, func(req eventbus.ResyncRequest) eventbus.ResyncReply {
 			return hooks.resync(req, pub)

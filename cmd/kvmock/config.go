@@ -49,6 +49,13 @@ type config struct {
 	Register     []string // kvrouter replica base URLs
 	// AdminToken is the bearer token of the replicas' admin endpoints.
 	AdminToken string
+	// DPRanks is the data-parallel ranks served behind this one URL (dp.go);
+	// DPRank is which one a Mock is (set internally, not a flag).
+	DPRanks int
+	DPRank  uint32
+	// APIKey, when set, is the bearer token /v1/* requires (vLLM's
+	// --api-key; apikey.go).
+	APIKey string
 	// NATSTLS is the worker's certificate, key and the cluster's CA for a
 	// secure bus (kvrouter certs --workers <id>); zero = plaintext.
 	NATSTLS pki.Material
@@ -94,7 +101,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	var (
 		c                           config
 		register, level, tmpl, role string
-		adminTokenFile              string
+		adminTokenFile, apiKeyFile  string
 	)
 	fs.StringVar(&c.ID, "id", "mock-1", "worker id (unique among the workers; no '#')")
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:9001", "HTTP listen address")
@@ -116,6 +123,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.Uint64Var(&c.EventIDStart, "event-id-start", 0, "first KV event id (0: microseconds since the epoch at startup, so no run reuses an earlier run's ids, which the stream would drop as duplicates; the cluster resyncs the worker once at its first event)")
 	fs.StringVar(&register, "register", "", "comma list of kvrouter replica base URLs to register with (empty: do not register)")
 	fs.StringVar(&c.AdminToken, "admin-token", "", "bearer token for the replicas' /workers endpoints (their --admin-token), if they require one (prefer --admin-token-file)")
+	fs.IntVar(&c.DPRanks, "dp-ranks", 1, "data-parallel ranks behind this URL, each with its own engine, cache and KV event stream (dp_rank in its events); with more than one, /v1/* needs the X-data-parallel-rank header (vLLM's and SGLang's) and answers 400 without it or for a rank not served")
+	fs.StringVar(&c.APIKey, "api-key", "", "as vLLM's --api-key: /v1/* answers 401 without \"Authorization: Bearer <key>\" (prefer --api-key-file: argv is visible to every local user)")
+	fs.StringVar(&apiKeyFile, "api-key-file", "", "file holding the API key (instead of --api-key)")
 	fs.StringVar(&adminTokenFile, "admin-token-file", "", "file holding the admin token (instead of --admin-token: argv is visible to every local user)")
 	fs.StringVar(&c.NATSTLS.CAFile, "nats-tls-ca", "", "CA certificate of the cluster (PEM) for a secure bus; with --nats-tls-cert and --nats-tls-key")
 	fs.StringVar(&c.NATSTLS.CertFile, "nats-tls-cert", "", "this worker's certificate (PEM, identity spiffe://kvrouter/worker/<id>: kvrouter certs --workers <id>)")
@@ -160,6 +170,15 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	for _, u := range strings.Split(register, ",") {
 		if u = strings.TrimRight(strings.TrimSpace(u), "/"); u != "" {
 			c.Register = append(c.Register, u)
+		}
+	}
+	if apiKeyFile != "" {
+		if c.APIKey != "" {
+			errs = append(errs, errors.New("give the API key once: --api-key or --api-key-file"))
+		} else if tok, err := pki.ReadSecretFile(apiKeyFile); err != nil {
+			errs = append(errs, fmt.Errorf("--api-key-file: %w", err))
+		} else {
+			c.APIKey = tok.Reveal()
 		}
 	}
 	if adminTokenFile != "" {
@@ -218,6 +237,9 @@ func (c config) validate() error {
 	}
 	if c.Model == "" {
 		errs = append(errs, errors.New("--model must not be empty"))
+	}
+	if c.DPRanks < 1 || c.DPRanks > maxDPRanks {
+		errs = append(errs, fmt.Errorf("--dp-ranks %d: must be in [1, %d]", c.DPRanks, maxDPRanks))
 	}
 	if c.BlockSize <= 0 || c.BlockSize > eventbus.MaxBlockSize {
 		errs = append(errs, fmt.Errorf("--block-size %d: must be in [1, %d]", c.BlockSize, eventbus.MaxBlockSize))

@@ -54,6 +54,7 @@ func (w *tWriter) Write(p []byte) (int, error) {
 // round-tripping each through the wire encoding.
 type fakePublisher struct {
 	worker string
+	dpRank uint32
 
 	mu        sync.Mutex
 	next      uint64
@@ -76,7 +77,7 @@ func (f *fakePublisher) PublishAsync(_ context.Context, ev eventbus.WireEvent) (
 	if f.calls <= f.failFirst {
 		return 0, errors.New("nats: connection closed (test)")
 	}
-	ev.Worker, ev.DPRank = f.worker, 0
+	ev.Worker, ev.DPRank = f.worker, f.dpRank
 	if ev.EventID == 0 {
 		ev.EventID = f.next
 	}
@@ -129,11 +130,14 @@ func (f *fakePublisher) snapshot() []eventbus.WireEvent {
 
 // testMock is a running kvmock with a fake publisher.
 type testMock struct {
-	m     *Mock
-	url   string
-	pub   *fakePublisher
-	hooks chan busHooks // receives the hooks when the bus "connects"
-	stop  func()        // graceful shutdown, waits for Serve
+	m   *Mock
+	url string
+	pub *fakePublisher
+	// rankPubs are the other data-parallel ranks' publishers (--dp-ranks),
+	// rankPubs[r-1] for rank r.
+	rankPubs []*fakePublisher
+	hooks    chan busHooks // receives the hooks when the bus "connects"
+	stop     func()        // graceful shutdown, waits for Serve
 }
 
 // testConfig is the default configuration, made fast for tests.
@@ -159,11 +163,27 @@ func startMock(t *testing.T, mutate func(*config), noBus bool, before ...func(*t
 		mutate(&cfg)
 	}
 	tm := &testMock{pub: newFakePublisher(cfg.ID), hooks: make(chan busHooks, 1)}
+	for r := 1; r < cfg.DPRanks; r++ {
+		p := newFakePublisher(cfg.ID)
+		p.dpRank = uint32(r)
+		tm.rankPubs = append(tm.rankPubs, p)
+	}
 	var connect connectFunc
 	if !noBus {
-		connect = func(_ context.Context, worker string, hooks busHooks) (Publisher, func(), error) {
+		connect = func(_ context.Context, worker string, dpRank uint32, hooks busHooks) (Publisher, func(), error) {
 			if worker != cfg.ID {
 				t.Errorf("connect for worker %q, want %q", worker, cfg.ID)
+			}
+			if dpRank != 0 {
+				if int(dpRank) > len(tm.rankPubs) {
+					t.Errorf("connect for rank %d of %d", dpRank, cfg.DPRanks)
+					return nil, nil, errors.New("no such rank")
+				}
+				p := tm.rankPubs[dpRank-1]
+				p.mu.Lock()
+				p.next = hooks.firstEventID
+				p.mu.Unlock()
+				return p, func() {}, nil
 			}
 			tm.pub.mu.Lock()
 			tm.pub.next = hooks.firstEventID

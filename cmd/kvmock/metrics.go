@@ -24,6 +24,7 @@ type statsDoc struct {
 	Config       engineCfgDoc  `json:"config"`
 	Publisher    *publisherDoc `json:"publisher,omitempty"`
 	KVTransfer   kvTransferDoc `json:"kv_transfer"`
+	Forwarded    forwardedDoc  `json:"forwarded"` // identity headers seen on /v1/* (apikey.go)
 }
 
 // kvTransferDoc: disaggregation. The sender side (a prefill worker's
@@ -106,10 +107,15 @@ type requestsDoc struct {
 	Cancelled    uint64 `json:"cancelled"`
 	BadRequests  uint64 `json:"bad_requests"`
 	ServerErrors uint64 `json:"server_errors"`
-	InFlight     int64  `json:"in_flight"`
-	PromptTokens uint64 `json:"prompt_tokens"`
-	CachedTokens uint64 `json:"cached_tokens"`
-	OutputTokens uint64 `json:"output_tokens"`
+	Unauthorized uint64 `json:"unauthorized"` // refused for want of the --api-key bearer
+	// DPRankMissing, DPRankUnknown: refused for naming no rank, or one not
+	// served (--dp-ranks; dp.go).
+	DPRankMissing uint64 `json:"dp_rank_missing"`
+	DPRankUnknown uint64 `json:"dp_rank_unknown"`
+	InFlight      int64  `json:"in_flight"`
+	PromptTokens  uint64 `json:"prompt_tokens"`
+	CachedTokens  uint64 `json:"cached_tokens"`
+	OutputTokens  uint64 `json:"output_tokens"`
 }
 
 // eventsDoc: the KV event pipeline. Every engine event is either queued,
@@ -161,7 +167,8 @@ func (m *Mock) statsDoc(ctx context.Context) (statsDoc, error) {
 		Requests: requestsDoc{
 			Chat: c.chat.Load(), Completions: c.completions.Load(), Streams: c.streams.Load(),
 			Completed: c.completed.Load(), Cancelled: c.cancelled.Load(), BadRequests: c.badRequests.Load(),
-			ServerErrors: c.serverErrors.Load(), InFlight: c.inflight.Load(),
+			ServerErrors: c.serverErrors.Load(), Unauthorized: c.unauthorized.Load(), InFlight: c.inflight.Load(),
+			DPRankMissing: m.rankCtr.missing.Load(), DPRankUnknown: m.rankCtr.unknown.Load(),
 			PromptTokens: c.promptTokens.Load(), CachedTokens: c.cachedTokens.Load(), OutputTokens: c.outputToks.Load(),
 		},
 		Events: eventsDoc{EngineEvents: m.drv.engineEvents.Load(), DroppedNoBus: m.drv.droppedNoBus.Load()},
@@ -171,6 +178,7 @@ func (m *Mock) statsDoc(ctx context.Context) (statsDoc, error) {
 			ChatTemplate: m.cfg.ChatTemplate.String(),
 		},
 	}
+	d.Forwarded = m.fwd.doc()
 	ts, l, pc := m.transfers, m.link, &m.pullCtr
 	d.KVTransfer = kvTransferDoc{
 		BytesPerToken: m.cfg.KVBytesPerToken, LinkMBps: m.cfg.LinkMBps, LinkMaxTransfers: m.cfg.LinkMaxTransfers,
@@ -226,6 +234,8 @@ func (m *Mock) metrics(w http.ResponseWriter, r *http.Request) {
 	metric("requests_completed_total", "counter", "Requests answered in full.", q.Completed)
 	metric("requests_cancelled_total", "counter", "Requests abandoned by their client.", q.Cancelled)
 	metric("requests_bad_total", "counter", "Requests rejected as invalid.", q.BadRequests)
+	metric("dp_rank_refused_total", "counter", "Requests refused for naming no data-parallel rank or one not served (--dp-ranks).", q.DPRankMissing+q.DPRankUnknown)
+	metric("unauthorized_requests_total", "counter", "Requests to /v1/* refused with 401 for want of the --api-key bearer token.", q.Unauthorized)
 	metric("requests_in_flight", "gauge", "Requests being served.", q.InFlight)
 	metric("prompt_tokens_total", "counter", "Prompt tokens of completed requests.", q.PromptTokens)
 	metric("cached_tokens_total", "counter", "Prompt tokens served from the prefix cache (completed requests).", q.CachedTokens)

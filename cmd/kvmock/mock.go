@@ -49,6 +49,12 @@ type Mock struct {
 
 	reqSeq atomic.Uint64
 	ctr    counters
+	fwd    forwardedHeaders // identity headers a router forwarded (apikey.go)
+
+	// ranks are the other data-parallel ranks behind this (rank 0's) URL
+	// (--dp-ranks; dp.go): ranks[r-1] is rank r.
+	ranks   []*Mock
+	rankCtr rankCounters
 
 	// Disaggregation: the prefill side's transfers and link, the decode
 	// side's pull client (its own transport: no process-global state).
@@ -63,6 +69,7 @@ type counters struct {
 	chat, completions, streams             atomic.Uint64
 	completed, cancelled                   atomic.Uint64
 	badRequests, serverErrors              atomic.Uint64
+	unauthorized                           atomic.Uint64 // --api-key refusals (apikey.go)
 	promptTokens, cachedTokens, outputToks atomic.Uint64
 	inflight                               atomic.Int64
 }
@@ -99,6 +106,17 @@ func newMock(cfg config, log *slog.Logger, connect connectFunc) (*Mock, error) {
 		m.q = newEventQueue(cfg.EventQueue, log.With("component", "events"))
 	}
 	m.drv = newDriver(eng, m.q, log.With("component", "engine"))
+	if cfg.DPRanks > 1 && cfg.DPRank == 0 {
+		for r := 1; r < cfg.DPRanks; r++ {
+			rc := cfg
+			rc.DPRank, rc.Register = uint32(r), nil // rank 0 registers the worker with all its ranks
+			sub, err := newMock(rc, log.With("dp_rank", r), connect)
+			if err != nil {
+				return nil, fmt.Errorf("dp rank %d: %w", r, err)
+			}
+			m.ranks = append(m.ranks, sub)
+		}
+	}
 	if len(cfg.Register) > 0 {
 		m.regCfg = registrationConfig(cfg, m.engCfg, log)
 		if m.regCfg.Client, err = cfg.registerClient(); err != nil {
@@ -215,7 +233,8 @@ func (m *Mock) Serve(ctx context.Context, ln net.Listener) error {
 		m.log.Warn("!!! no --nats: KV events are NOT published; a router in kv mode will never see this worker's cache !!!")
 	}
 
-	srv := &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(m.log.Handler(), slog.LevelWarn)}
+	stopRanks := m.startRanks(ready)
+	srv := &http.Server{Handler: m.guard(m.front()), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(m.log.Handler(), slog.LevelWarn)}
 	srvErr := make(chan error, 1)
 	go func() { srvErr <- srv.Serve(ln) }()
 	m.log.Info("kvmock serving", "id", m.cfg.ID, "addr", ln.Addr().String(), "url", m.advertise, "model", m.cfg.Model,
@@ -249,6 +268,7 @@ func (m *Mock) Serve(ctx context.Context, ln net.Listener) error {
 		m.log.Warn("requests still running at the shutdown timeout; cancelling them", "err", err)
 		_ = srv.Close()
 	}
+	stopRanks(sctx)
 	stopDrv()
 	<-m.drv.done
 	stopLink()
@@ -300,7 +320,7 @@ func (m *Mock) runBus(ctx context.Context, ready <-chan struct{}) {
 	)
 	for attempt := 1; ; attempt++ {
 		var err error
-		pub, closeFn, err = m.connect(ctx, m.cfg.ID, hooks)
+		pub, closeFn, err = m.connect(ctx, m.cfg.ID, m.cfg.DPRank, hooks)
 		if err == nil {
 			break
 		}
@@ -366,8 +386,17 @@ func (m *Mock) onPublishAck(a eventbus.PublishAck) {
 // cache state behind the events already queued. NextEventID is read first,
 // so the cleared event's id is at least that.
 func (m *Mock) resync(req eventbus.ResyncRequest, pub Publisher) eventbus.ResyncReply {
-	if req.DPRank != 0 {
-		return eventbus.ResyncReply{Error: fmt.Sprintf("kvmock %s has dp rank 0 only, not %d", m.cfg.ID, req.DPRank)}
+	if req.DPRank != m.cfg.DPRank {
+		// Rank 0 serves the worker's resync subject for every rank.
+		r := m.rank(int(req.DPRank))
+		if m.cfg.DPRank != 0 || r == nil || r == m {
+			return eventbus.ResyncReply{Error: fmt.Sprintf("kvmock %s has dp ranks 0-%d, not %d", m.cfg.ID, max(m.cfg.DPRanks, 1)-1, req.DPRank)}
+		}
+		rpub := r.publisher()
+		if rpub == nil {
+			return eventbus.ResyncReply{Error: fmt.Sprintf("dp rank %d is not connected to the bus yet", req.DPRank)}
+		}
+		return r.resync(req, rpub)
 	}
 	next := pub.NextEventID()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

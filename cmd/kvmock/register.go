@@ -19,7 +19,8 @@ func registrationConfig(cfg config, engCfg engine.Config, log *slog.Logger) regi
 		Spec: registrar.Spec{
 			ID: cfg.ID, Model: cfg.Model, BlockSize: cfg.BlockSize,
 			TotalBlocks: cfg.KVBlocks, MaxBatchedTokens: engCfg.MaxBatchedTokens,
-			Role: string(cfg.Role), // always sent: a router that predates roles ignores it
+			Role:    string(cfg.Role), // always sent: a router that predates roles ignores it
+			DPRanks: registeredRanks(cfg.DPRanks),
 		},
 		// At shutdown a replica's "worker not registered" (an expired
 		// lease) is as good as done.

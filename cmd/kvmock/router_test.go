@@ -23,8 +23,9 @@ type oneReplica struct {
 	index *router.Index
 	rt    *router.Router
 
-	mu   sync.Mutex
-	urls map[router.WorkerID]string
+	mu    sync.Mutex
+	urls  map[router.WorkerID]string
+	ranks map[router.WorkerID]int // the rank of each routable id of a worker with dp ranks
 }
 
 func newOneReplica(t *testing.T, model string) *oneReplica {
@@ -35,7 +36,7 @@ func newOneReplica(t *testing.T, model string) *oneReplica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &oneReplica{model: model, index: ix, rt: rt, urls: map[router.WorkerID]string{}}
+	return &oneReplica{model: model, index: ix, rt: rt, urls: map[router.WorkerID]string{}, ranks: map[router.WorkerID]int{}}
 }
 
 func (r *oneReplica) NodeID() string   { return "r1" }
@@ -44,7 +45,12 @@ func (r *oneReplica) Router(m string) (*router.Router, bool) {
 	return r.rt, m == r.model
 }
 func (r *oneReplica) Adapter(string) (string, []router.WorkerID, bool) { return "", nil, false }
-func (r *oneReplica) DPRank(router.WorkerID) (int, bool)               { return 0, false }
+func (r *oneReplica) DPRank(id router.WorkerID) (int, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.ranks[id]
+	return n, ok
+}
 func (r *oneReplica) WorkerURL(id router.WorkerID) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -63,12 +69,19 @@ func (r *oneReplica) RegisterWorker(_ context.Context, w api.WorkerSpec) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	id := router.WorkerID(w.ID)
-	if _, ok := r.urls[id]; !ok {
-		r.index.AddWorker(id)
-		r.rt.SetWorkers(append(r.rt.Workers(), router.WorkerInfo{ID: id, TotalBlocks: w.TotalBlocks, MaxBatchedTokens: w.MaxBatchedTokens}))
+	// One routable id per data-parallel rank, as the replica folds them
+	// (router.WorkerKey), each its own index entry and load.
+	for rank := range max(w.DPRanks, 1) {
+		id := router.WorkerKey(w.ID, uint32(rank))
+		if _, ok := r.urls[id]; !ok {
+			r.index.AddWorker(id)
+			r.rt.SetWorkers(append(r.rt.Workers(), router.WorkerInfo{ID: id, TotalBlocks: w.TotalBlocks, MaxBatchedTokens: w.MaxBatchedTokens}))
+		}
+		r.urls[id] = w.URL
+		if w.DPRanks > 1 {
+			r.ranks[id] = rank
+		}
 	}
-	r.urls[id] = w.URL
 	return nil
 }
 func (r *oneReplica) DeregisterWorker(context.Context, string) error { return nil }

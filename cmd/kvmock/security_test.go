@@ -69,7 +69,7 @@ func TestMockSecureBus(t *testing.T) {
 		t.Fatal(err)
 	}
 	var acked atomic.Int64
-	pub, closeFn, err := natsConnect(url, log, opts...)(t.Context(), cfg.ID, busHooks{firstEventID: 1,
+	pub, closeFn, err := natsConnect(url, log, opts...)(t.Context(), cfg.ID, 0, busHooks{firstEventID: 1,
 		onAck: func(eventbus.PublishAck) { acked.Add(1) }, onError: func(id uint64, err error) { t.Errorf("event %d: %v", id, err) }})
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +96,7 @@ func TestMockSecureBus(t *testing.T) {
 		t.Errorf("another worker's certificate: %v", err)
 	}
 	// Without credentials the secure bus refuses the connection.
-	if _, _, err := natsConnect(url, log)(t.Context(), "mock-1", busHooks{}); err == nil {
+	if _, _, err := natsConnect(url, log)(t.Context(), "mock-1", 0, busHooks{}); err == nil {
 		t.Error("anonymous connection accepted by a secure bus")
 	}
 	for _, bad := range [][]string{{"--nats", url, "--nats-tls-ca", "ca.pem"}, {"--nats-tls-ca", "a", "--nats-tls-cert", "b", "--nats-tls-key", "c"}} {
