@@ -162,6 +162,11 @@ func (s *Server) secrets() []string {
 			out = append(out, k)
 		}
 	}
+	for _, k := range s.cfg.WorkerAPIKeys {
+		if len(k) >= 6 {
+			out = append(out, k)
+		}
+	}
 	for k := range s.cfg.MaxPriorityByKey {
 		if len(k) >= 6 {
 			out = append(out, k)

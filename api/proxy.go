@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -133,8 +134,8 @@ func (s *Server) send(c *gin.Context, worker router.WorkerID, path string, body 
 		return nil, &workerError{worker: worker, kind: failConnect, err: fmt.Errorf("building the request: %w", err)}
 	}
 	req.Header = outboundHeader(c.Request.Header)
-	if s.cfg.WorkerAPIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+s.cfg.WorkerAPIKey)
+	if key := s.workerKey(worker); key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
 	}
 	if rank, ok := s.rep.DPRank(worker); ok {
 		req.Header.Set("X-Data-Parallel-Rank", strconv.Itoa(rank))
@@ -149,6 +150,16 @@ func (s *Server) send(c *gin.Context, worker router.WorkerID, path string, body 
 		return nil, unavailable(worker, resp)
 	}
 	return resp, nil
+}
+
+// workerKey is the bearer token for worker (any of its ranks): its own
+// key, else the one for every worker, else none.
+func (s *Server) workerKey(worker router.WorkerID) string {
+	base, _, _ := strings.Cut(string(worker), "#")
+	if k, ok := s.cfg.WorkerAPIKeys[base]; ok {
+		return k
+	}
+	return s.cfg.WorkerAPIKey
 }
 
 // sendFailure classifies a failed round trip. written is whether the whole

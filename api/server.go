@@ -38,8 +38,14 @@ type Config struct {
 	// "Authorization: Bearer <key>" (engines started with --api-key); the
 	// client's own Authorization never reaches a worker.
 	WorkerAPIKey string
-	Tokenizer    tokenize.Tokenizer // must match the workers'
-	ChatTemplate tokenize.Template
+	// WorkerAPIKeys are per-worker keys (worker id → key), sent instead
+	// of WorkerAPIKey to the workers they name, every rank alike. They come
+	// from a file on the replica's host (--worker-api-keys-file), never
+	// from a registration: a key in a registration would sit in the Raft
+	// log and snapshots of every replica.
+	WorkerAPIKeys map[string]string
+	Tokenizer     tokenize.Tokenizer // must match the workers'
+	ChatTemplate  tokenize.Template
 	// Prompts tokenizes requests per model; nil = every model uses
 	// Tokenizer and ChatTemplate.
 	Prompts        *prompt.Set

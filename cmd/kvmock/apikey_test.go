@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/tokenize"
+	"github.com/kvrouter/kvrouter/router"
 )
 
 // send posts body to url with the given headers.
@@ -127,5 +129,44 @@ func TestMockAPIKeyThroughRouter(t *testing.T) {
 				t.Fatalf("worker saw %+v, want request id %q and traceparent %q once", f, id, traceparent)
 			}
 		})
+	}
+}
+
+// Per-worker keys (api.Config.WorkerAPIKeys, kvrouter serve
+// --worker-api-keys-file): two workers started with different --api-key
+// each receive only their own key (a wrong one would be refused and
+// counted), a worker not in the map gets the default key.
+func TestMockPerWorkerKeysThroughRouter(t *testing.T) {
+	rep := newOneReplica(t, "kvmock")
+	cfg := rep.rt.Config()
+	cfg.Mode = router.ModeRoundRobin // every worker gets requests, in turn
+	if err := rep.rt.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	srv := api.New(api.Config{Tokenizer: tokenize.Builtin(), ChatTemplate: tokenize.Plain, Logger: testLog(t), AllowLoopbackWorkers: true,
+		WorkerAPIKey: "default-secret", WorkerAPIKeys: map[string]string{"mock-a": "secret-of-a", "mock-b": "secret-of-b"}}, rep)
+	front := httptest.NewServer(srv.Handler())
+	defer front.Close()
+	mocks := map[string]*testMock{}
+	for id, key := range map[string]string{"mock-a": "secret-of-a", "mock-b": "secret-of-b", "mock-c": "default-secret"} {
+		mocks[id] = startMock(t, func(c *config) { c.ID, c.APIKey, c.Register = id, key, []string{front.URL} }, true)
+	}
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if len(rep.rt.Workers()) != len(mocks) {
+			return io.EOF
+		}
+		return nil
+	})
+	for i := range 6 {
+		resp, out := send(t, front.URL+"/v1/chat/completions", chatBody(words(fmt.Sprint("k", i), 20), 2, false), nil)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: HTTP %d %s", i, resp.StatusCode, out)
+		}
+	}
+	for id, tm := range mocks {
+		st := statsOf(t, tm.url)
+		if st.Requests.Unauthorized != 0 || st.Requests.Chat != 2 {
+			t.Fatalf("%s: refused %d, served %d of 6 (round-robin: 2)", id, st.Requests.Unauthorized, st.Requests.Chat)
+		}
 	}
 }

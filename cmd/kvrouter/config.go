@@ -45,7 +45,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 	c := serveConfig{Config: replica.Config{Router: router.DefaultConfig(), BusyStatus: 529, Retries: 2, MaxBodyBytes: 8 << 20}, AdmissionControl: "none"}
 	noEvents, noTrack := false, false
 	var loopbackWorkers, plainHTTP *bool
-	var secretFiles struct{ admin, worker, replica string }
+	var secretFiles struct{ admin, worker, replica, workerKeys string }
 	c.MaxPriority = math.MaxInt32 // no cap unless --max-priority: Dynamo lets clients set it
 	warned := map[string]bool{}
 	warn := func(msg string) { // one line per distinct warning, logged at start
@@ -102,6 +102,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"admin-token-file"}, env: []string{"KVROUTER_ADMIN_TOKEN_FILE"}, usage: "file holding the admin token (instead of --admin-token)", set: str(&secretFiles.admin)},
 		{names: []string{"worker-api-key"}, env: []string{"KVROUTER_WORKER_API_KEY"}, usage: "bearer token sent to every worker (engines started with --api-key; prefer --worker-api-key-file)", set: secret(&c.WorkerAPIKey)},
 		{names: []string{"worker-api-key-file"}, env: []string{"KVROUTER_WORKER_API_KEY_FILE"}, usage: "file holding the worker API key", set: str(&secretFiles.worker)},
+		{names: []string{"worker-api-keys-file"}, env: []string{"KVROUTER_WORKER_API_KEYS_FILE"}, usage: "per-worker API keys: a file of \"<worker id> <key file>\" lines (key files relative to it); a named worker gets its own key instead of --worker-api-key (workerkeys.go)", set: str(&secretFiles.workerKeys)},
 		{names: []string{"replica-token-file"}, env: []string{"KVROUTER_REPLICA_TOKEN_FILE"}, usage: "file holding a token that admits bus clients without a certificate with a replica's rights (tools such as kvbench ingest); needs TLS material", set: str(&secretFiles.replica)},
 		{names: []string{"api-keys"}, env: []string{"KVROUTER_API_KEYS"}, usage: "comma list of accepted inference API keys", set: list(&c.APIKeys)},
 		{names: []string{"api-client-certs"}, env: []string{"KVROUTER_API_CLIENT_CERTS"}, usage: "require a client certificate of the cluster's CA naming an API client (kvrouter certs --clients) on /v1/*, /tokenize and /detokenize (needs TLS material; with --api-keys both are required)", set: boolp(&c.APIClientCerts), bool: true},
@@ -216,6 +217,13 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		c.AllowPlainHTTP = *plainHTTP
 	} else {
 		c.AllowPlainHTTP = netaddr.LoopbackListen(c.HTTPAddr)
+	}
+	if secretFiles.workerKeys != "" {
+		keys, err := readWorkerKeys(secretFiles.workerKeys)
+		if err != nil {
+			return serveConfig{}, err
+		}
+		c.WorkerAPIKeys = keys
 	}
 	if err := c.readSecretFiles(secretFiles.admin, secretFiles.worker, secretFiles.replica); err != nil {
 		return c, err

@@ -54,7 +54,12 @@ type Config struct {
 	// admits bus clients without a certificate with a replica's rights
 	// (tools such as kvbench ingest). Both print as [redacted].
 	WorkerAPIKey pki.Secret
-	ReplicaToken pki.Secret
+	// WorkerAPIKeys are per-worker keys (worker id → key, from
+	// --worker-api-keys-file), sent instead of WorkerAPIKey to the workers
+	// they name. They stay on this host: never in a registration, the Raft
+	// log, a snapshot or /cluster/status.
+	WorkerAPIKeys map[string]pki.Secret
+	ReplicaToken  pki.Secret
 	// Bounds (api/DESIGN.md, "Bounds").
 	AllowLoopbackWorkers bool           // workers on loopback/link-local addresses (default: only when --http-addr is loopback)
 	MaxPriority          int            // highest client priority (default: no cap, as Dynamo)

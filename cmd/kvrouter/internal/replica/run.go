@@ -71,8 +71,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	apiCfg := api.Config{
 		BusyStatus: cfg.BusyStatus, AdminToken: cfg.AdminToken, APIKeys: cfg.APIKeys, ClientCert: apiClientCheck(cfg), Prompts: prompts,
-		WorkerAPIKey: cfg.WorkerAPIKey.Reveal(),
-		Retries:      cfg.Retries, AllowLoopbackWorkers: cfg.AllowLoopbackWorkers, MaxPriority: cfg.MaxPriority,
+		WorkerAPIKey: cfg.WorkerAPIKey.Reveal(), WorkerAPIKeys: revealAll(cfg.WorkerAPIKeys),
+		Retries: cfg.Retries, AllowLoopbackWorkers: cfg.AllowLoopbackWorkers, MaxPriority: cfg.MaxPriority,
 		MaxPriorityByKey: cfg.MaxPriorityByKey, MaxWorkers: cfg.MaxWorkers, MaxQueue: cfg.MaxQueue,
 		WorkerHeaderTimeout: cfg.WorkerHeaderTimeout, WorkerIdleTimeout: cfg.WorkerIdleTimeout, ProtectStatus: cfg.ProtectStatus, MetricsCompat: cfg.MetricsCompat, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,
 		Registry: reg,
@@ -95,7 +95,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	httpErr := make(chan error, 1)
 	go func() { httpErr <- httpSrv.Serve(ln) }()
 	log.Info("replica serving", "http", cfg.HTTPAddr, "advertise", cfg.AdvertiseHTTP, "raft", cfg.RaftAddr, "nats", bus.ClientURL(), "mode", cfg.Router.Mode,
-		"tls", bundle != nil, "plain_http", bundle == nil || cfg.AllowPlainHTTP, "admin_token", cfg.AdminToken != "", "worker_api_key", !cfg.WorkerAPIKey.IsZero())
+		"tls", bundle != nil, "plain_http", bundle == nil || cfg.AllowPlainHTTP, "admin_token", cfg.AdminToken != "", "worker_api_key", !cfg.WorkerAPIKey.IsZero(), "per_worker_api_keys", len(cfg.WorkerAPIKeys))
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -360,4 +360,17 @@ func remindInsecure(ctx context.Context, log *slog.Logger) {
 			log.Warn("INSECURE: the event bus runs without TLS or authentication (--insecure, or no TLS material on loopback)")
 		}
 	}
+}
+
+// revealAll turns per-worker secrets into the plain keys the API server
+// sends (nil for none).
+func revealAll(keys map[string]pki.Secret) map[string]string {
+	if len(keys) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(keys))
+	for id, k := range keys {
+		out[id] = k.Reveal()
+	}
+	return out
 }
