@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -88,34 +89,54 @@ func TestAPICacheSalt(t *testing.T) {
 	}
 }
 
-// A request with n > 1 is booked as n sequences while it runs.
+// A request is booked, while it runs, as every sequence it generates: n
+// for each prompt of a completions batch, with every prompt's tokens as
+// prefill (the test's tokenizer: one token per word; token ids as given).
 func TestAPINSequencesBooked(t *testing.T) {
-	cfg := router.DefaultConfig()
-	rep := newFakeReplica("m", cfg)
-	release := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		<-release
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"choices":[{"text":"a"},{"text":"b"},{"text":"c"}]}`)
-	}))
-	t.Cleanup(srv.Close)
-	rep.addWorker("m", "w1", srv.URL)
-	s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true}, rep)
-	rt, _ := rep.Router("m")
-	done := make(chan int)
-	go func() { done <- do(s, "POST", "/v1/completions", `{"model":"m","prompt":"hello","n":3}`).Code }()
-	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
-		if l := rt.Load().Load("w1"); l.Requests != 3 {
-			return fmt.Errorf("booked %+v, want 3 requests", l)
-		}
-		return nil
-	})
-	close(release)
-	if code := <-done; code != 200 {
-		t.Fatalf("status %d", code)
+	cases := []struct {
+		name, path, body string
+		requests, prefill int
+	}{
+		{"n=3", "/v1/completions", `{"model":"m","prompt":"hello","n":3}`, 3, 1},
+		{"batch of 2", "/v1/completions", `{"model":"m","prompt":["hello","hi"]}`, 2, 1 + 1},
+		{"batch of 2, n=2", "/v1/completions", `{"model":"m","prompt":["hello","hi"],"n":2}`, 4, 1 + 1},
+		{"token batch", "/v1/completions", `{"model":"m","prompt":[[1,2,3],[4,5],[6]]}`, 3, 3 + 2 + 1},
+		{"chat n=2", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hello"}],"n":2}`, 2, -1},
 	}
-	if l := rt.Load().Load("w1"); l.Requests != 0 {
-		t.Errorf("after the answer: %+v", l)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := router.DefaultConfig()
+			rep := newFakeReplica("m", cfg)
+			release := make(chan struct{})
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				<-release
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprint(w, `{"choices":[{"text":"a"},{"text":"b"},{"text":"c"}]}`)
+			}))
+			t.Cleanup(srv.Close)
+			var once sync.Once
+			free := func() { once.Do(func() { close(release) }) }
+			t.Cleanup(free) // before srv.Close (LIFO): a failed wait must not hang the handler
+			rep.addWorker("m", "w1", srv.URL)
+			s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true}, rep)
+			rt, _ := rep.Router("m")
+			done := make(chan int, 1)
+			go func() { done <- do(s, "POST", c.path, c.body).Code }()
+			poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+				l := rt.Load().Load("w1")
+				if l.Requests != c.requests || (c.prefill >= 0 && l.ActivePrefillTokens != c.prefill) {
+					return fmt.Errorf("booked %+v, want %d requests and %d prefill tokens", l, c.requests, c.prefill)
+				}
+				return nil
+			})
+			free()
+			if code := <-done; code != 200 {
+				t.Fatalf("status %d", code)
+			}
+			if l := rt.Load().Load("w1"); l.Requests != 0 {
+				t.Errorf("after the answer: %+v", l)
+			}
+		})
 	}
 }
 

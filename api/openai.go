@@ -133,7 +133,7 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", "messages must not be empty")
 		return nil, false
 	}
-	tokens, isl, hashable, err := s.requestTokens(model, body, ep)
+	tokens, isl, prompts, hashable, err := s.requestTokens(model, body, ep)
 	if err != nil {
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return nil, false
@@ -143,7 +143,8 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 	s.metrics.inputTokens.WithLabelValues(in.Model).Add(float64(isl))
 	seqs := 1
 	if ep.generates() {
-		seqs = min(max(in.N, 1), maxSequences)
+		// n sequences of each prompt of a batch, all decoding on the worker.
+		seqs = min(max(in.N, 1)*max(prompts, 1), maxSequences)
 	}
 	return &prepared{
 		body: body, path: c.Request.URL.Path, model: model, stream: in.Stream, rt: rt, start: start,
@@ -170,29 +171,35 @@ func notServing(ws []router.WorkerInfo, only []router.WorkerID) []router.WorkerI
 // requestTokens returns the prompt token ids of a request as the model's
 // engine computes them (chat: the first and only prompt; completions: the
 // first prompt of a batch, which the request is routed by; the other
-// endpoints: endpointTokens) and isl, the prompt tokens it is booked with.
+// endpoints: endpointTokens), isl, the prompt tokens it is booked with (a
+// completions batch: every prompt's, all prefilled on the one worker), and
+// prompts, how many prompts generate (a completions batch: each; else 1).
 // hashable is false when the ids cannot be hashed: for a model this replica
 // has no tokenizer for, isl is then a length estimate only, the request is
 // routed by load alone, and that is counted and logged (a router that
 // silently routes blind is the failure operators never see).
-func (s *Server) requestTokens(model string, body []byte, ep endpoint) (tokens []uint32, isl int, hashable bool, err error) {
+func (s *Server) requestTokens(model string, body []byte, ep endpoint) (tokens []uint32, isl, prompts int, hashable bool, err error) {
 	m, ok := s.cfg.Prompts.Lookup(model)
 	if !ok {
 		s.noTokenizer(model)
-		return nil, len(body) / 4, false, nil
+		return nil, len(body) / 4, 1, false, nil
 	}
 	switch ep {
 	case epChat:
 		tokens, err = m.Chat(body)
-		return tokens, len(tokens), err == nil, err
+		return tokens, len(tokens), 1, err == nil, err
 	case epCompletions:
-		prompts, err := m.Completion(body)
+		batch, err := m.Completion(body)
 		if err != nil {
-			return nil, 0, false, err
+			return nil, 0, 0, false, err
 		}
-		return prompts[0], len(prompts[0]), true, nil
+		for _, p := range batch {
+			isl += len(p)
+		}
+		return batch[0], isl, len(batch), true, nil
 	}
-	return endpointTokens(m, ep, body)
+	tokens, isl, hashable, err = endpointTokens(m, ep, body)
+	return tokens, isl, 1, hashable, err
 }
 
 // noTokenizer makes a request for a model without model files loud: a

@@ -8,6 +8,11 @@ import (
 	"github.com/kvrouter/kvrouter/api/prompt"
 )
 
+// ResponsesToChat is responsesToChat for a worker that serves the
+// Responses API by rendering it as the router does (kvmock), so both
+// compute the same prompt.
+func ResponsesToChat(body []byte) ([]byte, error) { return responsesToChat(body) }
+
 // responsesToChat turns an OpenAI Responses API body into the chat
 // completions body vLLM's responses endpoint renders
 // (serving_responses.py _construct_input_messages and responses_utils.py
