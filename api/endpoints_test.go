@@ -94,7 +94,7 @@ func TestAPICacheSalt(t *testing.T) {
 // prefill (the test's tokenizer: one token per word; token ids as given).
 func TestAPINSequencesBooked(t *testing.T) {
 	cases := []struct {
-		name, path, body string
+		name, path, body  string
 		requests, prefill int
 	}{
 		{"n=3", "/v1/completions", `{"model":"m","prompt":"hello","n":3}`, 3, 1},
