@@ -84,11 +84,11 @@ func TestMockTokenIDsMatchRouter(t *testing.T) {
 		if err := json.Unmarshal([]byte(b), &in); err != nil {
 			t.Fatal(err)
 		}
-		got, err := tm.m.promptTokens([]byte(b), &in, true)
-		if err != nil {
-			t.Fatal(err)
+		prompts, err := tm.m.promptTokens([]byte(b), &in, true)
+		if err != nil || len(prompts) != 1 {
+			t.Fatal(len(prompts), err)
 		}
-		want := routerTokens(t, []byte(b))
+		got, want := prompts[0], routerTokens(t, []byte(b))
 		if !slices.Equal(got, want) {
 			t.Fatalf("body %d: kvmock tokens %v, router tokens %v", i, got, want)
 		}
@@ -96,10 +96,11 @@ func TestMockTokenIDsMatchRouter(t *testing.T) {
 	// Completions: a string prompt is encoded as is, token ids are taken as is.
 	for _, p := range []string{`"Once upon a time"`, `[5, 400, 31999]`, `["one string"]`} {
 		in := genRequest{Prompt: json.RawMessage(p)}
-		got, err := tm.m.promptTokens([]byte(`{"prompt":`+p+`}`), &in, false)
-		if err != nil {
-			t.Fatal(err)
+		prompts, err := tm.m.promptTokens([]byte(`{"prompt":`+p+`}`), &in, false)
+		if err != nil || len(prompts) != 1 {
+			t.Fatal(len(prompts), err)
 		}
+		got := prompts[0]
 		var want []uint32
 		var s string
 		var ss []string

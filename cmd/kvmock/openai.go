@@ -24,6 +24,8 @@ func (m *Mock) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { m.generate(w, r, true) })
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { m.generate(w, r, false) })
+	mux.HandleFunc("POST /v1/embeddings", m.embeddings)
+	mux.HandleFunc("POST /v1/responses", m.responses)
 	mux.HandleFunc("GET /v1/models", m.models)
 	mux.HandleFunc("GET /health", m.health)
 	mux.HandleFunc("GET /stats", m.stats)
@@ -119,23 +121,17 @@ func (m *Mock) badRequest(w http.ResponseWriter, msg string) {
 // api/openai.go requestTokens), with the same code: prompt.Model. Chat: the
 // chat template renders the conversation with the generation prompt, then
 // it is encoded (add_special_tokens false unless the body says otherwise);
-// completions: the string encoded with the tokenizer's special tokens (BOS),
-// or the token ids as given. kvmock runs one prompt per request.
-func (m *Mock) promptTokens(body []byte, in *genRequest, chat bool) ([]uint32, error) {
+// completions: each string of a batch encoded with the tokenizer's special
+// tokens (BOS), or the token ids as given.
+func (m *Mock) promptTokens(body []byte, in *genRequest, chat bool) ([][]uint32, error) {
 	if chat {
 		if len(bytes.TrimSpace(in.Messages)) == 0 || string(bytes.TrimSpace(in.Messages)) == "null" {
 			return nil, errors.New("messages must not be empty")
 		}
-		return m.prompt.Chat(body)
+		p, err := m.prompt.Chat(body)
+		return [][]uint32{p}, err
 	}
-	prompts, err := m.prompt.Completion(body)
-	if err != nil {
-		return nil, err
-	}
-	if len(prompts) != 1 {
-		return nil, fmt.Errorf("prompt: a batch of %d prompts; kvmock serves one prompt per request", len(prompts))
-	}
-	return prompts[0], nil
+	return m.prompt.Completion(body)
 }
 
 // generation is one request on its way through the engine.
@@ -169,6 +165,11 @@ func (m *Mock) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		m.badRequest(w, "reading body: "+err.Error())
 		return
 	}
+	m.generateBody(w, r, chat, body)
+}
+
+// generateBody serves a chat or completions body already read.
+func (m *Mock) generateBody(w http.ResponseWriter, r *http.Request, chat bool, body []byte) {
 	var in genRequest
 	if err := json.Unmarshal(body, &in); err != nil {
 		m.badRequest(w, "invalid JSON body: "+err.Error())
@@ -179,15 +180,18 @@ func (m *Mock) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", fmt.Sprintf("the model %q does not exist (this worker serves %q)", in.Model, m.cfg.Model))
 		return
 	}
-	tokens, err := m.promptTokens(body, &in, chat)
+	prompts, err := m.promptTokens(body, &in, chat)
 	if err != nil {
 		m.badRequest(w, err.Error())
 		return
 	}
-	if len(tokens) == 0 {
-		m.badRequest(w, "prompt is empty (no tokens)")
-		return
+	for _, p := range prompts {
+		if len(p) == 0 {
+			m.badRequest(w, "prompt is empty (no tokens)")
+			return
+		}
 	}
+	tokens := prompts[0]
 	maxTokens := defaultMaxTokens
 	switch {
 	case in.MaxCompletionTokens != nil:
@@ -199,13 +203,27 @@ func (m *Mock) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		m.badRequest(w, fmt.Sprintf("max_tokens must be at least 1, got %d", maxTokens))
 		return
 	}
-	if in.N != nil && *in.N != 1 {
-		m.badRequest(w, "only n=1 is supported")
+	n := 1
+	if in.N != nil {
+		n = *in.N
+	}
+	if n < 1 || n*len(prompts) > maxSequences {
+		m.badRequest(w, fmt.Sprintf("n must be in [1, %d] per request (with %d prompts), got %d", maxSequences/len(prompts), len(prompts), n))
 		return
 	}
-	if total := len(tokens) + maxTokens; total > m.engCfg.MaxModelLen {
-		m.badRequest(w, fmt.Sprintf("this model's maximum context length is %d tokens; the request has %d prompt tokens and asks for %d output tokens",
-			m.engCfg.MaxModelLen, len(tokens), maxTokens))
+	for _, p := range prompts {
+		if total := len(p) + maxTokens; total > m.engCfg.MaxModelLen {
+			m.badRequest(w, fmt.Sprintf("this model's maximum context length is %d tokens; the request has %d prompt tokens and asks for %d output tokens",
+				m.engCfg.MaxModelLen, len(p), maxTokens))
+			return
+		}
+	}
+	if n > 1 || len(prompts) > 1 {
+		if in.Stream || in.KVTransferParams != nil {
+			m.badRequest(w, "kvmock streams and disaggregates one sequence: n > 1 and batches of prompts are answered whole, not streamed")
+			return
+		}
+		m.generateMany(w, r, chat, prompts, n, maxTokens)
 		return
 	}
 	kv := in.KVTransferParams

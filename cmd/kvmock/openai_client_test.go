@@ -6,6 +6,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 )
 
 // The official OpenAI Go client accepts kvmock's answers: the model list, a
@@ -56,6 +57,24 @@ func TestMockOpenAIClient(t *testing.T) {
 	})
 	if err != nil || len(comp.Choices) == 0 || comp.Choices[0].Text == "" || comp.Usage.CompletionTokens != 8 {
 		t.Fatalf("completion: %+v %v", comp, err)
+	}
+
+	// The Responses API, embeddings (the client's default base64), a batch
+	// of prompts and n > 1: what the router forwards (issue 15).
+	resp, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "kvmock",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Name a colour.")}, MaxOutputTokens: openai.Int(5)})
+	if err != nil || resp.OutputText() == "" || resp.Usage.OutputTokens != 5 {
+		t.Fatalf("responses: %+v %v", resp, err)
+	}
+	emb, err := c.Embeddings.New(ctx, openai.EmbeddingNewParams{Model: "kvmock",
+		Input: openai.EmbeddingNewParamsInputUnion{OfArrayOfTokenArrays: [][]int64{{1, 2, 3}, {4, 5}}}})
+	if err != nil || len(emb.Data) != 2 || len(emb.Data[1].Embedding) != embeddingDims || emb.Usage.PromptTokens != 5 {
+		t.Fatalf("embeddings: %+v %v", emb, err)
+	}
+	batch, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: openai.CompletionNewParamsModel("kvmock"),
+		Prompt: openai.CompletionNewParamsPromptUnion{OfArrayOfStrings: []string{"one", "two"}}, MaxTokens: openai.Int(3), N: openai.Int(2)})
+	if err != nil || len(batch.Choices) != 4 || batch.Choices[3].Index != 3 || batch.Usage.CompletionTokens != 12 {
+		t.Fatalf("batch of 2, n=2: %+v %v", batch, err)
 	}
 
 	// Errors come back as API errors with the status.
