@@ -565,3 +565,36 @@ func TestPooledReserveFromOutputs(t *testing.T) {
 		})
 	}
 }
+
+// When the cluster is overloaded copies are how load spreads, so the copy
+// weight must not change any row: the same decision with weight 0 and with
+// a large weight gives the same cost table.
+func TestPooledCopyFreeWhenOverloaded(t *testing.T) {
+	prompt := tokens(7, 16*12)
+	hashes := SequenceHashes(prompt, 16, "")
+	ws := []WorkerInfo{{ID: "a", TotalBlocks: 100}, {ID: "b", TotalBlocks: 100}, {ID: "c", TotalBlocks: 100}}
+	rows := map[float64][]WorkerCost{}
+	for _, weight := range []float64{0, 64} {
+		ix := NewIndex(16)
+		cfg := pooledConfig()
+		cfg.Pooled.CopyWeight = &weight
+		r := newTestRouter(t, cfg, ix, ws...)
+		store(t, ix, "a", prompt)
+		// 85 blocks in flight on every worker: 255 of 300, past the 0.8 line.
+		for i, w := range []WorkerID{"a", "b", "c"} {
+			h := SequenceHashes(tokens(60_000+10_000*i, 16*85), 16, "")
+			r.Load().Add(Booking{ID: "bg" + string(w), Worker: w, Hashes: h, Added: t0})
+		}
+		d, err := r.Decide(Request{ID: "q", Tokens: len(prompt), Hashes: hashes}, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows[weight] = d.Rows
+	}
+	for i := range rows[0] {
+		if rows[0][i].Cost != rows[64][i].Cost || rows[0][i].Busy || rows[64][i].Busy {
+			t.Errorf("row %s: cost %.3f with copy weight 0, %.3f with 64 (busy %v %v)", rows[0][i].Worker,
+				rows[0][i].Cost, rows[64][i].Cost, rows[0][i].Busy, rows[64][i].Busy)
+		}
+	}
+}
