@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/pki"
 	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
 )
@@ -18,13 +21,25 @@ import (
 // cluster; the rank a replica books is the rank that serves (kvmock refuses
 // a request without one); that rank's events reach the replicated index
 // through the bus and Raft, and the same prompt then goes to the same rank
-// and hits its cache, through another replica too.
+// and hits its cache, through another replica too. The worker runs with
+// --api-key and the replicas hold its key per worker
+// (--worker-api-keys-file's map): every request carries it, and the
+// client's X-Request-Id and traceparent reach the worker.
 func TestServeDPRanksWithKvmock(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three in-process replicas and a worker process")
 	}
 	bin := buildKvmock(t, t.TempDir())
-	reps := newTestCluster(t, func(c *serveConfig) { c.Models = []string{"kvmock"} })
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "dp-1.key")
+	if err := os.WriteFile(keyFile, []byte("dp-1-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reps := newTestCluster(t, func(c *serveConfig) {
+		c.Models = []string{"kvmock"}
+		c.WorkerAPIKey = "not-dp-1s" // the default, for workers not in the map
+		c.WorkerAPIKeys = map[string]pki.Secret{"dp-1": "dp-1-secret"}
+	})
 	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { _, err := leaderOf(reps); return err })
 	st, err := status(reps[0].url())
 	if err != nil {
@@ -33,7 +48,7 @@ func TestServeDPRanksWithKvmock(t *testing.T) {
 	port := freePorts(t, 1)[0]
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	startKvmock(t, bin, "--id", "dp-1", "--addr", fmt.Sprintf("127.0.0.1:%d", port), "--model", "kvmock", "--speedup", "4",
-		"--dp-ranks", "2", "--nats", st.NATS, "--register", reps[0].url()+","+reps[1].url(), "--log-level", "warn")
+		"--dp-ranks", "2", "--api-key-file", keyFile, "--nats", st.NATS, "--register", reps[0].url()+","+reps[1].url(), "--log-level", "warn")
 	for _, r := range reps[:2] {
 		poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
 			if a, b := activeRequests(t, r.url(), "dp-1"), activeRequests(t, r.url(), "dp-1#1"); a < 0 || b < 0 {
@@ -43,7 +58,9 @@ func TestServeDPRanksWithKvmock(t *testing.T) {
 		})
 	}
 	// Straight to the worker without a rank: refused, loudly.
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"kvmock","messages":[{"role":"user","content":"hi"}]}`))
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(`{"model":"kvmock","messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set("Authorization", "Bearer dp-1-secret")
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,10 +70,15 @@ func TestServeDPRanksWithKvmock(t *testing.T) {
 		t.Fatalf("no rank: HTTP %d %s", resp.StatusCode, b)
 	}
 
+	const traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 	body := `{"model":"kvmock","max_tokens":3,"messages":[{"role":"user","content":"` + strings.Repeat("a long shared prompt ", 40) + `"}]}`
 	send := func(base string) (booked router.WorkerID, rank string, cached int) {
 		t.Helper()
-		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer client-key") // not the worker's: never forwarded
+		req.Header.Set("X-Request-Id", "dp-req-"+base[len(base)-5:])
+		req.Header.Set("Traceparent", traceparent)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,5 +129,28 @@ func TestServeDPRanksWithKvmock(t *testing.T) {
 		if again != first || againRank != rank || cached == 0 {
 			t.Fatalf("through %s: booked %s, rank %q, %d cached tokens; want %s, rank %s, a hit", r.cfg.NodeID, again, againRank, cached, first, rank)
 		}
+	}
+	// The worker saw the key (nothing refused), the last request's id and
+	// the trace context.
+	resp, err = http.Get(url + "/stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var stats struct {
+		Requests struct {
+			Unauthorized int `json:"unauthorized"`
+		} `json:"requests"`
+		Forwarded struct {
+			LastRequestID   string `json:"last_request_id"`
+			LastTraceparent string `json:"last_traceparent"`
+		} `json:"forwarded"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&stats); err != nil {
+		t.Fatal(err)
+	}
+	last := reps[1].url()
+	if stats.Requests.Unauthorized != 0 || stats.Forwarded.LastRequestID != "dp-req-"+last[len(last)-5:] || stats.Forwarded.LastTraceparent != traceparent {
+		t.Fatalf("worker stats %+v", stats)
 	}
 }
