@@ -3,6 +3,7 @@ package disagg
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"image/png"
 	"math"
 	"os"
@@ -14,6 +15,8 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/router"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
 )
 
 func testConfig(t *testing.T, mode router.DisaggMode, linkMBps float64, prompt, conc, requests int) Config {
@@ -197,19 +200,73 @@ func TestDisaggReportTableJSONPlot(t *testing.T) {
 			t.Errorf("result lacks %q", k)
 		}
 	}
+	checkFigure(t, rep)
 	if err := Plot(pp, rep); err != nil {
 		t.Fatal(err)
 	}
-	f, _ := os.Open(pp)
+	f, err := os.Open(pp)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer f.Close()
 	img, err := png.Decode(f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b := img.Bounds(); b.Dx() < 600 || b.Dy() < 400 {
-		t.Errorf("plot %v", b)
+	if b, w := img.Bounds(), 120+2*panelWidth+170; b.Dx() != w || b.Dy() != plotHeight {
+		t.Errorf("plot %v, want %d×%d", b, w, plotHeight)
 	}
-	if textWidth("ab", 2) != 22 || glyph('a') != glyph('A') || glyph('×') == glyph('X') {
-		t.Error("font")
+}
+
+// checkFigure checks the chart before rendering: a panel per prompt
+// length with log axes and their labels, a line per mode holding its p50
+// TTFTs in seconds by link speed.
+func checkFigure(t *testing.T, rep *Report) {
+	t.Helper()
+	fig, err := Figure(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(fig.LegendLabels(), ","), "--disagg off,--disagg always,--disagg auto"; got != want {
+		t.Errorf("legend %s, want %s", got, want)
+	}
+	if fig.YLabel != "p50 time to first token (s, log scale)" {
+		t.Errorf("y label %q", fig.YLabel)
+	}
+	if !strings.Contains(fig.Title, "p50 TTFT against KV link speed") || !strings.Contains(fig.Subtitle, "1 prefill + 1 decode workers") {
+		t.Errorf("title %q, subtitle %q", fig.Title, fig.Subtitle)
+	}
+	if len(fig.Panels) != 2 {
+		t.Fatalf("%d panels, want one per prompt length (2)", len(fig.Panels))
+	}
+	for i, prompt := range []int{500, 1500} {
+		pan := fig.Panels[i]
+		p := pan.Plot
+		if p.Title.Text != fmt.Sprintf("%d-token prompts", prompt) || p.X.Label.Text != "KV link throughput (MB/s, log scale)" {
+			t.Errorf("panel %d: title %q, x label %q", i, p.Title.Text, p.X.Label.Text)
+		}
+		if _, ok := p.Y.Scale.(plot.LogScale); !ok {
+			t.Errorf("panel %d: y scale %T, want log", i, p.Y.Scale)
+		}
+		if len(pan.Series) != 3 {
+			t.Fatalf("panel %d: %d series, want 3 modes", i, len(pan.Series))
+		}
+		for k, mode := range []router.DisaggMode{router.DisaggOff, router.DisaggAlways, router.DisaggAuto} {
+			s := pan.Series[k]
+			line, ok := s.Plotters[0].(*plotter.Line)
+			if s.Label != "--disagg "+string(mode) || !ok || len(line.XYs) != 3 {
+				t.Fatalf("panel %d series %d: %q %T", i, k, s.Label, s.Plotters[0])
+			}
+			for j, xy := range line.XYs {
+				cell := rep.Cells[j*2+i] // cells run link by link, prompt by prompt
+				res, _ := cell.Result(mode)
+				if xy.X != cell.LinkMBps || xy.Y != res.TTFT.P50/1e3 || cell.PromptTokens != prompt {
+					t.Errorf("%d-token %s point %d: %v, cell %v MB/s p50 %v ms", prompt, mode, j, xy, cell.LinkMBps, res.TTFT.P50)
+				}
+				if xy.Y < p.Y.Min || xy.Y > p.Y.Max {
+					t.Errorf("%d-token %s point %v outside the y range [%v, %v]", prompt, mode, xy, p.Y.Min, p.Y.Max)
+				}
+			}
+		}
 	}
 }

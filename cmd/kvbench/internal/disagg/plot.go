@@ -2,64 +2,143 @@ package disagg
 
 import (
 	"fmt"
-	"image"
-	"image/color"
-	"image/draw"
-	"image/png"
 	"math"
-	"os"
 	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/chart"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 )
 
-var modeColor = map[string]color.RGBA{
-	"off":    {31, 119, 180, 255},
-	"always": {255, 127, 14, 255},
-	"auto":   {44, 160, 44, 255},
+// The chart's size in pixels: a panel per prompt length, a legend column.
+const (
+	panelWidth = 330
+	plotHeight = 620
+)
+
+// modeStyle draws each mode alike in every chart: off and always thick
+// lines with filled markers, auto a thin line with rings drawn on top, so
+// it shows where auto coincides with another mode.
+var modeStyle = map[string]struct {
+	color  int // chart.Color index
+	width  float64
+	glyph  draw.GlyphDrawer
+	radius float64
+}{
+	"off":    {0, 3, draw.BoxGlyph{}, 4.5},
+	"always": {1, 3, draw.CircleGlyph{}, 4.5},
+	"auto":   {2, 1.5, ring{width: chart.Px(2)}, 8},
 }
 
-// Plot writes a PNG: one panel per prompt length, p50 TTFT (log seconds)
-// against link speed (log MB/s), one line per mode. Standard library only.
-func Plot(path string, r *Report) error {
-	img := PlotImage(r)
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := png.Encode(f, img); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+// ring is gonum's RingGlyph with a line wide enough to see (gonum's is
+// half a point).
+type ring struct{ width vg.Length }
+
+func (g ring) DrawGlyph(c *draw.Canvas, sty draw.GlyphStyle, pt vg.Point) {
+	c.SetLineStyle(draw.LineStyle{Color: sty.Color, Width: g.width})
+	var p vg.Path
+	p.Move(vg.Point{X: pt.X + sty.Radius, Y: pt.Y})
+	p.Arc(pt, sty.Radius, 0, 2*math.Pi)
+	p.Close()
+	c.Stroke(p)
 }
 
-// PlotImage draws the chart.
-func PlotImage(r *Report) *image.RGBA {
+// Figure builds the chart: one panel per prompt length, p50 TTFT (s, log)
+// against the link's throughput (MB/s, log), one line per mode; every
+// panel shares the y range so heights compare across panels.
+func Figure(r *Report) (*chart.Figure, error) {
 	prompts := slices.Clone(r.Config.PromptTokens)
 	links := slices.Clone(r.Config.LinkMBps)
 	slices.Sort(prompts)
 	slices.Sort(links)
-	const (
-		panelW, gap    = 300, 40
-		left, top      = 80, 110
-		plotH, bottomM = 360, 120
-	)
-	n := max(len(prompts), 1)
-	width := left + n*panelW + (n-1)*gap + 30
-	height := top + plotH + bottomM
-	img := image.NewRGBA(image.Rect(0, 0, width, height))
-	draw.Draw(img, img.Bounds(), image.NewUniform(color.White), image.Point{}, draw.Src)
-	ink := color.RGBA{40, 40, 40, 255}
-	grid := color.RGBA{225, 225, 225, 255}
-
-	title := "p50 TTFT vs KV link speed: --disagg off / always / auto"
-	drawText(img, (width-textWidth(title, 2))/2, 14, title, 2, ink)
 	c := r.Config
-	sub := fmt.Sprintf("%s, %d prefill + %d decode workers, concurrency %d, %d requests, %d B/token",
-		c.Profile, c.PrefillWorkers, c.DecodeWorkers, c.Concurrency, c.Requests, c.KVBytesPerToken)
-	drawText(img, (width-textWidth(sub, 1))/2, 40, sub, 1, ink)
+	fig := &chart.Figure{
+		Title: "p50 TTFT against KV link speed: --disagg " + strings.Join(c.Modes, " / "),
+		Subtitle: fmt.Sprintf("profile %s, %d prefill + %d decode workers, concurrency %d, %d requests per run, KV %d B/token",
+			c.Profile, c.PrefillWorkers, c.DecodeWorkers, c.Concurrency, c.Requests, c.KVBytesPerToken),
+		YLabel: "p50 time to first token (s, log scale)",
+		Width:  120 + max(len(prompts), 1)*panelWidth + 170,
+		Height: plotHeight,
+	}
+	ylo, yhi := decades(r)
+	xlo, xhi := linkRange(links)
+	for _, p := range prompts {
+		pan := chart.NewPanel(fmt.Sprintf("%d-token prompts", p), "KV link throughput (MB/s, log scale)", "")
+		pl := pan.Plot
+		grid := plotter.NewGrid()
+		pl.Add(grid)
+		pl.X.Scale, pl.Y.Scale = plot.LogScale{}, plot.LogScale{}
+		pl.X.Min, pl.X.Max = xlo, xhi
+		pl.Y.Min, pl.Y.Max = ylo, yhi
+		pl.X.Tick.Marker = linkTicks(links)
+		pl.Y.Tick.Marker = decadeTicks{}
+		for _, m := range c.Modes {
+			xys := modePoints(r, p, links, m)
+			if len(xys) == 0 {
+				continue
+			}
+			s, err := modeSeries(m, xys)
+			if err != nil {
+				return nil, fmt.Errorf("%d-token prompts, %s: %w", p, m, err)
+			}
+			pan.Add(s)
+		}
+		fig.Panels = append(fig.Panels, pan)
+	}
+	return fig, nil
+}
 
-	// Shared log axes.
-	lo, hi := math.Inf(1), math.Inf(-1)
+// Plot writes the chart (Figure) as a PNG to path.
+func Plot(path string, r *Report) error {
+	fig, err := Figure(r)
+	if err != nil {
+		return err
+	}
+	return fig.Save(path)
+}
+
+// modePoints are mode m's p50 TTFTs in seconds for prompt length p, by
+// link speed; a run without a TTFT has no point (a log axis has no 0).
+func modePoints(r *Report, p int, links []float64, m string) plotter.XYs {
+	var xys plotter.XYs
+	for _, l := range links {
+		for _, cell := range r.Cells {
+			if cell.PromptTokens != p || cell.LinkMBps != l {
+				continue
+			}
+			for _, res := range cell.Results {
+				if res.Mode == m && res.TTFT.P50 > 0 {
+					xys = append(xys, plotter.XY{X: l, Y: res.TTFT.P50 / 1e3})
+				}
+			}
+		}
+	}
+	return xys
+}
+
+func modeSeries(m string, xys plotter.XYs) (chart.Series, error) {
+	st, ok := modeStyle[m]
+	if !ok {
+		st = modeStyle["off"]
+	}
+	line, points, err := plotter.NewLinePoints(xys)
+	if err != nil {
+		return chart.Series{}, err
+	}
+	col := chart.Color(st.color)
+	line.Color, line.Width = col, chart.Px(st.width)
+	points.Color, points.Shape, points.Radius = col, st.glyph, chart.Px(st.radius)
+	return chart.Series{Label: "--disagg " + m, Plotters: []plot.Plotter{line, points}}, nil
+}
+
+// decades is the y range shared by every panel: whole decades of seconds
+// around every p50 TTFT.
+func decades(r *Report) (lo, hi float64) {
+	lo, hi = math.Inf(1), math.Inf(-1)
 	for _, cell := range r.Cells {
 		for _, res := range cell.Results {
 			if v := res.TTFT.P50 / 1e3; v > 0 {
@@ -68,179 +147,57 @@ func PlotImage(r *Report) *image.RGBA {
 		}
 	}
 	if math.IsInf(lo, 0) {
-		lo, hi = 0.01, 1
+		return 0.01, 1
 	}
-	ylo, yhi := math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
-	if yhi <= ylo {
-		yhi = ylo + 1
+	dlo, dhi := math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
+	if dhi <= dlo {
+		dhi = dlo + 1
 	}
-	xlo, xhi := 0.0, 1.0
-	if len(links) > 0 {
-		xlo, xhi = math.Log10(links[0]), math.Log10(links[len(links)-1])
-		if xhi <= xlo {
-			xlo, xhi = xlo-0.5, xhi+0.5
-		}
-	}
-	pad := 0.06 * (xhi - xlo)
-	xlo, xhi = xlo-pad, xhi+pad
-	yOf := func(v float64) int {
-		return top + plotH - int(math.Round((math.Log10(v)-ylo)/(yhi-ylo)*float64(plotH)))
-	}
-
-	for pi, p := range prompts {
-		x0 := left + pi*(panelW+gap)
-		x1 := x0 + panelW
-		xOf := func(mbps float64) int {
-			return x0 + int(math.Round((math.Log10(mbps)-xlo)/(xhi-xlo)*float64(panelW)))
-		}
-		label := fmt.Sprintf("%d-token prompts", p)
-		drawText(img, x0+(panelW-textWidth(label, 2))/2, top-26, label, 2, ink)
-		for d := ylo; d <= yhi; d++ {
-			y := yOf(math.Pow(10, d))
-			hline(img, x0, x1, y, grid)
-			if pi == 0 {
-				s := decade(d)
-				drawText(img, x0-8-textWidth(s, 1), y-3, s, 1, ink)
-			}
-		}
-		for _, l := range links {
-			x := xOf(l)
-			vline(img, x, top, top+plotH, grid)
-			s := fmt.Sprintf("%g", l)
-			drawText(img, x-textWidth(s, 1)/2, top+plotH+8, s, 1, ink)
-		}
-		vline(img, x0, top, top+plotH, ink)
-		hline(img, x0, x1, top+plotH, ink)
-		xl := "link MB/s"
-		drawText(img, x0+(panelW-textWidth(xl, 1))/2, top+plotH+24, xl, 1, ink)
-		for _, m := range c.Modes {
-			col := modeColor[m]
-			var pts []image.Point
-			for _, l := range links {
-				for _, cell := range r.Cells {
-					if cell.PromptTokens != p || cell.LinkMBps != l {
-						continue
-					}
-					for _, res := range cell.Results {
-						if res.Mode == m && res.TTFT.P50 > 0 {
-							pts = append(pts, image.Pt(xOf(l), yOf(res.TTFT.P50/1e3)))
-						}
-					}
-				}
-			}
-			thick := 3
-			if m == "auto" {
-				thick = 1
-			}
-			for i := 1; i < len(pts); i++ {
-				line(img, pts[i-1], pts[i], thick, col)
-			}
-			for _, pt := range pts {
-				marker(img, pt, m, col)
-			}
-		}
-	}
-	ylab := "p50 TTFT (s, log)"
-	drawText(img, 8, top-50, ylab, 1, ink)
-	// Legend.
-	x := left
-	y := top + plotH + 56
-	for _, m := range c.Modes {
-		col := modeColor[m]
-		line(img, image.Pt(x, y+7), image.Pt(x+30, y+7), 3, col)
-		marker(img, image.Pt(x+15, y+7), m, col)
-		drawText(img, x+38, y, "--disagg "+m, 2, ink)
-		x += 60 + textWidth("--disagg "+m, 2)
-	}
-	return img
+	return math.Pow(10, dlo), math.Pow(10, dhi)
 }
 
-func decade(d float64) string {
-	v := math.Pow(10, d)
-	if v >= 1 {
-		return fmt.Sprintf("%.0f", v)
+// linkRange pads the link speeds by 6% of their log span on each side, so
+// the first and last markers are not cut by the axes.
+func linkRange(links []float64) (lo, hi float64) {
+	if len(links) == 0 {
+		return 1, 10
 	}
-	return fmt.Sprintf("%g", v)
+	a, b := math.Log10(links[0]), math.Log10(links[len(links)-1])
+	if b <= a {
+		a, b = a-0.5, b+0.5
+	}
+	pad := 0.06 * (b - a)
+	return math.Pow(10, a-pad), math.Pow(10, b+pad)
 }
 
-func hline(img *image.RGBA, x0, x1, y int, c color.Color) {
-	for x := x0; x <= x1; x++ {
-		img.Set(x, y, c)
+// linkTicks labels the link speeds the grid ran.
+func linkTicks(links []float64) plot.ConstantTicks {
+	ticks := make(plot.ConstantTicks, len(links))
+	for i, l := range links {
+		ticks[i] = plot.Tick{Value: l, Label: strconv.FormatFloat(l, 'f', -1, 64)}
 	}
+	return ticks
 }
 
-func vline(img *image.RGBA, x, y0, y1 int, c color.Color) {
-	for y := y0; y <= y1; y++ {
-		img.Set(x, y, c)
-	}
-}
+// decadeTicks labels every power of ten and marks 2…9 times it unlabelled
+// (gonum's LogTicks labels in scientific notation).
+type decadeTicks struct{}
 
-// line draws a segment thick pixels wide (Bresenham with a square pen).
-func line(img *image.RGBA, a, b image.Point, thick int, c color.Color) {
-	dx, dy := abs(b.X-a.X), -abs(b.Y-a.Y)
-	sx, sy := sign(b.X-a.X), sign(b.Y-a.Y)
-	e := dx + dy
-	x, y := a.X, a.Y
-	h := thick / 2
-	for {
-		for oy := -h; oy <= thick-1-h; oy++ {
-			for ox := -h; ox <= thick-1-h; ox++ {
-				img.Set(x+ox, y+oy, c)
+func (decadeTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ticks []plot.Tick
+	for d := math.Floor(math.Log10(lo)); d <= math.Ceil(math.Log10(hi)); d++ {
+		base := math.Pow(10, d)
+		for k := 1.0; k < 10; k++ {
+			v := k * base
+			if v < lo*(1-1e-9) || v > hi*(1+1e-9) {
+				continue
 			}
-		}
-		if x == b.X && y == b.Y {
-			return
-		}
-		e2 := 2 * e
-		if e2 >= dy {
-			e += dy
-			x += sx
-		}
-		if e2 <= dx {
-			e += dx
-			y += sy
-		}
-	}
-}
-
-// marker: off a filled square, always a filled disc, auto a ring (drawn on
-// top, so it shows where auto coincides with another mode).
-func marker(img *image.RGBA, p image.Point, mode string, c color.Color) {
-	switch mode {
-	case "off":
-		draw.Draw(img, image.Rect(p.X-4, p.Y-4, p.X+5, p.Y+5), image.NewUniform(c), image.Point{}, draw.Src)
-	case "always":
-		for y := -5; y <= 5; y++ {
-			for x := -5; x <= 5; x++ {
-				if x*x+y*y <= 20 {
-					img.Set(p.X+x, p.Y+y, c)
-				}
+			t := plot.Tick{Value: v}
+			if k == 1 {
+				t.Label = strconv.FormatFloat(v, 'f', -1, 64)
 			}
-		}
-	default:
-		for y := -8; y <= 8; y++ {
-			for x := -8; x <= 8; x++ {
-				if d := x*x + y*y; d <= 64 && d >= 36 {
-					img.Set(p.X+x, p.Y+y, c)
-				}
-			}
+			ticks = append(ticks, t)
 		}
 	}
-}
-
-func abs(x int) int {
-	if x < 0 {
-		return -x
-	}
-	return x
-}
-
-func sign(x int) int {
-	switch {
-	case x > 0:
-		return 1
-	case x < 0:
-		return -1
-	}
-	return 0
+	return ticks
 }

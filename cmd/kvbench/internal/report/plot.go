@@ -2,130 +2,113 @@ package report
 
 import (
 	"fmt"
-	"image"
-	"image/color"
-	"image/draw"
-	"image/png"
 	"math"
-	"os"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/chart"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/text"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 )
 
-// Plot writes a PNG with three bar panels per policy: request hit rate,
-// TTFT p50 and TTFT p99. Drawn with the standard library only.
-func Plot(path, title string, results []Result) error {
-	const (
-		width, height = 1200, 620
-		yTop, yBase   = 90, 500 // plot area rows
-		panelW        = 390     // each panel: y labels, then the axes
-		left          = 60      // first panel's y-axis
-	)
-	img := image.NewRGBA(image.Rect(0, 0, width, height))
-	draw.Draw(img, img.Bounds(), image.NewUniform(color.White), image.Point{}, draw.Src)
-	ink := color.RGBA{40, 40, 40, 255}
-	grid := color.RGBA{225, 225, 225, 255}
-	scale := 2
-	if textWidth(title, 2) > width-20 {
-		scale = 1
-	}
-	drawText(img, (width-textWidth(title, scale))/2, 18, title, scale, ink)
+// The sim chart's size in pixels.
+const (
+	plotWidth  = 1500
+	plotHeight = 680
+)
 
-	panels := []struct {
-		name string
-		unit string
-		get  func(Result) float64
-	}{
-		{"request hit rate", "%", func(r Result) float64 { return 100 * r.RequestHitRate }},
-		{"TTFT p50", "ms", func(r Result) float64 { return r.TTFT.P50 }},
-		{"TTFT p99", "ms", func(r Result) float64 { return r.TTFT.P99 }},
+// figurePanel is one panel of the sim chart: a figure per policy.
+type figurePanel struct {
+	title, yLabel string
+	percent       bool // 0–100 axis
+	get           func(Result) float64
+}
+
+var simPanels = []figurePanel{
+	{"Request hit rate", "requests that hit the cache (%)", true, func(r Result) float64 { return 100 * r.RequestHitRate }},
+	{"TTFT p50", "time to first token, p50 (ms)", false, func(r Result) float64 { return r.TTFT.P50 }},
+	{"TTFT p99", "time to first token, p99 (ms)", false, func(r Result) float64 { return r.TTFT.P99 }},
+}
+
+// Figure builds the sim chart: three panels (request hit rate, TTFT p50,
+// TTFT p99), one bar per policy in each, labelled with its value; the
+// legend names the policies. subtitle describes the run (the console
+// table's header).
+func Figure(subtitle string, results []Result) (*chart.Figure, error) {
+	fig := &chart.Figure{
+		Title:    "Request hit rate and time to first token by routing policy",
+		Subtitle: subtitle,
+		Width:    plotWidth, Height: plotHeight,
 	}
-	for p, pan := range panels {
-		x0 := left + p*panelW
-		x1 := x0 + panelW - 60
-		hi := 0.0
-		for _, r := range results {
-			hi = math.Max(hi, pan.get(r))
-		}
-		if pan.unit == "%" {
-			hi = 100
-		}
-		axisMax := niceCeil(hi)
-		label := pan.name + " (" + pan.unit + ")"
-		drawText(img, x0+(x1-x0-textWidth(label, 2))/2, 48, label, 2, ink)
-		// Grid lines and tick labels.
-		for k := 0; k <= 5; k++ {
-			v := axisMax * float64(k) / 5
-			y := yOf(v, axisMax, yBase, yTop)
-			hline(img, x0, x1, y, grid)
-			s := tick(v)
-			drawText(img, x0-6-textWidth(s, 1), y-3, s, 1, ink)
-		}
-		vline(img, x0, yTop, yBase, ink)
-		hline(img, x0, x1, yBase, ink)
-		n := max(len(results), 1)
-		slot := float64(x1-x0) / float64(n)
-		for i, r := range results {
-			v := pan.get(r)
-			bx0 := x0 + int(slot*float64(i)+slot*0.15)
-			bx1 := x0 + int(slot*float64(i+1)-slot*0.15)
-			y := yOf(v, axisMax, yBase, yTop)
-			draw.Draw(img, image.Rect(bx0, y, bx1, yBase), image.NewUniform(palette[i%len(palette)]), image.Point{}, draw.Src)
-			s := barLabel(v)
-			drawText(img, (bx0+bx1-textWidth(s, 1))/2, y-10, s, 1, ink)
-		}
-	}
-	// Legend.
-	x := left
+	names := make([]string, len(results))
 	for i, r := range results {
-		draw.Draw(img, image.Rect(x, 545, x+16, 561), image.NewUniform(palette[i%len(palette)]), image.Point{}, draw.Src)
-		drawText(img, x+22, 546, r.Policy, 2, ink)
-		x += 22 + textWidth(r.Policy, 2) + 30
+		names[i] = r.Policy
 	}
-	f, err := os.Create(path)
+	// Bars fill 60% of their slot, at most 56 px wide: the panels share
+	// what the legend column and the margins leave.
+	panelPx := float64(plotWidth-260) / float64(len(simPanels))
+	barW := chart.Px(math.Min(56, 0.6*(panelPx-80)/float64(max(len(results), 1))))
+	for _, sp := range simPanels {
+		pan := chart.NewPanel(sp.title, "routing policy", sp.yLabel)
+		p := pan.Plot
+		grid := plotter.NewGrid()
+		grid.Vertical.Color = nil // horizontal lines only, drawn under the bars
+		p.Add(grid)
+		hi := 0.0
+		for i, r := range results {
+			v := finite(sp.get(r))
+			hi = math.Max(hi, v)
+			bar, err := plotter.NewBarChart(plotter.Values{v}, barW)
+			if err != nil {
+				return nil, fmt.Errorf("%s bar of %s: %w", sp.title, r.Policy, err)
+			}
+			bar.XMin = float64(i)
+			bar.Color = chart.Color(i)
+			bar.LineStyle.Width = 0
+			label, err := valueLabel(float64(i), v)
+			if err != nil {
+				return nil, err
+			}
+			pan.Add(chart.Series{Label: r.Policy, Plotters: []plot.Plotter{bar, label}})
+		}
+		p.NominalX(names...)
+		p.X.Min, p.X.Max = -0.6, float64(len(results))-0.4
+		p.X.Tick.Label.Rotation = math.Pi / 6
+		p.X.Tick.Label.XAlign, p.X.Tick.Label.YAlign = draw.XRight, draw.YCenter
+		p.Y.Min = 0
+		p.Y.Tick.Marker = chart.LinearTicks{N: 5}
+		if sp.percent {
+			p.Y.Max = 100
+		} else {
+			p.Y.Max = math.Max(hi, 1)
+		}
+		p.Y.Max *= 1.1 // room for the value labels above the bars
+		fig.Panels = append(fig.Panels, pan)
+	}
+	return fig, nil
+}
+
+// Plot writes the sim chart (Figure) as a PNG to path.
+func Plot(path, subtitle string, results []Result) error {
+	fig, err := Figure(subtitle, results)
 	if err != nil {
 		return err
 	}
-	if err := png.Encode(f, img); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return fig.Save(path)
 }
 
-var palette = []color.RGBA{
-	{31, 119, 180, 255}, {255, 127, 14, 255}, {44, 160, 44, 255}, {214, 39, 40, 255},
-	{148, 103, 189, 255}, {140, 86, 75, 255}, {227, 119, 194, 255}, {127, 127, 127, 255},
-}
-
-// yOf maps v in [0, top] to a pixel row between y0 (bottom) and y1 (top).
-func yOf(v, top float64, y0, y1 int) int {
-	if top <= 0 {
-		return y0
+// valueLabel writes v just above the top of bar x.
+func valueLabel(x, v float64) (*plotter.Labels, error) {
+	l, err := plotter.NewLabels(plotter.XYLabels{XYs: plotter.XYs{{X: x, Y: v}}, Labels: []string{barLabel(v)}})
+	if err != nil {
+		return nil, fmt.Errorf("bar label: %w", err)
 	}
-	return y0 - int(math.Round(v/top*float64(y0-y1)))
-}
-
-// niceCeil rounds v up to 1, 2 or 5 times a power of ten (at least 1).
-func niceCeil(v float64) float64 {
-	if v <= 1 || math.IsNaN(v) || math.IsInf(v, 0) {
-		return 1
-	}
-	p := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, m := range []float64{1, 2, 5, 10} {
-		if v <= m*p {
-			return m * p
-		}
-	}
-	return 10 * p
-}
-
-func tick(v float64) string {
-	switch {
-	case v >= 100 || v == math.Trunc(v):
-		return fmt.Sprintf("%.0f", v)
-	case v >= 10:
-		return fmt.Sprintf("%.1f", v)
-	}
-	return fmt.Sprintf("%.2f", v)
+	st := chart.TextStyle(9, false)
+	st.XAlign, st.YAlign = draw.XCenter, draw.YBottom
+	l.TextStyle = []text.Style{st}
+	l.Offset = vg.Point{Y: chart.Px(3)}
+	return l, nil
 }
 
 func barLabel(v float64) string {
@@ -135,14 +118,10 @@ func barLabel(v float64) string {
 	return fmt.Sprintf("%.1f", v)
 }
 
-func hline(img *image.RGBA, x0, x1, y int, c color.Color) {
-	for x := x0; x <= x1; x++ {
-		img.Set(x, y, c)
+// finite maps NaN and ±Inf (no completed request) to 0: a missing bar.
+func finite(v float64) float64 {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0
 	}
-}
-
-func vline(img *image.RGBA, x, y0, y1 int, c color.Color) {
-	for y := y0; y <= y1; y++ {
-		img.Set(x, y, c)
-	}
+	return v
 }

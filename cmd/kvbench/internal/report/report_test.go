@@ -2,15 +2,19 @@ package report
 
 import (
 	"encoding/json"
+	"fmt"
 	"image/png"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
+	"gonum.org/v1/plot/plotter"
 )
 
 func TestSimReportMedian(t *testing.T) {
@@ -78,56 +82,96 @@ func TestSimReportJSONContract(t *testing.T) {
 	}
 }
 
-func TestSimReportTableAndPlot(t *testing.T) {
-	results := []Result{
-		{Policy: "round-robin", Requests: 600, RequestHitRate: 0.535, TTFT: stats.Quantiles{P50: 44, P99: 73}},
-		{Policy: "kv", Requests: 600, RequestHitRate: 0.857, TTFT: stats.Quantiles{P50: 27, P99: 55}},
-	}
+func TestSimReportTable(t *testing.T) {
 	var b strings.Builder
-	if err := WriteTable(&b, "head", &Report{Results: results}); err != nil {
+	if err := WriteTable(&b, "head", &Report{Results: plotResults()[:2]}); err != nil {
 		t.Fatal(err)
 	}
 	if out := b.String(); !strings.Contains(out, "85.7%") || !strings.Contains(out, "round-robin") {
 		t.Fatalf("table:\n%s", out)
 	}
-	p := filepath.Join(t.TempDir(), "p.png")
-	if err := Plot(p, "seed 002, 7 prefixes", results); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b := img.Bounds(); b.Dx() < 600 || b.Dy() < 300 {
-		t.Fatalf("plot is %v", b)
-	}
-	// The bars are drawn: the first palette colour appears.
-	found := false
-	for y := 100; y < 500 && !found; y++ {
-		for x := 0; x < 1200 && !found; x++ {
-			r, g, bl, _ := img.At(x, y).RGBA()
-			found = r>>8 == 31 && g>>8 == 119 && bl>>8 == 180
-		}
-	}
-	if !found {
-		t.Fatal("no bar in the plot")
+}
+
+func plotResults() []Result {
+	return []Result{
+		{Policy: "round-robin", Requests: 600, RequestHitRate: 0.535, TTFT: stats.Quantiles{P50: 44, P99: 73}},
+		{Policy: "kv", Requests: 600, RequestHitRate: 0.857, TTFT: stats.Quantiles{P50: 27, P99: 55}},
+		{Policy: "kv-pooled", Requests: 600, RequestHitRate: 0.9, TTFT: stats.Quantiles{P50: 25, P99: 2780}},
 	}
 }
 
-func TestSimReportGlyphs(t *testing.T) {
-	for r, g := range glyphs {
-		for _, row := range g {
-			if len(row) != glyphW {
-				t.Fatalf("glyph %q has a row of %d columns", r, len(row))
+// The figure is checked before rendering: its panels, their axis labels
+// and one bar per policy holding the policy's figure.
+func TestSimFigureStructure(t *testing.T) {
+	results := plotResults()
+	fig, err := Figure("seed 002, 7 prefixes", results)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fig.Subtitle != "seed 002, 7 prefixes" || !strings.Contains(fig.Title, "routing policy") {
+		t.Errorf("title %q, subtitle %q", fig.Title, fig.Subtitle)
+	}
+	if got, want := strings.Join(fig.LegendLabels(), ","), "round-robin,kv,kv-pooled"; got != want {
+		t.Errorf("legend %s, want %s", got, want)
+	}
+	wants := []struct {
+		title, yLabel string
+		values        []float64
+	}{
+		{"Request hit rate", "requests that hit the cache (%)", []float64{53.5, 85.7, 90}},
+		{"TTFT p50", "time to first token, p50 (ms)", []float64{44, 27, 25}},
+		{"TTFT p99", "time to first token, p99 (ms)", []float64{73, 55, 2780}},
+	}
+	if len(fig.Panels) != len(wants) {
+		t.Fatalf("%d panels, want %d", len(fig.Panels), len(wants))
+	}
+	for i, w := range wants {
+		pan := fig.Panels[i]
+		p := pan.Plot
+		if p.Title.Text != w.title || p.Y.Label.Text != w.yLabel || p.X.Label.Text != "routing policy" {
+			t.Errorf("panel %d: title %q, x %q, y %q", i, p.Title.Text, p.X.Label.Text, p.Y.Label.Text)
+		}
+		if len(pan.Series) != len(results) {
+			t.Fatalf("panel %s: %d series, want %d", w.title, len(pan.Series), len(results))
+		}
+		for k, s := range pan.Series {
+			bar, ok := s.Plotters[0].(*plotter.BarChart)
+			if s.Label != results[k].Policy || !ok || len(bar.Values) != 1 || math.Abs(bar.Values[0]-w.values[k]) > 1e-9 || bar.XMin != float64(k) {
+				t.Errorf("panel %s series %d: %q %+v", w.title, k, s.Label, s.Plotters[0])
 			}
 		}
+		// Every bar and its label fit under the axis' top.
+		if top := slices.Max(w.values); p.Y.Max < top || p.Y.Min != 0 {
+			t.Errorf("panel %s: y axis [%v, %v], tallest bar %v", w.title, p.Y.Min, p.Y.Max, top)
+		}
 	}
-	if niceCeil(73) != 100 || niceCeil(0.4) != 1 || niceCeil(130) != 200 || niceCeil(480) != 500 {
-		t.Fatalf("niceCeil: %v %v %v %v", niceCeil(73), niceCeil(0.4), niceCeil(130), niceCeil(480))
+}
+
+func TestSimPlotPNG(t *testing.T) {
+	for _, n := range []int{1, 3, 7} {
+		var results []Result
+		for i := range n {
+			results = append(results, Result{Policy: fmt.Sprintf("policy-%d", i), RequestHitRate: float64(i) / 10,
+				TTFT: stats.Quantiles{P50: float64(10 * i), P99: math.NaN()}})
+		}
+		p := filepath.Join(t.TempDir(), "p.png")
+		if err := Plot(p, "a run", results); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := png.Decode(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := img.Bounds(); b.Dx() != plotWidth || b.Dy() != plotHeight {
+			t.Errorf("%d policies: plot is %v, want %d×%d", n, b, plotWidth, plotHeight)
+		}
+	}
+	if err := Plot(filepath.Join(t.TempDir(), "missing", "p.png"), "", plotResults()); err == nil {
+		t.Error("plot into a missing directory: no error")
 	}
 }
