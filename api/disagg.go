@@ -90,8 +90,8 @@ func (s *Server) attemptDisagg(c *gin.Context, p *prepared, dr *router.DisaggRou
 func (s *Server) prefillStage(c *gin.Context, p *prepared, dr *router.DisaggRouter, plan router.DisaggPlan) ([]byte, bool, error) {
 	id := p.req.ID
 	if !plan.Disaggregated {
-		s.rep.Booked(p.model, router.Booking{ID: id + DecodeBookingSuffix, Worker: plan.DecodeWorker, Hashes: p.req.Hashes,
-			PrefillTokens: plan.Agg.PrefillTokens, Added: p.start})
+		s.rep.Booked(p.model, router.Booking{ID: id + DecodeBookingSuffix, Worker: plan.DecodeWorker, Hashes: s.activeHashes(p),
+			PrefillTokens: plan.Agg.PrefillTokens, Sequences: p.req.Sequences, Added: p.start})
 		return p.body, false, nil
 	}
 	s.bookDisagg(p, plan)
@@ -163,11 +163,15 @@ func (s *Server) freeDisagg(p *prepared, dr *router.DisaggRouter) {
 // replicas (the router booked them locally in Route).
 func (s *Server) bookDisagg(p *prepared, plan router.DisaggPlan) {
 	id := p.req.ID
-	s.rep.Booked(p.model, router.Booking{ID: id + PrefillBookingSuffix, Worker: plan.PrefillWorker, Hashes: p.req.Hashes,
+	s.rep.Booked(p.model, router.Booking{ID: id + PrefillBookingSuffix, Worker: plan.PrefillWorker, Hashes: s.activeHashes(p),
 		PrefillTokens: plan.Disagg.PrefillTokens, Added: p.start})
-	s.rep.Booked(p.model, router.Booking{ID: id + DecodeBookingSuffix, Worker: plan.DecodeWorker, Hashes: p.req.Hashes,
-		PrefillDone: true, Added: p.start})
+	s.rep.Booked(p.model, router.Booking{ID: id + DecodeBookingSuffix, Worker: plan.DecodeWorker, Hashes: s.activeHashes(p),
+		PrefillDone: true, Sequences: p.req.Sequences, Added: p.start})
 }
+
+// activeHashes are the hashes the disaggregated router booked p's active
+// blocks under (router.Config.ActiveHashes), announced alike to peers.
+func (s *Server) activeHashes(p *prepared) []uint64 { return p.rt.Config().ActiveHashes(p.req) }
 
 // recovered logs and counts a recovery and moves the replicated bookings:
 // the request is now aggregated on rec.Worker.
@@ -176,8 +180,8 @@ func (s *Server) recovered(p *prepared, rec router.Recovery) {
 	s.log.Warn("disaggregated request recovered", "request", p.req.ID, "action", rec.Action.String(), "reason", rec.Reason)
 	if rec.Action == router.RecoverAggregate {
 		s.rep.Freed(p.model, p.req.ID+PrefillBookingSuffix)
-		s.rep.Booked(p.model, router.Booking{ID: p.req.ID + DecodeBookingSuffix, Worker: rec.Worker, Hashes: p.req.Hashes,
-			PrefillTokens: p.req.Tokens, Added: p.start})
+		s.rep.Booked(p.model, router.Booking{ID: p.req.ID + DecodeBookingSuffix, Worker: rec.Worker, Hashes: s.activeHashes(p),
+			PrefillTokens: p.req.Tokens, Sequences: p.req.Sequences, Added: p.start})
 	}
 }
 

@@ -252,3 +252,51 @@ func TestRouterDistinctActiveBlocks(t *testing.T) {
 		})
 	}
 }
+
+// A disaggregated request of n sequences books one on the prefill worker
+// (it prefills once) and n on the decode worker, aggregated or not; with
+// DistinctActiveBlocks its bookings use the distinct hashes.
+func TestDisaggBookingsSequencesAndHashes(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		mode     DisaggMode
+		distinct bool
+	}{
+		{"disaggregated", DisaggAlways, false},
+		{"disaggregated, distinct blocks", DisaggAlways, true},
+		{"aggregated", DisaggOff, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ix := NewIndex(16)
+			dr := newDisaggTestRouter(t, c.mode, ix)
+			if c.distinct {
+				base := DefaultConfig()
+				base.DistinctActiveBlocks = true
+				if err := dr.SetBaseConfig(base); err != nil {
+					t.Fatal(err)
+				}
+			}
+			hs := disaggHashes(5, 20)
+			req := Request{ID: "n3", Hashes: hs, Tokens: 320, Sequences: 3}
+			dd, err := dr.Route(req, disaggT0)
+			if err != nil || dd.Disaggregated != (c.mode == DisaggAlways) {
+				t.Fatalf("plan: %v (disaggregated %v)", err, dd.Disaggregated)
+			}
+			pr, dc := dr.Routers()
+			if got := dc.Load().Load(dd.DecodeWorker); got.Requests != 3 {
+				t.Fatalf("decode worker %s booked %+v, want 3 requests", dd.DecodeWorker, got)
+			}
+			if dd.Disaggregated {
+				if got := pr.Load().Load(dd.PrefillWorker); got.Requests != 1 {
+					t.Fatalf("prefill worker %s booked %+v, want 1 request", dd.PrefillWorker, got)
+				}
+			}
+			// A second request with the same prompt on the same decode
+			// worker shares its blocks unless they are distinct.
+			rows := dc.Load().Rows([]WorkerInfo{{ID: dd.DecodeWorker}}, map[WorkerID]int{dd.DecodeWorker: 0}, hs, nil)
+			if want := map[bool]int{false: 0, true: len(hs)}[c.distinct]; rows[0].NewBlocks != want {
+				t.Fatalf("the prompt's blocks are %d new on the decode worker, want %d", rows[0].NewBlocks, want)
+			}
+		})
+	}
+}

@@ -281,14 +281,17 @@ func (d *DisaggRouter) Route(req Request, now time.Time) (DisaggDecision, error)
 	if p.Fallback {
 		d.stats.Fallbacks++
 	}
+	active := d.base.ActiveHashes(req)
 	if p.Disaggregated {
 		d.stats.Disaggregated++
 		r.linkKey, r.bytes = key, p.Disagg.TransferBytes
-		d.prefill.Load().Add(Booking{ID: req.ID, Worker: p.PrefillWorker, Hashes: req.Hashes, PrefillTokens: p.Disagg.PrefillTokens, Added: now})
-		d.decode.Load().Add(Booking{ID: req.ID, Worker: p.DecodeWorker, Hashes: req.Hashes, PrefillDone: true, Added: now})
+		// The prefill stage is one sequence (one token); the decode stage
+		// decodes all of them (n, times the prompts of a batch).
+		d.prefill.Load().Add(Booking{ID: req.ID, Worker: p.PrefillWorker, Hashes: active, PrefillTokens: p.Disagg.PrefillTokens, Added: now})
+		d.decode.Load().Add(Booking{ID: req.ID, Worker: p.DecodeWorker, Hashes: active, PrefillDone: true, Sequences: req.Sequences, Added: now})
 	} else {
 		d.stats.Aggregated++
-		d.decode.Load().Add(Booking{ID: req.ID, Worker: p.DecodeWorker, Hashes: req.Hashes, PrefillTokens: p.Agg.PrefillTokens, Added: now})
+		d.decode.Load().Add(Booking{ID: req.ID, Worker: p.DecodeWorker, Hashes: active, PrefillTokens: p.Agg.PrefillTokens, Sequences: req.Sequences, Added: now})
 	}
 	d.reqs[req.ID] = r
 	return dd, nil
@@ -590,7 +593,8 @@ func (d *DisaggRouter) toAggregatedLocked(r *disaggReq, now time.Time, reason st
 	p.Disaggregated, p.Fallback, p.Reason = false, true, reason
 	p.Agg = TTFTEstimate{Worker: p.DecodeWorker, PrefillTokens: uncached(r.req.Tokens, r.req.Tokens-p.Disagg.TransferTokens)}
 	p.PrefillWorker = ""
-	d.decode.Load().Add(Booking{ID: r.req.ID, Worker: p.DecodeWorker, Hashes: r.req.Hashes, PrefillTokens: p.Agg.PrefillTokens, Added: now})
+	d.decode.Load().Add(Booking{ID: r.req.ID, Worker: p.DecodeWorker, Hashes: d.base.ActiveHashes(r.req), PrefillTokens: p.Agg.PrefillTokens,
+		Sequences: r.req.Sequences, Added: now})
 	r.stage, r.linkKey, r.bytes = stagePrefill, "", 0
 }
 

@@ -368,8 +368,13 @@ func (r *Router) powerOfTwoLocked(candidates []int) int {
 // every request counts on its own, as when transferred KV is not
 // deduplicated on the decode side: hashes derived from the request id, one
 // per prompt block, so no two requests share one. r.mu must be held.
-func (r *Router) activeHashesLocked(req Request) []uint64 {
-	if !r.cfg.DistinctActiveBlocks || len(req.Hashes) == 0 {
+func (r *Router) activeHashesLocked(req Request) []uint64 { return r.cfg.ActiveHashes(req) }
+
+// ActiveHashes are the hashes req's active blocks are booked under with c
+// (Router.activeHashesLocked): every booking of a request, aggregated or
+// disaggregated, local or announced to peers, uses these.
+func (c Config) ActiveHashes(req Request) []uint64 {
+	if !c.DistinctActiveBlocks || len(req.Hashes) == 0 {
 		return req.Hashes
 	}
 	return distinctHashes(req.ID, len(req.Hashes))
