@@ -318,7 +318,8 @@ func (a *attacker) client(cert *tls.Certificate) *http.Client {
 	if cert != nil {
 		conf.Certificates = []tls.Certificate{*cert}
 	}
-	return &http.Client{Timeout: probeTimeout, Transport: &http.Transport{TLSClientConfig: conf}}
+	// One connection per request: a probe leaves nothing idle behind.
+	return &http.Client{Timeout: probeTimeout, Transport: &http.Transport{TLSClientConfig: conf, DisableKeepAlives: true}}
 }
 
 // call sends body to the path on replica i; token "" sends none. It
