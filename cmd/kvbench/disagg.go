@@ -8,11 +8,13 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvrouter/kvrouter/cmd/internal/disaggflag"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/disagg"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/progress"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/router"
 )
@@ -24,7 +26,7 @@ type disaggOptions struct {
 	JSON     string
 	Plot     string
 	Strict   bool
-	Progress bool
+	Progress progress.Flags
 }
 
 // parseDisaggFlags parses kvbench disagg's arguments; every error is a
@@ -68,9 +70,12 @@ func parseDisaggFlags(args []string, output io.Writer) (*disaggOptions, error) {
 	fs.IntVar(&o.Grid.Parallel, "parallel", 0, "simulations run at once (default GOMAXPROCS)")
 	fs.StringVar(&o.JSON, "json", "", "write the JSON report to this file")
 	fs.StringVar(&o.Plot, "plot", "", "write a PNG of p50 TTFT against link speed, one line per mode, to this file")
-	fs.BoolVar(&o.Progress, "progress", false, "print progress on stderr")
+	o.Progress.Register(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return nil, err
+	}
+	if err := o.Progress.Check(); err != nil {
+		return nil, cli.Usagef("%v", err)
 	}
 	var err error
 	if o.Grid.LinkMBps, err = parseFloatList("--link-mbps", links); err != nil {
@@ -196,27 +201,39 @@ func parseIntList(name, s string) ([]int, error) {
 	return out, nil
 }
 
+// runDisaggGrid runs the grid and, with --seed001, the reproduction,
+// showing their simulations' progress on stderr.
+func runDisaggGrid(o *disaggOptions, stderr io.Writer) (*disagg.Report, error) {
+	var done atomic.Int64
+	gridRuns, total := o.Grid.Runs(), o.Grid.Runs()
+	if o.Seed001 {
+		total += disagg.Seed001Runs
+	}
+	stop := progress.Start(stderr, progress.Meter{Name: "kvbench disagg", Unit: "runs", Total: int64(total), Count: done.Load},
+		o.Progress.Options(stderr))
+	defer stop()
+	rep, err := o.Grid.Run(func(d, _ int) { done.Store(int64(d)) })
+	if err != nil {
+		return nil, err
+	}
+	if o.Seed001 {
+		rep.Seed001, err = disagg.RunSeed001(o.Grid.Base, o.Grid.Parallel, func(d, _ int) { done.Store(int64(gridRuns + d)) })
+		if err != nil {
+			return nil, fmt.Errorf("seed 001: %w", err)
+		}
+	}
+	return rep, nil
+}
+
 // runDisagg is the `kvbench disagg` subcommand.
 func runDisagg(args []string, stdout, stderr io.Writer) int {
 	o, err := parseDisaggFlags(args, stderr)
 	if code, failed := cli.ParseFailed("disagg", err, stderr); failed {
 		return code
 	}
-	var progress func(done, total int)
-	if o.Progress {
-		progress = func(done, total int) { fmt.Fprintf(stderr, "\rkvbench disagg: %d/%d runs", done, total) }
-	}
-	rep, err := o.Grid.Run(progress)
-	if o.Progress {
-		fmt.Fprintln(stderr)
-	}
+	rep, err := runDisaggGrid(o, stderr)
 	if err != nil {
 		return cli.Fail(stderr, "disagg", err, cli.ExitFail)
-	}
-	if o.Seed001 {
-		if rep.Seed001, err = disagg.RunSeed001(o.Grid.Base, o.Grid.Parallel); err != nil {
-			return cli.Fail(stderr, "disagg", fmt.Errorf("seed 001: %w", err), cli.ExitFail)
-		}
 	}
 	if err := disagg.WriteTable(stdout, rep); err != nil {
 		return cli.Fail(stderr, "disagg", err, cli.ExitFail)

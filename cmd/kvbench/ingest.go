@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/live"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/progress"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
 	"github.com/kvrouter/kvrouter/eventbus"
 	"github.com/kvrouter/kvrouter/internal/pki"
@@ -48,7 +49,7 @@ type ingestOptions struct {
 	NATSTokenFile  string // the replicas' bus token, for a bus that requires authentication
 	KeepWorkers    bool
 	JSON           string
-	Progress       bool
+	Progress       progress.Flags
 }
 
 func parseIngestFlags(args []string, output io.Writer) (*ingestOptions, error) {
@@ -77,9 +78,12 @@ func parseIngestFlags(args []string, output io.Writer) (*ingestOptions, error) {
 	fs.StringVar(&o.AdminToken, "admin-token", os.Getenv("KVROUTER_ADMIN_TOKEN"), "bearer token for the admin endpoints (default $KVROUTER_ADMIN_TOKEN)")
 	fs.BoolVar(&o.KeepWorkers, "keep-workers", false, "leave the synthetic workers registered (default: deregister them at the end)")
 	fs.StringVar(&o.JSON, "json", "", "write the JSON report to this file")
-	fs.BoolVar(&o.Progress, "progress", false, "print a progress line every second on stderr")
+	o.Progress.Register(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return nil, err
+	}
+	if err := o.Progress.Check(); err != nil {
+		return nil, cli.Usagef("%v", err)
 	}
 	if o.Target == "" {
 		return nil, cli.Usagef("--target is required (a replica's HTTP URL, e.g. http://127.0.0.1:8001)")
@@ -599,30 +603,22 @@ func waitVisible(ctx context.Context, ws []*ingestWorker, tr *live.Tracker) bool
 	}
 }
 
-func ingestProgress(stderr io.Writer, ws []*ingestWorker, tr *live.Tracker, start time.Time) func() {
-	quit := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		var lastPub, lastVis uint64
-		for {
-			select {
-			case <-quit:
-				return
-			case <-t.C:
-			}
+// ingestMeter is the run's progress: seconds of --duration gone, and
+// what was published, acknowledged and seen on every replica so far.
+func ingestMeter(o *ingestOptions, ws []*ingestWorker, tr *live.Tracker, start time.Time) progress.Meter {
+	secs := int64(o.Duration.Seconds() + 0.5)
+	return progress.Meter{
+		Name: "kvbench ingest", Unit: "s", Total: max(secs, 1),
+		Count: func() int64 { return min(int64(time.Since(start).Seconds()), secs) },
+		Detail: func() string {
 			var pub, acked, vis uint64
 			for i, w := range ws {
 				pub += w.published.Load()
 				acked += w.acked.Load()
 				vis += tr.MinCursor(i)
 			}
-			fmt.Fprintf(stderr, "kvbench ingest: %5.1fs published %d (+%d/s) acked %d visible everywhere %d (+%d/s)\n",
-				time.Since(start).Seconds(), pub, pub-lastPub, acked, vis, vis-lastVis)
-			lastPub, lastVis = pub, vis
-		}
-	}()
-	return func() { close(quit); <-done }
+			el := max(time.Since(start).Seconds(), 1e-3)
+			return fmt.Sprintf("published %d, acked %d, visible everywhere %d (%.0f/s)", pub, acked, vis, float64(vis)/el)
+		},
+	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/live"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/progress"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
 	"github.com/kvrouter/kvrouter/eventbus"
 )
@@ -356,11 +357,8 @@ func (r *ingestRun) generate(ctx context.Context) publishWindow {
 		perWorker = max(r.o.MaxUnapplied/r.o.Workers, 1)
 	}
 	start := time.Now()
-	r.stopProgress = func() {}
-	if r.o.Progress {
-		r.stopProgress = sync.OnceFunc(ingestProgress(r.stderr, r.ws, r.tr, start))
-		r.cleanups = append(r.cleanups, r.stopProgress)
-	}
+	r.stopProgress = progress.Start(r.stderr, ingestMeter(r.o, r.ws, r.tr, start), r.o.Progress.Options(r.stderr))
+	r.cleanups = append(r.cleanups, r.stopProgress)
 	pubCtx, pubCancel := context.WithDeadline(ctx, start.Add(r.o.Duration))
 	defer pubCancel()
 	var gwg sync.WaitGroup

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/live"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/progress"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/report"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
@@ -46,6 +47,7 @@ type loadOptions struct {
 	Timeout     time.Duration
 	MaxDuration time.Duration
 	JSON        string
+	Progress    progress.Flags
 }
 
 func parseLoadFlags(args []string, output io.Writer) (*loadOptions, error) {
@@ -67,8 +69,12 @@ func parseLoadFlags(args []string, output io.Writer) (*loadOptions, error) {
 	fs.DurationVar(&o.Timeout, "timeout", 60*time.Second, "per-request timeout")
 	fs.DurationVar(&o.MaxDuration, "max-duration", 10*time.Minute, "a pass sends no new request after this long")
 	fs.StringVar(&o.JSON, "json", "", "write the JSON report to this file")
+	o.Progress.Register(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return nil, err
+	}
+	if err := o.Progress.Check(); err != nil {
+		return nil, cli.Usagef("%v", err)
 	}
 	o.SaltSet = cli.Given(fs)["salt"]
 	if salt > 1<<31 {
@@ -268,14 +274,27 @@ func executeLoad(ctx context.Context, o *loadOptions, stderr io.Writer) (*loadRe
 		ref := sim.ComputeReference(w, 1<<30)
 		rep.Reference = report.Reference{IdealCachedTokenRatio: ref.Ideal}
 	}
+	passes := 0
 	if len(o.Targets) > 0 {
-		res := replay(ctx, o, w, hc, model, salt, o.Targets)
+		passes++
+	}
+	if o.Direct != "" {
+		passes++
+	}
+	var done atomic.Int64 // requests finished, over every pass
+	stop := progress.Start(stderr, progress.Meter{Name: "kvbench load", Unit: "requests", Total: int64(passes * len(w.Requests)), Count: done.Load},
+		o.Progress.Options(stderr))
+	defer stop()
+	if len(o.Targets) > 0 {
+		res := replay(ctx, o, w, hc, model, salt, o.Targets, &done)
 		rep.Results = append(rep.Results, summarizeLive("live", w, res, o.Targets, ""))
 	}
 	if o.Direct != "" && ctx.Err() == nil {
-		res := replay(ctx, o, w, hc, model, salt+1, []string{o.Direct})
+		done.Store(int64((passes - 1) * len(w.Requests))) // a first pass may have stopped early (--max-duration)
+		res := replay(ctx, o, w, hc, model, salt+1, []string{o.Direct}, &done)
 		rep.Results = append(rep.Results, summarizeLive("direct", w, res, []string{o.Direct}, cmp.Or(cfg.DirectID, o.Direct)))
 	}
+	stop()
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
@@ -295,8 +314,8 @@ type liveRequest struct {
 }
 
 // replay runs one pass: o.Concurrency closed-loop clients; request i goes
-// to endpoints[i mod n].
-func replay(ctx context.Context, o *loadOptions, w *workload.Workload, hc *http.Client, model string, salt uint32, endpoints []string) []liveRequest {
+// to endpoints[i mod n]. done counts the requests finished (for progress).
+func replay(ctx context.Context, o *loadOptions, w *workload.Workload, hc *http.Client, model string, salt uint32, endpoints []string, done *atomic.Int64) []liveRequest {
 	out := make([]liveRequest, len(w.Requests))
 	var next atomic.Int64
 	t0 := time.Now()
@@ -321,6 +340,7 @@ func replay(ctx context.Context, o *loadOptions, w *workload.Workload, hc *http.
 				r.Sent = time.Since(t0)
 				c, err := live.Complete(rctx, hc, endpoints[ep], o.APIKey, body)
 				cancel()
+				done.Add(1)
 				r.Finished = time.Since(t0)
 				r.FirstToken = r.Sent + c.TTFT
 				r.Worker, r.Cached, r.PromptTokens, r.HasUsage = c.Worker, c.CachedTokens, c.PromptTokens, c.HasUsage

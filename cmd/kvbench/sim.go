@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/progress"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/router"
@@ -49,7 +50,7 @@ type simOptions struct {
 	JSON       string
 	Plot       string
 	CPUProfile string
-	Progress   bool
+	Progress   progress.Flags
 }
 
 // syntheticFlags configure the synthetic workload; sim refuses them with --trace.
@@ -97,9 +98,12 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.StringVar(&o.JSON, "json", "", "write the JSON report to this file")
 	fs.StringVar(&o.Plot, "plot", "", "write a PNG chart (hit rate, TTFT p50/p99 per policy) to this file")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile to this file")
-	fs.BoolVar(&o.Progress, "progress", false, "show progress on stderr even when it is not a terminal")
+	o.Progress.Register(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return nil, err
+	}
+	if err := o.Progress.Check(); err != nil {
+		return nil, cli.Usagef("%v", err)
 	}
 	set := cli.Given(fs)
 

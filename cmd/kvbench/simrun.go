@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/progress"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/report"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
@@ -169,7 +170,8 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 
 	var done atomic.Int64
 	total := int64(np * o.Reps * len(loads[0].Requests))
-	stop := startProgress(o, stderr, &done, total)
+	stop := progress.Start(stderr, progress.Meter{Name: "kvbench sim", Unit: "requests", Total: total, Count: done.Load},
+		o.Progress.Options(stderr))
 
 	type job struct{ p, r int } // p < 0: the reference of rep r
 	jobs := make(chan job)
@@ -292,45 +294,4 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 		c.HitRule = fmt.Sprintf("cached prompt tokens >= half the shared prefix (%d tokens)", (o.PrefixTokens+1)/2)
 	}
 	return c
-}
-
-// startProgress prints finished/total requests on stderr a few times a
-// second, when stderr is a terminal or --progress is set. The returned
-// function stops it and clears the line.
-func startProgress(o *simOptions, stderr io.Writer, done *atomic.Int64, total int64) func() {
-	if !o.Progress && !isTerminal(stderr) {
-		return func() {}
-	}
-	quit := make(chan struct{})
-	finished := make(chan struct{})
-	start := time.Now()
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(250 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-quit:
-				fmt.Fprintf(stderr, "\r%-70s\r", "")
-				return
-			case <-t.C:
-				n := done.Load()
-				fmt.Fprintf(stderr, "\rkvbench sim: %d/%d requests simulated (%.0f%%), %.0fs",
-					n, total, 100*float64(n)/float64(max(total, 1)), time.Since(start).Seconds())
-			}
-		}
-	}()
-	return func() {
-		close(quit)
-		<-finished
-	}
-}
-
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

@@ -159,12 +159,22 @@ func TestDisaggSimValidate(t *testing.T) {
 func TestDisaggReportTableJSONPlot(t *testing.T) {
 	g := Grid{Base: testConfig(t, router.DisaggOff, 100, 500, 2, 8), LinkMBps: []float64{100, 1000, 10_000}, PromptTokens: []int{500, 1500},
 		Modes: router.DisaggModes, Bound: 1.05, Parallel: 2}
-	rep, err := g.Run(nil)
+	// Progress counts every simulation, up to the totals announced.
+	var calls, last, total int
+	count := func(done, t int) { calls, last, total = calls+1, done, t }
+	rep, err := g.Run(count)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Seed001, err = RunSeed001(g.Base, 2); err != nil {
+	if calls != 18 || last != 18 || total != g.Runs() || g.Runs() != 18 {
+		t.Errorf("grid progress: %d calls, last %d/%d, want 18/%d", calls, last, total, g.Runs())
+	}
+	calls = 0
+	if rep.Seed001, err = RunSeed001(g.Base, 2, count); err != nil {
 		t.Fatal(err)
+	}
+	if calls != Seed001Runs || last != Seed001Runs || total != Seed001Runs {
+		t.Errorf("seed 001 progress: %d calls, last %d/%d, want %d", calls, last, total, Seed001Runs)
 	}
 	if len(rep.Seed001.Rows) != 4 || rep.Seed001.Rows[1].PromptTokens != 3000 || math.Abs(rep.Seed001.Rows[1].ArithmeticS-3.3083) > 1e-3 {
 		t.Errorf("seed 001 rows %+v", rep.Seed001.Rows)

@@ -95,7 +95,11 @@ type Check struct {
 	WorstAt string   `json:"worst_at"`
 }
 
-// Run runs the grid.
+// Runs is the number of simulations Run does: one per cell and mode.
+func (g *Grid) Runs() int { return len(g.LinkMBps) * len(g.PromptTokens) * len(g.Modes) }
+
+// Run runs the grid; progress, when set, is called after each simulation
+// with the number done and Runs.
 func (g *Grid) Run(progress func(done, total int)) (*Report, error) {
 	type job struct {
 		cell, mode int
@@ -226,8 +230,14 @@ type Seed001Row struct {
 	Measured     string  `json:"seed001_measured"`
 }
 
-// RunSeed001 runs the reproduction on base (its profile, KV size, budget).
-func RunSeed001(base Config, parallel int) (*Seed001, error) {
+// Seed001Runs is the number of simulations RunSeed001 does: two prompt
+// lengths × off and always × concurrency 1 and 4.
+const Seed001Runs = 2 * 2 * 2
+
+// RunSeed001 runs the reproduction on base (its profile, KV size, budget);
+// progress, when set, is called after each simulation with the number done
+// and Seed001Runs.
+func RunSeed001(base Config, parallel int, progress func(done, total int)) (*Seed001, error) {
 	const linkMBps = 104
 	out := &Seed001{LinkMBps: linkMBps, KVBytesPerToken: base.KV.BytesPerToken()}
 	measured := map[[2]int]string{
@@ -241,10 +251,14 @@ func RunSeed001(base Config, parallel int) (*Seed001, error) {
 	g.Base.PrefillWorkers, g.Base.DecodeWorkers, g.Base.OutputTokens = 1, 1, 64
 	g.Base.PrefixGroups, g.Base.PrefixTokens, g.Base.FailEvery, g.Base.ThinkTime = 0, 0, 0, 0
 	g.Base.Link = router.Link{ThroughputBytesPerS: linkMBps * 1e6}
-	for _, conc := range []int{1, 4} {
+	for i, conc := range []int{1, 4} {
 		g.Base.Concurrency = conc
 		g.Base.Requests = 20 * conc
-		rep, err := g.Run(nil)
+		var each func(done, total int)
+		if progress != nil {
+			each = func(done, _ int) { progress(i*g.Runs()+done, Seed001Runs) }
+		}
+		rep, err := g.Run(each)
 		if err != nil {
 			return nil, err
 		}
