@@ -449,10 +449,23 @@ func TestBusPublisherBackpressureAndRetry(t *testing.T) {
 func TestBusPublisherClose(t *testing.T) {
 	log := testLogger(t)
 	s := startSingle(t, log)
-	nc, _ := connect(t, s.ClientURL(), "t", log) // no stream: nothing is acked
+	nc, _ := connect(t, s.ClientURL(), "t", log)
+	// No stream, but a subscriber that never answers: the publishes stay in
+	// flight (an ack timeout far away) until Close. Without it each fails at
+	// once with "no responders", and a failure that lands before the next
+	// PublishAsync blocks that call until the failed one is resolved — which
+	// never happens here, so the test hung (1 run in about 30 under -race).
+	sink, err := nc.Subscribe(EventSubject("w1"), func(*nats.Msg) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sink.Unsubscribe() }()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	ledger := &ackLedger{}
 	p, err := NewPublisher(nc, "w1", 0, WithOnAck(ledger.onAck("w1", 0)), WithOnError(ledger.onError),
-		WithRetryBackoff(5*time.Millisecond, 20*time.Millisecond), WithPublisherLogger(log))
+		WithRetryBackoff(5*time.Millisecond, 20*time.Millisecond), WithAckTimeout(time.Minute), WithPublisherLogger(log))
 	if err != nil {
 		t.Fatal(err)
 	}
