@@ -83,6 +83,11 @@ func TestAPIChatPlainAndStream(t *testing.T) {
 	if n := rt.Load().Len(); n != 0 {
 		t.Errorf("%d requests still booked after completion", n)
 	}
+	// The router learns the output lengths the worker reported (1 and 3
+	// completion tokens) for kv-pooled's decode reserve.
+	if mean, n := rt.ObservedOutputTokens(); n != 2 || mean != 2 {
+		t.Errorf("observed output tokens: mean %v over %d requests, want 2 over 2", mean, n)
+	}
 	// Each request: add, prefill done, the cache audit, free — in that order;
 	// the streamed answer's usage chunk reports 16 cached tokens.
 	kinds := []string{"add ", "prefill ", "audit w1 0/0", "free ", "add ", "prefill ", "audit w1 0/16", "free "}

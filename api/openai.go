@@ -43,6 +43,11 @@ type prepared struct {
 	rt     *router.Router
 	req    router.Request
 	start  time.Time
+	// outputTokens is the completion tokens the worker reported (usage),
+	// when it did: the router learns the output lengths kv-pooled's
+	// decode reserve plans for from them (router.Finished).
+	outputTokens      int
+	outputTokensKnown bool
 	// settle, set when the request waited in the admission queue, lets
 	// the next waiter go: called once its booking is in the load view
 	// (after routing) or when it leaves without one.

@@ -295,6 +295,7 @@ func (s *Server) auditUsage(p *prepared, worker router.WorkerID, overlap int, au
 	if !ok {
 		return
 	}
+	p.outputTokens, p.outputTokensKnown = u.CompletionTokens, true
 	dyn.usage(u)
 	bs := p.rt.Config().BlockSize
 	s.metrics.observeUsage(p.model, string(worker), u, max(overlap, 0)*bs)
@@ -306,7 +307,11 @@ func (s *Server) auditUsage(p *prepared, worker router.WorkerID, overlap int, au
 // free ends an aggregated request's booking, here and on the other
 // replicas, and wakes its model's queue.
 func (s *Server) free(p *prepared) {
-	p.rt.Free(p.req.ID)
+	if p.outputTokensKnown {
+		p.rt.Finished(p.req.ID, p.outputTokens/max(p.req.Sequences, 1)) // per sequence: n samples report their sum
+	} else {
+		p.rt.Free(p.req.ID)
+	}
 	s.rep.Freed(p.model, p.req.ID)
 	s.gates.wake(p.model)
 }

@@ -227,6 +227,14 @@ func (r *Router) Finished(id string, outputTokens int) {
 	r.mu.Unlock()
 }
 
+// ObservedOutputTokens is the mean output length Finished has seen (over
+// its recent window) and how many requests it rests on (0: none yet).
+func (r *Router) ObservedOutputTokens() (mean float64, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.outputs.mean, r.outputs.n
+}
+
 // decideLocked: r.mu must be held.
 func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
 	cfg := &r.cfg
