@@ -18,6 +18,8 @@ import (
 	"testing"
 
 	"github.com/goccy/go-yaml"
+
+	"github.com/kvrouter/kvrouter/internal/reftest"
 )
 
 // --- HAProxy ------------------------------------------------------------------
@@ -29,7 +31,7 @@ var haproxyConfigs = []string{"haproxy/haproxy.cfg", "haproxy/haproxy-compose.cf
 func TestDeployHAProxyValid(t *testing.T) {
 	bin, err := exec.LookPath("haproxy")
 	if err != nil {
-		t.Skip("haproxy is not installed, cannot validate the configs (apt-get install -y haproxy); CI installs it")
+		reftest.Missing(t, "haproxy is not installed, cannot validate the configs (apt-get install -y haproxy); CI installs it")
 	}
 	for _, f := range haproxyConfigs {
 		out, err := exec.Command(bin, "-c", "-f", haproxyConfigForHost(t, f)).CombinedOutput()

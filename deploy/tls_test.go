@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/pki"
 	"github.com/kvrouter/kvrouter/internal/poll"
+	"github.com/kvrouter/kvrouter/internal/reftest"
 )
 
 // The deployments run with TLS and authentication on (SECURITY.md, issue
@@ -339,7 +340,7 @@ func TestDeployComposeSecurity(t *testing.T) {
 func TestDeployHAProxyTLSChecks(t *testing.T) {
 	bin, err := exec.LookPath("haproxy")
 	if err != nil {
-		t.Skip("haproxy is not installed (apt-get install -y haproxy); CI installs it")
+		reftest.Missing(t, "haproxy is not installed (apt-get install -y haproxy); CI installs it")
 	}
 	ca, err := pki.NewCA(pki.CAOptions{})
 	if err != nil {
