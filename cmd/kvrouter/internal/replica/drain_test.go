@@ -16,16 +16,17 @@ import (
 // gets its answer, not EOF).
 func TestCloseWhileDraining(t *testing.T) {
 	var draining atomic.Bool
-	srv := httptest.NewServer(closeWhileDraining(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	srv := httptest.NewUnstartedServer(closeWhileDraining(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok")
 	}), &draining))
-	defer srv.Close()
 	var newConns atomic.Int64
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) { // before Start: the server reads it from then on
 		if s == http.StateNew {
 			newConns.Add(1)
 		}
 	}
+	srv.Start()
+	defer srv.Close()
 	client := srv.Client()
 	get := func() *http.Response {
 		t.Helper()
