@@ -119,7 +119,9 @@ func (c WorkerCost) Formula(scale float64) string {
 	return s
 }
 
-// busyReason says why a worker is busy under t, or "" when it is not.
+// busyReason says why a worker is busy under t, or "" when it is not. A
+// fraction of a capacity the worker did not register does not apply to it
+// (capacity.go); CapacityGaps reports that, so the skip is never silent.
 func busyReason(t *Thresholds, w WorkerInfo, load WorkerLoad) string {
 	if v := t.ActiveDecodeBlocks; v != nil && w.TotalBlocks > 0 &&
 		float64(load.ActiveBlocks) > *v*float64(w.TotalBlocks) {

@@ -251,6 +251,8 @@ func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []
 }
 
 // capacitiesKnownLocked: every candidate registered its KV capacity.
+// Without it the admission rule and capacity-weighted homes are off
+// (CapacityGaps reports it for the worker that lacks it).
 // r.mu must be held.
 func (r *Router) capacitiesKnownLocked(candidates []int) bool {
 	for _, i := range candidates {

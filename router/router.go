@@ -410,7 +410,8 @@ func distinctHashes(id string, n int) []uint64 {
 
 // ShouldQueue reports whether a new request should wait: a queue threshold
 // is set and every worker's active prefill tokens exceed that fraction of its
-// max batched tokens.
+// max batched tokens. A worker that registered no max batched tokens is
+// never over it (capacity.go), so it keeps the queue from forming.
 func (r *Router) ShouldQueue() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -419,8 +420,7 @@ func (r *Router) ShouldQueue() bool {
 		return false
 	}
 	for _, w := range r.workers {
-		limit := *q * float64(max(w.MaxBatchedTokens, 1))
-		if float64(r.load.Load(w.ID).ActivePrefillTokens) <= limit {
+		if !overQueueThreshold(*q, w, r.load.Load(w.ID)) {
 			return false
 		}
 	}
