@@ -48,6 +48,13 @@ type prepared struct {
 	// decode reserve plans for from them (router.Finished).
 	outputTokens      int
 	outputTokensKnown bool
+	// The decision log's view of the request (decisions.go): attempts made,
+	// the current attempt's decision, when the worker's answer began.
+	attempts    int
+	decision    uint64
+	firstByteAt time.Time
+	usagePrompt int // prompt and cached tokens the worker reported (usage)
+	usageCached int
 	// settle, set when the request waited in the admission queue, lets
 	// the next waiter go: called once its booking is in the load view
 	// (after routing) or when it leaves without one.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/kvrouter/kvrouter/api/decisionlog"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -59,9 +60,13 @@ func (s *Server) proxyLoop(c *gin.Context, p *prepared, try func() error) {
 
 // attempt is one try of an aggregated request: route, book, send, relay.
 func (s *Server) attempt(c *gin.Context, p *prepared) error {
-	d, err := p.rt.Route(p.req, time.Now())
+	now := time.Now()
+	d, err := p.rt.Route(p.req, now)
 	p.settled() // booked in the load view by Route, or never to be
+	p.attempts++
+	s.recordDecision(c, p, d, err, now)
 	if err != nil {
+		s.completeDecision(p, decisionlog.Outcome{Error: "routing: " + err.Error()})
 		return fmt.Errorf("routing: %w", err)
 	}
 	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
@@ -72,14 +77,19 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 	resp, err := s.send(c, d.Worker, p.path, p.body)
 	if err != nil {
 		s.free(p)
+		s.completeDecision(p, decisionlog.Outcome{Error: s.redact(err.Error())})
 		return err
 	}
 	return s.relay(c, p, d.Worker, d.Overlap, resp, relayHooks{
 		firstByte: func() {
+			p.firstByteAt = time.Now()
 			p.rt.PrefillDone(p.req.ID)
 			s.rep.PrefillDone(p.model, p.req.ID)
 		},
-		done: func() { s.free(p) },
+		done: func() {
+			s.free(p)
+			s.completeDecision(p, decisionlog.Outcome{Status: resp.StatusCode, PromptTokens: p.usagePrompt, CachedTokens: p.usageCached})
+		},
 	})
 }
 
@@ -296,6 +306,7 @@ func (s *Server) auditUsage(p *prepared, worker router.WorkerID, overlap int, au
 		return
 	}
 	p.outputTokens, p.outputTokensKnown = u.CompletionTokens, true
+	p.usagePrompt, p.usageCached = u.PromptTokens, u.cachedTokens()
 	dyn.usage(u)
 	bs := p.rt.Config().BlockSize
 	s.metrics.observeUsage(p.model, string(worker), u, max(overlap, 0)*bs)

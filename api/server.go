@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvrouter/kvrouter/api/decisionlog"
 	"github.com/kvrouter/kvrouter/api/prompt"
 	"github.com/kvrouter/kvrouter/api/tokenize"
 )
@@ -95,6 +96,9 @@ type Config struct {
 	// MetricsCompat "dynamo" also exports Dynamo's frontend and router
 	// metric names (metrics_dynamo.go); "" or "none": kvrouter_* only.
 	MetricsCompat string
+	// Decisions records every routing decision and its outcome
+	// (decisions.go; GET /debug/decisions); nil: off.
+	Decisions *decisionlog.Log
 }
 
 // LogValue prints the configuration without its credentials, so a
@@ -250,6 +254,7 @@ func (s *Server) routes() *gin.Engine {
 	admin.GET("/busy_threshold", s.getBusyThreshold)
 	admin.POST("/busy_threshold", s.postBusyThreshold)
 	admin.POST("/debug/route", s.debugRoute)
+	admin.GET("/debug/decisions", s.debugDecisions)
 	admin.GET("/workers", s.listWorkers)
 	admin.POST("/workers/register", s.registerWorker)
 	admin.POST("/workers/deregister", s.deregisterWorker)

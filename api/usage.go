@@ -65,3 +65,12 @@ func (u *usageScanner) usage() (usage, bool) {
 	}
 	return *doc.Usage, true
 }
+
+// cachedTokens is the prompt tokens the engine served from its cache (0
+// when it did not say).
+func (u usage) cachedTokens() int {
+	if u.Details == nil {
+		return 0
+	}
+	return u.Details.CachedTokens
+}

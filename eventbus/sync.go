@@ -185,6 +185,7 @@ type Syncer struct {
 	remotes map[string]*remoteState
 
 	sent, received, gaps, undecodable, expired atomic.Uint64
+	lastReceived                               atomic.Int64 // unix nanoseconds of the newest message delivered (0: none)
 	mGaps, mExpired, mReceived                 prometheus.Counter
 }
 
@@ -372,6 +373,7 @@ func (s *Syncer) deliver(m SyncMsg, now time.Time) {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	s.received.Add(1)
+	s.lastReceived.Store(now.UnixNano())
 	s.mReceived.Inc()
 	st, known := s.remotes[m.Replica]
 	switch {
@@ -434,6 +436,18 @@ func (s *Syncer) sweep(now time.Time) {
 			s.sink.DropReplica(r)
 		}
 	}
+}
+
+// LastReceived is when the newest message from another replica was
+// delivered; false when none has been (a single replica, or none heard
+// yet). The decision log records its age: how stale the other replicas'
+// load in a decision could be.
+func (s *Syncer) LastReceived() (time.Time, bool) {
+	ns := s.lastReceived.Load()
+	if ns == 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, ns), true
 }
 
 // Stats returns the syncer's counters.

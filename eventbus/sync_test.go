@@ -492,3 +492,21 @@ func TestSyncSequences(t *testing.T) {
 		})
 	}
 }
+
+// TestSyncLastReceived: the time of the newest message from another
+// replica, for the decision log's sync age; none before the first.
+func TestSyncLastReceived(t *testing.T) {
+	s, err := NewSyncer(nil, SyncConfig{Replica: "me", Clock: newFakeClock(), Logger: testLogger(t)}, newRecSink())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.LastReceived(); ok {
+		t.Fatal("a time before any message")
+	}
+	t1 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	s.deliver(SyncMsg{Replica: "r1", Epoch: 7, Seq: 1, Op: SyncFull}, t1)
+	s.deliver(SyncMsg{Replica: "r2", Epoch: 3, Seq: 1, Op: SyncFull}, t1.Add(time.Second))
+	if got, ok := s.LastReceived(); !ok || !got.Equal(t1.Add(time.Second)) {
+		t.Fatalf("last received %v %v, want %v", got, ok, t1.Add(time.Second))
+	}
+}
