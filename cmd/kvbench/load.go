@@ -140,6 +140,7 @@ type loadConfig struct {
 	HitRule     string   `json:"hit_rule"`
 	Capacity    int      `json:"capacity_blocks"`
 	TimeoutS    float64  `json:"timeout_s"`
+	Denominator string   `json:"denominator"` // what every ratio and quantile is over (sim.Denominator)
 	WallSeconds float64  `json:"wall_seconds"`
 	Notes       []string `json:"notes"`
 }
@@ -245,7 +246,7 @@ func executeLoad(ctx context.Context, o *loadOptions, stderr io.Writer) (*loadRe
 		Synthetic: synthCfg{Prefixes: o.Prefixes, PrefixTokens: o.PrefixTokens, TailTokens: o.TailTokens,
 			OutputTokens: o.OutputTokens, Concurrency: o.Concurrency, PrefixOrder: o.PrefixOrder},
 		HitRule:  fmt.Sprintf("cached prompt tokens >= half the shared prefix (%d tokens)", w.Requests[0].HitTokens),
-		TimeoutS: o.Timeout.Seconds(),
+		TimeoutS: o.Timeout.Seconds(), Denominator: sim.Denominator,
 		Notes: []string{
 			"prompts are text of builtin-tokenizer words, one token each (prompt_tokens = prefix + tail exactly), sent as a string to /v1/completions with stream and stream_options.include_usage",
 			"ttft_ms: request sent to the first SSE data chunk; e2e_ms: to [DONE]; cached tokens from the final usage chunk",
@@ -287,12 +288,12 @@ func executeLoad(ctx context.Context, o *loadOptions, stderr io.Writer) (*loadRe
 	defer stop()
 	if len(o.Targets) > 0 {
 		res := replay(ctx, o, w, hc, model, salt, o.Targets, &done)
-		rep.Results = append(rep.Results, summarizeLive("live", w, res, o.Targets, ""))
+		rep.Results = append(rep.Results, summarizeLive("live", w, res, o.Targets, "", o.Timeout))
 	}
 	if o.Direct != "" && ctx.Err() == nil {
 		done.Store(int64((passes - 1) * len(w.Requests))) // a first pass may have stopped early (--max-duration)
 		res := replay(ctx, o, w, hc, model, salt+1, []string{o.Direct}, &done)
-		rep.Results = append(rep.Results, summarizeLive("direct", w, res, []string{o.Direct}, cmp.Or(cfg.DirectID, o.Direct)))
+		rep.Results = append(rep.Results, summarizeLive("direct", w, res, []string{o.Direct}, cmp.Or(cfg.DirectID, o.Direct), o.Timeout))
 	}
 	stop()
 	if ctx.Err() != nil {
@@ -357,10 +358,12 @@ func replay(ctx context.Context, o *loadOptions, w *workload.Workload, hc *http.
 }
 
 // summarizeLive turns a pass into a report row with sim's math
-// (sim.Summarize), so live and simulated figures mean the same.
-// Requests without an X-Worker-Id (straight to a worker) count as worker
-// unnamed.
-func summarizeLive(policy string, w *workload.Workload, reqs []liveRequest, endpoints []string, unnamed string) liveResult {
+// (sim.Summarize), so live and simulated figures mean the same: over all
+// the workload's requests, a failed or unsent one a miss at the timeout
+// (sim.Denominator). Per-worker and per-endpoint figures are over the
+// requests sent there, failures included the same way. Requests without
+// an X-Worker-Id (straight to a worker) count as worker unnamed.
+func summarizeLive(policy string, w *workload.Workload, reqs []liveRequest, endpoints []string, unnamed string, timeout time.Duration) liveResult {
 	ids := map[string]int{}
 	res := &sim.Result{Policy: policy, Requests: make([]sim.RequestResult, len(reqs))}
 	lr := liveResult{Endpoints: endpoints}
@@ -385,17 +388,20 @@ func summarizeLive(policy string, w *workload.Workload, reqs []liveRequest, endp
 		switch {
 		case !r.Attempted:
 			lr.NotSent++
-		case r.Err != "":
-			if len(lr.ErrorSamples) < 5 {
-				lr.ErrorSamples = append(lr.ErrorSamples, r.Err)
+		case r.Err != "" || r.Done:
+			ttft := float64(timeout) / float64(time.Millisecond)
+			if r.Err != "" {
+				if len(lr.ErrorSamples) < 5 {
+					lr.ErrorSamples = append(lr.ErrorSamples, r.Err)
+				}
+			} else {
+				if !r.HasUsage {
+					lr.NoUsage++
+				} else if r.PromptTokens != w.Requests[i].PromptTokens {
+					lr.PromptMismatch++
+				}
+				ttft = float64(r.FirstToken-r.Sent) / float64(time.Millisecond)
 			}
-		case r.Done:
-			if !r.HasUsage {
-				lr.NoUsage++
-			} else if r.PromptTokens != w.Requests[i].PromptTokens {
-				lr.PromptMismatch++
-			}
-			ttft := float64(r.FirstToken-r.Sent) / float64(time.Millisecond)
 			perEP[r.Endpoint] = append(perEP[r.Endpoint], ttft)
 			name := cmp.Or(r.Worker, unnamed, "(unnamed)")
 			a := per[name]
@@ -405,12 +411,12 @@ func summarizeLive(policy string, w *workload.Workload, reqs []liveRequest, endp
 			}
 			a.n++
 			a.ttft = append(a.ttft, ttft)
-			if r.Cached >= w.Requests[i].HitTokens {
+			if r.Done && r.Cached >= w.Requests[i].HitTokens {
 				a.hits++
 			}
 		}
 	}
-	s := sim.Summarize(w, res)
+	s := sim.Summarize(w, res, timeout)
 	s.VirtualSeconds = 0 // real time: see throughput_rps and wall time
 	lr.Result = report.Median(policy, []report.Run{{Seed: w.Seed, Summary: s}})
 	var wall time.Duration

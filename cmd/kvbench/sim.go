@@ -27,6 +27,9 @@ type simOptions struct {
 	Speedup          float64
 	EventDelay       time.Duration
 	EngineHashSeed   uint64
+	Routers          int           // simulated routers (replicas), requests round-robin
+	SyncDelay        time.Duration // replica sync lag between them
+	Timeout          time.Duration // a failed request's TTFT and E2E in the figures
 
 	Policies         []router.Mode
 	PrefillLoadScale *float64 // nil: the router's default
@@ -64,7 +67,7 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	o := &simOptions{}
 	fs := flag.NewFlagSet("kvbench sim", flag.ContinueOnError)
 	fs.SetOutput(output)
-	var kvBlocks, policies, eventDelay string
+	var kvBlocks, policies, eventDelay, syncDelay string
 	var scale, credit, temp float64
 	var pEvict, pHome, pOverloaded, pQueue, pOutput float64
 	var pCopy float64
@@ -76,6 +79,9 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.StringVar(&o.Profile, "profile", engine.ProfileDynamoMocker, "engine timing profile: "+strings.Join(engine.Profiles(), ", "))
 	fs.Float64Var(&o.Speedup, "speedup", 1, "divides engine step times and trace arrival times")
 	fs.StringVar(&eventDelay, "event-delay", "5ms", "virtual delay from an engine's KV event to the router's index")
+	fs.IntVar(&o.Routers, "routers", 1, "simulated routers (kvrouter replicas) behind a round-robin balancer; each keeps its own load view, all read the one event-fed index")
+	fs.StringVar(&syncDelay, "sync-delay", "0s", "with --routers > 1: replica sync lag, from one router's booking, first token or free to the others' load views")
+	fs.DurationVar(&o.Timeout, "timeout", 60*time.Second, "a request that fails counts in TTFT and E2E as this long (kvbench load's default timeout); the simulator itself enforces none")
 	fs.Uint64Var(&o.EngineHashSeed, "engine-hash-seed", 0, "0: engines name blocks by content hash; N: worker i names them with seed N+i (opaque engine hashes)")
 	fs.StringVar(&policies, "policies", "round-robin,kv", "comma list of policies (router modes) run side by side: "+modeNames())
 	fs.Float64Var(&scale, "prefill-load-scale", 0, "kv-family policies: prefill load scale (default: the router's)")
@@ -131,6 +137,15 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	}
 	if o.EventDelay, err = time.ParseDuration(eventDelay); err != nil || o.EventDelay < 0 {
 		return nil, cli.Usagef("--event-delay %q: want a non-negative duration such as 5ms", eventDelay)
+	}
+	if o.Routers < 1 {
+		return nil, cli.Usagef("--routers %d: need at least one router", o.Routers)
+	}
+	if o.SyncDelay, err = time.ParseDuration(syncDelay); err != nil || o.SyncDelay < 0 {
+		return nil, cli.Usagef("--sync-delay %q: want a non-negative duration such as 100ms", syncDelay)
+	}
+	if o.Timeout <= 0 {
+		return nil, cli.Usagef("--timeout %v: must be positive", o.Timeout)
 	}
 	if o.Policies, err = parsePolicies(policies); err != nil {
 		return nil, err

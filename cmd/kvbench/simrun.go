@@ -85,6 +85,10 @@ type simConfig struct {
 	Profile          string    `json:"profile"`
 	Speedup          float64   `json:"speedup"`
 	EventDelayMs     float64   `json:"event_delay_ms"`
+	Routers          int       `json:"routers"`
+	SyncDelayMs      float64   `json:"sync_delay_ms"`
+	TimeoutS         float64   `json:"timeout_s"`
+	Denominator      string    `json:"denominator"` // what every ratio and quantile is over (sim.Denominator)
 	EngineHashSeed   uint64    `json:"engine_hash_seed"`
 	Policies         []string  `json:"policies"`
 	PrefillLoadScale *float64  `json:"prefill_load_scale,omitempty"`
@@ -201,13 +205,14 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 				res, err := sim.Run(loads[j.r], sim.Config{
 					Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(),
 					Router: o.routerConfig(o.Policies[j.p]), EventDelay: o.EventDelay, Seed: seed,
+					Routers: o.Routers, SyncDelay: o.SyncDelay,
 					Progress: func() { done.Add(1) },
 				})
 				if err != nil {
 					errs[(j.p+1)*o.Reps+j.r] = fmt.Errorf("policy %s, rep %d: %w", o.Policies[j.p], j.r, err)
 					continue
 				}
-				runs[j.p][j.r] = report.Run{Seed: seed, Summary: sim.Summarize(loads[j.r], res), WallSeconds: time.Since(t0).Seconds()}
+				runs[j.p][j.r] = report.Run{Seed: seed, Summary: sim.Summarize(loads[j.r], res, o.Timeout), WallSeconds: time.Since(t0).Seconds()}
 			}
 		}()
 	}
@@ -239,6 +244,9 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 	rep.Config = o.reportConfig(loads[0], wall)
 	header := fmt.Sprintf("kvbench sim: %s, %d requests, %d workers × %s blocks of %d tokens, seed %d",
 		loads[0].Name, len(loads[0].Requests), o.Workers, blocksLabel(o.KVBlocks), o.BlockSize, o.Seed)
+	if o.Routers > 1 {
+		header += fmt.Sprintf(", %d routers with %v sync lag", o.Routers, o.SyncDelay)
+	}
 	if o.Reps > 1 {
 		header += fmt.Sprintf(", medians of %d reps", o.Reps)
 	}
@@ -274,7 +282,9 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 	c := simConfig{
 		Workload: w.Kind.String(), Workers: o.Workers, KVBlocks: o.KVBlocks, BlockSize: o.BlockSize,
 		MaxBatchedTokens: o.MaxBatchedTokens, MaxRunning: o.MaxRunning, Profile: o.Profile, Speedup: o.Speedup,
-		EventDelayMs:   float64(o.EventDelay) / float64(time.Millisecond),
+		EventDelayMs: float64(o.EventDelay) / float64(time.Millisecond),
+		Routers:      o.Routers, SyncDelayMs: float64(o.SyncDelay) / float64(time.Millisecond),
+		TimeoutS: o.Timeout.Seconds(), Denominator: sim.Denominator,
 		EngineHashSeed: o.EngineHashSeed, PrefillLoadScale: o.PrefillLoadScale, OverlapCredit: o.OverlapCredit,
 		Temperature: o.Temperature, Seed: o.Seed, Reps: o.Reps, Requests: len(w.Requests),
 		Pooled: pooledCfg{EvictWeight: o.Pooled.EvictWeight, CopyWeight: o.Pooled.CopyWeight, HomeWeight: o.Pooled.HomeWeight,

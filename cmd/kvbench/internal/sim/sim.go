@@ -6,6 +6,12 @@
 // PrefillDone at its first token, Free when it finishes, and (in kv mode) an
 // index fed by the engines' KV events, each delivered EventDelay after the
 // engine emitted it.
+//
+// With Routers > 1 the fleet is routed by several routers, as kvrouter's
+// replicas route it behind an L4 balancer: request k goes to router
+// k mod Routers, every router reads the one event-fed index, and each keeps
+// its own load view: its own bookings at once, the other routers' bookings,
+// first tokens and frees SyncDelay later, as replica sync delivers them.
 package sim
 
 import (
@@ -28,7 +34,13 @@ type Config struct {
 	Engine     engine.Config
 	Router     router.Config // Mode selects the policy
 	EventDelay time.Duration
-	Seed       uint64 // router tie-breaks and sampling
+	// Routers is the number of routers (0 or 1: one, with no sync at all).
+	Routers int
+	// SyncDelay is the lag of replica sync between routers: router j sees
+	// router i's booking, first token and free SyncDelay after router i
+	// did (0: at the same instant, before anything else is routed).
+	SyncDelay time.Duration
+	Seed      uint64 // router tie-breaks and sampling
 	// Progress, when set, is called after every finished request.
 	Progress func()
 }
@@ -87,6 +99,9 @@ func Run(w *workload.Workload, cfg Config) (*Result, error) {
 	if cfg.Workers <= 0 || len(cfg.KVBlocks) != cfg.Workers {
 		return nil, fmt.Errorf("%d workers with %d capacities: %w", cfg.Workers, len(cfg.KVBlocks), ErrConfig)
 	}
+	if cfg.Routers < 0 || cfg.SyncDelay < 0 {
+		return nil, fmt.Errorf("%d routers, sync delay %v: %w", cfg.Routers, cfg.SyncDelay, ErrConfig)
+	}
 	if cfg.Router.BlockSize != w.BlockSize || cfg.Engine.BlockSize != w.BlockSize {
 		return nil, fmt.Errorf("block sizes differ: workload %d, router %d, engine %d: %w",
 			w.BlockSize, cfg.Router.BlockSize, cfg.Engine.BlockSize, ErrConfig)
@@ -112,7 +127,10 @@ type state struct {
 	busy     []bool // next is valid
 	dirty    []bool // touched this instant: refresh next, drain events
 	index    *router.Index
-	rt       *router.Router
+	rts      []*router.Router // one per router; requests go round-robin
+	owner    []int            // per request: the router that routed it
+	syncs    syncHeap         // load-view updates on their way to the other routers
+	routed   int              // requests routed so far (the balancer's counter)
 
 	byID     map[string]int
 	res      []RequestResult
@@ -157,14 +175,21 @@ func (s *state) build() error {
 		s.index.AddWorker(s.ids[i])
 		infos[i] = router.WorkerInfo{ID: s.ids[i], TotalBlocks: s.cfg.KVBlocks[i], MaxBatchedTokens: e.Config().MaxBatchedTokens}
 	}
-	rt, err := router.New(s.cfg.Router, s.index, s.cfg.Seed)
-	if err != nil {
-		return err
+	s.rts = make([]*router.Router, max(s.cfg.Routers, 1))
+	for k := range s.rts {
+		// Router 0 keeps the single-router seed, so one router is exactly
+		// the run it always was; the others tie-break differently, as
+		// replicas seeded apart do.
+		rt, err := router.New(s.cfg.Router, s.index, s.cfg.Seed+uint64(k)*0x9e3779b9)
+		if err != nil {
+			return err
+		}
+		rt.SetWorkers(infos)
+		s.rts[k] = rt
 	}
-	rt.SetWorkers(infos)
-	s.rt = rt
 	s.byID = make(map[string]int, len(s.w.Requests))
 	s.res = make([]RequestResult, len(s.w.Requests))
+	s.owner = make([]int, len(s.w.Requests))
 	for i, r := range s.w.Requests {
 		s.byID[r.ID] = i
 		s.res[i].Worker = -1
@@ -196,15 +221,26 @@ func (s *state) push(at time.Duration, i int) {
 }
 
 func (s *state) loop() {
-	for s.finished < len(s.res) {
+	for s.finished < len(s.res) && s.step() {
+	}
+}
+
+// step advances to the next instant something happens and handles it;
+// false when nothing is left to happen (unfinished requests are stuck).
+func (s *state) step() bool {
+	{
 		t, ok := s.nextTime()
 		if !ok {
-			return // nothing left to happen: unfinished requests are stuck
+			return false
 		}
 		s.now = t
-		// Same-instant order: events become visible, engines finish steps
-		// (the router sees Free before it routes the next request), then
-		// arrivals are routed and submitted, then due steps start.
+		// Same-instant order: events become visible, other routers'
+		// load reaches each router, engines finish steps (the router sees
+		// Free before it routes the next request), then arrivals are routed
+		// and submitted, then due steps start.
+		for len(s.syncs) > 0 && s.syncs[0].at <= t {
+			s.applySync(heap.Pop(&s.syncs).(syncMsg))
+		}
 		for len(s.deliver) > 0 && s.deliver[0].at <= t {
 			d := heap.Pop(&s.deliver).(delivery)
 			s.delivered++
@@ -231,6 +267,7 @@ func (s *state) loop() {
 			s.drain(i)
 		}
 	}
+	return true
 }
 
 func (s *state) nextTime() (time.Duration, bool) {
@@ -241,6 +278,9 @@ func (s *state) nextTime() (time.Duration, bool) {
 	}
 	if len(s.deliver) > 0 && (!ok || s.deliver[0].at < t) {
 		t, ok = s.deliver[0].at, true
+	}
+	if len(s.syncs) > 0 && (!ok || s.syncs[0].at < t) {
+		t, ok = s.syncs[0].at, true
 	}
 	for i := range s.engines {
 		if s.busy[i] && (!ok || s.next[i] < t) {
@@ -268,18 +308,27 @@ func (s *state) send(i int) {
 	r := &s.w.Requests[i]
 	rr := &s.res[i]
 	rr.Sent = s.now
-	d, err := s.rt.Route(router.Request{ID: r.ID, Hashes: r.Hashes, Tokens: r.PromptTokens}, epoch.Add(s.now))
+	k := s.routed % len(s.rts)
+	s.routed++
+	s.owner[i] = k
+	d, err := s.rts[k].Route(router.Request{ID: r.ID, Hashes: r.Hashes, Tokens: r.PromptTokens}, epoch.Add(s.now))
 	if err != nil {
 		s.fail(i, fmt.Sprintf("route: %v", err))
 		return
 	}
+	// What replica sync announces: the booking as Route made it.
+	s.announce(k, syncMsg{kind: syncBook, booking: router.Booking{
+		ID: r.ID, Origin: fmt.Sprint(k), Worker: d.Worker, Hashes: d.ActiveHashes,
+		PrefillTokens: max(r.PromptTokens-d.Overlap*s.w.BlockSize, 0),
+	}})
 	wi := s.byWorker[d.Worker]
 	rr.Worker = wi
 	err = s.engines[wi].Submit(s.now, engine.Request{
 		ID: r.ID, NumTokens: r.PromptTokens, BlockHashes: r.Hashes, OutputTokens: r.OutputTokens,
 	})
 	if err != nil {
-		s.rt.Free(r.ID)
+		s.rts[k].Free(r.ID)
+		s.announce(k, syncMsg{kind: syncFree, id: r.ID})
 		s.fail(i, fmt.Sprintf("submit: %v", err))
 		return
 	}
@@ -303,7 +352,8 @@ func (s *state) handle(wi int, outs []engine.Output) {
 		case engine.FirstToken:
 			rr.FirstToken = o.At
 			rr.CachedTokens = o.CachedTokens
-			s.rt.PrefillDone(o.RequestID)
+			s.rts[s.owner[i]].PrefillDone(o.RequestID)
+			s.announce(s.owner[i], syncMsg{kind: syncPrefillDone, id: o.RequestID})
 		case engine.Preempted:
 			rr.Preemptions++
 			s.preempts++
@@ -313,7 +363,10 @@ func (s *state) handle(wi int, outs []engine.Output) {
 			}
 			rr.Finished = o.At
 			rr.Done = true
-			s.rt.Finished(o.RequestID, o.OutputTokens)
+			// Only the routing replica learns the output length
+			// (kv-pooled's decode reserve); the others hear a free.
+			s.rts[s.owner[i]].Finished(o.RequestID, o.OutputTokens)
+			s.announce(s.owner[i], syncMsg{kind: syncFree, id: o.RequestID})
 			s.complete(i)
 		}
 	}

@@ -46,7 +46,7 @@ func run(t *testing.T, w *workload.Workload, cfg Config) (*Result, Summary) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return res, Summarize(w, res)
+	return res, Summarize(w, res, time.Minute)
 }
 
 // A prefix workload that does not fit one worker: kv must beat round-robin,

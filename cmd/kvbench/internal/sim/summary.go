@@ -7,7 +7,14 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
 )
 
-// Summary is one run's figures.
+// Denominator is what every figure of a Summary is over, as the reports'
+// JSON says it (config.denominator). One denominator for every ratio: a
+// policy that fails requests cannot look better by leaving them out.
+const Denominator = "all requests: a failed or unsent request counts as a miss with 0 cached tokens, " +
+	"its TTFT and E2E as the timeout (timeout_s); throughput counts completed requests"
+
+// Summary is one run's figures, every one over all the workload's requests
+// (Denominator).
 type Summary struct {
 	Requests  int
 	Completed int
@@ -15,13 +22,14 @@ type Summary struct {
 	// RequestHitRate is the share of all requests whose cached prefix
 	// reached their HitTokens.
 	RequestHitRate float64
-	// CachedTokenRatio is engine-reported cached prompt tokens over prompt
-	// tokens, over completed requests.
+	// CachedTokenRatio is engine-reported cached prompt tokens of the
+	// completed requests over the prompt tokens of all requests.
 	CachedTokenRatio float64
-	TTFT, E2E        stats.Quantiles
-	ThroughputRPS    float64
-	Preemptions      float64
-	IndexErrors      float64
+	// TTFT and E2E are over all requests, a failed one at the timeout.
+	TTFT, E2E     stats.Quantiles
+	ThroughputRPS float64
+	Preemptions   float64
+	IndexErrors   float64
 	// WorkersPerPrefix is how many distinct workers a synthetic prefix was
 	// sent to, averaged over the prefixes that occur (seed 002 §4).
 	WorkersPerPrefix float64
@@ -30,8 +38,9 @@ type Summary struct {
 	VirtualSeconds float64
 }
 
-// Summarize computes res's figures against its workload.
-func Summarize(w *workload.Workload, res *Result) Summary {
+// Summarize computes res's figures against its workload; timeout is the
+// TTFT and E2E a failed request counts with.
+func Summarize(w *workload.Workload, res *Result, timeout time.Duration) Summary {
 	s := Summary{Requests: len(w.Requests), Preemptions: float64(res.Preemptions), IndexErrors: float64(res.IndexErrors)}
 	var cached, prompt int64
 	var ttft, e2e []float64
@@ -51,14 +60,16 @@ func Summarize(w *workload.Workload, res *Result) Summary {
 			}
 			m[rr.Worker] = true
 		}
+		prompt += int64(r.PromptTokens)
 		if !rr.Done {
 			s.Errors++
+			ttft = append(ttft, ms(timeout))
+			e2e = append(e2e, ms(timeout))
 			continue
 		}
 		s.Completed++
 		last = max(last, rr.Finished)
 		cached += int64(rr.CachedTokens)
-		prompt += int64(r.PromptTokens)
 		if rr.CachedTokens >= r.HitTokens {
 			hits++
 		}

@@ -1,0 +1,92 @@
+package sim
+
+import (
+	"container/heap"
+	"time"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// Replica sync between simulated routers: what kvrouter's replicas publish
+// to each other (cmd/kvrouter/internal/replica: Booked, PrefillDone, Freed)
+// and apply to their load view under the publisher's origin.
+
+type syncKind uint8
+
+const (
+	syncBook syncKind = iota
+	syncPrefillDone
+	syncFree
+)
+
+// syncMsg is one load-view update from router `from` to router `to`.
+type syncMsg struct {
+	at       time.Duration
+	seq      uint64
+	from, to int
+	kind     syncKind
+	booking  router.Booking // syncBook
+	id       string         // syncPrefillDone, syncFree
+}
+
+// announce sends msg from router k to every other router, SyncDelay from
+// now. A zero delay applies it at once: every router then sees every
+// booking before the next request is routed, the view one router has.
+// One publisher's messages keep their order (a constant delay and the
+// insertion sequence), as one NATS subject does.
+func (s *state) announce(k int, msg syncMsg) {
+	if len(s.rts) < 2 {
+		return
+	}
+	msg.from = k
+	for j := range s.rts {
+		if j == k {
+			continue
+		}
+		m := msg
+		m.to = j
+		if s.cfg.SyncDelay == 0 {
+			s.applySync(m)
+			continue
+		}
+		s.seq++
+		m.at, m.seq = s.now+s.cfg.SyncDelay, s.seq
+		heap.Push(&s.syncs, m)
+	}
+}
+
+// applySync applies a remote update to router m.to's load view, as
+// replica.AddRemote/PrefillDoneRemote/FreeRemote do. A free that overtook
+// nothing is harmless; a booking arriving after its own free cannot happen
+// (one publisher's order is kept).
+func (s *state) applySync(m syncMsg) {
+	load := s.rts[m.to].Load()
+	switch m.kind {
+	case syncBook:
+		b := m.booking
+		b.Added = epoch.Add(s.now) // the receiver stamps it, as replica.AddRemote does
+		load.Add(b)
+	case syncPrefillDone:
+		load.PrefillDone(m.id)
+	case syncFree:
+		load.Free(m.id)
+	}
+}
+
+type syncHeap []syncMsg
+
+func (h syncHeap) Len() int { return len(h) }
+func (h syncHeap) Less(a, b int) bool {
+	if h[a].at != h[b].at {
+		return h[a].at < h[b].at
+	}
+	return h[a].seq < h[b].seq
+}
+func (h syncHeap) Swap(a, b int) { h[a], h[b] = h[b], h[a] }
+func (h *syncHeap) Push(x any)   { *h = append(*h, x.(syncMsg)) }
+func (h *syncHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
