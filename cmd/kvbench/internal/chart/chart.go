@@ -38,11 +38,12 @@ type Figure struct {
 	Title    string // what the figure shows
 	Subtitle string // the run it comes from (workload, fleet, seed)
 	Panels   []*Panel
-	// YLabel, when set, is one y-axis label left of the panels, for panels
-	// that share their y axis. It is drawn by the figure, not the panels:
-	// gonum places a panel's own y label by the axis' arithmetic middle,
-	// which on a log axis is near its top, and pads the panel for it.
-	YLabel string
+	// XLabel and YLabel, when set, are one axis label below and left of
+	// the panels, for panels that share the axis. They are drawn by the
+	// figure, not the panels: gonum reserves room for a panel's own axis
+	// label around the axis' arithmetic middle, which on a log axis is near
+	// its end, and so pads the panel on that side by half the label.
+	XLabel, YLabel string
 	// Width and Height are the PNG's size in pixels.
 	Width, Height int
 }
@@ -214,6 +215,12 @@ func (f *Figure) draw(dc draw.Canvas) {
 		area.Max.X = col.Min.X - Px(24)
 	}
 
+	if f.XLabel != "" {
+		st := TextStyle(11, false)
+		st.XAlign, st.YAlign = draw.XCenter, draw.YBottom
+		dc.FillText(st, vg.Point{X: (area.Min.X + area.Max.X) / 2, Y: area.Min.Y}, f.XLabel)
+		area.Min.Y += st.Height(f.XLabel) + Px(6)
+	}
 	if f.YLabel != "" {
 		st := TextStyle(11, false)
 		st.Rotation = math.Pi / 2

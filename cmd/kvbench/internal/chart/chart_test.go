@@ -40,7 +40,7 @@ func TestFigureLegendAndPNG(t *testing.T) {
 		labels []string
 		err    string
 	}{
-		{"two panels", Figure{Title: "t", Subtitle: "s", YLabel: "shared", Panels: []*Panel{a, b}, Width: 640, Height: 360}, []string{"one", "two", "three"}, ""},
+		{"two panels", Figure{Title: "t", Subtitle: "s", XLabel: "shared x", YLabel: "shared y", Panels: []*Panel{a, b}, Width: 640, Height: 360}, []string{"one", "two", "three"}, ""},
 		{"no title", Figure{Panels: []*Panel{b}, Width: 300, Height: 200}, []string{"two", "three"}, ""},
 		{"no panels", Figure{Width: 300, Height: 200}, nil, "no panels"},
 		{"no size", Figure{Panels: []*Panel{a}}, []string{"one", "two"}, "size 0×0"},

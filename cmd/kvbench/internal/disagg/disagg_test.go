@@ -229,7 +229,7 @@ func TestDisaggReportTableJSONPlot(t *testing.T) {
 }
 
 // checkFigure checks the chart before rendering: a panel per prompt
-// length with log axes and their labels, a line per mode holding its p50
+// length with log axes under shared axis labels, a line per mode holding its p50
 // TTFTs in seconds by link speed.
 func checkFigure(t *testing.T, rep *Report) {
 	t.Helper()
@@ -240,8 +240,8 @@ func checkFigure(t *testing.T, rep *Report) {
 	if got, want := strings.Join(fig.LegendLabels(), ","), "--disagg off,--disagg always,--disagg auto"; got != want {
 		t.Errorf("legend %s, want %s", got, want)
 	}
-	if fig.YLabel != "p50 time to first token (s, log scale)" {
-		t.Errorf("y label %q", fig.YLabel)
+	if fig.XLabel != "KV link throughput (MB/s, log scale)" || fig.YLabel != "p50 time to first token (s, log scale)" {
+		t.Errorf("axis labels x %q, y %q", fig.XLabel, fig.YLabel)
 	}
 	if !strings.Contains(fig.Title, "p50 TTFT against KV link speed") || !strings.Contains(fig.Subtitle, "1 prefill + 1 decode workers") {
 		t.Errorf("title %q, subtitle %q", fig.Title, fig.Subtitle)
@@ -252,8 +252,11 @@ func checkFigure(t *testing.T, rep *Report) {
 	for i, prompt := range []int{500, 1500} {
 		pan := fig.Panels[i]
 		p := pan.Plot
-		if p.Title.Text != fmt.Sprintf("%d-token prompts", prompt) || p.X.Label.Text != "KV link throughput (MB/s, log scale)" {
-			t.Errorf("panel %d: title %q, x label %q", i, p.Title.Text, p.X.Label.Text)
+		if p.Title.Text != fmt.Sprintf("%d-token prompts", prompt) {
+			t.Errorf("panel %d: title %q", i, p.Title.Text)
+		}
+		if _, ok := p.X.Scale.(plot.LogScale); !ok {
+			t.Errorf("panel %d: x scale %T, want log", i, p.X.Scale)
 		}
 		if _, ok := p.Y.Scale.(plot.LogScale); !ok {
 			t.Errorf("panel %d: y scale %T, want log", i, p.Y.Scale)

@@ -60,6 +60,7 @@ func Figure(r *Report) (*chart.Figure, error) {
 		Title: "p50 TTFT against KV link speed: --disagg " + strings.Join(c.Modes, " / "),
 		Subtitle: fmt.Sprintf("profile %s, %d prefill + %d decode workers, concurrency %d, %d requests per run, KV %d B/token",
 			c.Profile, c.PrefillWorkers, c.DecodeWorkers, c.Concurrency, c.Requests, c.KVBytesPerToken),
+		XLabel: "KV link throughput (MB/s, log scale)",
 		YLabel: "p50 time to first token (s, log scale)",
 		Width:  120 + max(len(prompts), 1)*panelWidth + 170,
 		Height: plotHeight,
@@ -67,7 +68,7 @@ func Figure(r *Report) (*chart.Figure, error) {
 	ylo, yhi := decades(r)
 	xlo, xhi := linkRange(links)
 	for _, p := range prompts {
-		pan := chart.NewPanel(fmt.Sprintf("%d-token prompts", p), "KV link throughput (MB/s, log scale)", "")
+		pan := chart.NewPanel(fmt.Sprintf("%d-token prompts", p), "", "")
 		pl := pan.Plot
 		grid := plotter.NewGrid()
 		pl.Add(grid)
