@@ -143,6 +143,16 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"worker-header-timeout"}, env: []string{"KVROUTER_WORKER_HEADER_TIMEOUT"}, usage: "longest wait for a worker's answer headers (default 10m)", set: dur(&c.WorkerHeaderTimeout)},
 		{names: []string{"worker-idle-timeout"}, env: []string{"KVROUTER_WORKER_IDLE_TIMEOUT"}, usage: "longest silence inside a worker's answer body before it is cut and its booking freed (default 2m)", set: dur(&c.WorkerIdleTimeout)},
 		{names: []string{"protect-status"}, env: []string{"KVROUTER_PROTECT_STATUS"}, usage: "require the admin token for /cluster/status and /metrics", set: boolp(&c.ProtectStatus), bool: true},
+		{names: []string{"decision-log-size"}, env: []string{"KVROUTER_DECISION_LOG_SIZE"}, def: "4096", usage: "routing decisions kept in memory for GET /debug/decisions (cost table, index epoch, outcome); 0 turns the log off", set: intp(&c.DecisionLogSize)},
+		{names: []string{"decision-log-file"}, env: []string{"KVROUTER_DECISION_LOG_FILE"}, usage: "also append every completed decision to this JSON-lines file, rotated by size (3 old files kept)", set: str(&c.DecisionLogFile)},
+		{names: []string{"decision-log-max-bytes"}, env: []string{"KVROUTER_DECISION_LOG_MAX_BYTES"}, def: "67108864", usage: "size at which --decision-log-file rotates", set: func(v string) error {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 4096 {
+				return fmt.Errorf("--decision-log-max-bytes must be an integer of at least 4096, got %q", v)
+			}
+			c.DecisionLogMaxBytes = n
+			return nil
+		}},
 		{names: []string{"metrics-compat"}, env: []string{"KVROUTER_METRICS_COMPAT"}, def: "none", usage: "none, or dynamo: also export Dynamo's dynamo_frontend_* / dynamo_component_router_* metric names beside kvrouter_* (api/DESIGN.md)", set: func(v string) error {
 			if v != "none" && v != "dynamo" { // api.MetricsCompatNone, api.MetricsCompatDynamo
 				return fmt.Errorf("--metrics-compat must be none or dynamo, got %q", v)

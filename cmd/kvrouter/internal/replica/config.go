@@ -72,6 +72,12 @@ type Config struct {
 	APIClientCerts       bool // a verified pki.RoleClient certificate on the inference endpoints (needs TLS)
 	// MetricsCompat is api.Config.MetricsCompat (--metrics-compat).
 	MetricsCompat string
+	// The decision log (api/decisionlog): the newest DecisionLogSize
+	// decisions in memory (0: off), and a JSON-lines file rotated at
+	// DecisionLogMaxBytes when DecisionLogFile is set.
+	DecisionLogSize     int
+	DecisionLogFile     string
+	DecisionLogMaxBytes int64
 	// Dynamo's names with our meaning (cmd/kvrouter/dynamo.go).
 	SnapshotThreshold uint64 // Raft entries between snapshots (0: cluster default)
 	MinInitialWorkers int    // not ready below this many registered workers

@@ -69,13 +69,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		go watchCertificate(ctx, bundle, reg, log.With("component", "certificate"))
 	}
 
+	decisions, closeDecisions, err := openDecisionLog(cfg, log.With("component", "decision-log"))
+	if err != nil {
+		return err
+	}
+	defer closeDecisions()
+
 	apiCfg := api.Config{
 		BusyStatus: cfg.BusyStatus, AdminToken: cfg.AdminToken, APIKeys: cfg.APIKeys, ClientCert: apiClientCheck(cfg), Prompts: prompts,
 		WorkerAPIKey: cfg.WorkerAPIKey.Reveal(), WorkerAPIKeys: revealAll(cfg.WorkerAPIKeys),
 		Retries: cfg.Retries, AllowLoopbackWorkers: cfg.AllowLoopbackWorkers, MaxPriority: cfg.MaxPriority,
 		MaxPriorityByKey: cfg.MaxPriorityByKey, MaxWorkers: cfg.MaxWorkers, MaxQueue: cfg.MaxQueue,
 		WorkerHeaderTimeout: cfg.WorkerHeaderTimeout, WorkerIdleTimeout: cfg.WorkerIdleTimeout, ProtectStatus: cfg.ProtectStatus, MetricsCompat: cfg.MetricsCompat, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,
-		Registry: reg,
+		Registry: reg, Decisions: decisions,
 	}
 	if bundle == nil {
 		// Without TLS the admin token is the cluster endpoints' only
