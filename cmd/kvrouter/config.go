@@ -106,7 +106,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"replica-token-file"}, env: []string{"KVROUTER_REPLICA_TOKEN_FILE"}, usage: "file holding a token that admits bus clients without a certificate with a replica's rights (tools such as kvbench ingest); needs TLS material", set: str(&secretFiles.replica)},
 		{names: []string{"api-keys"}, env: []string{"KVROUTER_API_KEYS"}, usage: "comma list of accepted inference API keys", set: list(&c.APIKeys)},
 		{names: []string{"api-client-certs"}, env: []string{"KVROUTER_API_CLIENT_CERTS"}, usage: "require a client certificate of the cluster's CA naming an API client (kvrouter certs --clients) on /v1/*, /tokenize and /detokenize (needs TLS material; with --api-keys both are required)", set: boolp(&c.APIClientCerts), bool: true},
-		{names: []string{"workers"}, env: []string{"KVROUTER_WORKERS"}, usage: "static workers id=http://host:port,… (registered for the first model)", set: func(v string) error {
+		{names: []string{"workers"}, env: []string{"KVROUTER_WORKERS"}, usage: "static workers id=http://host:port,… (registered for the first model); give each its capacity as id=URL;total_kv_blocks=N;max_num_batched_tokens=M (quote the ';' from the shell), else the capacity-relative thresholds do not apply to it and /cluster/status says so", set: func(v string) error {
 			ws, err := parseStatic(v)
 			c.StaticWorkers = ws
 			return err
@@ -482,14 +482,39 @@ func parsePeers(v string) ([]cluster.Peer, error) {
 	return out, nil
 }
 
+// parseStatic reads --workers: id=URL entries, each optionally followed by
+// its capacity as ;total_kv_blocks=N and ;max_num_batched_tokens=M (the
+// registration API's names), e.g.
+// "w0=http://gpu0:8000;total_kv_blocks=2048;max_num_batched_tokens=8192".
+// A plain id=URL registers no capacity, as before: the capacity-relative
+// settings then do not apply to it and say so (router/capacity.go).
 func parseStatic(v string) ([]replica.StaticWorker, error) {
 	var out []replica.StaticWorker
 	for _, item := range splitList(v) {
-		id, url, ok := strings.Cut(item, "=")
+		entry, caps, hasCaps := strings.Cut(item, ";")
+		id, url, ok := strings.Cut(entry, "=")
 		if !ok || id == "" || !strings.HasPrefix(url, "http") {
-			return nil, fmt.Errorf("worker %q: want id=http://host:port", item)
+			return nil, fmt.Errorf("worker %q: want id=http://host:port[;total_kv_blocks=N][;max_num_batched_tokens=M]", item)
 		}
-		out = append(out, replica.StaticWorker{ID: id, URL: strings.TrimRight(url, "/")})
+		w := replica.StaticWorker{ID: id, URL: strings.TrimRight(url, "/")}
+		if hasCaps {
+			for _, kv := range strings.Split(caps, ";") {
+				k, val, _ := strings.Cut(strings.TrimSpace(kv), "=")
+				n, err := strconv.Atoi(val)
+				if err != nil || n <= 0 {
+					return nil, fmt.Errorf("worker %q: %q: want a positive count", item, kv)
+				}
+				switch k {
+				case "total_kv_blocks":
+					w.TotalBlocks = n
+				case "max_num_batched_tokens":
+					w.MaxBatchedTokens = n
+				default:
+					return nil, fmt.Errorf("worker %q: unknown capacity %q (want total_kv_blocks or max_num_batched_tokens)", item, k)
+				}
+			}
+		}
+		out = append(out, w)
 	}
 	return out, nil
 }

@@ -2,8 +2,10 @@ package main
 
 import (
 	"io"
+	"slices"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/cmd/kvrouter/internal/replica"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -78,6 +80,42 @@ func TestServeConfig(t *testing.T) {
 		}
 		if tc.check != nil && !tc.check(c) {
 			t.Errorf("%s: config %+v", tc.name, c)
+		}
+	}
+}
+
+// --workers keeps reading the old id=URL form (no capacity) and reads a
+// capacity after ';' by the registration API's names; anything else after
+// ';' is an error, not a silently ignored suffix.
+func TestParseStaticWorkers(t *testing.T) {
+	tests := []struct {
+		in   string
+		want []replica.StaticWorker // nil with ok false: an error
+		ok   bool
+	}{
+		{"w0=http://127.0.0.1:9000", []replica.StaticWorker{{ID: "w0", URL: "http://127.0.0.1:9000"}}, true},
+		{"w0=http://a:1/, w1=https://b:2", []replica.StaticWorker{{ID: "w0", URL: "http://a:1"}, {ID: "w1", URL: "https://b:2"}}, true},
+		{"w0=http://a:1;total_kv_blocks=2048;max_num_batched_tokens=8192",
+			[]replica.StaticWorker{{ID: "w0", URL: "http://a:1", TotalBlocks: 2048, MaxBatchedTokens: 8192}}, true},
+		{"w0=http://a:1;max_num_batched_tokens=4096,w1=http://b:2",
+			[]replica.StaticWorker{{ID: "w0", URL: "http://a:1", MaxBatchedTokens: 4096}, {ID: "w1", URL: "http://b:2"}}, true},
+		{"w0=http://a:1;total_kv_blocks=0", nil, false},
+		{"w0=http://a:1;total_kv_blocks=-5", nil, false},
+		{"w0=http://a:1;blocks=2048", nil, false},
+		{"w0=http://a:1;total_kv_blocks", nil, false},
+		{"w0=http://a:1;", nil, false},
+		{"w0", nil, false},
+		{"=http://a:1", nil, false},
+		{"w0=a:1;total_kv_blocks=8", nil, false},
+	}
+	for _, tc := range tests {
+		got, err := parseStatic(tc.in)
+		if (err == nil) != tc.ok {
+			t.Errorf("%q: err = %v, want ok %v", tc.in, err, tc.ok)
+			continue
+		}
+		if tc.ok && !slices.Equal(got, tc.want) {
+			t.Errorf("%q: %+v, want %+v", tc.in, got, tc.want)
 		}
 	}
 }

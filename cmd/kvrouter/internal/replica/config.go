@@ -99,6 +99,9 @@ type ModelDir struct{ Name, Dir string }
 // without a lease.
 type StaticWorker struct {
 	ID, URL string
+	// The worker's capacity, as a registration carries it; 0: not given
+	// (the capacity-relative settings do not apply to it, and say so).
+	TotalBlocks, MaxBatchedTokens int
 }
 
 // clusteredStreamReplicas is how many NATS servers keep the KV_EVENTS

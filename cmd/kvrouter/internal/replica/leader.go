@@ -126,6 +126,7 @@ func (r *replica) onChange(ch fsm.Change) {
 	switch ch.Kind {
 	case fsm.ChangeWorkers, fsm.ChangeModelConfig, fsm.ChangeRestored:
 		r.refresh()
+		r.gaps.check(r.fsm.Workers(), r.modelConfig)
 	case fsm.ChangeOverCapacity:
 		r.capacity.note(ch)
 	case fsm.ChangeStale:

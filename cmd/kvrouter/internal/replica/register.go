@@ -32,17 +32,19 @@ func (r *replica) registerSelf(ctx context.Context) {
 }
 
 // registerStatic registers the --workers list (no lease: they stay until
-// deregistered) once the cluster takes writes.
+// deregistered) once the cluster takes writes. A worker already registered
+// is registered again only when its entry now gives a capacity the record
+// lacks (capacity added to --workers after the first start).
 func (r *replica) registerStatic(ctx context.Context) {
 	for _, w := range r.cfg.StaticWorkers {
 		cmd, err := fsm.EncodeRegisterWorker(fsm.RegisterWorker{ID: w.ID, DPRanks: 1, Address: w.URL, Model: r.cfg.Models[0],
-			BlockSize: r.cfg.Router.BlockSize})
+			BlockSize: r.cfg.Router.BlockSize, TotalBlocks: w.TotalBlocks, MaxBatchedTokens: w.MaxBatchedTokens})
 		if err != nil {
 			r.log.Error("static worker", "worker", w.ID, "err", err)
 			continue
 		}
 		for ctx.Err() == nil {
-			if _, ok := r.fsm.Worker(w.ID); ok {
+			if rec, ok := r.fsm.Worker(w.ID); ok && staticCapacityHeld(w, rec) {
 				break
 			}
 			if err := r.propose(ctx, cmd); err == nil {
@@ -54,4 +56,11 @@ func (r *replica) registerStatic(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// staticCapacityHeld: rec already holds every capacity the --workers entry
+// gives (an entry without capacity leaves the record as it is).
+func staticCapacityHeld(w StaticWorker, rec fsm.WorkerRecord) bool {
+	return (w.TotalBlocks == 0 || rec.TotalBlocks == w.TotalBlocks) &&
+		(w.MaxBatchedTokens == 0 || rec.MaxBatchedTokens == w.MaxBatchedTokens)
 }

@@ -54,6 +54,7 @@ type replica struct {
 	loras    *loraDirectory
 	agree    *tokenizerAgreement // do the peers' model files match ours?
 	capacity *capacityWatch      // logs refusals beyond a worker's index block cap
+	gaps     *capacityGaps       // capacity-relative settings a worker's missing capacity disables
 }
 
 // Adapter resolves a LoRA adapter to its base model and serving workers.
@@ -361,7 +362,11 @@ func (r *replica) Status(digest bool) map[string]any {
 	refused := r.fsm.OverCapacityRefused()
 	for _, w := range r.fsm.Workers() {
 		entry := map[string]any{"id": w.ID, "url": w.Address, "model": w.Model, "block_size": w.BlockSize,
-			"total_kv_blocks": w.TotalBlocks, "dp_ranks": w.DPRanks, "role": roleName(w.Role),
+			"total_kv_blocks": w.TotalBlocks, "max_num_batched_tokens": w.MaxBatchedTokens, "dp_ranks": w.DPRanks, "role": roleName(w.Role),
+			// What the worker did not register, and which settings do not
+			// apply to it for that (router/DESIGN.md, Workers without capacity).
+			"capacity_missing": nonNil(router.MissingCapacity(workerInfo(w))),
+			"capacity_gaps":    nonNil(workerGaps(r.modelConfig(w.Model), w)),
 			// Per rank; blocks refused beyond it since this replica started (fsm/DESIGN.md, Bounds).
 			"index_block_cap": fsm.RankBlockCap(w.TotalBlocks), "over_capacity_refused": refused[w.ID]}
 		var ranks []map[string]any

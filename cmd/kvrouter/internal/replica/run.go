@@ -173,6 +173,7 @@ func assemble(cfg Config, log *slog.Logger, p parts) (*replica, error) {
 	r.preds = newPredictionBatcher(r, log)
 	r.audit = newCacheAudit(log)
 	r.capacity = newCapacityWatch(p.fsm, p.reg, log.With("component", "index-cap"))
+	r.gaps = newCapacityGaps(p.reg, log.With("component", "capacity"))
 	r.tokcheck = newTokenizerCheck(cfg.TokenizerCheck, p.prompts.Lookup, p.fsm.Workers, p.reg, log.With("component", "tokenizer-check"))
 	r.loras = newLoRADirectory(log.With("component", "lora"))
 	r.agree = newTokenizerAgreement(cfg.NodeID, p.reg, log.With("component", "tokenizer-agreement"))
