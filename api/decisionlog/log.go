@@ -53,7 +53,9 @@ type Decision struct {
 	Candidates   []Candidate `json:"candidates"`
 	Outcome      *Outcome    `json:"outcome,omitempty"`
 
-	rows []router.WorkerCost // the router's table, converted when read
+	rows    []router.WorkerCost // the router's table, converted when read
+	outcome Outcome             // Outcome's value while in the ring (done: known)
+	done    bool
 }
 
 // Outcome is what came of a decision.
@@ -87,8 +89,8 @@ type Entry struct {
 // *Log records nothing (the log is off).
 type Log struct {
 	mu   sync.Mutex // guards ring and next
-	ring []*Decision
-	next uint64 // the next sequence number; the ring holds next-len(ring) .. next-1
+	ring []Decision // by value: recording allocates nothing
+	next uint64     // the next sequence number; the ring holds next-len(ring) .. next-1
 	sink *Sink
 }
 
@@ -98,7 +100,7 @@ func New(size int, sink *Sink) *Log {
 	if size <= 0 {
 		return nil
 	}
-	return &Log{ring: make([]*Decision, size), next: 1, sink: sink}
+	return &Log{ring: make([]Decision, size), next: 1, sink: sink}
 }
 
 // Add records a decision and returns its sequence number, for Complete.
@@ -112,15 +114,14 @@ func (l *Log) Add(e Entry) uint64 {
 	if e.SyncAge >= 0 {
 		age = float64(e.SyncAge) / float64(time.Millisecond)
 	}
-	d := &Decision{Time: e.Time, RequestID: e.RequestID, Model: e.Model, Mode: e.Mode, Attempt: e.Attempt,
-		PromptTokens: e.PromptTokens, PromptBlocks: e.PromptBlocks, Worker: e.Worker, CachedBlocks: e.CachedBlocks,
-		RouteError: e.RouteError, IndexEpoch: e.IndexEpoch, SyncAgeMs: age, rows: e.Rows}
 	l.mu.Lock()
-	d.Seq = l.next
+	seq := l.next
 	l.next++
-	l.ring[d.Seq%uint64(len(l.ring))] = d
+	l.ring[seq%uint64(len(l.ring))] = Decision{Seq: seq, Time: e.Time, RequestID: e.RequestID, Model: e.Model, Mode: e.Mode,
+		Attempt: e.Attempt, PromptTokens: e.PromptTokens, PromptBlocks: e.PromptBlocks, Worker: e.Worker,
+		CachedBlocks: e.CachedBlocks, RouteError: e.RouteError, IndexEpoch: e.IndexEpoch, SyncAgeMs: age, rows: e.Rows}
 	l.mu.Unlock()
-	return d.Seq
+	return seq
 }
 
 // Complete attaches the outcome to decision seq and writes the decision,
@@ -132,34 +133,35 @@ func (l *Log) Complete(seq uint64, o Outcome) {
 		return
 	}
 	l.mu.Lock()
-	d := l.ring[seq%uint64(len(l.ring))]
-	if d == nil || d.Seq != seq {
+	d := &l.ring[seq%uint64(len(l.ring))]
+	if d.Seq != seq {
 		l.mu.Unlock()
 		return // overwritten by newer decisions
 	}
-	d.Outcome = &o
-	var out Decision
+	d.outcome, d.done = o, true
+	var out *Decision
 	if l.sink != nil {
-		out = d.export()
+		e := d.export()
+		out = &e
 	}
 	l.mu.Unlock()
-	if l.sink != nil {
-		l.sink.write(&out)
+	if out != nil {
+		l.sink.write(out)
 	}
 }
 
 // export is d as it is read: candidates converted. l.mu must be held.
 func (d *Decision) export() Decision {
 	out := *d
-	out.rows = nil
+	out.rows, out.outcome, out.done = nil, Outcome{}, false
 	out.Candidates = make([]Candidate, 0, len(d.rows))
 	for _, r := range d.rows {
 		out.Candidates = append(out.Candidates, Candidate{Worker: string(r.Worker), CachedBlocks: r.Overlap,
 			ActivePrefillTokens: r.ActivePrefillTokens, ActiveBlocks: r.ActiveBlocks, ActiveRequests: r.ActiveRequests,
 			Cost: r.Cost, Busy: r.Busy, BusyReason: r.BusyReason})
 	}
-	if d.Outcome != nil {
-		o := *d.Outcome
+	if d.done {
+		o := d.outcome
 		out.Outcome = &o
 	}
 	return out
@@ -197,8 +199,8 @@ func (l *Log) Query(f Filter) []Decision {
 	var out []Decision
 	n := uint64(len(l.ring))
 	for seq := l.next - 1; seq >= 1 && l.next-seq <= n; seq-- {
-		d := l.ring[seq%n]
-		if d == nil || d.Seq != seq || !f.match(d) {
+		d := &l.ring[seq%n]
+		if d.Seq != seq || !f.match(d) {
 			continue
 		}
 		out = append(out, d.export())
