@@ -43,6 +43,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/api/decisionlog"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -304,7 +305,7 @@ func newFuzzServerSetup(auth bool, setup fuzzSetup) *fuzzServer {
 		rep = &fuzzDisaggReplica{recordingReplica: fs.rep, dr: dr}
 	}
 	c := Config{Registry: prometheus.NewRegistry(), Retries: 2, MaxBodyBytes: fuzzMaxBody, AllowLoopbackWorkers: true,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Decisions: decisionlog.New(64, nil)}
 	if auth {
 		c.AdminToken, c.APIKeys = fuzzAdminToken, []string{fuzzAPIKey}
 		c.ClusterHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
