@@ -49,6 +49,7 @@ func TestSimFlagValidation(t *testing.T) {
 		"no router":               {"--routers", "0"},
 		"sync delay":              {"--sync-delay", "-1ms"},
 		"timeout":                 {"--timeout", "0s"},
+		"approx ttl":              {"--approx-ttl", "0s"},
 		"overlap credit":          {"--overlap-credit", "1.5"},
 		"temperature":             {"--temperature", "-1"},
 		"profile":                 {"--profile", "h100"},

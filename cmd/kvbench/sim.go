@@ -35,6 +35,7 @@ type simOptions struct {
 	PrefillLoadScale *float64 // nil: the router's default
 	OverlapCredit    *float64
 	Temperature      *float64
+	ApproxTTL        time.Duration       // kv-approx: lifetime of a predicted block (0: the router's default)
 	Pooled           router.PooledConfig // kv-pooled's --pooled-* flags (nil: the router's default)
 
 	Seed     uint64
@@ -67,7 +68,7 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	o := &simOptions{}
 	fs := flag.NewFlagSet("kvbench sim", flag.ContinueOnError)
 	fs.SetOutput(output)
-	var kvBlocks, policies, eventDelay, syncDelay string
+	var kvBlocks, policies, eventDelay, syncDelay, approxTTL string
 	var scale, credit, temp float64
 	var pEvict, pHome, pOverloaded, pQueue, pOutput float64
 	var pCopy float64
@@ -87,6 +88,7 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.Float64Var(&scale, "prefill-load-scale", 0, "kv-family policies: prefill load scale (default: the router's)")
 	fs.Float64Var(&credit, "overlap-credit", 0, "kv-family policies: overlap score credit in [0,1] (default: the router's)")
 	fs.Float64Var(&temp, "temperature", 0, "kv-family policies: selection temperature (default: the router's)")
+	fs.StringVar(&approxTTL, "approx-ttl", router.DefaultConfig().ApproxTTL.String(), "kv-approx: how long a block the router sent to a worker counts as cached there (Dynamo's --router-ttl-secs)")
 	fs.Float64Var(&pEvict, "pooled-evict-weight", router.DefaultPooledEvictWeight, "kv-pooled: price of one evicted block no other worker holds, in cost units")
 	fs.Float64Var(&pHome, "pooled-home-weight", router.DefaultPooledHomeWeight, "kv-pooled: price per fresh block of placing it one rank further from its rendezvous home, per 1/(N-1)")
 	fs.Float64Var(&pOverloaded, "pooled-overloaded", router.DefaultPooledOverloaded, "kv-pooled: in-flight blocks over this fraction of the fleet's capacity turn the admission rule soft")
@@ -149,6 +151,11 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	}
 	if o.Policies, err = parsePolicies(policies); err != nil {
 		return nil, err
+	}
+	if set["approx-ttl"] {
+		if o.ApproxTTL, err = time.ParseDuration(approxTTL); err != nil || o.ApproxTTL <= 0 {
+			return nil, cli.Usagef("--approx-ttl %q: want a positive duration such as 120s", approxTTL)
+		}
 	}
 	if set["prefill-load-scale"] {
 		o.PrefillLoadScale = &scale
@@ -302,6 +309,9 @@ func (o *simOptions) routerConfig(m router.Mode) router.Config {
 		if o.Temperature != nil {
 			c.Temperature = *o.Temperature
 		}
+	}
+	if o.ApproxTTL > 0 {
+		c.ApproxTTL = o.ApproxTTL
 	}
 	c.Pooled = o.Pooled
 	return c

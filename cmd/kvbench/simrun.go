@@ -94,6 +94,7 @@ type simConfig struct {
 	PrefillLoadScale *float64  `json:"prefill_load_scale,omitempty"`
 	OverlapCredit    *float64  `json:"overlap_credit,omitempty"`
 	Temperature      *float64  `json:"temperature,omitempty"`
+	ApproxTTLS       float64   `json:"approx_ttl_s"`
 	Pooled           pooledCfg `json:"pooled"`
 	Seed             uint64    `json:"seed"`
 	Reps             int       `json:"reps"`
@@ -286,7 +287,7 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 		Routers:      o.Routers, SyncDelayMs: float64(o.SyncDelay) / float64(time.Millisecond),
 		TimeoutS: o.Timeout.Seconds(), Denominator: sim.Denominator,
 		EngineHashSeed: o.EngineHashSeed, PrefillLoadScale: o.PrefillLoadScale, OverlapCredit: o.OverlapCredit,
-		Temperature: o.Temperature, Seed: o.Seed, Reps: o.Reps, Requests: len(w.Requests),
+		Temperature: o.Temperature, ApproxTTLS: o.routerConfig(router.ModeKVApprox).ApproxTTL.Seconds(), Seed: o.Seed, Reps: o.Reps, Requests: len(w.Requests),
 		Pooled: pooledCfg{EvictWeight: o.Pooled.EvictWeight, CopyWeight: o.Pooled.CopyWeight, HomeWeight: o.Pooled.HomeWeight,
 			Overloaded: o.Pooled.Overloaded, QueueWeight: o.Pooled.QueueWeight, OutputTokens: o.Pooled.OutputTokens},
 		WallSeconds: wall.Seconds(),
