@@ -65,7 +65,7 @@ func parseBridge(args []string, getenv func(string) string, stderr io.Writer) (b
 	fs.StringVar(&w.Topic, "topic", "", "the engine's kv-events topic (default: all)")
 	fs.IntVar(&w.DPRanks, "dp-ranks", 1, "data-parallel ranks of the engine (rank r publishes at the endpoints' ports + r)")
 	fs.IntVar(&w.TotalBlocks, "total-kv-blocks", 0, "KV cache capacity per rank in blocks (default: read from the engine's /metrics)")
-	fs.IntVar(&w.MaxBatchedTokens, "max-batched-tokens", 0, "the engine's max_num_batched_tokens (0: the router's default)")
+	fs.IntVar(&w.MaxBatchedTokens, "max-batched-tokens", 0, "the engine's per-step token budget (vLLM --max-num-batched-tokens, SGLang --chunked-prefill-size); engines do not export it, so 0 registers none and the router's --router-queue-threshold and --active-prefill-tokens-threshold-frac do not apply to this worker (warned)")
 	fs.StringVar(&w.MetricsURL, "metrics-url", "", "the engine's Prometheus endpoint (default <url>/metrics)")
 	fs.IntVar(&c.BlockSize, "block-size", 0, "tokens per KV block; must equal the router's and the engines' (default 16)")
 	fs.StringVar(&c.NATS, "nats", "", "NATS URL(s) of the cluster's event bus, comma list (required)")

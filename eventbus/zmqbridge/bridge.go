@@ -40,7 +40,13 @@ type WorkerSpec struct {
 	DPRanks int `json:"dp_ranks,omitempty"`
 	// TotalBlocks is the KV capacity per rank in blocks; 0: read it from
 	// the engine's metrics.
-	TotalBlocks      int    `json:"total_kv_blocks,omitempty"`
+	TotalBlocks int `json:"total_kv_blocks,omitempty"`
+	// MaxBatchedTokens is the engine's per-step token budget (vLLM
+	// --max-num-batched-tokens, SGLang --chunked-prefill-size). Neither
+	// engine exports it in /metrics (ParseMetrics), so it is never
+	// discovered: 0 registers the worker without it, and the router's
+	// settings relative to it do not apply to the worker (the bridge
+	// warns, and the router's /cluster/status lists them).
 	MaxBatchedTokens int    `json:"max_num_batched_tokens,omitempty"`
 	MetricsURL       string `json:"metrics_url,omitempty"` // default <url>/metrics
 	// Engine ("vllm", "sglang"; "": read as vLLM, as before these fields
@@ -368,15 +374,20 @@ func (b *Bridge) Remove(ctx context.Context, id string, deregister bool) error {
 
 // WorkerStatus is one worker's state in Status.
 type WorkerStatus struct {
-	Spec        WorkerSpec    `json:"spec"`
-	State       string        `json:"state"`
-	Error       string        `json:"error,omitempty"`
-	Model       string        `json:"model,omitempty"`
-	Engine      string        `json:"engine,omitempty"`
-	TotalBlocks int           `json:"total_kv_blocks"`
-	Registered  bool          `json:"registered"`
-	RegisterErr string        `json:"register_error,omitempty"`
-	Ranks       []StreamStats `json:"ranks"`
+	Spec        WorkerSpec `json:"spec"`
+	State       string     `json:"state"`
+	Error       string     `json:"error,omitempty"`
+	Model       string     `json:"model,omitempty"`
+	Engine      string     `json:"engine,omitempty"`
+	TotalBlocks int        `json:"total_kv_blocks"`
+	// MaxBatchedTokens as registered (the spec's; 0: not known) and the
+	// capacities the registration lacks (router.Capacity* names), so the
+	// bridge's /status says what the router cannot use.
+	MaxBatchedTokens int           `json:"max_num_batched_tokens"`
+	CapacityMissing  []string      `json:"capacity_missing"`
+	Registered       bool          `json:"registered"`
+	RegisterErr      string        `json:"register_error,omitempty"`
+	Ranks            []StreamStats `json:"ranks"`
 }
 
 // Status lists every worker's state and counters, sorted by id.
@@ -426,7 +437,8 @@ func (w *worker) setState(state, err string) {
 
 func (w *worker) status() WorkerStatus {
 	w.mu.Lock()
-	st := WorkerStatus{Spec: w.spec, State: w.state, Error: w.err, Model: w.model, Engine: w.engine, TotalBlocks: w.totalBlocks}
+	st := WorkerStatus{Spec: w.spec, State: w.state, Error: w.err, Model: w.model, Engine: w.engine, TotalBlocks: w.totalBlocks,
+		MaxBatchedTokens: w.spec.MaxBatchedTokens, CapacityMissing: missingCapacity(w.totalBlocks, w.spec.MaxBatchedTokens)}
 	reg, ranks := w.reg, append([]*rank(nil), w.ranks...)
 	w.mu.Unlock()
 	if reg != nil {
@@ -496,6 +508,7 @@ func (w *worker) run(ctx context.Context) {
 	if !probe() {
 		return
 	}
+	w.warnCapacity(metricsURL)
 	if len(cfg.Register) > 0 {
 		reg := registrar.New(w.b.registrarConfig(registrar.Spec{ID: spec.ID, URL: spec.URL, Model: model,
 			BlockSize: cfg.BlockSize, TotalBlocks: total, MaxBatchedTokens: spec.MaxBatchedTokens, DPRanks: spec.DPRanks}, w.log))
@@ -507,6 +520,7 @@ func (w *worker) run(ctx context.Context) {
 		defer regCancel()
 		go reg.Run(regCtx, func() {
 			if total == 0 || !w.engineKnown() {
+				before := total
 				if !probe() {
 					// Stop renewing: the lease runs out and the cluster
 					// stops routing to an engine whose blocks never match.
@@ -519,6 +533,9 @@ func (w *worker) run(ctx context.Context) {
 					return
 				}
 				reg.SetTotalBlocks(total)
+				if before == 0 && total > 0 {
+					w.log.Info("KV capacity read from the engine's metrics", "total_kv_blocks", total)
+				}
 			}
 		})
 		w.setState("registering", "")
@@ -531,6 +548,38 @@ func (w *worker) run(ctx context.Context) {
 		}
 	}
 	w.follow(ctx)
+}
+
+// missingCapacity names the capacities a registration lacks, as the
+// router names them (router.CapacityTotalBlocks, …); never nil.
+func missingCapacity(totalBlocks, maxBatched int) []string {
+	out := []string{}
+	if totalBlocks <= 0 {
+		out = append(out, "total_kv_blocks")
+	}
+	if maxBatched <= 0 {
+		out = append(out, "max_num_batched_tokens")
+	}
+	return out
+}
+
+// warnCapacity says, once per worker, which capacity the worker registers
+// without and what the router loses for it (router/capacity.go): a worker
+// without capacity is never silently wrong.
+func (w *worker) warnCapacity(metricsURL string) {
+	w.mu.Lock()
+	total := w.totalBlocks
+	w.mu.Unlock()
+	if total <= 0 {
+		w.log.Warn("KV capacity unknown: the engine's metrics gave no vllm:cache_config_info num_gpu_blocks nor sglang:num_pages / max_total_num_tokens "+
+			"(retried before each registration); until then the router's --active-decode-blocks-threshold and kv-pooled admission do not apply to this worker. "+
+			"Give total_kv_blocks (--total-kv-blocks) to fix it", "metrics_url", metricsURL)
+	}
+	if w.spec.MaxBatchedTokens <= 0 {
+		w.log.Warn("max_num_batched_tokens unknown: neither vLLM nor SGLang exports it in /metrics, so the router's --router-queue-threshold and " +
+			"--active-prefill-tokens-threshold-frac do not apply to this worker. Give the engine's value (vLLM --max-num-batched-tokens, " +
+			"SGLang --chunked-prefill-size) as max_num_batched_tokens (--max-batched-tokens)")
+	}
 }
 
 func (w *worker) engineKnown() bool {

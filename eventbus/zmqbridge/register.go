@@ -58,6 +58,14 @@ func ProbeModel(ctx context.Context, client *http.Client, baseURL string) (strin
 // enable_prefix_caching}, or SGLang's sglang:num_pages,
 // sglang:max_total_num_tokens and sglang:page_size. blockSize converts
 // token capacities into blocks.
+//
+// The per-step token budget (max_num_batched_tokens) is not read: no
+// engine exports it. vLLM's only config metric, cache_config_info, carries
+// CacheConfig's fields, and the budget is SchedulerConfig's; SGLang's
+// collector exports max_total_num_tokens (the KV pool) but not
+// chunked_prefill_size (older releases had sglang:max_prefill_tokens, the
+// cap on one prefill batch's tokens, 16,384 by default, which is not the
+// step budget). It comes from the worker's spec or not at all.
 func ProbeMetrics(ctx context.Context, client *http.Client, metricsURL string, blockSize int) (EngineInfo, error) {
 	body, err := get(ctx, client, metricsURL, 16<<20)
 	if err != nil {
