@@ -29,6 +29,8 @@ type simOptions struct {
 	EngineHashSeed   uint64
 	Routers          int           // simulated routers (replicas), requests round-robin
 	SyncDelay        time.Duration // replica sync lag between them
+	SyncFreeExtra    time.Duration // first tokens and frees this much later still
+	Repeat           int           // synthetic: the request list this many times in a row
 	Timeout          time.Duration // a failed request's TTFT and E2E in the figures
 
 	Policies         []router.Mode
@@ -59,7 +61,7 @@ type simOptions struct {
 
 // syntheticFlags configure the synthetic workload; sim refuses them with --trace.
 func syntheticFlags() []string {
-	return append(cli.WorkloadFlags(), "popularity", "hot-shift")
+	return append(cli.WorkloadFlags(), "popularity", "hot-shift", "repeat")
 }
 
 // parseSimFlags parses and validates kvbench sim's arguments. Every error it
@@ -68,7 +70,7 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	o := &simOptions{}
 	fs := flag.NewFlagSet("kvbench sim", flag.ContinueOnError)
 	fs.SetOutput(output)
-	var kvBlocks, policies, eventDelay, syncDelay, approxTTL string
+	var kvBlocks, policies, eventDelay, syncDelay, syncFreeExtra, approxTTL string
 	var scale, credit, temp float64
 	var pEvict, pHome, pOverloaded, pQueue, pOutput float64
 	var pCopy float64
@@ -82,6 +84,8 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.StringVar(&eventDelay, "event-delay", "5ms", "virtual delay from an engine's KV event to the router's index")
 	fs.IntVar(&o.Routers, "routers", 1, "simulated routers (kvrouter replicas) behind a round-robin balancer; each keeps its own load view, all read the one event-fed index")
 	fs.StringVar(&syncDelay, "sync-delay", "0s", "with --routers > 1: replica sync lag, from one router's booking, first token or free to the others' load views")
+	fs.StringVar(&syncFreeExtra, "sync-free-extra", "0s", "with --routers > 1: first tokens and frees reach the other routers this much later than bookings do (the phantom load of a late free)")
+	fs.IntVar(&o.Repeat, "repeat", 1, "synthetic: send the request list this many times in a row (back-to-back reps with one seed, caches and router state carried over)")
 	fs.DurationVar(&o.Timeout, "timeout", 60*time.Second, "a request that fails counts in TTFT and E2E as this long (kvbench load's default timeout); the simulator itself enforces none")
 	fs.Uint64Var(&o.EngineHashSeed, "engine-hash-seed", 0, "0: engines name blocks by content hash; N: worker i names them with seed N+i (opaque engine hashes)")
 	fs.StringVar(&policies, "policies", "round-robin,kv", "comma list of policies (router modes) run side by side: "+modeNames())
@@ -146,6 +150,12 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	if o.SyncDelay, err = time.ParseDuration(syncDelay); err != nil || o.SyncDelay < 0 {
 		return nil, cli.Usagef("--sync-delay %q: want a non-negative duration such as 100ms", syncDelay)
 	}
+	if o.SyncFreeExtra, err = time.ParseDuration(syncFreeExtra); err != nil || o.SyncFreeExtra < 0 {
+		return nil, cli.Usagef("--sync-free-extra %q: want a non-negative duration such as 1s", syncFreeExtra)
+	}
+	if o.Repeat < 1 {
+		return nil, cli.Usagef("--repeat %d: need at least once", o.Repeat)
+	}
 	if o.Timeout <= 0 {
 		return nil, cli.Usagef("--timeout %v: must be positive", o.Timeout)
 	}
@@ -197,6 +207,9 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 		for _, name := range syntheticFlags() {
 			if !set[name] {
 				continue
+			}
+			if name == "repeat" {
+				return nil, cli.Usagef("--repeat applies to the synthetic workload, not to --trace")
 			}
 			if name == "concurrency" {
 				return nil, cli.Usagef("--concurrency does not apply to --trace: a trace is replayed open loop at its timestamps (rows with a session_id run as closed-loop turns by themselves)")

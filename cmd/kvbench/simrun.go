@@ -87,6 +87,7 @@ type simConfig struct {
 	EventDelayMs     float64   `json:"event_delay_ms"`
 	Routers          int       `json:"routers"`
 	SyncDelayMs      float64   `json:"sync_delay_ms"`
+	SyncFreeExtraMs  float64   `json:"sync_free_extra_ms,omitempty"`
 	TimeoutS         float64   `json:"timeout_s"`
 	Denominator      string    `json:"denominator"` // what every ratio and quantile is over (sim.Denominator)
 	EngineHashSeed   uint64    `json:"engine_hash_seed"`
@@ -125,6 +126,7 @@ type synthCfg struct {
 	PrefixOrder  string `json:"prefix_order"`
 	Popularity   string `json:"popularity"`
 	HotShift     int    `json:"hot_shift,omitempty"`
+	Repeat       int    `json:"repeat,omitempty"`
 }
 
 type traceCfg struct {
@@ -157,7 +159,7 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 			if err != nil {
 				return nil, "", err
 			}
-			loads[r] = w
+			loads[r] = repeated(w, o.Repeat)
 		}
 	}
 
@@ -206,7 +208,7 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 				res, err := sim.Run(loads[j.r], sim.Config{
 					Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(),
 					Router: o.routerConfig(o.Policies[j.p]), EventDelay: o.EventDelay, Seed: seed,
-					Routers: o.Routers, SyncDelay: o.SyncDelay,
+					Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra,
 					Progress: func() { done.Add(1) },
 				})
 				if err != nil {
@@ -255,6 +257,27 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 	return rep, header, nil
 }
 
+// repeated is w's request list n times in a row under fresh ids: the same
+// prompts sent again, as reps sent back to back with one seed (the workers'
+// caches and the routers' state carry over). Only the simulator replays
+// it: token sources stay those of the first copy.
+func repeated(w *workload.Workload, n int) *workload.Workload {
+	if n <= 1 {
+		return w
+	}
+	out := *w
+	out.Requests = make([]workload.Request, 0, n*len(w.Requests))
+	for k := range n {
+		for _, q := range w.Requests {
+			if k > 0 {
+				q.ID = fmt.Sprintf("%s.again%d", q.ID, k)
+			}
+			out.Requests = append(out.Requests, q)
+		}
+	}
+	return &out
+}
+
 func blocksLabel(b []int) string {
 	for _, v := range b[1:] {
 		if v != b[0] {
@@ -285,7 +308,8 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 		MaxBatchedTokens: o.MaxBatchedTokens, MaxRunning: o.MaxRunning, Profile: o.Profile, Speedup: o.Speedup,
 		EventDelayMs: float64(o.EventDelay) / float64(time.Millisecond),
 		Routers:      o.Routers, SyncDelayMs: float64(o.SyncDelay) / float64(time.Millisecond),
-		TimeoutS: o.Timeout.Seconds(), Denominator: sim.Denominator,
+		SyncFreeExtraMs: float64(o.SyncFreeExtra) / float64(time.Millisecond),
+		TimeoutS:        o.Timeout.Seconds(), Denominator: sim.Denominator,
 		EngineHashSeed: o.EngineHashSeed, PrefillLoadScale: o.PrefillLoadScale, OverlapCredit: o.OverlapCredit,
 		Temperature: o.Temperature, ApproxTTLS: o.routerConfig(router.ModeKVApprox).ApproxTTL.Seconds(), Seed: o.Seed, Reps: o.Reps, Requests: len(w.Requests),
 		Pooled: pooledCfg{EvictWeight: o.Pooled.EvictWeight, CopyWeight: o.Pooled.CopyWeight, HomeWeight: o.Pooled.HomeWeight,
@@ -302,6 +326,9 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 		c.Synthetic = &synthCfg{Prefixes: o.Prefixes, PrefixTokens: o.PrefixTokens, TailTokens: o.TailTokens,
 			OutputTokens: o.OutputTokens, Concurrency: o.Concurrency, PrefixOrder: o.PrefixOrder,
 			Popularity: o.Popularity, HotShift: o.HotShift}
+		if o.Repeat > 1 {
+			c.Synthetic.Repeat = o.Repeat
+		}
 		c.HitRule = fmt.Sprintf("cached prompt tokens >= half the shared prefix (%d tokens)", (o.PrefixTokens+1)/2)
 	}
 	return c

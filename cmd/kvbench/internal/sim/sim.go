@@ -40,7 +40,11 @@ type Config struct {
 	// router i's booking, first token and free SyncDelay after router i
 	// did (0: at the same instant, before anything else is routed).
 	SyncDelay time.Duration
-	Seed      uint64 // router tie-breaks and sampling
+	// SyncFreeExtra delays first tokens and frees beyond SyncDelay: the
+	// other routers keep a finished request's load that much longer
+	// (phantom load). Never negative, so a free cannot overtake its booking.
+	SyncFreeExtra time.Duration
+	Seed          uint64 // router tie-breaks and sampling
 	// Progress, when set, is called after every finished request.
 	Progress func()
 }
@@ -99,8 +103,8 @@ func Run(w *workload.Workload, cfg Config) (*Result, error) {
 	if cfg.Workers <= 0 || len(cfg.KVBlocks) != cfg.Workers {
 		return nil, fmt.Errorf("%d workers with %d capacities: %w", cfg.Workers, len(cfg.KVBlocks), ErrConfig)
 	}
-	if cfg.Routers < 0 || cfg.SyncDelay < 0 {
-		return nil, fmt.Errorf("%d routers, sync delay %v: %w", cfg.Routers, cfg.SyncDelay, ErrConfig)
+	if cfg.Routers < 0 || cfg.SyncDelay < 0 || cfg.SyncFreeExtra < 0 {
+		return nil, fmt.Errorf("%d routers, sync delay %v + %v: %w", cfg.Routers, cfg.SyncDelay, cfg.SyncFreeExtra, ErrConfig)
 	}
 	if cfg.Router.BlockSize != w.BlockSize || cfg.Engine.BlockSize != w.BlockSize {
 		return nil, fmt.Errorf("block sizes differ: workload %d, router %d, engine %d: %w",

@@ -30,7 +30,8 @@ type syncMsg struct {
 }
 
 // announce sends msg from router k to every other router, SyncDelay from
-// now. A zero delay applies it at once: every router then sees every
+// now (first tokens and frees SyncFreeExtra later still). A zero delay
+// applies it at once: every router then sees every
 // booking before the next request is routed, the view one router has.
 // One publisher's messages keep their order (a constant delay and the
 // insertion sequence), as one NATS subject does.
@@ -39,18 +40,22 @@ func (s *state) announce(k int, msg syncMsg) {
 		return
 	}
 	msg.from = k
+	delay := s.cfg.SyncDelay
+	if msg.kind != syncBook {
+		delay += s.cfg.SyncFreeExtra
+	}
 	for j := range s.rts {
 		if j == k {
 			continue
 		}
 		m := msg
 		m.to = j
-		if s.cfg.SyncDelay == 0 {
+		if delay == 0 {
 			s.applySync(m)
 			continue
 		}
 		s.seq++
-		m.at, m.seq = s.now+s.cfg.SyncDelay, s.seq
+		m.at, m.seq = s.now+delay, s.seq
 		heap.Push(&s.syncs, m)
 	}
 }

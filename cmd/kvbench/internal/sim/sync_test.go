@@ -126,3 +126,36 @@ func TestRunRejectsNegativeRouters(t *testing.T) {
 		t.Fatal("negative sync delay accepted")
 	}
 }
+
+// Late frees: bookings reach every router at once, frees 100 ms later. At
+// the first finishes each router has dropped its own finished requests but
+// still counts the others' (phantom load): every view holds more than is in
+// flight. Once the extra lag has passed, and before anything else finishes,
+// every view is exactly what is in flight.
+func TestSyncFreeExtraLeavesPhantomLoad(t *testing.T) {
+	s := syncState(t, 3, 0)
+	s.cfg.SyncFreeExtra = 100 * time.Millisecond
+	for s.finished == 0 {
+		if !s.step() {
+			t.Fatal("nothing finished")
+		}
+	}
+	inFlight := s.routed - s.finished
+	for k := range 3 {
+		if got := s.inView(k); got <= inFlight {
+			t.Fatalf("router %d sees %d requests at the first finish, %d in flight: the others' frees should still be on their way", k, got, inFlight)
+		}
+	}
+	end, finished := s.now+s.cfg.SyncFreeExtra, s.finished
+	for s.now < end && s.step() {
+	}
+	if s.finished != finished {
+		t.Fatal("more requests finished within the extra lag: the workload no longer isolates the first frees")
+	}
+	inFlight = s.routed - s.finished
+	for k := range 3 {
+		if got := s.inView(k); got != inFlight {
+			t.Fatalf("router %d sees %d requests after the extra lag, %d in flight", k, got, inFlight)
+		}
+	}
+}
