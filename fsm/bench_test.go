@@ -2,7 +2,9 @@ package fsm
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -141,4 +143,105 @@ func BenchmarkFSMSnapshot(b *testing.B) {
 		}
 		b.SetBytes(int64(sink.Len()))
 	}
+}
+
+// BenchmarkFSMLargeState: an FSM holding blocks block entries over workers
+// workers (each block held by one worker, vLLM-like engine names that
+// differ from our hashes), built through ApplyBatch outside the timer.
+// Reported, once per run (use -benchtime 1x): heap per block entry of the
+// live FSM (heapB/block), the snapshot capture that runs under the FSM's
+// lock and so stalls applies (capture_ms), streaming it to a sink
+// (persist_ms) and its size (snapshot_MB, B/block), restoring it into a
+// fresh FSM (restore_ms) and the heap the capture holds until released
+// (captureB/block: the image is the index's blocks a second time).
+func BenchmarkFSMLargeState(b *testing.B) {
+	for _, tc := range []struct{ blocks, workers int }{
+		{1 << 20, 64}, {1 << 20, 1024}, {10 << 20, 64}, {10 << 20, 1024},
+	} {
+		b.Run(fmt.Sprintf("blocks=%dM/workers=%d", tc.blocks>>20, tc.workers), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				benchLargeState(b, tc.blocks, tc.workers)
+			}
+		})
+	}
+}
+
+func heapNow() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+func benchLargeState(b *testing.B, blocks, workers int) {
+	b.StopTimer()
+	base := heapNow()
+	h := newHarness(b)
+	for w := range workers {
+		h.ok(RegisterWorker{ID: benchWorkerID(w), DPRanks: 1, Model: "m", TotalBlocks: 1 << 30})
+	}
+	const perEvent, perBatch = 32, 1024 // blocks per event, events per Raft entry
+	rng := newRand(7)
+	next := make([]uint64, workers)
+	evs := make([]KVBatchEvent, 0, perBatch)
+	flush := func() {
+		if r := h.events(evs...); r.Applied != len(evs) {
+			b.Fatalf("applied %d of %d: %+v", r.Applied, len(evs), r)
+		}
+		evs = evs[:0]
+	}
+	for e := 0; e < blocks/perEvent; e++ {
+		w := e % workers
+		ev := router.KVEvent{Kind: router.EventStored, BlockSize: 16, Blocks: make([]router.StoredBlock, perEvent)}
+		for j := range ev.Blocks {
+			x := rng.Uint64()
+			ev.Blocks[j] = router.StoredBlock{EngineHash: x ^ 0x5bd1e995, ContentHash: x}
+		}
+		next[w]++
+		evs = append(evs, KVBatchEvent{Worker: benchWorkerID(w), EventID: next[w], Event: ev})
+		if len(evs) == perBatch {
+			flush()
+		}
+	}
+	if len(evs) > 0 {
+		flush()
+	}
+	live := heapNow()
+	n := float64(blocks)
+	b.ReportMetric(float64(live-base)/n, "heapB/block")
+
+	b.StartTimer()
+	t0 := time.Now()
+	snap, err := h.f.Snapshot()
+	if err != nil {
+		b.Fatal(err)
+	}
+	capture := time.Since(t0)
+	b.StopTimer()
+	held := heapNow()
+	b.StartTimer()
+	t1 := time.Now()
+	var sink memSink
+	if err := snap.Persist(&sink); err != nil {
+		b.Fatal(err)
+	}
+	persist := time.Since(t1)
+	snap.Release()
+	fresh := newFSM(b)
+	t2 := time.Now()
+	if err := restoreBytes(fresh, sink.Bytes()); err != nil {
+		b.Fatal(err)
+	}
+	restore := time.Since(t2)
+	b.StopTimer()
+	if got := fresh.Digest(); got != h.f.Digest() {
+		b.Fatalf("restored digest %s, want %s", got, h.f.Digest())
+	}
+	b.ReportMetric(float64(held-live)/n, "captureB/block")
+	b.ReportMetric(float64(capture.Milliseconds()), "capture_ms")
+	b.ReportMetric(float64(persist.Milliseconds()), "persist_ms")
+	b.ReportMetric(float64(restore.Milliseconds()), "restore_ms")
+	b.ReportMetric(float64(sink.Len())/(1<<20), "snapshot_MB")
+	b.ReportMetric(float64(sink.Len())/n, "B/block")
+	runtime.KeepAlive(fresh)
 }
