@@ -241,6 +241,8 @@ func (s *Server) routes() *gin.Engine {
 
 	e.GET("/health", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok", "node_id": s.rep.NodeID()}) })
 	e.GET("/ready", s.ready)
+	e.GET("/ui", s.statusPage) // the status page (ui.go); its reads carry their own protection
+	e.GET("/ui/*file", s.statusPage)
 	status := e.Group("/")
 	if s.cfg.ProtectStatus {
 		status.Use(s.requireAdmin)

@@ -1,0 +1,205 @@
+// The kvrouter status page: reads this replica's own JSON endpoints every
+// two seconds and fills the tables. Plain DOM, textContent only (values
+// from the status documents never become markup), no dependencies.
+"use strict";
+
+const REFRESH_MS = 2000;
+// The digest hashes the whole index: ask for it on one refresh in five so
+// an open page stays cheap for a replica with millions of blocks.
+const DIGEST_EVERY = 5;
+const TOKEN_KEY = "kvrouter-admin-token";
+
+let refreshes = 0;
+let lastDigest = "";
+
+const $ = (id) => document.getElementById(id);
+
+function setText(id, v) { $(id).textContent = v === undefined || v === null ? "—" : String(v); }
+
+// row appends a table row of cells; a cell is a value or {text, cls}.
+function row(tbody, cells) {
+  const tr = document.createElement("tr");
+  for (const c of cells) {
+    const td = document.createElement("td");
+    const o = (c !== null && typeof c === "object") ? c : { text: c };
+    td.textContent = o.text === undefined || o.text === null ? "—" : String(o.text);
+    if (o.cls) td.className = o.cls;
+    if (o.href) {
+      td.textContent = "";
+      const a = document.createElement("a");
+      a.href = o.href;
+      a.textContent = o.text;
+      td.appendChild(a);
+    }
+    tr.appendChild(td);
+  }
+  tbody.appendChild(tr);
+  return tr;
+}
+
+function clearBody(id) {
+  const tb = $(id).querySelector("tbody");
+  tb.replaceChildren();
+  return tb;
+}
+
+// NeedToken is thrown when an endpoint answers 401: the page then asks
+// for the admin token once and keeps it for the tab.
+class NeedToken extends Error {}
+
+async function getJSON(path) {
+  const headers = {};
+  const tok = sessionStorage.getItem(TOKEN_KEY);
+  if (tok) headers["Authorization"] = "Bearer " + tok;
+  const resp = await fetch(path, { headers, cache: "no-store" });
+  if (resp.status === 401) throw new NeedToken(path + " needs the admin token");
+  if (!resp.ok) {
+    const err = new Error(path + ": HTTP " + resp.status);
+    err.status = resp.status;
+    throw err;
+  }
+  return resp.json();
+}
+
+function renderCluster(st) {
+  setText("node-id", st.node_id);
+  setText("state", st.state);
+  setText("leader", st.leader_id || "none known");
+  setText("term", st.term);
+  setText("indexes", st.applied_index + " / " + st.commit_index);
+  setText("snapshot", st.last_snapshot_index ? st.last_snapshot_index : "none yet");
+  setText("index-blocks", st.index_blocks);
+  setText("ready", st.ready ? "yes" : "no: " + st.ready_reason);
+  if (st.digest) lastDigest = st.digest;
+  setText("digest", lastDigest || "(computing)");
+
+  const nodes = st.nodes || [];
+  const peers = new Map((st.peers || []).map((p) => [p.id, p]));
+  const tb = clearBody("nodes");
+  for (const n of nodes) {
+    const p = peers.get(n.id) || {};
+    const role = p.leader ? "leader" : (n.id === st.node_id ? st.state : "follower");
+    row(tb, [n.id === st.node_id ? { text: n.id + " (this one)", cls: "chosen" } : n.id,
+      n.raft_addr, p.suffrage, role, n.http_addr ? { text: n.http_addr + "/ui", href: n.http_addr + "/ui" } : "—"]);
+  }
+  // Other replicas' digests are on their own origins, which a browser will
+  // not read from this page; one replica agrees with itself trivially.
+  setText("agreement", nodes.length <= 1 ? "single replica: nothing to compare"
+    : "compare the digest on each replica's page (linked below): equal digests = equal state");
+
+  const f = st.fsm || {};
+  const rej = f.Rejected || {};
+  setText("fsm-line", "Index: " + (f.Events ?? "—") + " events applied, " + (f.Gaps ?? "—") + " event gaps (events missing, worker resynced), " +
+    (rej.over_capacity ?? "—") + " over-capacity refusals, " + (f.Duplicates ?? "—") + " duplicates. " +
+    "Per-worker staleness is not in /cluster/status yet: the last event id per rank is shown instead.");
+}
+
+function renderWorkers(st, loads) {
+  const tb = clearBody("workers");
+  for (const w of st.workers || []) {
+    const ranks = w.ranks || [];
+    const blocks = ranks.reduce((s, r) => s + (r.blocks || 0), 0);
+    const lastIDs = ranks.map((r) => r.last_event_id).join(", ");
+    const gaps = (w.capacity_gaps || []).map((g) => g.setting + " (" + g.missing + " missing)").join("; ");
+    const l = loads.get(w.id);
+    row(tb, [w.id, w.model, w.role, { text: w.total_kv_blocks, cls: "num" }, { text: blocks, cls: "num" },
+      { text: w.index_block_cap, cls: "num" }, { text: lastIDs, cls: "mono" }, { text: w.over_capacity_refused, cls: "num" },
+      gaps ? { text: gaps, cls: "bad" } : "none",
+      l ? l.active_requests + " req · " + l.active_blocks + " blocks · " + l.active_prefill_tokens + " prefill tok" : "no decision yet"]);
+  }
+  if (!(st.workers || []).length) row(tb, ["no workers registered"]);
+}
+
+function renderHits(st) {
+  const tb = clearBody("hits");
+  const audit = st.cache_audit || {};
+  const ids = Object.keys(audit).sort();
+  for (const id of ids) {
+    const a = audit[id];
+    row(tb, [id, { text: a.requests, cls: "num" }, { text: a.predicted_cached_tokens, cls: "num" },
+      { text: a.reported_cached_tokens, cls: "num" },
+      { text: typeof a.reported_over_predicted === "number" ? a.reported_over_predicted.toFixed(2) : "—", cls: "num" },
+      a.drifting ? { text: "yes", cls: "bad" } : { text: "no", cls: "good" }]);
+  }
+  if (!ids.length) row(tb, ["no audited requests yet"]);
+}
+
+function candidateText(d, c) {
+  return (c.worker === d.worker ? "▶ " : "") + c.worker + ": " + c.cached_blocks + " · " +
+    c.active_requests + "r/" + c.active_blocks + "b · " + Number(c.cost).toFixed(3) + (c.busy ? " busy(" + c.busy_reason + ")" : "");
+}
+
+function outcomeText(o) {
+  if (!o) return "pending";
+  const parts = [];
+  if (o.status) parts.push("HTTP " + o.status);
+  if (o.ttft_ms) parts.push("TTFT " + o.ttft_ms.toFixed(0) + " ms");
+  if (o.prompt_tokens) parts.push((o.cached_tokens || 0) + "/" + o.prompt_tokens + " cached");
+  if (o.error) parts.push(o.error);
+  return parts.join(" · ");
+}
+
+// renderDecisions fills the table and returns each worker's load as the
+// newest decision saw it.
+function renderDecisions(doc) {
+  const tb = clearBody("decisions");
+  const loads = new Map();
+  const ds = doc.decisions || [];
+  for (const d of ds) {
+    for (const c of d.candidates || []) if (!loads.has(c.worker)) loads.set(c.worker, c);
+    const tr = row(tb, [new Date(d.time).toLocaleTimeString(), { text: d.request_id, cls: "mono" }, d.model,
+      d.worker ? { text: d.worker, cls: "chosen" } : { text: d.route_error || "none", cls: "bad" },
+      { text: d.index_epoch, cls: "num" }, "", outcomeText(d.outcome)]);
+    tr.className = "decision";
+    const cell = tr.children[5];
+    for (const c of d.candidates || []) {
+      const div = document.createElement("div");
+      div.textContent = candidateText(d, c);
+      if (c.worker === d.worker) div.className = "chosen";
+      cell.appendChild(div);
+    }
+  }
+  setText("decisions-note", ds.length ? "newest first; ring of " + doc.ring_size + " decisions on this replica" : "no decisions yet");
+  return loads;
+}
+
+async function refresh() {
+  refreshes++;
+  const withDigest = refreshes % DIGEST_EVERY === 1;
+  const errors = [];
+  let loads = new Map();
+  try {
+    const doc = await getJSON("/debug/decisions?limit=20");
+    loads = renderDecisions(doc);
+  } catch (e) {
+    if (e instanceof NeedToken) askToken();
+    else if (e.status === 404) setText("decisions-note", "the decision log is off on this replica (--decision-log-size 0)");
+    else errors.push(e.message);
+  }
+  try {
+    const st = await getJSON(withDigest ? "/cluster/status" : "/cluster/status?digest=0");
+    renderCluster(st);
+    renderWorkers(st, loads);
+    renderHits(st);
+  } catch (e) {
+    if (e instanceof NeedToken) askToken();
+    else errors.push(e.message);
+  }
+  setText("error", errors.join("; "));
+  setText("refreshed", "updated " + new Date().toLocaleTimeString());
+}
+
+function askToken() { $("token-form").hidden = false; }
+
+function start() {
+  $("token-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, $("token").value);
+    $("token-form").hidden = true;
+    refresh();
+  });
+  refresh();
+  setInterval(refresh, REFRESH_MS);
+}
+
+document.addEventListener("DOMContentLoaded", start);
