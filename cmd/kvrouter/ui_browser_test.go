@@ -42,35 +42,8 @@ func TestStatusPageInChromium(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := buildKvmock(t, t.TempDir())
-	tmp := t.TempDir()
 	ports := freePorts(t, 5)
-	cfg, err := parseServe([]string{"--single-node", "--node-id", "ui-r1", "--model", "kvmock",
-		"--http-addr", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--raft-addr", fmt.Sprintf("127.0.0.1:%d", ports[1]),
-		"--nats-addr", fmt.Sprintf("127.0.0.1:%d", ports[2]), "--nats-cluster-addr", fmt.Sprintf("127.0.0.1:%d", ports[3]),
-		"--data-dir", filepath.Join(tmp, "r1")},
-		func(string) string { return "" }, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := serve(ctx, cfg, slog.New(slog.NewTextHandler(&logSink{t: t}, &slog.HandlerOptions{Level: slog.LevelWarn}))); err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	base := "http://" + cfg.HTTPAddr
-	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { // not /ready: that waits for a worker
-		var st struct {
-			State string `json:"state"`
-		}
-		if err := getJSON(base+"/cluster/status?digest=0", &st); err != nil || st.State != "leader" {
-			return fmt.Errorf("state %q, %v", st.State, err)
-		}
-		return nil
-	})
+	base := startUIReplica(t, ports, "")
 	startKvmock(t, bin, "--id", "ui-mock", "--addr", fmt.Sprintf("127.0.0.1:%d", ports[4]), "--model", "kvmock",
 		"--nats", fmt.Sprintf("nats://127.0.0.1:%d", ports[2]), "--register", base, "--log-level", "warn")
 	body := `{"model":"kvmock","max_tokens":3,"messages":[{"role":"user","content":"` + strings.Repeat("the status page prompt ", 20) + `"}]}`
@@ -95,7 +68,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	var st struct {
 		Term uint64 `json:"term"`
 	}
-	if err := getJSON(base+"/cluster/status?digest=0", &st); err != nil || st.Term == 0 {
+	if err := getJSON(base+"/cluster/status?digest=0", "", &st); err != nil || st.Term == 0 {
 		t.Fatalf("status: term %d, %v", st.Term, err)
 	}
 
@@ -134,6 +107,71 @@ func TestStatusPageInChromium(t *testing.T) {
 	t.Logf("screenshot: %s", png)
 }
 
+// startUIReplica runs kvrouter serve --single-node on ports[0:4] with the
+// extra flags (and the admin token when not ""), and returns its base URL
+// once it leads.
+func startUIReplica(t *testing.T, ports []int, token string, extra ...string) string {
+	t.Helper()
+	if token != "" {
+		extra = append(extra, "--admin-token", token)
+	}
+	tmp := t.TempDir()
+	cfg, err := parseServe(append([]string{"--single-node", "--node-id", "ui-r1", "--model", "kvmock",
+		"--http-addr", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--raft-addr", fmt.Sprintf("127.0.0.1:%d", ports[1]),
+		"--nats-addr", fmt.Sprintf("127.0.0.1:%d", ports[2]), "--nats-cluster-addr", fmt.Sprintf("127.0.0.1:%d", ports[3]),
+		"--data-dir", filepath.Join(tmp, "r1")}, extra...),
+		func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := serve(ctx, cfg, slog.New(slog.NewTextHandler(&logSink{t: t}, &slog.HandlerOptions{Level: slog.LevelWarn}))); err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	base := "http://" + cfg.HTTPAddr
+	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { // not /ready: that waits for a worker
+		var st struct {
+			State string `json:"state"`
+		}
+		if err := getJSON(base+"/cluster/status?digest=0", token, &st); err != nil || st.State != "leader" {
+			return fmt.Errorf("state %q, %v", st.State, err)
+		}
+		return nil
+	})
+	return base
+}
+
+// With an admin token and --protect-status, the page is still served, and
+// instead of failing it asks for the token (its reads answered 401), with
+// no script error.
+func TestStatusPageInChromiumAsksForToken(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a replica and a browser")
+	}
+	browser, err := exec.LookPath("chromium")
+	if err != nil {
+		reftest.Missing(t, "chromium (apt-get install chromium) for the status page test")
+	}
+	base := startUIReplica(t, freePorts(t, 4), "ui-secret", "--protect-status")
+	dom, console := runChromium(t, browser, "--dump-dom", base+"/ui")
+	if !strings.Contains(dom, `<form id="token-form">`) || strings.Contains(dom, `<form id="token-form" hidden`) {
+		t.Errorf("the token form is not shown:\n%s", dom)
+	}
+	if !strings.Contains(dom, `<span id="error" class="bad"></span>`) || !strings.Contains(dom, `<span id="node-id">…</span>`) {
+		t.Errorf("without the token the page shows an error or data:\n%s", dom)
+	}
+	for l := range strings.Lines(console) { // the two 401s are logged as failed loads; nothing else may be
+		if !strings.Contains(l, "401") {
+			t.Errorf("the browser's console: %s", l)
+		}
+	}
+}
+
 // runChromium runs one headless Chromium command after the page's first
 // refresh (virtual time runs the page's timers without waiting for them)
 // and returns its stdout and its console lines.
@@ -165,9 +203,17 @@ func runChromium(t *testing.T, browser string, args ...string) (stdout, console 
 	return so.String(), strings.Join(lines, "")
 }
 
-// getJSON decodes the JSON answer of GET url into v.
-func getJSON(url string, v any) error {
-	resp, err := http.Get(url)
+// getJSON decodes the JSON answer of GET url (with the bearer token when
+// not "") into v.
+func getJSON(url, token string, v any) error {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return err
 	}
