@@ -36,20 +36,27 @@ func benchIndex(b testing.TB, blocks, workers, chainLen int) (*Index, [][]uint64
 	return ix, chains
 }
 
+// benchFleets are the fleet sizes the index benchmarks run at: one word of
+// worker bits, and past it (issue 19: an index for 1,000 workers).
+var benchFleets = []int{64, 256, 1024}
+
 // BenchmarkFindMatches: one overlap lookup of a 256-block prompt that is
-// fully cached (the worst case: no early exit) over 1M blocks and 64 workers.
+// fully cached (the worst case: no early exit) over 1M blocks, each chain
+// held by two workers of the fleet.
 func BenchmarkFindMatches(b *testing.B) {
-	b.Run("blocks=1M/workers=64/prompt=256", func(b *testing.B) {
-		ix, chains := benchIndex(b, 1<<20, 64, 256)
-		var dst []Overlap
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			dst = ix.FindMatches(chains[(i*4099)%len(chains)], dst)
-			if len(dst) == 0 || dst[0].Blocks != 256 {
-				b.Fatalf("overlap %v", dst)
+	for _, workers := range benchFleets {
+		b.Run(fmt.Sprintf("blocks=1M/workers=%d/prompt=256", workers), func(b *testing.B) {
+			ix, chains := benchIndex(b, 1<<20, workers, 256)
+			var dst []Overlap
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				dst = ix.FindMatches(chains[(i*4099)%len(chains)], dst)
+				if len(dst) == 0 || dst[0].Blocks != 256 {
+					b.Fatalf("overlap %v", dst)
+				}
 			}
-		}
-	})
+		})
+	}
 }
 
 // BenchmarkApplyStored: ns per stored block at a steady 1M blocks over 64
@@ -57,17 +64,22 @@ func BenchmarkFindMatches(b *testing.B) {
 // on a worker and removes that worker's oldest chain, so the figure includes
 // the matching removal and the maps never grow.
 func BenchmarkApplyStored(b *testing.B) {
-	b.Run("blocks=1M/workers=64", func(b *testing.B) { benchApplyStored(b, 0) })
+	for _, workers := range benchFleets {
+		b.Run(fmt.Sprintf("blocks=1M/workers=%d", workers), func(b *testing.B) { benchApplyStored(b, workers, 0) })
+	}
 	// The same through ApplyCapped with a cap never reached (what fsm
 	// does for every stored event): the cost of the cap check.
-	b.Run("capped/blocks=1M/workers=64", func(b *testing.B) { benchApplyStored(b, 1<<30) })
+	b.Run("capped/blocks=1M/workers=64", func(b *testing.B) { benchApplyStored(b, 64, 1<<30) })
 }
 
 // benchApplyStored applies stored events through ApplyCapped with maxHeld
 // (0: no cap, what Apply does), evicting as it goes.
-func benchApplyStored(b *testing.B, maxHeld int) {
-	ix, _ := benchIndex(b, 1<<20, 64, 256)
-	const chain, ring = 16, 64
+func benchApplyStored(b *testing.B, workers, maxHeld int) {
+	ix, _ := benchIndex(b, 1<<20, workers, 256)
+	// 64 chains per worker at 64 workers; fewer per worker in bigger fleets
+	// so the rings add the same 64K blocks whatever the fleet.
+	const chain = 16
+	ring := max(1, 64*64/workers)
 	rng := rand.New(rand.NewPCG(9, 9))
 	fresh := func() KVEvent {
 		sb := make([]StoredBlock, chain)
@@ -77,13 +89,13 @@ func benchApplyStored(b *testing.B, maxHeld int) {
 		}
 		return KVEvent{Kind: EventStored, Blocks: sb, BlockSize: 16}
 	}
-	workers := ix.Workers()
+	ids := ix.Workers()
 	// Each worker keeps a ring of its last chains to evict from.
-	rings := make([][]KVEvent, len(workers))
+	rings := make([][]KVEvent, len(ids))
 	for w := range rings {
 		for range ring {
 			ev := fresh()
-			_ = ix.Apply(workers[w], ev)
+			_ = ix.Apply(ids[w], ev)
 			rings[w] = append(rings[w], ev)
 		}
 	}
@@ -94,17 +106,17 @@ func benchApplyStored(b *testing.B, maxHeld int) {
 	removal := make([]uint64, chain)
 	b.ResetTimer()
 	for e := 0; e*chain < b.N; e++ {
-		w := e % len(workers)
-		slot := (e / len(workers)) % ring
+		w := e % len(ids)
+		slot := (e / len(ids)) % ring
 		old := rings[w][slot]
 		for i, blk := range old.Blocks {
 			removal[i] = blk.EngineHash
 		}
-		if err := ix.Apply(workers[w], KVEvent{Kind: EventRemoved, Removed: removal}); err != nil {
+		if err := ix.Apply(ids[w], KVEvent{Kind: EventRemoved, Removed: removal}); err != nil {
 			b.Fatal(err)
 		}
 		ev := pool[e%len(pool)]
-		if err := ix.ApplyCapped(workers[w], ev, maxHeld); err != nil {
+		if err := ix.ApplyCapped(ids[w], ev, maxHeld); err != nil {
 			b.Fatal(err)
 		}
 		rings[w][slot] = ev
@@ -181,40 +193,50 @@ func BenchmarkRoute(b *testing.B) {
 }
 
 // BenchmarkIndexMemory reports heap bytes per (block, worker) entry at 1M
-// blocks over 64 workers, with engine hashes that differ from content hashes
-// (vLLM) and with equal ones (kvmock, our bridge).
+// blocks, each chain held by two workers of the fleet, with engine hashes
+// that differ from content hashes (vLLM) and with equal ones (kvmock, our
+// bridge).
 func BenchmarkIndexMemory(b *testing.B) {
-	for _, aliased := range []bool{true, false} {
-		b.Run(fmt.Sprintf("blocks=1M/workers=64/engine-names=%v", aliased), func(b *testing.B) {
-			for i := 0; i < b.N; i++ {
-				runtime.GC()
-				var before, after runtime.MemStats
-				runtime.ReadMemStats(&before)
-				ix := NewIndex(16)
-				rng := rand.New(rand.NewPCG(3, 4))
-				for w := range 64 {
-					ix.AddWorker(WorkerID(fmt.Sprint("w", w)))
+	for _, workers := range benchFleets {
+		for _, aliased := range []bool{true, false} {
+			b.Run(fmt.Sprintf("blocks=1M/workers=%d/engine-names=%v", workers, aliased), func(b *testing.B) {
+				for i := 0; i < b.N; i++ {
+					benchIndexMemory(b, workers, aliased)
 				}
-				entries := 0
-				sb := make([]StoredBlock, 256)
-				for c := 0; c < (1<<20)/256; c++ {
-					for j := range sb {
-						h := rng.Uint64()
-						sb[j] = StoredBlock{EngineHash: h, ContentHash: h}
-						if aliased {
-							sb[j].EngineHash ^= 0x5bd1e995
-						}
-					}
-					for _, w := range []int{c % 64, (c + 7) % 64} {
-						_ = ix.Apply(WorkerID(fmt.Sprint("w", w)), KVEvent{Kind: EventStored, Blocks: sb})
-						entries += len(sb)
-					}
-				}
-				runtime.GC()
-				runtime.ReadMemStats(&after)
-				b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(entries), "B/entry")
-				runtime.KeepAlive(ix)
-			}
-		})
+			})
+		}
 	}
+}
+
+func benchIndexMemory(b *testing.B, workers int, aliased bool) {
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	ix := NewIndex(16)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for w := range workers {
+		ix.AddWorker(WorkerID(fmt.Sprint("w", w)))
+	}
+	entries := 0
+	sb := make([]StoredBlock, 256)
+	for c := 0; c < (1<<20)/256; c++ {
+		for j := range sb {
+			h := rng.Uint64()
+			sb[j] = StoredBlock{EngineHash: h, ContentHash: h}
+			if aliased {
+				sb[j].EngineHash ^= 0x5bd1e995
+			}
+		}
+		// Two holders drawn at random, as in benchIndex: past 64 workers
+		// they mostly sit in different words of bits.
+		first := rng.IntN(workers)
+		for _, w := range []int{first, (first + 1 + rng.IntN(workers-1)) % workers} {
+			_ = ix.Apply(WorkerID(fmt.Sprint("w", w)), KVEvent{Kind: EventStored, Blocks: sb})
+			entries += len(sb)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(entries), "B/entry")
+	runtime.KeepAlive(ix)
 }

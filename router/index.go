@@ -26,129 +26,93 @@ type Index struct {
 	// it). Routing reads take it for reading, event application for
 	// writing; the *Locked helpers say which they need.
 	mu sync.RWMutex
-	// blocks maps a content hash to the workers in slots 0–63 holding it;
-	// wide holds the words for slots 64 and up, only for blocks that have
-	// such holders. A block held by anyone is always a key of blocks (value
-	// 0 when only wide slots hold it). Splitting keeps the common map's
-	// values one word, so a lookup touches as little memory as a plain map.
-	blocks map[uint64]uint64
-	wide   map[uint64][]uint64
-	slots  []*workerBlocks // by slot; nil when free
-	slotOf map[WorkerID]int
-	free   []int
+	// blocks maps a content hash to the workers in slots 0–63 holding it,
+	// one word of bits; wide maps it to the workers in slots 64 and up (a
+	// wideSet, also one word: a few slots inline, more in the sets arena).
+	// A block is a key of a map only while a worker of that map's slots
+	// holds it, so a lookup reads only the maps its surviving workers sit
+	// in: a fleet of 64 touches one map as a plain map would, and a prompt
+	// cached only by workers past slot 63 reads only wide. wideOnly counts
+	// the blocks that are keys of wide alone (Len is len(blocks)+wideOnly).
+	blocks   map[uint64]uint64
+	wide     map[uint64]wideSet
+	sets     [][]uint64 // arena bitsets of the wide sets not inline, by index
+	freeSets []uint32   // arena entries free for reuse
+	wideOnly int
+	slots    []*workerBlocks // by slot; nil when free
+	slotOf   map[WorkerID]int
+	free     []int
 
 	stats indexCounters
 }
 
-// workerSet is a bitset of worker slots; slots 0–63 inline so the common
-// fleet costs one word per block.
-type workerSet struct {
-	lo uint64
-	hi *[]uint64 // slots 64 and up, word i covers slots 64(i+1)…
-}
-
-func (s workerSet) has(slot int) bool {
+// holdsLocked reports whether slot holds the block ch. ix.mu must be held.
+func (ix *Index) holdsLocked(ch uint64, slot int) bool {
 	if slot < 64 {
-		return s.lo&(1<<uint(slot)) != 0
+		return ix.blocks[ch]&(1<<uint(slot)) != 0
 	}
-	if s.hi == nil {
-		return false
-	}
-	w := slot/64 - 1
-	return w < len(*s.hi) && (*s.hi)[w]&(1<<uint(slot%64)) != 0
+	v, ok := ix.wide[ch]
+	return ok && ix.wideHasLocked(v, slot)
 }
 
-func (s workerSet) empty() bool {
-	if s.lo != 0 {
-		return false
-	}
-	if s.hi != nil {
-		for _, w := range *s.hi {
-			if w != 0 {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-func (s workerSet) count() int {
-	n := bits.OnesCount64(s.lo)
-	if s.hi != nil {
-		for _, w := range *s.hi {
-			n += bits.OnesCount64(w)
-		}
-	}
-	return n
-}
-
-// with returns s with slot added (copying hi: values in the map are never
-// mutated in place, so readers holding a copy stay consistent).
-func (s workerSet) with(slot int) workerSet {
-	if slot < 64 {
-		s.lo |= 1 << uint(slot)
-		return s
-	}
-	w := slot/64 - 1
-	var hi []uint64
-	if s.hi != nil {
-		hi = slices.Clone(*s.hi)
-	}
-	for len(hi) <= w {
-		hi = append(hi, 0)
-	}
-	hi[w] |= 1 << uint(slot%64)
-	s.hi = &hi
-	return s
-}
-
-func (s workerSet) without(slot int) workerSet {
-	if slot < 64 {
-		s.lo &^= 1 << uint(slot)
-		return s
-	}
-	if s.hi == nil {
-		return s
-	}
-	w := slot/64 - 1
-	if w >= len(*s.hi) {
-		return s
-	}
-	hi := slices.Clone(*s.hi)
-	hi[w] &^= 1 << uint(slot%64)
-	s.hi = &hi
-	return s
-}
-
-// getLocked returns the holders of ch. ix.mu must be held.
-func (ix *Index) getLocked(ch uint64) (workerSet, bool) {
-	lo, ok := ix.blocks[ch]
-	if !ok {
-		return workerSet{}, false
-	}
-	s := workerSet{lo: lo}
+// holdersLocked is how many workers hold ch and, when that is one, its
+// slot. ix.mu must be held.
+func (ix *Index) holdersLocked(ch uint64) (n, sole int) {
+	lo := ix.blocks[ch]
+	n, sole = bits.OnesCount64(lo), bits.TrailingZeros64(lo)
 	if len(ix.wide) > 0 { // no fleet past 64 workers: skip the second map
-		if hi, wide := ix.wide[ch]; wide {
-			s.hi = &hi
+		if v, ok := ix.wide[ch]; ok {
+			wn, lowest := ix.wideCountLocked(v)
+			if n == 0 {
+				sole = lowest
+			}
+			n += wn
 		}
 	}
-	return s, true
+	return n, sole
 }
 
-// putLocked stores the holders of ch, deleting it when empty. ix.mu must be held for writing.
-func (ix *Index) putLocked(ch uint64, s workerSet) {
-	if s.empty() {
+// addHolderLocked records that slot (not yet a holder) holds ch. ix.mu must
+// be held for writing.
+func (ix *Index) addHolderLocked(ch uint64, slot int) {
+	lo, inBlocks := ix.blocks[ch]
+	v, inWide := ix.wide[ch]
+	if slot < 64 {
+		if !inBlocks && inWide {
+			ix.wideOnly--
+		}
+		ix.blocks[ch] = lo | 1<<uint(slot)
+		return
+	}
+	if !inBlocks && !inWide {
+		ix.wideOnly++
+	}
+	ix.wide[ch] = ix.wideAddLocked(v, inWide, slot)
+}
+
+// dropHolderLocked records that slot (a holder) no longer holds ch. ix.mu
+// must be held for writing.
+func (ix *Index) dropHolderLocked(ch uint64, slot int) {
+	lo, inBlocks := ix.blocks[ch]
+	v, inWide := ix.wide[ch]
+	if slot < 64 {
+		if lo &^= 1 << uint(slot); lo != 0 {
+			ix.blocks[ch] = lo
+			return
+		}
 		delete(ix.blocks, ch)
-		if len(ix.wide) > 0 {
-			delete(ix.wide, ch)
+		if inWide {
+			ix.wideOnly++
 		}
 		return
 	}
-	ix.blocks[ch] = s.lo
-	if s.hi != nil && (workerSet{hi: s.hi}).count() > 0 {
-		ix.wide[ch] = *s.hi
-	} else if len(ix.wide) > 0 {
-		delete(ix.wide, ch)
+	if v, left := ix.wideRemoveLocked(v, slot); left {
+		ix.wide[ch] = v
+		return
+	}
+	delete(ix.wide, ch)
+	if !inBlocks {
+		ix.wideOnly--
 	}
 }
 
@@ -194,7 +158,7 @@ func NewIndex(blockSize int) *Index {
 	return &Index{
 		blockSize: blockSize,
 		blocks:    make(map[uint64]uint64),
-		wide:      make(map[uint64][]uint64),
+		wide:      make(map[uint64]wideSet),
 		slotOf:    make(map[WorkerID]int),
 	}
 }
@@ -314,7 +278,7 @@ func (ix *Index) ApplyCapped(w WorkerID, ev KVEvent, maxHeld int) error {
 			// decision errs toward refusing, deterministically.)
 			adding := 0
 			for _, b := range ev.Blocks {
-				if set, _ := ix.getLocked(b.ContentHash); !set.has(slot) {
+				if !ix.holdsLocked(b.ContentHash, slot) {
 					adding++
 				}
 			}
@@ -344,8 +308,7 @@ func (ix *Index) holdsEngineLocked(slot int, wb *workerBlocks, eh uint64) bool {
 	if _, ok := wb.engine[eh]; ok {
 		return true
 	}
-	set, _ := ix.getLocked(eh)
-	return set.has(slot)
+	return ix.holdsLocked(eh, slot)
 }
 
 // storeLocked: ix.mu must be held for writing.
@@ -357,36 +320,21 @@ func (ix *Index) storeLocked(slot int, wb *workerBlocks, b StoredBlock) {
 		}
 		wb.engine[b.EngineHash] = b.ContentHash
 	}
-	set, _ := ix.getLocked(b.ContentHash)
-	if set.has(slot) {
+	if ix.holdsLocked(b.ContentHash, slot) {
 		ix.stats.duplicateStores.Add(1)
 		return
 	}
-	switch set.count() {
+	switch n, sole := ix.holdersLocked(b.ContentHash); n {
 	case 0:
 		wb.unique++
 	case 1:
-		if sole := ix.soleLocked(set); sole != nil {
-			sole.unique--
+		if other := ix.slots[sole]; other != nil {
+			other.unique--
 		}
 	}
-	ix.putLocked(b.ContentHash, set.with(slot))
+	ix.addHolderLocked(b.ContentHash, slot)
 	wb.held++
 	ix.stats.storedBlocks.Add(1)
-}
-
-// soleLocked is the worker of a one-holder set (nil if its slot is free).
-// ix.mu must be held.
-func (ix *Index) soleLocked(set workerSet) *workerBlocks {
-	if set.lo != 0 {
-		return ix.slots[bits.TrailingZeros64(set.lo)]
-	}
-	for w, word := range *set.hi {
-		if word != 0 {
-			return ix.slots[64*(w+1)+bits.TrailingZeros64(word)]
-		}
-	}
-	return nil
 }
 
 // removeLocked: ix.mu must be held for writing.
@@ -406,28 +354,26 @@ func (ix *Index) removeLocked(slot int, wb *workerBlocks, eh uint64) {
 
 // dropLocked clears slot's bit for content hash ch; false if it was not set.
 func (ix *Index) dropLocked(slot int, wb *workerBlocks, ch uint64) bool {
-	set, ok := ix.getLocked(ch)
-	if !ok || !set.has(slot) {
+	if !ix.holdsLocked(ch, slot) {
 		return false
 	}
-	ix.leaveLocked(wb, set, slot, ch)
+	ix.leaveLocked(wb, slot, ch)
 	wb.held--
 	return true
 }
 
-// leaveLocked removes slot (worker wb) from set, the holders of ch, and
-// keeps the unique counts right. ix.mu must be held for writing.
-func (ix *Index) leaveLocked(wb *workerBlocks, set workerSet, slot int, ch uint64) {
-	rest := set.without(slot)
-	switch rest.count() {
+// leaveLocked removes slot (worker wb, a holder) from the holders of ch
+// and keeps the unique counts right. ix.mu must be held for writing.
+func (ix *Index) leaveLocked(wb *workerBlocks, slot int, ch uint64) {
+	ix.dropHolderLocked(ch, slot)
+	switch n, sole := ix.holdersLocked(ch); n {
 	case 0:
 		wb.unique--
 	case 1:
-		if sole := ix.soleLocked(rest); sole != nil {
-			sole.unique++
+		if other := ix.slots[sole]; other != nil {
+			other.unique++
 		}
 	}
-	ix.putLocked(ch, rest)
 }
 
 // clearLocked drops every block of slot. ix.mu must be held for writing.
@@ -437,18 +383,31 @@ func (ix *Index) clearLocked(slot int) {
 		clear(wb.engine)
 		return
 	}
-	var mine []uint64
-	for ch := range ix.blocks {
-		if set, _ := ix.getLocked(ch); set.has(slot) {
-			mine = append(mine, ch)
-		}
-	}
+	mine := ix.slotBlocksLocked(slot, make([]uint64, 0, wb.held))
 	for _, ch := range mine {
-		set, _ := ix.getLocked(ch)
-		ix.leaveLocked(wb, set, slot, ch)
+		ix.leaveLocked(wb, slot, ch)
 	}
 	wb.held, wb.unique = 0, 0
 	clear(wb.engine)
+}
+
+// slotBlocksLocked appends the content hashes slot holds to dst, walking
+// only the map of its range. ix.mu must be held.
+func (ix *Index) slotBlocksLocked(slot int, dst []uint64) []uint64 {
+	if slot < 64 {
+		for ch, lo := range ix.blocks {
+			if lo&(1<<uint(slot)) != 0 {
+				dst = append(dst, ch)
+			}
+		}
+		return dst
+	}
+	for ch, v := range ix.wide {
+		if ix.wideHasLocked(v, slot) {
+			dst = append(dst, ch)
+		}
+	}
+	return dst
 }
 
 // Overlap is how many leading blocks of a prompt a worker holds.
@@ -470,11 +429,7 @@ func (ix *Index) FindMatches(seq []uint64, dst []Overlap) []Overlap {
 	if len(ix.wide) == 0 {
 		return ix.matchSmallLocked(seq, ix.blocks[seq[0]], dst)
 	}
-	first, ok := ix.getLocked(seq[0])
-	if !ok {
-		return dst
-	}
-	return ix.matchWideLocked(seq, first, dst)
+	return ix.matchWideLocked(seq, dst)
 }
 
 // matchSmallLocked walks the prompt while the surviving workers all sit in
@@ -491,37 +446,81 @@ func (ix *Index) matchSmallLocked(seq []uint64, cur uint64, dst []Overlap) []Ove
 	return ix.appendSlotsLocked(dst, cur, 0, len(seq))
 }
 
-// matchWideLocked is matchSmallLocked for fleets with slots 64 and up.
+// matchWideLocked is matchSmallLocked for fleets with slots 64 and up. The
+// surviving wide workers are a bitset by arena word (hi) with the list of
+// its words that still have bits (live), so each block costs a lookup in
+// blocks while workers of slots 0–63 survive, one in wide while wider ones
+// do, and a word operation per live word: a prompt held by two workers of
+// 1,024 costs what it costs in a fleet of 64. Drops are reported as
+// matchSmallLocked reports them, word 0 first then by word.
 // ix.mu must be held.
-func (ix *Index) matchWideLocked(seq []uint64, first workerSet, dst []Overlap) []Overlap {
-	cur := []uint64{first.lo}
-	if first.hi != nil {
-		cur = append(cur, *first.hi...)
+func (ix *Index) matchWideLocked(seq []uint64, dst []Overlap) []Overlap {
+	lo := ix.blocks[seq[0]]
+	first, ok := ix.wide[seq[0]]
+	if !ok {
+		return ix.matchSmallLocked(seq, lo, dst)
 	}
-	next := make([]uint64, len(cur))
-	for i := 1; i < len(seq); i++ {
-		set, _ := ix.getLocked(seq[i])
-		alive := false
-		for w := range cur {
-			var word uint64
-			if w == 0 {
-				word = set.lo
-			} else if set.hi != nil && w-1 < len(*set.hi) {
-				word = (*set.hi)[w-1]
-			}
-			next[w] = cur[w] & word
-			if dropped := cur[w] &^ next[w]; dropped != 0 {
-				dst = ix.appendSlotsLocked(dst, dropped, w*64, i)
-			}
-			alive = alive || next[w] != 0
-		}
-		cur, next = next, cur
-		if !alive {
-			return dst
+	words := wideWordOf(len(ix.slots)-1) + 1
+	var hiBuf [16]uint64 // 1,088 slots without an allocation
+	var liveBuf [16]int
+	hi, live := hiBuf[:0], liveBuf[:0]
+	if words > len(hiBuf) {
+		hi, live = make([]uint64, 0, words), make([]int, 0, words)
+	}
+	hi = hi[:words]
+	for k := range hi {
+		if hi[k] = ix.wideWordLocked(first, k); hi[k] != 0 {
+			live = append(live, k)
 		}
 	}
-	for w := range cur {
-		dst = ix.appendSlotsLocked(dst, cur[w], w*64, len(seq))
+	// The lookups of a few blocks at a time go first, apart from the walk
+	// that uses them: they do not depend on one another, so the memory
+	// fetches overlap instead of each waiting for the walk's branches (a
+	// few lookups past the end of a match are the price).
+	const ahead = 8
+	var los [ahead]uint64
+	var vs [ahead]wideSet
+	for start := 1; start < len(seq); start += ahead {
+		end := min(start+ahead, len(seq))
+		if lo != 0 {
+			for i := start; i < end; i++ {
+				los[i-start] = ix.blocks[seq[i]]
+			}
+		}
+		if len(live) > 0 {
+			for i := start; i < end; i++ {
+				vs[i-start] = ix.wide[seq[i]] // absent: 0, the empty inline set
+			}
+		}
+		for i := start; i < end; i++ {
+			if lo != 0 {
+				next := los[i-start] & lo
+				if dropped := lo &^ next; dropped != 0 {
+					dst = ix.appendSlotsLocked(dst, dropped, 0, i)
+				}
+				lo = next
+			}
+			n := 0
+			for _, k := range live {
+				next := hi[k] & ix.wideWordLocked(vs[i-start], k)
+				if next != hi[k] {
+					dst = ix.appendSlotsLocked(dst, hi[k]&^next, 64*(k+1), i)
+					hi[k] = next
+				}
+				if next != 0 {
+					live[n] = k
+					n++
+				}
+			}
+			live = live[:n]
+			if lo == 0 && n == 0 {
+				return dst
+			}
+		}
+	}
+	dst = ix.appendSlotsLocked(dst, lo, 0, len(seq))
+	for _, k := range live {
+		dst = ix.appendSlotsLocked(dst, hi[k], 64*(k+1), len(seq))
 	}
 	return dst
 }
@@ -543,8 +542,8 @@ func (ix *Index) appendSlotsLocked(dst []Overlap, word uint64, base, blocks int)
 func (ix *Index) Holders(ch uint64) int {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	set, _ := ix.getLocked(ch)
-	return set.count()
+	n, _ := ix.holdersLocked(ch)
+	return n
 }
 
 // Held is how many blocks worker w holds.
@@ -583,7 +582,7 @@ func (ix *Index) CacheCounts(w WorkerID) (held, unique int) {
 func (ix *Index) Len() int {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	return len(ix.blocks)
+	return len(ix.blocks) + ix.wideOnly
 }
 
 // WorkerBlocks lists the blocks w holds, sorted by content hash then engine
@@ -602,8 +601,8 @@ func (ix *Index) WorkerBlocks(w WorkerID) []StoredBlock {
 		out = append(out, StoredBlock{EngineHash: eh, ContentHash: ch})
 		aliased[ch] = true
 	}
-	for ch := range ix.blocks {
-		if set, _ := ix.getLocked(ch); set.has(slot) && !aliased[ch] {
+	for _, ch := range ix.slotBlocksLocked(slot, make([]uint64, 0, wb.held)) {
+		if !aliased[ch] {
 			out = append(out, StoredBlock{EngineHash: ch, ContentHash: ch})
 		}
 	}
@@ -630,22 +629,18 @@ func (ix *Index) AllWorkerBlocks() map[WorkerID][]StoredBlock {
 			aliased[slot][ch] = true
 		}
 	}
+	add := func(slot int, ch uint64) {
+		if slot < len(ix.slots) && ix.slots[slot] != nil && !aliased[slot][ch] {
+			lists[slot] = append(lists[slot], StoredBlock{EngineHash: ch, ContentHash: ch})
+		}
+	}
 	for ch, lo := range ix.blocks {
-		add := func(slot int) {
-			if slot < len(ix.slots) && ix.slots[slot] != nil && !aliased[slot][ch] {
-				lists[slot] = append(lists[slot], StoredBlock{EngineHash: ch, ContentHash: ch})
-			}
-		}
 		for w := lo; w != 0; w &= w - 1 {
-			add(bits.TrailingZeros64(w))
+			add(bits.TrailingZeros64(w), ch)
 		}
-		if hi, ok := ix.wide[ch]; ok {
-			for i, word := range hi {
-				for w := word; w != 0; w &= w - 1 {
-					add(64*(i+1) + bits.TrailingZeros64(w))
-				}
-			}
-		}
+	}
+	for ch, v := range ix.wide {
+		ix.wideEachLocked(v, func(slot int) { add(slot, ch) })
 	}
 	out := make(map[WorkerID][]StoredBlock, len(ix.slotOf))
 	for slot, wb := range ix.slots {
