@@ -91,7 +91,7 @@ function renderCluster(st) {
   const rej = f.Rejected || {};
   setText("fsm-line", "Index: " + (f.Events ?? "—") + " events applied, " + (f.Gaps ?? "—") + " event gaps (events missing, worker resynced), " +
     (rej.over_capacity ?? "—") + " over-capacity refusals, " + (f.Duplicates ?? "—") + " duplicates. " +
-    "Per-worker staleness is not in /cluster/status yet: the last event id per rank is shown instead.");
+    "Cool-downs (workers tried last for a few seconds after a failed connection) are not exposed yet.");
 }
 
 function renderWorkers(st, loads) {
@@ -100,10 +100,15 @@ function renderWorkers(st, loads) {
     const ranks = w.ranks || [];
     const blocks = ranks.reduce((s, r) => s + (r.blocks || 0), 0);
     const lastIDs = ranks.map((r) => r.last_event_id).join(", ");
+    // Per rank: stale (a gap or a missing parent, being resynced) and
+    // events_missing_for_s (routed to but silent: routing to it is blind).
+    const trouble = ranks.filter((r) => r.stale || r.events_missing_for_s).map((r) =>
+      (ranks.length > 1 ? "rank " + r.rank + ": " : "") + [r.stale ? "stale (" + r.stale + ")" : "",
+        r.events_missing_for_s ? "no events for " + r.events_missing_for_s.toFixed(0) + " s" : ""].filter(Boolean).join(", ")).join("; ");
     const gaps = (w.capacity_gaps || []).map((g) => g.setting + " (" + g.missing + " missing)").join("; ");
     const l = loads.get(w.id);
     row(tb, [w.id, w.model, w.role, { text: w.total_kv_blocks, cls: "num" }, { text: blocks, cls: "num" },
-      { text: w.index_block_cap, cls: "num" }, { text: lastIDs, cls: "mono" }, { text: w.over_capacity_refused, cls: "num" },
+      { text: w.index_block_cap, cls: "num" }, { text: lastIDs, cls: "mono" }, trouble ? { text: trouble, cls: "bad" } : "no", { text: w.over_capacity_refused, cls: "num" },
       gaps ? { text: gaps, cls: "bad" } : "none",
       l ? l.active_requests + " req · " + l.active_blocks + " blocks · " + l.active_prefill_tokens + " prefill tok" : "no decision yet"]);
   }
