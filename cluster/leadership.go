@@ -65,7 +65,10 @@ func (n *Node) leadershipLoop() {
 				continue
 			}
 			term := n.raft.CurrentTerm()
-			if err := n.raft.Barrier(n.cfg.BarrierTimeout).Error(); err != nil {
+			if err := n.barrierUnlessClosing(); err != nil {
+				if n.isClosing() {
+					return
+				}
 				n.log.Warn("leader barrier failed", "term", term, "err", err)
 				continue
 			}
@@ -77,6 +80,25 @@ func (n *Node) leadershipLoop() {
 			n.startLeading()
 		}
 	}
+}
+
+// barrierUnlessClosing waits for a barrier, or for the node to start
+// shutting down. hashicorp/raft can leave a barrier issued as leadership
+// arrives unanswered when it shuts down at that moment: waiting on it alone
+// hung Shutdown (its wait for this loop) for good — once in a full test run
+// (TestClusterSingleNodeTCP, 20 min timeout). The abandoned wait ends when
+// raft answers the future, if ever.
+func (n *Node) barrierUnlessClosing() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-n.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return waitFuture(ctx, n.raft.Barrier(n.cfg.BarrierTimeout))
 }
 
 func (n *Node) startLeading() {
