@@ -333,7 +333,7 @@ func (r *replica) Ready() (bool, string) {
 
 // Status is /cluster/status: the node's Raft status plus what routes.
 func (r *replica) Status(digest bool) map[string]any {
-	st := r.node.Status()
+	st := r.node.StatusWithoutDigest() // the digest below, only when asked
 	out := map[string]any{
 		"node_id": st.NodeID, "raft_addr": st.RaftAddr, "state": st.State, "leader_id": st.LeaderID,
 		"leader_addr": st.LeaderAddr, "term": st.Term, "applied_index": st.AppliedIndex,

@@ -112,7 +112,7 @@ func (m *membership) isMember(id string) bool {
 	if n == nil {
 		return slices.Contains(m.bootstrap, id)
 	}
-	peers := n.Status().Peers
+	peers := n.StatusWithoutDigest().Peers
 	if len(peers) == 0 { // no configuration yet (joining): the bootstrap set
 		return slices.Contains(m.bootstrap, id)
 	}
