@@ -211,7 +211,7 @@ func (c *Cluster) newMember() *Member {
 	m := &Member{
 		Index:    i,
 		ID:       fmt.Sprintf("n%d", i),
-		RaftAddr: freeAddr(c.T),
+		RaftAddr: c.freeRaftAddr(),
 		DataDir:  filepath.Join(c.base, fmt.Sprintf("n%d", i)),
 		c:        c,
 	}
@@ -281,6 +281,22 @@ func (c *Cluster) listenHTTP() (net.Listener, error) {
 		ln.Close()
 	}
 	return nil, errors.New("clustertest: no free HTTP port")
+}
+
+// freeRaftAddr is freeAddr, but never an address another member already
+// has: a port released by freeAddr can be handed out again (tests of other
+// packages bind ports at the same time), and two members with one address
+// fail to bootstrap ("found duplicate address in configuration"; seen once
+// in a full -race run). c.mu must be held.
+func (c *Cluster) freeRaftAddr() string {
+	for range 20 {
+		addr := freeAddr(c.T)
+		if !slices.ContainsFunc(c.members, func(m *Member) bool { return m.RaftAddr == addr }) {
+			return addr
+		}
+	}
+	c.T.Fatalf("clustertest: no distinct free port for a Raft address")
+	return ""
 }
 
 // freeAddr reserves a 127.0.0.1 port by binding and releasing it.
