@@ -14,12 +14,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/poll"
+	"github.com/kvrouter/kvrouter/internal/syncbuf"
 )
 
 // The lifecycle of deploy/local/run.sh, tested with stand-ins for kvrouter
@@ -131,31 +131,13 @@ func fakeCerts(f map[string]string) int {
 
 // --- harness ------------------------------------------------------------------------
 
-// syncBuffer collects a process's output for polling while it runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type runHarness struct {
 	t       *testing.T
 	dir     string // bin/, run/, fake/
 	offset  int
 	haproxy bool
 	cmd     *exec.Cmd
-	out     *syncBuffer
+	out     *syncbuf.Buffer
 	done    chan struct{}
 	err     error // the script's exit, once done is closed
 }
@@ -229,7 +211,7 @@ func (h *runHarness) start(extraEnv ...string) {
 		fakeDirEnv+"="+filepath.Join(h.dir, "fake"),
 	)
 	h.cmd.Env = append(h.cmd.Env, extraEnv...)
-	h.out = &syncBuffer{}
+	h.out = &syncbuf.Buffer{}
 	h.cmd.Stdout, h.cmd.Stderr = h.out, h.out
 	h.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := h.cmd.Start(); err != nil {

@@ -10,13 +10,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvrouter/kvrouter/eventbus"
+	"github.com/kvrouter/kvrouter/internal/syncbuf"
 )
 
 func TestBridgeCLIParse(t *testing.T) {
@@ -81,7 +81,7 @@ func TestBridgeCLIRun(t *testing.T) {
 	srv := busWithStream(t, "cli-bridge")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out, errb syncBuffer
+	var out, errb syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() {
 		done <- dispatch(ctx, []string{"bridge", "--nats", srv.ClientURL(), "--http-addr", "127.0.0.1:0", "--api-token", "t",
@@ -174,21 +174,4 @@ func busWithStream(t *testing.T, name string) *eventbus.Server {
 		t.Fatal(err)
 	}
 	return srv
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -1,36 +1,17 @@
 package zmqbridge
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/poll"
+	"github.com/kvrouter/kvrouter/internal/syncbuf"
 )
-
-// syncBuffer is a bytes.Buffer safe for the bridge's goroutines to log to.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // The bridge registers what capacity it has — from the spec or the
 // engine's metrics — and says what it lacks: in /status
@@ -63,7 +44,7 @@ func TestBridgeReportsMissingCapacity(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			eng := startFakeEngine(t, engineOpts{topic: "kv", newReplay: true, model: "qwen3", blocks: c.engineBlocks})
 			replica := startFakeReplica(t, "tok")
-			logs := &syncBuffer{}
+			logs := &syncbuf.Buffer{}
 			b, err := New(Config{BlockSize: 16, Publishers: newFakeCluster().factory, Register: []string{replica.srv.URL},
 				AdminToken: "tok", RegisterInterval: 50 * time.Millisecond, ReplayTimeout: 5 * time.Second,
 				Logger: slog.New(slog.NewTextHandler(logs, nil))})

@@ -7,30 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/syncbuf"
 )
-
-// syncBuffer is a bytes.Buffer the meter's goroutine and the test can
-// share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestLine(t *testing.T) {
 	count := func(n int64) func() int64 { return func() int64 { return n } }
@@ -109,7 +91,7 @@ func TestStartWritesOnlyToItsWriter(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var n atomic.Int64
-			var w syncBuffer
+			var w syncbuf.Buffer
 			stdout := captureStdout(t, func() {
 				stop := Start(&w, Meter{Name: "kvbench test", Unit: "requests", Total: 1000, Count: n.Load}, tc.opt)
 				for range 30 {
