@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -134,9 +133,8 @@ const embeddingDims = 8
 // OpenAI's clients ask for by default). No engine step: pooling models do
 // not decode, and kvmock does not model their prefill.
 func (m *Mock) embeddings(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	if err != nil {
-		m.badRequest(w, "reading body: "+err.Error())
+	body, ok := m.readBody(w, r)
+	if !ok {
 		return
 	}
 	var in struct {
@@ -208,9 +206,8 @@ func embed(ids []uint32) []float32 {
 // chat messages exactly as the router renders it (api.ResponsesToChat),
 // generated as a chat completion, answered as a Response object.
 func (m *Mock) responses(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	if err != nil {
-		m.badRequest(w, "reading body: "+err.Error())
+	body, ok := m.readBody(w, r)
+	if !ok {
 		return
 	}
 	var in struct {

@@ -154,15 +154,8 @@ func (m *Mock) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	} else {
 		m.ctr.completions.Add(1)
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			m.ctr.badRequests.Add(1)
-			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "", fmt.Sprintf("request body over %d bytes", maxBodyBytes))
-			return
-		}
-		m.badRequest(w, "reading body: "+err.Error())
+	body, ok := m.readBody(w, r)
+	if !ok {
 		return
 	}
 	m.generateBody(w, r, chat, body)

@@ -13,18 +13,11 @@ import (
 // kvrouter replicas send canary requests here and compare the ids with
 // their own; a real vLLM or SGLang engine answers the same JSON.
 
-// readSmallBody reads a request body up to maxBodyBytes, answering the
-// client itself when it cannot.
+// readSmallBody reads a tokenize/detokenize body (readBody) and checks
+// its model, answering the client itself when it cannot.
 func (m *Mock) readSmallBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			m.ctr.badRequests.Add(1)
-			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "", fmt.Sprintf("request body over %d bytes", maxBodyBytes))
-			return nil, false
-		}
-		m.badRequest(w, "reading body: "+err.Error())
+	body, ok := m.readBody(w, r)
+	if !ok {
 		return nil, false
 	}
 	var in struct {
@@ -79,4 +72,21 @@ func (m *Mock) detokenize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"prompt": m.prompt.Tokenizer().Decode(*in.Tokens)})
+}
+
+// readBody reads a request body of at most maxBodyBytes, answering the
+// client itself when it cannot: 413 over the cap, 400 otherwise.
+func (m *Mock) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			m.ctr.badRequests.Add(1)
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "", fmt.Sprintf("request body over %d bytes", maxBodyBytes))
+			return nil, false
+		}
+		m.badRequest(w, "reading body: "+err.Error())
+		return nil, false
+	}
+	return body, true
 }
