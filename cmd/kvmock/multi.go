@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -68,17 +67,7 @@ func (m *Mock) generateMany(w http.ResponseWriter, r *http.Request, chat bool, p
 		for j := range n {
 			id := fmt.Sprintf("%s-%d", m.cfg.ID, m.reqSeq.Add(1))
 			wt, err := m.drv.submit(r.Context(), engine.Request{ID: id, Tokens: p, OutputTokens: maxTokens})
-			switch {
-			case err == nil:
-			case errors.Is(err, engine.ErrRequest):
-				m.badRequest(w, err.Error())
-				return
-			case errors.Is(err, errStopped):
-				m.ctr.serverErrors.Add(1)
-				writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the worker is shutting down")
-				return
-			default:
-				m.ctr.cancelled.Add(1)
+			if m.submitFailed(w, r, err) {
 				return
 			}
 			seqs = append(seqs, seq{id: id, tokens: p, sample: j, wt: wt})

@@ -234,21 +234,7 @@ func (m *Mock) generateBody(w http.ResponseWriter, r *http.Request, chat bool, b
 	reqID := fmt.Sprintf("%s-%d", m.cfg.ID, m.reqSeq.Add(1))
 	wt, err := m.drv.submit(r.Context(), engine.Request{ID: reqID, Tokens: tokens, OutputTokens: maxTokens,
 		RemotePrefill: stage == stageDecode})
-	switch {
-	case err == nil:
-	case errors.Is(err, engine.ErrRequest):
-		m.badRequest(w, err.Error())
-		return
-	case errors.Is(err, errStopped):
-		m.ctr.serverErrors.Add(1)
-		writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the worker is shutting down")
-		return
-	case r.Context().Err() != nil:
-		m.ctr.cancelled.Add(1)
-		return
-	default:
-		m.ctr.serverErrors.Add(1)
-		writeError(w, http.StatusInternalServerError, "server_error", "", err.Error())
+	if m.submitFailed(w, r, err) {
 		return
 	}
 	m.ctr.inflight.Add(1)
@@ -563,4 +549,26 @@ func (m *Mock) health(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "id": m.cfg.ID, "model": m.cfg.Model})
+}
+
+// submitFailed answers the client, counts and reports true when the
+// engine refused a request (err from drv.submit): 400 for a request it
+// cannot serve, 503 when shutting down, nothing when the client left, 500
+// otherwise.
+func (m *Mock) submitFailed(w http.ResponseWriter, r *http.Request, err error) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, engine.ErrRequest):
+		m.badRequest(w, err.Error())
+	case errors.Is(err, errStopped):
+		m.ctr.serverErrors.Add(1)
+		writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the worker is shutting down")
+	case r.Context().Err() != nil:
+		m.ctr.cancelled.Add(1)
+	default:
+		m.ctr.serverErrors.Add(1)
+		writeError(w, http.StatusInternalServerError, "server_error", "", err.Error())
+	}
+	return true
 }
