@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // readHFFile reads tokenizer.json with jsonScanner: the model's vocab and
@@ -12,6 +13,20 @@ func readHFFile(data []byte) (hfFile, hfModel, error) {
 	var f hfFile
 	var m hfModel
 	var modelRaw []byte
+	// Hugging Face reads the file into a Rust String, which refuses
+	// ill-formed UTF-8; a file the engine cannot load is refused here too
+	// rather than read with U+FFFD in place of its bytes.
+	if !utf8.Valid(data) {
+		i := 0
+		for i < len(data) {
+			r, w := utf8.DecodeRune(data[i:])
+			if r == utf8.RuneError && w <= 1 {
+				break
+			}
+			i += w
+		}
+		return f, m, fmt.Errorf("not valid UTF-8 (byte %d); Hugging Face tokenizers refuses such a file", i)
+	}
 	s := &jsonScanner{data: data}
 	err := s.each('{', func(key string) error {
 		if key == "model" {

@@ -70,7 +70,9 @@ func parseModel(hm hfModel, raw json.RawMessage, byteLevel bool) (*bpeModel, []s
 		m.runeID = make(map[rune]uint32)
 		for tok, id := range hm.Vocab {
 			// U+FFFD counts: "\ufffd" is in SentencePiece vocabularies.
-			if r, w := utf8.DecodeRuneInString(tok); w == len(tok) && utf8.ValidString(tok) {
+			// The empty token is no rune (DecodeRuneInString reports it as
+			// U+FFFD of width 0).
+			if r, w := utf8.DecodeRuneInString(tok); w > 0 && w == len(tok) && utf8.ValidString(tok) {
 				m.runeID[r] = id
 			}
 		}

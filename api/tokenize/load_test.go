@@ -23,6 +23,7 @@ func TestLoadHFErrors(t *testing.T) {
 		{"not json", []byte("{nope"), false},
 		{"json array", []byte("[]"), false},
 		{"empty object", []byte("{}"), false}, // no model
+		{"ill-formed UTF-8", []byte("{\"model\":{\"vocab\":{\"a\":0,\"\x82\":1}}}"), false},
 		{"model missing", set(func(m map[string]any) { delete(m, "model") }), false},
 		{"model not object", set(func(m map[string]any) { m["model"] = 7 }), false},
 		{"WordPiece model", set(func(m map[string]any) { model(m)["type"] = "WordPiece" }), true},
