@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -251,7 +252,8 @@ func TestMockBadInput(t *testing.T) {
 		{"max_tokens negative", chat, chatBody("hi", -3, false), 400},
 		{"max_completion_tokens 0", chat, map[string]any{"messages": []any{map[string]any{"role": "user", "content": "hi"}}, "max_completion_tokens": 0, "max_tokens": 5}, 400},
 		{"n 0", chat, map[string]any{"messages": []any{map[string]any{"role": "user", "content": "hi"}}, "n": 0}, 400},
-		{"n 2 streamed", chat, map[string]any{"messages": []any{map[string]any{"role": "user", "content": "hi"}}, "n": 2, "stream": true}, 400},
+		{"n 2 disaggregated", chat, map[string]any{"messages": []any{map[string]any{"role": "user", "content": "hi"}}, "n": 2,
+			"kv_transfer_params": map[string]any{"do_remote_decode": true}}, 400},
 		{"n beyond the cap", chat, map[string]any{"messages": []any{map[string]any{"role": "user", "content": "hi"}}, "n": 1025}, 400},
 		{"unknown model", chat, map[string]any{"model": "gpt-9", "messages": []any{map[string]any{"role": "user", "content": "hi"}}}, 404},
 		{"too long", chat, chatBody(words("w", 200), 4, false), 400},
@@ -260,7 +262,6 @@ func TestMockBadInput(t *testing.T) {
 		{"empty prompt", comp, map[string]any{"prompt": ""}, 400},
 		{"blank prompt", comp, map[string]any{"prompt": "   "}, 400},
 		{"empty id prompt", comp, map[string]any{"prompt": []int{}}, 400},
-		{"two prompts streamed", comp, map[string]any{"prompt": []string{"a", "b"}, "stream": true}, 400},
 		{"a batch with an empty prompt", comp, map[string]any{"prompt": []string{"a", ""}}, 400},
 		{"object prompt", comp, map[string]any{"prompt": map[string]any{"a": 1}}, 400},
 		{"completion max_tokens 0", comp, map[string]any{"prompt": "hi", "max_tokens": 0}, 400},
@@ -399,5 +400,87 @@ func TestMockGracefulShutdown(t *testing.T) {
 	}
 	if tm.pub.flushes == 0 || !tm.pub.closed {
 		t.Fatalf("publisher not flushed and closed: %d flushes, closed %v", tm.pub.flushes, tm.pub.closed)
+	}
+}
+
+// n > 1 and batches of prompts stream: every sequence's chunks carry its
+// choice index, each ends with its own finish chunk, and the texts are the
+// ones the same request answers whole.
+func TestMockStreamManySequences(t *testing.T) {
+	tm := startMock(t, nil, false)
+	chat, comp := tm.url+"/v1/chat/completions", tm.url+"/v1/completions"
+	msgs := []any{map[string]any{"role": "user", "content": "stream several"}}
+	cases := []struct {
+		name string
+		url  string
+		body map[string]any
+		want int // choices
+	}{
+		{"chat n 3", chat, map[string]any{"messages": msgs, "n": 3, "max_tokens": 5}, 3},
+		{"completions two prompts n 2", comp, map[string]any{"prompt": []string{"one prompt", "another prompt"}, "n": 2, "max_tokens": 4}, 4},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			status, body := post(t, c.url, c.body)
+			if status != 200 {
+				t.Fatalf("whole: HTTP %d: %s", status, body)
+			}
+			whole := decodeAnswer(t, body)
+			if len(whole.Choices) != c.want {
+				t.Fatalf("whole: %d choices, want %d", len(whole.Choices), c.want)
+			}
+			streamed := maps.Clone(c.body)
+			streamed["stream"] = true
+			_, chunks, done := postStream(t, c.url, streamed)
+			if !done {
+				t.Fatal("stream did not end with [DONE]")
+			}
+			texts := make([]string, c.want)
+			finished := make([]int, c.want)
+			var usage int
+			for _, ch := range chunks {
+				if ch.Usage != nil {
+					usage++
+					if ch.Usage.CompletionTokens != whole.Usage.CompletionTokens || ch.Usage.PromptTokens != whole.Usage.PromptTokens {
+						t.Errorf("usage %+v, whole answer's %+v", *ch.Usage, *whole.Usage)
+					}
+					continue
+				}
+				if len(ch.Choices) != 1 {
+					t.Fatalf("chunk with %d choices", len(ch.Choices))
+				}
+				x := ch.Choices[0]
+				if x.Index < 0 || x.Index >= c.want {
+					t.Fatalf("choice index %d of %d", x.Index, c.want)
+				}
+				if finished[x.Index] > 0 {
+					t.Errorf("choice %d: a chunk after its finish chunk", x.Index)
+				}
+				if x.FinishReason != nil {
+					finished[x.Index]++
+					continue
+				}
+				switch {
+				case x.Delta != nil && x.Delta.Content != nil:
+					texts[x.Index] += *x.Delta.Content
+				case x.Text != nil:
+					texts[x.Index] += *x.Text
+				}
+			}
+			if usage != 1 {
+				t.Errorf("%d usage chunks, want 1", usage)
+			}
+			for i := range c.want {
+				want := ""
+				if m := whole.Choices[i].Message; m != nil {
+					want = m.Content
+				} else if whole.Choices[i].Text != nil {
+					want = *whole.Choices[i].Text
+				}
+				if texts[i] != want || finished[i] != 1 {
+					t.Errorf("choice %d: streamed %q (%d finish chunks), whole %q", i, texts[i], finished[i], want)
+				}
+			}
+		})
 	}
 }

@@ -22,8 +22,11 @@ import (
 // n > 1, or a completions batch of prompts: every (prompt, sample) pair is
 // one engine request, all submitted at once, as vLLM schedules a request's
 // sequences together; the answer has one choice per pair, indexed
-// prompt·n + sample (OpenAI's order), usage summed. Streamed, they are
-// refused (400): kvmock streams one sequence.
+// prompt·n + sample (OpenAI's order), usage summed. Streamed, each
+// sequence's chunks carry its choice index: its first token when the
+// engine produces it, the rest when the sequence finishes (kvmock paces
+// the tokens of a single sequence only), then its finish chunk; one usage
+// chunk for all of them and [DONE] end the stream.
 
 // maxSequences caps n·prompts (the router books at most this many).
 const maxSequences = 1024
@@ -49,8 +52,9 @@ func finished(ctx context.Context, wt *waiter) (engine.Output, bool) {
 	}
 }
 
-// generateMany answers prompts × n sequences in one non-streamed answer.
-func (m *Mock) generateMany(w http.ResponseWriter, r *http.Request, chat bool, prompts [][]uint32, n, maxTokens int) {
+// generateMany answers prompts × n sequences in one answer, streamed or
+// whole.
+func (m *Mock) generateMany(w http.ResponseWriter, r *http.Request, chat bool, prompts [][]uint32, n, maxTokens int, stream bool) {
 	type seq struct {
 		id     string
 		tokens []uint32
@@ -76,6 +80,26 @@ func (m *Mock) generateMany(w http.ResponseWriter, r *http.Request, chat bool, p
 	m.ctr.inflight.Add(1)
 	defer m.ctr.inflight.Add(-1)
 	reqID := seqs[0].id
+	if stream {
+		gens := make([]*generation, len(seqs))
+		waiters := make([]*waiter, len(seqs))
+		for i, s := range seqs {
+			gens[i] = &generation{id: "cmpl-" + reqID, object: "text_completion", chat: chat, created: time.Now().Unix(), model: m.cfg.Model,
+				pieces: outputPieces(m.tok, outputIDs(m.cfg.Seed+uint64(s.sample), s.tokens, maxTokens))}
+			if chat {
+				gens[i].id, gens[i].object = "chatcmpl-"+reqID, "chat.completion"
+			}
+			waiters[i] = s.wt
+		}
+		m.ctr.streams.Add(1)
+		if usage, ok := m.streamMany(w, r, waiters, gens); ok {
+			m.ctr.completed.Add(1)
+			m.ctr.promptTokens.Add(uint64(usage.PromptTokens))
+			m.ctr.cachedTokens.Add(uint64(usage.PromptTokensDetails.CachedTokens))
+			m.ctr.outputToks.Add(uint64(usage.CompletionTokens))
+		}
+		return
+	}
 	doc := responseDoc{ID: "cmpl-" + reqID, Object: "text_completion", Created: time.Now().Unix(), Model: m.cfg.Model, Usage: &usageDoc{}}
 	if chat {
 		doc.ID, doc.Object = "chatcmpl-"+reqID, "chat.completion"
@@ -111,6 +135,104 @@ func (m *Mock) generateMany(w http.ResponseWriter, r *http.Request, chat bool, p
 	m.ctr.promptTokens.Add(uint64(doc.Usage.PromptTokens))
 	m.ctr.cachedTokens.Add(uint64(doc.Usage.PromptTokensDetails.CachedTokens))
 	m.ctr.outputToks.Add(uint64(doc.Usage.CompletionTokens))
+}
+
+// streamMany streams several sequences of one request as SSE (see the
+// comment at the top of this file). The usage returned sums every
+// sequence's; false: the client went away or the engine stopped.
+func (m *Mock) streamMany(w http.ResponseWriter, r *http.Request, waiters []*waiter, gens []*generation) (usageDoc, bool) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	s := &sse{w: w, rc: http.NewResponseController(w)}
+	s.flush()
+
+	// One wake-up channel for all sequences: a forwarder per waiter.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	wake := make(chan struct{}, 1)
+	for _, wt := range waiters {
+		go func() {
+			for {
+				select {
+				case <-wt.notify:
+					select {
+					case wake <- struct{}{}:
+					default:
+					}
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	indexed := func(c responseDoc, i int) responseDoc {
+		c.Choices[0].Index = i
+		return c
+	}
+	var usage usageDoc
+	started := make([]bool, len(gens))
+	done := make([]bool, len(gens))
+	left := len(gens)
+	for {
+		for i, wt := range waiters {
+			if done[i] {
+				continue
+			}
+			ups, stopped := wt.take()
+			for _, u := range ups {
+				g := gens[i]
+				switch u.out.Kind {
+				case engine.FirstToken:
+					if !started[i] {
+						s.data(indexed(g.chunk(0, false), i))
+						started[i] = true
+					}
+				case engine.Finished:
+					if !started[i] {
+						s.data(indexed(g.chunk(0, false), i))
+						started[i] = true
+					}
+					for k := 1; k < len(g.pieces); k++ {
+						s.data(indexed(g.chunk(k, false), i))
+					}
+					s.data(indexed(g.chunk(0, true), i))
+					g.setUsage(u.out)
+					usage.PromptTokens += g.usage.PromptTokens
+					usage.CompletionTokens += g.usage.CompletionTokens
+					usage.PromptTokensDetails.CachedTokens += g.usage.PromptTokensDetails.CachedTokens
+					done[i] = true
+					left--
+				}
+			}
+			if stopped && !done[i] {
+				m.ctr.serverErrors.Add(1)
+				s.data(map[string]any{"error": map[string]any{"message": "the worker shut down before the request finished", "type": "server_error", "code": 503}})
+				s.flush()
+				return usage, false
+			}
+		}
+		if left == 0 {
+			usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
+			g := gens[0]
+			s.data(responseDoc{ID: g.id, Object: g.chunk(0, true).Object, Created: g.created, Model: g.model,
+				Choices: []choiceDoc{}, Usage: &usage})
+			s.done()
+			s.flush()
+			return usage, s.err == nil
+		}
+		s.flush()
+		if s.err != nil {
+			return usage, false // the client went away
+		}
+		select {
+		case <-wake:
+		case <-r.Context().Done():
+			return usage, false
+		}
+	}
 }
 
 // embeddingDims is the length of kvmock's embedding vectors.

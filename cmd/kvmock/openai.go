@@ -212,11 +212,11 @@ func (m *Mock) generateBody(w http.ResponseWriter, r *http.Request, chat bool, b
 		}
 	}
 	if n > 1 || len(prompts) > 1 {
-		if in.Stream || in.KVTransferParams != nil {
-			m.badRequest(w, "kvmock streams and disaggregates one sequence: n > 1 and batches of prompts are answered whole, not streamed")
+		if in.KVTransferParams != nil {
+			m.badRequest(w, "kvmock disaggregates one sequence: n > 1 and batches of prompts are served aggregated")
 			return
 		}
-		m.generateMany(w, r, chat, prompts, n, maxTokens)
+		m.generateMany(w, r, chat, prompts, n, maxTokens, in.Stream)
 		return
 	}
 	kv := in.KVTransferParams

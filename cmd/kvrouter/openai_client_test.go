@@ -172,6 +172,27 @@ func TestServeOpenAIClientTwoReplicas(t *testing.T) {
 	if len(texts) != 3 {
 		t.Fatalf("n=3: %d distinct answers", len(texts))
 	}
+
+	// n = 2 streamed through r1: the client's accumulator assembles both
+	// choices from chunks that carry their index, usage from the last.
+	stream := c1.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+		Model:         "kvmock",
+		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Two short stories, streamed.")},
+		MaxTokens:     openai.Int(8),
+		N:             openai.Int(2),
+		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
+	})
+	acc := openai.ChatCompletionAccumulator{}
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("streamed n=2: %v", err)
+	}
+	if len(acc.Choices) != 2 || acc.Choices[0].Message.Content == "" || acc.Choices[0].Message.Content == acc.Choices[1].Message.Content ||
+		acc.Usage.CompletionTokens != 16 {
+		t.Fatalf("streamed n=2: %d choices, usage %+v: %+v", len(acc.Choices), acc.Usage, acc.Choices)
+	}
 	poll.Until(t, 10*time.Second, 50*time.Millisecond, func() error {
 		if a, b := activeRequests(t, reps[0].url(), "oc-1"), activeRequests(t, reps[1].url(), "oc-1"); a != 0 || b != 0 {
 			return fmt.Errorf("still booked: r1 %d, r2 %d", a, b)
