@@ -107,6 +107,14 @@ type Config struct {
 	// request's blocks as its own: requests sharing a prefix on a worker do
 	// not share active blocks. Off (false) is Dynamo's default.
 	DistinctActiveBlocks bool
+	// HostCacheHitWeight (--router-host-cache-hit-weight, default 0.75)
+	// and DiskCacheHitWeight (--router-disk-cache-hit-weight, default
+	// 0.25) credit blocks a worker holds in its host-memory or disk
+	// (and external) offload tiers past its device prefix, per block,
+	// as Dynamo does (tiers.go, cost.go). 0 turns a tier's credit off;
+	// both 0 is routing on the device tier alone.
+	HostCacheHitWeight float64
+	DiskCacheHitWeight float64
 
 	Thresholds Thresholds
 
@@ -127,6 +135,8 @@ func DefaultConfig() Config {
 		OverlapCredit:      1,
 		PrefillLoadScale:   1,
 		TrackPrefillTokens: true,
+		HostCacheHitWeight: 0.75,
+		DiskCacheHitWeight: 0.25,
 		QueuePolicy:        QueueFCFS,
 		ApproxTTL:          120 * time.Second,
 		RequestExpiry:      300 * time.Second,
@@ -164,6 +174,12 @@ func (c Config) Validate() error {
 	}
 	if !finite(c.DecodeActiveRequestWeight) || c.DecodeActiveRequestWeight < 0 {
 		return fmt.Errorf("decode active request weight %v must be finite and non-negative: %w", c.DecodeActiveRequestWeight, ErrInvalidConfig)
+	}
+	if !finite(c.HostCacheHitWeight) || c.HostCacheHitWeight < 0 {
+		return fmt.Errorf("host cache hit weight %v must be finite and non-negative: %w", c.HostCacheHitWeight, ErrInvalidConfig)
+	}
+	if !finite(c.DiskCacheHitWeight) || c.DiskCacheHitWeight < 0 {
+		return fmt.Errorf("disk cache hit weight %v must be finite and non-negative: %w", c.DiskCacheHitWeight, ErrInvalidConfig)
 	}
 	if !finite(c.Temperature) || c.Temperature < 0 {
 		return fmt.Errorf("temperature %v must be finite and non-negative: %w", c.Temperature, ErrInvalidConfig)

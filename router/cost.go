@@ -17,6 +17,9 @@ type WorkerInfo struct {
 type WorkerCost struct {
 	Worker              WorkerID
 	Overlap             int     // cached prefix blocks
+	HostOverlap         int     // blocks past Overlap held in the host tier (TierOverlap)
+	DiskOverlap         int     // blocks past those held in the disk and external tiers
+	TierCredit          float64 // host weight·HostOverlap + disk weight·DiskOverlap, in blocks
 	ActivePrefillTokens int     // before this request
 	ActiveBlocks        int     // before this request
 	NewBlocks           int     // blocks this request adds to the worker's active set
@@ -35,6 +38,8 @@ type WorkerCost struct {
 type costInput struct {
 	isl       int // prompt tokens
 	overlap   int // cached blocks
+	host      int // lower-tier blocks past overlap: host, then disk (TierOverlap)
+	disk      int
 	load      WorkerLoad
 	newBlocks int
 	// minActivePrefill is the least active prefill tokens among the
@@ -45,14 +50,19 @@ type costInput struct {
 
 // costTerms is one worker's cost, term by term.
 type costTerms struct {
-	prefill, decode, requests, decay, cost float64
+	prefill, decode, requests, decay, tierCredit, cost float64
 }
 
 // computeTerms applies Dynamo's cost function to one worker:
 //
-//	cost = scale·max(0, (active prefill + isl)/bs − credit·decay·overlap)
+//	cost = scale·max(0, (active prefill + isl)/bs − credit·decay·overlap
+//	                    − host weight·host − disk weight·disk)
 //	     + active blocks + new blocks
 //	     + request weight·active requests
+//
+// host and disk are the blocks the worker holds in its offload tiers past
+// its device prefix (Index.FindTieredMatches); their weights are not
+// decayed, as in Dynamo's DefaultWorkerScorer::worker_logit.
 //
 // decay = 1/(1 + d·(excess/bs)/⌈isl/bs⌉), excess = the worker's active
 // prefill tokens above the least loaded eligible worker's: a cache-rich
@@ -72,7 +82,8 @@ func computeTerms(cfg *Config, in costInput) costTerms {
 		excess := float64(max(in.load.ActivePrefillTokens-in.minActivePrefill, 0)) / bs
 		t.decay = 1 / (1 + cfg.OverlapCreditDecay*excess/float64(reqBlocks))
 	}
-	t.prefill = (active+float64(in.isl))/bs - cfg.OverlapCredit*t.decay*float64(in.overlap)
+	t.tierCredit = cfg.HostCacheHitWeight*float64(in.host) + cfg.DiskCacheHitWeight*float64(in.disk)
+	t.prefill = (active+float64(in.isl))/bs - (cfg.OverlapCredit*t.decay*float64(in.overlap) + t.tierCredit)
 	if t.prefill < 0 {
 		t.prefill = 0
 	}
@@ -104,7 +115,8 @@ func minActivePrefill(loads []LoadRow, candidates []int) int {
 // Formula renders a row the way Dynamo logs it: "5.188 = 1.5 * 2.125 + 2.000".
 // A request term (Config.DecodeActiveRequestWeight) adds "+ requests 3.000",
 // a decayed credit "(credit decay 0.500)", kv-pooled rows their placement
-// terms: "… + 1.000 + pooled 12.500".
+// terms: "… + 1.000 + pooled 12.500", lower-tier hits "(host 3, disk 1
+// blocks: credit 2.500)".
 func (c WorkerCost) Formula(scale float64) string {
 	s := fmt.Sprintf("%.3f = %.1f * %.3f + %.3f", c.Cost, scale, c.PrefillBlocks, c.DecodeBlocks)
 	if c.RequestBlocks != 0 {
@@ -115,6 +127,9 @@ func (c WorkerCost) Formula(scale float64) string {
 	}
 	if c.CreditDecay != 0 && c.CreditDecay != 1 {
 		s += fmt.Sprintf(" (credit decay %.3f)", c.CreditDecay)
+	}
+	if c.HostOverlap != 0 || c.DiskOverlap != 0 {
+		s += fmt.Sprintf(" (host %d, disk %d blocks: credit %.3f)", c.HostOverlap, c.DiskOverlap, c.TierCredit)
 	}
 	return s
 }

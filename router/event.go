@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // WorkerID names one routable worker (one engine, or one data-parallel rank
@@ -40,6 +41,62 @@ func (k EventKind) String() string {
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
+// Tier is the storage tier an event's blocks sit in. The device tier (the
+// engine's GPU prefix cache) is the one every build indexes; the lower
+// tiers are offload caches the engine can load a block back from, cheaper
+// than recomputing it but not free, so the cost function credits them at
+// Config.HostCacheHitWeight and Config.DiskCacheHitWeight (Dynamo's
+// StorageTier). The numbers travel in the Raft log (fsm command 12) and on
+// the bus: append only.
+type Tier uint8
+
+// Tiers, walked in this order when a match is extended (FindTieredMatches).
+const (
+	TierDevice   Tier = 0 // GPU HBM; the zero value, what an event without a tier means
+	TierHost     Tier = 1 // host (CPU) memory
+	TierDisk     Tier = 2 // local disk / NVMe
+	TierExternal Tier = 3 // a remote or shared pool; credited as disk, as Dynamo does
+	// NumTiers bounds the tier numbers this build knows.
+	NumTiers = 4
+)
+
+func (t Tier) String() string {
+	switch t {
+	case TierDevice:
+		return "device"
+	case TierHost:
+		return "host"
+	case TierDisk:
+		return "disk"
+	case TierExternal:
+		return "external"
+	}
+	return fmt.Sprintf("tier(%d)", uint8(t))
+}
+
+// Valid reports whether this build knows t.
+func (t Tier) Valid() bool { return t < NumTiers }
+
+// TierOfMedium maps an engine's KV event medium to its tier, with Dynamo's
+// spellings (StorageTier::from_kv_medium): vLLM says GPU and CPU, its KV
+// offloading and KVBM CPU_PINNED/CPU_TIER1 (host) and CPU_TIER2/DISK
+// (disk), SGLang's HiCache STORAGE for its disk layer. "" is the device
+// tier (engines that predate the field). false: a medium this build does
+// not know, which callers skip rather than guess a tier for.
+func TierOfMedium(medium string) (Tier, bool) {
+	switch strings.ToUpper(medium) {
+	case "", "GPU", "DEVICE":
+		return TierDevice, true
+	case "CPU", "CPU_PINNED", "CPU_TIER1", "HOST", "HOST_PINNED":
+		return TierHost, true
+	case "CPU_TIER2", "DISK", "NVME", "STORAGE":
+		return TierDisk, true
+	case "EXTERNAL", "NETWORK", "REMOTE", "SHARED":
+		return TierExternal, true
+	}
+	return 0, false
+}
+
 // StoredBlock is one block a worker stored: the engine's opaque name for it
 // and our content (sequence) hash, which the index is keyed by.
 type StoredBlock struct {
@@ -57,6 +114,10 @@ type KVEvent struct {
 	Blocks    []StoredBlock // stored, in chain order
 	Removed   []uint64      // engine hashes (removed)
 	BlockSize int           // tokens per block as the engine reported it; 0 = not reported
+	// Tier is the storage tier of the event's blocks (TierDevice, the zero
+	// value, for every engine event before tiers). A cleared event of a
+	// tier clears that tier only.
+	Tier Tier
 }
 
 // Errors the index reports. Callers use errors.Is; the typed errors below

@@ -44,6 +44,13 @@ type Index struct {
 	free     []int
 
 	stats indexCounters
+
+	// lower holds the lower tiers (TierHost…), one index each with the
+	// same workers, created with a tier's first event: a fleet without
+	// offload tiers pays nothing for them, and FindMatches (device tier)
+	// never reads them. Written under mu; each has its own lock, always
+	// taken after mu (tiers.go).
+	lower [NumTiers]*Index
 }
 
 // holdsLocked reports whether slot holds the block ch. ix.mu must be held.
@@ -220,6 +227,11 @@ func (ix *Index) RemoveWorker(w WorkerID) {
 	ix.slots[slot] = nil
 	delete(ix.slotOf, w)
 	ix.free = append(ix.free, slot)
+	for _, t := range ix.lower {
+		if t != nil {
+			t.RemoveWorker(w)
+		}
+	}
 }
 
 // HasWorker reports whether w is known.
@@ -262,6 +274,9 @@ func (ix *Index) ApplyCapped(w WorkerID, ev KVEvent, maxHeld int) error {
 		return fmt.Errorf("apply %s event of worker %s: %w", ev.Kind, w, ErrUnknownWorker)
 	}
 	wb := ix.slots[slot]
+	if ev.Tier != TierDevice {
+		return ix.applyLowerLocked(wb, ev, maxHeld)
+	}
 	switch ev.Kind {
 	case EventStored:
 		if ev.BlockSize != 0 && ev.BlockSize != wb.blockSize {

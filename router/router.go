@@ -97,6 +97,9 @@ type Router struct {
 	buf      []Overlap
 	loads    []LoadRow     // per worker, parallel to workers, during a decision
 	overlaps []int         // likewise
+	tierBuf  []TierOverlap // likewise, lower tiers (tiersLocked)
+	hostHits []int         // parallel to workers: blocks past the device prefix in the host tier
+	diskHits []int         // likewise, disk and external tiers
 	pooled   pooledScratch // kv-pooled, per decision (pooled.go)
 	outputs  pooledOutputs // kv-pooled: the output lengths seen (Finished)
 }
@@ -246,13 +249,14 @@ func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
 	r.expirePredictionsLocked(now)
 
 	overlaps := r.overlapsLocked(req.Hashes)
+	host, disk := r.tiersLocked(req.Hashes)
 	d.ActiveHashes = r.activeHashesLocked(req)
 	r.loads = r.load.Rows(r.workers, r.pos, d.ActiveHashes, r.loads)
 	d.Rows = make([]WorkerCost, len(r.workers))
 	candidates := make([]int, 0, len(r.workers))
 	for i, w := range r.workers {
 		load := r.loads[i].WorkerLoad
-		row := WorkerCost{Worker: w.ID, Overlap: overlaps[i], ActivePrefillTokens: load.ActivePrefillTokens,
+		row := WorkerCost{Worker: w.ID, Overlap: overlaps[i], HostOverlap: host[i], DiskOverlap: disk[i], ActivePrefillTokens: load.ActivePrefillTokens,
 			ActiveBlocks: load.ActiveBlocks, ActiveRequests: load.Requests, NewBlocks: r.loads[i].NewBlocks}
 		if slices.Contains(req.Exclude, w.ID) {
 			row.Busy, row.BusyReason = true, "excluded by the caller"
@@ -268,9 +272,10 @@ func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
 	floor := minActivePrefill(r.loads, candidates)
 	for i := range d.Rows {
 		row := &d.Rows[i]
-		t := computeTerms(cfg, costInput{isl: req.Tokens, overlap: row.Overlap, load: r.loads[i].WorkerLoad,
-			newBlocks: row.NewBlocks, minActivePrefill: floor})
+		t := computeTerms(cfg, costInput{isl: req.Tokens, overlap: row.Overlap, host: row.HostOverlap, disk: row.DiskOverlap,
+			load: r.loads[i].WorkerLoad, newBlocks: row.NewBlocks, minActivePrefill: floor})
 		row.PrefillBlocks, row.DecodeBlocks, row.RequestBlocks, row.CreditDecay, row.Cost = t.prefill, t.decode, t.requests, t.decay, t.cost
+		row.TierCredit = t.tierCredit
 	}
 	if len(candidates) == 0 {
 		return d, ErrAllBusy
@@ -313,6 +318,34 @@ func (r *Router) overlapsLocked(hashes []uint64) []int {
 		}
 	}
 	return r.overlaps
+}
+
+// tiersLocked reads, for the prompt hashes overlapsLocked just matched
+// (its matches are in r.buf), how many blocks past each worker's device
+// prefix it holds in the host and in the disk tiers. Only kv mode reads
+// them (kv-pooled prices placement on the device tier; kv-approx predicts
+// device blocks only), only with a weight to spend them on and an index
+// that has tiers, so a fleet without offload tiers pays a nil check. The
+// results are parallel to r.workers and reused. r.mu must be held.
+func (r *Router) tiersLocked(hashes []uint64) (host, disk []int) {
+	r.hostHits, r.diskHits = r.hostHits[:0], r.diskHits[:0]
+	for range r.workers {
+		r.hostHits, r.diskHits = append(r.hostHits, 0), append(r.diskHits, 0)
+	}
+	if r.cfg.Mode != ModeKV || (r.cfg.HostCacheHitWeight == 0 && r.cfg.DiskCacheHitWeight == 0) || len(hashes) == 0 {
+		return r.hostHits, r.diskHits
+	}
+	src, ok := r.index.(TieredOverlapSource)
+	if !ok {
+		return r.hostHits, r.diskHits
+	}
+	r.tierBuf = src.FindTieredMatches(hashes, r.buf, r.tierBuf)
+	for _, o := range r.tierBuf {
+		if i, ok := r.pos[o.Worker]; ok {
+			r.hostHits[i], r.diskHits[i] = o.Host, o.Disk
+		}
+	}
+	return r.hostHits, r.diskHits
 }
 
 // pickLocked chooses a row among candidates according to the mode.
