@@ -1,6 +1,7 @@
 package router
 
 import (
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -30,6 +31,11 @@ type ActiveLoad struct {
 type blockHolder struct {
 	worker WorkerID
 	n      int32 // in-flight requests on worker holding the block
+	// decay is how much of the block no longer counts (1 − Dynamo's
+	// decay fraction), set by output tracking (SetOutput) while one
+	// request held it alone. Like Dynamo's it stays when the block becomes
+	// shared afterwards; 0 (the zero value) is a whole block.
+	decay float32
 }
 
 type activeRequest struct {
@@ -41,12 +47,27 @@ type activeRequest struct {
 	prefillDone   bool
 	seqs          int // sequences generated (n), at least 1
 	added         time.Time
+	promptTokens  int            // prompt length: where the output blocks start
+	expected      int            // expected output tokens per sequence (0: unknown)
+	out           OutputProgress // output blocks tracked so far (SetOutput)
+	outDecay      float64        // out's decay: each of its blocks counts 1 − outDecay
 }
 
 type workerLoad struct {
 	prefillTokens int
 	requests      int // sequences in flight: a request with n > 1 counts n
 	blocks        int // distinct blocks held by in-flight requests
+	// Output tracking (Dynamo's --router-track-output-blocks): the
+	// placeholder blocks of the requests' outputs, and how much the decay
+	// toward the expected output takes off prompt and output blocks.
+	// ActiveBlocks = round(blocks + outBlocks − decayed), as Dynamo rounds
+	// its fractional sum. decayed is reset to exactly 0 when no decayed
+	// entry (nDecayed: prompt blocks and requests' outputs) is left, so
+	// float drift never outlives the requests that caused it and a worker
+	// without output tracking counts whole blocks exactly.
+	outBlocks int
+	decayed   float64
+	nDecayed  int
 }
 
 // WorkerLoad is one worker's load as the cost function sees it.
@@ -80,6 +101,50 @@ type Booking struct {
 	// request count grows by n. 0 means 1.
 	Sequences int
 	Added     time.Time
+	// PromptTokens is the prompt's length, where output blocks start
+	// (Router.Generated); ExpectedOutput the output tokens per sequence
+	// the client announced (nvext.agent_hints.osl; 0: unknown, no decay).
+	PromptTokens   int
+	ExpectedOutput int
+	// Output is the output tracked so far (a re-added or announced
+	// booking keeps it); the zero value is none.
+	Output OutputProgress
+}
+
+// OutputProgress is a request's generated output as output-block tracking
+// sees it (Dynamo's --router-track-output-blocks): Blocks placeholder
+// blocks (all sequences together) and, for the decay, the tokens each
+// sequence had generated when the last of them appeared and the output
+// expected. It is absolute, so replaying or repeating it is harmless.
+type OutputProgress struct {
+	Blocks    int
+	Generated int // per sequence, when Blocks last grew
+	Expected  int // 0: unknown, blocks count whole
+}
+
+// Decay is how much of each of the request's exclusive blocks no longer
+// counts: Dynamo's decay fraction is max(0, 1 − generated/expected)
+// (lib/llm/src/kv_router/push_router.rs, RequestGuard::on_item), and a
+// block counts that fraction, so this is min(1, generated/expected). An
+// unknown expectation (0) does not decay, as Dynamo's None does not.
+func (o OutputProgress) Decay() float64 {
+	if o.Expected <= 0 || o.Generated <= 0 {
+		return 0
+	}
+	return min(1, float64(o.Generated)/float64(o.Expected))
+}
+
+// OutputBlocks is how many output blocks a sequence that generated
+// generated tokens after a promptTokens-token prompt has started:
+// ceil((prompt + generated)/bs) − ceil(prompt/bs), Dynamo's boundary rule.
+// The partial last prompt block fills first and is not counted (the
+// prompt's full blocks are; Dynamo's prompt hashes are full blocks too).
+func OutputBlocks(promptTokens, generated, blockSize int) int {
+	if blockSize <= 0 || generated <= 0 {
+		return 0
+	}
+	p := max(promptTokens, 0)
+	return (p+generated+blockSize-1)/blockSize - (p+blockSize-1)/blockSize
 }
 
 // Add books a request. Re-adding a known id replaces the old booking.
@@ -90,7 +155,7 @@ func (a *ActiveLoad) Add(b Booking) {
 	r := &activeRequest{
 		id: b.ID, origin: b.Origin, worker: b.Worker, hashes: b.Hashes,
 		prefillTokens: max(b.PrefillTokens, 0), prefillDone: b.PrefillDone, added: b.Added,
-		seqs: max(b.Sequences, 1),
+		seqs: max(b.Sequences, 1), promptTokens: max(b.PromptTokens, 0), expected: max(b.ExpectedOutput, 0),
 	}
 	wl := a.workers[b.Worker]
 	if wl == nil {
@@ -113,6 +178,89 @@ func (a *ActiveLoad) Add(b Booking) {
 	}
 	a.reqs[b.ID] = r
 	a.order = append(a.order, b.ID)
+	if b.Output.Blocks > 0 {
+		a.setOutputLocked(r, wl, b.Output)
+	}
+}
+
+// Generated records that request id has generated tokens output tokens so
+// far (all its sequences together) and, when that starts a new output
+// block, books it on the worker and returns the new progress with true
+// (the caller announces it to the other replicas: at most one message per
+// new block, never one per token). blockSize is the model's. Unknown ids
+// and progress that starts no block return false.
+func (a *ActiveLoad) Generated(id string, tokens, blockSize int) (OutputProgress, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := a.reqs[id]
+	if r == nil {
+		return OutputProgress{}, false
+	}
+	perSeq := max(tokens, 0) / r.seqs
+	o := OutputProgress{Blocks: OutputBlocks(r.promptTokens, perSeq, blockSize) * r.seqs, Generated: perSeq, Expected: r.expected}
+	if o.Blocks <= r.out.Blocks {
+		return r.out, false
+	}
+	a.setOutputLocked(r, a.workers[r.worker], o)
+	return o, true
+}
+
+// SetOutput applies progress another replica announced for request id.
+// Progress only grows: a stale or repeated announcement (fewer or as many
+// blocks as booked) changes nothing and returns false.
+func (a *ActiveLoad) SetOutput(id string, o OutputProgress) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := a.reqs[id]
+	if r == nil || o.Blocks <= r.out.Blocks {
+		return false
+	}
+	a.setOutputLocked(r, a.workers[r.worker], o)
+	return true
+}
+
+// setOutputLocked replaces r's output progress on its worker wl. As
+// Dynamo's add_output_block does, the decay is applied to every block r
+// holds alone at this moment, prompt and output, and stays on a prompt
+// block that becomes shared later. a.mu must be held.
+func (a *ActiveLoad) setOutputLocked(r *activeRequest, wl *workerLoad, o OutputProgress) {
+	o.Blocks, o.Generated, o.Expected = max(o.Blocks, 0), max(o.Generated, 0), max(o.Expected, 0)
+	a.dropOutputLocked(r, wl)
+	r.out, r.outDecay = o, o.Decay()
+	wl.outBlocks += o.Blocks
+	if r.outDecay > 0 && o.Blocks > 0 {
+		wl.decayed += float64(o.Blocks) * r.outDecay
+		wl.nDecayed++
+	}
+	if r.outDecay == 0 {
+		return // Dynamo's None: no fraction is set
+	}
+	d := float32(r.outDecay)
+	for _, h := range r.hashes {
+		hs := a.holders[h]
+		i := holderIndex(hs, r.worker)
+		if i < 0 || hs[i].n != 1 || hs[i].decay == d {
+			continue
+		}
+		if hs[i].decay == 0 {
+			wl.nDecayed++
+		}
+		wl.decayed += float64(d) - float64(hs[i].decay)
+		hs[i].decay = d
+	}
+}
+
+// dropOutputLocked takes r's output blocks off wl. a.mu must be held.
+func (a *ActiveLoad) dropOutputLocked(r *activeRequest, wl *workerLoad) {
+	wl.outBlocks -= r.out.Blocks
+	if r.outDecay > 0 && r.out.Blocks > 0 {
+		wl.decayed -= float64(r.out.Blocks) * r.outDecay
+		wl.nDecayed--
+	}
+	r.out, r.outDecay = OutputProgress{}, 0
+	if wl.nDecayed == 0 {
+		wl.decayed = 0
+	}
 }
 
 // PrefillDone marks a request's first token: its prompt no longer loads the
@@ -147,6 +295,7 @@ func (a *ActiveLoad) removeLocked(id string) {
 	if !r.prefillDone {
 		wl.prefillTokens -= r.prefillTokens
 	}
+	a.dropOutputLocked(r, wl)
 	for _, h := range r.hashes {
 		hs := a.holders[h]
 		i := holderIndex(hs, r.worker)
@@ -157,6 +306,12 @@ func (a *ActiveLoad) removeLocked(id string) {
 			continue
 		}
 		wl.blocks--
+		if hs[i].decay != 0 {
+			wl.decayed -= float64(hs[i].decay)
+			if wl.nDecayed--; wl.nDecayed == 0 {
+				wl.decayed = 0
+			}
+		}
 		if len(hs) == 1 {
 			delete(a.holders, h)
 		} else {
@@ -242,7 +397,16 @@ func (a *ActiveLoad) loadLocked(w WorkerID) WorkerLoad {
 	if wl == nil {
 		return WorkerLoad{}
 	}
-	return WorkerLoad{ActivePrefillTokens: wl.prefillTokens, ActiveBlocks: wl.blocks, Requests: wl.requests}
+	return WorkerLoad{ActivePrefillTokens: wl.prefillTokens, ActiveBlocks: wl.activeBlocks(), Requests: wl.requests}
+}
+
+// activeBlocks is the worker's active blocks as Dynamo counts them: the
+// distinct prompt blocks plus the output blocks, less the decay, rounded.
+func (wl *workerLoad) activeBlocks() int {
+	if wl.nDecayed == 0 {
+		return wl.blocks + wl.outBlocks
+	}
+	return max(int(math.Round(float64(wl.blocks+wl.outBlocks)-wl.decayed)), 0)
 }
 
 func holderIndex(hs []blockHolder, w WorkerID) int {
@@ -308,7 +472,8 @@ func (a *ActiveLoad) Bookings(origin string) []Booking {
 	for _, r := range a.reqs {
 		if r.origin == origin {
 			out = append(out, Booking{ID: r.id, Origin: r.origin, Worker: r.worker, Hashes: r.hashes,
-				PrefillTokens: r.prefillTokens, PrefillDone: r.prefillDone, Sequences: r.seqs, Added: r.added})
+				PrefillTokens: r.prefillTokens, PrefillDone: r.prefillDone, Sequences: r.seqs, Added: r.added,
+				PromptTokens: r.promptTokens, ExpectedOutput: r.expected, Output: r.out})
 		}
 	}
 	slices.SortFunc(out, func(x, y Booking) int {
