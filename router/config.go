@@ -95,6 +95,12 @@ type Config struct {
 	PrefillLoadScale   float64 // --router-prefill-load-scale (legacy overlap_score_weight), default 1
 	TrackPrefillTokens bool    // --no-router-track-prefill-tokens turns this off
 	Temperature        float64 // --router-temperature, 0 = argmin
+	// TrackOutputBlocks (--router-track-output-blocks, default off) grows
+	// a worker's active blocks as its requests generate: one placeholder
+	// block per block of output (Router.Generated), decayed toward the
+	// request's expected output (Request.ExpectedOutputTokens) as Dynamo
+	// does (load.go, OutputProgress).
+	TrackOutputBlocks bool
 	// OverlapCreditDecay (--router-kv-overlap-score-credit-decay, ≥ 0,
 	// default 0 = off) shrinks the overlap credit of a worker whose active
 	// prefill exceeds the least loaded eligible worker's (cost.go).

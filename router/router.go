@@ -31,6 +31,11 @@ type Request struct {
 	// Sequences is OpenAI's n: the sequences generated from the one prompt,
 	// booked as n decoding requests sharing the prompt's blocks. 0 means 1.
 	Sequences int
+	// ExpectedOutputTokens is the output per sequence the client expects
+	// (nvext.agent_hints.osl, Dynamo's expected_output_tokens); 0 is
+	// unknown. With Config.TrackOutputBlocks the output blocks decay
+	// toward it.
+	ExpectedOutputTokens int
 	// Exclude lists workers not to choose (a retry after a failed connection).
 	Exclude []WorkerID
 }
@@ -193,7 +198,8 @@ func (r *Router) Route(req Request, now time.Time) (Decision, error) {
 		return d, err
 	}
 	prefill := req.Tokens - d.Overlap*r.cfg.BlockSize
-	r.load.Add(Booking{ID: req.ID, Worker: d.Worker, Hashes: d.ActiveHashes, PrefillTokens: prefill, Sequences: req.Sequences, Added: now})
+	r.load.Add(Booking{ID: req.ID, Worker: d.Worker, Hashes: d.ActiveHashes, PrefillTokens: prefill, Sequences: req.Sequences, Added: now,
+		PromptTokens: req.Tokens, ExpectedOutput: req.ExpectedOutputTokens})
 	if r.cfg.Mode == ModeKVApprox {
 		if r.sharedRecord != nil {
 			r.sharedRecord(d.Worker, req.Hashes, now)
@@ -218,6 +224,23 @@ func (r *Router) PrefillDone(id string) { r.load.PrefillDone(id) }
 
 // Free ends a request.
 func (r *Router) Free(id string) { r.load.Free(id) }
+
+// Generated reports that request id has generated tokens output tokens so
+// far (all its sequences). With Config.TrackOutputBlocks (Dynamo's
+// --router-track-output-blocks) the worker's active blocks grow by one
+// placeholder block per block boundary the output crosses, and the
+// request's exclusive blocks decay toward its expected output; the new
+// progress is returned with true when a block appeared, for replica sync
+// to announce. Without the flag it does nothing.
+func (r *Router) Generated(id string, tokens int) (OutputProgress, bool) {
+	r.mu.Lock()
+	track, bs := r.cfg.TrackOutputBlocks, r.cfg.BlockSize
+	r.mu.Unlock()
+	if !track {
+		return OutputProgress{}, false
+	}
+	return r.load.Generated(id, tokens, bs)
+}
 
 // Finished ends a request that completed after generating outputTokens
 // tokens: Free, and kv-pooled learns the output length its decode reserve
