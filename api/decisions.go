@@ -8,6 +8,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/kvrouter/kvrouter/api/capture"
 	"github.com/kvrouter/kvrouter/api/decisionlog"
 	"github.com/kvrouter/kvrouter/router"
 )
@@ -27,6 +28,8 @@ type IndexView interface {
 // recordDecision logs one routing decision of p (nothing when the log is
 // off) and remembers its sequence for the outcome.
 func (s *Server) recordDecision(c *gin.Context, p *prepared, d router.Decision, routeErr error, now time.Time) {
+	s.hitRouted(p, d, routeErr, now) // hit rates are kept with the decision log off too
+	p.worker = string(d.Worker)
 	l := s.cfg.Decisions
 	if l == nil {
 		return
@@ -46,8 +49,15 @@ func (s *Server) recordDecision(c *gin.Context, p *prepared, d router.Decision, 
 	p.decision = l.Add(e)
 }
 
-// completeDecision attaches the outcome of p's current decision.
+// completeDecision attaches the outcome of p's current decision, and
+// captures an answered request.
 func (s *Server) completeDecision(p *prepared, o decisionlog.Outcome) {
+	s.hitDone(p, o)
+	if s.cfg.Capture != nil && o.Status >= 200 && o.Status < 300 {
+		s.cfg.Capture.Record(capture.Request{Start: p.start, Model: p.model, Hashes: p.req.Hashes, BlockTokens: p.rt.Config().BlockSize,
+			InputTokens: p.req.Tokens, OutputTokens: p.outputTokens, OutputKnown: p.outputTokensKnown, Sequences: p.req.Sequences,
+			Worker: p.worker, CachedTokens: p.usageCached})
+	}
 	if p.decision == 0 {
 		return
 	}

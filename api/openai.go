@@ -52,6 +52,7 @@ type prepared struct {
 	// the current attempt's decision, when the worker's answer began.
 	attempts    int
 	decision    uint64
+	worker      string // the worker of the latest decision (the capture's)
 	firstByteAt time.Time
 	usagePrompt int // prompt and cached tokens the worker reported (usage)
 	usageCached int
@@ -59,6 +60,8 @@ type prepared struct {
 	// the next waiter go: called once its booking is in the load view
 	// (after routing) or when it leaves without one.
 	settle func()
+	// hit is the hit-rate bookkeeping (hitrates.go).
+	hit hitRequest
 }
 
 // settled reports the request's booking in place (or abandoned) to the

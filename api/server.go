@@ -19,7 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvrouter/kvrouter/api/capture"
 	"github.com/kvrouter/kvrouter/api/decisionlog"
+	"github.com/kvrouter/kvrouter/api/hitrate"
 	"github.com/kvrouter/kvrouter/api/prompt"
 	"github.com/kvrouter/kvrouter/api/tokenize"
 )
@@ -99,6 +101,13 @@ type Config struct {
 	// Decisions records every routing decision and its outcome
 	// (decisions.go; GET /debug/decisions); nil: off.
 	Decisions *decisionlog.Log
+	// HitRateMaxBlocks bounds each model's block history behind the
+	// "available" hit rate (hitrates.go; default 1 Mi blocks, ≈ 48 MiB per
+	// model when full); negative turns the hit rates off.
+	HitRateMaxBlocks int
+	// Capture records answered requests as a replayable trace
+	// (api/capture; kvbench sim --trace); nil: off.
+	Capture *capture.Recorder
 }
 
 // LogValue prints the configuration without its credentials, so a
@@ -140,6 +149,8 @@ type Server struct {
 	// warnedNoTokenizer holds the models already logged as having no
 	// tokenizer (one warning per model, the counter for every request).
 	warnedNoTokenizer sync.Map
+	// hits explains the hit rates (hitrates.go); nil: off.
+	hits *hitrate.Tracker
 }
 
 // Drainer is implemented by a replica that can be draining (SIGTERM
@@ -215,6 +226,7 @@ func New(cfg Config, rep Replica) *Server {
 		gates:   newGates(),
 		cool:    newCooldown(cfg.WorkerCooldown),
 	}
+	s.hits = newHitTracker(cfg, rep)
 	s.engine = s.routes()
 	return s
 }
@@ -346,6 +358,7 @@ func (s *Server) clusterStatus(c *gin.Context) {
 		c.JSON(http.StatusInternalServerError, gin.H{"error": "decoding the status: " + err.Error()})
 		return
 	}
+	s.addHitRates(doc)
 	c.JSON(http.StatusOK, s.redactDoc(doc))
 }
 

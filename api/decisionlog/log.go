@@ -146,7 +146,7 @@ func (l *Log) Complete(seq uint64, o Outcome) {
 	}
 	l.mu.Unlock()
 	if out != nil {
-		l.sink.write(out)
+		l.sink.Write(out)
 	}
 }
 

@@ -153,6 +153,23 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 			c.DecisionLogMaxBytes = n
 			return nil
 		}},
+		{names: []string{"capture-file"}, env: []string{"KVROUTER_CAPTURE_FILE"}, usage: "capture answered requests as a Mooncake-format trace in this JSON-lines file (block hashes and lengths, no text; kvbench sim --trace replays it, kvbench tune sweeps settings on it), rotated by size (3 old files kept)", set: str(&c.CaptureFile)},
+		{names: []string{"capture-sample"}, env: []string{"KVROUTER_CAPTURE_SAMPLE"}, def: "1", usage: "fraction of prompt prefixes captured, in (0, 1]: a request is kept when its first block is in the sample, so requests sharing a prefix are kept or dropped together", set: func(v string) error {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f > 0 && f <= 1) {
+				return fmt.Errorf("--capture-sample must be a number in (0, 1], got %q", v)
+			}
+			c.CaptureSample = f
+			return nil
+		}},
+		{names: []string{"capture-max-bytes"}, env: []string{"KVROUTER_CAPTURE_MAX_BYTES"}, def: "67108864", usage: "size at which --capture-file rotates", set: func(v string) error {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 4096 {
+				return fmt.Errorf("--capture-max-bytes must be an integer of at least 4096, got %q", v)
+			}
+			c.CaptureMaxBytes = n
+			return nil
+		}},
 		{names: []string{"metrics-compat"}, env: []string{"KVROUTER_METRICS_COMPAT"}, def: "none", usage: "none, or dynamo: also export Dynamo's dynamo_frontend_* / dynamo_component_router_* metric names beside kvrouter_* (api/DESIGN.md)", set: func(v string) error {
 			if v != "none" && v != "dynamo" { // api.MetricsCompatNone, api.MetricsCompatDynamo
 				return fmt.Errorf("--metrics-compat must be none or dynamo, got %q", v)

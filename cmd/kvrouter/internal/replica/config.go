@@ -78,6 +78,12 @@ type Config struct {
 	DecisionLogSize     int
 	DecisionLogFile     string
 	DecisionLogMaxBytes int64
+	// The traffic capture (api/capture): answered requests as a
+	// replayable trace in CaptureFile (off when empty), the CaptureSample
+	// fraction of prefixes, rotated at CaptureMaxBytes.
+	CaptureFile     string
+	CaptureSample   float64
+	CaptureMaxBytes int64
 	// Dynamo's names with our meaning (cmd/kvrouter/dynamo.go).
 	SnapshotThreshold uint64 // Raft entries between snapshots (0: cluster default)
 	MinInitialWorkers int    // not ready below this many registered workers

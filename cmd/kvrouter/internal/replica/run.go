@@ -74,6 +74,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer closeDecisions()
+	capt, closeCapture, err := openCapture(cfg, log.With("component", "capture"))
+	if err != nil {
+		return err
+	}
+	defer closeCapture()
 
 	apiCfg := api.Config{
 		BusyStatus: cfg.BusyStatus, AdminToken: cfg.AdminToken, APIKeys: cfg.APIKeys, ClientCert: apiClientCheck(cfg), Prompts: prompts,
@@ -81,7 +86,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Retries: cfg.Retries, AllowLoopbackWorkers: cfg.AllowLoopbackWorkers, MaxPriority: cfg.MaxPriority,
 		MaxPriorityByKey: cfg.MaxPriorityByKey, MaxWorkers: cfg.MaxWorkers, MaxQueue: cfg.MaxQueue,
 		WorkerHeaderTimeout: cfg.WorkerHeaderTimeout, WorkerIdleTimeout: cfg.WorkerIdleTimeout, ProtectStatus: cfg.ProtectStatus, MetricsCompat: cfg.MetricsCompat, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,
-		Registry: reg, Decisions: decisions,
+		Registry: reg, Decisions: decisions, Capture: capt,
 	}
 	if bundle == nil {
 		// Without TLS the admin token is the cluster endpoints' only
