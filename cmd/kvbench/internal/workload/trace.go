@@ -3,6 +3,7 @@ package workload
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -31,6 +33,12 @@ type TraceRow struct {
 	InputLength  int
 	OutputLength int
 	HashIDs      []uint64
+	// BlockTokens is the tokens each hash id stands for: 512 in Mooncake's
+	// traces, the model's block size in a kvrouter capture (block_tokens).
+	BlockTokens int
+	// UnixMs is the arrival as Unix ms (unix_ms, 0 when absent): captures
+	// of several replicas carry it, and are merged onto one time line by it.
+	UnixMs int64
 	// SessionID is the row's session_id (a string, or an integer spelled
 	// in decimal); HasSession says whether the row had one.
 	SessionID  string
@@ -45,13 +53,17 @@ type rawRow struct {
 	InputLength  *int64          `json:"input_length"`
 	OutputLength *int64          `json:"output_length"`
 	HashIDs      *[]uint64       `json:"hash_ids"`
+	BlockTokens  *int64          `json:"block_tokens"`
+	UnixMs       *int64          `json:"unix_ms"`
 	SessionID    json.RawMessage `json:"session_id"`
 }
 
 // ParseTraceLine parses and checks one JSON line of a Mooncake trace:
 // timestamp (ms, ≥ 0), input_length (≥ 1), output_length (≥ 0), hash_ids
-// (one per 512 tokens of input, the last one partial) and an optional
-// session_id (string or integer). Unknown fields are ignored.
+// (one per 512 tokens of input, the last one partial, or one per
+// block_tokens tokens when the line says so, as kvrouter's captures do),
+// an optional unix_ms (≥ 0) and an optional session_id (string or
+// integer). Unknown fields are ignored.
 func ParseTraceLine(line []byte) (TraceRow, error) {
 	var raw rawRow
 	if err := json.Unmarshal(line, &raw); err != nil {
@@ -77,12 +89,24 @@ func ParseTraceLine(line []byte) (TraceRow, error) {
 	case out < 0 || out > MaxTraceTokens:
 		return row, fmt.Errorf("%w: output_length %d outside [0, %d]", ErrTraceLine, out, MaxTraceTokens)
 	}
-	ids := *raw.HashIDs
-	if want := (in + TraceBlockTokens - 1) / TraceBlockTokens; int64(len(ids)) != want {
-		return row, fmt.Errorf("%w: %d hash_ids for input_length %d (want %d, one per %d tokens)",
-			ErrTraceLine, len(ids), in, want, TraceBlockTokens)
+	bt := int64(TraceBlockTokens)
+	if raw.BlockTokens != nil {
+		if bt = *raw.BlockTokens; bt < 1 || bt > MaxTraceTokens {
+			return row, fmt.Errorf("%w: block_tokens %d outside [1, %d]", ErrTraceLine, bt, MaxTraceTokens)
+		}
 	}
-	row = TraceRow{TimestampMs: ts, InputLength: int(in), OutputLength: int(out), HashIDs: ids}
+	var unix int64
+	if raw.UnixMs != nil {
+		if unix = *raw.UnixMs; unix < 0 {
+			return row, fmt.Errorf("%w: unix_ms %d is negative", ErrTraceLine, unix)
+		}
+	}
+	ids := *raw.HashIDs
+	if want := (in + bt - 1) / bt; int64(len(ids)) != want {
+		return row, fmt.Errorf("%w: %d hash_ids for input_length %d (want %d, one per %d tokens)",
+			ErrTraceLine, len(ids), in, want, bt)
+	}
+	row = TraceRow{TimestampMs: ts, InputLength: int(in), OutputLength: int(out), HashIDs: ids, BlockTokens: int(bt), UnixMs: unix}
 	if s := bytes.TrimSpace(raw.SessionID); len(s) > 0 && !bytes.Equal(s, []byte("null")) {
 		id, err := parseSessionID(s)
 		if err != nil {
@@ -109,6 +133,9 @@ func parseSessionID(s []byte) (string, error) {
 
 // TraceSpec says how to replay a trace file.
 type TraceSpec struct {
+	// Path is a trace file, or several separated by commas (the captures
+	// of several replicas): their rows are replayed together, on one time
+	// line by unix_ms when every row has it, else by timestamp.
 	Path        string
 	Speedup     float64 // arrival times are divided by it
 	MaxRequests int     // 0 = all rows
@@ -125,19 +152,61 @@ func LoadTrace(s TraceSpec) (*Workload, error) {
 	if !(s.Speedup > 0) || math.IsInf(s.Speedup, 0) {
 		return nil, fmt.Errorf("speedup %v must be a positive number: %w", s.Speedup, ErrSpec)
 	}
-	f, err := os.Open(s.Path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	rows, err := ReadTrace(f, s.Path, s.MaxRequests)
-	if err != nil {
-		return nil, err
+	var rows []TraceRow
+	var names []string
+	for _, path := range strings.Split(s.Path, ",") {
+		more, err := readTraceFile(path, s.MaxRequests)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, more...)
+		names = append(names, filepath.Base(path))
 	}
 	if len(rows) == 0 {
 		return nil, fmt.Errorf("%s: no requests: %w", s.Path, ErrSpec)
 	}
-	return fromRows(rows, s, filepath.Base(s.Path)), nil
+	rebaseUnix(rows)
+	if s.MaxRequests > 0 && len(rows) > s.MaxRequests {
+		// Several files: the first MaxRequests arrivals of all of them.
+		slices.SortStableFunc(rows, func(a, b TraceRow) int { return cmpFloat(a.TimestampMs, b.TimestampMs) })
+		rows = rows[:s.MaxRequests]
+	}
+	return fromRows(rows, s, strings.Join(names, "+")), nil
+}
+
+func readTraceFile(path string, max int) ([]TraceRow, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return ReadTrace(f, path, max)
+}
+
+// rebaseUnix puts rows that all carry unix_ms on one time line starting at
+// 0 (the captures of several replicas each count timestamp from their own
+// start).
+func rebaseUnix(rows []TraceRow) {
+	first := int64(math.MaxInt64)
+	for _, r := range rows {
+		if r.UnixMs <= 0 {
+			return
+		}
+		first = min(first, r.UnixMs)
+	}
+	for i := range rows {
+		rows[i].TimestampMs = float64(rows[i].UnixMs - first)
+	}
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }
 
 // ReadTrace parses up to max rows (0 = all) from r; name is used in errors
@@ -171,21 +240,14 @@ func fromRows(rows []TraceRow, s TraceSpec, name string) *Workload {
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortStableFunc(order, func(a, b int) int {
-		switch ta, tb := rows[a].TimestampMs, rows[b].TimestampMs; {
-		case ta < tb:
-			return -1
-		case ta > tb:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(order, func(a, b int) int { return cmpFloat(rows[a].TimestampMs, rows[b].TimestampMs) })
 	w := &Workload{
 		Kind:      Trace,
 		Name:      name,
 		BlockSize: s.BlockSize,
 		Requests:  make([]Request, len(rows)),
 		hashIDs:   make([][]uint64, len(rows)),
+		idTokens:  make([]int, len(rows)),
 	}
 	sessions := map[string]int{}
 	for i, j := range order {
@@ -205,6 +267,7 @@ func fromRows(rows []TraceRow, s TraceSpec, name string) *Workload {
 			sess = k
 		}
 		w.hashIDs[i] = row.HashIDs
+		w.idTokens[i] = cmp.Or(row.BlockTokens, TraceBlockTokens)
 		w.Requests[i] = Request{
 			NextTurn:     -1,
 			ID:           fmt.Sprintf("t%d", i),
@@ -221,11 +284,11 @@ func fromRows(rows []TraceRow, s TraceSpec, name string) *Workload {
 }
 
 // traceTokens appends the prompt of a trace row: each hash id becomes the
-// same 512 pseudo-random tokens wherever it appears, the last id truncated to
-// the input length.
-func traceTokens(ids []uint64, inputLen int, dst []uint32) []uint32 {
+// same per pseudo-random tokens wherever it appears (512 in Mooncake's
+// traces), the last id truncated to the input length.
+func traceTokens(ids []uint64, per, inputLen int, dst []uint32) []uint32 {
 	for i, id := range ids {
-		n := min(TraceBlockTokens, inputLen-i*TraceBlockTokens)
+		n := min(per, inputLen-i*per)
 		dst = blockTokens(id, n, dst)
 	}
 	return dst

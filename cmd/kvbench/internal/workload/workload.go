@@ -86,6 +86,7 @@ type Workload struct {
 	prefixes [][]uint32
 	tails    [][]uint32
 	hashIDs  [][]uint64
+	idTokens []int // trace rows: tokens per hash id
 }
 
 // ErrSpec marks an impossible workload specification.
@@ -259,7 +260,7 @@ func (w *Workload) Tokens(i int, dst []uint32) []uint32 {
 		dst = append(dst, w.prefixes[w.Requests[i].Prefix]...)
 		dst = append(dst, w.tails[i]...)
 	case Trace:
-		dst = traceTokens(w.hashIDs[i], w.Requests[i].PromptTokens, dst)
+		dst = traceTokens(w.hashIDs[i], w.idTokens[i], w.Requests[i].PromptTokens, dst)
 	}
 	return dst
 }
