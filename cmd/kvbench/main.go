@@ -3,6 +3,7 @@
 //	kvbench sim …     in-process, virtual-time simulation (engines + the real router)
 //	kvbench load …    the same workloads in real time against live endpoints
 //	kvbench ingest …  KV-event ingest throughput of a cluster
+//	kvbench tune …    the best policy and knobs for a captured workload, and how to apply them
 //
 // Exit codes: 0 success, 1 a run failed, 2 bad usage or bad input.
 package main
@@ -30,6 +31,7 @@ var commands = []command{
 	{"load", "replay a workload in real time against live endpoints", runLoad},
 	{"ingest", "publish synthetic KV events to a cluster and measure ingest", runIngest},
 	{"disagg", "simulate disaggregated prefill/decode over a KV link: --disagg off/always/auto side by side", runDisagg},
+	{"tune", "replay a workload (a replica's --capture-file) under a grid of policies and knobs; print the best setting and how to apply it", runTune},
 }
 
 func main() {

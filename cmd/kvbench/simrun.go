@@ -139,28 +139,9 @@ type traceCfg struct {
 // and folds the reps into a report.
 func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error) {
 	start := time.Now()
-	loads := make([]*workload.Workload, o.Reps)
-	if o.Trace != "" {
-		w, err := workload.LoadTrace(workload.TraceSpec{Path: o.Trace, Speedup: o.Speedup, MaxRequests: o.MaxRequests, BlockSize: o.BlockSize})
-		if err != nil {
-			return nil, "", err
-		}
-		for r := range loads {
-			loads[r] = w // a trace is the same every rep; the router's seed changes
-		}
-		if n := tooLarge(w, o); n > 0 {
-			fmt.Fprintf(stderr, "kvbench sim: warning: %d of %d requests need more tokens than a worker's KV cache holds; they will fail\n", n, len(w.Requests))
-		}
-	} else {
-		for r := range loads {
-			spec := o.Workload.Spec(o.BlockSize, o.Seed+uint64(r))
-			spec.Popularity, spec.HotShift = o.Popularity, o.HotShift
-			w, err := workload.NewSynthetic(spec)
-			if err != nil {
-				return nil, "", err
-			}
-			loads[r] = repeated(w, o.Repeat)
-		}
+	loads, err := o.workloads(stderr)
+	if err != nil {
+		return nil, "", err
 	}
 
 	capacity := 0
@@ -255,6 +236,35 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 	}
 	header += fmt.Sprintf(" (%.1fs)", wall.Seconds())
 	return rep, header, nil
+}
+
+// workloads are the request lists of the reps: a trace's rows every rep
+// (the router's seed changes), or a synthetic list per seed.
+func (o *simOptions) workloads(stderr io.Writer) ([]*workload.Workload, error) {
+	loads := make([]*workload.Workload, o.Reps)
+	if o.Trace != "" {
+		w, err := workload.LoadTrace(workload.TraceSpec{Path: o.Trace, Speedup: o.Speedup, MaxRequests: o.MaxRequests, BlockSize: o.BlockSize})
+		if err != nil {
+			return nil, err
+		}
+		for r := range loads {
+			loads[r] = w
+		}
+		if n := tooLarge(w, o); n > 0 {
+			fmt.Fprintf(stderr, "kvbench: warning: %d of %d requests need more tokens than a worker's KV cache holds; they will fail\n", n, len(w.Requests))
+		}
+		return loads, nil
+	}
+	for r := range loads {
+		spec := o.Workload.Spec(o.BlockSize, o.Seed+uint64(r))
+		spec.Popularity, spec.HotShift = o.Popularity, o.HotShift
+		w, err := workload.NewSynthetic(spec)
+		if err != nil {
+			return nil, err
+		}
+		loads[r] = repeated(w, o.Repeat)
+	}
+	return loads, nil
 }
 
 // repeated is w's request list n times in a row under fresh ids: the same

@@ -27,7 +27,7 @@ func TestTraceReplaysCaptures(t *testing.T) {
 	r1, r2 := open("r1", t0), open("r2", t0.Add(10*time.Second))
 	// Three requests of 16-token blocks: A = [1 2 3] + 5 tokens, B shares
 	// A's first two blocks, C shares nothing.
-	r1.Record(capture.Request{Start: t0.Add(12 * time.Second), Hashes: []uint64{1, 2, 3}, BlockTokens: 16, InputTokens: 53, OutputTokens: 4, OutputKnown: true})
+	r1.Record(capture.Request{Start: t0.Add(12 * time.Second), Hashes: []uint64{1, 2, 3}, BlockTokens: 16, InputTokens: 53, OutputTokens: 4, OutputKnown: true, CachedTokens: 32})
 	r2.Record(capture.Request{Start: t0.Add(11 * time.Second), Hashes: []uint64{1, 2, 9}, BlockTokens: 16, InputTokens: 48, OutputTokens: 6, OutputKnown: true})
 	r1.Record(capture.Request{Start: t0.Add(13 * time.Second), Hashes: []uint64{7}, BlockTokens: 16, InputTokens: 16, OutputTokens: 0})
 	for _, r := range []*capture.Recorder{r1, r2} {
@@ -59,5 +59,10 @@ func TestTraceReplaysCaptures(t *testing.T) {
 	}
 	if !slices.Equal(a[:2], b[:2]) || a[2] == b[2] || slices.Contains(a, c[0]) {
 		t.Fatalf("shared prefix not replayed: A %x, B %x, C %x", a, b, c)
+	}
+	// The live figures come from the rows' cached_tokens: one hit of
+	// three requests, 32 cached of 117 prompt tokens.
+	if l := w.Live; l == nil || l.Requests != 3 || l.RequestHitRate != 1.0/3 || l.CachedTokenRatio != 32.0/117 {
+		t.Fatalf("live figures %+v", l)
 	}
 }

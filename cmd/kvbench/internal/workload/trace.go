@@ -39,6 +39,10 @@ type TraceRow struct {
 	// UnixMs is the arrival as Unix ms (unix_ms, 0 when absent): captures
 	// of several replicas carry it, and are merged onto one time line by it.
 	UnixMs int64
+	// CachedTokens is what the live engine reported as served from cache
+	// (cached_tokens, a kvrouter capture's); HasCached says the row had it.
+	CachedTokens int
+	HasCached    bool
 	// SessionID is the row's session_id (a string, or an integer spelled
 	// in decimal); HasSession says whether the row had one.
 	SessionID  string
@@ -55,6 +59,7 @@ type rawRow struct {
 	HashIDs      *[]uint64       `json:"hash_ids"`
 	BlockTokens  *int64          `json:"block_tokens"`
 	UnixMs       *int64          `json:"unix_ms"`
+	CachedTokens *int64          `json:"cached_tokens"`
 	SessionID    json.RawMessage `json:"session_id"`
 }
 
@@ -107,6 +112,12 @@ func ParseTraceLine(line []byte) (TraceRow, error) {
 			ErrTraceLine, len(ids), in, want, bt)
 	}
 	row = TraceRow{TimestampMs: ts, InputLength: int(in), OutputLength: int(out), HashIDs: ids, BlockTokens: int(bt), UnixMs: unix}
+	if c := raw.CachedTokens; c != nil {
+		if *c < 0 || *c > in {
+			return TraceRow{}, fmt.Errorf("%w: cached_tokens %d outside [0, input_length %d]", ErrTraceLine, *c, in)
+		}
+		row.CachedTokens, row.HasCached = int(*c), true
+	}
 	if s := bytes.TrimSpace(raw.SessionID); len(s) > 0 && !bytes.Equal(s, []byte("null")) {
 		id, err := parseSessionID(s)
 		if err != nil {
@@ -280,7 +291,30 @@ func fromRows(rows []TraceRow, s TraceSpec, name string) *Workload {
 		}
 	}
 	w.hashAll()
+	w.Live = liveFigures(rows, s.BlockSize)
 	return w
+}
+
+// liveFigures are a capture's own figures, when every row says what its
+// engine served from cache: over all rows, as the simulator's are.
+func liveFigures(rows []TraceRow, blockSize int) *Live {
+	var l Live
+	var cached, prompt int64
+	hits := 0
+	for _, r := range rows {
+		if !r.HasCached {
+			return nil
+		}
+		cached += int64(r.CachedTokens)
+		prompt += int64(r.InputLength)
+		if r.CachedTokens >= blockSize {
+			hits++
+		}
+	}
+	l.Requests = len(rows)
+	l.RequestHitRate = float64(hits) / float64(len(rows))
+	l.CachedTokenRatio = float64(cached) / float64(prompt)
+	return &l
 }
 
 // traceTokens appends the prompt of a trace row: each hash id becomes the

@@ -79,6 +79,9 @@ type Workload struct {
 	Seed        uint64
 	Concurrency int // closed-loop clients (synthetic)
 	Requests    []Request
+	// Live is what the fleet that served a captured trace delivered (nil:
+	// not a capture, or a row without cached_tokens).
+	Live *Live
 	// Sessions lists, per session, the indices of its turns in order.
 	Sessions [][]int
 
@@ -87,6 +90,14 @@ type Workload struct {
 	tails    [][]uint32
 	hashIDs  [][]uint64
 	idTokens []int // trace rows: tokens per hash id
+}
+
+// Live is a captured trace's engine-reported figures, over all its rows,
+// with the simulator's definitions (a hit: at least one cached block).
+type Live struct {
+	Requests         int     `json:"requests"`
+	RequestHitRate   float64 `json:"request_hit_rate"`
+	CachedTokenRatio float64 `json:"cached_token_ratio"`
 }
 
 // ErrSpec marks an impossible workload specification.
