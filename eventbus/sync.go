@@ -26,7 +26,7 @@ type SyncOp uint8
 // Replica-sync operations.
 const (
 	SyncAdd         SyncOp = 1 // a request was routed to a worker
-	SyncPrefillDone SyncOp = 2 // its prefill finished (first token)
+	SyncPrefillDone SyncOp = 2 // its prefill finished (first token); also carries output progress (Syncer.Output)
 	SyncFree        SyncOp = 3 // it finished
 	SyncFull        SyncOp = 4 // the sender's whole active set (repairs losses)
 )
@@ -58,6 +58,33 @@ type ActiveRequest struct {
 	// (and books one sequence, as it always did), and a message from an
 	// older peer decodes to 0.
 	Sequences int `msgpack:"k,omitempty"`
+	// Output progress (Dynamo's --router-track-output-blocks,
+	// router.OutputProgress): the output blocks booked so far, and the
+	// tokens per sequence and expected output their decay derives from.
+	// New keys: an older peer skips them (and counts no output blocks, as
+	// it always did); a message without them means none.
+	OutputBlocks   int `msgpack:"ob,omitempty"`
+	Generated      int `msgpack:"g,omitempty"`
+	ExpectedOutput int `msgpack:"x,omitempty"`
+}
+
+// Progress is r's output progress, within the limits below.
+func (r ActiveRequest) Progress() router.OutputProgress {
+	return clampOutput(router.OutputProgress{Blocks: r.OutputBlocks, Generated: r.Generated, Expected: r.ExpectedOutput})
+}
+
+// Limits on a peer's output progress: no kvrouter replica announces more
+// (a million blocks is beyond any context length), so a larger value must
+// not grow a worker's load without bound.
+const (
+	MaxSyncOutputBlocks = 1 << 20
+	MaxSyncOutputTokens = 1 << 30
+)
+
+// clampOutput keeps received progress within the limits (negative: 0).
+func clampOutput(o router.OutputProgress) router.OutputProgress {
+	return router.OutputProgress{Blocks: min(max(o.Blocks, 0), MaxSyncOutputBlocks),
+		Generated: min(max(o.Generated, 0), MaxSyncOutputTokens), Expected: min(max(o.Expected, 0), MaxSyncOutputTokens)}
 }
 
 // MaxSyncSequences caps the sequences a peer's message can book: api caps n
@@ -86,6 +113,13 @@ type SyncMsg struct {
 	// Sequences of a SyncAdd (ActiveRequest.Sequences; same key, same
 	// compatibility).
 	Sequences int `msgpack:"k,omitempty"`
+	// Output progress of a SyncPrefillDone (ActiveRequest's keys, same
+	// compatibility): a first token is implied by any output, so an older
+	// peer reads the message as the prefill-done it may already have seen,
+	// which changes nothing, and skips the keys.
+	OutputBlocks   int `msgpack:"ob,omitempty"`
+	Generated      int `msgpack:"g,omitempty"`
+	ExpectedOutput int `msgpack:"x,omitempty"`
 }
 
 // LoadSink receives other replicas' load, in the order each replica sent
@@ -96,6 +130,9 @@ type LoadSink interface {
 	AddRemote(replica string, req ActiveRequest)
 	// PrefillDoneRemote: the prefill of replica's request finished.
 	PrefillDoneRemote(replica, request string)
+	// OutputRemote: replica's request generated output: out is its
+	// absolute progress (router.ActiveLoad.SetOutput).
+	OutputRemote(replica, request string, out router.OutputProgress)
 	// FreeRemote: replica's request finished.
 	FreeRemote(replica, request string)
 	// ReplaceReplica: replica's active set is exactly active (a snapshot;
@@ -297,6 +334,23 @@ func (s *Syncer) PrefillDone(request string) error {
 	return s.publishLocked(SyncMsg{Op: SyncPrefillDone, Request: request})
 }
 
+// Output announces a request's output progress (Dynamo's
+// --router-track-output-blocks): the caller sends it when a new output
+// block appears (router.Router.Generated reports true), so the message
+// rate is at most one per output block per request, never one per token.
+// The progress is absolute, so a lost message is repaired by the next one
+// or the next snapshot. It rides on SyncPrefillDone (see SyncMsg).
+func (s *Syncer) Output(request string, o router.OutputProgress) error {
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
+	if r, ok := s.active[request]; ok {
+		r.PrefillDone = true
+		r.OutputBlocks, r.Generated, r.ExpectedOutput = o.Blocks, o.Generated, o.Expected
+	}
+	return s.publishLocked(SyncMsg{Op: SyncPrefillDone, Request: request,
+		OutputBlocks: o.Blocks, Generated: o.Generated, ExpectedOutput: o.Expected})
+}
+
 // Free announces that a request finished.
 func (s *Syncer) Free(request string) error {
 	s.lmu.Lock()
@@ -404,11 +458,18 @@ func (s *Syncer) deliver(m SyncMsg, now time.Time) {
 			Sequences: clampSequences(m.Sequences)})
 	case SyncPrefillDone:
 		s.sink.PrefillDoneRemote(m.Replica, m.Request)
+		if m.OutputBlocks > 0 {
+			s.sink.OutputRemote(m.Replica, m.Request,
+				clampOutput(router.OutputProgress{Blocks: m.OutputBlocks, Generated: m.Generated, Expected: m.ExpectedOutput}))
+		}
 	case SyncFree:
 		s.sink.FreeRemote(m.Replica, m.Request)
 	case SyncFull:
 		for i := range m.Full {
-			m.Full[i].Sequences = clampSequences(m.Full[i].Sequences)
+			f := &m.Full[i]
+			f.Sequences = clampSequences(f.Sequences)
+			o := f.Progress()
+			f.OutputBlocks, f.Generated, f.ExpectedOutput = o.Blocks, o.Generated, o.Expected
 		}
 		s.sink.ReplaceReplica(m.Replica, m.Full)
 	default:

@@ -100,6 +100,15 @@ func (s *recSink) PrefillDoneRemote(replica, request string) {
 	}
 }
 
+func (s *recSink) OutputRemote(replica, request string, out router.OutputProgress) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r, ok := s.active[replica][request]; ok && out.Blocks > r.OutputBlocks {
+		r.OutputBlocks, r.Generated, r.ExpectedOutput = out.Blocks, out.Generated, out.Expected
+		s.active[replica][request] = r
+	}
+}
+
 func (s *recSink) FreeRemote(replica, request string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -365,6 +374,9 @@ func FuzzSyncHandle(f *testing.F) {
 		{Replica: "r3", Epoch: 2, Seq: 1, Op: SyncOp(99)},
 		{Replica: "r4", Epoch: 2, Seq: 1, Op: SyncAdd, Request: "n", Worker: "w1", Sequences: 4},
 		{Replica: "r4", Epoch: 2, Seq: 2, Op: SyncFull, Full: []ActiveRequest{{Request: "n", Worker: "w1", Sequences: 1 << 40}}},
+		{Replica: "r4", Epoch: 2, Seq: 3, Op: SyncPrefillDone, Request: "n", OutputBlocks: 3, Generated: 41, ExpectedOutput: 64},
+		{Replica: "r4", Epoch: 2, Seq: 4, Op: SyncPrefillDone, Request: "n", OutputBlocks: 1 << 40, Generated: -1, ExpectedOutput: 1 << 50},
+		{Replica: "r5", Epoch: 2, Seq: 1, Op: SyncFull, Full: []ActiveRequest{{Request: "o", Worker: "w1", OutputBlocks: 1 << 40, Generated: 1 << 41, ExpectedOutput: -7}}},
 	} {
 		b, err := msgpack.Marshal(&m)
 		if err != nil {
@@ -390,6 +402,9 @@ func FuzzSyncHandle(f *testing.F) {
 			for _, r := range reqs {
 				if r.Sequences < 0 || r.Sequences > MaxSyncSequences {
 					t.Fatalf("sink booked %d sequences for %q", r.Sequences, r.Request)
+				}
+				if o := r.Progress(); o.Blocks != r.OutputBlocks || o.Generated != r.Generated || o.Expected != r.ExpectedOutput {
+					t.Fatalf("sink holds unclamped output progress %+v for %q", r, r.Request)
 				}
 			}
 		}
@@ -508,5 +523,160 @@ func TestSyncLastReceived(t *testing.T) {
 	s.deliver(SyncMsg{Replica: "r2", Epoch: 3, Seq: 1, Op: SyncFull}, t1.Add(time.Second))
 	if got, ok := s.LastReceived(); !ok || !got.Equal(t1.Add(time.Second)) {
 		t.Fatalf("last received %v %v, want %v", got, ok, t1.Add(time.Second))
+	}
+}
+
+// loadSink books other replicas' requests into a router load view, as the
+// replica does (cmd/kvrouter/internal/replica: AddRemote and friends).
+type loadSink struct{ load *router.ActiveLoad }
+
+func (s loadSink) id(replica, request string) string { return replica + "/" + request }
+
+func (s loadSink) AddRemote(replica string, req ActiveRequest) {
+	s.load.Add(router.Booking{ID: s.id(replica, req.Request), Origin: replica, Worker: req.Worker, Hashes: req.Hashes,
+		PrefillTokens: req.ISL, PrefillDone: req.PrefillDone, Sequences: req.Sequences, Output: req.Progress()})
+}
+func (s loadSink) PrefillDoneRemote(replica, request string) {
+	s.load.PrefillDone(s.id(replica, request))
+}
+func (s loadSink) OutputRemote(replica, request string, out router.OutputProgress) {
+	s.load.SetOutput(s.id(replica, request), out)
+}
+func (s loadSink) FreeRemote(replica, request string) { s.load.Free(s.id(replica, request)) }
+func (s loadSink) ReplaceReplica(replica string, active []ActiveRequest) {
+	s.DropReplica(replica)
+	for _, a := range active {
+		s.AddRemote(replica, a)
+	}
+}
+func (s loadSink) DropReplica(replica string) { s.load.DropOrigin(replica) }
+
+// A peer's load view grows by the output blocks a replica announces
+// (output-block tracking), keeps them across a snapshot and releases them
+// with the request.
+func TestBusReplicaSyncOutputBlocks(t *testing.T) {
+	for _, m := range bothModes(t) {
+		t.Run(m.name, func(t *testing.T) { testBusReplicaSyncOutputBlocks(t, m) })
+	}
+}
+
+func testBusReplicaSyncOutputBlocks(t *testing.T, m busMode) {
+	log := testLogger(t)
+	srv := startSingleMode(t, log, m)
+	ncA, _ := m.replica(t, srv.ClientURL(), "r1", log)
+	ncB, _ := m.replica(t, srv.ClientURL(), "r2", log)
+	peer := loadSink{load: router.NewActiveLoad(0)}
+	a, _ := startSyncer(t, ncA, "r1", newFakeClock(), newRecSink())
+	b, _ := startSyncer(t, ncB, "r2", newFakeClock(), peer)
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		a.publishFull()
+		b.publishFull()
+		if a.Stats().Replicas != 1 || b.Stats().Replicas != 1 {
+			return fmt.Errorf("a %+v b %+v", a.Stats(), b.Stats())
+		}
+		return nil
+	})
+	blocksBecome := func(want int) {
+		t.Helper()
+		poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+			if got := peer.load.Load("w1").ActiveBlocks; got != want {
+				return fmt.Errorf("peer sees %d active blocks on w1, want %d", got, want)
+			}
+			return nil
+		})
+	}
+	if err := a.Add(ActiveRequest{Request: "q", Worker: "w1", Hashes: []uint64{1, 2}, ISL: 40}); err != nil {
+		t.Fatal(err)
+	}
+	blocksBecome(2)
+	// What router.Router.Generated reports for a 40-token prompt, block
+	// size 16, expected output 640: blocks at 9, 25 and 41 tokens.
+	for _, o := range []router.OutputProgress{{Blocks: 1, Generated: 9, Expected: 640}, {Blocks: 2, Generated: 25, Expected: 640},
+		{Blocks: 3, Generated: 41, Expected: 640}} {
+		if err := a.Output("q", o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	blocksBecome(5) // 5 × (1 − 41/640) = 4.68 → 5
+	if got := a.Active(); len(got) != 1 || got[0].Progress() != (router.OutputProgress{Blocks: 3, Generated: 41, Expected: 640}) || !got[0].PrefillDone {
+		t.Fatalf("A's active set %+v", got)
+	}
+	// A snapshot replaces the peer's view of r1 and keeps the progress.
+	a.publishFull()
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if bs := peer.load.Bookings("r1"); len(bs) != 1 || bs[0].Output.Blocks != 3 {
+			return fmt.Errorf("peer's bookings of r1 %+v", bs)
+		}
+		return nil
+	})
+	blocksBecome(5)
+	if err := a.Free("q"); err != nil {
+		t.Fatal(err)
+	}
+	blocksBecome(0)
+}
+
+// Output progress rides on SyncPrefillDone under new keys: an older peer
+// decodes it as the prefill-done it was, a message from an older peer
+// carries no output, and values no replica sends are clamped.
+func TestSyncOutputCompat(t *testing.T) {
+	msg := SyncMsg{Replica: "r1", Epoch: 3, Seq: 2, Op: SyncPrefillDone, Request: "q", OutputBlocks: 2, Generated: 25, ExpectedOutput: 64}
+	data, err := msgpack.Marshal(&msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old syncMsgV1
+	if err := msgpack.Unmarshal(data, &old); err != nil || old.Op != SyncPrefillDone || old.Request != "q" {
+		t.Fatalf("old peer read a progress message as %+v (%v)", old, err)
+	}
+	full := SyncMsg{Replica: "r1", Epoch: 3, Seq: 3, Op: SyncFull, Full: []ActiveRequest{{Request: "q", Worker: "w1", ISL: 40, OutputBlocks: 2}}}
+	if data, err = msgpack.Marshal(&full); err != nil {
+		t.Fatal(err)
+	}
+	if err := msgpack.Unmarshal(data, &old); err != nil || len(old.Full) != 1 || old.Full[0].ISL != 40 {
+		t.Fatalf("old peer read a snapshot with progress as %+v (%v)", old, err)
+	}
+	if data, err = msgpack.Marshal(&syncMsgV1{Replica: "r1", Epoch: 3, Seq: 2, Op: SyncPrefillDone, Request: "q"}); err != nil {
+		t.Fatal(err)
+	}
+	var back SyncMsg
+	if err := decodeSync(data, &back); err != nil || back.OutputBlocks != 0 || back.Generated != 0 || back.ExpectedOutput != 0 {
+		t.Fatalf("new peer read an old prefill-done as %+v (%v)", back, err)
+	}
+
+	cases := []struct {
+		name string
+		msgs []SyncMsg
+		want router.OutputProgress
+	}{
+		{"prefill done without output", []SyncMsg{{Op: SyncPrefillDone, Request: "a"}}, router.OutputProgress{}},
+		{"progress", []SyncMsg{{Op: SyncPrefillDone, Request: "a", OutputBlocks: 2, Generated: 25, ExpectedOutput: 64}},
+			router.OutputProgress{Blocks: 2, Generated: 25, Expected: 64}},
+		{"stale progress after newer", []SyncMsg{{Op: SyncPrefillDone, Request: "a", OutputBlocks: 3, Generated: 41},
+			{Op: SyncPrefillDone, Request: "a", OutputBlocks: 1, Generated: 9}}, router.OutputProgress{Blocks: 3, Generated: 41}},
+		{"beyond any context", []SyncMsg{{Op: SyncPrefillDone, Request: "a", OutputBlocks: 1 << 40, Generated: -4, ExpectedOutput: 1 << 50}},
+			router.OutputProgress{Blocks: MaxSyncOutputBlocks, Expected: MaxSyncOutputTokens}},
+		{"snapshot", []SyncMsg{{Op: SyncFull, Full: []ActiveRequest{{Request: "a", Worker: "w1", OutputBlocks: -3, Generated: 7, ExpectedOutput: 9}}}},
+			router.OutputProgress{Generated: 7, Expected: 9}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			sink := newRecSink()
+			s, err := NewSyncer(nil, SyncConfig{Replica: "me", Clock: newFakeClock(), Logger: testLogger(t)}, sink)
+			if err != nil {
+				t.Fatal(err)
+			}
+			msgs := append([]SyncMsg{{Op: SyncAdd, Request: "a", Worker: "w1"}}, c.msgs...)
+			for i, m := range msgs {
+				m.Replica, m.Epoch, m.Seq = "r1", 1, uint64(i+1)
+				s.deliver(m, time.Unix(0, 0))
+			}
+			sink.mu.Lock()
+			got := sink.active["r1"]["a"].Progress()
+			sink.mu.Unlock()
+			if got != c.want {
+				t.Fatalf("peer holds %+v, want %+v", got, c.want)
+			}
+		})
 	}
 }

@@ -446,6 +446,14 @@ func (r *replica) PrefillDone(_, id string) {
 	}
 }
 
+// Output announces a request's output progress (output-block tracking):
+// the API calls it once per new output block, not per token.
+func (r *replica) Output(_, id string, o router.OutputProgress) {
+	if r.sync != nil {
+		_ = r.sync.Output(id, o)
+	}
+}
+
 func (r *replica) Freed(_, id string) {
 	if r.sync != nil {
 		_ = r.sync.Free(id)
@@ -480,7 +488,12 @@ func (r *replica) AddRemote(replica string, req eventbus.ActiveRequest) {
 		return
 	}
 	r.stageLoad(model, req.Request, rt).Add(router.Booking{ID: remoteID(replica, req.Request), Origin: replica, Worker: req.Worker,
-		Hashes: req.Hashes, PrefillTokens: req.ISL, PrefillDone: req.PrefillDone, Sequences: req.Sequences, Added: time.Now()})
+		Hashes: req.Hashes, PrefillTokens: req.ISL, PrefillDone: req.PrefillDone, Sequences: req.Sequences, Added: time.Now(),
+		Output: req.Progress()})
+}
+
+func (r *replica) OutputRemote(replica, request string, out router.OutputProgress) {
+	r.eachRouter(func(rt *router.Router) { rt.Load().SetOutput(remoteID(replica, request), out) })
 }
 
 func (r *replica) PrefillDoneRemote(replica, request string) {
