@@ -129,6 +129,35 @@ function renderHits(st) {
   if (!ids.length) row(tb, ["no audited requests yet"]);
 }
 
+function pct(v) { return typeof v === "number" ? (100 * v).toFixed(1) + " %" : "—"; }
+
+function gapText(gaps) {
+  return (gaps || []).map((g) => g.between + " " + g.points.toFixed(1) + " pts: " + g.cause.replace("_", " ") + " — " + g.why).join("; ");
+}
+
+// renderHitRates fills the four numbers (issue 18 item 3): per model the
+// fleet-wide row of each window, then each worker's captured and delivered
+// (available and reachable are fleet-wide only).
+function renderHitRates(st) {
+  const tb = clearBody("hit-rates");
+  const hr = st.hit_rates || {};
+  for (const m of hr.models || []) {
+    const rows = [{ worker: "fleet (" + m.fleet_kv_blocks + " KV blocks)", windows: m.windows || [], fleet: true }]
+      .concat((m.workers || []).map((w) => ({ worker: w.worker, windows: w.windows || [] })));
+    for (const r of rows) {
+      for (const w of r.windows) {
+        const gaps = gapText(w.gaps);
+        const tr = row(tb, [m.model, r.fleet ? { text: r.worker, cls: "chosen" } : r.worker, w.window, { text: w.requests, cls: "num" },
+          { text: r.fleet ? pct(w.available) : "fleet-wide", cls: "num" }, { text: r.fleet ? pct(w.reachable) : "fleet-wide", cls: "num" },
+          { text: pct(w.captured), cls: "num" }, { text: pct(w.delivered), cls: "num" }, gaps ? { text: gaps, cls: "bad" } : "none"]);
+        tr.className = "hit-rate";
+      }
+    }
+  }
+  if (!(hr.models || []).length) row(tb, [hr.note === undefined ? "hit rates are off on this replica" : "no requests served yet"]);
+  setText("hit-note", hr.note ? hr.note + " History bound: " + (hr.models || []).map((m) => m.model + " " + m.history_blocks + "/" + m.history_bound_blocks + " blocks").join(", ") : "");
+}
+
 function candidateText(d, c) {
   return (c.worker === d.worker ? "▶ " : "") + c.worker + ": " + c.cached_blocks + " · " +
     c.active_requests + "r/" + c.active_blocks + "b · " + Number(c.cost).toFixed(3) + (c.busy ? " busy(" + c.busy_reason + ")" : "");
@@ -185,6 +214,7 @@ async function refresh() {
     const st = await getJSON(withDigest ? "/cluster/status" : "/cluster/status?digest=0");
     renderCluster(st);
     renderWorkers(st, loads);
+    renderHitRates(st);
     renderHits(st);
   } catch (e) {
     if (e instanceof NeedToken) askToken();

@@ -22,7 +22,7 @@ import (
 
 // The status page in a real browser (headless Chromium) against a live
 // replica with a kvmock worker and a few routed requests: after the page's
-// first refresh its cluster, worker and decision tables hold the live
+// first refresh its cluster, worker, hit-rate and decision tables hold the live
 // values, the browser logged nothing to the console (no script error, no
 // refused fetch, no CSP violation), and the page's error line is empty.
 // The DOM and a screenshot go to tmp/ui/ (a CI artifact) for a human look.
@@ -87,6 +87,8 @@ func TestStatusPageInChromium(t *testing.T) {
 		"digest":         `<dd id="digest" class="mono">[0-9a-f]{64}</dd>`,
 		"worker row":     `<table id="workers">.*<td>ui-mock</td><td>kvmock</td>`,
 		"audit row":      `<table id="hits">.*<td>ui-mock</td><td class="num">3</td>`,
+		"hit rates":      `<tr class="hit-rate"><td>kvmock</td><td class="chosen">fleet \(\d+ KV blocks\)</td><td>1m</td><td class="num">3</td>(<td class="num">[0-9.]+ %</td>){4}`,
+		"worker's hits":  `<tr class="hit-rate"><td>kvmock</td><td>ui-mock</td><td>1m</td><td class="num">3</td><td class="num">fleet-wide</td><td class="num">fleet-wide</td>(<td class="num">[0-9.]+ %</td>){2}`,
 		"decision row":   `<tr class="decision">.*<td class="chosen">ui-mock</td>`,
 		"decision cost":  `<div class="chosen">▶ ui-mock: \d+ · \d+r/\d+b · [0-9.]+</div>`,
 		"outcome":        `HTTP 200 · TTFT \d+ ms · \d+/\d+ cached`,
