@@ -30,6 +30,10 @@ type inferenceRequest struct {
 	Nvext struct {
 		AgentHints struct {
 			Priority int `json:"priority"`
+			// Osl is the output the client expects per sequence, in
+			// tokens: Dynamo's expected_output_tokens, toward which
+			// output-block tracking decays (router.Request).
+			Osl int `json:"osl"`
 		} `json:"agent_hints"`
 	} `json:"nvext"`
 }
@@ -48,6 +52,9 @@ type prepared struct {
 	// decode reserve plans for from them (router.Finished).
 	outputTokens      int
 	outputTokensKnown bool
+	// generated is the output tokens the streamed answer has shown so far
+	// (output-block tracking, Server.generated).
+	generated int
 	// The decision log's view of the request (decisions.go): attempts made,
 	// the current attempt's decision, when the worker's answer began.
 	attempts    int
@@ -164,7 +171,8 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 	return &prepared{
 		body: body, path: c.Request.URL.Path, model: model, stream: in.Stream, rt: rt, start: start,
 		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora, in.CacheSalt), Tokens: isl, Sequences: seqs,
-			Priority: s.capPriority(bearer(c), in.Nvext.AgentHints.Priority), Exclude: notServing(rt.Workers(), only)},
+			Priority: s.capPriority(bearer(c), in.Nvext.AgentHints.Priority), Exclude: notServing(rt.Workers(), only),
+			ExpectedOutputTokens: max(in.Nvext.AgentHints.Osl, 0)},
 	}, true
 }
 

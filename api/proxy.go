@@ -86,6 +86,7 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 			p.rt.PrefillDone(p.req.ID)
 			s.rep.PrefillDone(p.model, p.req.ID)
 		},
+		tokens: func(k int) { s.generated(p, k) },
 		done: func() {
 			s.free(p)
 			s.completeDecision(p, decisionlog.Outcome{Status: resp.StatusCode, PromptTokens: p.usagePrompt, CachedTokens: p.usageCached})
@@ -202,6 +203,32 @@ func unavailable(worker router.WorkerID, resp *http.Response) error {
 type relayHooks struct {
 	firstByte func()
 	done      func()
+	// tokens, when set, receives the output tokens each read of a
+	// streamed answer brought (tokenScanner's count).
+	tokens func(k int)
+}
+
+// OutputReporter is the optional side of a Replica that announces output
+// progress to the other replicas (Dynamo's --router-track-output-blocks):
+// the API calls it once per new output block of a request, never per
+// token. Found by type assertion, like the other optional interfaces.
+type OutputReporter interface {
+	Output(model, id string, o router.OutputProgress)
+}
+
+// generated counts k more output tokens of p's aggregated answer. With
+// output-block tracking on, the router books a placeholder block each time
+// the output crosses a block boundary; that progress, and only that, goes
+// to the other replicas.
+func (s *Server) generated(p *prepared, k int) {
+	p.generated += k
+	o, grew := p.rt.Generated(p.req.ID, p.generated)
+	if !grew {
+		return
+	}
+	if rep, ok := s.rep.(OutputReporter); ok {
+		rep.Output(p.model, p.req.ID, o)
+	}
 }
 
 // relay streams the worker's answer back byte for byte. overlap is the
@@ -236,7 +263,11 @@ func (s *Server) relay(c *gin.Context, p *prepared, worker router.WorkerID, over
 				dyn.firstByte(overlap * p.rt.Config().BlockSize)
 			}
 			if toks != nil {
-				s.metrics.observeTokens(p, dyn, toks.write(buf[:n]), now, &lastToken)
+				k := toks.write(buf[:n])
+				s.metrics.observeTokens(p, dyn, k, now, &lastToken)
+				if k > 0 && hooks.tokens != nil {
+					hooks.tokens(k)
+				}
 			}
 			audit.write(buf[:n])
 			if _, werr := c.Writer.Write(buf[:n]); werr != nil {
