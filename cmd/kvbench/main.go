@@ -4,6 +4,8 @@
 //	kvbench load …    the same workloads in real time against live endpoints
 //	kvbench ingest …  KV-event ingest throughput of a cluster
 //	kvbench tune …    the best policy and knobs for a captured workload, and how to apply them
+//	kvbench disagg …  disaggregated prefill/decode in virtual time
+//	kvbench figures … rerun BENCHMARKS.md's printed commands, check or rewrite their tables
 //
 // Exit codes: 0 success, 1 a run failed, 2 bad usage or bad input.
 package main
@@ -32,6 +34,7 @@ var commands = []command{
 	{"ingest", "publish synthetic KV events to a cluster and measure ingest", runIngest},
 	{"disagg", "simulate disaggregated prefill/decode over a KV link: --disagg off/always/auto side by side", runDisagg},
 	{"tune", "replay a workload (a replica's --capture-file) under a grid of policies and knobs; print the best setting and how to apply it", runTune},
+	{"figures", "rerun the commands printed in BENCHMARKS.md and check (--check) or rewrite (--write) their tables", runFigures},
 }
 
 func main() {

@@ -1,0 +1,23 @@
+package figures
+
+// Figure is a formatter registered under the name its markers use.
+type Figure struct {
+	Name string
+	// About says what the figure is and what its command costs.
+	About string
+	// Format turns the command's output into the figure's Markdown.
+	Format func(Output) (string, error)
+}
+
+// Registry is every figure kvbench figures knows, in the order of
+// BENCHMARKS.md.
+func Registry() []Figure {
+	return []Figure{
+		{"s002-calibration", "simulator calibration against seed 002 (round-robin, 4 runs, ~1 s)", formatS002Calibration},
+		{"s001-calibration", "simulator calibration against seed 001 (2 runs, ~1 s)", formatS001Calibration},
+		{"s002-grid", "the whole seed-002 grid, every policy (24 runs, ~30 s)", formatS002Grid},
+		{"disagg-seed001", "kvbench disagg: seed 001's arithmetic (shares disagg-1p1d's command, ~5 s)", formatDisaggSeed001},
+		{"disagg-1p1d", "kvbench disagg: 1 + 1 workers, concurrency 4 (~5 s)", formatDisaggGrid},
+		{"disagg-2p2d", "kvbench disagg: 2 + 2 workers, 16 clients with think time (~10 s)", formatDisaggGrid},
+	}
+}
