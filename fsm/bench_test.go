@@ -117,7 +117,7 @@ func BenchmarkDecodeKVBatch(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if _, err := d.decode(buf[2:]); err != nil {
+		if _, err := d.decode(buf[2:], false); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -35,6 +35,12 @@ const (
 	// capacity (TotalBlocks 0): 2^20 blocks, 16 M tokens at block size 16,
 	// above any single GPU's prefix cache today, so nothing is unbounded.
 	DefaultRankBlockCap = 1 << 20
+	// LowerTierBlockCap caps each lower storage tier (host, disk,
+	// external) of a rank: workers register no capacity for their offload
+	// tiers, and a host tier is commonly several times the GPU's, so 2^22
+	// blocks (64 M tokens at block size 16) per tier, four of the default
+	// GPU cap.
+	LowerTierBlockCap = 4 * DefaultRankBlockCap
 )
 
 // ErrEntryTooLarge marks an entry larger than MaxEntryBytes. It wraps

@@ -32,6 +32,13 @@ const (
 	// may differ from the cluster default (the model's own), and with an
 	// optional role (decodes to a RegisterWorker with OwnBlockSize set).
 	CmdRegisterWorkerBlockSize CommandType = 11
+	// CmdKVEventBatchTiered is a KVEventBatch some of whose events are of
+	// a lower storage tier (router.Tier): the same payload with a tier
+	// byte for those events (kvbatch.go). Batches of device-tier events
+	// alone keep type 3, byte for byte, so a cluster whose engines
+	// report no offload tier runs mixed builds; a build without tiers
+	// halts on this type instead of reading host blocks as GPU blocks.
+	CmdKVEventBatchTiered CommandType = 12
 	// Add new types here, with the next number.
 )
 
@@ -66,11 +73,16 @@ func (t CommandType) String() string {
 		return "RegisterWorkerRole"
 	case CmdRegisterWorkerBlockSize:
 		return "RegisterWorkerBlockSize"
+	case CmdKVEventBatchTiered:
+		return "KVEventBatchTiered"
 	}
 	return fmt.Sprintf("CommandType(%d)", uint8(t))
 }
 
-func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdRegisterWorkerBlockSize }
+func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdKVEventBatchTiered }
+
+// isKVBatch: both KV batch types share one payload layout (kvbatch.go).
+func (t CommandType) isKVBatch() bool { return t == CmdKVEventBatch || t == CmdKVEventBatchTiered }
 
 // Errors of commands. The router's sentinels are aliased so errors.Is works
 // across layers.
@@ -259,13 +271,20 @@ func (c RegisterWorker) Type() CommandType {
 	return CmdRegisterWorker
 }
 func (DeregisterWorker) Type() CommandType { return CmdDeregisterWorker }
-func (KVEventBatch) Type() CommandType     { return CmdKVEventBatch }
-func (SetModelConfig) Type() CommandType   { return CmdSetModelConfig }
-func (Predictions) Type() CommandType      { return CmdPredictions }
-func (Tick) Type() CommandType             { return CmdTick }
-func (RegisterNode) Type() CommandType     { return CmdRegisterNode }
-func (ResyncWorker) Type() CommandType     { return CmdResyncWorker }
-func (RemoveNode) Type() CommandType       { return CmdRemoveNode }
+
+// Type is CmdKVEventBatchTiered when an event is of a lower tier.
+func (c KVEventBatch) Type() CommandType {
+	if kvBatchTiered(c.Events) {
+		return CmdKVEventBatchTiered
+	}
+	return CmdKVEventBatch
+}
+func (SetModelConfig) Type() CommandType { return CmdSetModelConfig }
+func (Predictions) Type() CommandType    { return CmdPredictions }
+func (Tick) Type() CommandType           { return CmdTick }
+func (RegisterNode) Type() CommandType   { return CmdRegisterNode }
+func (ResyncWorker) Type() CommandType   { return CmdResyncWorker }
+func (RemoveNode) Type() CommandType     { return CmdRemoveNode }
 
 // Validate checks the domain rules Apply enforces (except the block size,
 // which needs the registry: FSM.CheckRegisterWorker checks everything).
@@ -590,8 +609,8 @@ func Decode(data []byte) (Command, error) {
 }
 
 func decodePayload(t CommandType, p []byte) (Command, error) {
-	if t == CmdKVEventBatch {
-		evs, err := decodeKVBatchPayload(p)
+	if t.isKVBatch() {
+		evs, err := decodeKVBatchPayload(p, t == CmdKVEventBatchTiered)
 		if err != nil {
 			return nil, err
 		}
@@ -674,15 +693,15 @@ func DecodeRegisterNode(data []byte) (RegisterNode, error)     { return decodeAs
 func DecodeResyncWorker(data []byte) (ResyncWorker, error)     { return decodeAs[ResyncWorker](data) }
 func DecodeRemoveNode(data []byte) (RemoveNode, error)         { return decodeAs[RemoveNode](data) }
 
-// DecodeKVBatch reads a complete KVEventBatch entry. The events' block
+// DecodeKVBatch reads a complete KVEventBatch entry (type 3 or 12). The events' block
 // slices share one backing array (capacity-limited, so appending copies).
 func DecodeKVBatch(data []byte) ([]KVBatchEvent, error) {
 	t, _, v, p, err := header(data)
 	if err != nil {
 		return nil, err
 	}
-	if t != CmdKVEventBatch || v != EnvelopeVersion {
+	if !t.isKVBatch() || v != EnvelopeVersion {
 		return nil, fmt.Errorf("entry type %d version %d is not a KVEventBatch v%d: %w", uint8(t), v, EnvelopeVersion, ErrUndecodable)
 	}
-	return decodeKVBatchPayload(p)
+	return decodeKVBatchPayload(p, t == CmdKVEventBatchTiered)
 }

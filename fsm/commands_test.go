@@ -34,6 +34,7 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 		{CmdRemoveNode, 9, "RemoveNode"},
 		{CmdRegisterWorkerRole, 10, "RegisterWorkerRole"},
 		{CmdRegisterWorkerBlockSize, 11, "RegisterWorkerBlockSize"},
+		{CmdKVEventBatchTiered, 12, "KVEventBatchTiered"},
 	}
 	for _, p := range pinned {
 		if uint8(p.typ) != p.num || p.typ.String() != p.name || !p.typ.known() {
@@ -43,7 +44,7 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 	if CommandType(len(pinned) + 1).known() {
 		t.Errorf("type %d is known but not pinned here: add it to the table", len(pinned)+1)
 	}
-	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 3 {
+	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 4 {
 		t.Errorf("ignore bit %#x, envelope %d, snapshot format %d", IgnoreIfUnknown, EnvelopeVersion, SnapshotVersion)
 	}
 	fields := []ModelField{FieldActiveDecodeBlocks, FieldActivePrefillTokens, FieldActivePrefillTokensFrac,
@@ -124,6 +125,14 @@ func goldenCommands() []struct {
 			BlockSize: 1, TotalBlocks: 262144, MaxBatchedTokens: 16384, LeaseUntil: 1_700_000_000_000_000_000, OwnBlockSize: true}},
 		{"register-worker-block-size-role", RegisterWorker{ID: "d-0", DPRanks: 1, Address: "10.0.0.10:8000", Model: "mistral-7b",
 			BlockSize: 32, TotalBlocks: 2048, MaxBatchedTokens: 8192, Role: router.RoleDecode, OwnBlockSize: true}},
+		{"kv-event-batch-tiered", KVEventBatch{Events: []KVBatchEvent{
+			{Worker: "vllm-0", DPRank: 0, EventID: 3, Event: router.KVEvent{Kind: router.EventStored, BlockSize: 16,
+				Blocks: []router.StoredBlock{{EngineHash: 13, ContentHash: 7}}}},
+			{Worker: "vllm-0", DPRank: 0, EventID: 4, Event: router.KVEvent{Kind: router.EventStored, BlockSize: 16, Tier: router.TierHost,
+				Blocks: []router.StoredBlock{{EngineHash: 11, ContentHash: 14643705804678351452}, {EngineHash: 12, ContentHash: 4945711292740353085}}}},
+			{Worker: "vllm-0", DPRank: 1, EventID: 8, Event: router.KVEvent{Kind: router.EventRemoved, Tier: router.TierDisk, Removed: []uint64{5}}},
+			{Worker: "vllm-0", DPRank: 0, EventID: 5, Event: router.KVEvent{Kind: router.EventCleared, Tier: router.TierExternal}},
+		}}},
 	}
 }
 
@@ -249,7 +258,7 @@ func TestFSMCommandRoundTrip(t *testing.T) {
 				t.Fatalf("round trip:\n got %+v\nwant %+v", got, tc.cmd)
 			}
 			// The typed decoder agrees and refuses other types.
-			if tc.cmd.Type() == CmdKVEventBatch {
+			if tc.cmd.Type().isKVBatch() {
 				evs, err := DecodeKVBatch(b)
 				if err != nil || len(evs) != len(tc.cmd.(KVEventBatch).Events) {
 					t.Fatalf("DecodeKVBatch: %d events, %v", len(evs), err)

@@ -417,8 +417,8 @@ func (f *FSM) applyLocked(l *raft.Log) *ApplyResult {
 		res.Ignored = true
 		return res
 	}
-	if t == CmdKVEventBatch {
-		evs, err := f.dec.decode(payload)
+	if t.isKVBatch() {
+		evs, err := f.dec.decode(payload, t == CmdKVEventBatchTiered)
 		if err != nil {
 			f.stats.undecodable.Add(1)
 			res.Err = fmt.Errorf("apply log %d: %w", l.Index, err)
@@ -499,9 +499,16 @@ func (f *FSM) applyCommandLocked(idx uint64, c Command, res *ApplyResult) error 
 		if rs == nil {
 			return fmt.Errorf("resync %s: %w", router.WorkerKey(c.Worker, c.DPRank), ErrUnknownWorker)
 		}
-		if err := st.index.Apply(rs.key, router.KVEvent{Kind: router.EventCleared}); err != nil {
-			// The registry and the index agree by construction; say so loudly if not.
-			return fmt.Errorf("resync %s: index: %w", rs.key, err)
+		// Every tier: the worker republishes what it holds, and a
+		// publisher that knows no lower tier must not leave old ones.
+		for t := router.TierDevice; t < router.NumTiers; t++ {
+			if t != router.TierDevice && st.index.LowerTier(t) == nil {
+				continue
+			}
+			if err := st.index.Apply(rs.key, router.KVEvent{Kind: router.EventCleared, Tier: t}); err != nil {
+				// The registry and the index agree by construction; say so loudly if not.
+				return fmt.Errorf("resync %s: index: %w", rs.key, err)
+			}
 		}
 		rs.last, rs.resynced = 0, true
 		rs.stale, rs.reason, rs.staleID = false, "", 0
@@ -691,10 +698,14 @@ func (f *FSM) applyEventsLocked(idx uint64, evs []KVBatchEvent, res *ApplyResult
 			rejSize++
 			continue
 		}
-		err := st.index.ApplyCapped(rs.key, e.Event, RankBlockCap(ws.rec.TotalBlocks))
+		limit := RankBlockCap(ws.rec.TotalBlocks)
+		if e.Event.Tier != router.TierDevice {
+			limit = LowerTierBlockCap
+		}
+		err := st.index.ApplyCapped(rs.key, e.Event, limit)
 		if err == nil {
 			applied++
-			if e.Event.Kind == router.EventCleared && rs.stale {
+			if e.Event.Kind == router.EventCleared && e.Event.Tier == router.TierDevice && rs.stale {
 				// The worker says its cache is empty: index and worker agree
 				// again, and what follows chains from nothing.
 				rs.stale, rs.reason, rs.staleID = false, "", 0
@@ -1003,6 +1014,12 @@ type indexView struct{ p *atomic.Pointer[router.Index] }
 
 func (v indexView) FindMatches(seq []uint64, dst []router.Overlap) []router.Overlap {
 	return v.p.Load().FindMatches(seq, dst)
+}
+
+// FindTieredMatches makes the view a router.TieredOverlapSource: the
+// router's lower-tier credit reads the current index's tiers.
+func (v indexView) FindTieredMatches(seq []uint64, device []router.Overlap, dst []router.TierOverlap) []router.TierOverlap {
+	return v.p.Load().FindTieredMatches(seq, device, dst)
 }
 
 // CacheCounts forwards to the index: kv-pooled weighs eviction by how many

@@ -159,12 +159,67 @@ func kvSeeds(t testing.TB) map[string][]byte {
 	return out
 }
 
+// kvTieredSeeds are KVEventBatchTiered payloads (without the envelope).
+func kvTieredSeeds(t testing.TB) map[string][]byte {
+	host := stored("w1", 0, 3, 3, 4, 5)
+	host.Event.Tier = router.TierHost
+	out := map[string][]byte{}
+	for name, c := range map[string]KVEventBatch{
+		"golden": goldenCommands()[len(goldenCommands())-1].cmd.(KVEventBatch),
+		"host":   {Events: []KVBatchEvent{host, removed("w2", 0, 2, 1)}},
+	} {
+		b := mustEncode(t, c)
+		if CommandType(b[0]) != CmdKVEventBatchTiered {
+			t.Fatalf("seed %s is type %d", name, b[0])
+		}
+		out[name] = b[2:]
+	}
+	return out
+}
+
+// FuzzDecodeKVBatchTiered is FuzzDecodeKVBatch for type 12: any payload
+// decodes or fails cleanly, and what decodes re-encodes canonically (as
+// type 3 when no event is of a lower tier) to the same events.
+func FuzzDecodeKVBatchTiered(f *testing.F) {
+	for _, s := range kvTieredSeeds(f) {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		entry := append([]byte{byte(CmdKVEventBatchTiered), EnvelopeVersion}, payload...)
+		evs, err := DecodeKVBatch(entry)
+		if err != nil {
+			if !errors.Is(err, ErrUndecodable) {
+				t.Fatalf("error %v is not ErrUndecodable", err)
+			}
+			return
+		}
+		enc, err := AppendKVBatch(nil, evs)
+		if err != nil {
+			t.Fatalf("decoded events do not encode: %v", err)
+		}
+		if tiered := CommandType(enc[0]) == CmdKVEventBatchTiered; tiered != kvBatchTiered(evs) {
+			t.Fatalf("encoded as type %d, lower-tier events %v", enc[0], kvBatchTiered(evs))
+		}
+		again, err := DecodeKVBatch(enc)
+		if err != nil {
+			t.Fatalf("re-encoded batch does not decode: %v", err)
+		}
+		if !reflect.DeepEqual(canonical(KVEventBatch{Events: again}), canonical(KVEventBatch{Events: evs})) {
+			t.Fatal("round trip changed the events")
+		}
+		if enc2, _ := AppendKVBatch(nil, again); !bytes.Equal(enc, enc2) {
+			t.Fatal("encoding is not canonical")
+		}
+	})
+}
+
 // TestFSMFuzzSeedCorpus keeps the committed seed corpora under
 // testdata/fuzz/ in step with the seeds above (-update rewrites them).
 func TestFSMFuzzSeedCorpus(t *testing.T) {
 	for target, seeds := range map[string]map[string][]byte{
-		"FuzzFSMApply":      fuzzSeeds(t),
-		"FuzzDecodeKVBatch": kvSeeds(t),
+		"FuzzFSMApply":            fuzzSeeds(t),
+		"FuzzDecodeKVBatch":       kvSeeds(t),
+		"FuzzDecodeKVBatchTiered": kvTieredSeeds(t),
 	} {
 		dir := filepath.Join("testdata", "fuzz", target)
 		if *update {

@@ -23,6 +23,15 @@ import (
 //	  removed: uvarint n, n × u64 engine hash
 //	  cleared: nothing
 //
+// KVEventBatchTiered (type 12) has the same payload, with one more flag, of
+// any kind: bit2 a tier byte follows the flags byte (before the block
+// size), set exactly for events of a lower tier (router.Tier 1–3; the
+// device tier is the absence of the byte). So a type-12 entry's device
+// events encode as in type 3, and a batch whose events are all of the
+// device tier is written as type 3: builds without tiers apply it. A tier
+// number above those this build knows is undecodable here; a new tier takes
+// a new command type, so that older builds halt on it.
+//
 // Hashes are fixed 8-byte little endian (they are uniformly random, so a
 // varint would take 9–10 bytes). Engines that name blocks by our content hash
 // (kvmock) cost 8 bytes per block; others 16. Fields an event kind does not use
@@ -31,7 +40,8 @@ import (
 const (
 	kvFlagParent  = 1 << 0
 	kvFlagAliased = 1 << 1
-	kvMinEvent    = 6 // idx, rank, id, kind, flags, block size: one byte each at least
+	kvFlagTier    = 1 << 2 // type 12 only
+	kvMinEvent    = 6      // idx, rank, id, kind, flags, block size: one byte each at least
 )
 
 // KVBatchOverhead bounds the bytes of a KVEventBatch entry that belong to
@@ -52,6 +62,7 @@ type KVEventShape struct {
 	Blocks    int  // stored
 	Aliased   bool // stored: some block's engine hash differs from its content hash
 	Removed   int  // removed
+	Tier      router.Tier
 }
 
 // Bytes is an upper bound on the bytes the event adds to an entry: its own
@@ -63,6 +74,9 @@ func (s KVEventShape) Bytes() int {
 		binary.MaxVarintLen32 + // worker index
 		uvarintLen(uint64(s.DPRank)) + uvarintLen(s.EventID) +
 		2 + uvarintLen(uint64(s.BlockSize)) // kind, flags, block size
+	if s.Tier != router.TierDevice {
+		n++ // the tier byte
+	}
 	switch s.Kind {
 	case router.EventStored:
 		if s.HasParent {
@@ -83,7 +97,7 @@ func (s KVEventShape) Bytes() int {
 func KVBatchEventBytes(e *KVBatchEvent) int {
 	ev := &e.Event
 	s := KVEventShape{WorkerLen: len(e.Worker), DPRank: e.DPRank, EventID: e.EventID, Kind: ev.Kind,
-		BlockSize: ev.BlockSize, HasParent: ev.HasParent, Blocks: len(ev.Blocks), Removed: len(ev.Removed)}
+		BlockSize: ev.BlockSize, HasParent: ev.HasParent, Blocks: len(ev.Blocks), Removed: len(ev.Removed), Tier: ev.Tier}
 	for _, b := range ev.Blocks {
 		if b.EngineHash != b.ContentHash {
 			s.Aliased = true
@@ -102,15 +116,34 @@ func uvarintLen(v uint64) int {
 	return n
 }
 
+// kvBatchTiered reports whether an event is of a lower tier: the batch
+// is then a KVEventBatchTiered.
+func kvBatchTiered(events []KVBatchEvent) bool {
+	for i := range events {
+		if events[i].Event.Tier != router.TierDevice {
+			return true
+		}
+	}
+	return false
+}
+
 // AppendKVBatch appends a complete KVEventBatch log entry (type byte,
-// envelope version, payload) to dst. It refuses events the decoder would
-// refuse: unknown kinds, negative or huge block sizes, over-long worker ids.
+// envelope version, payload) to dst: type 12 when an event is of a lower
+// tier, else type 3. It refuses events the decoder would refuse: unknown
+// kinds and tiers, negative or huge block sizes, over-long worker ids.
 func AppendKVBatch(dst []byte, events []KVBatchEvent) ([]byte, error) {
 	var tab nameTable
+	typ := CmdKVEventBatch
 	for i := range events {
 		e := &events[i]
 		if err := checkString("worker id", e.Worker); err != nil {
 			return nil, err
+		}
+		if t := e.Event.Tier; t != router.TierDevice {
+			if !t.Valid() {
+				return nil, fmt.Errorf("event %d of worker %s: %v: %w", i, e.Worker, t, ErrInvalidCommand)
+			}
+			typ = CmdKVEventBatchTiered
 		}
 		switch e.Event.Kind {
 		case router.EventStored, router.EventRemoved, router.EventCleared:
@@ -122,7 +155,7 @@ func AppendKVBatch(dst []byte, events []KVBatchEvent) ([]byte, error) {
 		}
 		tab.index(e.Worker)
 	}
-	dst = append(dst, byte(CmdKVEventBatch), EnvelopeVersion)
+	dst = append(dst, byte(typ), EnvelopeVersion)
 	dst = binary.AppendUvarint(dst, uint64(len(tab.names)))
 	for _, n := range tab.names {
 		dst = appendString(dst, n)
@@ -147,7 +180,7 @@ func AppendKVBatch(dst []byte, events []KVBatchEvent) ([]byte, error) {
 					break
 				}
 			}
-			dst = append(dst, flags)
+			dst = appendFlagsTier(dst, flags, ev.Tier)
 			dst = binary.AppendUvarint(dst, uint64(ev.BlockSize))
 			if ev.HasParent {
 				dst = appendU64(dst, ev.Parent)
@@ -160,18 +193,27 @@ func AppendKVBatch(dst []byte, events []KVBatchEvent) ([]byte, error) {
 				}
 			}
 		case router.EventRemoved:
-			dst = append(dst, 0)
+			dst = appendFlagsTier(dst, 0, ev.Tier)
 			dst = binary.AppendUvarint(dst, uint64(ev.BlockSize))
 			dst = binary.AppendUvarint(dst, uint64(len(ev.Removed)))
 			for _, h := range ev.Removed {
 				dst = appendU64(dst, h)
 			}
 		case router.EventCleared:
-			dst = append(dst, 0)
+			dst = appendFlagsTier(dst, 0, ev.Tier)
 			dst = binary.AppendUvarint(dst, uint64(ev.BlockSize))
 		}
 	}
 	return dst, nil
+}
+
+// appendFlagsTier appends an event's flags byte and, for a lower tier,
+// kvFlagTier and the tier byte.
+func appendFlagsTier(dst []byte, flags byte, t router.Tier) []byte {
+	if t == router.TierDevice {
+		return append(dst, flags)
+	}
+	return append(dst, flags|kvFlagTier, byte(t))
 }
 
 // nameTable numbers worker ids in order of first appearance. Batches name
@@ -225,12 +267,13 @@ type kvDecoder struct {
 
 // decodeKVBatchPayload decodes into fresh buffers (for callers that keep
 // the result).
-func decodeKVBatchPayload(p []byte) ([]KVBatchEvent, error) {
+func decodeKVBatchPayload(p []byte, tiered bool) ([]KVBatchEvent, error) {
 	var d kvDecoder
-	return d.decode(p)
+	return d.decode(p, tiered)
 }
 
-func (d *kvDecoder) decode(p []byte) ([]KVBatchEvent, error) {
+// decode reads a type 3 payload, or a type 12 one when tiered.
+func (d *kvDecoder) decode(p []byte, tiered bool) ([]KVBatchEvent, error) {
 	r := &reader{b: p}
 	nNames := r.count("worker ids", 1)
 	d.names = d.names[:0]
@@ -259,6 +302,15 @@ func (d *kvDecoder) decode(p []byte) ([]KVBatchEvent, error) {
 		ev := &e.Event
 		ev.Kind = router.EventKind(r.byte())
 		flags := r.byte()
+		if tiered && flags&kvFlagTier != 0 {
+			flags &^= kvFlagTier
+			// The flag is set only for a lower tier: a device tier byte is
+			// an encoding this format does not write, so it is refused
+			// (each state has one encoding).
+			if ev.Tier = router.Tier(r.byte()); r.err == nil && (ev.Tier == router.TierDevice || !ev.Tier.Valid()) {
+				r.fail("event %d: tier %d", i, ev.Tier)
+			}
+		}
 		ev.BlockSize = r.int("block size")
 		switch ev.Kind {
 		case router.EventStored:

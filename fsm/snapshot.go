@@ -19,18 +19,21 @@ import (
 	"github.com/kvrouter/kvrouter/router"
 )
 
-// Snapshot stream, format versions 1 to 3 (see DESIGN.md):
+// Snapshot stream, format versions 1 to 4 (see DESIGN.md):
 //
 //	"KVRS" | byte format version (1; 2 when a worker has a role; 3 when a
-//	  worker's block size differs from the header's, the cluster default)
+//	  worker's block size differs from the header's, the cluster default;
+//	  4 when a rank holds blocks in a lower storage tier)
 //	records: byte type | uvarint body length (<= maxRecordLen) | body
 //	  1 header (exactly once, first): u64 applied index, uvarint block size,
 //	    varint clock, uvarint counts of nodes, workers, models, cursors,
-//	    block records, prediction records
+//	    block records, prediction records (v4: and tier block records)
 //	  2 node, 3 worker (v2: role string after the RegisterWorker
 //	    payload when the worker has one), 4 model, 5 cursor, 6 blocks,
-//	    7 predictions
-//	    (in this type order; within a type sorted by id, then rank, then hash)
+//	    7 predictions, 8 (v4) tier blocks: a blocks record with a tier
+//	    byte (router.Tier 1–3) after the rank
+//	    (in this type order; within a type sorted by id, then rank, then
+//	    tier, then hash)
 //	  0 end (empty body)
 //	u32 LE CRC-32C (Castagnoli) of every byte before it
 //
@@ -45,7 +48,7 @@ const (
 	// builds can still install it during a rolling upgrade unless the state
 	// holds something they cannot represent, which they then refuse by
 	// version instead of misreading.
-	SnapshotVersion = 3
+	SnapshotVersion = 4
 
 	// digestVersion is the version byte the digest hashes whatever version
 	// expresses the state: a state has one digest, and it is the one the
@@ -53,15 +56,17 @@ const (
 	// of a version 1 record), so digests compare across a rolling upgrade.
 	digestVersion = 1
 
-	recEnd     = 0
-	recHeader  = 1
-	recNode    = 2
-	recWorker  = 3
-	recModel   = 4
-	recCursor  = 5
-	recBlocks  = 6
-	recPreds   = 7
-	recMaxType = recPreds
+	recEnd    = 0
+	recHeader = 1
+	recNode   = 2
+	recWorker = 3
+	recModel  = 4
+	recCursor = 5
+	recBlocks = 6
+	recPreds  = 7
+	// recTierBlocks: format 4, blocks of the lower storage tiers.
+	recTierBlocks = 8
+	recMaxType    = recTierBlocks
 
 	snapshotChunk = 16384
 	maxRecordLen  = 1 << 20
@@ -88,6 +93,7 @@ type image struct {
 	cursors   []cursorImage
 	blocks    []rankBlocks
 	preds     []rankPreds
+	tiers     []rankBlocks // lower tiers' blocks, tier set
 }
 
 type cursorImage struct {
@@ -103,6 +109,7 @@ type cursorImage struct {
 type rankBlocks struct {
 	worker   string
 	rank     uint32
+	tier     router.Tier          // recTierBlocks only
 	blocks   []router.StoredBlock // sorted by content, then engine hash (Index.WorkerBlocks)
 	dangling []bool               // nil, or per block: an engine alias whose content is not held
 }
@@ -177,6 +184,12 @@ func (f *FSM) captureLocked() *image {
 	}
 	slices.Sort(ids)
 	all := st.index.AllWorkerBlocks()
+	var lower [router.NumTiers]map[router.WorkerID][]router.StoredBlock
+	for t := router.TierHost; t < router.NumTiers; t++ {
+		if l := st.index.LowerTier(t); l != nil && l.Len() > 0 {
+			lower[t] = l.AllWorkerBlocks()
+		}
+	}
 	for _, id := range ids {
 		ws := st.workers[id]
 		img.workers = append(img.workers, ws.rec)
@@ -194,6 +207,12 @@ func (f *FSM) captureLocked() *image {
 				}
 				slices.SortFunc(e, func(a, b predHash) int { return cmp.Compare(a.hash, b.hash) })
 				img.preds = append(img.preds, rankPreds{worker: rs.worker, rank: rs.rank, entries: e})
+			}
+			for t := router.TierHost; t < router.NumTiers; t++ {
+				if b := lower[t][rs.key]; len(b) > 0 {
+					img.tiers = append(img.tiers, rankBlocks{worker: rs.worker, rank: rs.rank, tier: t, blocks: b,
+						dangling: danglingAliases(st.index.LowerTier(t), rs.key, b)})
+				}
 			}
 		}
 	}
@@ -227,11 +246,16 @@ func (c *crcWriter) record(typ byte) {
 	c.write(c.buf)
 }
 
-// snapshotVersionOf is the oldest format that expresses img: 3 once a
+// snapshotVersionOf is the oldest format that expresses img: 4 once a
+// rank holds blocks in a lower tier (older readers would refuse the record
+// type rather than drop the blocks), 3 once a
 // worker's block size differs from the cluster default (formats 1 and 2
 // hold the same bytes but their readers refuse such a worker), else 2 once
 // a worker has a role (format 1 has no field for it), else 1.
 func snapshotVersionOf(img *image) byte {
+	if len(img.tiers) > 0 {
+		return 4
+	}
 	v := byte(1)
 	for _, w := range img.workers {
 		if w.BlockSize != img.blockSize {
@@ -256,9 +280,12 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 	}
 	c.write([]byte{version})
 
-	nBlocks, nPreds := 0, 0
+	nBlocks, nPreds, nTiers := 0, 0, 0
 	for _, rb := range img.blocks {
 		nBlocks += chunks(len(rb.blocks))
+	}
+	for _, rb := range img.tiers {
+		nTiers += chunks(len(rb.blocks))
 	}
 	for _, rp := range img.preds {
 		nPreds += chunks(len(rp.entries))
@@ -272,6 +299,12 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 	b = binary.AppendVarint(b, img.lastTick)
 	for _, n := range []int{len(img.nodes), len(img.workers), len(img.models), len(img.cursors), nBlocks, nPreds} {
 		b = binary.AppendUvarint(b, uint64(n))
+	}
+	if len(img.tiers) > 0 {
+		// Format 4's count, written by the state (not the version byte,
+		// which the digest fixes at 1): a state without tiers keeps the
+		// bytes, and so the digest, it had before tiers existed.
+		b = binary.AppendUvarint(b, uint64(nTiers))
 	}
 	c.buf = b
 	c.record(recHeader)
@@ -320,11 +353,14 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 		c.buf = b
 		c.record(recCursor)
 	}
-	for _, rb := range img.blocks {
+	writeBlocks := func(rb rankBlocks, typ byte) {
 		for start := 0; start < len(rb.blocks); start += snapshotChunk {
 			part := rb.blocks[start:min(start+snapshotChunk, len(rb.blocks))]
-			b = appendString(c.buf[:0], rb.worker)
+			b := appendString(c.buf[:0], rb.worker)
 			b = binary.AppendUvarint(b, uint64(rb.rank))
+			if typ == recTierBlocks {
+				b = append(b, byte(rb.tier))
+			}
 			b = binary.AppendUvarint(b, uint64(len(part)))
 			for i, sb := range part {
 				b = appendU64(b, sb.ContentHash)
@@ -338,8 +374,11 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 				}
 			}
 			c.buf = b
-			c.record(recBlocks)
+			c.record(typ)
 		}
+	}
+	for _, rb := range img.blocks {
+		writeBlocks(rb, recBlocks)
 	}
 	for _, rp := range img.preds {
 		for part := range slices.Chunk(rp.entries, snapshotChunk) {
@@ -352,6 +391,9 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 			c.buf = b
 			c.record(recPreds)
 		}
+	}
+	for _, rb := range img.tiers {
+		writeBlocks(rb, recTierBlocks)
 	}
 	c.buf = c.buf[:0]
 	c.record(recEnd)
@@ -521,8 +563,9 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 	st := newState(base.BlockSize)
 	var applied uint64
 	type danglingAlias struct {
-		rs *rankState
-		b  router.StoredBlock
+		rs   *rankState
+		tier router.Tier
+		b    router.StoredBlock
 	}
 	var dangling []danglingAlias
 	var want, got [recMaxType + 1]int
@@ -538,7 +581,7 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 			}
 			break
 		}
-		if typ > recMaxType || typ < lastType || (typ == recHeader) != (lastType == 0) {
+		if typ > recMaxType || typ < lastType || (typ == recHeader) != (lastType == 0) || (typ == recTierBlocks && version < 4) {
 			return nil, 0, corrupt("record type %d after %d", typ, lastType)
 		}
 		lastType = typ
@@ -557,6 +600,9 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 			want[recHeader] = 1
 			for t := recNode; t <= recPreds; t++ {
 				want[t] = rd.int("count")
+			}
+			if version >= 4 {
+				want[recTierBlocks] = rd.int("count")
 			}
 		case recNode:
 			n := NodeRecord{ID: rd.string("node id"), RaftAddr: rd.string("raft addr"), HTTPAddr: rd.string("http addr")}
@@ -622,8 +668,14 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 				rs.restored = true
 				rs.last, rs.resynced, rs.stale, rs.reason, rs.staleID = last, flags&cursorResynced != 0, flags&cursorStale != 0, reason, staleID
 			}
-		case recBlocks:
+		case recBlocks, recTierBlocks:
 			rs := snapRank(st, rd)
+			tier := router.TierDevice
+			if typ == recTierBlocks {
+				if tier = router.Tier(rd.byte()); rd.err == nil && (tier == router.TierDevice || !tier.Valid()) {
+					rd.fail("tier %d", tier)
+				}
+			}
 			n := rd.count("blocks", 9)
 			blocks := make([]router.StoredBlock, 0, n)
 			for range n {
@@ -640,7 +692,7 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 					rd.fail("bad block flag %d", flag)
 				}
 				if flag == blockDangling {
-					dangling = append(dangling, danglingAlias{rs, router.StoredBlock{EngineHash: eh, ContentHash: ch}})
+					dangling = append(dangling, danglingAlias{rs, tier, router.StoredBlock{EngineHash: eh, ContentHash: ch}})
 				} else {
 					blocks = append(blocks, router.StoredBlock{EngineHash: eh, ContentHash: ch})
 				}
@@ -649,7 +701,7 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 				if rs == nil {
 					return nil, 0, corrupt("blocks of an unknown rank")
 				}
-				if err := st.index.Apply(rs.key, router.KVEvent{Kind: router.EventStored, Blocks: blocks}); err != nil {
+				if err := st.index.Apply(rs.key, router.KVEvent{Kind: router.EventStored, Blocks: blocks, Tier: tier}); err != nil {
 					return nil, 0, corrupt("blocks of %s: %v", rs.key, err)
 				}
 			}
@@ -711,10 +763,10 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 	// engine name, then removed under the content name (the alias stays).
 	var dst []router.Overlap
 	for _, d := range dangling {
-		held := st.index.Held(d.rs.key)
+		held := st.index.TierHeld(d.rs.key, d.tier)
 		for _, ev := range []router.KVEvent{
-			{Kind: router.EventStored, Blocks: []router.StoredBlock{d.b}},
-			{Kind: router.EventRemoved, Removed: []uint64{d.b.ContentHash}},
+			{Kind: router.EventStored, Blocks: []router.StoredBlock{d.b}, Tier: d.tier},
+			{Kind: router.EventRemoved, Removed: []uint64{d.b.ContentHash}, Tier: d.tier},
 		} {
 			if err := st.index.Apply(d.rs.key, ev); err != nil {
 				return nil, 0, corrupt("alias of %s: %v", d.rs.key, err)
@@ -724,8 +776,12 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 		// alias) nor after (the removal hit another alias named by this
 		// content hash: a state this format cannot express; astronomically
 		// unlikely with real engine hashes, and refused rather than guessed).
-		dst = st.index.FindMatches([]uint64{d.b.ContentHash}, dst)
-		if st.index.Held(d.rs.key) != held || slices.ContainsFunc(dst, func(o router.Overlap) bool { return o.Worker == d.rs.key }) {
+		ix := st.index
+		if d.tier != router.TierDevice {
+			ix = st.index.LowerTier(d.tier)
+		}
+		dst = ix.FindMatches([]uint64{d.b.ContentHash}, dst)
+		if ix.Held(d.rs.key) != held || slices.ContainsFunc(dst, func(o router.Overlap) bool { return o.Worker == d.rs.key }) {
 			return nil, 0, corrupt("dangling alias %d→%d of %s does not restore", d.b.EngineHash, d.b.ContentHash, d.rs.key)
 		}
 	}
