@@ -134,9 +134,15 @@ func dynamoSpecs(c *serveConfig, noEvents *bool, warn func(string)) []flagSpec {
 		"KV events are always durable here (JetStream, acknowledged after the Raft commit)", "durable-kv-events")...)
 	specs = append(specs, negatable("router-track-active-blocks", "DYN_ROUTER_TRACK_ACTIVE_BLOCKS", true,
 		"active blocks are always tracked: the cost function needs them", "track-active-blocks")...)
-	specs = append(specs, negatable("router-track-output-blocks", "DYN_ROUTER_TRACK_OUTPUT_BLOCKS", false,
-		"not implemented: a request's active blocks are its prompt's until it finishes; growing them as tokens stream (toward nvext "+
-			"agent_hints.osl) needs per-token progress from the relay in the load view and a replica-sync message per block per request", "track-output-blocks")...)
+	specs = append(specs, flagSpec{names: []string{"router-track-output-blocks", "track-output-blocks"}, env: envs("DYN_ROUTER_TRACK_OUTPUT_BLOCKS"), bool: true,
+		usage: "grow a worker's active blocks as its requests stream: one block per block of output, decayed toward nvext.agent_hints.osl (default false)",
+		set:   boolp(&c.Router.TrackOutputBlocks)},
+		flagSpec{names: []string{"no-router-track-output-blocks", "no-track-output-blocks"}, bool: true, usage: "Dynamo's; see --router-track-output-blocks",
+			set: func(v string) error {
+				b, err := strconv.ParseBool(v)
+				c.Router.TrackOutputBlocks = err == nil && !b
+				return err
+			}})
 	specs = append(specs, flagSpec{names: []string{"router-assume-kv-reuse", "assume-kv-reuse"}, env: envs("DYN_ROUTER_ASSUME_KV_REUSE"), bool: true,
 		usage: "requests sharing a prefix on a worker share its active blocks (default true; --no-router-assume-kv-reuse: every request's blocks count on their own)",
 		set: func(v string) error {
