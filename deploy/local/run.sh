@@ -29,6 +29,10 @@
 #   KVROUTER_RUN_STOP_TIMEOUT  seconds children get after SIGTERM before SIGKILL [15]
 #   KVROUTER_RUN_INSECURE=1   no certificates: Raft, NATS and /cluster/* unauthenticated
 #                             (the replicas are started with --insecure) [0]
+#   KVROUTER_RUN_CAPTURE=1    every replica captures its answered requests as a
+#                             trace, <run dir>/<replica>/capture.jsonl (block
+#                             hashes and lengths; kvbench sim --trace / kvbench
+#                             tune --trace r1,r2,r3 replay them together) [0]
 #   KVROUTER_RUN_ADMIN_TOKEN=1 also generate an admin token (secrets/admin-token)
 #                             and require it on the admin endpoints [0: they stay
 #                             open to this host only, see SECURITY.md]
@@ -70,6 +74,7 @@ ready_timeout=${KVROUTER_RUN_READY_TIMEOUT:-180}
 insecure=${KVROUTER_RUN_INSECURE:-0}
 want_admin_token=${KVROUTER_RUN_ADMIN_TOKEN:-0}
 stop_timeout=${KVROUTER_RUN_STOP_TIMEOUT:-15}
+capture=${KVROUTER_RUN_CAPTURE:-0}
 if [ -t 1 ]; then tail_logs=${KVROUTER_RUN_TAIL:-1}; else tail_logs=${KVROUTER_RUN_TAIL:-0}; fi
 read -r -a serve_extra <<<"${KVROUTER_SERVE_ARGS:-}"
 read -r -a mock_extra <<<"${KVMOCK_ARGS:-}"
@@ -359,6 +364,8 @@ for r in "${replicas[@]}"; do
   done
   mkdir -p "$run_dir/$r"
   mapfile -t sec < <(serve_security "$r")
+  capt=()
+  [ "$capture" = 1 ] && capt=(--capture-file "$run_dir/$r/capture.jsonl")
   start "$r" "$kvrouter" serve \
     --node-id "$r" \
     --data-dir "$run_dir/$r" \
@@ -371,6 +378,7 @@ for r in "${replicas[@]}"; do
     --model "$model" \
     --block-size "$block_size" \
     ${sec[@]+"${sec[@]}"} \
+    ${capt[@]+"${capt[@]}"} \
     ${serve_extra[@]+"${serve_extra[@]}"}
 done
 

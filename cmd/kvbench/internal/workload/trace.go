@@ -171,7 +171,11 @@ func LoadTrace(s TraceSpec) (*Workload, error) {
 			return nil, err
 		}
 		rows = append(rows, more...)
-		names = append(names, filepath.Base(path))
+		name := filepath.Base(path)
+		if strings.Contains(s.Path, ",") { // captures are often r1/capture.jsonl, r2/capture.jsonl, …
+			name = filepath.Join(filepath.Base(filepath.Dir(path)), name)
+		}
+		names = append(names, name)
 	}
 	if len(rows) == 0 {
 		return nil, fmt.Errorf("%s: no requests: %w", s.Path, ErrSpec)
