@@ -46,11 +46,11 @@ type Block struct {
 }
 
 var (
-	reFigure  = regexp.MustCompile(`^<!-- figure: ([a-z0-9][a-z0-9.-]*) -->\s*$`)
-	reEnd     = regexp.MustCompile(`^<!-- /figure -->\s*$`)
-	reCommand = regexp.MustCompile(`^<!-- figure-command: ([a-z0-9][a-z0-9.-]*(?: [a-z0-9][a-z0-9.-]*)*) -->\s*$`)
-	reFile    = regexp.MustCompile(`^<!-- figure-file: ([a-z0-9][a-z0-9.-]*) ([A-Za-z0-9_.-]+) -->\s*$`)
-	reAnyMark = regexp.MustCompile(`^<!-- /?figure`)
+	reFigure  = regexp.MustCompile(`^\s*<!-- figure: ([a-z0-9][a-z0-9.-]*) -->\s*$`)
+	reEnd     = regexp.MustCompile(`^\s*<!-- /figure -->\s*$`)
+	reCommand = regexp.MustCompile(`^\s*<!-- figure-command: ([a-z0-9][a-z0-9.-]*(?: [a-z0-9][a-z0-9.-]*)*) -->\s*$`)
+	reFile    = regexp.MustCompile(`^\s*<!-- figure-file: ([a-z0-9][a-z0-9.-]*) ([A-Za-z0-9_.-]+) -->\s*$`)
+	reAnyMark = regexp.MustCompile(`^\s*<!-- /?figure`)
 )
 
 // line is one line of the file with its byte offset.
@@ -87,7 +87,7 @@ func Parse(doc []byte) ([]Block, error) {
 	for i := 0; i < len(ls); i++ {
 		t := ls[i].text
 		if m := reCommand.FindStringSubmatch(t); m != nil {
-			code, next, err := codeBlock(ls, i+1)
+			code, next, err := codeBlock(ls, i+1, indentOf(t))
 			if err != nil {
 				return nil, fmt.Errorf("line %d: figure-command %s: %w", i+1, m[1], err)
 			}
@@ -101,7 +101,7 @@ func Parse(doc []byte) ([]Block, error) {
 			continue
 		}
 		if m := reFile.FindStringSubmatch(t); m != nil {
-			code, next, err := codeBlock(ls, i+1)
+			code, next, err := codeBlock(ls, i+1, indentOf(t))
 			if err != nil {
 				return nil, fmt.Errorf("line %d: figure-file %s %s: %w", i+1, m[1], m[2], err)
 			}
@@ -161,12 +161,16 @@ func Parse(doc []byte) ([]Block, error) {
 	return blocks, nil
 }
 
+func indentOf(s string) string { return s[:len(s)-len(strings.TrimLeft(s, " "))] }
+
 // codeBlock reads the code block that starts at or after line i (blank
 // lines skipped): a fenced block (``` … ```) or an indented one (every line
-// indented by four spaces or blank; it ends before the first line that is
-// neither, and trailing blank lines are not part of it). It returns the
-// code and the index of the first line after it.
-func codeBlock(ls []line, i int) (string, int, error) {
+// indented by four spaces more than the marker, base, or blank; it ends
+// before the first line that is neither, and trailing blank lines are not
+// part of it). A marker indented inside a list item thus finds the item's
+// code block. It returns the code and the index of the first line after it.
+func codeBlock(ls []line, i int, base string) (string, int, error) {
+	in := base + "    "
 	for i < len(ls) && strings.TrimSpace(ls[i].text) == "" {
 		i++
 	}
@@ -175,7 +179,7 @@ func codeBlock(ls []line, i int) (string, int, error) {
 	}
 	var b strings.Builder
 	if fence := strings.TrimSpace(ls[i].text); strings.HasPrefix(fence, "```") {
-		indent := ls[i].text[:len(ls[i].text)-len(strings.TrimLeft(ls[i].text, " "))]
+		indent := indentOf(ls[i].text)
 		for j := i + 1; j < len(ls); j++ {
 			if strings.TrimSpace(ls[j].text) == "```" {
 				return b.String(), j + 1, nil
@@ -185,7 +189,7 @@ func codeBlock(ls []line, i int) (string, int, error) {
 		}
 		return "", len(ls), fmt.Errorf("code fence at line %d is not closed", i+1)
 	}
-	if !strings.HasPrefix(ls[i].text, "    ") {
+	if !strings.HasPrefix(ls[i].text, in) {
 		return "", i, fmt.Errorf("line %d is not a code block (indented by 4 spaces or fenced)", i+1)
 	}
 	last := i
@@ -195,13 +199,13 @@ func codeBlock(ls []line, i int) (string, int, error) {
 		if strings.TrimSpace(t) == "" {
 			continue
 		}
-		if !strings.HasPrefix(t, "    ") {
+		if !strings.HasPrefix(t, in) {
 			break
 		}
 		last = j
 	}
 	for k := i; k <= last; k++ {
-		b.WriteString(strings.TrimPrefix(ls[k].text, "    "))
+		b.WriteString(strings.TrimPrefix(ls[k].text, in))
 		b.WriteByte('\n')
 	}
 	return b.String(), last + 1, nil

@@ -28,6 +28,11 @@ func TestFiguresParse(t *testing.T) {
 			want: []Block{{Name: "d", Command: "kvbench disagg\n", Body: ""}, {Name: "c", Command: "kvbench disagg\n", Body: "c\n"}},
 		},
 		{
+			name: "inside a list item",
+			doc:  "- item:\n\n  <!-- figure-command: e -->\n\n      kvbench sim \\\n        --seed 1\n\n  <!-- figure: e -->\n  | x |\n  <!-- /figure -->\n",
+			want: []Block{{Name: "e", Command: "kvbench sim \\\n  --seed 1\n", Body: "  | x |\n"}},
+		},
+		{
 			name: "no markers",
 			doc:  "# nothing\n\n    kvbench sim\n",
 		},

@@ -16,8 +16,14 @@ func Registry() []Figure {
 		{"s002-calibration", "simulator calibration against seed 002 (round-robin, 4 runs, ~1 s)", formatS002Calibration},
 		{"s001-calibration", "simulator calibration against seed 001 (2 runs, ~1 s)", formatS001Calibration},
 		{"s002-grid", "the whole seed-002 grid, every policy (24 runs, ~30 s)", formatS002Grid},
+		{"s002-approx", "seed 002's approximate-mode column beside ours (6 runs, ~5 s)", formatApproxColumn},
 		{"disagg-seed001", "kvbench disagg: seed 001's arithmetic (shares disagg-1p1d's command, ~5 s)", formatDisaggSeed001},
 		{"disagg-1p1d", "kvbench disagg: 1 + 1 workers, concurrency 4 (~5 s)", formatDisaggGrid},
 		{"disagg-2p2d", "kvbench disagg: 2 + 2 workers, 16 clients with think time (~10 s)", formatDisaggGrid},
+		{"pooled-grid", "the seed-002 grid, round-robin, kv and kv-pooled (24 runs, ~40 s)", formatPooledGrid},
+		{"routers-s002", "several routers against sync lag, seed 002's 24-prefix cell (10 runs, ~30 s)",
+			formatRouters("r*.json", " (0 – 3 s)", "", true)},
+		{"routers-live", "several routers against sync lag, the live workload's shape (14 runs, ~20 s)",
+			formatRouters("S*.json", "", "  ", false)},
 	}
 }
