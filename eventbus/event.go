@@ -48,6 +48,12 @@ type WireEvent struct {
 	Parent    uint64      `msgpack:"p,omitempty"` // engine hash of the parent block (stored)
 	Blocks    []WireBlock `msgpack:"b,omitempty"` // stored, in chain order
 	Removed   []uint64    `msgpack:"x,omitempty"` // engine hashes (removed)
+	// Tier is the storage tier (router.Tier): absent, 0, for the device
+	// tier, so device events encode as before tiers and an event of a
+	// publisher that knows no tiers means GPU. Consumers of builds before
+	// tiers refuse an event with it as undecodable (unknown key): publish
+	// lower tiers only once every consumer knows them.
+	Tier uint8 `msgpack:"t,omitempty"`
 }
 
 // WireBlock is one stored block: the engine's opaque hash and our content
@@ -71,6 +77,7 @@ func (ev *WireEvent) KVEvent() router.KVEvent {
 		HasParent: ev.HasParent,
 		Parent:    ev.Parent,
 		BlockSize: ev.BlockSize,
+		Tier:      router.Tier(ev.Tier),
 	}
 	if len(ev.Blocks) > 0 {
 		kv.Blocks = make([]router.StoredBlock, len(ev.Blocks))
@@ -95,6 +102,7 @@ func FromKVEvent(worker string, dpRank uint32, eventID uint64, kv router.KVEvent
 		BlockSize: kv.BlockSize,
 		HasParent: kv.HasParent,
 		Parent:    kv.Parent,
+		Tier:      uint8(kv.Tier),
 	}
 	if len(kv.Blocks) > 0 {
 		ev.Blocks = make([]WireBlock, len(kv.Blocks))
@@ -180,7 +188,7 @@ func decodeInto(data []byte, ev *WireEvent) error {
 	return nil
 }
 
-var keyBits = map[string]uint16{"w": 1, "r": 2, "i": 4, "k": 8, "bs": 16, "hp": 32, "p": 64, "b": 128, "x": 256}
+var keyBits = map[string]uint16{"w": 1, "r": 2, "i": 4, "k": 8, "bs": 16, "hp": 32, "p": 64, "b": 128, "x": 256, "t": 512}
 
 func decodeField(d *msgpack.Decoder, r *bytes.Reader, key string, ev *WireEvent) error {
 	var err error
@@ -211,6 +219,10 @@ func decodeField(d *msgpack.Decoder, r *bytes.Reader, key string, ev *WireEvent)
 		}
 	case "p":
 		ev.Parent, err = readUint(d, math.MaxUint64)
+	case "t":
+		var v uint64
+		v, err = readUint(d, math.MaxUint8)
+		ev.Tier = uint8(v)
 	case "b":
 		var n int
 		if n, err = readArrayLen(d, r, 1); err != nil || n == 0 {
@@ -375,13 +387,14 @@ const (
 	ReasonBlockSizeMismatch Reason = "block_size_mismatch" // Validator: block size differs from the configured one
 	ReasonRejected          Reason = "rejected"            // Validator: any other error
 	ReasonTooLarge          Reason = "too_large"           // alone larger than one Raft entry may be (ConsumerConfig.MaxEntryBytes)
+	ReasonBadTier           Reason = "bad_tier"            // a storage tier this build does not know
 )
 
 // AllReasons lists every reason (for pre-initialising metric labels).
 var AllReasons = []Reason{
 	ReasonUndecodable, ReasonBadWorker, ReasonBadEventID, ReasonBadKind, ReasonTooManyBlocks,
 	ReasonBadBlockSize, ReasonInconsistent, ReasonSubjectMismatch, ReasonMsgIDMismatch,
-	ReasonUnknownWorker, ReasonBlockSizeMismatch, ReasonRejected, ReasonTooLarge,
+	ReasonUnknownWorker, ReasonBlockSizeMismatch, ReasonRejected, ReasonTooLarge, ReasonBadTier,
 }
 
 // ErrInvalidEvent is the router's sentinel, aliased so errors.Is works
@@ -439,6 +452,9 @@ func Validate(ev *WireEvent, maxBlocks int) error {
 	}
 	if ev.BlockSize < 0 || ev.BlockSize > MaxBlockSize {
 		return invalid(ReasonBadBlockSize, "%s: block size %d", ev.MsgID(), ev.BlockSize)
+	}
+	if !router.Tier(ev.Tier).Valid() {
+		return invalid(ReasonBadTier, "%s: tier %d", ev.MsgID(), ev.Tier)
 	}
 	if len(ev.Blocks) > maxBlocks || len(ev.Removed) > maxBlocks {
 		return invalid(ReasonTooManyBlocks, "%s: %d stored, %d removed blocks (max %d)", ev.MsgID(), len(ev.Blocks), len(ev.Removed), maxBlocks)

@@ -19,6 +19,38 @@ func sampleEvents() []WireEvent {
 			Blocks: []WireBlock{{Engine: 1<<64 - 1, Content: 12583592247330656132}}},
 		{Worker: "engine-a.pod/7", EventID: 1<<40 + 5, Kind: KindRemoved, Removed: []uint64{1, 2, 1 << 63}},
 		{Worker: "w2", EventID: 9, Kind: KindCleared},
+		// Lower storage tiers (the "t" key).
+		{Worker: "w1", EventID: 3, Kind: KindStored, BlockSize: 16, Tier: uint8(router.TierHost),
+			Blocks: []WireBlock{{Engine: 1, Content: 14643705804678351452}}},
+		{Worker: "w1", EventID: 4, Kind: KindRemoved, Tier: uint8(router.TierDisk), Removed: []uint64{7}},
+		{Worker: "w1", EventID: 5, Kind: KindCleared, Tier: uint8(router.TierExternal)},
+	}
+}
+
+// TestBusEventTier: a device event carries no "t" key (it encodes as
+// before tiers, and a consumer without tiers reads it); a lower tier's
+// event does and converts to the router's tier; an unknown tier is
+// invalid.
+func TestBusEventTier(t *testing.T) {
+	keys := func(ev WireEvent) map[string]any {
+		var m map[string]any
+		if err := msgpack.Unmarshal(mustEncode(t, ev), &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	evs := sampleEvents()
+	if _, ok := keys(evs[0])["t"]; ok {
+		t.Fatal("a device event encodes a tier")
+	}
+	host := evs[4]
+	if _, ok := keys(host)["t"]; !ok || host.KVEvent().Tier != router.TierHost {
+		t.Fatalf("host event: %v, tier %v", keys(host), host.KVEvent().Tier)
+	}
+	bad := host
+	bad.Tier = router.NumTiers
+	if err := Validate(&bad, 0); ReasonOf(err) != ReasonBadTier {
+		t.Fatalf("tier %d: %v", bad.Tier, err)
 	}
 }
 

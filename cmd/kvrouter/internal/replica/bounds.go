@@ -41,7 +41,7 @@ func (c Config) maxEntryBytes() int {
 func wireEntryBytes(ev *eventbus.WireEvent) int {
 	s := fsm.KVEventShape{WorkerLen: len(ev.Worker), DPRank: ev.DPRank, EventID: ev.EventID,
 		Kind: router.EventKind(ev.Kind), BlockSize: ev.BlockSize, HasParent: ev.HasParent,
-		Blocks: len(ev.Blocks), Removed: len(ev.Removed)}
+		Blocks: len(ev.Blocks), Removed: len(ev.Removed), Tier: router.Tier(ev.Tier)}
 	for _, b := range ev.Blocks {
 		if b.Engine != b.Content {
 			s.Aliased = true
