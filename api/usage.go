@@ -7,11 +7,27 @@ import (
 
 // usage is the part of an OpenAI usage object the audit reads.
 type usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	Details          *struct {
-		CachedTokens int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
+	PromptTokens     int            `json:"prompt_tokens"`
+	CompletionTokens int            `json:"completion_tokens"`
+	Details          *cachedDetails `json:"prompt_tokens_details"`
+	// The Responses API's names for the same numbers (normalized into the
+	// fields above by fromResponses).
+	InputTokens  int            `json:"input_tokens"`
+	OutputTokens int            `json:"output_tokens"`
+	InputDetails *cachedDetails `json:"input_tokens_details"`
+}
+
+type cachedDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+// fromResponses fills the chat/completions fields from the Responses API's
+// (input_tokens, output_tokens, input_tokens_details) when only those are
+// there.
+func (u *usage) fromResponses() {
+	if u.PromptTokens == 0 && u.CompletionTokens == 0 && u.Details == nil {
+		u.PromptTokens, u.CompletionTokens, u.Details = u.InputTokens, u.OutputTokens, u.InputDetails
+	}
 }
 
 // usageScanner finds the usage object in a relayed answer without holding
@@ -57,13 +73,26 @@ func (u *usageScanner) usage() (usage, bool) {
 	if !u.stream {
 		src = u.body.Bytes()
 	}
+	// A Responses API answer nests it: the response object (plain) or the
+	// response.completed event's "response" (streamed).
 	var doc struct {
-		Usage *usage `json:"usage"`
+		Usage    *usage `json:"usage"`
+		Response *struct {
+			Usage *usage `json:"usage"`
+		} `json:"response"`
 	}
-	if len(src) == 0 || json.Unmarshal(src, &doc) != nil || doc.Usage == nil {
+	if len(src) == 0 || json.Unmarshal(src, &doc) != nil {
 		return usage{}, false
 	}
-	return *doc.Usage, true
+	got := doc.Usage
+	if got == nil && doc.Response != nil {
+		got = doc.Response.Usage
+	}
+	if got == nil {
+		return usage{}, false
+	}
+	got.fromResponses()
+	return *got, true
 }
 
 // cachedTokens is the prompt tokens the engine served from its cache (0
