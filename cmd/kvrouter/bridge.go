@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/eventbus"
 	"github.com/kvrouter/kvrouter/eventbus/zmqbridge"
+	"github.com/kvrouter/kvrouter/router"
 )
 
 // bridgeConfig is everything `kvrouter bridge` is told.
@@ -35,6 +36,9 @@ type bridgeConfig struct {
 	MaxMessageBytes  int64 // ZMQ message cap (0: zmqbridge's default)
 	ReplayTimeout    time.Duration
 	LogLevel         slog.Level
+	// LowerTiers (--kv-tiers) are the offload tiers whose KV events are
+	// published with their tier; none by default (skipped as before).
+	LowerTiers []router.Tier
 
 	workers []zmqbridge.WorkerSpec // flags' worker plus the config file's
 }
@@ -52,8 +56,8 @@ func parseBridge(args []string, getenv func(string) string, stderr io.Writer) (b
 	fs := flag.NewFlagSet("bridge", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		c               bridgeConfig
-		register, level string
+		c                      bridgeConfig
+		register, level, tiers string
 	)
 	w := &c.Worker
 	fs.StringVar(&c.ConfigFile, "config", "", "JSON file listing workers (and optionally block_size, nats, register, admin_token)")
@@ -78,6 +82,10 @@ func parseBridge(args []string, getenv func(string) string, stderr io.Writer) (b
 	fs.Int64Var(&c.MaxMessageBytes, "max-message-bytes", 0, "largest ZMQ message accepted from an engine, all frames (0: 16 MiB); a peer declaring more is dropped before anything is allocated")
 	fs.DurationVar(&c.ReplayTimeout, "replay-timeout", 30*time.Second, "bound on one replay request to an engine")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&tiers, "kv-tiers", "", "offload tiers whose KV events are published with their tier, comma list of host, disk, external "+
+		"(vLLM/KVBM media CPU and DISK, SGLang HiCache STORAGE): the router credits them at --router-host-cache-hit-weight and "+
+		"--router-disk-cache-hit-weight. Default none: those events are skipped (other_medium). Enable only once every replica "+
+		"runs a build with tiers: older builds halt on a tiered Raft entry")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: kvrouter bridge [flags]\n\n"+
 			"Follows vLLM / SGLang KV events over ZMQ (--kv-events-config publisher zmq) and publishes them,\n"+
@@ -112,6 +120,13 @@ func parseBridge(args []string, getenv func(string) string, stderr io.Writer) (b
 		return c, err
 	}
 	c.Register = splitComma(register)
+	for _, name := range splitComma(tiers) {
+		t, ok := parseTierName(name)
+		if !ok {
+			return c, fmt.Errorf("--kv-tiers: %q is not host, disk or external", name)
+		}
+		c.LowerTiers = append(c.LowerTiers, t)
+	}
 	if c.HTTPAddr != "" {
 		if err := zmqbridge.CheckAPIListen(c.HTTPAddr, c.APIToken, c.InsecureAPI); err != nil {
 			return c, err
@@ -207,6 +222,7 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		BlockSize: cfg.BlockSize, Publishers: zmqbridge.NATSPublishers(nc, log), NATS: nc,
 		Register: cfg.Register, AdminToken: cfg.AdminToken, RegisterInterval: cfg.RegisterInterval,
 		ReplayTimeout: cfg.ReplayTimeout, Logger: log, InsecureAPI: cfg.InsecureAPI, MaxMessageBytes: cfg.MaxMessageBytes,
+		LowerTiers: cfg.LowerTiers,
 	})
 	if err != nil {
 		log.Error("cannot start", "err", err)
@@ -248,3 +264,13 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) int
 var getenvFunc = osGetenv
 
 func osGetenv(k string) string { return os.Getenv(k) }
+
+// parseTierName reads a lower tier's name (router.Tier's String).
+func parseTierName(s string) (router.Tier, bool) {
+	for t := router.TierHost; t < router.NumTiers; t++ {
+		if strings.EqualFold(s, t.String()) {
+			return t, true
+		}
+	}
+	return 0, false
+}

@@ -231,6 +231,9 @@ type Config struct {
 	// HTTPClient talks to engines and replicas (default 5s timeout).
 	HTTPClient *http.Client
 	Logger     *slog.Logger
+	// LowerTiers are the offload tiers whose events are published with
+	// their tier (StreamConfig.LowerTiers); empty: skipped.
+	LowerTiers []router.Tier
 }
 
 // Bridge follows the KV events of vLLM and SGLang workers over ZMQ and
@@ -620,7 +623,7 @@ func (w *worker) follow(ctx context.Context) {
 		schema, _ := spec.Schema() // checked by Normalize
 		st := NewStream(StreamConfig{Worker: spec.ID, DPRank: uint32(i), BlockSize: cfg.BlockSize, MaxEntries: cfg.MaxEntries,
 			Replayer: rep, Sink: &publisherSink{pub: pub, worker: spec.ID, rank: uint32(i)}, Logger: w.b.log,
-			Schema: schema, Group: spec.KVCacheGroup})
+			Schema: schema, Group: spec.KVCacheGroup, LowerTiers: cfg.LowerTiers})
 		if zrep != nil {
 			zrep.Counters = st.Wire() // before the stream's first replay: Start runs later, in followRank
 		}

@@ -13,7 +13,7 @@ type SkipReason string
 
 // Skip reasons.
 const (
-	SkipOtherMedium       SkipReason = "other_medium"        // not the GPU prefix cache (CPU/disk offload tiers)
+	SkipOtherMedium       SkipReason = "other_medium"        // a medium not followed: unknown, or a lower tier not kept (Converter.KeepTiers)
 	SkipOtherGroup        SkipReason = "other_group"         // a KV cache group the index does not follow (hybrid models: see groups.go)
 	SkipUnknownParent     SkipReason = "unknown_parent"      // parent block never seen: its content hash is unknown
 	SkipBadTokens         SkipReason = "bad_tokens"          // token_ids is not block_size tokens per block hash
@@ -101,6 +101,14 @@ type Converter struct {
 
 	groups groupPolicy
 
+	// lower are the converters of the lower storage tiers kept
+	// (KeepTiers), by tier; each has its own engine→content mapping (a
+	// block offloaded to host memory is another copy, removed on its own)
+	// and resolves what it lacks from this, the device tier's (fallback).
+	lower    [router.NumTiers]*Converter
+	fallback *Converter
+	tier     router.Tier
+
 	stats ConverterStats
 }
 
@@ -122,16 +130,53 @@ func (c *Converter) reset() {
 	c.deferred = map[uint64][]uint64{}
 }
 
-// Len is the number of engine hashes the converter holds.
-func (c *Converter) Len() int { return len(c.engines) }
+// KeepTiers makes the converter follow the engine's events of the lower
+// storage tiers ts (vLLM's KV offloading and KVBM report CPU and DISK
+// media, SGLang HiCache STORAGE: router.TierOfMedium) instead of skipping
+// them: they are published with their tier, and every reset clears them
+// too. Call it before the first event. Unknown media are always skipped.
+func (c *Converter) KeepTiers(ts ...router.Tier) {
+	for _, t := range ts {
+		if t == router.TierDevice || !t.Valid() || c.lower[t] != nil {
+			continue
+		}
+		l := NewConverter(c.blockSize, c.maxEntries)
+		l.fallback, l.tier, l.groups = c, t, c.groups
+		c.lower[t] = l
+	}
+}
 
-// Stats returns a copy of the counters.
+// Len is the number of engine hashes the converter holds, every tier.
+func (c *Converter) Len() int {
+	n := len(c.engines)
+	for _, l := range c.lower {
+		if l != nil {
+			n += len(l.engines)
+		}
+	}
+	return n
+}
+
+// Stats returns a copy of the counters, every tier's summed.
 func (c *Converter) Stats() ConverterStats {
 	s := c.stats
 	s.Group, s.GroupRule = c.groups.followed, c.groups.state
 	s.Skipped = make(map[SkipReason]uint64, len(c.stats.Skipped))
 	for k, v := range c.stats.Skipped {
 		s.Skipped[k] = v
+	}
+	for _, l := range c.lower {
+		if l == nil {
+			continue
+		}
+		s.StoredBlocks += l.stats.StoredBlocks
+		s.RemovedBlocks += l.stats.RemovedBlocks
+		s.Clears += l.stats.Clears
+		s.UnknownRemovals += l.stats.UnknownRemovals
+		s.Overflows += l.stats.Overflows
+		for k, v := range l.stats.Skipped {
+			s.Skipped[k] += v
+		}
 	}
 	return s
 }
@@ -142,12 +187,27 @@ func (c *Converter) Content(engine uint64) (uint64, bool) {
 	return e.content, ok
 }
 
-// Reset forgets everything and returns the cleared event that tells the
-// index so.
+// Reset forgets the device tier (or this lower tier) and returns the
+// cleared event that tells the index so. The engine's "all blocks
+// cleared" resets its GPU prefix cache, not its offload tiers, so it
+// resets the device tier alone, as Dynamo's router does.
 func (c *Converter) Reset() router.KVEvent {
 	c.reset()
 	c.stats.Clears++
-	return router.KVEvent{Kind: router.EventCleared, BlockSize: c.blockSize}
+	return router.KVEvent{Kind: router.EventCleared, BlockSize: c.blockSize, Tier: c.tier}
+}
+
+// ResetAll is Reset of every tier kept: the stream starts over (a new
+// bridge, a restarted engine, lost history) and nothing any tier holds is
+// known any more. With no lower tier kept it is [Reset()].
+func (c *Converter) ResetAll() []router.KVEvent {
+	out := []router.KVEvent{c.Reset()}
+	for _, l := range c.lower {
+		if l != nil {
+			out = append(out, l.Reset())
+		}
+	}
+	return out
 }
 
 // Convert applies one engine event and appends the router events it
@@ -158,8 +218,19 @@ func (c *Converter) Convert(ev *Event, out []router.KVEvent) ([]router.KVEvent, 
 	case KindAllBlocksCleared:
 		return append(out, c.Reset()), nil
 	case KindBlockStored, KindBlockRemoved:
-		if ev.Medium != "" && ev.Medium != MediumGPU {
-			return out, c.skipped(skip(SkipOtherMedium, "%s of medium %q", ev.Kind, ev.Medium))
+		if ev.Medium != "" && ev.Medium != MediumGPU && c.fallback == nil {
+			t, ok := router.TierOfMedium(ev.Medium)
+			if ok && t != router.TierDevice && c.lower[t] != nil {
+				start := len(out)
+				out, err := c.lower[t].Convert(ev, out)
+				for i := start; i < len(out); i++ {
+					out[i].Tier = t
+				}
+				return out, err
+			}
+			if !ok || t != router.TierDevice {
+				return out, c.skipped(skip(SkipOtherMedium, "%s of medium %q", ev.Kind, ev.Medium))
+			}
 		}
 		var reset bool
 		var err *SkipError
@@ -183,6 +254,11 @@ func (c *Converter) Convert(ev *Event, out []router.KVEvent) ([]router.KVEvent, 
 // whatever the events say (WorkerSpec.KVCacheGroup).
 func (c *Converter) FollowGroup(g int64) {
 	c.groups = groupPolicy{state: GroupConfigured, followed: g, kinds: c.groups.kinds}
+	for _, l := range c.lower {
+		if l != nil {
+			l.groups = c.groups
+		}
+	}
 }
 
 // CountSkip counts an event refused before it reached the converter (a
@@ -198,6 +274,12 @@ func (c *Converter) store(ev *Event, out []router.KVEvent) ([]router.KVEvent, er
 	n := len(ev.BlockHashes)
 	if n == 0 {
 		return out, nil
+	}
+	if len(ev.TokenIDs) == 0 && c.fallback != nil {
+		// vLLM's offloading connector reports the blocks it offloaded
+		// without tokens (and with a block size): the same engine hashes
+		// the GPU tier named, whose content the device tier knows.
+		return c.storeKnown(ev, out)
 	}
 	if len(ev.TokenIDs) == 0 && ev.BlockSize == 0 {
 		// A store without tokens names blocks the engine described
@@ -232,6 +314,9 @@ func (c *Converter) store(ev *Event, out []router.KVEvent) ([]router.KVEvent, er
 	var prev uint64
 	if ev.HasParent {
 		p, ok := c.engines[ev.Parent]
+		if !ok && c.fallback != nil {
+			p, ok = c.fallback.engines[ev.Parent] // the parent stayed on the GPU
+		}
 		if !ok {
 			return out, c.skipped(skip(SkipUnknownParent, "parent %d of %d blocks", ev.Parent, n))
 		}
@@ -240,6 +325,11 @@ func (c *Converter) store(ev *Event, out []router.KVEvent) ([]router.KVEvent, er
 	seed := router.LoRASeed(ev.LoRAName)
 	kv := router.KVEvent{Kind: router.EventStored, HasParent: ev.HasParent, Parent: ev.Parent,
 		BlockSize: c.blockSize, Blocks: make([]router.StoredBlock, n)}
+	if c.fallback != nil {
+		// A lower tier's blocks are keyed by content alone: their parent
+		// may sit in another tier (the index does not check it there).
+		kv.HasParent, kv.Parent = false, 0
+	}
 	var removed []uint64
 	for i, h := range ev.BlockHashes {
 		local := router.LocalBlockHash(ev.TokenIDs[i*c.blockSize:(i+1)*c.blockSize], seed)
@@ -262,6 +352,46 @@ func (c *Converter) store(ev *Event, out []router.KVEvent) ([]router.KVEvent, er
 	if len(c.engines) > c.maxEntries {
 		c.stats.Overflows++
 		out = append(out, c.Reset())
+	}
+	return out, nil
+}
+
+// storeKnown stores, in a lower tier, blocks named by engine hashes only:
+// each one's content is this tier's (another copy) or the device tier's.
+// Blocks known to neither (the GPU evicted them before the bridge saw
+// them stored) are skipped as unknown_parent.
+func (c *Converter) storeKnown(ev *Event, out []router.KVEvent) ([]router.KVEvent, error) {
+	kv := router.KVEvent{Kind: router.EventStored, BlockSize: c.blockSize}
+	var removed []uint64
+	unknown := 0
+	for _, h := range ev.BlockHashes {
+		content, ok := uint64(0), false
+		if e, held := c.engines[h]; held {
+			content, ok = e.content, true
+		} else if e, held := c.fallback.engines[h]; held {
+			content, ok = e.content, true
+		}
+		if !ok {
+			unknown++
+			continue
+		}
+		removed = c.hold(h, content, removed)
+		kv.Blocks = append(kv.Blocks, router.StoredBlock{EngineHash: h, ContentHash: content})
+	}
+	c.stats.StoredBlocks += uint64(len(kv.Blocks))
+	if len(removed) > 0 {
+		out = append(out, router.KVEvent{Kind: router.EventRemoved, Removed: removed})
+		c.stats.RemovedBlocks += uint64(len(removed))
+	}
+	if len(kv.Blocks) > 0 {
+		out = append(out, kv)
+	}
+	if len(c.engines) > c.maxEntries {
+		c.stats.Overflows++
+		out = append(out, c.Reset())
+	}
+	if unknown > 0 {
+		return out, c.skipped(skip(SkipUnknownParent, "token-less %s-tier store of %d blocks the GPU tier does not know", c.tier, unknown))
 	}
 	return out, nil
 }
@@ -365,10 +495,15 @@ func (c *Converter) Snapshot(maxBlocks int) []router.KVEvent {
 		return 0
 	})
 	c.stats.Clears++
-	out := []router.KVEvent{{Kind: router.EventCleared, BlockSize: c.blockSize}}
+	out := []router.KVEvent{{Kind: router.EventCleared, BlockSize: c.blockSize, Tier: c.tier}}
 	for i := 0; i < len(blocks); i += maxBlocks {
-		out = append(out, router.KVEvent{Kind: router.EventStored, BlockSize: c.blockSize,
+		out = append(out, router.KVEvent{Kind: router.EventStored, BlockSize: c.blockSize, Tier: c.tier,
 			Blocks: blocks[i:min(i+maxBlocks, len(blocks))]})
+	}
+	for _, l := range c.lower {
+		if l != nil {
+			out = append(out, l.Snapshot(maxBlocks)...)
+		}
 	}
 	return out
 }

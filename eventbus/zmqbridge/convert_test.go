@@ -241,3 +241,70 @@ func TestBridgeConverterOverflowAndSplit(t *testing.T) {
 		t.Fatal("split of small events changed them")
 	}
 }
+
+// TestBridgeConverterTiers: with the host tier kept, vLLM's offloading
+// events (medium CPU, token-less, the GPU's engine hashes) reach the
+// index's host tier under the content hashes the GPU tier gave those
+// hashes; a host store with tokens chains from a parent on the GPU; a
+// tier not kept and an unknown medium are skipped as other_medium; the
+// stream's resets clear every tier kept, the engine's "all cleared" only
+// the device tier; a snapshot republishes every tier.
+func TestBridgeConverterTiers(t *testing.T) {
+	toks := tokens(700, 3)
+	want := seqHashes(toks, "")
+	c, sink := NewConverter(16, 0), newRecordSink(16)
+	c.KeepTiers(router.TierHost)
+	medium := func(ev Event, m string) Event { ev.Medium = m; return ev }
+	offload := Event{Kind: KindBlockStored, Tag: "BlockStored", BlockHashes: []uint64{11, 12}, BlockSize: 16, Medium: "CPU"}
+	unknownOffload := Event{Kind: KindBlockStored, Tag: "BlockStored", BlockHashes: []uint64{99}, BlockSize: 16, Medium: "CPU"}
+	errs := convertAll(t, c, sink,
+		stored([]uint64{11, 12}, nil, toks[:32]),
+		offload,
+		removed(11, 12), // the GPU evicts both: the host copies stay
+		medium(stored([]uint64{13}, ptr(12), toks[32:]), "CPU"),
+		unknownOffload,
+		medium(stored([]uint64{21}, nil, tokens(0, 1)), "DISK"),
+		medium(stored([]uint64{22}, nil, tokens(0, 1)), "TAPE"),
+	)
+	st := c.Stats()
+	if len(errs) != 3 || st.Skipped[SkipUnknownParent] != 1 || st.Skipped[SkipOtherMedium] != 2 {
+		t.Fatalf("errs %v skipped %v", errs, st.Skipped)
+	}
+	ix := sink.ix
+	if ix.Held("w") != 0 || ix.TierHeld("w", router.TierHost) != 3 {
+		t.Fatalf("device %d host %d", ix.Held("w"), ix.TierHeld("w", router.TierHost))
+	}
+	tm := ix.FindTieredMatches(want, nil, nil)
+	if len(tm) != 1 || tm[0] != (router.TierOverlap{Worker: "w", Host: 3}) {
+		t.Fatalf("tiered matches %v (want the whole prompt in the host tier)", tm)
+	}
+	// The host tier removes its own copies.
+	out, err := c.Convert(ptrTo(medium(removed(13), "CPU")), nil)
+	if err != nil || len(out) != 1 || out[0].Kind != router.EventRemoved || out[0].Tier != router.TierHost {
+		t.Fatalf("host removal: %+v %v", out, err)
+	}
+	if evs := c.ResetAll(); len(evs) != 2 || evs[0].Tier != router.TierDevice || evs[1].Tier != router.TierHost {
+		t.Fatalf("ResetAll %+v", evs)
+	}
+	// Without lower tiers ResetAll is the one device clear of before.
+	if evs := NewConverter(16, 0).ResetAll(); len(evs) != 1 || !reflect.DeepEqual(evs[0], router.KVEvent{Kind: router.EventCleared, BlockSize: 16}) {
+		t.Fatalf("ResetAll without tiers %+v", evs)
+	}
+	c2 := NewConverter(16, 0)
+	c2.KeepTiers(router.TierHost)
+	convertAll(t, c2, newRecordSink(16), stored([]uint64{11}, nil, toks[:16]), medium(stored([]uint64{11}, nil, nil), "CPU"))
+	snap := c2.Snapshot(0)
+	var tiers []router.Tier
+	for _, ev := range snap {
+		tiers = append(tiers, ev.Tier)
+	}
+	if !reflect.DeepEqual(tiers, []router.Tier{router.TierDevice, router.TierDevice, router.TierHost, router.TierHost}) {
+		t.Fatalf("snapshot tiers %v", tiers)
+	}
+	out, _ = c2.Convert(&Event{Kind: KindAllBlocksCleared}, nil)
+	if len(out) != 1 || out[0].Tier != router.TierDevice || c2.Len() != 1 {
+		t.Fatalf("engine clear %+v, %d held", out, c2.Len())
+	}
+}
+
+func ptrTo(ev Event) *Event { return &ev }

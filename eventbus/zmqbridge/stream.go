@@ -80,6 +80,10 @@ type StreamConfig struct {
 	// Group, when set, is the only KV cache group indexed; unset: chosen
 	// from the events (see groups.go).
 	Group GroupIndex
+	// LowerTiers are the lower storage tiers whose events are published
+	// with their tier (Converter.KeepTiers); the others are skipped as
+	// other_medium. Empty: the device tier alone, as before tiers.
+	LowerTiers []router.Tier
 }
 
 // Stream follows one engine publisher (one data-parallel rank): it checks
@@ -176,6 +180,7 @@ func NewStream(cfg StreamConfig) *Stream {
 		cfg.MaxEventBlocks = DefaultMaxEventBlocks
 	}
 	conv := NewConverter(cfg.BlockSize, cfg.MaxEntries)
+	conv.KeepTiers(cfg.LowerTiers...)
 	if g, ok := cfg.Group.Get(); ok {
 		conv.FollowGroup(int64(g))
 	}
@@ -190,7 +195,7 @@ func NewStream(cfg StreamConfig) *Stream {
 // Start publishes the cleared event that opens the stream: the bridge
 // knows nothing of the engine's cache yet.
 func (s *Stream) Start(ctx context.Context) error {
-	err := s.emit(ctx, []router.KVEvent{s.conv.Reset()})
+	err := s.emit(ctx, s.conv.ResetAll())
 	s.syncStats()
 	return err
 }
@@ -296,7 +301,7 @@ func (s *Stream) Reconnected(ctx context.Context) error {
 		s.st.restarts.Add(1)
 		s.st.resyncs.Add(1)
 		s.log.Warn("the engine restarted while disconnected: resyncing the worker rank from its new history", "last_seq", anchor)
-		if err := s.emit(ctx, []router.KVEvent{s.conv.Reset()}); err != nil {
+		if err := s.emit(ctx, s.conv.ResetAll()); err != nil {
 			return err
 		}
 		s.tr = tracker{}
@@ -427,7 +432,7 @@ func (s *Stream) recover(ctx context.Context, f Frame) error {
 func (s *Stream) fromScratch(ctx context.Context, f Frame, reason string) error {
 	s.st.resyncs.Add(1)
 	s.log.Warn("resyncing the worker rank from scratch", "reason", reason, "live_seq", f.Seq)
-	if err := s.emit(ctx, []router.KVEvent{s.conv.Reset()}); err != nil {
+	if err := s.emit(ctx, s.conv.ResetAll()); err != nil {
 		return err
 	}
 	s.tr = tracker{started: true, next: f.Seq}
@@ -487,7 +492,7 @@ func (s *Stream) fromScratch(ctx context.Context, f Frame, reason string) error 
 	// then holds a subset of the engine's blocks, never one it lacks.
 	s.st.historyLost.Add(1)
 	s.log.Warn("the replay broke off before the live batch: clearing again", "replayed_to", s.tr.next, "live_seq", f.Seq)
-	if err := s.emit(ctx, []router.KVEvent{s.conv.Reset()}); err != nil {
+	if err := s.emit(ctx, s.conv.ResetAll()); err != nil {
 		return err
 	}
 	s.tr = tracker{started: true, next: f.Seq}
