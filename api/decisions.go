@@ -30,13 +30,47 @@ type IndexView interface {
 func (s *Server) recordDecision(c *gin.Context, p *prepared, d router.Decision, routeErr error, now time.Time) {
 	s.hitRouted(p, d, routeErr, now) // hit rates are kept with the decision log off too
 	p.worker = string(d.Worker)
+	s.addDecision(c, p, d, nil, routeErr, now)
+}
+
+// recordDisaggDecision logs a two-stage request's decision: the prefill
+// router's table when it disaggregates (the cache that matters is the
+// prefill worker's), the aggregated one otherwise, and the plan. Hit rates
+// are not kept for it: the decode worker's cached tokens include the KV it
+// pulled, not what its own cache held.
+func (s *Server) recordDisaggDecision(c *gin.Context, p *prepared, dd router.DisaggDecision, routeErr error, now time.Time) {
+	plan := dd.DisaggPlan
+	p.worker = string(plan.DecodeWorker)
+	d := dd.Aggregated
+	if plan.Disaggregated {
+		d = dd.Prefill
+	}
+	d.Worker = plan.DecodeWorker
+	info := &decisionlog.Disagg{Disaggregated: plan.Disaggregated, Fallback: plan.Fallback, Reason: plan.Reason,
+		DecodeWorker: string(plan.DecodeWorker), AggTTFTMs: ms(plan.Agg.Total)}
+	if plan.Disaggregated {
+		info.PrefillWorker = string(plan.PrefillWorker)
+	}
+	if plan.DisaggOK {
+		info.DisaggTTFTMs = ms(plan.Disagg.Total)
+	}
+	if routeErr != nil {
+		info = nil
+	}
+	s.addDecision(c, p, d, info, routeErr, now)
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// addDecision puts one decision into the log (nothing when it is off).
+func (s *Server) addDecision(c *gin.Context, p *prepared, d router.Decision, disagg *decisionlog.Disagg, routeErr error, now time.Time) {
 	l := s.cfg.Decisions
 	if l == nil {
 		return
 	}
 	e := decisionlog.Entry{Time: now, RequestID: c.GetString(requestIDKey), Model: p.model, Mode: string(d.Mode),
 		Attempt: p.attempts, PromptTokens: p.req.Tokens, PromptBlocks: len(p.req.Hashes), Worker: string(d.Worker),
-		CachedBlocks: d.Overlap, SyncAge: -1, Rows: d.Rows}
+		CachedBlocks: d.Overlap, SyncAge: -1, Rows: d.Rows, Disagg: disagg}
 	if routeErr != nil {
 		e.RouteError, e.Worker = routeErr.Error(), ""
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/kvrouter/kvrouter/api/decisionlog"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -58,9 +59,13 @@ func (s *Server) forwardDisagg(c *gin.Context, p *prepared, dr *router.DisaggRou
 // attemptDisagg is one try of a two-stage request: plan, prefill stage,
 // decode stage, relay. It leaves nothing booked when it fails.
 func (s *Server) attemptDisagg(c *gin.Context, p *prepared, dr *router.DisaggRouter) error {
-	dd, err := dr.Route(p.req, time.Now())
+	now := time.Now()
+	dd, err := dr.Route(p.req, now)
 	p.settled() // both stages booked by Route, or never to be
+	p.attempts++
+	s.recordDisaggDecision(c, p, dd, err, now)
 	if err != nil {
+		s.completeDecision(p, decisionlog.Outcome{Error: "routing: " + err.Error()})
 		return fmt.Errorf("routing: %w", err)
 	}
 	plan := dd.DisaggPlan
@@ -68,17 +73,26 @@ func (s *Server) attemptDisagg(c *gin.Context, p *prepared, dr *router.DisaggRou
 	body, disagg, err := s.prefillStage(c, p, dr, plan)
 	if err != nil {
 		s.freeDisagg(p, dr)
+		s.completeDecision(p, decisionlog.Outcome{Error: s.redact(err.Error())})
 		return err
 	}
 	s.metrics.routed.WithLabelValues(p.model, string(plan.DecodeWorker)).Inc()
 	resp, worker, disagg, err := s.sendDecode(c, p, dr, plan.DecodeWorker, body, disagg)
 	if err != nil {
 		s.freeDisagg(p, dr)
+		s.completeDecision(p, decisionlog.Outcome{Error: s.redact(err.Error())})
 		return err
 	}
+	p.worker = string(worker) // a fallback may have moved the decode
 	return s.relay(c, p, worker, -1, resp, relayHooks{
-		firstByte: func() { s.decodeStarted(p, dr, disagg) },
-		done:      func() { s.freeDisagg(p, dr) },
+		firstByte: func() {
+			p.firstByteAt = time.Now()
+			s.decodeStarted(p, dr, disagg)
+		},
+		done: func() {
+			s.freeDisagg(p, dr)
+			s.completeDecision(p, decisionlog.Outcome{Status: resp.StatusCode, PromptTokens: p.usagePrompt, CachedTokens: p.usageCached})
+		},
 	})
 }
 

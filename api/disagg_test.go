@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kvrouter/kvrouter/api/decisionlog"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -93,7 +94,7 @@ func testDisaggConfig(mode router.DisaggMode) router.DisaggConfig {
 
 // newDisaggServer: model "m" with prefill worker "p" and decode worker "d"
 // (no prefill worker when withPrefill is false).
-func newDisaggServer(t *testing.T, mode router.DisaggMode, withPrefill bool) (*Server, *disaggFake, *pdWorker, *pdWorker, *prometheus.Registry) {
+func newDisaggServer(t *testing.T, mode router.DisaggMode, withPrefill bool, opts ...func(*Config)) (*Server, *disaggFake, *pdWorker, *pdWorker, *prometheus.Registry) {
 	t.Helper()
 	cfg := router.DefaultConfig()
 	cfg.BlockSize = 4
@@ -112,7 +113,52 @@ func newDisaggServer(t *testing.T, mode router.DisaggMode, withPrefill bool) (*S
 	dr.SetWorkers(ws)
 	f.addWorker("m", "d", d.srv.URL)
 	reg := prometheus.NewRegistry()
-	return New(Config{Registry: reg, Retries: 1, AllowLoopbackWorkers: true}, f), f, p, d, reg
+	cfg2 := Config{Registry: reg, Retries: 1, AllowLoopbackWorkers: true}
+	for _, o := range opts {
+		o(&cfg2)
+	}
+	return New(cfg2, f), f, p, d, reg
+}
+
+// TestDisaggDecisionLog: a two-stage request leaves a decision naming its
+// plan (prefill and decode worker, the reason, both TTFT estimates), with
+// the prefill router's table when it disaggregated, and its outcome.
+func TestDisaggDecisionLog(t *testing.T) {
+	cases := []struct {
+		name          string
+		mode          router.DisaggMode
+		withPrefill   bool
+		disaggregated bool
+		prefill       string
+	}{
+		{"disaggregated", router.DisaggAlways, true, true, "p"},
+		{"no prefill worker: fallback", router.DisaggAlways, false, false, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			log := decisionlog.New(8, nil)
+			s, _, _, _, _ := newDisaggServer(t, tc.mode, tc.withPrefill, func(c *Config) { c.Decisions = log })
+			if rec := do(s, http.MethodPost, "/v1/completions", disaggBody); rec.Code != http.StatusOK {
+				t.Fatalf("status %d: %s", rec.Code, rec.Body)
+			}
+			ds := log.Query(decisionlog.Filter{Limit: 10})
+			if len(ds) != 1 {
+				t.Fatalf("%d decisions, want 1", len(ds))
+			}
+			d := ds[0]
+			g := d.Disagg
+			if g == nil || g.Disaggregated != tc.disaggregated || g.PrefillWorker != tc.prefill || g.DecodeWorker != "d" || d.Worker != "d" ||
+				g.AggTTFTMs <= 0 || (tc.disaggregated && g.DisaggTTFTMs <= 0) || g.Reason == "" {
+				t.Fatalf("decision %+v, plan %+v", d, g)
+			}
+			if tc.disaggregated && (len(d.Candidates) != 1 || d.Candidates[0].Worker != "p") {
+				t.Fatalf("candidates %+v: want the prefill router's table", d.Candidates)
+			}
+			if o := d.Outcome; o == nil || o.Status != http.StatusOK {
+				t.Fatalf("outcome %+v", d.Outcome)
+			}
+		})
+	}
 }
 
 const disaggBody = `{"model":"m","max_tokens":20,"stream":false,"prompt":"the quick brown fox jumps over the lazy dog again and again"}`

@@ -51,11 +51,28 @@ type Decision struct {
 	IndexEpoch   uint64      `json:"index_epoch"`
 	SyncAgeMs    float64     `json:"sync_age_ms"` // -1: no replica-sync data (a single replica, or none heard yet)
 	Candidates   []Candidate `json:"candidates"`
-	Outcome      *Outcome    `json:"outcome,omitempty"`
+	// Disagg is a two-stage request's plan (nil: aggregated). Candidates
+	// are then the prefill router's table when it disaggregated, the
+	// aggregated one otherwise; Worker is the worker that decodes.
+	Disagg  *Disagg  `json:"disagg,omitempty"`
+	Outcome *Outcome `json:"outcome,omitempty"`
 
 	rows    []router.WorkerCost // the router's table, converted when read
 	outcome Outcome             // Outcome's value while in the ring (done: known)
 	done    bool
+}
+
+// Disagg is the disaggregation planner's choice for one request: whether
+// the prompt is computed on a prefill worker, which, why, and the TTFT it
+// estimated each way.
+type Disagg struct {
+	Disaggregated bool    `json:"disaggregated"`
+	Fallback      bool    `json:"fallback,omitempty"` // asked for, served aggregated
+	Reason        string  `json:"reason,omitempty"`
+	PrefillWorker string  `json:"prefill_worker,omitempty"`
+	DecodeWorker  string  `json:"decode_worker"`
+	AggTTFTMs     float64 `json:"aggregated_ttft_estimate_ms"`
+	DisaggTTFTMs  float64 `json:"disaggregated_ttft_estimate_ms,omitempty"` // 0: not estimated (no prefill worker or link)
 }
 
 // Outcome is what came of a decision.
@@ -83,6 +100,7 @@ type Entry struct {
 	IndexEpoch   uint64
 	SyncAge      time.Duration // negative: unknown
 	Rows         []router.WorkerCost
+	Disagg       *Disagg
 }
 
 // Log is the ring of recent decisions and the optional file sink. A nil
@@ -119,7 +137,7 @@ func (l *Log) Add(e Entry) uint64 {
 	l.next++
 	l.ring[seq%uint64(len(l.ring))] = Decision{Seq: seq, Time: e.Time, RequestID: e.RequestID, Model: e.Model, Mode: e.Mode,
 		Attempt: e.Attempt, PromptTokens: e.PromptTokens, PromptBlocks: e.PromptBlocks, Worker: e.Worker,
-		CachedBlocks: e.CachedBlocks, RouteError: e.RouteError, IndexEpoch: e.IndexEpoch, SyncAgeMs: age, rows: e.Rows}
+		CachedBlocks: e.CachedBlocks, RouteError: e.RouteError, IndexEpoch: e.IndexEpoch, SyncAgeMs: age, Disagg: e.Disagg, rows: e.Rows}
 	l.mu.Unlock()
 	return seq
 }
