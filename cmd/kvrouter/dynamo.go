@@ -115,8 +115,12 @@ func dynamoSpecs(c *serveConfig, noEvents *bool, warn func(string)) []flagSpec {
 		{names: []string{"router-decode-active-request-weight"}, env: []string{"DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT"},
 			usage: "blocks of cost per request a worker is decoding (Dynamo's; 0 = off)",
 			set:   floatp(&c.Router.DecodeActiveRequestWeight)},
-		noEffect("router-host-cache-hit-weight", "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT", tiersWhy),
-		noEffect("router-disk-cache-hit-weight", "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT", tiersWhy),
+		{names: []string{"router-host-cache-hit-weight"}, env: []string{"DYN_ROUTER_HOST_CACHE_HIT_WEIGHT"},
+			usage: "credit, in blocks, per block a worker holds in its host-memory offload tier past its GPU prefix (Dynamo's; default 0.75; 0 = off). The bridge publishes host-tier events with --kv-tiers host",
+			set:   floatp(&c.Router.HostCacheHitWeight)},
+		{names: []string{"router-disk-cache-hit-weight"}, env: []string{"DYN_ROUTER_DISK_CACHE_HIT_WEIGHT"},
+			usage: "credit per block held in a disk or external offload tier past the GPU and host prefix (Dynamo's; default 0.25; 0 = off). The bridge publishes them with --kv-tiers disk,external",
+			set:   floatp(&c.Router.DiskCacheHitWeight)},
 		noEffect("shared-cache-multiplier", "DYN_SHARED_CACHE_MULTIPLIER", "no external shared cache (HiCache/Mooncake) is queried"),
 		noEffect("shared-cache-type", "DYN_SHARED_CACHE_TYPE", "no external shared cache (HiCache/Mooncake) is queried"),
 		noEffect("router-prefill-load-model", "DYN_ROUTER_PREFILL_LOAD_MODEL", "prompt load is booked statically until the first token (Dynamo's 'none')"),
@@ -168,11 +172,6 @@ func dynamoSpecs(c *serveConfig, noEvents *bool, warn func(string)) []flagSpec {
 		"a request that cannot be disaggregated is served aggregated, counted in kvrouter_disagg_decisions_total{outcome=\"fallback\"} (not implemented yet)")...)
 	return specs
 }
-
-// tiersWhy is why the host/disk cache-hit weights have no effect.
-const tiersWhy = "the index holds only blocks in the engines' GPU prefix cache: the KV event bridge skips CPU/disk-tier events (medium CPU/DISK, " +
-	"counted as other_medium) because the replicated event in the Raft log carries no tier, so no lower-tier overlap can be counted; " +
-	"adding a tier to it is a change of the replicated log format (fsm, docs/CONTRACTS.md)"
 
 func envs(e string) []string {
 	if e == "" {
