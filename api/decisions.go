@@ -40,7 +40,7 @@ func (s *Server) recordDecision(c *gin.Context, p *prepared, d router.Decision, 
 // pulled, not what its own cache held.
 func (s *Server) recordDisaggDecision(c *gin.Context, p *prepared, dd router.DisaggDecision, routeErr error, now time.Time) {
 	plan := dd.DisaggPlan
-	p.worker = string(plan.DecodeWorker)
+	p.worker, p.disagg = string(plan.DecodeWorker), true
 	d := dd.Aggregated
 	if plan.Disaggregated {
 		d = dd.Prefill
@@ -84,10 +84,10 @@ func (s *Server) addDecision(c *gin.Context, p *prepared, d router.Decision, dis
 }
 
 // completeDecision attaches the outcome of p's current decision, and
-// captures an answered request.
+// captures an answered aggregated request.
 func (s *Server) completeDecision(p *prepared, o decisionlog.Outcome) {
 	s.hitDone(p, o)
-	if s.cfg.Capture != nil && o.Status >= 200 && o.Status < 300 {
+	if s.cfg.Capture != nil && o.Status >= 200 && o.Status < 300 && !p.disagg {
 		s.cfg.Capture.Record(capture.Request{Start: p.start, Model: p.model, Hashes: p.req.Hashes, BlockTokens: p.rt.Config().BlockSize,
 			InputTokens: p.req.Tokens, OutputTokens: p.outputTokens, OutputKnown: p.outputTokensKnown, Sequences: p.req.Sequences,
 			Worker: p.worker, CachedTokens: p.usageCached})

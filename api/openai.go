@@ -60,6 +60,7 @@ type prepared struct {
 	attempts    int
 	decision    uint64
 	worker      string // the worker of the latest decision (the capture's)
+	disagg      bool   // served in two stages: not captured (the decode worker's cached tokens include the pulled KV)
 	firstByteAt time.Time
 	usagePrompt int // prompt and cached tokens the worker reported (usage)
 	usageCached int
