@@ -102,7 +102,7 @@ type Config struct {
 	// (decisions.go; GET /debug/decisions); nil: off.
 	Decisions *decisionlog.Log
 	// HitRateMaxBlocks bounds each model's block history behind the
-	// "available" hit rate (hitrates.go; default 1 Mi blocks, ≈ 48 MiB per
+	// "available" hit rate (hitrates.go; default 1 Mi blocks, ≈ 64 MiB per
 	// model when full); negative turns the hit rates off.
 	HitRateMaxBlocks int
 	// Capture records answered requests as a replayable trace

@@ -18,8 +18,8 @@ package hitrate
 // prefix, and the least recent blocks beyond the bound are evicted. That keeps both segments prefix-closed for chained hashes, which
 // is why a hit is a leading run of blocks.
 //
-// Memory: one node (24 bytes) and one map entry (≈ 16–24 bytes) per block,
-// ≈ 48 bytes; at most max blocks.
+// Memory: one node (24 bytes) and one map entry per block,
+// 62.5 bytes measured (BenchmarkHitRateMemory); at most max blocks.
 type stack struct {
 	idx   map[uint64]int32
 	nodes []node  // 0: A's sentinel, 1: B's sentinel

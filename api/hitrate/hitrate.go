@@ -4,7 +4,7 @@
 //
 //   - available: what an unbounded pooled cache would have served — the
 //     leading prompt blocks whose chained hash was seen before. Memory is
-//     bounded (Config.MaxBlocks per model, ≈ 48 bytes a block), so "seen
+//     bounded (Config.MaxBlocks per model, ≈ 63 bytes a block), so "seen
 //     before" means within the last MaxBlocks distinct blocks of the model's
 //     traffic; the bound never falls below the fleet's capacity, so
 //     available ≥ reachable always.
@@ -44,7 +44,7 @@ type Window struct {
 // Config sets the bounds. Zero values take the defaults named.
 type Config struct {
 	// MaxBlocks bounds each model's block history (available); default
-	// 1 Mi blocks (≈ 48 MiB per model when full). Raised to the fleet's
+	// 1 Mi blocks (≈ 64 MiB per model when full). Raised to the fleet's
 	// capacity when that is larger.
 	MaxBlocks int
 	// Bucket is the windows' granularity; default 10 s.

@@ -2,6 +2,7 @@ package hitrate
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -322,5 +323,23 @@ func BenchmarkHitRate(b *testing.B) {
 		h := prompts[(i*31)%len(prompts)]
 		r := tr.Arrive(now, "m", h, 64*bs+5, bs)
 		tr.Record(now, "m", workers[i%64], Sample{PromptTokens: 64*bs + 5, Reuse: r, Captured: r.Reachable, Reported: true, EnginePrompt: 64*bs + 5, EngineCached: r.Reachable})
+	}
+}
+
+// BenchmarkHitRateMemory reports the heap bytes per tracked block with the
+// history full at its default bound (the memory bound DESIGN.md states).
+func BenchmarkHitRateMemory(b *testing.B) {
+	for range b.N {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		tr := New(Config{}, nil)
+		for i := range DefaultMaxBlocks / 64 {
+			tr.Arrive(t0, "m", with(uint64(i), 0, uint64(i), 64), 64*bs, bs)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(DefaultMaxBlocks), "B/block")
+		runtime.KeepAlive(tr)
 	}
 }
