@@ -37,25 +37,31 @@ type tuneSetting struct {
 	Scale       float64     `json:"prefill_load_scale"`
 	Credit      float64     `json:"overlap_credit"`
 	Temperature float64     `json:"temperature"`
-	// DecodeThreshold is active_decode_blocks_threshold (nil: none).
-	DecodeThreshold *float64 `json:"active_decode_blocks_threshold"`
+	// DecodeThreshold is active_decode_blocks_threshold, PrefillThreshold
+	// active_prefill_tokens_threshold_frac (nil: none).
+	DecodeThreshold  *float64 `json:"active_decode_blocks_threshold"`
+	PrefillThreshold *float64 `json:"active_prefill_tokens_threshold_frac"`
+}
+
+func thresholdString(v *float64) string {
+	if v == nil {
+		return "none"
+	}
+	return strconv.FormatFloat(*v, 'g', -1, 64)
 }
 
 func (s tuneSetting) String() string {
-	thr := "none"
-	if s.DecodeThreshold != nil {
-		thr = strconv.FormatFloat(*s.DecodeThreshold, 'g', -1, 64)
-	}
+	thr := "decode-threshold=" + thresholdString(s.DecodeThreshold) + " prefill-threshold=" + thresholdString(s.PrefillThreshold)
 	if !kvFamily(s.Policy) {
-		return fmt.Sprintf("%s decode-threshold=%s", s.Policy, thr)
+		return fmt.Sprintf("%s %s", s.Policy, thr)
 	}
-	return fmt.Sprintf("%s scale=%g credit=%g temperature=%g decode-threshold=%s", s.Policy, s.Scale, s.Credit, s.Temperature, thr)
+	return fmt.Sprintf("%s scale=%g credit=%g temperature=%g %s", s.Policy, s.Scale, s.Credit, s.Temperature, thr)
 }
 
 // tuneOptions are tune's own flags.
 type tuneOptions struct {
 	Scales, Credits, Temperatures []float64
-	Thresholds                    []*float64
+	Thresholds, PrefillThresholds []*float64
 	Objective                     string  // cached or hit
 	MaxTTFTRatio                  float64 // p99 TTFT at most this × the current setting's
 	Current                       tuneSetting
@@ -64,7 +70,7 @@ type tuneOptions struct {
 }
 
 // tuneFlags are tune's flags (name → takes a value); the others are sim's.
-var tuneFlagNames = []string{"scales", "credits", "temperatures", "decode-thresholds", "objective", "max-ttft-ratio", "current", "top", "model"}
+var tuneFlagNames = []string{"scales", "credits", "temperatures", "decode-thresholds", "prefill-thresholds", "objective", "max-ttft-ratio", "current", "top", "model"}
 
 // splitTuneArgs separates tune's flags from sim's (both "-f v" and "-f=v").
 func splitTuneArgs(args []string) (tune map[string]string, rest []string, err error) {
@@ -105,9 +111,9 @@ func parseTune(flags map[string]string) (*tuneOptions, error) {
 	def := router.DefaultConfig()
 	t := &tuneOptions{Objective: "cached", MaxTTFTRatio: 1.5, Top: 10,
 		Scales: []float64{def.PrefillLoadScale}, Credits: []float64{def.OverlapCredit}, Temperatures: []float64{def.Temperature},
-		Thresholds: []*float64{def.Thresholds.ActiveDecodeBlocks}, Model: "MODEL",
+		Thresholds: []*float64{def.Thresholds.ActiveDecodeBlocks}, PrefillThresholds: []*float64{def.Thresholds.ActivePrefillTokensFrac}, Model: "MODEL",
 		Current: tuneSetting{Policy: router.ModeKV, Scale: def.PrefillLoadScale, Credit: def.OverlapCredit, Temperature: def.Temperature,
-			DecodeThreshold: def.Thresholds.ActiveDecodeBlocks}}
+			DecodeThreshold: def.Thresholds.ActiveDecodeBlocks, PrefillThreshold: def.Thresholds.ActivePrefillTokensFrac}}
 	var err error
 	for name, v := range flags {
 		switch name {
@@ -118,18 +124,9 @@ func parseTune(flags map[string]string) (*tuneOptions, error) {
 		case "temperatures":
 			t.Temperatures, err = parseFloats(name, v, 0, 1e6)
 		case "decode-thresholds":
-			t.Thresholds = nil
-			for _, f := range strings.Split(v, ",") {
-				if strings.TrimSpace(f) == "none" {
-					t.Thresholds = append(t.Thresholds, nil)
-					continue
-				}
-				var x []float64
-				if x, err = parseFloats(name, f, 0, 1); err != nil {
-					break
-				}
-				t.Thresholds = append(t.Thresholds, &x[0])
-			}
+			t.Thresholds, err = parseThresholds(name, v, 1)
+		case "prefill-thresholds":
+			t.PrefillThresholds, err = parseThresholds(name, v, 1e6)
 		case "objective":
 			if v != "cached" && v != "hit" {
 				err = cli.Usagef("--objective must be cached (cached-token ratio) or hit (request hit rate), got %q", v)
@@ -156,8 +153,25 @@ func parseTune(flags map[string]string) (*tuneOptions, error) {
 	return t, nil
 }
 
+// parseThresholds reads a list of thresholds in [0, hi], "none" for off.
+func parseThresholds(name, v string, hi float64) ([]*float64, error) {
+	var out []*float64
+	for _, f := range strings.Split(v, ",") {
+		if strings.TrimSpace(f) == "none" {
+			out = append(out, nil)
+			continue
+		}
+		x, err := parseFloats(name, f, 0, hi)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, &x[0])
+	}
+	return out, nil
+}
+
 // parseCurrent reads the setting the fleet runs now: "kv-pooled" or
-// "policy=kv,scale=2,credit=1,temperature=0,decode-threshold=0.9".
+// "policy=kv,scale=2,credit=1,temperature=0,decode-threshold=0.9,prefill-threshold=2".
 func parseCurrent(v string, cur tuneSetting) (tuneSetting, error) {
 	for _, kv := range strings.Split(v, ",") {
 		k, val, ok := strings.Cut(kv, "=")
@@ -184,14 +198,17 @@ func parseCurrent(v string, cur tuneSetting) (tuneSetting, error) {
 			if x, err = parseFloats("current temperature", val, 0, 1e6); err == nil {
 				cur.Temperature = x[0]
 			}
-		case "decode-threshold":
-			if val == "none" {
-				cur.DecodeThreshold = nil
-			} else if x, err = parseFloats("current decode-threshold", val, 0, 1); err == nil {
-				cur.DecodeThreshold = &x[0]
+		case "decode-threshold", "prefill-threshold":
+			hi, dst := 1.0, &cur.DecodeThreshold
+			if k == "prefill-threshold" {
+				hi, dst = 1e6, &cur.PrefillThreshold
+			}
+			var ts []*float64
+			if ts, err = parseThresholds("current "+k, val, hi); err == nil {
+				*dst = ts[0]
 			}
 		default:
-			err = cli.Usagef("--current: unknown key %q (policy, scale, credit, temperature, decode-threshold)", k)
+			err = cli.Usagef("--current: unknown key %q (policy, scale, credit, temperature, decode-threshold, prefill-threshold)", k)
 		}
 		if err != nil {
 			return cur, err
@@ -221,7 +238,9 @@ func (t *tuneOptions) grid(policies []router.Mode) []tuneSetting {
 			for _, cr := range t.Credits {
 				for _, te := range t.Temperatures {
 					for _, th := range t.Thresholds {
-						add(tuneSetting{Policy: p, Scale: sc, Credit: cr, Temperature: te, DecodeThreshold: th})
+						for _, pth := range t.PrefillThresholds {
+							add(tuneSetting{Policy: p, Scale: sc, Credit: cr, Temperature: te, DecodeThreshold: th, PrefillThreshold: pth})
+						}
 					}
 				}
 			}
@@ -313,7 +332,7 @@ func executeTune(o *simOptions, t *tuneOptions, stderr io.Writer) ([]tuneResult,
 				if kvFamily(s.Policy) {
 					rc.PrefillLoadScale, rc.OverlapCredit, rc.Temperature = s.Scale, s.Credit, s.Temperature
 				}
-				rc.Thresholds.ActiveDecodeBlocks = s.DecodeThreshold
+				rc.Thresholds.ActiveDecodeBlocks, rc.Thresholds.ActivePrefillTokensFrac = s.DecodeThreshold, s.PrefillThreshold
 				seed := o.Seed + uint64(j.r)
 				res, err := sim.Run(loads[j.r], sim.Config{
 					Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(), Router: rc,
@@ -450,17 +469,31 @@ func applyLines(cur, best tuneSetting, model string) []string {
 	if len(flags) > 0 {
 		lines = append(lines, "kvrouter serve "+strings.Join(flags, " ")+"   (restart the replicas one at a time)")
 	}
-	if !equalThreshold(cur.DecodeThreshold, best.DecodeThreshold) {
-		var v any // JSON null clears nothing in Dynamo's semantics: say the value
-		if best.DecodeThreshold != nil {
-			v = *best.DecodeThreshold
+	// Thresholds change at run time, replicated to every replica: one
+	// /busy_threshold call sets the new values and clears (our "clear"
+	// extension; a null leaves a threshold as it is, as in Dynamo) the
+	// ones turned off.
+	body := map[string]any{"model": model}
+	var clear []string
+	for _, th := range []struct {
+		name      string
+		cur, best *float64
+	}{{"active_decode_blocks_threshold", cur.DecodeThreshold, best.DecodeThreshold},
+		{"active_prefill_tokens_threshold_frac", cur.PrefillThreshold, best.PrefillThreshold}} {
+		switch {
+		case equalThreshold(th.cur, th.best):
+		case th.best == nil:
+			clear = append(clear, th.name)
+		default:
+			body[th.name] = *th.best
 		}
-		body, _ := json.Marshal(map[string]any{"model": model, "active_decode_blocks_threshold": v})
-		if best.DecodeThreshold == nil {
-			lines = append(lines, "no decode busy threshold: restart the replicas without --active-decode-blocks-threshold (a null in /busy_threshold leaves it as it is)")
-		} else {
-			lines = append(lines, fmt.Sprintf("curl -X POST https://REPLICA/busy_threshold -H \"Authorization: Bearer $ADMIN_TOKEN\" -d '%s'", body))
-		}
+	}
+	if len(clear) > 0 {
+		body["clear"] = clear
+	}
+	if len(body) > 1 {
+		js, _ := json.Marshal(body)
+		lines = append(lines, fmt.Sprintf("curl -X POST https://REPLICA/busy_threshold -H \"Authorization: Bearer $ADMIN_TOKEN\" -d '%s'", js))
 	}
 	return lines
 }

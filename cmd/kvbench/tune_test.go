@@ -28,19 +28,19 @@ func TestTuneSplitArgs(t *testing.T) {
 func TestTuneParse(t *testing.T) {
 	bad := []map[string]string{
 		{"scales": "1,x"}, {"credits": "1.5"}, {"temperatures": "-1"}, {"decode-thresholds": "0.5,2"},
-		{"objective": "ttft"}, {"max-ttft-ratio": "0.5"}, {"top": "0"}, {"current": "policy=nope"}, {"current": "speed=3"},
+		{"prefill-thresholds": "x"}, {"objective": "ttft"}, {"max-ttft-ratio": "0.5"}, {"top": "0"}, {"current": "policy=nope"}, {"current": "speed=3"},
 	}
 	for _, f := range bad {
 		if _, err := parseTune(f); err == nil {
 			t.Errorf("%v accepted", f)
 		}
 	}
-	o, err := parseTune(map[string]string{"current": "policy=kv-pooled,scale=2,decode-threshold=0.9", "decode-thresholds": "none,0.8"})
+	o, err := parseTune(map[string]string{"current": "policy=kv-pooled,scale=2,decode-threshold=0.9,prefill-threshold=1.5", "decode-thresholds": "none,0.8"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := o.Current
-	if c.Policy != router.ModeKVPooled || c.Scale != 2 || c.DecodeThreshold == nil || *c.DecodeThreshold != 0.9 {
+	if c.Policy != router.ModeKVPooled || c.Scale != 2 || c.DecodeThreshold == nil || *c.DecodeThreshold != 0.9 || c.PrefillThreshold == nil || *c.PrefillThreshold != 1.5 {
 		t.Fatalf("current %+v", c)
 	}
 	if len(o.Thresholds) != 2 || o.Thresholds[0] != nil || *o.Thresholds[1] != 0.8 {
@@ -70,7 +70,7 @@ func TestTuneGrid(t *testing.T) {
 
 func TestTuneApplyLines(t *testing.T) {
 	cur := tuneSetting{Policy: router.ModeKV, Scale: 1, Credit: 1}
-	thr := 0.9
+	thr, two := 0.9, 2.0
 	cases := []struct {
 		best tuneSetting
 		want []string
@@ -79,6 +79,13 @@ func TestTuneApplyLines(t *testing.T) {
 		{tuneSetting{Policy: router.ModeKVPooled, Scale: 1, Credit: 1}, []string{"--router-mode kv-pooled"}},
 		{tuneSetting{Policy: router.ModeKV, Scale: 4, Credit: 0.5, Temperature: 0.2}, []string{"--router-prefill-load-scale 4 --router-kv-overlap-score-credit 0.5 --router-temperature 0.2"}},
 		{tuneSetting{Policy: router.ModeKV, Scale: 1, Credit: 1, DecodeThreshold: &thr}, []string{`"active_decode_blocks_threshold":0.9,"model":"m"`}},
+		{tuneSetting{Policy: router.ModeKV, Scale: 1, Credit: 1, PrefillThreshold: &two}, []string{`{"active_prefill_tokens_threshold_frac":2,"model":"m"}`}},
+	}
+	// Turning a threshold off clears it.
+	withThr := cur
+	withThr.DecodeThreshold = &thr
+	if got := applyLines(withThr, cur, "m"); len(got) != 1 || !strings.Contains(got[0], `"clear":["active_decode_blocks_threshold"]`) {
+		t.Errorf("clearing: %q", got)
 	}
 	for _, c := range cases {
 		got := applyLines(cur, c.best, "m")
