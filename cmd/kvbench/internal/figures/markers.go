@@ -18,9 +18,9 @@
 // markers (one command may make several figures). So a printed command cannot drift from the one that made the
 // table: the table is checked against the command as printed.
 //
-// `<!-- figure-file: NAME PATH -->` before a fenced block writes that block
-// to PATH in the scratch directory before NAME's command runs (a generator
-// script printed in the file).
+// `<!-- figure-file: NAME [NAME…] PATH -->` before a fenced block writes
+// that block to PATH in the scratch directory before NAME's command runs (a
+// generator script printed in the file).
 package figures
 
 import (
@@ -49,7 +49,7 @@ var (
 	reFigure  = regexp.MustCompile(`^\s*<!-- figure: ([a-z0-9][a-z0-9.-]*) -->\s*$`)
 	reEnd     = regexp.MustCompile(`^\s*<!-- /figure -->\s*$`)
 	reCommand = regexp.MustCompile(`^\s*<!-- figure-command: ([a-z0-9][a-z0-9.-]*(?: [a-z0-9][a-z0-9.-]*)*) -->\s*$`)
-	reFile    = regexp.MustCompile(`^\s*<!-- figure-file: ([a-z0-9][a-z0-9.-]*) ([A-Za-z0-9_.-]+) -->\s*$`)
+	reFile    = regexp.MustCompile(`^\s*<!-- figure-file: ((?:[a-z0-9][a-z0-9.-]* )+)([A-Za-z0-9_.-]+) -->\s*$`)
 	reAnyMark = regexp.MustCompile(`^\s*<!-- /?figure`)
 )
 
@@ -103,12 +103,14 @@ func Parse(doc []byte) ([]Block, error) {
 		if m := reFile.FindStringSubmatch(t); m != nil {
 			code, next, err := codeBlock(ls, i+1, indentOf(t))
 			if err != nil {
-				return nil, fmt.Errorf("line %d: figure-file %s %s: %w", i+1, m[1], m[2], err)
+				return nil, fmt.Errorf("line %d: figure-file %s%s: %w", i+1, m[1], m[2], err)
 			}
-			if files[m[1]] == nil {
-				files[m[1]] = map[string]string{}
+			for _, name := range strings.Fields(m[1]) {
+				if files[name] == nil {
+					files[name] = map[string]string{}
+				}
+				files[name][m[2]] = code
 			}
-			files[m[1]][m[2]] = code
 			i = next - 1
 			continue
 		}

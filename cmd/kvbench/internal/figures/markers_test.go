@@ -19,8 +19,9 @@ func TestFiguresParse(t *testing.T) {
 		},
 		{
 			name: "fenced command and a file",
-			doc:  "<!-- figure-command: b -->\n```sh\nkvbench sim\n```\n<!-- figure-file: b gen.py -->\n```python\nprint(1)\n```\n<!-- figure: b -->\nold\n<!-- /figure -->\n",
-			want: []Block{{Name: "b", Command: "kvbench sim\n", Body: "old\n", Files: map[string]string{"gen.py": "print(1)\n"}}},
+			doc:  "<!-- figure-command: b -->\n```sh\nkvbench sim\n```\n<!-- figure-file: b z gen.py -->\n```python\nprint(1)\n```\n<!-- figure: b -->\nold\n<!-- /figure -->\n<!-- figure-command: z -->\n    y\n<!-- figure: z -->\n<!-- /figure -->\n",
+			want: []Block{{Name: "b", Command: "kvbench sim\n", Body: "old\n", Files: map[string]string{"gen.py": "print(1)\n"}},
+				{Name: "z", Command: "y\n", Files: map[string]string{"gen.py": "print(1)\n"}}},
 		},
 		{
 			name: "one command, two figures, empty body",
