@@ -58,6 +58,11 @@ type Config struct {
 	// EventIDBase: the first event gets id EventIDBase+1 (lets a restarted
 	// worker continue its id sequence).
 	EventIDBase uint64
+	// ReportOutputBlocks adds an OutputBlock output each time a request's
+	// output starts a new KV block (what a router's output-block tracking
+	// needs: one report per block, never one per token). Off: no such
+	// outputs and no cost.
+	ReportOutputBlocks bool
 }
 
 // Request is one generation request.
@@ -95,6 +100,12 @@ const (
 	// PromptTokens-CachedTokens tokens' KV must be received. Call
 	// KVReceived when they have arrived.
 	AwaitingKV
+	// OutputBlock (only with Config.ReportOutputBlocks): the token just
+	// sampled starts a new KV block past the prompt's last (full or
+	// partial) block, router.OutputBlocks' boundary rule; OutputTokens is
+	// the tokens generated so far. Not sent for the last token (Finished
+	// follows in the same step).
+	OutputBlock
 )
 
 func (k OutputKind) String() string {
@@ -107,6 +118,8 @@ func (k OutputKind) String() string {
 		return "preempted"
 	case AwaitingKV:
 		return "awaiting-kv"
+	case OutputBlock:
+		return "output-block"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -826,6 +839,14 @@ func (e *Engine) finishStep() {
 			e.outputs = append(e.outputs, Output{
 				RequestID: s.id, Kind: FirstToken, At: t,
 				CachedTokens: s.cached, PromptTokens: s.promptLen, OutputTokens: 1,
+			})
+		}
+		// Token promptLen+generated−1 (0-based) opens a block when it is a
+		// multiple of the block size.
+		if e.cfg.ReportOutputBlocks && s.generated < s.target && (s.promptLen+s.generated-1)%e.cfg.BlockSize == 0 {
+			e.outputs = append(e.outputs, Output{
+				RequestID: s.id, Kind: OutputBlock, At: t,
+				CachedTokens: s.cached, PromptTokens: s.promptLen, OutputTokens: s.generated,
 			})
 		}
 		if s.generated >= s.target {

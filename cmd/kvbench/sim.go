@@ -39,6 +39,12 @@ type simOptions struct {
 	Temperature      *float64
 	ApproxTTL        time.Duration       // kv-approx: lifetime of a predicted block (0: the router's default)
 	Pooled           router.PooledConfig // kv-pooled's --pooled-* flags (nil: the router's default)
+	// TrackOutputBlocks is the router's --router-track-output-blocks
+	// (router.Config.TrackOutputBlocks): the engines report output blocks
+	// and the routers book them. OSLHint sends each request's output
+	// length as its expected output (nvext.agent_hints.osl).
+	TrackOutputBlocks bool
+	OSLHint           bool
 
 	Seed     uint64
 	Reps     int
@@ -98,6 +104,8 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.Float64Var(&pOverloaded, "pooled-overloaded", router.DefaultPooledOverloaded, "kv-pooled: in-flight blocks over this fraction of the fleet's capacity turn the admission rule soft")
 	fs.Float64Var(&pQueue, "pooled-queue-weight", router.DefaultPooledQueueWeight, "kv-pooled: price of one block of admission overflow when overloaded")
 	fs.Float64Var(&pOutput, "pooled-output-tokens", 0, "kv-pooled: output tokens the decode reserve plans for (default: the mean the router observes)")
+	fs.BoolVar(&o.TrackOutputBlocks, "track-output-blocks", false, "the routers book output blocks as the engines generate them (Dynamo's --router-track-output-blocks, router.Config.TrackOutputBlocks)")
+	fs.BoolVar(&o.OSLHint, "sim-osl-hint", false, "send each request's output length as its expected output (nvext.agent_hints.osl): output-block tracking decays toward it; real clients rarely send it")
 	fs.Float64Var(&pCopy, "pooled-copy-weight", router.DefaultPooledEvictWeight, "kv-pooled: price of recomputing one block another worker holds, when not overloaded (default: the evict weight)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the workload and the router; rep k uses seed+k")
 	fs.IntVar(&o.Reps, "reps", 1, "repetitions (seeds seed, seed+1, …); figures are medians over reps")
@@ -327,6 +335,7 @@ func (o *simOptions) routerConfig(m router.Mode) router.Config {
 		c.ApproxTTL = o.ApproxTTL
 	}
 	c.Pooled = o.Pooled
+	c.TrackOutputBlocks = o.TrackOutputBlocks
 	return c
 }
 

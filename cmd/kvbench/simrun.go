@@ -104,6 +104,10 @@ type simConfig struct {
 	Requests         int       `json:"requests"`
 	HitRule          string    `json:"hit_rule"`
 	WallSeconds      float64   `json:"wall_seconds"`
+
+	// --track-output-blocks and --sim-osl-hint.
+	TrackOutputBlocks bool `json:"track_output_blocks,omitempty"`
+	OSLHint           bool `json:"osl_hint,omitempty"`
 }
 
 // pooledCfg is kv-pooled's settings as given by --pooled-* (absent: the
@@ -189,7 +193,7 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 				res, err := sim.Run(loads[j.r], sim.Config{
 					Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(),
 					Router: o.routerConfig(o.Policies[j.p]), EventDelay: o.EventDelay, Seed: seed,
-					Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra,
+					Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra, OSLHint: o.OSLHint,
 					Progress: func() { done.Add(1) },
 				})
 				if err != nil {
@@ -230,6 +234,14 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 		loads[0].Name, len(loads[0].Requests), o.Workers, blocksLabel(o.KVBlocks), o.BlockSize, o.Seed)
 	if o.Routers > 1 {
 		header += fmt.Sprintf(", %d routers with %v sync lag", o.Routers, o.SyncDelay)
+	}
+	if o.TrackOutputBlocks {
+		header += ", output blocks tracked"
+		if o.OSLHint {
+			header += " (osl hint)"
+		}
+	} else if o.OSLHint {
+		header += ", osl hint"
 	}
 	if o.Reps > 1 {
 		header += fmt.Sprintf(", medians of %d reps", o.Reps)
@@ -324,7 +336,7 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 		Temperature: o.Temperature, ApproxTTLS: o.routerConfig(router.ModeKVApprox).ApproxTTL.Seconds(), Seed: o.Seed, Reps: o.Reps, Requests: len(w.Requests),
 		Pooled: pooledCfg{EvictWeight: o.Pooled.EvictWeight, CopyWeight: o.Pooled.CopyWeight, HomeWeight: o.Pooled.HomeWeight,
 			Overloaded: o.Pooled.Overloaded, QueueWeight: o.Pooled.QueueWeight, OutputTokens: o.Pooled.OutputTokens},
-		WallSeconds: wall.Seconds(),
+		WallSeconds: wall.Seconds(), TrackOutputBlocks: o.TrackOutputBlocks, OSLHint: o.OSLHint,
 	}
 	for _, m := range o.Policies {
 		c.Policies = append(c.Policies, string(m))

@@ -5,7 +5,10 @@
 // The router sees what it sees in production: Route when a request arrives,
 // PrefillDone at its first token, Free when it finishes, and (in kv mode) an
 // index fed by the engines' KV events, each delivered EventDelay after the
-// engine emitted it.
+// engine emitted it. With Router.TrackOutputBlocks the engines report each
+// output block a request starts and the router hears Generated then (the
+// proxy calls it per streamed read; it books only at block boundaries, so
+// per block is the same).
 //
 // With Routers > 1 the fleet is routed by several routers, as kvrouter's
 // replicas route it behind an L4 balancer: request k goes to router
@@ -45,6 +48,10 @@ type Config struct {
 	// (phantom load). Never negative, so a free cannot overtake its booking.
 	SyncFreeExtra time.Duration
 	Seed          uint64 // router tie-breaks and sampling
+	// OSLHint sends every request's output length as its expected output
+	// (nvext.agent_hints.osl, router.Request.ExpectedOutputTokens), as a
+	// client that knows it would; off, the router is told nothing.
+	OSLHint bool
 	// Progress, when set, is called after every finished request.
 	Progress func()
 }
@@ -164,6 +171,7 @@ func (s *state) build() error {
 		id := WorkerID(i, n)
 		ec := s.cfg.Engine
 		ec.CapacityBlocks = s.cfg.KVBlocks[i]
+		ec.ReportOutputBlocks = s.cfg.Router.TrackOutputBlocks
 		if ec.EngineHashSeed != 0 {
 			// Distinct opaque names per worker, like engines without a
 			// shared PYTHONHASHSEED.
@@ -315,7 +323,11 @@ func (s *state) send(i int) {
 	k := s.routed % len(s.rts)
 	s.routed++
 	s.owner[i] = k
-	d, err := s.rts[k].Route(router.Request{ID: r.ID, Hashes: r.Hashes, Tokens: r.PromptTokens}, epoch.Add(s.now))
+	req := router.Request{ID: r.ID, Hashes: r.Hashes, Tokens: r.PromptTokens}
+	if s.cfg.OSLHint {
+		req.ExpectedOutputTokens = r.OutputTokens
+	}
+	d, err := s.rts[k].Route(req, epoch.Add(s.now))
 	if err != nil {
 		s.fail(i, fmt.Sprintf("route: %v", err))
 		return
@@ -358,6 +370,12 @@ func (s *state) handle(wi int, outs []engine.Output) {
 			rr.CachedTokens = o.CachedTokens
 			s.rts[s.owner[i]].PrefillDone(o.RequestID)
 			s.announce(s.owner[i], syncMsg{kind: syncPrefillDone, id: o.RequestID})
+		case engine.OutputBlock:
+			// Only the routing replica hears the stream; the others get
+			// the new block through replica sync (Syncer.Output).
+			if p, ok := s.rts[s.owner[i]].Generated(o.RequestID, o.OutputTokens); ok {
+				s.announce(s.owner[i], syncMsg{kind: syncOutput, id: o.RequestID, output: p})
+			}
 		case engine.Preempted:
 			rr.Preemptions++
 			s.preempts++

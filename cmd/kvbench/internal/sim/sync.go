@@ -17,6 +17,7 @@ const (
 	syncBook syncKind = iota
 	syncPrefillDone
 	syncFree
+	syncOutput // output-block tracking: a new output block (Syncer.Output)
 )
 
 // syncMsg is one load-view update from router `from` to router `to`.
@@ -25,12 +26,13 @@ type syncMsg struct {
 	seq      uint64
 	from, to int
 	kind     syncKind
-	booking  router.Booking // syncBook
-	id       string         // syncPrefillDone, syncFree
+	booking  router.Booking        // syncBook
+	id       string                // syncPrefillDone, syncFree, syncOutput
+	output   router.OutputProgress // syncOutput: absolute progress
 }
 
 // announce sends msg from router k to every other router, SyncDelay from
-// now (first tokens and frees SyncFreeExtra later still). A zero delay
+// now (first tokens, output blocks and frees SyncFreeExtra later still). A zero delay
 // applies it at once: every router then sees every
 // booking before the next request is routed, the view one router has.
 // One publisher's messages keep their order (a constant delay and the
@@ -42,6 +44,8 @@ func (s *state) announce(k int, msg syncMsg) {
 	msg.from = k
 	delay := s.cfg.SyncDelay
 	if msg.kind != syncBook {
+		// Output progress rides on the prefill-done message (SyncPrefillDone
+		// with the ob/g/x keys), so it lags as first tokens do.
 		delay += s.cfg.SyncFreeExtra
 	}
 	for j := range s.rts {
@@ -61,7 +65,7 @@ func (s *state) announce(k int, msg syncMsg) {
 }
 
 // applySync applies a remote update to router m.to's load view, as
-// replica.AddRemote/PrefillDoneRemote/FreeRemote do. A free that overtook
+// replica.AddRemote/PrefillDoneRemote/FreeRemote/OutputRemote do. A free that overtook
 // nothing is harmless; a booking arriving after its own free cannot happen
 // (one publisher's order is kept).
 func (s *state) applySync(m syncMsg) {
@@ -75,6 +79,8 @@ func (s *state) applySync(m syncMsg) {
 		load.PrefillDone(m.id)
 	case syncFree:
 		load.Free(m.id)
+	case syncOutput:
+		load.SetOutput(m.id, m.output)
 	}
 }
 
