@@ -26,6 +26,9 @@ type ActiveLoad struct {
 	// once, instead of one lookup per block per worker.
 	holders map[uint64][]blockHolder
 	order   []string // request ids by add time, for expiry (lazily cleaned)
+	// tracked counts the requests with output blocks booked (every
+	// workerLoad.tracked together): 0 lets kv-pooled skip them at once.
+	tracked int
 }
 
 type blockHolder struct {
@@ -68,6 +71,9 @@ type workerLoad struct {
 	outBlocks int
 	decayed   float64
 	nDecayed  int
+	// tracked holds the worker's requests with output blocks booked, for
+	// kv-pooled's decode reserve (trackedOutputs); nil until one is.
+	tracked map[*activeRequest]struct{}
 }
 
 // WorkerLoad is one worker's load as the cost function sees it.
@@ -228,6 +234,13 @@ func (a *ActiveLoad) setOutputLocked(r *activeRequest, wl *workerLoad, o OutputP
 	a.dropOutputLocked(r, wl)
 	r.out, r.outDecay = o, o.Decay()
 	wl.outBlocks += o.Blocks
+	if o.Blocks > 0 {
+		if wl.tracked == nil {
+			wl.tracked = make(map[*activeRequest]struct{})
+		}
+		wl.tracked[r] = struct{}{}
+		a.tracked++
+	}
 	if r.outDecay > 0 && o.Blocks > 0 {
 		wl.decayed += float64(o.Blocks) * r.outDecay
 		wl.nDecayed++
@@ -253,6 +266,10 @@ func (a *ActiveLoad) setOutputLocked(r *activeRequest, wl *workerLoad, o OutputP
 // dropOutputLocked takes r's output blocks off wl. a.mu must be held.
 func (a *ActiveLoad) dropOutputLocked(r *activeRequest, wl *workerLoad) {
 	wl.outBlocks -= r.out.Blocks
+	if r.out.Blocks > 0 {
+		delete(wl.tracked, r)
+		a.tracked--
+	}
 	if r.outDecay > 0 && r.out.Blocks > 0 {
 		wl.decayed -= float64(r.out.Blocks) * r.outDecay
 		wl.nDecayed--

@@ -109,6 +109,7 @@ type pooledScratch struct {
 	scores []rendezvousScore
 	ranks  []int // per candidate
 	kept   []int
+	out    []trackedOutput // per candidate, when output blocks are tracked
 }
 
 // pooledOutputs is the observed output length (Router.Finished).
@@ -139,6 +140,49 @@ func (r *Router) pooledReserveLocked() float64 {
 	}
 	out = orDefault(r.cfg.Pooled.OutputTokens, out)
 	return (out + (bs-1)/2) / bs
+}
+
+// trackedOutput is what output-block tracking booked on one worker, for
+// the admission rule: pinned is the worker's active blocks without the
+// decay toward the expected output (prompt blocks and output blocks, whole:
+// an engine frees none of them before the request ends), and covered the
+// part of the decode reserve they already stand for, Σ over the worker's
+// requests of min(output blocks booked, reserve × sequences).
+type trackedOutput struct {
+	pinned  int
+	covered float64
+}
+
+// trackedOutputs fills dst, parallel to candidates (positions in workers),
+// with each candidate's trackedOutput for a decode reserve of reserve
+// blocks per sequence; false when no request has output blocks booked
+// (tracking off, here and on every peer), so the reserve stays as it was.
+// The sum is kept exact whatever the map's order (whole blocks, and the
+// sequences whose reserve is used up), so replicas agree to the bit.
+func (a *ActiveLoad) trackedOutputs(workers []WorkerInfo, candidates []int, reserve float64, dst []trackedOutput) ([]trackedOutput, bool) {
+	dst = dst[:0]
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.tracked == 0 {
+		return dst, false
+	}
+	for _, i := range candidates {
+		var t trackedOutput
+		if wl := a.workers[workers[i].ID]; wl != nil {
+			t.pinned = wl.blocks + wl.outBlocks
+			blocks, seqs := 0, 0
+			for r := range wl.tracked {
+				if float64(r.out.Blocks) < reserve*float64(r.seqs) {
+					blocks += r.out.Blocks
+				} else {
+					seqs += r.seqs
+				}
+			}
+			t.covered = float64(blocks) + reserve*float64(seqs)
+		}
+		dst = append(dst, t)
+	}
+	return dst, true
 }
 
 // pooledCostsLocked rewrites the cost of every candidate row for kv-pooled
@@ -179,16 +223,29 @@ func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []
 
 	// Admission: would the request wait for KV blocks on the worker? Only
 	// with every candidate's capacity known (registered TotalBlocks).
+	// With output blocks tracked (Config.TrackOutputBlocks, or a peer's
+	// SetOutput) the load already holds the output generated so far: the
+	// reserve then covers only the expected output not yet booked, per
+	// request (a request past the mean reserves nothing more, one that
+	// just started its whole reserve), and the pinned blocks are counted
+	// whole, without the decay toward the expected output, which prices
+	// how soon they free, not whether they are held now.
 	reserve := r.pooledReserveLocked()
+	var tracked bool
+	ps.out, tracked = r.load.trackedOutputs(r.workers, candidates, reserve, ps.out)
 	ps.over = ps.over[:0]
 	var demand, capacity float64
 	minOver := math.Inf(1)
-	for _, i := range candidates {
+	for j, i := range candidates {
 		l := r.loads[i]
 		total := float64(r.workers[i].TotalBlocks)
-		demand += float64(l.ActiveBlocks) + reserve*float64(l.Requests)
+		pinned, pending := float64(l.ActiveBlocks), reserve*float64(l.Requests)
+		if tracked {
+			pinned, pending = float64(ps.out[j].pinned), pending-ps.out[j].covered
+		}
+		demand += pinned + pending
 		capacity += total
-		o := float64(l.ActiveBlocks+l.NewBlocks) + reserve*float64(l.Requests+1) - total
+		o := pinned + float64(l.NewBlocks) + pending + reserve - total
 		ps.over = append(ps.over, o)
 		minOver = min(minOver, o)
 	}
