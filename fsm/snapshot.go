@@ -83,7 +83,12 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // image is a consistent copy of the state, taken under the lock and written
 // without it. Everything in it is sorted: the bytes depend only on the state.
+// The blocks, by far its largest part, are copied under the lock unsorted
+// (pending) and sorted by resolve, which writeImage calls: Raft's apply
+// loop waits while FSM.Snapshot runs, and sorting ten million blocks there
+// stalled ingest for 5-7 s; Persist runs beside the applies.
 type image struct {
+	pending   *pendingBlocks
 	applied   uint64
 	blockSize int
 	lastTick  int64
@@ -94,6 +99,44 @@ type image struct {
 	blocks    []rankBlocks
 	preds     []rankPreds
 	tiers     []rankBlocks // lower tiers' blocks, tier set
+}
+
+// pendingBlocks is an image's blocks as copied under the lock: the index's
+// copy per tier and, in image order, the ranks whose blocks to take.
+type pendingBlocks struct {
+	copies [router.NumTiers]*router.BlocksCopy // nil: the tier is empty
+	ranks  []rankRef
+}
+
+type rankRef struct {
+	key    router.WorkerID
+	worker string
+	rank   uint32
+}
+
+// resolve sorts the pending blocks into blocks and tiers (idempotent).
+func (img *image) resolve() {
+	p := img.pending
+	if p == nil {
+		return
+	}
+	img.pending = nil
+	var res [router.NumTiers]map[router.WorkerID]router.ResolvedBlocks
+	for t, c := range p.copies {
+		if c != nil {
+			res[t] = c.Resolve()
+		}
+	}
+	for _, r := range p.ranks {
+		if b := res[router.TierDevice][r.key]; len(b.Blocks) > 0 {
+			img.blocks = append(img.blocks, rankBlocks{worker: r.worker, rank: r.rank, blocks: b.Blocks, dangling: b.Dangling})
+		}
+		for t := router.TierHost; t < router.NumTiers; t++ {
+			if b := res[t][r.key]; len(b.Blocks) > 0 {
+				img.tiers = append(img.tiers, rankBlocks{worker: r.worker, rank: r.rank, tier: t, blocks: b.Blocks, dangling: b.Dangling})
+			}
+		}
+	}
 }
 
 type cursorImage struct {
@@ -120,39 +163,6 @@ const (
 	blockAlias    = 1 // held under an engine hash that differs (u64 engine hash follows)
 	blockDangling = 2 // an engine alias whose content the rank no longer holds (u64 follows)
 )
-
-// danglingAliases finds the engine aliases in blocks (WorkerBlocks of w)
-// whose content w no longer holds. router.Index keeps an alias when a block
-// is removed under another name (its content hash, or a second engine hash
-// for the same content), and WorkerBlocks lists it like a held block; the
-// alias still satisfies parent checks, so it is state and must survive a
-// snapshot exactly. Usually there is none: the distinct contents listed
-// then equal the blocks held, and nothing more is looked up.
-func danglingAliases(ix *router.Index, w router.WorkerID, blocks []router.StoredBlock) []bool {
-	distinct := 0
-	for i, b := range blocks {
-		if i == 0 || b.ContentHash != blocks[i-1].ContentHash {
-			distinct++
-		}
-	}
-	if distinct == ix.Held(w) {
-		return nil
-	}
-	out := make([]bool, len(blocks))
-	var dst []router.Overlap
-	for i, b := range blocks {
-		if b.EngineHash == b.ContentHash {
-			continue // plain entries come from held blocks
-		}
-		if i > 0 && blocks[i-1].ContentHash == b.ContentHash {
-			out[i] = out[i-1]
-			continue
-		}
-		dst = ix.FindMatches([]uint64{b.ContentHash}, dst)
-		out[i] = !slices.ContainsFunc(dst, func(o router.Overlap) bool { return o.Worker == w })
-	}
-	return out
-}
 
 type predHash struct {
 	hash  uint64
@@ -183,23 +193,25 @@ func (f *FSM) captureLocked() *image {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	all := st.index.AllWorkerBlocks()
-	var lower [router.NumTiers]map[router.WorkerID][]router.StoredBlock
+	// The blocks are copied, not sorted, here (image.resolve). An engine
+	// alias whose content the rank no longer holds (router.Index keeps it
+	// when a block is removed under another name; it still satisfies
+	// parent checks) is state too: Resolve flags it dangling.
+	pend := &pendingBlocks{}
+	pend.copies[router.TierDevice] = st.index.CopyWorkerBlocks()
 	for t := router.TierHost; t < router.NumTiers; t++ {
 		if l := st.index.LowerTier(t); l != nil && l.Len() > 0 {
-			lower[t] = l.AllWorkerBlocks()
+			pend.copies[t] = l.CopyWorkerBlocks()
 		}
 	}
+	img.pending = pend
 	for _, id := range ids {
 		ws := st.workers[id]
 		img.workers = append(img.workers, ws.rec)
 		for _, rs := range ws.ranks {
 			img.cursors = append(img.cursors, cursorImage{worker: rs.worker, rank: rs.rank, last: rs.last,
 				resynced: rs.resynced, stale: rs.stale, reason: rs.reason, staleID: rs.staleID})
-			if b := all[rs.key]; len(b) > 0 {
-				img.blocks = append(img.blocks, rankBlocks{worker: rs.worker, rank: rs.rank, blocks: b,
-					dangling: danglingAliases(st.index, rs.key, b)})
-			}
+			pend.ranks = append(pend.ranks, rankRef{key: rs.key, worker: rs.worker, rank: rs.rank})
 			if m := st.preds[rs.key]; len(m) > 0 {
 				e := make([]predHash, 0, len(m))
 				for h, u := range m {
@@ -207,12 +219,6 @@ func (f *FSM) captureLocked() *image {
 				}
 				slices.SortFunc(e, func(a, b predHash) int { return cmp.Compare(a.hash, b.hash) })
 				img.preds = append(img.preds, rankPreds{worker: rs.worker, rank: rs.rank, entries: e})
-			}
-			for t := router.TierHost; t < router.NumTiers; t++ {
-				if b := lower[t][rs.key]; len(b) > 0 {
-					img.tiers = append(img.tiers, rankBlocks{worker: rs.worker, rank: rs.rank, tier: t, blocks: b,
-						dangling: danglingAliases(st.index.LowerTier(t), rs.key, b)})
-				}
 			}
 		}
 	}
@@ -272,6 +278,7 @@ func snapshotVersionOf(img *image) byte {
 // digest's canonical form: 0 for the applied index and digestVersion for
 // the version byte.
 func writeImage(w io.Writer, img *image, withApplied bool) error {
+	img.resolve()
 	c := &crcWriter{w: w, buf: make([]byte, 0, 4096)}
 	c.write([]byte(snapshotMagic))
 	version := snapshotVersionOf(img)

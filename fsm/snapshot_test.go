@@ -363,6 +363,7 @@ func TestFSMSnapshotCorrupt(t *testing.T) {
 		f.mu.RLock()
 		im := f.captureLocked()
 		f.mu.RUnlock()
+		im.resolve()
 		mod(im)
 		var buf bytes.Buffer
 		if err := writeImage(&buf, im, true); err != nil {

@@ -629,41 +629,10 @@ func (ix *Index) WorkerBlocks(w WorkerID) []StoredBlock {
 // over the index (snapshots and digests: per-worker calls would each walk
 // the whole index).
 func (ix *Index) AllWorkerBlocks() map[WorkerID][]StoredBlock {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	lists := make([][]StoredBlock, len(ix.slots))
-	aliased := make([]map[uint64]bool, len(ix.slots))
-	for slot, wb := range ix.slots {
-		if wb == nil {
-			continue
-		}
-		lists[slot] = make([]StoredBlock, 0, wb.held)
-		aliased[slot] = make(map[uint64]bool, len(wb.engine))
-		for eh, ch := range wb.engine {
-			lists[slot] = append(lists[slot], StoredBlock{EngineHash: eh, ContentHash: ch})
-			aliased[slot][ch] = true
-		}
-	}
-	add := func(slot int, ch uint64) {
-		if slot < len(ix.slots) && ix.slots[slot] != nil && !aliased[slot][ch] {
-			lists[slot] = append(lists[slot], StoredBlock{EngineHash: ch, ContentHash: ch})
-		}
-	}
-	for ch, lo := range ix.blocks {
-		for w := lo; w != 0; w &= w - 1 {
-			add(bits.TrailingZeros64(w), ch)
-		}
-	}
-	for ch, v := range ix.wide {
-		ix.wideEachLocked(v, func(slot int) { add(slot, ch) })
-	}
-	out := make(map[WorkerID][]StoredBlock, len(ix.slotOf))
-	for slot, wb := range ix.slots {
-		if wb == nil {
-			continue
-		}
-		slices.SortFunc(lists[slot], compareStored)
-		out[wb.id] = lists[slot]
+	res := ix.CopyWorkerBlocks().Resolve()
+	out := make(map[WorkerID][]StoredBlock, len(res))
+	for id, r := range res {
+		out[id] = r.Blocks
 	}
 	return out
 }
