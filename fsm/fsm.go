@@ -228,6 +228,9 @@ type FSM struct {
 	// goes when the worker leaves the registry.
 	refused map[string]uint64
 
+	// ckpt: the digest checkpoints (checkpoint.go).
+	ckpt checkpoints
+
 	// halt is set (under mu) by the first entry this build cannot apply,
 	// and cleared by Restore; read without mu by Halted.
 	halt atomic.Pointer[HaltError]
@@ -334,6 +337,7 @@ var _ raft.BatchingFSM = (*FSM)(nil)
 func (f *FSM) Apply(l *raft.Log) any {
 	f.mu.Lock()
 	res := f.applyLocked(l)
+	f.checkpointLocked(l.Index)
 	changes := f.takeChangesLocked()
 	f.mu.Unlock()
 	f.notify(changes)
@@ -353,6 +357,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 		if res := f.applyLocked(l); res != nil {
 			out[i] = res
 		}
+		f.checkpointLocked(l.Index)
 		f.mu.Unlock()
 	}
 	f.mu.Lock()

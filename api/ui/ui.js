@@ -82,16 +82,29 @@ function renderCluster(st) {
     row(tb, [n.id === st.node_id ? { text: n.id + " (this one)", cls: "chosen" } : n.id,
       n.raft_addr, p.suffrage, role, n.http_addr ? { text: n.http_addr + "/ui", href: n.http_addr + "/ui" } : "—"]);
   }
-  // Other replicas' digests are on their own origins, which a browser will
-  // not read from this page; one replica agrees with itself trivially.
-  setText("agreement", nodes.length <= 1 ? "single replica: nothing to compare"
-    : "compare the digest on each replica's page (linked below): equal digests = equal state");
+  // The replica compares its state with its peers' itself (the browser
+  // cannot read their origins): state_agreement, from digest checkpoints
+  // taken at the same log indexes.
+  setText("agreement", agreementText(nodes, st));
 
   const f = st.fsm || {};
   const rej = f.Rejected || {};
   setText("fsm-line", "Index: " + (f.Events ?? "—") + " events applied, " + (f.Gaps ?? "—") + " event gaps (events missing, worker resynced), " +
     (rej.over_capacity ?? "—") + " over-capacity refusals, " + (f.Duplicates ?? "—") + " duplicates. " +
     "Cool-downs (workers tried last for a few seconds after a failed connection) are not exposed yet.");
+}
+
+function agreementText(nodes, st) {
+  if (nodes.length <= 1) return "single replica: nothing to compare";
+  const ag = st.state_agreement || {};
+  const peers = Object.keys(ag).sort();
+  if (peers.length === 0) return "not compared yet (peers are checked every 15-45 s)";
+  return peers.map((p) => {
+    const v = ag[p];
+    if (v.verdict === "agree") return p + ": same state at log index " + v.index;
+    if (v.verdict === "differ") return p + ": DIFFERENT state at log index " + v.index + " (" + v.digest_here.slice(0, 12) + " here, " + v.digest_there.slice(0, 12) + " there)";
+    return p + ": not compared (" + (v.detail || "no common index yet") + ")";
+  }).join("; ");
 }
 
 function renderWorkers(st, loads) {

@@ -153,6 +153,14 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 			c.DecisionLogMaxBytes = n
 			return nil
 		}},
+		{names: []string{"digest-checkpoint-every"}, env: []string{"KVROUTER_DIGEST_CHECKPOINT_EVERY"}, def: "4096", usage: "digest the replicated state after every Raft entry whose index is a multiple of this, so replicas compare states while events keep coming (state_agreement in /cluster/status, kvrouter_replica_state_mismatch); the same on every replica; each costs a copy of the block index under the apply lock (~95 ms per million blocks); 0 turns it off", set: func(v string) error {
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil || (n > 0 && n < 64) {
+				return fmt.Errorf("--digest-checkpoint-every must be 0 or an integer of at least 64, got %q", v)
+			}
+			c.DigestCheckpointEvery = n
+			return nil
+		}},
 		{names: []string{"capture-file"}, env: []string{"KVROUTER_CAPTURE_FILE"}, usage: "capture answered requests as a Mooncake-format trace in this JSON-lines file (block hashes and lengths, no text; kvbench sim --trace replays it, kvbench tune sweeps settings on it), rotated by size (3 old files kept)", set: str(&c.CaptureFile)},
 		{names: []string{"capture-sample"}, env: []string{"KVROUTER_CAPTURE_SAMPLE"}, def: "1", usage: "fraction of prompt prefixes captured, in (0, 1]: a request is kept when its first block is in the sample, so requests sharing a prefix are kept or dropped together", set: func(v string) error {
 			f, err := strconv.ParseFloat(v, 64)

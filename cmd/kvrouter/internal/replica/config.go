@@ -86,7 +86,12 @@ type Config struct {
 	CaptureMaxBytes int64
 	// Dynamo's names with our meaning (cmd/kvrouter/dynamo.go).
 	SnapshotThreshold uint64 // Raft entries between snapshots (0: cluster default)
-	MinInitialWorkers int    // not ready below this many registered workers
+	// DigestCheckpointEvery: the FSM digests its state after every entry
+	// whose index is a multiple of it (fsm.SetDigestCheckpoints), so the
+	// replicas can compare states while entries keep coming (0: off).
+	// Every replica must use the same value to compare.
+	DigestCheckpointEvery uint64
+	MinInitialWorkers     int // not ready below this many registered workers
 
 	// MaxEntryBytes caps one KV batch entry in the Raft log
 	// (--max-entry-bytes; 0: DefaultMaxEntryBytes): larger batches are

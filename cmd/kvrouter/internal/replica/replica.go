@@ -53,6 +53,7 @@ type replica struct {
 	tokcheck *tokenizerCheck // compares our prompt ids with each worker's /tokenize
 	loras    *loraDirectory
 	agree    *tokenizerAgreement // do the peers' model files match ours?
+	state    *stateAgreement     // do the peers' replicated states match ours?
 	capacity *capacityWatch      // logs refusals beyond a worker's index block cap
 	gaps     *capacityGaps       // capacity-relative settings a worker's missing capacity disables
 }
@@ -402,6 +403,10 @@ func (r *replica) Status(digest bool) map[string]any {
 	}
 	if r.agree != nil {
 		out["tokenizer_agreement"] = r.agree.snapshot()
+	}
+	out["digest_checkpoints"] = r.fsm.Checkpoints()
+	if r.state != nil {
+		out["state_agreement"] = r.state.snapshot()
 	}
 	return out
 }

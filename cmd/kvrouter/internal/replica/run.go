@@ -42,6 +42,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("state machine: %w", err)
 	}
+	state.SetDigestCheckpoints(cfg.DigestCheckpointEvery)
 
 	// One load of the TLS material for Raft, the bus and HTTPS: all three
 	// present the same node certificate.
@@ -182,8 +183,10 @@ func assemble(cfg Config, log *slog.Logger, p parts) (*replica, error) {
 	r.tokcheck = newTokenizerCheck(cfg.TokenizerCheck, p.prompts.Lookup, p.fsm.Workers, p.reg, log.With("component", "tokenizer-check"))
 	r.loras = newLoRADirectory(log.With("component", "lora"))
 	r.agree = newTokenizerAgreement(cfg.NodeID, p.reg, log.With("component", "tokenizer-agreement"))
+	r.state = newStateAgreement(cfg.NodeID, p.fsm, p.reg, log.With("component", "state-agreement"))
 	if p.tls != nil {
 		r.agree.client = peerClient(p.tls, r.agree.client.Timeout) // peers advertise https://
+		r.state.client = peerClient(p.tls, r.state.client.Timeout)
 	}
 	p.fsm.OnChange(r.onChange)
 
@@ -211,6 +214,7 @@ func (r *replica) start(ctx context.Context) {
 		go remindInsecure(ctx, r.log)
 	}
 	go r.agree.run(ctx, func() modelPrints { return printsOf(r.prompts.Describe(r.Models())) }, r.fsm.Nodes)
+	go r.state.run(ctx, r.fsm.Nodes)
 }
 
 // waitIdle waits until srv serves no inference request, at most limit.
