@@ -168,7 +168,66 @@ function renderHitRates(st) {
     }
   }
   if (!(hr.models || []).length) row(tb, [hr.note === undefined ? "hit rates are off on this replica" : "no requests served yet"]);
+  recordHitHistory(hr);
+  drawHitHistory();
   setText("hit-note", hr.note ? hr.note + " History bound: " + (hr.models || []).map((m) => m.model + " " + m.history_blocks + "/" + m.history_bound_blocks + " blocks").join(", ") : "");
+}
+
+// The four fleet numbers over time: the replica keeps windows, not
+// history, so the page remembers what each refresh showed (the last 10
+// minutes at one refresh every 2 s) and draws them as lines.
+const hitHistory = new Map(); // model → [{t, available, reachable, captured, delivered}]
+const hitSeries = [["available", "#1f77b4"], ["reachable", "#2ca02c"], ["captured", "#ff7f0e"], ["delivered", "#d62728"]];
+const hitHistoryPoints = 300;
+
+function recordHitHistory(hr) {
+  const now = Date.now();
+  for (const m of hr.models || []) {
+    const w = (m.windows || []).find((x) => x.window === "1m") || (m.windows || [])[0];
+    if (!w || !w.requests) continue;
+    const h = hitHistory.get(m.model) || [];
+    h.push({ t: now, available: w.available, reachable: w.reachable, captured: w.captured, delivered: w.delivered });
+    if (h.length > hitHistoryPoints) h.splice(0, h.length - hitHistoryPoints);
+    hitHistory.set(m.model, h);
+  }
+}
+
+function svgEl(name, attrs) {
+  const e = document.createElementNS("http://www.w3.org/2000/svg", name);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  return e;
+}
+
+function drawHitHistory() {
+  const box = document.getElementById("hit-history");
+  box.replaceChildren();
+  const W = 640, H = 160, L = 40, B = 20, T = 8;
+  for (const [model, h] of [...hitHistory.entries()].sort()) {
+    if (h.length < 2) continue;
+    const svg = svgEl("svg", { width: W, height: H + 24, class: "hit-chart", "data-model": model, role: "img",
+      "aria-label": "hit rates of " + model + " over time" });
+    const t0 = h[0].t, t1 = h[h.length - 1].t;
+    const x = (t) => L + (W - L - 8) * (t1 > t0 ? (t - t0) / (t1 - t0) : 1);
+    const y = (v) => T + (H - T - B) * (1 - Math.max(0, Math.min(1, v)));
+    for (const v of [0, 0.5, 1]) {
+      svg.appendChild(svgEl("line", { x1: L, x2: W - 8, y1: y(v), y2: y(v), stroke: "#ddd" }));
+      const lab = svgEl("text", { x: L - 4, y: y(v) + 4, "text-anchor": "end", "font-size": 11, fill: "#555" });
+      lab.textContent = (v * 100).toFixed(0) + "%";
+      svg.appendChild(lab);
+    }
+    const span = svgEl("text", { x: W - 8, y: H - 4, "text-anchor": "end", "font-size": 11, fill: "#555" });
+    span.textContent = model + ": last " + Math.round((t1 - t0) / 1000) + " s";
+    svg.appendChild(span);
+    hitSeries.forEach(([key, color], i) => {
+      const pts = h.filter((p) => typeof p[key] === "number").map((p) => x(p.t).toFixed(1) + "," + y(p[key]).toFixed(1));
+      if (pts.length > 1) svg.appendChild(svgEl("polyline", { points: pts.join(" "), fill: "none", stroke: color, "stroke-width": 2, class: "series-" + key }));
+      const leg = svgEl("text", { x: L + i * 110, y: H + 18, "font-size": 12, fill: color });
+      leg.textContent = "■ " + key;
+      svg.appendChild(leg);
+    });
+    box.appendChild(svg);
+  }
+  if (!box.children.length) box.textContent = "collecting: the chart starts after two refreshes with requests";
 }
 
 function candidateText(d, c) {

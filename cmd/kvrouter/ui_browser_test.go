@@ -89,6 +89,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		"audit row":      `<table id="hits">.*<td>ui-mock</td><td class="num">3</td>`,
 		"hit rates":      `<tr class="hit-rate"><td>kvmock</td><td class="chosen">fleet \(\d+ KV blocks\)</td><td>1m</td><td class="num">3</td>(<td class="num">[0-9.]+ %</td>){4}`,
 		"worker's hits":  `<tr class="hit-rate"><td>kvmock</td><td>ui-mock</td><td>1m</td><td class="num">3</td><td class="num">fleet-wide</td><td class="num">fleet-wide</td>(<td class="num">[0-9.]+ %</td>){2}`,
+		"hit history":    `<svg [^>]*class="hit-chart" data-model="kvmock"[^>]*>.*<polyline [^>]*class="series-available"></polyline>.*<polyline [^>]*class="series-delivered"></polyline>`,
 		"decision row":   `<tr class="decision">.*<td class="chosen">ui-mock</td>`,
 		"decision cost":  `<div class="chosen">▶ ui-mock: \d+ · \d+r/\d+b · [0-9.]+</div>`,
 		"outcome":        `HTTP 200 · TTFT \d+ ms · \d+/\d+ cached`,
