@@ -161,6 +161,14 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 			c.DigestCheckpointEvery = n
 			return nil
 		}},
+		{names: []string{"hit-rate-max-blocks"}, env: []string{"KVROUTER_HIT_RATE_MAX_BLOCKS"}, def: "0", usage: "block history per model behind the \"available\" hit rate (0: 1 Mi blocks, about 64 MiB per model when full; raised to the fleet's capacity when that is larger); -1 turns the hit rates off", set: func(v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < -1 {
+				return fmt.Errorf("--hit-rate-max-blocks must be -1, 0 or a positive integer, got %q", v)
+			}
+			c.HitRateMaxBlocks = n
+			return nil
+		}},
 		{names: []string{"capture-file"}, env: []string{"KVROUTER_CAPTURE_FILE"}, usage: "capture answered requests as a Mooncake-format trace in this JSON-lines file (block hashes and lengths, no text; kvbench sim --trace replays it, kvbench tune sweeps settings on it), rotated by size (3 old files kept)", set: str(&c.CaptureFile)},
 		{names: []string{"capture-sample"}, env: []string{"KVROUTER_CAPTURE_SAMPLE"}, def: "1", usage: "fraction of prompt prefixes captured, in (0, 1]: a request is kept when its first block is in the sample, so requests sharing a prefix are kept or dropped together", set: func(v string) error {
 			f, err := strconv.ParseFloat(v, 64)

@@ -78,6 +78,9 @@ type Config struct {
 	DecisionLogSize     int
 	DecisionLogFile     string
 	DecisionLogMaxBytes int64
+	// HitRateMaxBlocks is api.Config.HitRateMaxBlocks (--hit-rate-max-blocks:
+	// 0 the default bound, negative off).
+	HitRateMaxBlocks int
 	// The traffic capture (api/capture): answered requests as a
 	// replayable trace in CaptureFile (off when empty), the CaptureSample
 	// fraction of prefixes, rotated at CaptureMaxBytes.

@@ -87,7 +87,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Retries: cfg.Retries, AllowLoopbackWorkers: cfg.AllowLoopbackWorkers, MaxPriority: cfg.MaxPriority,
 		MaxPriorityByKey: cfg.MaxPriorityByKey, MaxWorkers: cfg.MaxWorkers, MaxQueue: cfg.MaxQueue,
 		WorkerHeaderTimeout: cfg.WorkerHeaderTimeout, WorkerIdleTimeout: cfg.WorkerIdleTimeout, ProtectStatus: cfg.ProtectStatus, MetricsCompat: cfg.MetricsCompat, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,
-		Registry: reg, Decisions: decisions, Capture: capt,
+		Registry: reg, Decisions: decisions, Capture: capt, HitRateMaxBlocks: cfg.HitRateMaxBlocks,
 	}
 	if bundle == nil {
 		// Without TLS the admin token is the cluster endpoints' only
