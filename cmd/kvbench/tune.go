@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -374,9 +375,9 @@ func executeTune(o *simOptions, t *tuneOptions, stderr io.Writer) ([]tuneResult,
 			return 1
 		}
 		if d := t.score(b.Result) - t.score(a.Result); d != 0 {
-			return cmpFloat(d, 0)
+			return cmp.Compare(d, 0)
 		}
-		if d := cmpFloat(a.Result.TTFT.P99, b.Result.TTFT.P99); d != 0 {
+		if d := cmp.Compare(a.Result.TTFT.P99, b.Result.TTFT.P99); d != 0 {
 			return d
 		}
 		// Equal figures: the smaller change from what runs now.
@@ -385,16 +386,6 @@ func executeTune(o *simOptions, t *tuneOptions, stderr io.Writer) ([]tuneResult,
 	header := fmt.Sprintf("kvbench tune: %s, %d requests, %d workers × %s blocks of %d tokens, %d settings × %d reps (%.1fs)",
 		loads[0].Name, len(loads[0].Requests), o.Workers, blocksLabel(o.KVBlocks), o.BlockSize, len(settings), o.Reps, time.Since(start).Seconds())
 	return results, loads[0].Live, header, nil
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // writeTune prints the table (current setting first, then the best

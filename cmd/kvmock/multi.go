@@ -141,13 +141,7 @@ func (m *Mock) generateMany(w http.ResponseWriter, r *http.Request, chat bool, p
 // comment at the top of this file). The usage returned sums every
 // sequence's; false: the client went away or the engine stopped.
 func (m *Mock) streamMany(w http.ResponseWriter, r *http.Request, waiters []*waiter, gens []*generation) (usageDoc, bool) {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	s := &sse{w: w, rc: http.NewResponseController(w)}
-	s.flush()
+	s := startSSE(w)
 
 	// One wake-up channel for all sequences: a forwarder per waiter.
 	ctx, cancel := context.WithCancel(r.Context())

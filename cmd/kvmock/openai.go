@@ -327,6 +327,18 @@ func (m *Mock) plainAnswer(w http.ResponseWriter, r *http.Request, wt *waiter, g
 	}
 }
 
+// startSSE answers 200 with an event stream's headers, flushed.
+func startSSE(w http.ResponseWriter) *sse {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	s := &sse{w: w, rc: http.NewResponseController(w)}
+	s.flush()
+	return s
+}
+
 // sse writes server-sent events.
 type sse struct {
 	w   io.Writer
@@ -390,13 +402,7 @@ func (g *generation) chunk(i int, final bool) responseDoc {
 // a usage chunk (always: the router audits cached tokens from it) and
 // [DONE]. False: the client went away or the engine stopped.
 func (m *Mock) streamAnswer(w http.ResponseWriter, r *http.Request, wt *waiter, g *generation) bool {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	s := &sse{w: w, rc: http.NewResponseController(w)}
-	s.flush()
+	s := startSSE(w)
 
 	n := len(g.pieces)
 	emitted := 0

@@ -183,7 +183,7 @@ func LoadTrace(s TraceSpec) (*Workload, error) {
 	rebaseUnix(rows)
 	if s.MaxRequests > 0 && len(rows) > s.MaxRequests {
 		// Several files: the first MaxRequests arrivals of all of them.
-		slices.SortStableFunc(rows, func(a, b TraceRow) int { return cmpFloat(a.TimestampMs, b.TimestampMs) })
+		slices.SortStableFunc(rows, func(a, b TraceRow) int { return cmp.Compare(a.TimestampMs, b.TimestampMs) })
 		rows = rows[:s.MaxRequests]
 	}
 	return fromRows(rows, s, strings.Join(names, "+")), nil
@@ -212,16 +212,6 @@ func rebaseUnix(rows []TraceRow) {
 	for i := range rows {
 		rows[i].TimestampMs = float64(rows[i].UnixMs - first)
 	}
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // ReadTrace parses up to max rows (0 = all) from r; name is used in errors
@@ -255,7 +245,7 @@ func fromRows(rows []TraceRow, s TraceSpec, name string) *Workload {
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmpFloat(rows[a].TimestampMs, rows[b].TimestampMs) })
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(rows[a].TimestampMs, rows[b].TimestampMs) })
 	w := &Workload{
 		Kind:      Trace,
 		Name:      name,
