@@ -2,14 +2,10 @@ package replica
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -81,30 +77,18 @@ func compare(own, peer modelPrints) map[string]string {
 }
 
 func (a *tokenizerAgreement) run(ctx context.Context, own func() modelPrints, nodes func() []fsm.NodeRecord) {
-	for {
-		t := time.NewTimer(a.every/2 + rand.N(a.every))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		a.check(ctx, own(), nodes())
-	}
+	everyPeer(ctx, a.every, a.self, nodes, func(ctx context.Context, id, addr string) { a.check(ctx, own(), id, addr) })
 }
 
-func (a *tokenizerAgreement) check(ctx context.Context, own modelPrints, nodes []fsm.NodeRecord) {
-	for _, n := range nodes {
-		if n.ID == a.self || n.HTTPAddr == "" {
-			continue
-		}
-		peer, err := a.fetch(ctx, n.HTTPAddr)
-		if err != nil {
-			a.log.Debug("tokenizer agreement: peer status unavailable", "peer", n.ID, "err", err)
-			continue
-		}
-		a.record(n.ID, compare(own, peer))
+func (a *tokenizerAgreement) check(ctx context.Context, own modelPrints, peer, addr string) {
+	var st struct {
+		Tokenizers []map[string]any `json:"tokenizers"`
 	}
+	if err := peerStatus(ctx, a.client, addr, false, &st); err != nil {
+		a.log.Debug("tokenizer agreement: peer status unavailable", "peer", peer, "err", err)
+		return
+	}
+	a.record(peer, compare(own, printsOf(st.Tokenizers)))
 }
 
 func (a *tokenizerAgreement) record(peer string, res map[string]string) {
@@ -123,22 +107,6 @@ func (a *tokenizerAgreement) record(peer string, res map[string]string) {
 				"model", model, "peer", peer, "fingerprints", verdict)
 		}
 	}
-}
-
-func (a *tokenizerAgreement) fetch(ctx context.Context, base string) (modelPrints, error) {
-	if !strings.Contains(base, "://") {
-		base = "http://" + base
-	}
-	var st struct {
-		Tokenizers []map[string]any `json:"tokenizers"`
-	}
-	err := httpGet(ctx, a.client, strings.TrimRight(base, "/")+"/cluster/status?digest=0", 16<<20, func(r io.Reader) error {
-		return json.NewDecoder(r).Decode(&st)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("peer status: %w", err)
-	}
-	return printsOf(st.Tokenizers), nil
 }
 
 // snapshot is the report for /cluster/status: peer → model → verdict.

@@ -12,8 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-
-	"github.com/kvrouter/kvrouter/fsm"
 )
 
 func TestTokenizerAgreementCompare(t *testing.T) {
@@ -45,8 +43,7 @@ func TestTokenizerAgreementCheck(t *testing.T) {
 	defer peer.Close()
 	reg := prometheus.NewRegistry()
 	a := newTokenizerAgreement("r1", reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	nodes := []fsm.NodeRecord{{ID: "r1", HTTPAddr: "http://unused"}, {ID: "r2", HTTPAddr: peer.URL}}
-	a.check(context.Background(), modelPrints{"a": "f1"}, nodes)
+	a.check(context.Background(), modelPrints{"a": "f1"}, "r2", peer.URL)
 	if v := gaugeValue(t, a, "a", "r2"); v != 1 {
 		t.Fatalf("gauge %v after a mismatch", v)
 	}
@@ -54,7 +51,7 @@ func TestTokenizerAgreementCheck(t *testing.T) {
 		t.Fatalf("report %q", got)
 	}
 	peerPrint = "f1"
-	a.check(context.Background(), modelPrints{"a": "f1"}, nodes)
+	a.check(context.Background(), modelPrints{"a": "f1"}, "r2", peer.URL)
 	if v := gaugeValue(t, a, "a", "r2"); v != 0 || a.snapshot()["r2"]["a"] != "ok" {
 		t.Fatalf("gauge %v, report %v after agreement", v, a.snapshot())
 	}

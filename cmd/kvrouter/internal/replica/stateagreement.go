@@ -2,14 +2,10 @@ package replica
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -68,21 +64,7 @@ type peerState struct {
 }
 
 func (a *stateAgreement) run(ctx context.Context, nodes func() []fsm.NodeRecord) {
-	for {
-		t := time.NewTimer(a.every/2 + rand.N(a.every))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		for _, n := range nodes() {
-			if n.ID == a.self || n.HTTPAddr == "" {
-				continue
-			}
-			a.check(ctx, n.ID, n.HTTPAddr)
-		}
-	}
+	everyPeer(ctx, a.every, a.self, nodes, a.check)
 }
 
 // check compares this replica's state with one peer's.
@@ -150,19 +132,9 @@ func (a *stateAgreement) record(peer string, v stateVerdict) {
 }
 
 func (a *stateAgreement) fetch(ctx context.Context, base string, withDigest bool) (peerState, error) {
-	if !strings.Contains(base, "://") {
-		base = "http://" + base
-	}
-	url := strings.TrimRight(base, "/") + "/cluster/status?digest=0"
-	if withDigest {
-		url = strings.TrimRight(base, "/") + "/cluster/status"
-	}
 	var st peerState
-	err := httpGet(ctx, a.client, url, 16<<20, func(r io.Reader) error { return json.NewDecoder(r).Decode(&st) })
-	if err != nil {
-		return st, fmt.Errorf("peer status: %w", err)
-	}
-	return st, nil
+	err := peerStatus(ctx, a.client, base, withDigest, &st)
+	return st, err
 }
 
 // snapshot is the report for /cluster/status: peer → the last comparison.
