@@ -63,6 +63,16 @@ type Config struct {
 	// needs: one report per block, never one per token). Off: no such
 	// outputs and no cost.
 	ReportOutputBlocks bool
+	// LowerTier, when set, is an offloading connector's lookup (vLLM's
+	// OffloadingConnector, get_num_new_matched_tokens): whether a lower
+	// tier (host memory) holds the block of content hash h. When a request
+	// leaves the waiting queue, the blocks past its GPU prefix hit that the
+	// lower tier holds contiguously are loaded instead of computed: they
+	// get GPU blocks, are cached at once (stored events) and count as
+	// cached tokens, as vLLM counts a connector's tokens in
+	// num_cached_tokens. Loads take no time (engine/DESIGN.md). Not asked
+	// for RemotePrefill requests. nil: no lower tier.
+	LowerTier func(h uint64) bool
 }
 
 // Request is one generation request.
@@ -166,6 +176,10 @@ type Stats struct {
 	// ReceivedTokens are prompt tokens whose KV arrived by KVReceived (not
 	// counting the local hits of those requests).
 	ReceivedTokens uint64
+	// LoadedTokens are prompt tokens loaded from the lower tier
+	// (Config.LowerTier) instead of computed, at every admission
+	// (a recompute after preemption loads again).
+	LoadedTokens uint64
 }
 
 type seqState uint8
@@ -614,7 +628,7 @@ func (e *Engine) schedule(t time.Duration) bool {
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
 		n := min(s.numTokens()-s.computed, budget)
-		for !e.allocate(s, n, nil, t, true) {
+		for !e.allocate(s, n, nil, 0, t, true) {
 			victim := e.running[len(e.running)-1]
 			e.running = e.running[:len(e.running)-1]
 			e.preempt(victim, t)
@@ -642,7 +656,7 @@ func (e *Engine) schedule(t time.Duration) bool {
 		if s.remote {
 			// vLLM's load_kv_async: blocks for the whole prompt now, no
 			// compute and no caching until the KV has arrived.
-			if !e.allocate(s, s.promptLen-len(hits)*e.cfg.BlockSize, hits, t, false) {
+			if !e.allocate(s, s.promptLen-len(hits)*e.cfg.BlockSize, hits, 0, t, false) {
 				break
 			}
 			e.waiting[0] = nil
@@ -655,17 +669,19 @@ func (e *Engine) schedule(t time.Duration) bool {
 			})
 			continue
 		}
-		n := min(s.numTokens()-len(hits)*e.cfg.BlockSize, budget)
-		if !e.allocate(s, n, hits, t, true) {
+		loaded := e.lowerHits(s, len(hits))
+		n := min(s.numTokens()-(len(hits)+loaded)*e.cfg.BlockSize, budget)
+		if !e.allocate(s, n, hits, loaded, t, true) {
 			break
 		}
+		e.st.LoadedTokens += uint64(loaded * e.cfg.BlockSize)
 		e.waiting[0] = nil
 		e.waiting = e.waiting[1:]
 		s.state = stRunning
 		e.running = append(e.running, s)
 		if !s.scheduled {
 			s.scheduled = true
-			s.cached = len(hits) * e.cfg.BlockSize
+			s.cached = (len(hits) + loaded) * e.cfg.BlockSize
 			e.st.PromptTokens += uint64(s.promptLen)
 			e.st.CachedTokens += uint64(s.cached)
 		}
@@ -692,18 +708,34 @@ func (e *Engine) lookup(s *seq) []int32 {
 	return hits
 }
 
+// lowerHits is how many of s's blocks from block gpu on the lower tier
+// holds contiguously (Config.LowerTier), within lookup's bound.
+func (e *Engine) lowerHits(s *seq, gpu int) int {
+	if e.cfg.LowerTier == nil {
+		return 0
+	}
+	maxHit := (s.numTokens() - 1) / e.cfg.BlockSize
+	n := 0
+	for gpu+n < maxHit && e.cfg.LowerTier(e.hashAt(s, gpu+n)) {
+		n++
+	}
+	return n
+}
+
 // allocate gives s the blocks for n more tokens (vLLM's allocate_slots).
-// hits is non-nil for a request leaving the waiting queue: its cached prefix.
+// hits is non-nil for a request leaving the waiting queue: its cached prefix;
+// the loaded blocks after it (lowerHits) get blocks here and count as
+// computed, like a connector's loaded tokens.
 // With cache, the newly full blocks are cached at once, as vLLM does at
 // schedule time (without: a remote prefill, cached when its KV arrives).
 // False (and nothing changed) when the free queue is too short.
-func (e *Engine) allocate(s *seq, n int, hits []int32, t time.Duration, cache bool) bool {
+func (e *Engine) allocate(s *seq, n int, hits []int32, loaded int, t time.Duration, cache bool) bool {
 	bs := e.cfg.BlockSize
 	base := s.computed
 	have := len(s.blocks)
 	fresh := s.state == stWaiting
 	if fresh {
-		base, have = len(hits)*bs, len(hits)
+		base, have = (len(hits)+loaded)*bs, len(hits)
 	}
 	need := (base + n + bs - 1) / bs
 	toAlloc := max(0, need-have)
