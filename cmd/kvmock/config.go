@@ -19,12 +19,15 @@ import (
 
 // config is everything kvmock is told.
 type config struct {
-	ID               string
-	Addr             string
-	AdvertiseURL     string // "" = http://<bound address>
-	Model            string
-	BlockSize        int
-	KVBlocks         int
+	ID           string
+	Addr         string
+	AdvertiseURL string // "" = http://<bound address>
+	Model        string
+	BlockSize    int
+	KVBlocks     int
+	// HostTierBlocks is the CPU offload tier's size in blocks (hosttier.go);
+	// 0 = no host tier.
+	HostTierBlocks   int
 	MaxBatchedTokens int
 	MaxRunning       int
 	MaxModelLen      int // 0 = the whole cache
@@ -109,6 +112,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&c.Model, "model", "kvmock", "model name served and registered")
 	fs.IntVar(&c.BlockSize, "block-size", 16, "tokens per KV block (must equal the router's)")
 	fs.IntVar(&c.KVBlocks, "kv-blocks", 4096, "KV cache capacity in blocks")
+	fs.IntVar(&c.HostTierBlocks, "host-tier-blocks", 0, "CPU offload tier in blocks, as vLLM's KV offloading to CPU: blocks evicted from the GPU cache move into a host LRU of this size (KV events with the host tier), and a prompt continuing there past its GPU hit loads them instead of computing them (0: no host tier; publish host-tier events only to replicas that know storage tiers)")
 	fs.IntVar(&c.MaxBatchedTokens, "max-batched-tokens", engine.DefaultMaxBatchedTokens, "token budget per engine step (vLLM max_num_batched_tokens)")
 	fs.IntVar(&c.MaxRunning, "max-running", engine.DefaultMaxRunning, "max running sequences (vLLM max_num_seqs)")
 	fs.IntVar(&c.MaxModelLen, "max-model-len", 0, "max prompt+output tokens of one request (0 = kv-blocks*block-size)")
@@ -246,6 +250,9 @@ func (c config) validate() error {
 	}
 	if c.KVBlocks <= 0 {
 		errs = append(errs, fmt.Errorf("--kv-blocks %d: must be positive", c.KVBlocks))
+	}
+	if c.HostTierBlocks < 0 {
+		errs = append(errs, fmt.Errorf("--host-tier-blocks %d: must not be negative (0 = no host tier)", c.HostTierBlocks))
 	}
 	if c.MaxBatchedTokens <= 0 || c.MaxRunning <= 0 || c.MaxModelLen < 0 {
 		errs = append(errs, errors.New("--max-batched-tokens and --max-running must be positive, --max-model-len not negative"))

@@ -21,21 +21,23 @@ func TestMockConfigDefaults(t *testing.T) {
 	}
 	if c.ID != "mock-1" || c.Addr != "127.0.0.1:9001" || c.Model != "kvmock" || c.BlockSize != 16 || c.KVBlocks != 4096 ||
 		c.MaxBatchedTokens != 8192 || c.MaxRunning != 256 || c.Speedup != 1 || c.NATS != "" || c.Register != nil ||
-		c.RegisterInterval != 30*time.Second || c.ChatTemplate != tokenize.Plain || c.LogLevel != slog.LevelInfo || c.AdvertiseURL != "" || c.EventIDStart != 0 {
+		c.RegisterInterval != 30*time.Second || c.ChatTemplate != tokenize.Plain || c.LogLevel != slog.LevelInfo || c.AdvertiseURL != "" || c.EventIDStart != 0 ||
+		c.HostTierBlocks != 0 {
 		t.Fatalf("defaults: %+v", c)
 	}
 }
 
 func TestMockConfigFlagsAndEnv(t *testing.T) {
 	env := map[string]string{
-		"KVMOCK_ID":            "env-id",
-		"KVMOCK_KV_BLOCKS":     "100",
-		"KVMOCK_NATS":          " nats://a:4222, nats://b:4223 ,",
-		"KVMOCK_REGISTER":      "http://r1:8001/, http://r2:8002",
-		"KVMOCK_SPEEDUP":       "2.5",
-		"KVMOCK_LOG_LEVEL":     "debug",
-		"KVMOCK_ADVERTISE_URL": "http://mock:9001/",
-		"KVMOCK_PROFILE":       "seed001-small",
+		"KVMOCK_ID":               "env-id",
+		"KVMOCK_KV_BLOCKS":        "100",
+		"KVMOCK_NATS":             " nats://a:4222, nats://b:4223 ,",
+		"KVMOCK_REGISTER":         "http://r1:8001/, http://r2:8002",
+		"KVMOCK_SPEEDUP":          "2.5",
+		"KVMOCK_LOG_LEVEL":        "debug",
+		"KVMOCK_ADVERTISE_URL":    "http://mock:9001/",
+		"KVMOCK_PROFILE":          "seed001-small",
+		"KVMOCK_HOST_TIER_BLOCKS": "300",
 	}
 	c, err := parseConfig([]string{"--id", "flag-id", "--block-size=32"}, func(k string) string { return env[k] }, io.Discard)
 	if err != nil {
@@ -44,7 +46,8 @@ func TestMockConfigFlagsAndEnv(t *testing.T) {
 	if c.ID != "flag-id" { // the flag wins over the environment
 		t.Fatalf("id %q", c.ID)
 	}
-	if c.KVBlocks != 100 || c.BlockSize != 32 || c.Speedup != 2.5 || c.LogLevel != slog.LevelDebug || c.Profile != "seed001-small" {
+	if c.KVBlocks != 100 || c.BlockSize != 32 || c.Speedup != 2.5 || c.LogLevel != slog.LevelDebug || c.Profile != "seed001-small" ||
+		c.HostTierBlocks != 300 {
 		t.Fatalf("config %+v", c)
 	}
 	if c.NATS != "nats://a:4222,nats://b:4223" || !slices.Equal(c.Register, []string{"http://r1:8001", "http://r2:8002"}) || c.AdvertiseURL != "http://mock:9001" {
@@ -57,7 +60,7 @@ func TestMockConfigInvalid(t *testing.T) {
 	for _, args := range [][]string{
 		{"--id", ""}, {"--id", "a#1"}, {"--block-size", "0"}, {"--kv-blocks", "-1"}, {"--speedup", "0"},
 		{"--profile", "nope"}, {"--chat-template", "jinja"}, {"--log-level", "loud"}, {"--register", "r1:8001"},
-		{"--max-running", "0"}, {"stray"}, {"--unknown"},
+		{"--max-running", "0"}, {"stray"}, {"--unknown"}, {"--host-tier-blocks", "-1"},
 	} {
 		if _, err := parseConfig(args, none, io.Discard); err == nil {
 			t.Errorf("%q accepted", args)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/eventbus"
 )
 
 // errStopped: the engine loop has ended (shutdown).
@@ -26,6 +27,7 @@ type driver struct {
 	speedup float64
 	log     *slog.Logger
 	q       *eventQueue // nil: no bus, events are counted and dropped
+	host    *hostTier   // nil: no host tier (--host-tier-blocks 0)
 
 	cmds chan func()
 	done chan struct{} // closed when run returns
@@ -147,11 +149,17 @@ func (d *driver) drain() {
 		return
 	}
 	d.engineEvents.Add(uint64(len(evs)))
+	var wires []eventbus.WireEvent
+	if d.host != nil {
+		wires = d.host.observe(evs) // the host tier follows the engine, bus or not
+	}
 	if d.q == nil {
 		d.droppedNoBus.Add(uint64(len(evs)))
 		return
 	}
-	wires := toWire(evs)
+	if wires == nil {
+		wires = toWire(evs)
+	}
 	if !d.q.push(wires) {
 		d.q.overflows.Add(1)
 		d.log.Error("KV event queue full: replacing the unpublished events with a full-state resync (is NATS reachable?)",
@@ -170,6 +178,10 @@ func (d *driver) snapshot(reason string) {
 	pending := d.eng.DrainEvents() // superseded by the snapshot
 	d.engineEvents.Add(uint64(len(pending)))
 	evs := snapshotEvents(d.eng.CachedBlocks(), d.eng.Config().BlockSize)
+	if d.host != nil {
+		d.host.observe(pending) // its evictions still move blocks to the host
+		evs = append(evs, d.host.snapshotEvents()...)
+	}
 	superseded := d.q.reset(evs) + len(pending)
 	d.log.Info("publishing full KV state", "reason", reason, "blocks", d.eng.Stats().CachedBlocks, "events", len(evs), "superseded", superseded)
 }

@@ -24,7 +24,8 @@ type statsDoc struct {
 	Config       engineCfgDoc  `json:"config"`
 	Publisher    *publisherDoc `json:"publisher,omitempty"`
 	KVTransfer   kvTransferDoc `json:"kv_transfer"`
-	Forwarded    forwardedDoc  `json:"forwarded"` // identity headers seen on /v1/* (apikey.go)
+	HostTier     *hostTierDoc  `json:"host_tier,omitempty"` // --host-tier-blocks > 0
+	Forwarded    forwardedDoc  `json:"forwarded"`           // identity headers seen on /v1/* (apikey.go)
 }
 
 // kvTransferDoc: disaggregation. The sender side (a prefill worker's
@@ -51,6 +52,16 @@ type kvTransferDoc struct {
 	// ReceivedTokens is the engine's count of prompt tokens whose KV arrived.
 	ReceivedTokens uint64 `json:"received_tokens"`
 	AwaitingKV     int    `json:"awaiting_kv"` // requests holding blocks while their KV is pulled
+}
+
+// hostTierDoc: the CPU offload tier (hosttier.go).
+type hostTierDoc struct {
+	CapacityBlocks int    `json:"capacity_blocks"`
+	Blocks         int64  `json:"blocks"`           // held now
+	Offloaded      uint64 `json:"offloaded_blocks"` // GPU evictions moved here
+	Evicted        uint64 `json:"evicted_blocks"`   // dropped by the host LRU
+	Hits           uint64 `json:"hit_blocks"`       // blocks found by the engine's lookups
+	LoadedTokens   uint64 `json:"loaded_tokens"`    // prompt tokens loaded back instead of computed
 }
 
 type engineCfgDoc struct {
@@ -187,6 +198,10 @@ func (m *Mock) statsDoc(ctx context.Context) (statsDoc, error) {
 		Pulls: pc.pulls.Load(), PullFailures: pc.failures.Load(), PulledTokens: pc.tokens.Load(),
 		PullSeconds: time.Duration(pc.nanos.Load()).Seconds(), ReceivedTokens: st.ReceivedTokens, AwaitingKV: st.AwaitingKV,
 	}
+	if h := m.drv.host; h != nil {
+		d.HostTier = &hostTierDoc{CapacityBlocks: h.capacity, Blocks: h.held.Load(), Offloaded: h.stored.Load(),
+			Evicted: h.evicted.Load(), Hits: h.hits.Load(), LoadedTokens: st.LoadedTokens}
+	}
 	if q := m.q; q != nil {
 		d.Events.Enabled = true
 		d.Events.Queued, d.Events.QueueLimit = q.len(), q.max
@@ -272,6 +287,13 @@ func (m *Mock) metrics(w http.ResponseWriter, r *http.Request) {
 	metric("kv_pulled_tokens_total", "counter", "Prompt tokens whose KV was pulled from prefill workers.", kt.PulledTokens)
 	metric("kv_pull_seconds_total", "counter", "Wall time spent pulling KV from prefill workers.", kt.PullSeconds)
 	metric("kv_awaiting_requests", "gauge", "Requests holding KV blocks while their KV is pulled.", kt.AwaitingKV)
+	if h := d.HostTier; h != nil {
+		metric("host_tier_capacity_blocks", "gauge", "CPU offload tier capacity in blocks (--host-tier-blocks).", h.CapacityBlocks)
+		metric("host_tier_blocks", "gauge", "Blocks the CPU offload tier holds.", h.Blocks)
+		metric("host_tier_offloaded_blocks_total", "counter", "Blocks evicted from the GPU cache and moved to the CPU offload tier.", h.Offloaded)
+		metric("host_tier_evicted_blocks_total", "counter", "Blocks dropped by the CPU offload tier's LRU.", h.Evicted)
+		metric("host_tier_loaded_tokens_total", "counter", "Prompt tokens loaded back from the CPU offload tier instead of computed.", h.LoadedTokens)
+	}
 	if p := d.Publisher; p != nil {
 		metric("kv_events_acked_total", "counter", "KV events acknowledged by the stream.", p.Acked)
 		metric("kv_event_retries_total", "counter", "Re-sends with the same Nats-Msg-Id.", p.Retries)

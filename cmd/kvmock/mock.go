@@ -76,7 +76,13 @@ type counters struct {
 
 // newMock builds a worker. connect nil means no KV events are published.
 func newMock(cfg config, log *slog.Logger, connect connectFunc) (*Mock, error) {
-	eng, err := engine.New(cfg.ID, cfg.engineConfig())
+	ecfg := cfg.engineConfig()
+	var host *hostTier
+	if cfg.HostTierBlocks > 0 {
+		host = newHostTier(cfg.HostTierBlocks, cfg.BlockSize)
+		ecfg.LowerTier = host.holds
+	}
+	eng, err := engine.New(cfg.ID, ecfg)
 	if err != nil {
 		return nil, err
 	}
@@ -106,6 +112,7 @@ func newMock(cfg config, log *slog.Logger, connect connectFunc) (*Mock, error) {
 		m.q = newEventQueue(cfg.EventQueue, log.With("component", "events"))
 	}
 	m.drv = newDriver(eng, m.q, log.With("component", "engine"))
+	m.drv.host = host
 	if cfg.DPRanks > 1 && cfg.DPRank == 0 {
 		for r := 1; r < cfg.DPRanks; r++ {
 			rc := cfg
