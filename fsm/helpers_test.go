@@ -208,6 +208,11 @@ func (g *gen) kvEvent() KVBatchEvent {
 	default:
 		e.Event = router.KVEvent{Kind: router.EventCleared}
 	}
+	// A lower storage tier (host, disk, external) for some events of every
+	// kind: tiered batches (command 12), tier indexes in snapshots (format 4).
+	if g.rng.IntN(5) == 0 {
+		e.Event.Tier = router.Tier(1 + g.rng.IntN(int(router.NumTiers)-1))
+	}
 	return e
 }
 
