@@ -27,6 +27,7 @@ import (
 // live nor listed here fails: the dashboard drifted.
 var dashboardConditional = map[string]string{
 	"kvrouter_tokenizer_fingerprint_mismatch":   "a peer replica (this one is alone)",
+	"kvrouter_replica_state_mismatch":           "a peer replica (this one is alone)",
 	"kvrouter_requests_without_tokenizer_total": "a model without tokenizer files (kvmock's is built in)",
 	"kvrouter_index_blocks_refused_total":       "a worker's KV events past twice its capacity",
 	"kvrouter_eventbus_pending_messages":        "proposed, not exported yet (deploy's proposedMetrics)",
