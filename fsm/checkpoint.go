@@ -77,5 +77,5 @@ func (c *checkpoints) add(cp Checkpoint) {
 func (f *FSM) Checkpoints() []Checkpoint {
 	f.ckpt.mu.Lock()
 	defer f.ckpt.mu.Unlock()
-	return slices.Clone(f.ckpt.ring)
+	return append([]Checkpoint{}, f.ckpt.ring...) // [] in JSON before the first one, not null
 }
