@@ -19,8 +19,9 @@ import (
 //	       + QueueWeight·(overflow_w − min overflow)  only when the cluster is overloaded
 //
 // and a worker the request would wait on for KV admission (its pinned
-// blocks plus a decode reserve per request, from the observed output
-// lengths) leaves the candidate set while some other worker can admit it
+// blocks plus a decode reserve from the observed output lengths: half of
+// one per running request, the expected peak, and a whole one for the new
+// request) leaves the candidate set while some other worker can admit it
 // at once (unless the cluster is overloaded). Every input is replicated
 // (index, worker registry) or synced (ActiveLoad), except the observed
 // output length, which each replica learns from the requests it finishes:
@@ -55,6 +56,17 @@ const (
 	// so it follows a workload that changes.
 	pooledOutputWindow = 1024
 	pooledTieBreak     = 1e-6
+
+	// pooledRunningReserveShare is the part of its decode reserve a
+	// running request adds to the admission test when output blocks are
+	// not tracked. With k requests running on a worker at progress spread
+	// uniformly over their output of R blocks, the worker's occupancy
+	// peaks just before the oldest ends: that one holds R, each other one
+	// R·(1 − (p_max − p_i)), the new request R·(1 − p_max); in
+	// expectation (k/2 + 1)·R, i.e. R/2 per running request plus R for
+	// the new one (DESIGN.md works the sum). Not a tuned weight: it
+	// follows from the output lengths the router observes.
+	pooledRunningReserveShare = 0.5
 )
 
 // PooledConfig holds kv-pooled's settings; a nil field takes its default.
@@ -243,7 +255,16 @@ func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []
 		if tracked {
 			pinned, pending = float64(ps.out[j].pinned), pending-ps.out[j].covered
 		}
+		// The overload line counts every in-flight output at its full
+		// length: what the fleet must hold before these requests end.
 		demand += pinned + pending
+		if !tracked {
+			// Admission on w plans for the expected peak instead: the
+			// running requests are on average half way through their
+			// output and free all of it when they end, before the new
+			// request's output has grown (pooledRunningReserveShare).
+			pending *= pooledRunningReserveShare
+		}
 		capacity += total
 		o := pinned + float64(l.NewBlocks) + pending + reserve - total
 		ps.over = append(ps.over, o)

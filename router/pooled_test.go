@@ -518,7 +518,9 @@ func TestPooledCopyCost(t *testing.T) {
 // The decode reserve plans for the output lengths the router observed
 // (Router.Finished): one block's worth before any, the configured length
 // when set. A worker that admits a request under the first reserve is
-// excluded once long outputs have been seen.
+// excluded once long outputs have been seen. The admission test on a is
+// 70 blocks in flight + 12 new + reserve/2 (bg, running) + reserve (q)
+// against 100: over at a reserve above 12 blocks.
 func TestPooledReserveFromOutputs(t *testing.T) {
 	prompt := tokens(7, 16*12)
 	hashes := SequenceHashes(prompt, 16, "")
@@ -529,11 +531,14 @@ func TestPooledReserveFromOutputs(t *testing.T) {
 		outputs  []int    // Finished before the decision
 		config   *float64 // PooledConfig.OutputTokens
 		reserve  float64  // (output tokens + 7.5) / 16
-		excluded bool     // a: 70 blocks in flight + 12 new + 2·reserve > 100
+		excluded bool     // a: 70 blocks in flight + 12 new + 1.5·reserve > 100
 	}{
 		{"no output seen: one block's worth", nil, nil, (16 + 7.5) / 16, false},
 		{"short outputs seen", []int{16, 48}, nil, (32 + 7.5) / 16, false},
-		{"long outputs seen", []int{150, 170}, nil, (160 + 7.5) / 16, true},
+		// 160 tokens: 10.47 blocks, 97.7 < 100 (the full reserve for bg
+		// too, as before, said 102.9: excluded).
+		{"outputs of 160 seen: admitted at the expected peak", []int{150, 170}, nil, (160 + 7.5) / 16, false},
+		{"long outputs seen", []int{200, 220}, nil, (210 + 7.5) / 16, true}, // 102.4
 		{"configured length wins", []int{16}, &long, (256 + 7.5) / 16, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -596,5 +601,86 @@ func TestPooledCopyFreeWhenOverloaded(t *testing.T) {
 			t.Errorf("row %s: cost %.3f with copy weight 0, %.3f with 64 (busy %v %v)", rows[0][i].Worker,
 				rows[0][i].Cost, rows[64][i].Cost, rows[0][i].Busy, rows[64][i].Busy)
 		}
+	}
+}
+
+// Without output-block tracking a running request adds half its decode
+// reserve to the admission test (pooledRunningReserveShare: the expected
+// peak of requests at uniformly spread progress) and the new request its
+// whole reserve, while the overload line counts every reserve whole.
+// Reserve 10 blocks ((152.5 + 7.5) / 16), workers of 100 blocks, a
+// 12-block prompt no worker holds in flight (12 new blocks):
+//   - 2 running × 30 blocks: 60 + 12 + 2·5 + 10 = 92 ≤ 100, admitted (the
+//     full reserve said 60 + 12 + 20 + 10 = 102: excluded);
+//   - 4 running × 15 blocks: 60 + 12 + 4·5 + 10 = 102, 2 blocks over.
+//
+// Demand: a 60 + 2·10 = 80, b 60 + 4·10 = 100, 180 > 0.8 · 200 = 160, so
+// together they are past the overload line (the halved reserves, 150,
+// would not be): no exclusion, the queue price 0.5 · (2 − (−8)) = 5 on b.
+func TestPooledRunningReserveShare(t *testing.T) {
+	prompt := tokens(7, 16*12)
+	hashes := SequenceHashes(prompt, 16, "")
+	out, zero := 152.5, 0.0
+	book := func(t *testing.T, r *Router, w WorkerID, n, blocks, tag int) {
+		t.Helper()
+		for k := range n {
+			h := SequenceHashes(tokens(100_000*tag+10_000*k, 16*blocks), 16, "")
+			r.Load().Add(Booking{ID: fmt.Sprint(w, k), Worker: w, Hashes: h, Added: t0})
+		}
+	}
+	for _, c := range []struct {
+		name       string
+		a, b       [2]int // running requests × distinct blocks each
+		holder     WorkerID
+		busyA      bool
+		busyB      bool
+		overA      float64 // the admission overflow in the busy reason, when busy
+		queueB     float64 // kv-pooled's extra on b beyond a's (queue price), overloaded only
+		overloaded bool
+	}{
+		{name: "two running: admitted at the expected peak", a: [2]int{2, 30}, b: [2]int{0, 0}, holder: "a"},
+		{name: "four running: 2 blocks over", a: [2]int{4, 15}, b: [2]int{0, 0}, holder: "a", busyA: true, overA: 2},
+		{name: "past the overload line with whole reserves", a: [2]int{2, 30}, b: [2]int{4, 15}, holder: "", overloaded: true, queueB: 5},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ix := NewIndex(16)
+			cfg := pooledConfig()
+			cfg.Pooled.OutputTokens = &out
+			cfg.Pooled.HomeWeight = &zero // no rendezvous term: the prices are exact
+			r := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: 100})
+			if c.holder != "" {
+				store(t, ix, c.holder, prompt)
+			}
+			book(t, r, "a", c.a[0], c.a[1], 1)
+			book(t, r, "b", c.b[0], c.b[1], 2)
+			r.mu.Lock()
+			reserve := r.pooledReserveLocked()
+			r.mu.Unlock()
+			if reserve != 10 {
+				t.Fatalf("reserve %v blocks, want 10", reserve)
+			}
+			d, err := r.Decide(Request{ID: "q", Tokens: len(prompt), Hashes: hashes}, t0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, b := d.Rows[0], d.Rows[1]
+			if a.Busy != c.busyA || b.Busy != c.busyB {
+				t.Fatalf("busy a %v b %v, want %v %v\n%s", a.Busy, b.Busy, c.busyA, c.busyB, d.Explain())
+			}
+			if c.busyA && !strings.Contains(a.BusyReason, fmt.Sprintf("(%.0f blocks over)", c.overA)) {
+				t.Errorf("a: %q, want %.0f blocks over", a.BusyReason, c.overA)
+			}
+			if !c.busyA && d.Worker != "a" {
+				t.Errorf("chose %s, want a\n%s", d.Worker, d.Explain())
+			}
+			if c.overloaded {
+				// Neither holds the prompt, both caches empty (no eviction,
+				// no copy), no home term: the pooled extras differ by the
+				// queue price alone (and the 1e-6 rank tie-break).
+				if diff := b.Pooled - a.Pooled; math.Abs(diff-c.queueB) > 1e-5 {
+					t.Errorf("b's extra − a's = %.6f, want %.0f\n%s", diff, c.queueB, d.Explain())
+				}
+			}
+		})
 	}
 }
