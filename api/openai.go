@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -79,8 +78,6 @@ func (p *prepared) settled() {
 		p.settle()
 	}
 }
-
-var requestSeq atomic.Uint64
 
 // maxSequences caps the n a request is booked with: an absurd n (which the
 // engine refuses anyway) must not make a worker look full until it answers.
@@ -162,7 +159,7 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 		return nil, false
 	}
 	bs := rt.Config().BlockSize
-	id := fmt.Sprintf("%s-%d-%d", s.rep.NodeID(), start.UnixNano(), requestSeq.Add(1))
+	id := fmt.Sprintf("%s-%d-%d", s.rep.NodeID(), start.UnixNano(), s.reqSeq.Add(1))
 	s.metrics.inputTokens.WithLabelValues(in.Model).Add(float64(isl))
 	seqs := 1
 	if ep.generates() {

@@ -146,6 +146,8 @@ type Server struct {
 	// inflight counts inference requests being served, so a draining
 	// replica can wait for them before it closes its listener.
 	inflight atomic.Int64
+	// reqSeq numbers this server's requests (the router's request ids).
+	reqSeq atomic.Uint64
 	// warnedNoTokenizer holds the models already logged as having no
 	// tokenizer (one warning per model, the counter for every request).
 	warnedNoTokenizer sync.Map
