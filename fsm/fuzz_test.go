@@ -119,30 +119,38 @@ func FuzzDecodeKVBatch(f *testing.F) {
 	for _, s := range kvSeeds(f) {
 		f.Add(s)
 	}
-	f.Fuzz(func(t *testing.T, payload []byte) {
-		entry := append([]byte{byte(CmdKVEventBatch), EnvelopeVersion}, payload...)
-		evs, err := DecodeKVBatch(entry)
-		if err != nil {
-			if !errors.Is(err, ErrUndecodable) {
-				t.Fatalf("error %v is not ErrUndecodable", err)
-			}
-			return
+	f.Fuzz(func(t *testing.T, payload []byte) { checkKVBatchRoundTrip(t, CmdKVEventBatch, payload) })
+}
+
+// checkKVBatchRoundTrip decodes payload as an entry of type typ (3 or 12):
+// it fails cleanly or re-encodes canonically, as type 12 exactly when an
+// event is of a lower tier, to the same events.
+func checkKVBatchRoundTrip(t *testing.T, typ CommandType, payload []byte) {
+	entry := append([]byte{byte(typ), EnvelopeVersion}, payload...)
+	evs, err := DecodeKVBatch(entry)
+	if err != nil {
+		if !errors.Is(err, ErrUndecodable) {
+			t.Fatalf("error %v is not ErrUndecodable", err)
 		}
-		enc, err := AppendKVBatch(nil, evs)
-		if err != nil {
-			t.Fatalf("decoded events do not encode: %v", err)
-		}
-		again, err := DecodeKVBatch(enc)
-		if err != nil {
-			t.Fatalf("re-encoded batch does not decode: %v", err)
-		}
-		if !reflect.DeepEqual(canonical(KVEventBatch{Events: again}), canonical(KVEventBatch{Events: evs})) {
-			t.Fatal("round trip changed the events")
-		}
-		if enc2, _ := AppendKVBatch(nil, again); !bytes.Equal(enc, enc2) {
-			t.Fatal("encoding is not canonical")
-		}
-	})
+		return
+	}
+	enc, err := AppendKVBatch(nil, evs)
+	if err != nil {
+		t.Fatalf("decoded events do not encode: %v", err)
+	}
+	if tiered := CommandType(enc[0]) == CmdKVEventBatchTiered; tiered != kvBatchTiered(evs) {
+		t.Fatalf("encoded as type %d, lower-tier events %v", enc[0], kvBatchTiered(evs))
+	}
+	again, err := DecodeKVBatch(enc)
+	if err != nil {
+		t.Fatalf("re-encoded batch does not decode: %v", err)
+	}
+	if !reflect.DeepEqual(canonical(KVEventBatch{Events: again}), canonical(KVEventBatch{Events: evs})) {
+		t.Fatal("round trip changed the events")
+	}
+	if enc2, _ := AppendKVBatch(nil, again); !bytes.Equal(enc, enc2) {
+		t.Fatal("encoding is not canonical")
+	}
 }
 
 // kvSeeds are KVEventBatch payloads (without the envelope).
@@ -184,33 +192,7 @@ func FuzzDecodeKVBatchTiered(f *testing.F) {
 	for _, s := range kvTieredSeeds(f) {
 		f.Add(s)
 	}
-	f.Fuzz(func(t *testing.T, payload []byte) {
-		entry := append([]byte{byte(CmdKVEventBatchTiered), EnvelopeVersion}, payload...)
-		evs, err := DecodeKVBatch(entry)
-		if err != nil {
-			if !errors.Is(err, ErrUndecodable) {
-				t.Fatalf("error %v is not ErrUndecodable", err)
-			}
-			return
-		}
-		enc, err := AppendKVBatch(nil, evs)
-		if err != nil {
-			t.Fatalf("decoded events do not encode: %v", err)
-		}
-		if tiered := CommandType(enc[0]) == CmdKVEventBatchTiered; tiered != kvBatchTiered(evs) {
-			t.Fatalf("encoded as type %d, lower-tier events %v", enc[0], kvBatchTiered(evs))
-		}
-		again, err := DecodeKVBatch(enc)
-		if err != nil {
-			t.Fatalf("re-encoded batch does not decode: %v", err)
-		}
-		if !reflect.DeepEqual(canonical(KVEventBatch{Events: again}), canonical(KVEventBatch{Events: evs})) {
-			t.Fatal("round trip changed the events")
-		}
-		if enc2, _ := AppendKVBatch(nil, again); !bytes.Equal(enc, enc2) {
-			t.Fatal("encoding is not canonical")
-		}
-	})
+	f.Fuzz(func(t *testing.T, payload []byte) { checkKVBatchRoundTrip(t, CmdKVEventBatchTiered, payload) })
 }
 
 // TestFSMFuzzSeedCorpus keeps the committed seed corpora under
