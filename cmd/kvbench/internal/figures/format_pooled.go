@@ -9,32 +9,24 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/report"
 )
 
-// sortGrid orders synthetic runs as the tables list them: workers
-// descending, then concurrency, then prefixes.
-func sortGrid(reps []*SimReport) error {
-	for _, r := range reps {
-		if err := r.synth(); err != nil {
-			return err
-		}
-	}
+// sortGrid orders synthetic runs (globSynth's) as the tables list them:
+// workers descending, then concurrency, then prefixes.
+func sortGrid(reps []*SimReport) {
 	slices.SortFunc(reps, func(a, b *SimReport) int {
 		sa, sb := a.Config.Synthetic, b.Config.Synthetic
 		return cmp.Or(cmp.Compare(b.Config.Workers, a.Config.Workers), cmp.Compare(sa.Concurrency, sb.Concurrency),
 			cmp.Compare(sa.Prefixes, sb.Prefixes))
 	})
-	return nil
 }
 
 // formatPooledGrid: the seed-002 grid, round-robin, kv and kv-pooled, from
 // p<W>-c<C>-k<K>.json. Cell: hit rate · ÷ pooled-LRU · TTFT p99 · req/s.
 func formatPooledGrid(out Output) (string, error) {
-	reps, err := globSim(out.Dir, "p*-c*-k*.json")
+	reps, err := globSynth(out.Dir, "p*-c*-k*.json")
 	if err != nil {
 		return "", err
 	}
-	if err := sortGrid(reps); err != nil {
-		return "", err
-	}
+	sortGrid(reps)
 	var b strings.Builder
 	b.WriteString("| workers | conc. | prefixes | round-robin | kv | **kv-pooled** |\n")
 	b.WriteString("|---:|---:|---:|---|---|---|\n")
@@ -133,7 +125,7 @@ func formatRouters(pattern, anySuffix, indent string, boldPooled bool) func(Outp
 // formatApproxColumn: seed 002 §8's approximate-mode column beside ours at
 // two run lengths, from a<requests>-<prefixes>.json.
 func formatApproxColumn(out Output) (string, error) {
-	reps, err := globSim(out.Dir, "a*-*.json")
+	reps, err := globSynth(out.Dir, "a*-*.json")
 	if err != nil {
 		return "", err
 	}
@@ -141,9 +133,6 @@ func formatApproxColumn(out Output) (string, error) {
 	byCell := map[[2]int]*SimReport{}
 	var ks, ns []int
 	for _, r := range reps {
-		if err := r.synth(); err != nil {
-			return "", err
-		}
 		k, n := r.Config.Synthetic.Prefixes, r.Config.Requests
 		byCell[[2]int{n, k}] = r
 		if !slices.Contains(ks, k) {

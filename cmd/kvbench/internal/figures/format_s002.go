@@ -14,14 +14,9 @@ var seed002RoundRobin = map[int]float64{2: 0.950, 7: 0.535, 12: 0.292, 24: 0.175
 // formatS002Calibration: round-robin against seed 002's measurement, one
 // row per s002-<prefixes>.json.
 func formatS002Calibration(out Output) (string, error) {
-	reps, err := globSim(out.Dir, "s002-*.json")
+	reps, err := globSynth(out.Dir, "s002-*.json")
 	if err != nil {
 		return "", err
-	}
-	for _, r := range reps {
-		if err := r.synth(); err != nil {
-			return "", err
-		}
 	}
 	slices.SortFunc(reps, func(a, b *SimReport) int {
 		return cmp.Compare(a.Config.Synthetic.Prefixes, b.Config.Synthetic.Prefixes)
@@ -51,7 +46,7 @@ func formatS002Calibration(out Output) (string, error) {
 // formatS001Calibration: repeat hits of seed 001's 72 requests (the 12
 // first sends are compulsory misses), one row per s001-*.json.
 func formatS001Calibration(out Output) (string, error) {
-	reps, err := globSim(out.Dir, "s001-*.json")
+	reps, err := globSynth(out.Dir, "s001-*.json")
 	if err != nil {
 		return "", err
 	}
@@ -60,9 +55,6 @@ func formatS001Calibration(out Output) (string, error) {
 	b.WriteString("| setting | round-robin hits of 60 (per rep) | kv | kv-approx | Dynamo measured |\n")
 	b.WriteString("|---|---|---|---|---|\n")
 	for _, r := range reps {
-		if err := r.synth(); err != nil {
-			return "", err
-		}
 		s := r.Config.Synthetic
 		label := fmt.Sprintf("uniform draws, %d reps", r.Config.Reps)
 		if s.PrefixOrder == "shuffled" {
@@ -134,20 +126,11 @@ var seed002Grid = map[string]string{
 // formatS002Grid: the whole seed-002 grid, one table per workers ×
 // concurrency, from w<W>-c<C>-k<K>.json.
 func formatS002Grid(out Output) (string, error) {
-	reps, err := globSim(out.Dir, "w*-c*-k*.json")
+	reps, err := globSynth(out.Dir, "w*-c*-k*.json")
 	if err != nil {
 		return "", err
 	}
-	for _, r := range reps {
-		if err := r.synth(); err != nil {
-			return "", err
-		}
-	}
-	slices.SortFunc(reps, func(a, b *SimReport) int {
-		sa, sb := a.Config.Synthetic, b.Config.Synthetic
-		return cmp.Or(cmp.Compare(b.Config.Workers, a.Config.Workers), cmp.Compare(sa.Concurrency, sb.Concurrency),
-			cmp.Compare(sa.Prefixes, sb.Prefixes))
-	})
+	sortGrid(reps)
 	var b strings.Builder
 	for i, r := range reps {
 		s := r.Config.Synthetic

@@ -26,14 +26,9 @@ func capacityLabel(kv []int) string {
 // w<W>-o<O>-<capacity>-<popularity>.json. A row where kv caches more than
 // kv-pooled says so after the table's last column.
 func formatWideGrid(out Output) (string, error) {
-	reps, err := globSim(out.Dir, "w*-o*-*-*.json")
+	reps, err := globSynth(out.Dir, "w*-o*-*-*.json")
 	if err != nil {
 		return "", err
-	}
-	for _, r := range reps {
-		if err := r.synth(); err != nil {
-			return "", err
-		}
 	}
 	slices.SortFunc(reps, func(a, b *SimReport) int {
 		sa, sb := a.Config.Synthetic, b.Config.Synthetic

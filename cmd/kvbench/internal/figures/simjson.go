@@ -85,6 +85,21 @@ func globSim(dir, pattern string) ([]*SimReport, error) {
 	return out, nil
 }
 
+// globSynth is globSim for tables of synthetic runs only: a trace run
+// among the files is an error naming it.
+func globSynth(dir, pattern string) ([]*SimReport, error) {
+	reps, err := globSim(dir, pattern)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range reps {
+		if err := r.synth(); err != nil {
+			return nil, err
+		}
+	}
+	return reps, nil
+}
+
 // Policy is the result of one policy; absent is an error naming the file.
 func (r *SimReport) Policy(name string) (report.Result, error) {
 	for _, x := range r.Results {
