@@ -117,6 +117,26 @@ func richState(t testing.TB, seed uint64, n int) (*FSM, uint64) {
 	return f, idx + uint64(len(extra))
 }
 
+// restoreSame snapshots f, checks the snapshot is in format, restores it
+// into a fresh FSM and checks that FSM holds the same state and snapshots
+// to the same bytes; it returns the snapshot and the restored FSM.
+func restoreSame(t *testing.T, f *FSM, format byte) ([]byte, *FSM) {
+	t.Helper()
+	b := snapshotBytes(t, f)
+	if b[4] != format {
+		t.Fatalf("format %d, want %d", b[4], format)
+	}
+	g := newFSM(t)
+	if err := restoreBytes(g, b); err != nil {
+		t.Fatal(err)
+	}
+	sameState(t, f, g)
+	if !bytes.Equal(snapshotBytes(t, g), b) {
+		t.Fatalf("a restored format %d snapshot snapshots differently", format)
+	}
+	return b, g
+}
+
 // sameState compares everything the read API shows.
 func sameState(t *testing.T, a, b *FSM) {
 	t.Helper()

@@ -130,18 +130,7 @@ func TestFSMSnapshotTiers(t *testing.T) {
 	if f.Digest() == base.Digest() {
 		t.Fatal("lower-tier blocks do not change the digest")
 	}
-	b := snapshotBytes(t, f)
-	if b[4] != 4 {
-		t.Fatalf("format %d", b[4])
-	}
-	g := newFSM(t)
-	if err := restoreBytes(g, b); err != nil {
-		t.Fatal(err)
-	}
-	sameState(t, f, g)
-	if !bytes.Equal(snapshotBytes(t, g), b) {
-		t.Fatal("a restored format 4 snapshot snapshots differently")
-	}
+	b, g := restoreSame(t, f, 4)
 	if got := g.Index().TierHeld("vllm-0#1", router.TierHost); got != 2 {
 		t.Fatalf("restored host blocks %d", got)
 	}
