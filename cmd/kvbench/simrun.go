@@ -190,12 +190,9 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 				}
 				t0 := time.Now()
 				seed := o.Seed + uint64(j.r)
-				res, err := sim.Run(loads[j.r], sim.Config{
-					Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(),
-					Router: o.routerConfig(o.Policies[j.p]), EventDelay: o.EventDelay, Seed: seed,
-					Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra, OSLHint: o.OSLHint,
-					Progress: func() { done.Add(1) },
-				})
+				cfg := o.simConfig(o.routerConfig(o.Policies[j.p]), seed)
+				cfg.Progress = func() { done.Add(1) }
+				res, err := sim.Run(loads[j.r], cfg)
 				if err != nil {
 					errs[(j.p+1)*o.Reps+j.r] = fmt.Errorf("policy %s, rep %d: %w", o.Policies[j.p], j.r, err)
 					continue
@@ -248,6 +245,16 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 	}
 	header += fmt.Sprintf(" (%.1fs)", wall.Seconds())
 	return rep, header, nil
+}
+
+// simConfig is one fleet run of the simulator: the fleet, engines, event
+// and sync delays the flags describe, routed by rc, with seed (kvbench sim
+// and kvbench tune build every run here).
+func (o *simOptions) simConfig(rc router.Config, seed uint64) sim.Config {
+	return sim.Config{
+		Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(), Router: rc, EventDelay: o.EventDelay, Seed: seed,
+		Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra, OSLHint: o.OSLHint,
+	}
 }
 
 // workloads are the request lists of the reps: a trace's rows every rep

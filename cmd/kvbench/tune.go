@@ -335,11 +335,7 @@ func executeTune(o *simOptions, t *tuneOptions, stderr io.Writer) ([]tuneResult,
 				}
 				rc.Thresholds.ActiveDecodeBlocks, rc.Thresholds.ActivePrefillTokensFrac = s.DecodeThreshold, s.PrefillThreshold
 				seed := o.Seed + uint64(j.r)
-				res, err := sim.Run(loads[j.r], sim.Config{
-					Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(), Router: rc,
-					EventDelay: o.EventDelay, Seed: seed, Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra,
-					OSLHint: o.OSLHint,
-				})
+				res, err := sim.Run(loads[j.r], o.simConfig(rc, seed))
 				if err != nil {
 					errs[j.s*o.Reps+j.r] = fmt.Errorf("%s, rep %d: %w", s, j.r, err)
 					continue
