@@ -7,8 +7,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path"
 	"slices"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -152,7 +155,27 @@ type Config struct {
 	// Registry receives this node's metrics; they are unregistered on
 	// Shutdown. Nil: a private registry (metrics are not exported).
 	Registry prometheus.Registerer
+
+	// PathPrefix is the path under which Handler serves this node's
+	// endpoints (PathPrefix+"/join", "/remove", "/apply", "/status",
+	// "/commit") and under which it calls its peers' (forwarding, joins,
+	// commit-index reads). Several Raft groups in one process share one
+	// HTTP server by giving each its own prefix: group k uses
+	// "/cluster/g<k>". Every member of a group must use the same prefix.
+	// It starts with "/", has no trailing "/" and no spaces. Default
+	// "/cluster".
+	PathPrefix string
+	// Group names this node's Raft group when a process runs several
+	// (DESIGN.md "Several groups in one process"). Set: every metric the
+	// node registers carries the constant label group="<Group>", so the
+	// groups share one registry, and the logger gets attribute "group".
+	// Empty (one group per process): metrics exactly as without groups.
+	Group string
 }
+
+// DefaultPathPrefix is Config.PathPrefix when unset: the single group's
+// endpoints, as they always were.
+const DefaultPathPrefix = "/cluster"
 
 // DefaultConfig returns the defaults, suited both to one machine and to a
 // real network:
@@ -225,6 +248,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.AdvertiseAddr == "" {
 		c.AdvertiseAddr = c.RaftAddr
 	}
+	if c.PathPrefix == "" {
+		c.PathPrefix = DefaultPathPrefix
+	}
 	c.Peers = slices.Clone(c.Peers)
 	c.Join = slices.Clone(c.Join)
 
@@ -240,6 +266,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.TLS != nil && c.NodeID != "" && c.TLS.Identity() != pki.Node(c.NodeID) {
 		errs = append(errs, fmt.Errorf("TLS certificate names %s, but this node is %s", c.TLS.Identity(), pki.Node(c.NodeID)))
+	}
+	if err := checkPathPrefix(c.PathPrefix); err != nil {
+		errs = append(errs, err)
 	}
 	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
 		errs = append(errs, fmt.Errorf("LeaderLeaseTimeout %v exceeds HeartbeatTimeout %v", c.LeaderLeaseTimeout, c.HeartbeatTimeout))
@@ -279,6 +308,26 @@ func checkAdvertise(addr string) error {
 	}
 	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
 		return fmt.Errorf("advertise address %q is not dialable; set AdvertiseAddr", addr)
+	}
+	return nil
+}
+
+// checkPathPrefix accepts a clean absolute path without a trailing slash
+// and without the characters http.ServeMux patterns or URLs give a meaning
+// ({} wildcards, ? query, # fragment, % escapes) — the prefix is pasted
+// into both.
+func checkPathPrefix(p string) error {
+	switch {
+	case !strings.HasPrefix(p, "/"):
+		return fmt.Errorf("path prefix %q must start with /", p)
+	case strings.HasSuffix(p, "/"):
+		return fmt.Errorf("path prefix %q must not end with /", p)
+	case strings.ContainsFunc(p, unicode.IsSpace):
+		return fmt.Errorf("path prefix %q contains a space", p)
+	case strings.ContainsAny(p, "{}?#%"):
+		return fmt.Errorf("path prefix %q contains one of {}?#%%", p)
+	case path.Clean(p) != p:
+		return fmt.Errorf("path prefix %q is not a clean path (want %q)", p, path.Clean(p))
 	}
 	return nil
 }

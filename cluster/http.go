@@ -19,7 +19,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/pki"
 )
 
-// Wire format of the internal endpoints (all under /cluster/).
+// Wire format of the internal endpoints (all under Config.PathPrefix).
 const (
 	// headerForwardedBy marks a request a follower forwarded; a non-leader
 	// receiving one answers 503 instead of forwarding again (no loops).
@@ -72,31 +72,49 @@ type adminResponse struct {
 	Members []string `json:"members,omitempty"`
 }
 
-// Handler serves the cluster endpoints; mount it so it sees paths starting
-// with /cluster/:
+// Handler serves the cluster endpoints under Config.PathPrefix (P below,
+// default /cluster); mount it so it sees paths starting with P+"/":
 //
-//	POST /cluster/join    {"node_id","raft_addr"[,"http_addr"]} → add voter (idempotent)
-//	POST /cluster/remove  {"node_id"}                           → remove server
-//	POST /cluster/apply   raw command bytes → {"result"} | {"error","code"[,"sentinel"]}
-//	GET  /cluster/status  Status (+ Config.StatusExtra fields)
-//	GET  /cluster/commit  {"commit_index","term"}; leader only (after its barrier), else 503
+//	POST P/join    {"node_id","raft_addr"[,"http_addr"]} → add voter (idempotent)
+//	POST P/remove  {"node_id"}                           → remove server
+//	POST P/apply   raw command bytes → {"result"} | {"error","code"[,"sentinel"]}
+//	GET  P/status  Status (+ Config.StatusExtra fields)
+//	GET  P/commit  {"commit_index","term"}; leader only (after its barrier), else 503
 //
 // The POSTs are executed by the leader; a follower forwards them once to the
-// leader and a forwarded request reaching a non-leader gets 503.
+// leader (at the same P) and a forwarded request reaching a non-leader gets
+// 503.
 //
 // With Config.TLS the credential is the caller's verified client
 // certificate (serve the port with HTTPServerTLS): it must name a member
-// node, or for /cluster/join the joining node itself (DESIGN.md
+// node, or for P/join the joining node itself (DESIGN.md
 // "Transport security"). Without TLS: AuthToken / Authorize.
 func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /cluster/join", n.handleJoin)
-	mux.HandleFunc("POST /cluster/remove", n.handleRemove)
-	mux.HandleFunc("POST /cluster/apply", n.handleApply)
-	mux.HandleFunc("GET /cluster/status", n.handleStatus)
-	mux.HandleFunc("GET /cluster/commit", n.handleCommit)
+	mux.HandleFunc("POST "+n.path(epJoin), n.handleJoin)
+	mux.HandleFunc("POST "+n.path(epRemove), n.handleRemove)
+	mux.HandleFunc("POST "+n.path(epApply), n.handleApply)
+	mux.HandleFunc("GET "+n.path(epStatus), n.handleStatus)
+	mux.HandleFunc("GET "+n.path(epCommit), n.handleCommit)
 	return n.authorize(mux)
 }
+
+// The endpoints, relative to Config.PathPrefix.
+const (
+	epJoin   = "/join"
+	epRemove = "/remove"
+	epApply  = "/apply"
+	epStatus = "/status"
+	epCommit = "/commit"
+)
+
+// path is endpoint ep of this node's group: the path Handler serves it at
+// and the path this node calls on its peers (every member of a group uses
+// the same prefix).
+func (n *Node) path(ep string) string { return n.cfg.PathPrefix + ep }
+
+// PathPrefix returns Config.PathPrefix (defaulted): mount Handler there.
+func (n *Node) PathPrefix() string { return n.cfg.PathPrefix }
 
 func (n *Node) authorize(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -133,15 +151,15 @@ func (n *Node) authorize(next http.Handler) http.Handler {
 }
 
 // checkPeer is the TLS credential check: a verified client certificate
-// naming a node, a member for every endpoint but /cluster/join (whose
-// caller is not a member yet; handleJoin checks it is the joining node).
+// naming a node, a member for every endpoint but the join (whose caller is
+// not a member yet; handleJoin checks it is the joining node).
 func (n *Node) checkPeer(r *http.Request) (status int, code string, err error) {
 	id, err := requestIdentity(r)
 	if err != nil {
 		return http.StatusUnauthorized, codeUnauthorized, fmt.Errorf("cluster endpoints need a node's client certificate: %w", err)
 	}
 	allow := n.gate.members()
-	if r.URL.Path == "/cluster/join" {
+	if r.URL.Path == n.path(epJoin) {
 		allow = pki.AllowRoles(pki.RoleNode)
 	}
 	if err := allow(id); err != nil {
@@ -218,7 +236,7 @@ func (n *Node) leaderCommitIndex(leader string) (uint64, error) {
 		case <-ctx.Done():
 		}
 	}()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, n.baseURL(base)+"/cluster/commit", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, n.baseURL(base)+n.path(epCommit), nil)
 	if err != nil {
 		return 0, err
 	}
@@ -265,7 +283,7 @@ func (n *Node) handleApply(w http.ResponseWriter, r *http.Request) {
 		n.writeApplyResult(w, nil, fmt.Errorf("%w: %s is not the leader (forwarded by %s)", ErrNoLeader, n.cfg.NodeID, by))
 		return
 	}
-	status, body, _, err := n.forward(r.Context(), "/cluster/apply", "application/octet-stream", cmd)
+	status, body, _, err := n.forward(r.Context(), n.path(epApply), "application/octet-stream", cmd)
 	if err != nil {
 		n.writeApplyResult(w, nil, err)
 		return
@@ -309,7 +327,7 @@ func (n *Node) writeApplyResult(w http.ResponseWriter, resp any, err error) {
 
 // forwardApply sends cmd to the leader and decodes its envelope.
 func (n *Node) forwardApply(ctx context.Context, cmd []byte) (any, error) {
-	status, body, leader, err := n.forward(ctx, "/cluster/apply", "application/octet-stream", cmd)
+	status, body, leader, err := n.forward(ctx, n.path(epApply), "application/octet-stream", cmd)
 	if err != nil {
 		return nil, err
 	}
@@ -471,7 +489,7 @@ func (n *Node) handleJoin(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	var members []string
-	n.serveAdmin(w, r, "/cluster/join", req, func(ctx context.Context) error {
+	n.serveAdmin(w, r, n.path(epJoin), req, func(ctx context.Context) error {
 		if n.cfg.TLS != nil {
 			// The leader checks every join it executes, forwarded or not:
 			// a member's certificate vouches for the member, not for the
@@ -532,7 +550,7 @@ func (n *Node) handleRemove(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, adminResponse{Error: "want {\"node_id\"}", Code: codeBadRequest})
 		return
 	}
-	n.serveAdmin(w, r, "/cluster/remove", req, func(ctx context.Context) error {
+	n.serveAdmin(w, r, n.path(epRemove), req, func(ctx context.Context) error {
 		return waitFuture(ctx, n.raft.RemoveServer(raft.ServerID(req.NodeID), 0, n.cfg.ApplyTimeout))
 	}, nil)
 }
@@ -637,7 +655,7 @@ func (n *Node) joinOnce(ctx context.Context) error {
 		err := func() error {
 			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.baseURL(target)+"/cluster/join", bytes.NewReader(body))
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.baseURL(target)+n.path(epJoin), bytes.NewReader(body))
 			if err != nil {
 				return err
 			}

@@ -19,10 +19,10 @@ func (n *Node) Join(ctx context.Context, id, raftAddr string) error {
 	}
 	if n.raft.State() != raft.Leader {
 		// The leader checks raftAddr (handleJoin).
-		return n.forwardAdmin(ctx, "/cluster/join", joinRequest{NodeID: id, RaftAddr: raftAddr})
+		return n.forwardAdmin(ctx, n.path(epJoin), joinRequest{NodeID: id, RaftAddr: raftAddr})
 	}
 	if n.cfg.TLS != nil {
-		// The same proof /cluster/join asks for: a bogus voter would cost
+		// The same proof the join endpoint asks for: a bogus voter would cost
 		// the cluster its quorum.
 		if err := n.verifyRaftPeer(ctx, id, raftAddr); err != nil {
 			return fmt.Errorf("cluster: join %s: %w", id, err)
@@ -64,7 +64,7 @@ func (n *Node) Remove(ctx context.Context, id string) error {
 		return errors.New("cluster: remove needs node_id")
 	}
 	if n.raft.State() != raft.Leader {
-		return n.forwardAdmin(ctx, "/cluster/remove", removeRequest{NodeID: id})
+		return n.forwardAdmin(ctx, n.path(epRemove), removeRequest{NodeID: id})
 	}
 	if err := waitFuture(ctx, n.raft.RemoveServer(raft.ServerID(id), 0, n.cfg.ApplyTimeout)); err != nil {
 		return fmt.Errorf("remove %s: %w", id, mapRaftError(err))

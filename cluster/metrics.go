@@ -19,34 +19,53 @@ type metrics struct {
 
 // newMetrics builds the collectors; the gauges read n.raft and n.sm at
 // scrape time, so register only once n.raft is set.
+//
+// With Config.Group set every collector carries the constant label
+// group=<Group>: the nodes of several groups then register on one registry
+// (same names, distinct label values), and dashboards split by group.
+// Without it the label is absent, so a single-group process exports exactly
+// what it always did.
 func newMetrics(n *Node) *metrics {
 	m := &metrics{}
+	labels := func(extra prometheus.Labels) prometheus.Labels {
+		if n.cfg.Group == "" {
+			return extra // nil for most: no constant labels, as before groups
+		}
+		l := prometheus.Labels{"group": n.cfg.Group}
+		for k, v := range extra {
+			l[k] = v
+		}
+		return l
+	}
 	m.applySeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "kvrouter_raft_apply_seconds",
-		Help:    "Time from raft.Apply on the leader to the entry being committed and applied locally.",
-		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16), // 0.5 ms .. ~16 s
+		Name:        "kvrouter_raft_apply_seconds",
+		Help:        "Time from raft.Apply on the leader to the entry being committed and applied locally.",
+		Buckets:     prometheus.ExponentialBuckets(0.0005, 2, 16), // 0.5 ms .. ~16 s
+		ConstLabels: labels(nil),
 	})
 	m.snapshots = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kvrouter_raft_snapshots_total",
-		Help: "FSM snapshots persisted by this node (op=persisted) and restored into its FSM (op=restored: on start or by install from the leader).",
+		Name:        "kvrouter_raft_snapshots_total",
+		Help:        "FSM snapshots persisted by this node (op=persisted) and restored into its FSM (op=restored: on start or by install from the leader).",
+		ConstLabels: labels(nil),
 	}, []string{"op"})
 	m.snapshots.WithLabelValues("persisted")
 	m.snapshots.WithLabelValues("restored")
 	m.leaderChanges = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "kvrouter_raft_leader_changes_total",
-		Help: "Times this node observed a new leader.",
+		Name:        "kvrouter_raft_leader_changes_total",
+		Help:        "Times this node observed a new leader.",
+		ConstLabels: labels(nil),
 	})
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels(nil)}, f)
 	}
 	counter := func(name, help string, f func() float64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels(nil)}, f)
 	}
 	refusals := func(port string, v *atomic.Uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "kvrouter_cluster_peer_refusals_total",
 			Help:        "Connections (port=raft: TLS handshakes, or shed when too many were pending) and /cluster/ requests (port=http) refused for want of a member node's certificate.",
-			ConstLabels: prometheus.Labels{"port": port},
+			ConstLabels: labels(prometheus.Labels{"port": port}),
 		}, func() float64 { return float64(v.Load()) })
 	}
 	m.collectors = []prometheus.Collector{
@@ -90,7 +109,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 			}
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
-				return errors.New("register metrics: already registered (one node per registry, or Shutdown the previous node first)")
+				return errors.New("register metrics: already registered (one node per registry and Config.Group, or Shutdown the previous node first)")
 			}
 			return fmt.Errorf("register metrics: %w", err)
 		}

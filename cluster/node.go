@@ -82,9 +82,14 @@ func New(cfg Config, sm StateMachine) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
+	log := cfg.Logger.With("node", cfg.NodeID)
+	if cfg.Group != "" {
+		// Several groups' nodes share a process and a NodeID.
+		log = log.With("group", cfg.Group)
+	}
 	n := &Node{
 		cfg:      cfg,
-		log:      cfg.Logger.With("node", cfg.NodeID),
+		log:      log,
 		sm:       sm,
 		notifyCh: make(chan bool, 8),
 		haltCh:   make(chan struct{}, 1),
@@ -192,6 +197,9 @@ func (n *Node) ID() string { return n.cfg.NodeID }
 
 // RaftAddr returns the advertised Raft address.
 func (n *Node) RaftAddr() string { return n.cfg.AdvertiseAddr }
+
+// Group returns Config.Group ("" for a process's only group).
+func (n *Node) Group() string { return n.cfg.Group }
 
 // HTTPAddr returns the advertised HTTP address (Config.HTTPAddr).
 func (n *Node) HTTPAddr() string { return n.cfg.HTTPAddr }
