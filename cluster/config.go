@@ -332,6 +332,17 @@ func checkPathPrefix(p string) error {
 	return nil
 }
 
+// nodeLogger is Logger with this node's attributes: its id, and its group
+// when set (the nodes of several groups share a process and a NodeID, so
+// only the group tells their lines apart).
+func (c *Config) nodeLogger() *slog.Logger {
+	l := c.Logger.With("node", c.NodeID)
+	if c.Group != "" {
+		l = l.With("group", c.Group)
+	}
+	return l
+}
+
 // selfInPeers reports whether this node belongs to the expected initial set.
 func (c *Config) selfInPeers() bool {
 	return slices.ContainsFunc(c.Peers, func(p Peer) bool { return p.ID == c.NodeID })

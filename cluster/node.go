@@ -82,14 +82,9 @@ func New(cfg Config, sm StateMachine) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	log := cfg.Logger.With("node", cfg.NodeID)
-	if cfg.Group != "" {
-		// Several groups' nodes share a process and a NodeID.
-		log = log.With("group", cfg.Group)
-	}
 	n := &Node{
 		cfg:      cfg,
-		log:      log,
+		log:      cfg.nodeLogger(),
 		sm:       sm,
 		notifyCh: make(chan bool, 8),
 		haltCh:   make(chan struct{}, 1),

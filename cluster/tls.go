@@ -162,7 +162,7 @@ func newTLSStreamLayer(ln net.Listener, adv net.Addr, cfg *Config, gate *peerGat
 		ln: ln, advertise: adv, dial: dial, gate: gate, bundle: cfg.TLS,
 		server:   cfg.TLS.ServerTLS(gate.members()),
 		timeout:  min(cfg.TransportTimeout, handshakeTimeout),
-		log:      cfg.Logger.With("node", cfg.NodeID, "component", "raft-tls"),
+		log:      cfg.nodeLogger().With("component", "raft-tls"),
 		refused:  refused,
 		accepted: make(chan net.Conn),
 		closed:   make(chan struct{}),
