@@ -56,7 +56,10 @@ type Rejection struct {
 // ConsumerConfig configures the leader's consumer. Zero fields take the
 // defaults.
 type ConsumerConfig struct {
-	Stream  string // default KV_EVENTS
+	// Stream is the stream consumed (default KV_EVENTS; a data group's is
+	// GroupStreamName(k)). Everything the consumer asks of JetStream names
+	// this stream.
+	Stream  string
 	Durable string // default "kv-apply"
 
 	MaxBatch  int           // messages per batch (default 1024)
@@ -89,8 +92,15 @@ type ConsumerConfig struct {
 	OnReject func(Rejection)
 
 	// Registerer receives the consumer's metrics (nil: not registered).
+	// Consumers with equal ConstLabels on one registry share their metrics.
 	Registerer prometheus.Registerer
-	Logger     *slog.Logger
+	// ConstLabels are added to every metric the consumer registers, e.g.
+	// {"group": "2"} for one consumer per data group in one process, so
+	// each has its own series. Nil: names and labels as always. Consumers
+	// on one registry must all set the same label names (Prometheus refuses
+	// a name registered with different label names: NewConsumer fails).
+	ConstLabels prometheus.Labels
+	Logger      *slog.Logger
 }
 
 func (c ConsumerConfig) withDefaults() ConsumerConfig {
@@ -146,64 +156,88 @@ type ConsumerMetrics struct {
 	DeliveryGaps prometheus.Counter
 }
 
-func newConsumerMetrics(reg prometheus.Registerer) *ConsumerMetrics {
+func newConsumerMetrics(reg prometheus.Registerer, labels prometheus.Labels) (*ConsumerMetrics, error) {
 	m := &ConsumerMetrics{
 		Batches: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", Name: "batches_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "batches_total",
 			Help: "KV event batches committed through the applier and acked (one per Raft entry: a fetched batch larger than the entry cap counts once per entry)."}),
 		SplitBatches: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", Name: "split_batches_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "split_batches_total",
 			Help: "Fetched batches split into several Raft entries because their events exceeded the entry byte cap."}),
 		EventsApplied: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", Name: "events_applied_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "events_applied_total",
 			Help: "KV events committed through the applier and acked."}),
 		BatchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", Name: "batch_seconds",
+			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "batch_seconds",
 			Help:    "Time from a batch's fetch to its acks, including the commit.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 		Rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", Name: "events_rejected_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "events_rejected_total",
 			Help: "KV events terminated without being applied, by reason."}, []string{"reason"}),
 		ApplyErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", Name: "apply_errors_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "apply_errors_total",
 			Help: "Batches the applier did not commit (left for redelivery)."}),
 		FetchErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", Name: "fetch_errors_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "fetch_errors_total",
 			Help: "Failed fetches from the KV event stream."}),
 		DeliveryGaps: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", Name: "delivery_gaps_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "delivery_gaps_total",
 			Help: "Fetched batches dropped and re-fetched because a delivery before them was lost."}),
 		AckErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", Name: "ack_errors_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "ack_errors_total",
 			Help: "Acks that could not be sent (those events are redelivered and skipped as duplicates)."}),
 	}
 	for _, r := range AllReasons {
 		m.Rejected.WithLabelValues(string(r))
 	}
-	if reg != nil {
-		m.Batches = register(reg, m.Batches)
-		m.EventsApplied = register(reg, m.EventsApplied)
-		m.BatchSeconds = register(reg, m.BatchSeconds)
-		m.Rejected = register(reg, m.Rejected)
-		m.ApplyErrors = register(reg, m.ApplyErrors)
-		m.SplitBatches = register(reg, m.SplitBatches)
-		m.FetchErrors = register(reg, m.FetchErrors)
-		m.AckErrors = register(reg, m.AckErrors)
-		m.DeliveryGaps = register(reg, m.DeliveryGaps)
+	if reg == nil {
+		return m, nil
 	}
-	return m
+	var errs []error
+	m.Batches = registerInto(reg, m.Batches, &errs)
+	m.EventsApplied = registerInto(reg, m.EventsApplied, &errs)
+	m.BatchSeconds = registerInto(reg, m.BatchSeconds, &errs)
+	m.Rejected = registerInto(reg, m.Rejected, &errs)
+	m.ApplyErrors = registerInto(reg, m.ApplyErrors, &errs)
+	m.SplitBatches = registerInto(reg, m.SplitBatches, &errs)
+	m.FetchErrors = registerInto(reg, m.FetchErrors, &errs)
+	m.AckErrors = registerInto(reg, m.AckErrors, &errs)
+	m.DeliveryGaps = registerInto(reg, m.DeliveryGaps, &errs)
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("register consumer metrics: %w", err)
+	}
+	return m, nil
 }
 
 // register registers c, or returns the collector already registered under
-// its name (a second consumer on the same registry shares the metrics).
+// its name and labels (a second consumer on the same registry shares the
+// metrics). Other failures leave c unregistered.
 func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
+	c, _ = registerShared(reg, c)
+	return c
+}
+
+// registerShared is register that also returns a failure other than
+// "already registered" (e.g. the name registered with other label names).
+func registerShared[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing, nil
 		}
+	}
+	return c, err
+}
+
+// registerInto is registerShared collecting the error into errs.
+func registerInto[C prometheus.Collector](reg prometheus.Registerer, c C, errs *[]error) C {
+	c, err := registerShared(reg, c)
+	if err != nil {
+		*errs = append(*errs, err)
 	}
 	return c
 }
@@ -231,11 +265,15 @@ type Consumer struct {
 // must exist (EnsureStream).
 func NewConsumer(ctx context.Context, js jetstream.JetStream, cfg ConsumerConfig) (*Consumer, error) {
 	cfg = cfg.withDefaults()
+	metrics, err := newConsumerMetrics(cfg.Registerer, cfg.ConstLabels)
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s on %s: %w", cfg.Durable, cfg.Stream, err)
+	}
 	c := &Consumer{
 		js:      js,
 		cfg:     cfg,
-		log:     cfg.Logger.With("component", "kv-consumer", "durable", cfg.Durable),
-		metrics: newConsumerMetrics(cfg.Registerer),
+		log:     cfg.Logger.With("component", "kv-consumer", "stream", cfg.Stream, "durable", cfg.Durable),
+		metrics: metrics,
 		limiter: newLogLimiter(10 * time.Second),
 	}
 	if _, err := c.consumer(ctx, true); err != nil {
@@ -257,6 +295,11 @@ func (c *Consumer) DurableConfig() jetstream.ConsumerConfig {
 		AckWait:       c.cfg.AckWait,
 		MaxDeliver:    -1,
 		MaxAckPending: c.cfg.MaxAckPending,
+		// kv.events.> on every stream, not the stream's subject list: a
+		// worker moved to another group's stream leaves its stored events
+		// here, and they must still be delivered (NATS no longer requires
+		// a filter to be a subset of the stream's subjects). It also skips
+		// a group stream's placeholder subject.
 		FilterSubject: EventSubjects,
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -80,8 +81,16 @@ func MsgID(worker string, dpRank uint32, eventID uint64) string {
 	return worker + ":" + strconv.FormatUint(uint64(dpRank), 10) + ":" + strconv.FormatUint(eventID, 10)
 }
 
-// StreamOptions configures KV_EVENTS. Zero fields take the defaults.
+// StreamOptions configures an event stream: KV_EVENTS, or one data
+// group's stream (Name and Subjects from GroupStreamName and
+// GroupStreamSubjects). Zero fields take the defaults.
 type StreamOptions struct {
+	// Name is the stream's name (default StreamName).
+	Name string
+	// Subjects are the subjects the stream stores (default
+	// []string{EventSubjects}: every worker). They must not overlap another
+	// stream's subjects: NATS refuses that (ErrSubjectsOverlap).
+	Subjects []string
 	// Replicas: 3 in a three-replica cluster, 1 single-node (default 1).
 	Replicas int
 	// Duplicates is the deduplication window: a retry with the same
@@ -99,6 +108,14 @@ type StreamOptions struct {
 }
 
 func (o StreamOptions) withDefaults() StreamOptions {
+	if o.Name == "" {
+		o.Name = StreamName
+	}
+	if len(o.Subjects) == 0 {
+		o.Subjects = []string{EventSubjects}
+	} else {
+		o.Subjects = slices.Clone(o.Subjects) // the config must not alias the caller's slice
+	}
 	if o.Replicas <= 0 {
 		o.Replicas = 1
 	}
@@ -120,7 +137,39 @@ func (o StreamOptions) withDefaults() StreamOptions {
 	return o
 }
 
-// StreamConfig is the KV_EVENTS configuration EnsureStream applies.
+// GroupStreamName is the event stream of Raft data group group (1..G):
+// "KV_EVENTS_G<group>". With one group the stream stays StreamName.
+func GroupStreamName(group int) string { return StreamName + "_G" + strconv.Itoa(group) }
+
+// unplacedSubjectPrefix + group is the subject of a group stream without
+// workers.
+const unplacedSubjectPrefix = "kv.unplaced.g"
+
+// GroupStreamSubjects is the subject list of group's stream when workers
+// are placed on it: the EventSubject of each worker, sorted and without
+// duplicates (so the same placement always gives the same configuration and
+// re-applying it changes nothing).
+//
+// With no workers it is the one placeholder subject "kv.unplaced.g<group>".
+// A stream needs a subject: given none, NATS would take the stream's name
+// as its subject, outside the kv. namespace. The placeholder is outside
+// kv.events.> (no worker can publish there, and the consumer's filter
+// ignores it), and it names the group, so two empty groups' streams do not
+// overlap each other (NATS refuses overlapping subjects).
+func GroupStreamSubjects(group int, workers []string) []string {
+	if len(workers) == 0 {
+		return []string{unplacedSubjectPrefix + strconv.Itoa(group)}
+	}
+	subjects := make([]string, len(workers))
+	for i, w := range workers {
+		subjects[i] = EventSubject(w)
+	}
+	slices.Sort(subjects)
+	return slices.Compact(subjects)
+}
+
+// StreamConfig is the configuration EnsureStream applies (KV_EVENTS, or a
+// group's stream with o.Name and o.Subjects).
 //
 // Work-queue retention: an event leaves the stream when the leader acks it,
 // which happens only after its Raft commit, so the stream holds exactly the
@@ -129,9 +178,9 @@ func (o StreamOptions) withDefaults() StreamOptions {
 func StreamConfig(o StreamOptions) jetstream.StreamConfig {
 	o = o.withDefaults()
 	return jetstream.StreamConfig{
-		Name:              StreamName,
+		Name:              o.Name,
 		Description:       "KV cache events from workers, waiting for the Raft commit",
-		Subjects:          []string{EventSubjects},
+		Subjects:          o.Subjects,
 		Retention:         jetstream.WorkQueuePolicy,
 		Discard:           jetstream.DiscardNew,
 		Storage:           jetstream.FileStorage,
@@ -147,9 +196,18 @@ func StreamConfig(o StreamOptions) jetstream.StreamConfig {
 	}
 }
 
-// EnsureStream creates KV_EVENTS or updates it to the current configuration;
-// calling it again is harmless. A JetStream that is not ready yet (a cluster
-// still electing its meta leader) is retried until ctx ends.
+// ErrSubjectsOverlap: the stream's subjects overlap another stream's, which
+// NATS refuses. Moving a worker between group streams must therefore remove
+// its subject from the old stream before adding it to the new one.
+var ErrSubjectsOverlap = errors.New("stream subjects overlap another stream's")
+
+// EnsureStream creates the stream (o.Name, default KV_EVENTS) or updates it
+// to the current configuration; calling it again is harmless. An update
+// that changes only the subjects is applied online: stored events stay (and
+// are consumed from this stream), publishers keep publishing. A JetStream
+// that is not ready yet (a cluster still electing its meta leader) is
+// retried until ctx ends. Subjects overlapping another stream's fail with
+// an error wrapping ErrSubjectsOverlap.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamOptions) (jetstream.Stream, error) {
 	cfg := StreamConfig(o)
 	backoff := 50 * time.Millisecond
@@ -159,6 +217,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamOptions) 
 		cancel()
 		if err == nil {
 			return s, nil
+		}
+		if isJSErrorCode(err, errCodeStreamSubjectOverlap) {
+			return nil, fmt.Errorf("ensure stream %s (subjects %v): %w: %w", cfg.Name, cfg.Subjects, ErrSubjectsOverlap, err)
 		}
 		if !transientJSError(err) || ctx.Err() != nil {
 			return nil, fmt.Errorf("ensure stream %s (replicas %d): %w", cfg.Name, cfg.Replicas, err)
@@ -198,6 +259,16 @@ func transientJSError(err error) bool {
 	}
 	return false
 }
+
+// isJSErrorCode reports whether err is a JetStream API error with code.
+func isJSErrorCode(err error, code jetstream.ErrorCode) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == code
+}
+
+// errCodeStreamSubjectOverlap is JetStream's error code for a stream whose
+// subjects overlap another stream's.
+const errCodeStreamSubjectOverlap jetstream.ErrorCode = 10065
 
 // errCodeDuplicateInProcess is JetStream's error code for a publish whose
 // message id is a duplicate of one still in process.
