@@ -34,6 +34,15 @@ func appendU64(b []byte, v uint64) []byte { return binary.LittleEndian.AppendUin
 
 func appendF64(b []byte, v float64) []byte { return appendU64(b, math.Float64bits(v)) }
 
+// appendBool writes 1 or 0; reader.bool refuses any other byte, so a
+// boolean has one encoding.
+func appendBool(b []byte, v bool) []byte {
+	if v {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
 // checkString is the encoder's side of MaxStringLen.
 func checkString(what, s string) error {
 	if len(s) > MaxStringLen {
@@ -116,6 +125,18 @@ func (r *reader) byte() byte {
 	v := r.b[0]
 	r.b = r.b[1:]
 	return v
+}
+
+// bool reads appendBool's byte: 0 or 1, anything else is undecodable.
+func (r *reader) bool() bool {
+	switch r.byte() {
+	case 0:
+		return false
+	case 1:
+		return true
+	}
+	r.fail("bad bool")
+	return false
 }
 
 // int reads a uvarint that must fit maxInt.

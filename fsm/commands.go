@@ -39,6 +39,10 @@ const (
 	// report no offload tier runs mixed builds; a build without tiers
 	// halts on this type instead of reading host blocks as GPU blocks.
 	CmdKVEventBatchTiered CommandType = 12
+	// CmdPlaceWorker sets or removes a worker's placement: which Raft
+	// data group (1..Groups) owns its registration, lease and KV events.
+	// Applied by the control group (group 0); see DESIGN.md, Placement.
+	CmdPlaceWorker CommandType = 13
 	// Add new types here, with the next number.
 )
 
@@ -75,11 +79,13 @@ func (t CommandType) String() string {
 		return "RegisterWorkerBlockSize"
 	case CmdKVEventBatchTiered:
 		return "KVEventBatchTiered"
+	case CmdPlaceWorker:
+		return "PlaceWorker"
 	}
 	return fmt.Sprintf("CommandType(%d)", uint8(t))
 }
 
-func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdKVEventBatchTiered }
+func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdPlaceWorker }
 
 // isKVBatch: both KV batch types share one payload layout (kvbatch.go).
 func (t CommandType) isKVBatch() bool { return t == CmdKVEventBatch || t == CmdKVEventBatchTiered }
@@ -259,6 +265,25 @@ type ResyncWorker struct {
 	DPRank uint32
 }
 
+// PlaceWorker assigns a worker to one of the cluster's Raft data groups
+// (issue 19), or with Remove forgets its placement. It is applied by the
+// control group's FSM, whose placement map every replica reads to route a
+// worker's registration and events to its group's FSM.
+//
+// Groups is the number of data groups the proposer runs: every placement
+// carries it, so a proposer configured with another count is refused
+// (loudly, naming both) instead of scattering workers over groups that
+// other replicas do not have. The first placement fixes it for the life
+// of the cluster.
+type PlaceWorker struct {
+	Worker string // a worker id (no '#'), not a rank: all ranks share a group
+	Group  uint32 // 1..Groups (0 is the control group, which owns no worker)
+	Groups uint32 // >= 2: with one data group there is nothing to place
+	// Remove drops the worker's placement (whatever its group: Group must
+	// still be valid, as it is checked like any other).
+	Remove bool
+}
+
 // Type is CmdRegisterWorkerBlockSize when the registration has its own
 // block size, else CmdRegisterWorkerRole when it carries a role.
 func (c RegisterWorker) Type() CommandType {
@@ -285,6 +310,23 @@ func (Tick) Type() CommandType           { return CmdTick }
 func (RegisterNode) Type() CommandType   { return CmdRegisterNode }
 func (ResyncWorker) Type() CommandType   { return CmdResyncWorker }
 func (RemoveNode) Type() CommandType     { return CmdRemoveNode }
+func (PlaceWorker) Type() CommandType    { return CmdPlaceWorker }
+
+// Validate checks the placement's own fields; whether Groups matches the
+// cluster's is checked on apply (FSM.CheckPlaceWorker checks both).
+func (p PlaceWorker) Validate() error {
+	switch {
+	case p.Worker == "":
+		return fmt.Errorf("place worker: empty id: %w", ErrInvalidCommand)
+	case strings.ContainsRune(p.Worker, '#'):
+		return fmt.Errorf("place worker %q: '#' is reserved for dp ranks: %w", p.Worker, ErrInvalidCommand)
+	case p.Groups < 2:
+		return fmt.Errorf("place worker %q: %d data groups, placement needs at least 2: %w", p.Worker, p.Groups, ErrInvalidCommand)
+	case p.Group < 1 || p.Group > p.Groups:
+		return fmt.Errorf("place worker %q: group %d outside [1,%d]: %w", p.Worker, p.Group, p.Groups, ErrInvalidCommand)
+	}
+	return nil
+}
 
 // Validate checks the domain rules Apply enforces (except the block size,
 // which needs the registry: FSM.CheckRegisterWorker checks everything).
@@ -413,6 +455,14 @@ func Encode(c Command) ([]byte, error) {
 			return nil, err
 		}
 		return appendString(b, c.NodeID), nil
+	case PlaceWorker:
+		if err := checkString("worker id", c.Worker); err != nil {
+			return nil, err
+		}
+		b = appendString(b, c.Worker)
+		b = binary.AppendUvarint(b, uint64(c.Group))
+		b = binary.AppendUvarint(b, uint64(c.Groups))
+		return appendBool(b, c.Remove), nil
 	}
 	return nil, fmt.Errorf("encode %T: %w", c, ErrInvalidCommand)
 }
@@ -428,6 +478,7 @@ func EncodeTick(c Tick) ([]byte, error)                         { return Encode(
 func EncodeRegisterNode(c RegisterNode) ([]byte, error)         { return Encode(c) }
 func EncodeResyncWorker(c ResyncWorker) ([]byte, error)         { return Encode(c) }
 func EncodeRemoveNode(c RemoveNode) ([]byte, error)             { return Encode(c) }
+func EncodePlaceWorker(p PlaceWorker) ([]byte, error)           { return Encode(p) }
 
 func appendRegisterWorker(b []byte, c *RegisterWorker) ([]byte, error) {
 	for _, s := range []struct{ what, v string }{{"worker id", c.ID}, {"address", c.Address}, {"model", c.Model}} {
@@ -657,6 +708,8 @@ func decodePayload(t CommandType, p []byte) (Command, error) {
 		c = ResyncWorker{Worker: r.string("worker id"), DPRank: r.u32("dp rank")}
 	case CmdRemoveNode:
 		c = RemoveNode{NodeID: r.string("node id")}
+	case CmdPlaceWorker:
+		c = PlaceWorker{Worker: r.string("worker id"), Group: r.u32("group"), Groups: r.u32("groups"), Remove: r.bool()}
 	default:
 		return nil, fmt.Errorf("type %d: %w", uint8(t), ErrUnknownCommand)
 	}
@@ -692,6 +745,7 @@ func DecodeTick(data []byte) (Tick, error)                     { return decodeAs
 func DecodeRegisterNode(data []byte) (RegisterNode, error)     { return decodeAs[RegisterNode](data) }
 func DecodeResyncWorker(data []byte) (ResyncWorker, error)     { return decodeAs[ResyncWorker](data) }
 func DecodeRemoveNode(data []byte) (RemoveNode, error)         { return decodeAs[RemoveNode](data) }
+func DecodePlaceWorker(data []byte) (PlaceWorker, error)       { return decodeAs[PlaceWorker](data) }
 
 // DecodeKVBatch reads a complete KVEventBatch entry (type 3 or 12). The events' block
 // slices share one backing array (capacity-limited, so appending copies).

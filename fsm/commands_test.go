@@ -35,6 +35,7 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 		{CmdRegisterWorkerRole, 10, "RegisterWorkerRole"},
 		{CmdRegisterWorkerBlockSize, 11, "RegisterWorkerBlockSize"},
 		{CmdKVEventBatchTiered, 12, "KVEventBatchTiered"},
+		{CmdPlaceWorker, 13, "PlaceWorker"},
 	}
 	for _, p := range pinned {
 		if uint8(p.typ) != p.num || p.typ.String() != p.name || !p.typ.known() {
@@ -44,7 +45,7 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 	if CommandType(len(pinned) + 1).known() {
 		t.Errorf("type %d is known but not pinned here: add it to the table", len(pinned)+1)
 	}
-	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 4 {
+	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 5 {
 		t.Errorf("ignore bit %#x, envelope %d, snapshot format %d", IgnoreIfUnknown, EnvelopeVersion, SnapshotVersion)
 	}
 	fields := []ModelField{FieldActiveDecodeBlocks, FieldActivePrefillTokens, FieldActivePrefillTokensFrac,
@@ -133,6 +134,8 @@ func goldenCommands() []struct {
 			{Worker: "vllm-0", DPRank: 1, EventID: 8, Event: router.KVEvent{Kind: router.EventRemoved, Tier: router.TierDisk, Removed: []uint64{5}}},
 			{Worker: "vllm-0", DPRank: 0, EventID: 5, Event: router.KVEvent{Kind: router.EventCleared, Tier: router.TierExternal}},
 		}}},
+		{"place-worker", PlaceWorker{Worker: "vllm-0", Group: 2, Groups: 4}},
+		{"place-worker-remove", PlaceWorker{Worker: "sglang-0", Group: 300, Groups: 300, Remove: true}},
 	}
 }
 
@@ -301,6 +304,7 @@ func TestFSMEncodeRefuses(t *testing.T) {
 		{"unknown reset bits", SetModelConfig{Model: "m", Reset: 1 << 20}},
 		{"long node", RegisterNode{NodeID: "n", HTTPAddr: long}},
 		{"long resync", ResyncWorker{Worker: long}},
+		{"long placement", PlaceWorker{Worker: long, Group: 1, Groups: 2}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -334,6 +338,9 @@ func TestFSMDecodeRejects(t *testing.T) {
 		{"trailing", append(append([]byte{}, good...), 0), ErrUndecodable},
 		{"block size registration without its role field", []byte{11, 1, 1, 'w', 1, 0, 0, 32, 0, 0, 0}, ErrUndecodable},
 		{"block size registration with a bad role", []byte{11, 1, 1, 'w', 1, 0, 0, 32, 0, 0, 0, 1, 'x'}, ErrUndecodable},
+		{"placement with a bad remove flag", []byte{13, 1, 1, 'w', 1, 2, 2}, ErrUndecodable},
+		{"placement without its remove flag", []byte{13, 1, 1, 'w', 1, 2}, ErrUndecodable},
+		{"placement group overflows uint32", []byte{13, 1, 1, 'w', 0x80, 0x80, 0x80, 0x80, 0x10, 2, 0}, ErrUndecodable},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

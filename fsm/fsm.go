@@ -129,6 +129,9 @@ const (
 	// ChangeOverCapacity: stored events of a worker rank were refused by
 	// its block cap (one per rank per entry; Reason says how full).
 	ChangeOverCapacity
+	// ChangePlacement: a worker was placed in a data group, moved to
+	// another, or its placement removed (Removed); Reason says which.
+	ChangePlacement
 )
 
 func (k ChangeKind) String() string {
@@ -147,6 +150,8 @@ func (k ChangeKind) String() string {
 		return "restored"
 	case ChangeOverCapacity:
 		return "over-capacity"
+	case ChangePlacement:
+		return "placement"
 	}
 	return fmt.Sprintf("ChangeKind(%d)", uint8(k))
 }
@@ -159,8 +164,8 @@ type Change struct {
 	DPRank  uint32
 	Model   string
 	Node    string
-	Removed bool   // the worker or node is gone
-	Reason  string // "registered", "updated", "deregistered", "lease expired", a stale reason
+	Removed bool   // the worker or node (or the worker's placement) is gone
+	Reason  string // "registered", "updated", "deregistered", "lease expired", a stale reason, "placed in group N"…
 }
 
 // Stats are this replica's counters since NewFSM. They are diagnostics, not
@@ -272,6 +277,13 @@ type state struct {
 	// all have and how many they are. Derived from workers (Restore
 	// rebuilds it), so it is in no snapshot.
 	modelSizes map[string]modelSize
+
+	// The placement map (control group, issue 19): worker id → data group
+	// in 1..groups. groups is fixed by the first placement and never
+	// cleared (0 = nothing was ever placed); it outlives the placements.
+	// Independent of the registry: the control group registers no worker.
+	placements map[string]uint32
+	groups     uint32
 }
 
 // modelSize is the block size a model's registered workers share.
@@ -312,6 +324,7 @@ func newState(blockSize int) *state {
 		preds:     make(map[router.WorkerID]map[uint64]int64),
 
 		modelSizes: make(map[string]modelSize),
+		placements: make(map[string]uint32),
 	}
 }
 
@@ -499,6 +512,8 @@ func (f *FSM) applyCommandLocked(idx uint64, c Command, res *ApplyResult) error 
 		delete(st.nodes, c.NodeID)
 		f.changes = append(f.changes, Change{Kind: ChangeNodes, Index: idx, Node: c.NodeID, Removed: true})
 		res.Applied = 1
+	case PlaceWorker:
+		return f.placeLocked(idx, c, res)
 	case ResyncWorker:
 		rs := st.rank(c.Worker, c.DPRank)
 		if rs == nil {
@@ -522,6 +537,52 @@ func (f *FSM) applyCommandLocked(idx uint64, c Command, res *ApplyResult) error 
 	default:
 		return fmt.Errorf("%T: %w", c, ErrUnknownCommand)
 	}
+	return nil
+}
+
+// checkPlace returns the domain error that refuses p, or nil: its own
+// fields, and a group count other than the one the first placement fixed.
+// f.mu held (read).
+func (st *state) checkPlace(p PlaceWorker) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	if st.groups != 0 && p.Groups != st.groups {
+		// The proposer runs another number of data groups than the one
+		// this cluster's placements were made for: placing by it would
+		// send workers to groups other replicas lack or never read.
+		return fmt.Errorf("place worker %q: proposed for %d data groups, the placements are for %d: %w",
+			p.Worker, p.Groups, st.groups, ErrInvalidCommand)
+	}
+	return nil
+}
+
+// placeLocked sets, moves or removes a worker's placement. f.mu held.
+func (f *FSM) placeLocked(idx uint64, p PlaceWorker, res *ApplyResult) error {
+	st := f.st
+	if err := st.checkPlace(p); err != nil {
+		return err
+	}
+	res.Applied = 1
+	old, placed := st.placements[p.Worker]
+	var reason string
+	switch {
+	case p.Remove && !placed, !p.Remove && placed && old == p.Group:
+		return nil // nothing changes: no change to report
+	case p.Remove:
+		// A removal fixes no group count: with nothing ever placed it
+		// leaves the state (and its snapshot format) as it was.
+		delete(st.placements, p.Worker)
+		reason = fmt.Sprintf("removed from group %d", old)
+	case placed:
+		st.placements[p.Worker] = p.Group
+		reason = fmt.Sprintf("moved from group %d to %d", old, p.Group)
+	default:
+		st.groups = p.Groups
+		st.placements[p.Worker] = p.Group
+		reason = fmt.Sprintf("placed in group %d", p.Group)
+	}
+	f.changes = append(f.changes, Change{Kind: ChangePlacement, Index: idx, Worker: p.Worker, Removed: p.Remove, Reason: reason})
 	return nil
 }
 
@@ -1263,6 +1324,38 @@ func (f *FSM) OverCapacityRefused() map[string]uint64 {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return maps.Clone(f.refused)
+}
+
+// Placement is the data group worker is placed in (control group state).
+func (f *FSM) Placement(worker string) (group uint32, ok bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	group, ok = f.st.placements[worker]
+	return group, ok
+}
+
+// Placements is a copy of the placement map: worker id → data group.
+func (f *FSM) Placements() map[string]uint32 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return maps.Clone(f.st.placements)
+}
+
+// PlacementGroups is the number of data groups the placements are for,
+// fixed by the first placement; 0 when nothing was ever placed.
+func (f *FSM) PlacementGroups() uint32 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.groups
+}
+
+// CheckPlaceWorker returns the domain error Apply would return for p now
+// (invalid fields, or a group count other than the placements'), without
+// changing anything. Proposers call it before proposing.
+func (f *FSM) CheckPlaceWorker(p PlaceWorker) error {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.checkPlace(p)
 }
 
 // PredictionCount is the number of live (worker, hash) predictions.

@@ -26,6 +26,7 @@ func fuzzBase(t testing.TB) *FSM {
 	h.ok(Predictions{Worker: "w2", Hashes: []uint64{1, 2}, Until: 100})
 	h.ok(SetModelConfig{Model: "m", Temperature: ptr(0.5)})
 	h.ok(RegisterNode{NodeID: "n1", RaftAddr: "a", HTTPAddr: "b"})
+	h.ok(PlaceWorker{Worker: "w1", Group: 1, Groups: 2})
 	return h.f
 }
 
@@ -42,6 +43,9 @@ func fuzzSeeds(t testing.TB) map[string][]byte {
 	seeds["tick-expires"] = mustEncode(t, Tick{Now: 100})
 	seeds["resync-w1"] = mustEncode(t, ResyncWorker{Worker: "w1", DPRank: 1})
 	seeds["deregister-w1"] = mustEncode(t, DeregisterWorker{ID: "w1"})
+	seeds["place-w1-move"] = mustEncode(t, PlaceWorker{Worker: "w1", Group: 2, Groups: 2})
+	seeds["place-w1-remove"] = mustEncode(t, PlaceWorker{Worker: "w1", Group: 1, Groups: 2, Remove: true})
+	seeds["place-other-groups"] = mustEncode(t, PlaceWorker{Worker: "w2", Group: 1, Groups: 3})
 	seeds["bad-threshold"] = mustEncode(t, SetModelConfig{Model: "m", Thresholds: router.Thresholds{ActiveDecodeBlocks: ptr(2.0)}})
 	seeds["unknown-ignored"] = []byte{77 | IgnoreIfUnknown, 1, 0}
 	seeds["unknown"] = []byte{77, 1, 0}
@@ -167,13 +171,25 @@ func kvSeeds(t testing.TB) map[string][]byte {
 	return out
 }
 
+// goldenCommand is the goldenCommands entry called name (by name: the
+// list only grows, so positions other than the first move).
+func goldenCommand(t testing.TB, name string) Command {
+	for _, c := range goldenCommands() {
+		if c.name == name {
+			return c.cmd
+		}
+	}
+	t.Fatalf("no golden command %q", name)
+	return nil
+}
+
 // kvTieredSeeds are KVEventBatchTiered payloads (without the envelope).
 func kvTieredSeeds(t testing.TB) map[string][]byte {
 	host := stored("w1", 0, 3, 3, 4, 5)
 	host.Event.Tier = router.TierHost
 	out := map[string][]byte{}
 	for name, c := range map[string]KVEventBatch{
-		"golden": goldenCommands()[len(goldenCommands())-1].cmd.(KVEventBatch),
+		"golden": goldenCommand(t, "kv-event-batch-tiered").(KVEventBatch),
 		"host":   {Events: []KVBatchEvent{host, removed("w2", 0, 2, 1)}},
 	} {
 		b := mustEncode(t, c)
@@ -238,6 +254,8 @@ func FuzzFSMRestore(f *testing.F) {
 	f.Add(append(bytes.Clone(good), 0))
 	f.Add(snapshotBytes(f, goldenStateRoles(f)))      // format 2
 	f.Add(snapshotBytes(f, goldenStateBlockSizes(f))) // format 3
+	f.Add(snapshotBytes(f, goldenStateTiers(f)))      // format 4
+	f.Add(snapshotBytes(f, goldenStatePlacements(f))) // format 5
 	empty := snapshotBytes(f, newFSM(f))
 	f.Add(empty)
 	f.Add([]byte{})

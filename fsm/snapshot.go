@@ -19,19 +19,22 @@ import (
 	"github.com/kvrouter/kvrouter/router"
 )
 
-// Snapshot stream, format versions 1 to 4 (see DESIGN.md):
+// Snapshot stream, format versions 1 to 5 (see DESIGN.md):
 //
 //	"KVRS" | byte format version (1; 2 when a worker has a role; 3 when a
 //	  worker's block size differs from the header's, the cluster default;
-//	  4 when a rank holds blocks in a lower storage tier)
+//	  4 when a rank holds blocks in a lower storage tier; 5 once a worker
+//	  was ever placed in a data group)
 //	records: byte type | uvarint body length (<= maxRecordLen) | body
 //	  1 header (exactly once, first): u64 applied index, uvarint block size,
 //	    varint clock, uvarint counts of nodes, workers, models, cursors,
-//	    block records, prediction records (v4: and tier block records)
+//	    block records, prediction records (v4: and tier block records;
+//	    v5: then uvarint data groups, uvarint count of placement records)
 //	  2 node, 3 worker (v2: role string after the RegisterWorker
 //	    payload when the worker has one), 4 model, 5 cursor, 6 blocks,
 //	    7 predictions, 8 (v4) tier blocks: a blocks record with a tier
-//	    byte (router.Tier 1–3) after the rank
+//	    byte (router.Tier 1–3) after the rank, 9 (v5) placement: worker
+//	    id, uvarint group
 //	    (in this type order; within a type sorted by id, then rank, then
 //	    tier, then hash)
 //	  0 end (empty body)
@@ -48,7 +51,7 @@ const (
 	// builds can still install it during a rolling upgrade unless the state
 	// holds something they cannot represent, which they then refuse by
 	// version instead of misreading.
-	SnapshotVersion = 4
+	SnapshotVersion = 5
 
 	// digestVersion is the version byte the digest hashes whatever version
 	// expresses the state: a state has one digest, and it is the one the
@@ -66,7 +69,9 @@ const (
 	recPreds  = 7
 	// recTierBlocks: format 4, blocks of the lower storage tiers.
 	recTierBlocks = 8
-	recMaxType    = recTierBlocks
+	// recPlacement: format 5, one worker's data group.
+	recPlacement = 9
+	recMaxType   = recPlacement
 
 	snapshotChunk = 16384
 	maxRecordLen  = 1 << 20
@@ -99,6 +104,15 @@ type image struct {
 	blocks    []rankBlocks
 	preds     []rankPreds
 	tiers     []rankBlocks // lower tiers' blocks, tier set
+
+	groups     uint32 // data groups of the placements; 0 = never placed
+	placements []placementImage
+}
+
+// placementImage is one worker's placement, sorted by worker.
+type placementImage struct {
+	worker string
+	group  uint32
 }
 
 // pendingBlocks is an image's blocks as copied under the lock: the index's
@@ -179,7 +193,11 @@ type rankPreds struct {
 // indexes are read through their own locks, and no apply runs meanwhile.
 func (f *FSM) captureLocked() *image {
 	st := f.st
-	img := &image{applied: f.applied.Load(), blockSize: st.blockSize, lastTick: st.lastTick}
+	img := &image{applied: f.applied.Load(), blockSize: st.blockSize, lastTick: st.lastTick, groups: st.groups}
+	for w, g := range st.placements {
+		img.placements = append(img.placements, placementImage{worker: w, group: g})
+	}
+	slices.SortFunc(img.placements, func(a, b placementImage) int { return strings.Compare(a.worker, b.worker) })
 	for _, n := range st.nodes {
 		img.nodes = append(img.nodes, n)
 	}
@@ -252,13 +270,18 @@ func (c *crcWriter) record(typ byte) {
 	c.write(c.buf)
 }
 
-// snapshotVersionOf is the oldest format that expresses img: 4 once a
-// rank holds blocks in a lower tier (older readers would refuse the record
-// type rather than drop the blocks), 3 once a
+// snapshotVersionOf is the oldest format that expresses img: 5 once a
+// worker was ever placed (the group count outlives the placements; older
+// readers would refuse the record type or the header's extra counts), 4
+// once a rank holds blocks in a lower tier (older readers would refuse the
+// record type rather than drop the blocks), 3 once a
 // worker's block size differs from the cluster default (formats 1 and 2
 // hold the same bytes but their readers refuse such a worker), else 2 once
 // a worker has a role (format 1 has no field for it), else 1.
 func snapshotVersionOf(img *image) byte {
+	if img.groups != 0 || len(img.placements) > 0 {
+		return 5
+	}
 	if len(img.tiers) > 0 {
 		return 4
 	}
@@ -281,7 +304,11 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 	img.resolve()
 	c := &crcWriter{w: w, buf: make([]byte, 0, 4096)}
 	c.write([]byte(snapshotMagic))
-	version := snapshotVersionOf(img)
+	// The header's optional fields follow the state's version, not the
+	// version byte (which the digest fixes at 1): a state keeps the bytes,
+	// and so the digest, it had before the fields existed.
+	stateVersion := snapshotVersionOf(img)
+	version := stateVersion
 	if !withApplied {
 		version = digestVersion
 	}
@@ -307,11 +334,12 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 	for _, n := range []int{len(img.nodes), len(img.workers), len(img.models), len(img.cursors), nBlocks, nPreds} {
 		b = binary.AppendUvarint(b, uint64(n))
 	}
-	if len(img.tiers) > 0 {
-		// Format 4's count, written by the state (not the version byte,
-		// which the digest fixes at 1): a state without tiers keeps the
-		// bytes, and so the digest, it had before tiers existed.
-		b = binary.AppendUvarint(b, uint64(nTiers))
+	if stateVersion >= 4 {
+		b = binary.AppendUvarint(b, uint64(nTiers)) // 0 in a format-5 state without tiers
+	}
+	if stateVersion >= 5 {
+		b = binary.AppendUvarint(b, uint64(img.groups))
+		b = binary.AppendUvarint(b, uint64(len(img.placements)))
 	}
 	c.buf = b
 	c.record(recHeader)
@@ -401,6 +429,10 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 	}
 	for _, rb := range img.tiers {
 		writeBlocks(rb, recTierBlocks)
+	}
+	for _, p := range img.placements {
+		c.buf = binary.AppendUvarint(appendString(c.buf[:0], p.worker), uint64(p.group))
+		c.record(recPlacement)
 	}
 	c.buf = c.buf[:0]
 	c.record(recEnd)
@@ -588,7 +620,8 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 			}
 			break
 		}
-		if typ > recMaxType || typ < lastType || (typ == recHeader) != (lastType == 0) || (typ == recTierBlocks && version < 4) {
+		if typ > recMaxType || typ < lastType || (typ == recHeader) != (lastType == 0) || (typ == recTierBlocks && version < 4) ||
+			(typ == recPlacement && version < 5) {
 			return nil, 0, corrupt("record type %d after %d", typ, lastType)
 		}
 		lastType = typ
@@ -610,6 +643,14 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 			}
 			if version >= 4 {
 				want[recTierBlocks] = rd.int("count")
+			}
+			if version >= 5 {
+				// Format 5 is written only once something was placed,
+				// and a placement needs at least 2 groups.
+				if st.groups = rd.u32("groups"); rd.err == nil && st.groups < 2 {
+					return nil, 0, corrupt("format 5 with %d data groups", st.groups)
+				}
+				want[recPlacement] = rd.int("count")
 			}
 		case recNode:
 			n := NodeRecord{ID: rd.string("node id"), RaftAddr: rd.string("raft addr"), HTTPAddr: rd.string("http addr")}
@@ -711,6 +752,17 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 				if err := st.index.Apply(rs.key, router.KVEvent{Kind: router.EventStored, Blocks: blocks, Tier: tier}); err != nil {
 					return nil, 0, corrupt("blocks of %s: %v", rs.key, err)
 				}
+			}
+		case recPlacement:
+			p := PlaceWorker{Worker: rd.string("worker id"), Group: rd.u32("group"), Groups: st.groups}
+			if rd.err == nil {
+				if err := p.Validate(); err != nil {
+					return nil, 0, corrupt("placement: %v", err)
+				}
+				if _, dup := st.placements[p.Worker]; dup {
+					return nil, 0, corrupt("placement of %q repeated", p.Worker)
+				}
+				st.placements[p.Worker] = p.Group
 			}
 		case recPreds:
 			rs := snapRank(st, rd)

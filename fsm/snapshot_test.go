@@ -157,6 +157,8 @@ func sameState(t *testing.T, a, b *FSM) {
 		{"index workers", a.Index().Workers(), b.Index().Workers()},
 		{"index len", a.Index().Len(), b.Index().Len()},
 		{"predicted len", a.Predicted().Len(), b.Predicted().Len()},
+		{"placements", a.Placements(), b.Placements()},
+		{"placement groups", a.PlacementGroups(), b.PlacementGroups()},
 	} {
 		if !reflect.DeepEqual(c.x, c.y) {
 			t.Fatalf("%s differ:\n%v\n%v", c.name, c.x, c.y)
@@ -456,13 +458,15 @@ func TestFSMSnapshotCorrupt(t *testing.T) {
 
 // goldenWriters are the golden snapshots this build writes, with the state
 // each pins: format 1 for a state without roles, 2 with them, 3 with a
-// worker whose block size is not the cluster default. Files not
+// worker whose block size is not the cluster default, 4 with lower-tier
+// blocks, 5 with worker placements. Files not
 // listed (testdata/snapshot-v1-roles.bin) were written by older builds.
 var goldenWriters = map[string]func(testing.TB) *FSM{
 	"snapshot-v1.bin": goldenState,
 	"snapshot-v2.bin": goldenStateRoles,
 	"snapshot-v3.bin": goldenStateBlockSizes,
 	"snapshot-v4.bin": goldenStateTiers,
+	"snapshot-v5.bin": goldenStatePlacements,
 }
 
 // TestFSMGoldenSnapshots restores every committed snapshot, of every format

@@ -1,0 +1,273 @@
+package fsm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestFSMPlaceWorkerValidate(t *testing.T) {
+	cases := []struct {
+		name string
+		p    PlaceWorker
+		ok   bool
+	}{
+		{"first group", PlaceWorker{Worker: "w", Group: 1, Groups: 2}, true},
+		{"last group", PlaceWorker{Worker: "w", Group: 2, Groups: 2}, true},
+		{"remove", PlaceWorker{Worker: "w", Group: 3, Groups: 4, Remove: true}, true},
+		{"empty worker", PlaceWorker{Group: 1, Groups: 2}, false},
+		{"rank id", PlaceWorker{Worker: "w#1", Group: 1, Groups: 2}, false},
+		{"one group", PlaceWorker{Worker: "w", Group: 1, Groups: 1}, false},
+		{"no groups", PlaceWorker{Worker: "w"}, false},
+		{"control group", PlaceWorker{Worker: "w", Group: 0, Groups: 2}, false},
+		{"group past groups", PlaceWorker{Worker: "w", Group: 3, Groups: 2}, false},
+		{"remove from group 0", PlaceWorker{Worker: "w", Group: 0, Groups: 2, Remove: true}, false},
+		{"remove past groups", PlaceWorker{Worker: "w", Group: 5, Groups: 4, Remove: true}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.p.Validate()
+			if tc.ok != (err == nil) || (err != nil && !errors.Is(err, ErrInvalidCommand)) {
+				t.Fatalf("Validate: %v, want ok %v", err, tc.ok)
+			}
+		})
+	}
+}
+
+// TestFSMPlacementApply runs one cluster's placements step by step: each
+// step's outcome, the map and group count after it, and the changes
+// observers heard.
+func TestFSMPlacementApply(t *testing.T) {
+	h := newHarness(t)
+	var heard []Change
+	h.f.OnChange(func(c Change) { heard = append(heard, c) })
+	steps := []struct {
+		name   string
+		p      PlaceWorker
+		err    string // substring of the domain error; "" = applies
+		want   map[string]uint32
+		groups uint32
+		change string // Reason of the ChangePlacement heard; "" = none
+	}{
+		{"remove before any placement fixes nothing", PlaceWorker{Worker: "a", Group: 1, Groups: 3, Remove: true},
+			"", map[string]uint32{}, 0, ""},
+		{"invalid", PlaceWorker{Worker: "a", Group: 4, Groups: 3}, "group 4 outside [1,3]", map[string]uint32{}, 0, ""},
+		{"first placement fixes the groups", PlaceWorker{Worker: "a", Group: 2, Groups: 3},
+			"", map[string]uint32{"a": 2}, 3, "placed in group 2"},
+		{"same group is a no-op", PlaceWorker{Worker: "a", Group: 2, Groups: 3}, "", map[string]uint32{"a": 2}, 3, ""},
+		{"another worker", PlaceWorker{Worker: "b", Group: 1, Groups: 3},
+			"", map[string]uint32{"a": 2, "b": 1}, 3, "placed in group 1"},
+		{"move", PlaceWorker{Worker: "a", Group: 3, Groups: 3},
+			"", map[string]uint32{"a": 3, "b": 1}, 3, "moved from group 2 to 3"},
+		{"other group count", PlaceWorker{Worker: "c", Group: 1, Groups: 4},
+			"proposed for 4 data groups, the placements are for 3", map[string]uint32{"a": 3, "b": 1}, 3, ""},
+		{"remove with another group count", PlaceWorker{Worker: "a", Group: 1, Groups: 2, Remove: true},
+			"proposed for 2 data groups, the placements are for 3", map[string]uint32{"a": 3, "b": 1}, 3, ""},
+		{"remove from whatever group", PlaceWorker{Worker: "a", Group: 1, Groups: 3, Remove: true},
+			"", map[string]uint32{"b": 1}, 3, "removed from group 3"},
+		{"remove absent", PlaceWorker{Worker: "a", Group: 1, Groups: 3, Remove: true}, "", map[string]uint32{"b": 1}, 3, ""},
+		{"the groups outlive the placements", PlaceWorker{Worker: "b", Group: 1, Groups: 3, Remove: true},
+			"", map[string]uint32{}, 3, "removed from group 1"},
+		{"and still refuse another count", PlaceWorker{Worker: "b", Group: 1, Groups: 2},
+			"the placements are for 3", map[string]uint32{}, 3, ""},
+	}
+	for _, s := range steps {
+		heard = nil
+		before, domainErrs := h.f.Digest(), h.f.Stats().DomainErrors
+		checkErr := h.f.CheckPlaceWorker(s.p)
+		r := h.apply(s.p)
+		if s.err == "" {
+			if r.Err != nil || checkErr != nil || r.Applied != 1 {
+				t.Fatalf("%s: %v (check %v), applied %d", s.name, r.Err, checkErr, r.Applied)
+			}
+		} else {
+			if !errors.Is(r.Err, ErrInvalidCommand) || !strings.Contains(r.Err.Error(), s.err) || !errors.Is(checkErr, ErrInvalidCommand) {
+				t.Fatalf("%s: %v (check %v), want %q", s.name, r.Err, checkErr, s.err)
+			}
+			if h.f.Digest() != before || h.f.Stats().DomainErrors != domainErrs+1 {
+				t.Fatalf("%s: a refused placement changed the state or was not counted", s.name)
+			}
+		}
+		if got := h.f.Placements(); !maps.Equal(got, s.want) || h.f.PlacementGroups() != s.groups {
+			t.Fatalf("%s: placements %v groups %d, want %v %d", s.name, got, h.f.PlacementGroups(), s.want, s.groups)
+		}
+		for w, g := range s.want {
+			if got, ok := h.f.Placement(w); !ok || got != g {
+				t.Fatalf("%s: Placement(%s) = %d %v", s.name, w, got, ok)
+			}
+		}
+		if _, ok := h.f.Placement(s.p.Worker); ok != (s.want[s.p.Worker] != 0) {
+			t.Fatalf("%s: Placement(%s) ok %v", s.name, s.p.Worker, ok)
+		}
+		var reasons []string
+		for _, c := range heard {
+			if c.Kind != ChangePlacement || c.Worker != s.p.Worker || c.Index != h.idx || c.Removed != s.p.Remove {
+				t.Fatalf("%s: heard %+v", s.name, c)
+			}
+			reasons = append(reasons, c.Reason)
+		}
+		if want := slices.DeleteFunc([]string{s.change}, func(x string) bool { return x == "" }); !slices.Equal(reasons, want) {
+			t.Fatalf("%s: changes %q, want %q", s.name, reasons, want)
+		}
+	}
+	// Readers get copies.
+	h.ok(PlaceWorker{Worker: "x", Group: 1, Groups: 3})
+	h.f.Placements()["x"] = 2
+	if g, _ := h.f.Placement("x"); g != 1 {
+		t.Fatal("Placements returned the FSM's own map")
+	}
+}
+
+// goldenStatePlacements is goldenStateTiers plus placements in 3 data
+// groups (one moved, one removed, one of a worker not registered here:
+// the control group registers none): the state pinned by
+// testdata/snapshot-v5.bin.
+func goldenStatePlacements(t testing.TB) *FSM {
+	return withPlacements(t, goldenStateTiers(t))
+}
+
+func withPlacements(t testing.TB, f *FSM) *FSM {
+	h := &harness{t: t, f: f, idx: f.AppliedIndex()}
+	for _, p := range []PlaceWorker{
+		{Worker: "vllm-0", Group: 1, Groups: 3},
+		{Worker: "mistral-0", Group: 3, Groups: 3},
+		{Worker: "kvmock-1", Group: 2, Groups: 3},
+		{Worker: "gone", Group: 2, Groups: 3},
+		{Worker: "elsewhere-0", Group: 3, Groups: 3},
+		{Worker: "mistral-0", Group: 1, Groups: 3},
+		{Worker: "gone", Group: 2, Groups: 3, Remove: true},
+	} {
+		h.ok(p)
+	}
+	return f
+}
+
+// TestFSMSnapshotPlacements: placements make the snapshot format 5, with
+// or without lower-tier blocks, and restore to the same state and bytes;
+// the group count keeps it format 5 after the last placement goes; a
+// state never placed keeps its older format and digest; format 4 readers
+// refuse format 5, placement records in format 4 are refused, and so is
+// a format 5 snapshot breaking a placement rule.
+func TestFSMSnapshotPlacements(t *testing.T) {
+	tiers, blockSizes := goldenStateTiers(t), goldenStateBlockSizes(t)
+	tiersDigest := tiers.Digest()
+	f := goldenStatePlacements(t)
+	if f.Digest() == tiersDigest {
+		t.Fatal("placements do not change the digest")
+	}
+	b, g := restoreSame(t, f, 5)
+	if want := map[string]uint32{"vllm-0": 1, "mistral-0": 1, "kvmock-1": 2, "elsewhere-0": 3}; !maps.Equal(g.Placements(), want) || g.PlacementGroups() != 3 {
+		t.Fatalf("restored placements %v groups %d", g.Placements(), g.PlacementGroups())
+	}
+	// Without tiers the header's tier count is 0, and it still restores.
+	restoreSame(t, withPlacements(t, blockSizes), 5)
+	// The state before anything was placed keeps its format and digest.
+	if snap := snapshotBytes(t, tiers); snap[4] != 4 || tiers.Digest() != tiersDigest {
+		t.Fatalf("a state never placed is format %d", snap[4])
+	}
+
+	older := newFSM(t)
+	older.newestFormat = 4
+	if err := restoreBytes(older, b); !errors.Is(err, ErrCorruptSnapshot) || !strings.Contains(err.Error(), "format version 5, this build reads 1 to 4") {
+		t.Fatalf("format 4 build restores format 5: %v", err)
+	}
+	if err := restoreBytes(newFSM(t), reformat(b, 4)); !errors.Is(err, ErrCorruptSnapshot) {
+		t.Fatalf("placement records as format 4: %v", err)
+	}
+
+	// Removing every placement leaves the group count: still format 5.
+	h := &harness{t: t, f: f, idx: f.AppliedIndex()}
+	for w := range f.Placements() {
+		h.ok(PlaceWorker{Worker: w, Group: 1, Groups: 3, Remove: true})
+	}
+	_, g = restoreSame(t, f, 5)
+	if len(g.Placements()) != 0 || g.PlacementGroups() != 3 || f.Digest() == tiersDigest {
+		t.Fatalf("emptied placements restore as %v groups %d", g.Placements(), g.PlacementGroups())
+	}
+
+	// Format 5 streams that break a rule, built record by record.
+	header := func(groups uint32, placements int) rawRec {
+		body := appendU64(nil, 7)
+		body = binary.AppendUvarint(body, 16)
+		body = binary.AppendVarint(body, 0)
+		for range 7 { // nodes … tier blocks
+			body = binary.AppendUvarint(body, 0)
+		}
+		body = binary.AppendUvarint(body, uint64(groups))
+		return rawRec{recHeader, binary.AppendUvarint(body, uint64(placements))}
+	}
+	place := func(w string, g uint32) rawRec {
+		return rawRec{recPlacement, binary.AppendUvarint(appendString(nil, w), uint64(g))}
+	}
+	good := reformat(rawSnapshot(header(2, 2), place("a", 1), place("b", 2)), 5)
+	if err := restoreBytes(newFSM(t), good); err != nil {
+		t.Fatalf("a valid hand-made format 5 snapshot: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		recs []rawRec
+	}{
+		{"one group", []rawRec{header(1, 1), place("a", 1)}},
+		{"no groups", []rawRec{header(0, 0)}},
+		{"group 0", []rawRec{header(2, 1), place("a", 0)}},
+		{"group past the groups", []rawRec{header(2, 1), place("a", 3)}},
+		{"rank id", []rawRec{header(2, 1), place("a#0", 1)}},
+		{"empty worker", []rawRec{header(2, 1), place("", 1)}},
+		{"repeated", []rawRec{header(2, 2), place("a", 1), place("a", 2)}},
+		{"count", []rawRec{header(2, 2), place("a", 1)}},
+		{"trailing bytes", []rawRec{header(2, 1), {recPlacement, append(place("a", 1).body, 0)}}},
+	} {
+		if err := restoreBytes(newFSM(t), reformat(rawSnapshot(tc.recs...), 5)); !errors.Is(err, ErrCorruptSnapshot) {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+}
+
+// reformat is snapshot b relabelled as format v, its CRC recomputed.
+func reformat(b []byte, v byte) []byte {
+	b = bytes.Clone(b)
+	b[4] = v
+	binary.LittleEndian.PutUint32(b[len(b)-4:], crc32.Checksum(b[:len(b)-4], castagnoli))
+	return b
+}
+
+// TestFSMPlacementOlderBuild: a build without placements (newest type
+// 12, format 4) applies what comes before the first placement alike,
+// halts on it without moving, and refuses the format 5 snapshot by
+// version.
+func TestFSMPlacementOlderBuild(t *testing.T) {
+	entries := [][]byte{
+		mustEncode(t, RegisterNode{NodeID: "r1", RaftAddr: "a", HTTPAddr: "b"}),
+		mustEncode(t, PlaceWorker{Worker: "w", Group: 1, Groups: 2}),
+		mustEncode(t, Tick{Now: 5}),
+	}
+	if entries[1][0] != byte(CmdPlaceWorker) {
+		t.Fatalf("a placement travels as type %d without the ignore bit", entries[1][0])
+	}
+	older, newer := newFSM(t), newFSM(t)
+	older.newestType, older.newestFormat = CmdKVEventBatchTiered, 4
+	older.ApplyBatch(logsOf(entries[:1], 1))
+	newer.ApplyBatch(logsOf(entries[:1], 1))
+	if older.Digest() != newer.Digest() {
+		t.Fatal("builds differ before the placement")
+	}
+	before := older.Digest()
+	out := older.ApplyBatch(logsOf(entries[1:], 2))
+	var he *HaltError
+	if !errors.As(ResponseError(out[0]), &he) || he.Type != CmdPlaceWorker || he.Index != 2 ||
+		!errors.Is(ResponseError(out[1]), ErrHalted) || older.AppliedIndex() != 1 || older.Digest() != before {
+		t.Fatalf("older build: %v, then %v, applied %d", ResponseError(out[0]), ResponseError(out[1]), older.AppliedIndex())
+	}
+	newer.ApplyBatch(logsOf(entries[1:], 2))
+	if g, ok := newer.Placement("w"); newer.Halted() != nil || !ok || g != 1 {
+		t.Fatal("newer build did not apply the placement")
+	}
+	if err := restoreBytes(older, snapshotBytes(t, newer)); !errors.Is(err, ErrCorruptSnapshot) {
+		t.Fatalf("older build restores format 5: %v", err)
+	}
+}
