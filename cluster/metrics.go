@@ -111,7 +111,10 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 			if errors.As(err, &are) {
 				return errors.New("register metrics: already registered (one node per registry and Config.Group, or Shutdown the previous node first)")
 			}
-			return fmt.Errorf("register metrics: %w", err)
+			// The registry fixes each metric name's label names for good
+			// (even across Unregister): a node with Group "" and one with
+			// a Group cannot share it.
+			return fmt.Errorf("register metrics (on a registry shared by several groups every node needs a Config.Group): %w", err)
 		}
 	}
 	return nil

@@ -3,7 +3,10 @@
 // controllable network (Partition, Isolate, Heal), Restart, Wipe, AddNode,
 // and polling helpers (never sleep to synchronise). Options.TLS runs every
 // member with a node certificate of a test CA: mutual TLS on Raft and
-// HTTPS with client certificates on the cluster endpoints.
+// HTTPS with client certificates on the cluster endpoints. Options.Groups
+// runs several Raft groups per member, as a sharded replica does: one
+// cluster.Node per group, all behind the member's one HTTP server and one
+// Prometheus registry.
 package clustertest
 
 import (
@@ -19,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -57,14 +61,26 @@ type Options struct {
 	SnapshotThreshold uint64
 	SnapshotInterval  time.Duration
 	TrailingLogs      uint64
-	// NewFSM builds member i's state machine on every start. Default: NewFSM().
+	// NewFSM builds member i's state machine on every start (once per
+	// group). Default: NewFSM().
 	NewFSM func(i int) cluster.StateMachine
 	// Configure may adjust member i's config just before cluster.New; sm is
-	// the state machine NewFSM built for this start.
+	// the state machine NewFSM built for this start. With Groups > 1 it is
+	// called once per group (c.PathPrefix and c.Group tell which).
 	Configure func(i int, c *cluster.Config, sm cluster.StateMachine)
 	// OnNode is called with each new node after cluster.New and before Form
 	// (register OnLeadership / WhileLeader hooks here: they survive restarts).
+	// With Groups > 1: once per group, n.Group() tells which.
 	OnNode func(i int, n *cluster.Node)
+	// Groups is how many Raft groups every member runs (default 1). Group g
+	// has its own node, Raft port and data dir (GroupRaftAddr, GroupDataDir;
+	// group 0's are RaftAddr and DataDir), PathPrefix GroupPrefix(g) on the
+	// member's one HTTP server, and, with Groups > 1, Config.Group
+	// strconv.Itoa(g) on the member's one registry: a registry takes a
+	// metric name either with the group label or without it, never both
+	// (cluster DESIGN.md "Several groups in one process"). Member.Node,
+	// WaitLeader, WaitConverged, ApplyN, … are group 0's.
+	Groups int
 	// LogLevel for per-node logs into t.Log; default Info. Quiet drops them.
 	LogLevel slog.Level
 	Quiet    bool
@@ -95,23 +111,28 @@ func (o *Options) defaults() {
 	if o.TrailingLogs == 0 {
 		o.TrailingLogs = 16
 	}
+	if o.Groups < 1 {
+		o.Groups = 1
+	}
 	if o.NewFSM == nil {
 		o.NewFSM = func(int) cluster.StateMachine { return NewFSM() }
 	}
 }
 
-// Member is one slot of the cluster; it keeps its id, Raft address and data
-// dir across restarts.
+// Member is one slot of the cluster (one replica process); it keeps its
+// id, Raft addresses and data dirs across restarts.
 type Member struct {
 	Index    int
 	ID       string
-	RaftAddr string
-	DataDir  string
+	RaftAddr string // group 0's
+	DataDir  string // group 0's; group g > 0 lives in DataDir/g<g>
+
+	raftAddrs []string // per group; [0] is RaftAddr. Written before the member is shared.
 
 	c       *Cluster
-	mu      sync.Mutex // guards the fields below
-	node    *cluster.Node
-	fsm     cluster.StateMachine
+	mu      sync.Mutex      // guards the fields below
+	nodes   []*cluster.Node // per group; nil while stopped
+	fsms    []cluster.StateMachine
 	reg     *prometheus.Registry
 	httpURL string
 	srv     *http.Server
@@ -121,21 +142,55 @@ type Member struct {
 // Bundle is the member's TLS material (nil without Options.TLS).
 func (m *Member) Bundle() *pki.Bundle { return m.bundle }
 
-// Node is the running node, nil while stopped.
-func (m *Member) Node() *cluster.Node {
+// Node is the running node of group 0, nil while stopped.
+func (m *Member) Node() *cluster.Node { return m.GroupNode(0) }
+
+// GroupNode is the running node of group g, nil while stopped.
+func (m *Member) GroupNode(g int) *cluster.Node {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.node
+	if m.nodes == nil {
+		return nil
+	}
+	return m.nodes[g]
 }
 
-// FSM is the running node's state machine (the last one when stopped).
-func (m *Member) FSM() cluster.StateMachine {
+// FSM is group 0's state machine (the last one when stopped).
+func (m *Member) FSM() cluster.StateMachine { return m.GroupFSM(0) }
+
+// GroupFSM is group g's state machine (the last one when stopped; nil
+// before the first start).
+func (m *Member) GroupFSM(g int) cluster.StateMachine {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.fsm
+	if m.fsms == nil {
+		return nil
+	}
+	return m.fsms[g]
 }
 
-// Registry is the running node's Prometheus registry.
+// GroupRaftAddr is group g's Raft address.
+func (m *Member) GroupRaftAddr(g int) string { return m.raftAddrs[g] }
+
+// GroupDataDir is group g's data dir.
+func (m *Member) GroupDataDir(g int) string {
+	if g == 0 {
+		return m.DataDir
+	}
+	return filepath.Join(m.DataDir, "g"+strconv.Itoa(g))
+}
+
+// GroupPrefix is group g's cluster.Config.PathPrefix in the harness:
+// "/cluster" for group 0, "/cluster/g<g>" for the others (the layout of a
+// sharded replica).
+func GroupPrefix(g int) string {
+	if g == 0 {
+		return cluster.DefaultPathPrefix
+	}
+	return cluster.DefaultPathPrefix + "/g" + strconv.Itoa(g)
+}
+
+// Registry is the running member's Prometheus registry (every group's).
 func (m *Member) Registry() *prometheus.Registry {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -162,11 +217,13 @@ type Cluster struct {
 	ca   *pki.CA // TLS mode only
 
 	// mu guards members (AddNode appends while other goroutines read
-	// them). peers is written only by New, before the Cluster is shared.
+	// them).
 	mu      sync.Mutex
 	members []*Member
-	peers   []cluster.Peer // the initial set (FormPeers)
 }
+
+// Groups is Options.Groups: the Raft groups every member runs.
+func (c *Cluster) Groups() int { return c.opts.Groups }
 
 // New starts n members and waits until they have formed (not for a leader).
 func New(t testing.TB, n int, opts Options) *Cluster {
@@ -188,16 +245,23 @@ func New(t testing.TB, n int, opts Options) *Cluster {
 		c.members = append(c.members, c.newMember())
 	}
 	if opts.Formation == FormPeers {
-		for _, m := range c.members {
-			c.peers = append(c.peers, cluster.Peer{ID: m.ID, RaftAddr: m.RaftAddr})
+		peers := make([][]cluster.Peer, opts.Groups)
+		for g := range peers {
+			for _, m := range c.members {
+				peers[g] = append(peers[g], cluster.Peer{ID: m.ID, RaftAddr: m.GroupRaftAddr(g)})
+			}
 		}
 		for _, m := range c.members {
-			c.startOrFail(m, startOpts{peers: c.peers})
+			c.startOrFail(m, startOpts{peers: peers})
 		}
 		return c
 	}
 	m0 := c.members[0]
-	c.startOrFail(m0, startOpts{peers: []cluster.Peer{{ID: m0.ID, RaftAddr: m0.RaftAddr}}})
+	alone := make([][]cluster.Peer, opts.Groups)
+	for g := range alone {
+		alone[g] = []cluster.Peer{{ID: m0.ID, RaftAddr: m0.GroupRaftAddr(g)}}
+	}
+	c.startOrFail(m0, startOpts{peers: alone})
 	for _, m := range c.members[1:] {
 		c.startOrFail(m, startOpts{join: []string{m0.HTTPURL()}})
 	}
@@ -209,13 +273,17 @@ func (c *Cluster) newMember() *Member {
 	defer c.mu.Unlock()
 	i := len(c.members)
 	m := &Member{
-		Index:    i,
-		ID:       fmt.Sprintf("n%d", i),
-		RaftAddr: c.freeRaftAddr(),
-		DataDir:  filepath.Join(c.base, fmt.Sprintf("n%d", i)),
-		c:        c,
+		Index:   i,
+		ID:      fmt.Sprintf("n%d", i),
+		DataDir: filepath.Join(c.base, fmt.Sprintf("n%d", i)),
+		c:       c,
 	}
-	c.Net.Register(m.RaftAddr, i)
+	for range c.opts.Groups {
+		addr := c.freeRaftAddr(m.raftAddrs)
+		m.raftAddrs = append(m.raftAddrs, addr)
+		c.Net.Register(addr, i)
+	}
+	m.RaftAddr = m.raftAddrs[0]
 	if c.ca != nil {
 		m.bundle = c.Issue(pki.Node(m.ID))
 	}
@@ -275,7 +343,7 @@ func (c *Cluster) listenHTTP() (net.Listener, error) {
 			return nil, err
 		}
 		addr := ln.Addr().String()
-		if !slices.ContainsFunc(c.Members(), func(m *Member) bool { return m.RaftAddr == addr }) {
+		if !slices.ContainsFunc(c.Members(), func(m *Member) bool { return slices.Contains(m.raftAddrs, addr) }) {
 			return ln, nil
 		}
 		ln.Close()
@@ -287,11 +355,14 @@ func (c *Cluster) listenHTTP() (net.Listener, error) {
 // has: a port released by freeAddr can be handed out again (tests of other
 // packages bind ports at the same time), and two members with one address
 // fail to bootstrap ("found duplicate address in configuration"; seen once
-// in a full -race run). c.mu must be held.
-func (c *Cluster) freeRaftAddr() string {
+// in a full -race run). mine are the addresses the new member already has
+// (its other groups'). c.mu must be held.
+func (c *Cluster) freeRaftAddr(mine []string) string {
 	for range 20 {
 		addr := freeAddr(c.T)
-		if !slices.ContainsFunc(c.members, func(m *Member) bool { return m.RaftAddr == addr }) {
+		taken := slices.Contains(mine, addr) ||
+			slices.ContainsFunc(c.members, func(m *Member) bool { return slices.Contains(m.raftAddrs, addr) })
+		if !taken {
 			return addr
 		}
 	}
@@ -332,7 +403,7 @@ func (c *Cluster) Running() []*Member {
 }
 
 type startOpts struct {
-	peers []cluster.Peer
+	peers [][]cluster.Peer // per group; nil: none
 	join  []string
 }
 
@@ -359,13 +430,64 @@ func (c *Cluster) start(m *Member, so startOpts) error {
 	}
 
 	reg := prometheus.NewRegistry()
+	var (
+		nodes []*cluster.Node
+		fsms  []cluster.StateMachine
+	)
+	stopAll := func() {
+		ln.Close()
+		for _, n := range nodes {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = n.Shutdown(ctx)
+			cancel()
+		}
+	}
+	for g := range c.opts.Groups {
+		node, sm, err := c.newNode(m, g, httpURL, reg, so)
+		if err != nil {
+			stopAll()
+			return fmt.Errorf("group %d: %w", g, err)
+		}
+		nodes, fsms = append(nodes, node), append(fsms, sm)
+	}
+	// One server for every group, as a replica has: each group's handler
+	// under its own prefix (the longest pattern wins, so "/cluster/" never
+	// sees "/cluster/g1/…"). One group keeps serving the handler bare.
+	var h http.Handler = nodes[0].Handler()
+	if len(nodes) > 1 {
+		mux := http.NewServeMux()
+		for _, n := range nodes {
+			mux.Handle(n.PathPrefix()+"/", n.Handler())
+		}
+		h = mux
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+
+	m.mu.Lock()
+	m.nodes, m.fsms, m.reg, m.httpURL, m.srv = nodes, fsms, reg, httpURL, srv
+	m.mu.Unlock()
+
+	for g, node := range nodes {
+		ctx, cancel := context.WithTimeout(context.Background(), c.opts.FormTimeout)
+		err := node.Form(ctx)
+		cancel()
+		if err != nil {
+			c.stop(m)
+			return fmt.Errorf("group %d: form: %w", g, err)
+		}
+	}
+	return nil
+}
+
+// newNode builds member m's node of group g (not formed, not served).
+func (c *Cluster) newNode(m *Member, g int, httpURL string, reg *prometheus.Registry, so startOpts) (*cluster.Node, cluster.StateMachine, error) {
 	sm := c.opts.NewFSM(m.Index)
 	cfg := cluster.Config{
 		NodeID:             m.ID,
-		RaftAddr:           m.RaftAddr,
-		DataDir:            m.DataDir,
+		RaftAddr:           m.GroupRaftAddr(g),
+		DataDir:            m.GroupDataDir(g),
 		HTTPAddr:           httpURL,
-		Peers:              so.peers,
 		Join:               so.join,
 		LeaderHTTP:         c.httpOf,
 		SnapshotThreshold:  c.opts.SnapshotThreshold,
@@ -380,6 +502,13 @@ func (c *Cluster) start(m *Member, so startOpts) error {
 		Logger:             c.logs.logger(c.opts),
 		Registry:           reg,
 		TLS:                m.bundle,
+		PathPrefix:         GroupPrefix(g),
+	}
+	if so.peers != nil {
+		cfg.Peers = so.peers[g]
+	}
+	if c.opts.Groups > 1 {
+		cfg.Group = strconv.Itoa(g)
 	}
 	if _, ok := sm.(*FSM); ok {
 		cfg.DecodeResult = DecodeCount
@@ -389,38 +518,22 @@ func (c *Cluster) start(m *Member, so startOpts) error {
 		c.opts.Configure(m.Index, &cfg, sm)
 	}
 
-	var node *cluster.Node
 	// The Raft port was released by a previous run or by freeAddr; another
 	// process may briefly hold it, so retry binding for a short while.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		node, err = cluster.New(cfg, sm)
-		if err == nil || time.Now().After(deadline) || !strings.Contains(err.Error(), "address already in use") {
-			break
+		node, err := cluster.New(cfg, sm)
+		if err == nil {
+			if c.opts.OnNode != nil {
+				c.opts.OnNode(m.Index, node)
+			}
+			return node, sm, nil
+		}
+		if time.Now().After(deadline) || !strings.Contains(err.Error(), "address already in use") {
+			return nil, nil, err
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	if c.opts.OnNode != nil {
-		c.opts.OnNode(m.Index, node)
-	}
-	srv := &http.Server{Handler: node.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-
-	m.mu.Lock()
-	m.node, m.fsm, m.reg, m.httpURL, m.srv = node, sm, reg, httpURL, srv
-	m.mu.Unlock()
-
-	ctx, cancel := context.WithTimeout(context.Background(), c.opts.FormTimeout)
-	defer cancel()
-	if err := node.Form(ctx); err != nil {
-		c.stop(m)
-		return fmt.Errorf("form: %w", err)
-	}
-	return nil
 }
 
 // DecodeCount decodes FSM's forwarded response (a JSON number) to uint64.
@@ -452,16 +565,22 @@ func (c *Cluster) Stop(i int) {
 
 func (c *Cluster) stop(m *Member) error {
 	m.mu.Lock()
-	node, srv := m.node, m.srv
-	m.node, m.srv, m.httpURL = nil, nil, ""
+	nodes, srv := m.nodes, m.srv
+	m.nodes, m.srv, m.httpURL = nil, nil, ""
 	m.mu.Unlock()
-	if node == nil {
+	if nodes == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	srv.Close()
-	return node.Shutdown(ctx)
+	var errs []error
+	for g, node := range nodes {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := node.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("group %d: %w", g, err))
+		}
+		cancel()
+	}
+	return errors.Join(errs...)
 }
 
 // Start starts stopped member i from its data dir; with no Raft state it
@@ -567,15 +686,22 @@ func (c *Cluster) Heal() { c.Net.HealAll() }
 // WaitLeader waits until one of the given members (default: all running)
 // leads and is ready (its barrier completed), and returns it. With several
 // self-declared leaders (a stale one in a minority) it waits for the one of
-// the highest term among them to be unique.
+// the highest term among them to be unique. Group 0's: see WaitGroupLeader.
 func (c *Cluster) WaitLeader(among ...int) *Member {
+	c.T.Helper()
+	return c.WaitGroupLeader(0, among...)
+}
+
+// WaitGroupLeader is WaitLeader for group g: the member whose group-g node
+// leads (m.GroupNode(g)).
+func (c *Cluster) WaitGroupLeader(g int, among ...int) *Member {
 	c.T.Helper()
 	var leader *Member
 	poll.Until(c.T, 20*time.Second, 20*time.Millisecond, func() error {
 		leader = nil
 		var best uint64
 		for _, m := range c.pick(among) {
-			n := m.Node()
+			n := m.GroupNode(g)
 			if n == nil || !n.IsLeader() {
 				continue
 			}
@@ -609,8 +735,15 @@ func (c *Cluster) pick(among []int) []*Member {
 
 // WaitConverged waits until the given running members (default: all) have
 // equal FSM digests and applied indexes, all at least the leader's commit
-// index as seen by that member's raft, and returns the digest.
+// index as seen by that member's raft, and returns the digest. Group 0's:
+// see WaitGroupConverged.
 func (c *Cluster) WaitConverged(among ...int) string {
+	c.T.Helper()
+	return c.WaitGroupConverged(0, among...)
+}
+
+// WaitGroupConverged is WaitConverged for group g.
+func (c *Cluster) WaitGroupConverged(g int, among ...int) string {
 	c.T.Helper()
 	var digest string
 	poll.Until(c.T, 30*time.Second, 20*time.Millisecond, func() error {
@@ -620,7 +753,7 @@ func (c *Cluster) WaitConverged(among ...int) string {
 		}
 		var first cluster.Status
 		for i, m := range ms {
-			n := m.Node()
+			n := m.GroupNode(g)
 			if n == nil {
 				return fmt.Errorf("%s stopped", m.ID)
 			}
