@@ -99,6 +99,13 @@ func (l *streamLog) setGate(on bool) {
 	l.gated = on
 }
 
+// distinct counts the distinct events applied.
+func (l *streamLog) distinct() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.count)
+}
+
 // of counts the applied events of worker.
 func (l *streamLog) of(worker string) int {
 	l.mu.Lock()
@@ -240,17 +247,21 @@ func TestBusGroupStreamsDisjoint(t *testing.T) {
 
 	reg := prometheus.NewRegistry()
 	logs := map[int]*streamLog{}
+	var stops []func()
 	for g := 1; g <= 3; g++ {
 		logs[g] = newStreamLog()
-		runConsumer(t, groupConsumer(t, js, g, reg), logs[g])
+		stops = append(stops, runConsumer(t, groupConsumer(t, js, g, reg), logs[g]))
 	}
 	ids := publishN(t, nc, []string{"w1", "w2", "w3"}, 200)
 	poll.Until(t, 30*time.Second, 10*time.Millisecond, func() error {
-		if n := len(logs[1].count) + len(logs[2].count); n < len(ids) {
+		if n := logs[1].distinct() + logs[2].distinct(); n < len(ids) {
 			return fmt.Errorf("%d of %d events applied", n, len(ids))
 		}
 		return nil
 	})
+	for _, stop := range stops {
+		stop() // the logs are read unlocked below
+	}
 	want := map[string]int{"w1": 1, "w2": 1, "w3": 2}
 	for g := 1; g <= 3; g++ {
 		l := logs[g]
@@ -358,13 +369,7 @@ func TestBusGroupStreamMove(t *testing.T) {
 	if len(acks.errs) > 0 {
 		t.Fatalf("publish errors: %v", acks.errs)
 	}
-	waitFor("every acked event applied", func() bool {
-		log1.mu.Lock()
-		defer log1.mu.Unlock()
-		log2.mu.Lock()
-		defer log2.mu.Unlock()
-		return len(log1.count)+len(log2.count) >= len(acks.stream)
-	})
+	waitFor("every acked event applied", func() bool { return log1.distinct()+log2.distinct() >= len(acks.stream) })
 	stop1() // the logs are read unlocked below
 	stop2()
 	logs := map[string]*streamLog{s1: log1, s2: log2}
