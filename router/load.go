@@ -50,6 +50,7 @@ type activeRequest struct {
 	prefillDone   bool
 	seqs          int // sequences generated (n), at least 1
 	added         time.Time
+	firstToken    time.Time      // PrefillDoneAt's time; zero: unknown (PrefillDone), kv-pooled's wait uses added
 	promptTokens  int            // prompt length: where the output blocks start
 	expected      int            // expected output tokens per sequence (0: unknown)
 	out           OutputProgress // output blocks tracked so far (SetOutput)
@@ -74,6 +75,9 @@ type workerLoad struct {
 	// tracked holds the worker's requests with output blocks booked, for
 	// kv-pooled's decode reserve (trackedOutputs); nil until one is.
 	tracked map[*activeRequest]struct{}
+	// reqs holds the worker's requests, for kv-pooled's expected wait
+	// (runningFrees): which of them decode and when they end.
+	reqs map[*activeRequest]struct{}
 }
 
 // WorkerLoad is one worker's load as the cost function sees it.
@@ -165,9 +169,10 @@ func (a *ActiveLoad) Add(b Booking) {
 	}
 	wl := a.workers[b.Worker]
 	if wl == nil {
-		wl = &workerLoad{}
+		wl = &workerLoad{reqs: make(map[*activeRequest]struct{})}
 		a.workers[b.Worker] = wl
 	}
+	wl.reqs[r] = struct{}{}
 	wl.requests += r.seqs
 	if !r.prefillDone {
 		wl.prefillTokens += r.prefillTokens
@@ -282,14 +287,19 @@ func (a *ActiveLoad) dropOutputLocked(r *activeRequest, wl *workerLoad) {
 
 // PrefillDone marks a request's first token: its prompt no longer loads the
 // worker's prefill. Unknown ids are ignored.
-func (a *ActiveLoad) PrefillDone(id string) {
+func (a *ActiveLoad) PrefillDone(id string) { a.PrefillDoneAt(id, time.Time{}) }
+
+// PrefillDoneAt is PrefillDone at a known time (the caller's clock): the
+// request's decode started then, which kv-pooled's expected wait reads. A
+// repeated call changes nothing; a zero time is PrefillDone.
+func (a *ActiveLoad) PrefillDoneAt(id string, now time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r := a.reqs[id]
 	if r == nil || r.prefillDone {
 		return
 	}
-	r.prefillDone = true
+	r.prefillDone, r.firstToken = true, now
 	a.workers[r.worker].prefillTokens -= r.prefillTokens
 }
 
@@ -308,6 +318,7 @@ func (a *ActiveLoad) removeLocked(id string) {
 	}
 	delete(a.reqs, id)
 	wl := a.workers[r.worker]
+	delete(wl.reqs, r)
 	wl.requests -= r.seqs
 	if !r.prefillDone {
 		wl.prefillTokens -= r.prefillTokens

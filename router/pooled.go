@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/zeebo/xxh3"
 )
@@ -83,6 +84,11 @@ type PooledConfig struct {
 	// on a worker while another candidate holds it, when the fleet is not
 	// overloaded. Nil: the evict weight.
 	CopyWeight *float64
+	// WaitWeight prices a second of expected wait for KV admission as the
+	// prefill blocks the worker computes in a second, times this weight
+	// (wait.go). Nil: DefaultPooledWaitWeight; 0: no wait price (workers
+	// over the admission line excluded, overflow priced by QueueWeight).
+	WaitWeight *float64
 }
 
 // Validate rejects negative, NaN and infinite settings.
@@ -91,7 +97,8 @@ func (p PooledConfig) Validate() error {
 		name string
 		v    *float64
 	}{{"evict weight", p.EvictWeight}, {"home weight", p.HomeWeight}, {"overloaded fraction", p.Overloaded},
-		{"queue weight", p.QueueWeight}, {"output tokens", p.OutputTokens}, {"copy weight", p.CopyWeight}} {
+		{"queue weight", p.QueueWeight}, {"output tokens", p.OutputTokens}, {"copy weight", p.CopyWeight},
+		{"wait weight", p.WaitWeight}} {
 		if f.v != nil && (!finite(*f.v) || *f.v < 0) {
 			return fmt.Errorf("kv-pooled %s %v must be finite and non-negative: %w", f.name, *f.v, ErrInvalidConfig)
 		}
@@ -122,6 +129,9 @@ type pooledScratch struct {
 	ranks  []int // per candidate
 	kept   []int
 	out    []trackedOutput // per candidate, when output blocks are tracked
+	wait   []float64       // per candidate: the wait price (cost units)
+	frees  []pendingFree
+	admit  []bool // per worker: the admission test lets the request start at once
 }
 
 // pooledOutputs is the observed output length (Router.Finished).
@@ -200,7 +210,7 @@ func (a *ActiveLoad) trackedOutputs(workers []WorkerInfo, candidates []int, rese
 // pooledCostsLocked rewrites the cost of every candidate row for kv-pooled
 // and returns the candidates left after the admission rule (a subslice of
 // candidates). r.mu must be held, with r.loads and r.overlaps filled for req.
-func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []int) []int {
+func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []int, now time.Time) []int {
 	ps := &r.pooled
 	pc := &r.cfg.Pooled
 	evictWeight := orDefault(pc.EvictWeight, DefaultPooledEvictWeight)
@@ -274,6 +284,20 @@ func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []
 	overloaded := demand > orDefault(pc.Overloaded, DefaultPooledOverloaded)*capacity
 	strict := known && minOver <= 0 && !overloaded
 	queued := known && !strict
+	ps.admit = slices.Grow(ps.admit[:0], len(r.workers))[:len(r.workers)]
+	clear(ps.admit)
+	for j, i := range candidates {
+		ps.admit[i] = !known || ps.over[j] <= 0
+	}
+	// The queue price replaces the exclusion and the per-block overflow
+	// price when every candidate's wait can be estimated.
+	priced := known && r.pooledWaitsLocked(candidates, reserve, tracked, now)
+	minWait := math.Inf(1)
+	for j := range candidates {
+		if priced {
+			minWait = min(minWait, ps.wait[j])
+		}
+	}
 
 	copyWeight := orDefault(pc.CopyWeight, evictWeight)
 	if !strict {
@@ -313,12 +337,15 @@ func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []
 		// Exact ties go to the better-ranked worker, not to the rng: replicas
 		// agree even on ties.
 		extra += pooledTieBreak * float64(ranks[j])
-		if queued {
+		switch {
+		case priced:
+			extra += ps.wait[j] - minWait
+		case queued:
 			extra += queueWeight * (ps.over[j] - minOver)
 		}
 		row.Pooled = extra
 		row.Cost = cost + extra
-		if strict && ps.over[j] > 0 {
+		if strict && !priced && ps.over[j] > 0 {
 			row.Busy = true
 			row.BusyReason = fmt.Sprintf("kv-pooled: would wait for KV admission (%.0f blocks over) while another worker can start it now", ps.over[j])
 			continue
@@ -394,4 +421,37 @@ func (a *ActiveLoad) inflightPrefix(pos map[WorkerID]int, hashes []uint64, depth
 			return
 		}
 	}
+}
+
+// pooledWaitsLocked fills ps.wait, parallel to candidates, with the price
+// of each candidate's expected wait for KV admission (0 where the request
+// fits now) and reports whether every wait could be estimated: the wait
+// weight is on, the output length was observed (or configured), and a
+// prefill and a decode rate are known for every candidate over the line.
+// r.mu must be held, ps.over filled.
+func (r *Router) pooledWaitsLocked(candidates []int, reserve float64, tracked bool, now time.Time) bool {
+	ps := &r.pooled
+	pc := &r.cfg.Pooled
+	weight := orDefault(pc.WaitWeight, DefaultPooledWaitWeight)
+	if weight <= 0 || (r.outputs.n == 0 && pc.OutputTokens == nil) {
+		return false
+	}
+	outTokens := orDefault(pc.OutputTokens, r.outputs.mean)
+	ps.wait = ps.wait[:0]
+	for j, i := range candidates {
+		if ps.over[j] <= 0 {
+			ps.wait = append(ps.wait, 0)
+			continue
+		}
+		w := r.workers[i].ID
+		spb, okB := r.wait.secondsPerBlock(w)
+		spt, okT := r.wait.secondsPerToken(w)
+		if !okB || !okT {
+			return false
+		}
+		ps.frees = r.load.runningFrees(w, reserve, pooledRunningReserveShare, tracked, ps.frees)
+		wait := expectedWait(ps.frees, ps.over[j], outTokens*spt, now)
+		ps.wait = append(ps.wait, waitPrice(wait, spb, r.cfg.PrefillLoadScale, weight))
+	}
+	return true
 }

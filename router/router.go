@@ -100,13 +100,14 @@ type Router struct {
 	sharedRecord func(w WorkerID, hashes []uint64, now time.Time)
 
 	buf      []Overlap
-	loads    []LoadRow     // per worker, parallel to workers, during a decision
-	overlaps []int         // likewise
-	tierBuf  []TierOverlap // likewise, lower tiers (tiersLocked)
-	hostHits []int         // parallel to workers: blocks past the device prefix in the host tier
-	diskHits []int         // likewise, disk and external tiers
-	pooled   pooledScratch // kv-pooled, per decision (pooled.go)
-	outputs  pooledOutputs // kv-pooled: the output lengths seen (Finished)
+	loads    []LoadRow       // per worker, parallel to workers, during a decision
+	overlaps []int           // likewise
+	tierBuf  []TierOverlap   // likewise, lower tiers (tiersLocked)
+	hostHits []int           // parallel to workers: blocks past the device prefix in the host tier
+	diskHits []int           // likewise, disk and external tiers
+	pooled   pooledScratch   // kv-pooled, per decision (pooled.go)
+	outputs  pooledOutputs   // kv-pooled: the output lengths seen (Finished)
+	wait     pooledWaitState // kv-pooled: observed prefill and decode rates (wait.go)
 }
 
 // New returns a router. index may be nil for modes that ignore the cache.
@@ -197,6 +198,10 @@ func (r *Router) Route(req Request, now time.Time) (Decision, error) {
 	if err != nil {
 		return d, err
 	}
+	if r.cfg.Mode == ModeKVPooled {
+		i := r.pos[d.Worker]
+		r.wait.book(req.ID, d.Worker, now, d.Rows[i].PrefillBlocks, r.pooled.admit[i])
+	}
 	prefill := req.Tokens - d.Overlap*r.cfg.BlockSize
 	r.load.Add(Booking{ID: req.ID, Worker: d.Worker, Hashes: d.ActiveHashes, PrefillTokens: prefill, Sequences: req.Sequences, Added: now,
 		PromptTokens: req.Tokens, ExpectedOutput: req.ExpectedOutputTokens})
@@ -222,8 +227,23 @@ func (r *Router) UseSharedPredictions(src OverlapSource, record func(w WorkerID,
 // PrefillDone records a request's first token.
 func (r *Router) PrefillDone(id string) { r.load.PrefillDone(id) }
 
+// PrefillDoneAt records a request's first token at now (the caller's
+// clock): kv-pooled learns the worker's prefill rate from it and when the
+// request's decode started.
+func (r *Router) PrefillDoneAt(id string, now time.Time) {
+	r.load.PrefillDoneAt(id, now)
+	r.mu.Lock()
+	r.wait.firstToken(id, now)
+	r.mu.Unlock()
+}
+
 // Free ends a request.
-func (r *Router) Free(id string) { r.load.Free(id) }
+func (r *Router) Free(id string) {
+	r.load.Free(id)
+	r.mu.Lock()
+	r.wait.forget(id)
+	r.mu.Unlock()
+}
 
 // Generated reports that request id has generated tokens output tokens so
 // far (all its sequences). With Config.TrackOutputBlocks (Dynamo's
@@ -247,9 +267,21 @@ func (r *Router) Generated(id string, tokens int) (OutputProgress, bool) {
 // plans for (PooledConfig.OutputTokens). A caller that does not know the
 // count calls Free.
 func (r *Router) Finished(id string, outputTokens int) {
+	r.FinishedAt(id, outputTokens, time.Time{})
+}
+
+// FinishedAt is Finished at now (the caller's clock): kv-pooled also
+// learns the worker's decode rate from the request's first token to now.
+// A zero now is Finished.
+func (r *Router) FinishedAt(id string, outputTokens int, now time.Time) {
 	r.load.Free(id)
 	r.mu.Lock()
 	r.outputs.observe(max(outputTokens, 0))
+	if now.IsZero() {
+		r.wait.forget(id)
+	} else {
+		r.wait.finished(id, outputTokens, now)
+	}
 	r.mu.Unlock()
 }
 
@@ -268,7 +300,9 @@ func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
 	if len(r.workers) == 0 {
 		return d, ErrNoWorkers
 	}
-	r.load.Expire(now)
+	for _, id := range r.load.Expire(now) {
+		r.wait.forget(id)
+	}
 	r.expirePredictionsLocked(now)
 
 	overlaps := r.overlapsLocked(req.Hashes)
@@ -304,7 +338,7 @@ func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
 		return d, ErrAllBusy
 	}
 	if cfg.Mode == ModeKVPooled {
-		candidates = r.pooledCostsLocked(req, d.Rows, candidates)
+		candidates = r.pooledCostsLocked(req, d.Rows, candidates, now)
 	}
 	pick := r.pickLocked(d.Rows, candidates)
 	d.Worker, d.Overlap = d.Rows[pick].Worker, d.Rows[pick].Overlap

@@ -79,7 +79,7 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	var kvBlocks, policies, eventDelay, syncDelay, syncFreeExtra, approxTTL string
 	var scale, credit, temp float64
 	var pEvict, pHome, pOverloaded, pQueue, pOutput float64
-	var pCopy float64
+	var pCopy, pWait float64
 	fs.IntVar(&o.Workers, "workers", 6, "number of simulated engines")
 	fs.StringVar(&kvBlocks, "kv-blocks", "16384", "KV cache capacity in blocks: one number for every worker, or a comma list, one per worker")
 	fs.IntVar(&o.BlockSize, "block-size", 16, "tokens per KV block (engines and router)")
@@ -107,6 +107,7 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.BoolVar(&o.TrackOutputBlocks, "track-output-blocks", false, "the routers book output blocks as the engines generate them (Dynamo's --router-track-output-blocks, router.Config.TrackOutputBlocks)")
 	fs.BoolVar(&o.OSLHint, "sim-osl-hint", false, "send each request's output length as its expected output (nvext.agent_hints.osl): output-block tracking decays toward it; real clients rarely send it")
 	fs.Float64Var(&pCopy, "pooled-copy-weight", router.DefaultPooledEvictWeight, "kv-pooled: price of recomputing one block another worker holds, when not overloaded (default: the evict weight)")
+	fs.Float64Var(&pWait, "pooled-wait-weight", router.DefaultPooledWaitWeight, "kv-pooled: price of one second of expected wait for KV admission, in the worker's observed prefill blocks per second (0: no wait price, over-the-line workers excluded)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the workload and the router; rep k uses seed+k")
 	fs.IntVar(&o.Reps, "reps", 1, "repetitions (seeds seed, seed+1, …); figures are medians over reps")
 	fs.IntVar(&o.Parallel, "parallel", 0, "simulations run at once (default GOMAXPROCS)")
@@ -191,6 +192,7 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 		"pooled-evict-weight": {&pEvict, &o.Pooled.EvictWeight}, "pooled-home-weight": {&pHome, &o.Pooled.HomeWeight},
 		"pooled-overloaded": {&pOverloaded, &o.Pooled.Overloaded}, "pooled-queue-weight": {&pQueue, &o.Pooled.QueueWeight},
 		"pooled-output-tokens": {&pOutput, &o.Pooled.OutputTokens}, "pooled-copy-weight": {&pCopy, &o.Pooled.CopyWeight},
+		"pooled-wait-weight": {&pWait, &o.Pooled.WaitWeight},
 	} {
 		if set[name] {
 			*dst.out = dst.v

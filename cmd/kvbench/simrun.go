@@ -119,6 +119,7 @@ type pooledCfg struct {
 	Overloaded   *float64 `json:"overloaded,omitempty"`
 	QueueWeight  *float64 `json:"queue_weight,omitempty"`
 	OutputTokens *float64 `json:"output_tokens,omitempty"`
+	WaitWeight   *float64 `json:"wait_weight,omitempty"`
 }
 
 type synthCfg struct {
@@ -342,7 +343,8 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 		EngineHashSeed: o.EngineHashSeed, PrefillLoadScale: o.PrefillLoadScale, OverlapCredit: o.OverlapCredit,
 		Temperature: o.Temperature, ApproxTTLS: o.routerConfig(router.ModeKVApprox).ApproxTTL.Seconds(), Seed: o.Seed, Reps: o.Reps, Requests: len(w.Requests),
 		Pooled: pooledCfg{EvictWeight: o.Pooled.EvictWeight, CopyWeight: o.Pooled.CopyWeight, HomeWeight: o.Pooled.HomeWeight,
-			Overloaded: o.Pooled.Overloaded, QueueWeight: o.Pooled.QueueWeight, OutputTokens: o.Pooled.OutputTokens},
+			Overloaded: o.Pooled.Overloaded, QueueWeight: o.Pooled.QueueWeight, OutputTokens: o.Pooled.OutputTokens,
+			WaitWeight: o.Pooled.WaitWeight},
 		WallSeconds: wall.Seconds(), TrackOutputBlocks: o.TrackOutputBlocks, OSLHint: o.OSLHint,
 	}
 	for _, m := range o.Policies {

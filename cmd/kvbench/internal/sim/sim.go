@@ -368,7 +368,7 @@ func (s *state) handle(wi int, outs []engine.Output) {
 		case engine.FirstToken:
 			rr.FirstToken = o.At
 			rr.CachedTokens = o.CachedTokens
-			s.rts[s.owner[i]].PrefillDone(o.RequestID)
+			s.rts[s.owner[i]].PrefillDoneAt(o.RequestID, epoch.Add(s.now))
 			s.announce(s.owner[i], syncMsg{kind: syncPrefillDone, id: o.RequestID})
 		case engine.OutputBlock:
 			// Only the routing replica hears the stream; the others get
@@ -387,7 +387,7 @@ func (s *state) handle(wi int, outs []engine.Output) {
 			rr.Done = true
 			// Only the routing replica learns the output length
 			// (kv-pooled's decode reserve); the others hear a free.
-			s.rts[s.owner[i]].Finished(o.RequestID, o.OutputTokens)
+			s.rts[s.owner[i]].FinishedAt(o.RequestID, o.OutputTokens, epoch.Add(s.now))
 			s.announce(s.owner[i], syncMsg{kind: syncFree, id: o.RequestID})
 			s.complete(i)
 		}

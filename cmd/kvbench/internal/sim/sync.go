@@ -76,7 +76,7 @@ func (s *state) applySync(m syncMsg) {
 		b.Added = epoch.Add(s.now) // the receiver stamps it, as replica.AddRemote does
 		load.Add(b)
 	case syncPrefillDone:
-		load.PrefillDone(m.id)
+		load.PrefillDoneAt(m.id, epoch.Add(s.now)) // stamped on arrival, as bookings are
 	case syncFree:
 		load.Free(m.id)
 	case syncOutput:
