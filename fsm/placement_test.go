@@ -115,6 +115,9 @@ func TestFSMPlacementApply(t *testing.T) {
 			t.Fatalf("%s: changes %q, want %q", s.name, reasons, want)
 		}
 	}
+	if ChangePlacement.String() != "placement" || ChangePlacement != ChangeOverCapacity+1 {
+		t.Fatalf("ChangePlacement = %d %q: append-only, after ChangeOverCapacity", ChangePlacement, ChangePlacement)
+	}
 	// Readers get copies.
 	h.ok(PlaceWorker{Worker: "x", Group: 1, Groups: 3})
 	h.f.Placements()["x"] = 2
