@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,6 +62,9 @@ type Config struct {
 	Logger         *slog.Logger
 	Registry       *prometheus.Registry // this replica's own registry
 	ClusterHandler http.Handler         // mounted at /cluster/* for join/remove/apply (Raft layer)
+	// ClusterGroups: data Raft groups whose endpoints ClusterHandler also
+	// serves, under /cluster/g<g>/ (kvrouter serve --raft-groups; 0: none).
+	ClusterGroups int
 
 	// Bounds (DESIGN.md, "Bounds"). Zero values take the defaults named.
 
@@ -276,11 +280,17 @@ func (s *Server) routes() *gin.Engine {
 	admin.POST("/workers/deregister", s.deregisterWorker)
 	if s.cfg.ClusterHandler != nil {
 		h := gin.WrapH(s.cfg.ClusterHandler)
-		for _, p := range []string{"/cluster/join", "/cluster/remove", "/cluster/apply"} {
-			admin.POST(p, h)
+		for g := 0; g <= s.cfg.ClusterGroups; g++ {
+			prefix := "/cluster"
+			if g > 0 {
+				prefix = "/cluster/g" + strconv.Itoa(g)
+			}
+			for _, p := range []string{"/join", "/remove", "/apply"} {
+				admin.POST(prefix+p, h)
+			}
+			// Followers read the leader's commit index here to judge readiness.
+			admin.GET(prefix+"/commit", h)
 		}
-		// Followers read the leader's commit index here to judge readiness.
-		admin.GET("/cluster/commit", h)
 	}
 	// Unknown paths (and methods: 404 too, as documented) answer in
 	// OpenAI's error shape, as every client of this API parses it (gin's

@@ -71,6 +71,8 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 			return err
 		}},
 		{names: []string{"join"}, env: []string{"KVROUTER_JOIN"}, usage: "comma list of replica HTTP URLs to join through", set: list(&c.Join)},
+		{names: []string{"raft-groups"}, env: []string{"KVROUTER_RAFT_GROUPS"}, def: "1", usage: "Raft groups the block index is sharded across (1: one group, as before; G > 1: a control group plus G data groups, workers placed by a replicated map; every replica must use the same G)", set: intp(&c.RaftGroups)},
+		{names: []string{"raft-group-port-step"}, env: []string{"KVROUTER_RAFT_GROUP_PORT_STEP"}, def: "100", usage: "with --raft-groups G > 1, data group g listens on the Raft port + g × this (peers' addresses shift alike)", set: intp(&c.RaftGroupPortStep)},
 		{names: []string{"single-node"}, env: []string{"KVROUTER_SINGLE_NODE"}, usage: "a one-replica cluster (development)", set: boolp(&c.SingleNode), bool: true},
 		{names: []string{"model"}, env: []string{"KVROUTER_MODELS"}, def: "kvmock", usage: "comma list of served model names", set: list(&c.Models)},
 		{names: []string{"model-dir"}, env: []string{"KVROUTER_MODEL_DIRS"}, usage: "NAME=DIR: the model's Hugging Face files (tokenizer.json, tokenizer_config.json, chat template); repeatable (environment: comma list)", set: func(v string) error {
@@ -291,6 +293,12 @@ func (c *serveConfig) finish() error {
 		c.AdvertiseHTTP = c.httpScheme() + "://" + c.HTTPAddr
 	} else if c.httpScheme() == "https" && !strings.HasPrefix(c.AdvertiseHTTP, "https://") {
 		return fmt.Errorf("--advertise-http %q: with TLS material peers reach this replica over https://", c.AdvertiseHTTP)
+	}
+	if c.RaftGroups < 1 || c.RaftGroups > replica.MaxRaftGroups {
+		return fmt.Errorf("--raft-groups must be 1 to %d, got %d", replica.MaxRaftGroups, c.RaftGroups)
+	}
+	if c.RaftGroups > 1 && (c.RaftGroupPortStep < 1 || c.RaftGroupPortStep*c.RaftGroups > 10000) {
+		return fmt.Errorf("--raft-group-port-step must be at least 1 and keep every group's port within 10000 of --raft-addr's, got %d for %d groups", c.RaftGroupPortStep, c.RaftGroups)
 	}
 	if c.MaxEntryBytes < replica.MinMaxEntryBytes || c.MaxEntryBytes > replica.MaxMaxEntryBytes {
 		return fmt.Errorf("--max-entry-bytes must be %d to %d, got %d", replica.MinMaxEntryBytes, replica.MaxMaxEntryBytes, c.MaxEntryBytes)

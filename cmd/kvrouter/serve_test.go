@@ -134,6 +134,12 @@ type statusDoc struct {
 	LeaderID string `json:"leader_id"`
 	Digest   string `json:"digest"`
 	NATS     string `json:"nats_url"`
+	Groups   []struct {
+		Group    int    `json:"group"`
+		LeaderID string `json:"leader_id"`
+		Digest   string `json:"digest"`
+		Workers  int    `json:"workers"`
+	} `json:"raft_groups"`
 	Workers  []struct {
 		ID    string `json:"id"`
 		Ranks []struct {
@@ -172,7 +178,25 @@ func TestServeIngestSurvivesLeaderLoss(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three in-process replicas")
 	}
-	reps := newTestCluster(t)
+	ingestSurvivesLeaderLoss(t, 1)
+}
+
+// TestServeShardedIngestSurvivesLeaderLoss is the same with the index
+// sharded across two data groups (issue 19): the two workers are placed
+// one per group, the replica leading data group 1 is stopped mid-stream,
+// and every group's digest must agree on every replica.
+func TestServeShardedIngestSurvivesLeaderLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three in-process replicas, three Raft groups each")
+	}
+	ingestSurvivesLeaderLoss(t, 2)
+}
+
+func ingestSurvivesLeaderLoss(t *testing.T, groups int) {
+	reps := newTestCluster(t, func(c *serveConfig) {
+		c.RaftGroups = groups
+		c.RaftGroupPortStep = 7 // random ports: +7, +14 are as likely free as any
+	})
 	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { _, err := leaderOf(reps); return err })
 
 	workers := []string{"w-a", "w-b"}
@@ -306,6 +330,25 @@ func TestServeIngestSurvivesLeaderLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if groups > 1 {
+		s, err := status(reps[0].url())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(s.Groups) != groups {
+			t.Fatalf("status lists %d raft groups, want %d", len(s.Groups), groups)
+		}
+		for _, g := range s.Groups {
+			if g.Workers != 1 {
+				t.Fatalf("group %d holds %d workers, want one each: %+v", g.Group, g.Workers, s.Groups)
+			}
+		}
+		for _, r := range reps {
+			if r.cfg.NodeID == s.Groups[0].LeaderID {
+				old = r
+			}
+		}
+	}
 	t.Logf("stopping leader %s mid-stream", old.cfg.NodeID)
 	old.stop()
 	for _, w := range workers {
@@ -338,7 +381,14 @@ func TestServeIngestSurvivesLeaderLoss(t *testing.T) {
 				}
 			}
 			mu.Unlock()
-			digests = append(digests, s.Digest)
+			d := s.Digest
+			for _, g := range s.Groups {
+				d += "," + g.Digest
+			}
+			if want := map[bool]int{true: groups}[groups > 1]; len(s.Groups) != want {
+				return fmt.Errorf("%s lists %d raft groups", r.cfg.NodeID, len(s.Groups))
+			}
+			digests = append(digests, d)
 		}
 		if digests[0] != digests[1] || digests[1] != digests[2] {
 			return fmt.Errorf("digests differ: %v", digests)

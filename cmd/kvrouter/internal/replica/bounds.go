@@ -63,9 +63,9 @@ type capacityWatch struct {
 	last  map[string]time.Time // worker → when it was last logged
 }
 
-func newCapacityWatch(state *fsm.FSM, reg prometheus.Registerer, log *slog.Logger) *capacityWatch {
+func newCapacityWatch(refused func() map[string]uint64, reg prometheus.Registerer, log *slog.Logger) *capacityWatch {
 	w := &capacityWatch{log: log, every: time.Minute, last: map[string]time.Time{}}
-	reg.MustRegister(refusedCollector{state: state, desc: prometheus.NewDesc("kvrouter_index_blocks_refused_total",
+	reg.MustRegister(refusedCollector{refused: refused, desc: prometheus.NewDesc("kvrouter_index_blocks_refused_total",
 		"Blocks of KV events the state machine refused for a worker, by reason (over_capacity: its rank would have held more than twice its registered total_kv_blocks, or 2^20 blocks without one). Counted since this replica started or restored.",
 		[]string{"worker", "reason"}, nil)})
 	return w
@@ -97,14 +97,14 @@ func (w *capacityWatch) note(ch fsm.Change) {
 // refusedCollector exports the FSM's per-worker refused blocks at scrape
 // time (the counts live in the FSM, which applies without a registry).
 type refusedCollector struct {
-	state *fsm.FSM
-	desc  *prometheus.Desc
+	refused func() map[string]uint64 // per worker, blocks refused (every group owning workers)
+	desc    *prometheus.Desc
 }
 
 func (c refusedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 func (c refusedCollector) Collect(ch chan<- prometheus.Metric) {
-	for worker, n := range c.state.OverCapacityRefused() {
+	for worker, n := range c.refused() {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), worker, fsm.RejectOverCapacity)
 	}
 }

@@ -26,6 +26,14 @@ type Config struct {
 	Peers           []cluster.Peer // expected initial Raft members
 	Join            []string       // HTTP URLs of replicas to join through
 	SingleNode      bool
+	// RaftGroups shards the block index (issue 19): 1 (the default) is
+	// one Raft group holding everything, as before; G > 1 runs a control
+	// group (nodes, configuration, the worker placement map) and G data
+	// groups, each with its own log, snapshots, FSM, stream and consumer,
+	// on Raft port + g×RaftGroupPortStep and under data-dir/raft-g<g>.
+	// Every replica of a cluster must run the same G.
+	RaftGroups        int
+	RaftGroupPortStep int // default 100
 
 	Models        []string
 	ModelDirs     []ModelDir // models with their own Hugging Face files

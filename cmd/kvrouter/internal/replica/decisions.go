@@ -13,7 +13,7 @@ var _ api.IndexView = (*replica)(nil)
 
 // IndexEpoch is api.IndexView: the Raft applied index of this replica's
 // FSM, so a decision names the replicated cache state it saw.
-func (r *replica) IndexEpoch() uint64 { return r.fsm.AppliedIndex() }
+func (r *replica) IndexEpoch() uint64 { return r.indexEpoch() }
 
 // SyncAge is api.IndexView: how long ago another replica's load last
 // arrived (false without replica sync or before the first message).

@@ -34,12 +34,12 @@ func (r *replica) Disagg(model string) (*router.DisaggRouter, bool) {
 		r.log.Error("disaggregated router", "model", model, "err", err)
 		return nil, false
 	}
-	d, err = router.NewDisaggRouter(base, r.fsm.Overlaps(), dc, uint64(time.Now().UnixNano()))
+	d, err = router.NewDisaggRouter(base, r.overlaps(), dc, uint64(time.Now().UnixNano()))
 	if err != nil {
 		r.log.Error("disaggregated router", "model", model, "err", err)
 		return nil, false
 	}
-	d.SetWorkers(r.fsm.RoleWorkers(model))
+	d.SetWorkers(r.roleWorkers(model))
 	r.disagg[model] = d
 	return d, true
 }

@@ -66,7 +66,7 @@ func (h *workerHealth) run(ctx context.Context, r *replica) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			h.check(now, r.fsm.Cursors())
+			h.check(now, r.cursors())
 		}
 	}
 }

@@ -58,7 +58,7 @@ func (p *predictionBatcher) run(ctx context.Context) {
 		for w, hashes := range batch {
 			cmd, err := fsm.EncodePredictions(fsm.Predictions{Worker: w, Hashes: hashes, Until: until.UnixNano()})
 			if err == nil {
-				err = p.r.propose(ctx, cmd)
+				err = p.r.proposeToOwner(ctx, w, cmd)
 			}
 			if err != nil && ctx.Err() == nil {
 				p.log.Warn("kv-approx prediction not replicated", "worker", w, "blocks", len(hashes), "err", err)

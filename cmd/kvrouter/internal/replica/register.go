@@ -44,10 +44,10 @@ func (r *replica) registerStatic(ctx context.Context) {
 			continue
 		}
 		for ctx.Err() == nil {
-			if rec, ok := r.fsm.Worker(w.ID); ok && staticCapacityHeld(w, rec) {
+			if rec, ok := r.worker(w.ID); ok && staticCapacityHeld(w, rec) {
 				break
 			}
-			if err := r.propose(ctx, cmd); err == nil {
+			if err := r.proposeWorker(ctx, w.ID, cmd); err == nil {
 				break
 			}
 			select {

@@ -35,6 +35,10 @@ type replica struct {
 	node *cluster.Node
 	bus  *eventbus.Bus
 	sync *eventbus.Syncer
+	// ctl is the control group (fsm, node) as a dataGroup; groups are the
+	// data groups of a sharded index, none unsharded (groups.go).
+	ctl    *dataGroup
+	groups []*dataGroup
 
 	// mu guards the three maps below (not the routers themselves, which
 	// lock on their own): Router and Disagg create entries on first use
@@ -92,7 +96,7 @@ func (r *replica) Models() []string {
 	for _, m := range r.cfg.Models {
 		set[m] = true
 	}
-	for _, m := range r.fsm.Models() {
+	for _, m := range r.fsmModels() {
 		set[m] = true
 	}
 	out := make([]string, 0, len(set))
@@ -121,14 +125,14 @@ func (r *replica) Router(model string) (*router.Router, bool) {
 	if rt, ok := r.routers[model]; ok {
 		return rt, true
 	}
-	rt, err := router.New(r.modelConfig(model), r.fsm.Overlaps(), uint64(time.Now().UnixNano()))
+	rt, err := router.New(r.modelConfig(model), r.overlaps(), uint64(time.Now().UnixNano()))
 	if err != nil {
 		r.log.Error("router for model", "model", model, "err", err)
 		return nil, false
 	}
-	rt.UseSharedPredictions(r.fsm.PredictedOverlaps(), r.preds.record)
-	rt.SetWorkers(decodeCapable(r.fsm.RoleWorkers(model)))
-	for _, w := range r.fsm.WorkerInfos(model) {
+	rt.UseSharedPredictions(r.predictedOverlaps(), r.preds.record)
+	rt.SetWorkers(decodeCapable(r.roleWorkers(model)))
+	for _, w := range r.workerInfos(model) {
 		r.models[w.ID] = model
 	}
 	r.routers[model] = rt
@@ -138,6 +142,13 @@ func (r *replica) Router(model string) (*router.Router, bool) {
 // modelConfig is the replicated configuration of a model over our flags.
 func (r *replica) modelConfig(model string) router.Config {
 	c := r.fsm.ModelConfig(model)
+	if r.sharded() {
+		// The control group holds no workers: a model's block size is
+		// its workers', in the data groups.
+		if bs := r.modelBlockSize(model); bs > 0 {
+			c.BlockSize = bs
+		}
+	}
 	c.Mode = r.cfg.Router.Mode
 	return c
 }
@@ -159,7 +170,7 @@ func (r *replica) refresh() {
 			delete(r.disagg, model)
 			continue
 		}
-		roles := r.fsm.RoleWorkers(model)
+		roles := r.roleWorkers(model)
 		rt.SetWorkers(decodeCapable(roles))
 		for _, w := range roles {
 			r.models[w.ID] = model
@@ -169,7 +180,7 @@ func (r *replica) refresh() {
 		}
 	}
 	for model, d := range r.disagg {
-		d.SetWorkers(r.fsm.RoleWorkers(model))
+		d.SetWorkers(r.roleWorkers(model))
 		if err := d.SetBaseConfig(r.modelConfig(model)); err != nil {
 			r.log.Error("replicated configuration rejected by the disaggregated router", "model", model, "err", err)
 		}
@@ -180,7 +191,7 @@ func (r *replica) refresh() {
 // (sent to the engine so its own balancer keeps the rank we booked).
 func (r *replica) DPRank(id router.WorkerID) (int, bool) {
 	base, rank, _ := strings.Cut(string(id), "#")
-	w, ok := r.fsm.Worker(base)
+	w, ok := r.worker(base)
 	if !ok || w.DPRanks <= 1 {
 		return 0, false
 	}
@@ -195,7 +206,7 @@ func (r *replica) DPRank(id router.WorkerID) (int, bool) {
 
 func (r *replica) WorkerURL(id router.WorkerID) (string, bool) {
 	base, _, _ := strings.Cut(string(id), "#")
-	w, ok := r.fsm.Worker(base)
+	w, ok := r.worker(base)
 	if !ok || w.Address == "" {
 		return "", false
 	}
@@ -247,9 +258,14 @@ func (r *replica) SetThresholds(ctx context.Context, model string, u api.Thresho
 // propose applies a command through Raft (forwarded when not the leader)
 // and surfaces the FSM's domain error.
 func (r *replica) propose(ctx context.Context, cmd []byte) error {
+	return r.proposeOn(ctx, r.control(), cmd)
+}
+
+// proposeOn is propose in group g.
+func (r *replica) proposeOn(ctx context.Context, g *dataGroup, cmd []byte) error {
 	ctx, cancel := context.WithTimeout(ctx, proposeTimeout)
 	defer cancel()
-	resp, err := r.node.Apply(ctx, cmd)
+	resp, err := g.node.Apply(ctx, cmd)
 	if err != nil {
 		return err
 	}
@@ -262,10 +278,13 @@ func (r *replica) propose(ctx context.Context, cmd []byte) error {
 // waitApplied waits until this replica applied every write committed so far
 // (read-your-writes on followers: the answer reflects the write it follows),
 // bounded by ctx and readYourWritesWait.
-func (r *replica) waitApplied(ctx context.Context) {
+func (r *replica) waitApplied(ctx context.Context) { r.waitAppliedOn(ctx, r.control()) }
+
+// waitAppliedOn is waitApplied in group g.
+func (r *replica) waitAppliedOn(ctx context.Context, g *dataGroup) {
 	ctx, cancel := context.WithTimeout(ctx, readYourWritesWait)
 	defer cancel()
-	if err := r.node.LinearizableRead(ctx); err != nil {
+	if err := g.node.LinearizableRead(ctx); err != nil {
 		r.log.Debug("read-your-writes barrier", "err", err)
 	}
 }
@@ -283,7 +302,14 @@ func (r *replica) RegisterWorker(ctx context.Context, w api.WorkerSpec) error {
 	// differs from the cluster default, which travels as its own command
 	// type so a build that predates per-model sizes halts instead of
 	// diverging (fsm/DESIGN.md).
-	cmd, err := r.fsm.CheckRegisterWorker(cmd)
+	g, err := r.placeWorker(ctx, w.ID)
+	if err != nil {
+		return apiError(err)
+	}
+	if err := r.checkFleetBlockSize(cmd, g); err != nil {
+		return fmt.Errorf("%w: %v", api.ErrInvalid, err)
+	}
+	cmd, err = g.fsm.CheckRegisterWorker(cmd)
 	if err != nil {
 		return fmt.Errorf("%w: %v", api.ErrInvalid, err)
 	}
@@ -291,22 +317,23 @@ func (r *replica) RegisterWorker(ctx context.Context, w api.WorkerSpec) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", api.ErrInvalid, err)
 	}
-	if err := r.propose(ctx, b); err != nil {
+	if err := r.proposeOn(ctx, g, b); err != nil {
 		return apiError(err)
 	}
-	r.waitApplied(ctx)
+	r.waitAppliedOn(ctx, g)
 	return nil
 }
 
 func (r *replica) DeregisterWorker(ctx context.Context, id string) error {
-	if _, ok := r.fsm.Worker(id); !ok {
+	g, placed := r.groupOf(id)
+	if _, ok := r.worker(id); !ok || !placed {
 		return fmt.Errorf("%w: worker %q is not registered", api.ErrInvalid, id)
 	}
 	b, err := fsm.EncodeDeregisterWorker(fsm.DeregisterWorker{ID: id})
 	if err != nil {
 		return fmt.Errorf("%w: %v", api.ErrInvalid, err)
 	}
-	return apiError(r.propose(ctx, b))
+	return apiError(r.proposeOn(ctx, g, b))
 }
 
 // Draining reports SIGTERM received (api.Drainer).
@@ -320,13 +347,18 @@ func (r *replica) Ready() (bool, string) {
 	if !ok {
 		return false, reason
 	}
+	for _, g := range r.groups {
+		if ok, reason := g.node.Ready(); !ok {
+			return false, fmt.Sprintf("raft group %d: %s", g.id, reason)
+		}
+	}
 	if r.bus != nil && !r.bus.Conn().IsConnected() {
 		return false, "event bus disconnected"
 	}
-	if len(r.fsm.Workers()) == 0 && len(r.cfg.StaticWorkers) == 0 {
+	if len(r.workers()) == 0 && len(r.cfg.StaticWorkers) == 0 {
 		return false, "no workers registered: nothing to route to"
 	}
-	if n := len(r.fsm.Workers()); n < r.cfg.MinInitialWorkers {
+	if n := len(r.workers()); n < r.cfg.MinInitialWorkers {
 		return false, fmt.Sprintf("%d of --router-min-initial-workers %d workers registered", n, r.cfg.MinInitialWorkers)
 	}
 	return true, "ok"
@@ -341,7 +373,7 @@ func (r *replica) Status(digest bool) map[string]any {
 		"commit_index": st.CommitIndex, "last_snapshot_index": st.LastSnapshotIndex,
 		"snapshots_restored": st.SnapshotsRestored, "peers": st.Peers, "ready": st.Ready,
 		"ready_reason": st.ReadyReason, "pid": os.Getpid(),
-		"index_blocks": r.fsm.Index().Len(), "models": r.Models(), "http": r.cfg.AdvertiseHTTP,
+		"index_blocks": r.indexBlocks(), "models": r.Models(), "http": r.cfg.AdvertiseHTTP,
 	}
 	if digest {
 		out["digest"] = r.fsm.Digest()
@@ -357,11 +389,9 @@ func (r *replica) Status(digest bool) map[string]any {
 	}
 	out["nodes"] = nodes
 	workers := []map[string]any{}
-	stale := r.fsm.Stale()
-	cursors := r.fsm.Cursors()
+	stale, cursors, refused := r.staleRanks(), r.cursors(), r.overCapacityRefused()
 	missing := r.health.missing()
-	refused := r.fsm.OverCapacityRefused()
-	for _, w := range r.fsm.Workers() {
+	for _, w := range r.workers() {
 		entry := map[string]any{"id": w.ID, "url": w.Address, "model": w.Model, "block_size": w.BlockSize,
 			"total_kv_blocks": w.TotalBlocks, "max_num_batched_tokens": w.MaxBatchedTokens, "dp_ranks": w.DPRanks, "role": roleName(w.Role),
 			// What the worker did not register, and which settings do not
@@ -373,7 +403,7 @@ func (r *replica) Status(digest bool) map[string]any {
 		var ranks []map[string]any
 		for _, key := range w.Keys() {
 			rk := fsm.RankKey{Worker: w.ID, DPRank: rankOf(key)}
-			rank := map[string]any{"rank": rk.DPRank, "blocks": r.fsm.Index().Held(key), "last_event_id": cursors[rk]}
+			rank := map[string]any{"rank": rk.DPRank, "blocks": r.heldBlocks(w.ID, key), "last_event_id": cursors[rk]}
 			if s, ok := stale[rk]; ok {
 				rank["stale"] = s.Reason
 			}
@@ -394,6 +424,9 @@ func (r *replica) Status(digest bool) map[string]any {
 		out["replica_sync"] = r.sync.Stats()
 	}
 	out["fsm"] = r.fsm.Stats()
+	if r.sharded() {
+		out["raft_groups"] = r.groupStatus(digest)
+	}
 	out["cache_audit"] = r.audit.report()
 	if r.prompts != nil {
 		out["tokenizers"] = r.prompts.Describe(r.Models())
@@ -436,7 +469,7 @@ func (r *replica) Booked(model string, b router.Booking) {
 		return
 	}
 	overlap := 0
-	if bs := r.fsm.ModelBlockSize(model); bs > 0 {
+	if bs := r.modelBlockSize(model); bs > 0 {
 		overlap = len(b.Hashes) - (b.PrefillTokens+bs-1)/bs
 	}
 	if err := r.sync.Add(eventbus.ActiveRequest{Request: b.ID, Worker: b.Worker, Hashes: b.Hashes,
@@ -475,7 +508,7 @@ func (r *replica) routerOfWorker(w router.WorkerID) (*router.Router, string) {
 	if !ok {
 		// A worker this replica has not routed to yet: learn its model.
 		base, _, _ := strings.Cut(string(w), "#")
-		rec, found := r.fsm.Worker(base)
+		rec, found := r.worker(base)
 		if !found {
 			return nil, ""
 		}

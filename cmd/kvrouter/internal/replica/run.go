@@ -62,7 +62,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("raft node: %w", err)
 	}
 	members.node.Store(node)
-	r, err := assemble(cfg, log, parts{reg: reg, fsm: state, node: node, bus: bus, prompts: prompts, tls: bundle})
+	groups, err := openGroups(cfg, bundle, state, reg, log)
+	defer func() {
+		for _, g := range groups {
+			stopCtx, stop := context.WithTimeout(context.Background(), shutdownTimeout)
+			if err := g.node.Shutdown(stopCtx); err != nil {
+				log.Warn("raft shutdown", "group", g.id, "err", err)
+			}
+			stop()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	r, err := assemble(cfg, log, parts{reg: reg, fsm: state, node: node, bus: bus, prompts: prompts, tls: bundle, groups: groups})
 	if err != nil {
 		return err
 	}
@@ -92,12 +105,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if bundle == nil {
 		// Without TLS the admin token is the cluster endpoints' only
 		// credential: the API mounts them behind it.
-		apiCfg.ClusterHandler = node.Handler()
+		apiCfg.ClusterHandler = clusterHandler(node, groups)
+		apiCfg.ClusterGroups = len(groups)
 	}
 	srv := api.New(apiCfg, r)
 	handler := srv.Handler()
 	if bundle != nil {
-		handler = withClusterEndpoints(handler, node.Handler())
+		handler = withClusterEndpoints(handler, clusterHandler(node, groups), len(groups))
 	}
 	ln, err := listenHTTP(cfg, bundle)
 	if err != nil {
@@ -115,6 +129,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	if err := node.Form(runCtx); err != nil && runCtx.Err() == nil {
 		return fmt.Errorf("forming the cluster: %w", err)
+	}
+	if err := formGroups(runCtx, groups); err != nil && runCtx.Err() == nil {
+		return fmt.Errorf("forming the raft groups: %w", err)
 	}
 	if cfg.BridgeConfig != "" {
 		wait, err := startReplicaBridge(runCtx, cfg.BridgeConfig, bus.Conn(), cfg.AdvertiseHTTP, cfg.AdminToken,
@@ -165,7 +182,8 @@ type parts struct {
 	node    *cluster.Node
 	bus     *eventbus.Bus
 	prompts *prompt.Set
-	tls     *pki.Bundle // nil: insecure (and the tests over the harness)
+	tls     *pki.Bundle  // nil: insecure (and the tests over the harness)
+	groups  []*dataGroup // data groups of a sharded index (none: unsharded)
 }
 
 // assemble builds the replica over p: its routers (created per model on
@@ -174,13 +192,14 @@ type parts struct {
 // subscribes it to the FSM's changes. Nothing runs until start.
 func assemble(cfg Config, log *slog.Logger, p parts) (*replica, error) {
 	r := &replica{cfg: cfg, log: log, reg: p.reg, fsm: p.fsm, node: p.node, bus: p.bus, prompts: p.prompts,
-		routers: map[string]*router.Router{}, disagg: map[string]*router.DisaggRouter{}, models: map[router.WorkerID]string{}}
+		routers: map[string]*router.Router{}, disagg: map[string]*router.DisaggRouter{}, models: map[router.WorkerID]string{},
+		ctl: newDataGroup(0, p.fsm, p.node), groups: p.groups}
 	r.health = newWorkerHealth(cfg.EventsMissing, p.reg, log)
 	r.preds = newPredictionBatcher(r, log)
 	r.audit = newCacheAudit(log)
-	r.capacity = newCapacityWatch(p.fsm, p.reg, log.With("component", "index-cap"))
+	r.capacity = newCapacityWatch(r.overCapacityRefused, p.reg, log.With("component", "index-cap"))
 	r.gaps = newCapacityGaps(p.reg, log.With("component", "capacity"))
-	r.tokcheck = newTokenizerCheck(cfg.TokenizerCheck, p.prompts.Lookup, p.fsm.Workers, p.reg, log.With("component", "tokenizer-check"))
+	r.tokcheck = newTokenizerCheck(cfg.TokenizerCheck, p.prompts.Lookup, r.workers, p.reg, log.With("component", "tokenizer-check"))
 	r.loras = newLoRADirectory(log.With("component", "lora"))
 	r.agree = newTokenizerAgreement(cfg.NodeID, p.reg, log.With("component", "tokenizer-agreement"))
 	r.state = newStateAgreement(cfg.NodeID, p.fsm, p.reg, log.With("component", "state-agreement"))
@@ -189,6 +208,9 @@ func assemble(cfg Config, log *slog.Logger, p parts) (*replica, error) {
 		r.state.client = peerClient(p.tls, r.state.client.Timeout)
 	}
 	p.fsm.OnChange(r.onChange)
+	for _, g := range p.groups {
+		g.fsm.OnChange(func(ch fsm.Change) { r.onGroupChange(g, ch) })
+	}
 
 	var err error
 	r.sync, err = eventbus.NewSyncer(p.bus.Conn(), eventbus.SyncConfig{Replica: cfg.NodeID, Registerer: p.reg, Logger: log}, r)
@@ -203,13 +225,17 @@ func assemble(cfg Config, log *slog.Logger, p parts) (*replica, error) {
 // ctx ends. Call it before the node forms, so no leadership is missed.
 func (r *replica) start(ctx context.Context) {
 	r.node.WhileLeader(r.lead)
+	for _, g := range r.groups {
+		g.node.WhileLeader(func(ctx context.Context) { r.leadGroup(ctx, g) })
+		go r.spreadLeadership(ctx, g)
+	}
 	go r.registerSelf(ctx)
 	go r.registerStatic(ctx)
 	go func() { _ = r.sync.Run(ctx) }()
 	go r.preds.run(ctx)
 	go r.health.run(ctx, r)
 	go r.tokcheck.run(ctx)
-	go r.loras.run(ctx, r.fsm.Workers)
+	go r.loras.run(ctx, r.workers)
 	if r.cfg.Insecure {
 		go remindInsecure(ctx, r.log)
 	}
@@ -341,6 +367,12 @@ func clusterConfig(cfg Config, bundle *pki.Bundle, state *fsm.FSM, reg prometheu
 	}
 	c.Logger = log.With("component", "raft")
 	c.Registry = reg
+	if cfg.RaftGroups > 1 {
+		// Every group's metrics carry group="<g>" (Prometheus refuses one
+		// name with and without the label): the control group is "0".
+		// Unsharded, no label, as always.
+		c.Group = "0"
+	}
 	overFSM(&c, state)
 	return c
 }

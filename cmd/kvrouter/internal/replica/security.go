@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -44,6 +45,8 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 //   - RegisterNode (7): registerSelf, on every replica at start.
 //   - ResyncWorker (8): the leader's resync, through propose; it arrives
 //     forwarded when leadership moved between its decision and its write.
+//   - PlaceWorker (13): a worker's first registration with --raft-groups
+//     > 1, on whichever replica took it, to the control group's leader.
 //
 // Not forwarded, so refused: KVEventBatch (3) — the leader's ingest writes
 // it locally (ApplyLocal), never through /cluster/apply; Tick (6) — only a
@@ -54,7 +57,7 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 // type this build does not know.
 var forwardedTypes = []fsm.CommandType{
 	fsm.CmdRegisterWorker, fsm.CmdRegisterWorkerRole, fsm.CmdRegisterWorkerBlockSize, fsm.CmdDeregisterWorker, fsm.CmdSetModelConfig,
-	fsm.CmdPredictions, fsm.CmdRegisterNode, fsm.CmdResyncWorker,
+	fsm.CmdPredictions, fsm.CmdRegisterNode, fsm.CmdResyncWorker, fsm.CmdPlaceWorker,
 }
 
 // errForbiddenCommand is wrapped by every refusal of checkForwarded.
@@ -169,10 +172,14 @@ var clusterPaths = []string{"/cluster/join", "/cluster/remove", "/cluster/apply"
 
 // withClusterEndpoints routes clusterPaths to cluster and everything else
 // to api.
-func withClusterEndpoints(api, cluster http.Handler) http.Handler {
+func withClusterEndpoints(api, cluster http.Handler, groups int) http.Handler {
 	mux := http.NewServeMux()
 	for _, p := range clusterPaths {
 		mux.Handle(p, cluster)
+		for g := 1; g <= groups; g++ {
+			// data group g's: /cluster/g<g>/join, …
+			mux.Handle(groupPathPrefix(g)+strings.TrimPrefix(p, "/cluster"), cluster)
+		}
 	}
 	mux.Handle("/", api)
 	return mux

@@ -161,7 +161,7 @@ func TestReplicaHTTPPortTLSAndPlain(t *testing.T) {
 func TestReplicaClusterEndpointsTakeCertificates(t *testing.T) {
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "api") })
 	cl := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "cluster") })
-	h := withClusterEndpoints(api, cl)
+	h := withClusterEndpoints(api, cl, 0)
 	for path, want := range map[string]string{"/cluster/apply": "cluster", "/cluster/join": "cluster", "/cluster/remove": "cluster",
 		"/cluster/commit": "cluster", "/cluster/status": "api", "/v1/models": "api", "/busy_threshold": "api"} {
 		rec := &recorder{header: http.Header{}}

@@ -24,6 +24,17 @@ const (
 	// enough that ingest resumes well inside the consumer's AckWait.
 	ingestRestartDelay = time.Second
 
+	// leaderSpreadEvery is how often each replica checks whether it leads
+	// a data group another replica should lead (--raft-groups > 1): a
+	// moved leader comes back within seconds of its replica's return,
+	// while a check costs one configuration read.
+	leaderSpreadEvery = 5 * time.Second
+	// leaderSpreadMaxBackoff caps the wait after failed transfers. Each
+	// attempt refuses this group's applies for up to an election timeout
+	// (raft blocks them during a transfer), so a preferred replica that is
+	// down is retried at most every two minutes.
+	leaderSpreadMaxBackoff = 2 * time.Minute
+
 	// commitTimeout bounds the Raft commit of one KV batch. It equals the
 	// consumer's default AckWait (eventbus.ConsumerConfig, 10 s): a batch
 	// not committed by then is redelivered anyway, so waiting longer only
