@@ -37,8 +37,12 @@ type env struct {
 	replicas map[int]*replica
 	members  []int // replicas that should be running and in the cluster
 	prev     []int // replicas started on the previous release's binary (scenario.prev)
-	mocks    []*mock
-	haproxy  *proc
+	// raftGroups: the replicas' --raft-groups (scenario.raftGroups); > 1
+	// shards the index into data groups, which the drain and the final
+	// comparison then check group by group.
+	raftGroups int
+	mocks      []*mock
+	haproxy    *proc
 
 	iso    *isolationWatch
 	ledger []*ledgerWorker
@@ -67,6 +71,9 @@ type env struct {
 	tlFile   *os.File
 
 	res *Result
+	// groupsEqual: per data group, whether every replica reported the same
+	// digest at the end (compare; empty when not sharded).
+	groupsEqual map[int]bool
 }
 
 type tlEvent struct {
@@ -134,6 +141,7 @@ func (e *env) bin(name string) string { return filepath.Join(e.opts.BinDir, name
 func (e *env) newReplica(i int, join bool) *replica {
 	r := &replica{idx: i, id: fmt.Sprintf("r%d", i), dataDir: filepath.Join(e.dir, fmt.Sprintf("r%d", i)), join: join}
 	r.name = r.id
+	r.groups = e.raftGroups
 	r.logPath = filepath.Join(e.dir, fmt.Sprintf("r%d.log", i))
 	if slices.Contains(e.prev, i) {
 		r.bin = e.opts.PrevBin
@@ -345,6 +353,16 @@ func (e *env) monitor() {
 				line["state"], line["leader"], line["term"], line["applied"], line["commit"], line["ready"], line["reason"] =
 					st.State, st.LeaderID, st.Term, st.AppliedIndex, st.CommitIndex, st.Ready, st.ReadyReason
 				key = fmt.Sprintf("%s/%s/%d/%v", st.State, st.LeaderID, st.Term, st.Ready)
+				if len(st.RaftGroups) > 0 {
+					// Each data group's leader as this replica sees it: the
+					// timeline of a multi-group failover.
+					var gs []string
+					for _, g := range st.RaftGroups {
+						gs = append(gs, fmt.Sprintf("g%d:%s/%s/%v", g.Group, g.State, g.LeaderID, g.Ready))
+					}
+					line["groups"] = gs
+					key += " " + strings.Join(gs, " ")
+				}
 			}
 			b, _ := json.Marshal(line)
 			f.Write(append(b, '\n'))
@@ -407,7 +425,10 @@ func (e *env) waitFor(what string, timeout, every time.Duration, cond func() boo
 }
 
 // statuses returns the status of every given replica that answers.
-func (e *env) statuses(idxs []int) map[int]*status {
+func (e *env) statuses(idxs []int) map[int]*status { return e.statusesOpt(idxs, true) }
+
+// statusesOpt is statuses, without the digests when digest is false.
+func (e *env) statusesOpt(idxs []int, digest bool) map[int]*status {
 	out := map[int]*status{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -417,7 +438,7 @@ func (e *env) statuses(idxs []int) map[int]*status {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(e.ctx, 800*time.Millisecond)
 			defer cancel()
-			if st, err := e.acc.getStatus(ctx, e.acc.url(i)); err == nil {
+			if st, err := e.acc.getStatusOpt(ctx, e.acc.url(i), digest); err == nil {
 				mu.Lock()
 				out[i] = st
 				mu.Unlock()
@@ -578,6 +599,11 @@ func (e *env) finish() {
 				}
 			}
 		}
+		// The top-level digest and applied index are the control group's:
+		// sharded, every data group must agree as well.
+		if e.raftGroups > 1 && !groupsAgree(sts, e.members, e.raftGroups) {
+			return false
+		}
 		final = sts
 		return true
 	})
@@ -615,6 +641,48 @@ func (e *env) finish() {
 	e.metric("admin", lin)
 	e.event("verify", "lost %d, duplicates %d, unexpected %d, digests equal %v, availability %.4f (no retry %.4f, %d requests), admin history %s (%d ops)",
 		e.res.Lost, e.res.Duplicates, e.res.Unexpected, e.res.DigestsEqual, e.res.Availability, e.res.AvailabilityNoRetry, total, lin.Result, lin.Ops)
+}
+
+// groupOn is data group g's entry in st's raft_groups.
+func groupOn(st *status, g int) (groupS, bool) {
+	for _, gs := range st.RaftGroups {
+		if gs.Group == g {
+			return gs, true
+		}
+	}
+	return groupS{}, false
+}
+
+// groupsAgree: every member reports every data group 1..groups with one
+// digest and one applied index per group.
+func groupsAgree(sts map[int]*status, members []int, groups int) bool {
+	for g := 1; g <= groups; g++ {
+		var digest string
+		var applied uint64
+		for k, i := range members {
+			st, ok := sts[i]
+			if !ok {
+				return false
+			}
+			gs, ok := groupOn(st, g)
+			if !ok || gs.Digest == "" {
+				return false
+			}
+			if k == 0 {
+				digest, applied = gs.Digest, gs.AppliedIndex
+			} else if gs.Digest != digest || gs.AppliedIndex != applied {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func firstKey(m map[string][]string) string {
+	for k := range m {
+		return k
+	}
+	return ""
 }
 
 // rankOf finds worker's rank 0 on a status: cursor, blocks, stale reason.
@@ -731,6 +799,32 @@ func (e *env) compare(sums []ledgerSummary, final map[int]*status) {
 	}
 	e.res.DigestsEqual = len(digests) == 1 && len(final) == len(e.members)
 	e.metric("digests", digests)
+	if e.raftGroups > 1 {
+		// Per data group: its digest on every replica (a group missing on
+		// a replica counts as a disagreement).
+		perGroup := map[string]map[string][]string{}
+		e.groupsEqual = map[int]bool{}
+		for g := 1; g <= e.raftGroups; g++ {
+			ds := map[string][]string{}
+			for _, i := range e.members {
+				st, ok := final[i]
+				if !ok {
+					continue
+				}
+				if gs, ok := groupOn(st, g); ok {
+					ds[gs.Digest] = append(ds[gs.Digest], st.NodeID)
+				}
+			}
+			_, blank := ds[""]
+			equal := len(ds) == 1 && !blank && len(final) == len(e.members) && len(ds[firstKey(ds)]) == len(e.members)
+			e.groupsEqual[g] = equal
+			perGroup[fmt.Sprintf("g%d", g)] = ds
+			if !equal {
+				e.res.DigestsEqual = false
+			}
+		}
+		e.metric("group_digests", perGroup)
+	}
 	e.metric("fsm_duplicates_skipped", dups)
 	e.metric("fsm_gaps", gaps)
 }

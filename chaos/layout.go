@@ -32,6 +32,11 @@ const (
 	raftPort  = 7000
 	natsPort  = 4222
 	routePort = 6222
+	// raftGroupPortStep: with --raft-groups G > 1 (G1), data group g's Raft
+	// port is raftPort + g × this (7100, 7200, 7300 for G = 3), clear of
+	// every port above inside a replica's namespace. isolate drops by
+	// address, so it covers them without knowing them.
+	raftGroupPortStep = 100
 
 	lbPort    = 8000
 	statsPort = 8404

@@ -197,6 +197,7 @@ type replica struct {
 	dataDir string
 	join    bool   // start with --join (a replica added to a formed cluster)
 	bin     string // kvrouter binary to start; "" = this build's (U1 starts one on the previous release's)
+	groups  int    // --raft-groups (scenario.raftGroups); 0 or 1: the flag is left out, one Raft group
 }
 
 // argv is the replica's command line, always the same (formation resumes
@@ -241,6 +242,9 @@ func (r *replica) argv(bin string, members []int, cred *credentials) []string {
 		args = append(args, "--tls-ca", m.CAFile, "--tls-cert", m.CertFile, "--tls-key", m.KeyFile,
 			"--replica-token-file", cred.replicaFile, "--admin-token-file", cred.adminFile)
 	}
+	if r.groups > 1 {
+		args = append(args, "--raft-groups", fmt.Sprint(r.groups), "--raft-group-port-step", fmt.Sprint(raftGroupPortStep))
+	}
 	if r.join {
 		args = append(args, "--join", strings.Join(join, ","))
 	} else {
@@ -265,7 +269,10 @@ type status struct {
 	PID               int     `json:"pid"`
 	IndexBlocks       int     `json:"index_blocks"`
 	Peers             []peerS `json:"peers"`
-	Workers           []struct {
+	// RaftGroups: the data groups of a sharded replica (--raft-groups > 1);
+	// the fields above are then the control group's.
+	RaftGroups []groupS `json:"raft_groups"`
+	Workers    []struct {
 		ID    string `json:"id"`
 		Model string `json:"model"`
 		Ranks []struct {
@@ -286,6 +293,22 @@ type status struct {
 	raw json.RawMessage
 }
 
+// groupS is one data group in /cluster/status's raft_groups.
+type groupS struct {
+	Group        int    `json:"group"`
+	State        string `json:"state"`
+	LeaderID     string `json:"leader_id"`
+	Term         uint64 `json:"term"`
+	AppliedIndex uint64 `json:"applied_index"`
+	CommitIndex  uint64 `json:"commit_index"`
+	Ready        bool   `json:"ready"`
+	IndexBlocks  int    `json:"index_blocks"`
+	Workers      int    `json:"workers"`
+	Stream       string `json:"stream"`
+	Digest       string `json:"digest"` // "" when the status was asked without digests
+	Halted       string `json:"halted"`
+}
+
 type peerS struct {
 	ID       string `json:"id"`
 	RaftAddr string `json:"raft_addr"`
@@ -293,7 +316,18 @@ type peerS struct {
 }
 
 func (a *access) getStatus(ctx context.Context, base string) (*status, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/cluster/status", nil)
+	return a.getStatusOpt(ctx, base, true)
+}
+
+// getStatusOpt asks without the digests when digest is false: a replica
+// computes one per group on request, which a poller every 50 ms on the
+// two shared cores would pay for nothing.
+func (a *access) getStatusOpt(ctx context.Context, base string, digest bool) (*status, error) {
+	path := "/cluster/status"
+	if !digest {
+		path += "?digest=0"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 	if err != nil {
 		return nil, err
 	}

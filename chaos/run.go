@@ -219,17 +219,18 @@ func runScenario(parent context.Context, o Options, runDir, id string, cred *cre
 	defer cancel()
 	bgCtx, stopBG := context.WithCancel(ctx)
 	e := &env{ctx: ctx, opts: o, id: id, dir: dir, out: o.Out,
-		log:      slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelInfo})).With("scenario", id),
-		net:      nil,
-		pids:     newPidRegistry(filepath.Join(o.OutDir, "pids")),
-		replicas: map[int]*replica{},
-		members:  []int{1, 2, 3},
-		prev:     impl.prev,
-		iso:      newIsolationWatch(),
-		route:    newRouteStats(),
-		admin:    &adminHistory{start: time.Now()},
-		res:      &res,
-		bgCtx:    bgCtx, stopBackground: stopBG,
+		log:        slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelInfo})).With("scenario", id),
+		net:        nil,
+		pids:       newPidRegistry(filepath.Join(o.OutDir, "pids")),
+		replicas:   map[int]*replica{},
+		members:    []int{1, 2, 3},
+		prev:       impl.prev,
+		raftGroups: impl.raftGroups,
+		iso:        newIsolationWatch(),
+		route:      newRouteStats(),
+		admin:      &adminHistory{start: time.Now()},
+		res:        &res,
+		bgCtx:      bgCtx, stopBackground: stopBG,
 	}
 	e.net = newNetwork(func(f string, a ...any) { e.log.Warn(fmt.Sprintf(f, a...)) })
 	e.routeClients, e.adminClients, e.registerEvery = o.RouteClients, o.AdminClients, 20*time.Second
@@ -325,6 +326,10 @@ type scenario struct {
 	// every other scenario runs with the secure defaults. It is recorded in
 	// the result's metrics.
 	insecure string
+	// raftGroups: the replicas run with --raft-groups raftGroups (> 1:
+	// a control group and that many data groups, each with its own Raft
+	// log on raftPort + g × raftGroupPortStep); 0: one group, as before.
+	raftGroups int
 	// quiet: no route or admin clients, and workers renew their leases
 	// only every quietRenewal, so nothing but the ledger writes to the
 	// cluster (A1 compares the state before and after its probes).

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,8 +30,10 @@ var scenarios = map[string]scenario{
 	"T7":  {nemesis: t7Nemesis, check: t7Check, ledgerEvery: 8 * time.Millisecond, minDuration: 80 * time.Second},
 	"T8":  {nemesis: t8Nemesis, check: t8Check},
 	"T11": {nemesis: t11Nemesis, check: t11Check},
-	"S1":  {nemesis: s1Nemesis, check: s1Check, selfTest: true},
-	"U1":  {nemesis: u1Nemesis, check: u1Check, prev: []int{3}, minDuration: 40 * time.Second},
+	// G1 shards the index (issue 19): a control group and three data groups.
+	"G1": {nemesis: g1Nemesis, check: g1Check, raftGroups: g1Groups},
+	"S1": {nemesis: s1Nemesis, check: s1Check, selfTest: true},
+	"U1": {nemesis: u1Nemesis, check: u1Check, prev: []int{3}, minDuration: 40 * time.Second},
 	// A1: the security probes (probes.go), in a quiet window.
 	"A1": {nemesis: a1Nemesis, check: a1Check, quiet: true},
 }
@@ -813,6 +816,234 @@ func t11Check(e *env) {
 	e.res.Require("cut_effective", e.worst("cut_effective"), "==", 1, "the victim stopped hearing the others")
 	e.res.Require("sync_restored_s", e.worst("sync_restored_s"), "<=", 10, "")
 	e.requireAvailability(0.995, 0)
+}
+
+// --- G1: the leaders of several Raft groups killed at once (issue 19) --------------------
+
+// g1Groups is G1's --raft-groups: one data group per replica, so the
+// round-robin spread gives every replica one and the control group's
+// leader a second.
+const g1Groups = 3
+
+// groupLeaders reads, from the members that answer (without digests),
+// which replica leads each group: 0 the control group, 1..G the data
+// groups. whole reports whether the cluster is intact: every member
+// answers and is ready in every group, and every group has exactly one
+// leader.
+func (e *env) groupLeaders() (leads map[int]int, whole bool) {
+	sts := e.statusesOpt(e.members, false)
+	leads = map[int]int{}
+	count := map[int]int{}
+	whole = len(sts) == len(e.members)
+	for i, st := range sts {
+		if !st.Ready || len(st.RaftGroups) != e.raftGroups {
+			whole = false
+		}
+		if st.State == "leader" {
+			leads[0] = i
+			count[0]++
+		}
+		for _, g := range st.RaftGroups {
+			if !g.Ready {
+				whole = false
+			}
+			if g.State == "leader" {
+				leads[g.Group] = i
+				count[g.Group]++
+			}
+		}
+	}
+	for g := 0; g <= e.raftGroups; g++ {
+		if count[g] != 1 {
+			whole = false
+		}
+	}
+	return leads, whole
+}
+
+// g1Nemesis kills, every 10 s from 10 s on, the replica that leads the
+// most Raft groups (control and data), so each kill takes several groups'
+// leaders at the same moment; the victim is restarted 5 s later. Only one
+// replica is down at a time: two of three would take every group's quorum.
+// The spread (data group g preferred on the sorted ids' g mod 3) leaves one
+// replica leading the control group and a data group; after a kill the
+// survivors may hold three groups until the spread hands one back, which
+// the next kill then takes.
+func g1Nemesis(e *env) error {
+	// Precondition: every data group owns workers (placement puts each new
+	// worker in the group with the fewest) and the leaders are spread.
+	var leads map[int]int
+	minWorkers := 0
+	_, err := e.waitFor("every data group owns a worker and leaders on two replicas or more", 20*time.Second, 250*time.Millisecond, func() bool {
+		var whole bool
+		leads, whole = e.groupLeaders()
+		if !whole {
+			return false
+		}
+		st, err := e.acc.getStatusOpt(e.ctx, e.acc.url(e.members[0]), false)
+		if err != nil || len(st.RaftGroups) != g1Groups {
+			return false
+		}
+		minWorkers = math.MaxInt
+		for _, g := range st.RaftGroups {
+			minWorkers = min(minWorkers, g.Workers)
+		}
+		return minWorkers > 0 && len(distinct(leads)) >= 2
+	})
+	if err != nil {
+		e.event("error", "precondition: %v (leaders %v)", err, leads)
+	}
+	e.measure("min_group_workers", float64(minWorkers))
+	e.measure("leader_replicas_before_first_kill", float64(len(distinct(leads))))
+	e.event("nemesis", "group leaders before the first kill: %s", describeLeads(leads))
+	for at := e.start.Add(10 * time.Second); !at.Add(5 * time.Second).After(e.end); at = at.Add(10 * time.Second) {
+		if !e.sleepUntil(at) {
+			return e.ctx.Err()
+		}
+		// The previous victim must be back in every group first: the
+		// failover measured is then of a whole cluster's.
+		var whole bool
+		if _, err := e.waitFor("every replica ready in every group, one leader each", 15*time.Second, 100*time.Millisecond, func() bool {
+			leads, whole = e.groupLeaders()
+			return whole
+		}); err != nil {
+			e.event("error", "no kill at %.0fs: the cluster is not whole (leaders %s)", time.Since(e.start).Seconds(), describeLeads(leads))
+			e.measure("skipped_kills", 1)
+			continue
+		}
+		v, led := mostLeading(leads)
+		t0 := time.Now()
+		e.kill(v)
+		e.event("nemesis", "r%d led groups %v (%s): all lost their leader at once", v, led, describeLeads(leads))
+		e.measure("groups_lost_per_kill", float64(len(led)))
+		join := e.groupFailover(v, led, t0)
+		e.sleepUntil(t0.Add(5 * time.Second))
+		_ = e.restart(v)
+		join()
+	}
+	return nil
+}
+
+// distinct is the set of replicas in leads.
+func distinct(leads map[int]int) map[int]bool {
+	out := map[int]bool{}
+	for _, i := range leads {
+		out[i] = true
+	}
+	return out
+}
+
+// mostLeading is the replica leading the most groups, ties broken in favour
+// of the control group's leader (its loss takes registrations, placement
+// and the data group it leads at once), then the lowest index; and the
+// groups it leads, sorted.
+func mostLeading(leads map[int]int) (int, []int) {
+	per := map[int][]int{}
+	for g, i := range leads {
+		per[i] = append(per[i], g)
+	}
+	best := -1
+	for i, gs := range per {
+		switch {
+		case best < 0, len(gs) > len(per[best]):
+			best = i
+		case len(gs) == len(per[best]):
+			if leads[0] == i || (leads[0] != best && i < best) {
+				best = i
+			}
+		}
+	}
+	gs := per[best]
+	sort.Ints(gs)
+	return best, gs
+}
+
+func describeLeads(leads map[int]int) string {
+	var parts []string
+	for g := 0; g <= g1Groups; g++ {
+		name := fmt.Sprintf("g%d", g)
+		if g == 0 {
+			name = "control"
+		}
+		if i, ok := leads[g]; ok {
+			parts = append(parts, fmt.Sprintf("%s r%d", name, i))
+		} else {
+			parts = append(parts, name+" none")
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// groupFailover measures, in the background, per group in lost the time
+// from t0 until a replica other than old leads it and is ready in it
+// (group 0: the control group, read from the top-level state as T1 reads
+// it); join waits until every group has one or 30 s have passed.
+func (e *env) groupFailover(old int, lost []int, t0 time.Time) (join func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		others := e.others(old)
+		pending := map[int]bool{}
+		for _, g := range lost {
+			pending[g] = true
+		}
+		for len(pending) > 0 && time.Since(t0) < 30*time.Second && e.ctx.Err() == nil {
+			for i, st := range e.statusesOpt(others, false) {
+				found := map[int]bool{}
+				if st.State == "leader" && st.Ready {
+					found[0] = true
+				}
+				for _, g := range st.RaftGroups {
+					if g.State == "leader" && g.Ready {
+						found[g.Group] = true
+					}
+				}
+				for g := range found {
+					if !pending[g] {
+						continue
+					}
+					delete(pending, g)
+					s := time.Since(t0).Seconds()
+					e.event("failover", "group %d: r%d is its ready leader %.2fs after r%d was killed", g, i, s, old)
+					e.measure("group_failover_s", s)
+					e.measure(fmt.Sprintf("g%d_failover_s", g), s)
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		for g := range pending {
+			e.event("failover", "group %d: no ready leader %.1fs after r%d was killed", g, time.Since(t0).Seconds(), old)
+			e.measure("groups_without_new_leader", 1)
+		}
+	}()
+	return func() { <-done }
+}
+
+func g1Check(e *env) {
+	fo := e.measured("group_failover_s")
+	e.res.FailoverP99 = Percentile(fo, 99)
+	// One figure per group and kill; with fewer than 100, p99 is the max.
+	e.metric("group_failover_max_s", Percentile(fo, 100))
+	e.metric("group_failover_p50_s", Percentile(fo, 50))
+	e.metric("group_failovers", len(fo))
+	multi := 0
+	for _, n := range e.measured("groups_lost_per_kill") {
+		if n >= 2 {
+			multi++
+		}
+	}
+	e.metric("kills_of_several_group_leaders", multi)
+	e.publishMeasures()
+	e.res.Require("min_group_workers", e.worst("min_group_workers"), ">=", 1, "every data group owns a worker before the first kill")
+	e.res.Require("leader_kills", float64(len(e.measured("groups_lost_per_kill"))), ">=", 2, "")
+	e.res.Require("kills_of_several_group_leaders", float64(multi), ">=", 1, "kills that took two or more groups' leaders at once")
+	e.res.Require("skipped_kills", sum(e.measured("skipped_kills")), "==", 0, "kills skipped because the cluster was not whole 15 s after the last restart")
+	e.res.Require("groups_without_new_leader", sum(e.measured("groups_without_new_leader")), "==", 0, "groups with no ready leader 30 s after a kill")
+	e.res.Require("group_failover_max_s", Percentile(fo, 100), "<=", 5, "per group, kill to a ready new leader")
+	for g := 1; g <= e.raftGroups; g++ {
+		e.res.RequireTrue(fmt.Sprintf("g%d_digests_equal", g), e.groupsEqual[g], "data group's digest on every replica after heal and drain")
+	}
+	e.requireAvailability(0.995, 0.97)
 }
 
 // --- S1: the checker's self-test -------------------------------------------------------------
