@@ -334,3 +334,40 @@ func (s *Server) deregisterWorker(c *gin.Context) {
 	}
 	c.JSON(http.StatusOK, gin.H{"deregistered": body.ID})
 }
+
+// moveWorker is POST /workers/move {"id", "group"}: the worker's blocks,
+// registration and events move to data group "group" (WorkerMover). It
+// answers once this replica sees the move done, or 504 when it is still
+// running after moveWait (it goes on; the placement is committed).
+func (s *Server) moveWorker(c *gin.Context) {
+	var body struct {
+		ID    string `json:"id"`
+		Group int    `json:"group"`
+	}
+	if err := c.ShouldBindJSON(&body); err != nil || body.ID == "" || body.Group < 1 {
+		c.JSON(http.StatusBadRequest, gin.H{"error": "body must be {\"id\": worker, \"group\": data group from 1}"})
+		return
+	}
+	m, ok := s.rep.(WorkerMover)
+	if !ok {
+		c.JSON(http.StatusNotFound, gin.H{"error": "this replica cannot move workers"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.Request.Context(), moveWait)
+	defer cancel()
+	from, err := m.MoveWorker(ctx, body.ID, body.Group)
+	if errors.Is(err, context.DeadlineExceeded) {
+		c.JSON(http.StatusGatewayTimeout, gin.H{"error": s.redact(err.Error()), "from": from, "to": body.Group})
+		return
+	}
+	if err != nil {
+		c.JSON(statusOf(err), gin.H{"error": s.redact(err.Error())})
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"moved": body.ID, "from": from, "to": body.Group})
+}
+
+// moveWait bounds how long POST /workers/move waits for the hand-over: the
+// old group's backlog of the worker committed, its blocks copied (seconds
+// for a full GPU's worth).
+const moveWait = 30 * time.Second

@@ -6,6 +6,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"log/slog"
@@ -167,6 +168,14 @@ type Drainer interface {
 	Draining() bool
 }
 
+// WorkerMover is the optional part of a Replica whose block index is
+// sharded across Raft groups (kvrouter serve --raft-groups): POST
+// /workers/move places a worker in another data group and waits for the
+// hand-over. A Replica without it answers 404 there.
+type WorkerMover interface {
+	MoveWorker(ctx context.Context, worker string, group int) (from int, err error)
+}
+
 // InFlight is the number of inference requests being served.
 func (s *Server) InFlight() int64 { return s.inflight.Load() }
 
@@ -278,6 +287,7 @@ func (s *Server) routes() *gin.Engine {
 	admin.GET("/workers", s.listWorkers)
 	admin.POST("/workers/register", s.registerWorker)
 	admin.POST("/workers/deregister", s.deregisterWorker)
+	admin.POST("/workers/move", s.moveWorker)
 	if s.cfg.ClusterHandler != nil {
 		h := gin.WrapH(s.cfg.ClusterHandler)
 		for g := 0; g <= s.cfg.ClusterGroups; g++ {

@@ -273,3 +273,21 @@ const errCodeStreamSubjectOverlap jetstream.ErrorCode = 10065
 // errCodeDuplicateInProcess is JetStream's error code for a publish whose
 // message id is a duplicate of one still in process.
 const errCodeDuplicateInProcess jetstream.ErrorCode = 10158
+
+// SubjectBacklog reports whether stream still captures subject and how
+// many of its messages wait there. Moving a worker between group streams
+// (the replica's hand-over) waits for "not captured, none waiting": then
+// every event the old stream acknowledged was acked by its consumer, so
+// committed in the old group's log (work-queue retention), and no new one
+// can arrive there.
+func SubjectBacklog(ctx context.Context, js jetstream.JetStream, stream, subject string) (captured bool, waiting uint64, err error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return false, 0, fmt.Errorf("stream %s: %w", stream, err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		return false, 0, fmt.Errorf("stream %s info for %s: %w", stream, subject, err)
+	}
+	return slices.Contains(info.Config.Subjects, subject), info.State.Subjects[subject], nil
+}

@@ -142,6 +142,7 @@ type statusDoc struct {
 	} `json:"raft_groups"`
 	Workers  []struct {
 		ID    string `json:"id"`
+		Group int    `json:"raft_group"`
 		Ranks []struct {
 			Blocks      int    `json:"blocks"`
 			LastEventID uint64 `json:"last_event_id"`
@@ -331,6 +332,27 @@ func ingestSurvivesLeaderLoss(t *testing.T, groups int) {
 		t.Fatal(err)
 	}
 	if groups > 1 {
+		// Move w-a into w-b's group online, with its events in flight:
+		// its old stream drains into the old group, its blocks are
+		// handed over, and its later events flow into the new group.
+		s, err := status(reps[0].url())
+		if err != nil {
+			t.Fatal(err)
+		}
+		to := 0
+		for _, w := range s.Workers {
+			if w.ID == "w-b" {
+				to = w.Group
+			}
+		}
+		moveWorker(t, reps[2].url(), "w-a", to)
+		for _, w := range workers {
+			publish(ctx, w, first, first+100)
+		}
+		moveWorker(t, reps[1].url(), "w-a", 3-to) // and back, through another replica
+		moveWorker(t, reps[0].url(), "w-a", to)
+	}
+	if groups > 1 {
 		s, err := status(reps[0].url())
 		if err != nil {
 			t.Fatal(err)
@@ -338,10 +360,8 @@ func ingestSurvivesLeaderLoss(t *testing.T, groups int) {
 		if len(s.Groups) != groups {
 			t.Fatalf("status lists %d raft groups, want %d", len(s.Groups), groups)
 		}
-		for _, g := range s.Groups {
-			if g.Workers != 1 {
-				t.Fatalf("group %d holds %d workers, want one each: %+v", g.Group, g.Workers, s.Groups)
-			}
+		if s.Groups[0].Workers+s.Groups[1].Workers != 2 || s.Groups[0].Workers%2 != 0 {
+			t.Fatalf("after the moves both workers should share one group: %+v", s.Groups)
 		}
 		for _, r := range reps {
 			if r.cfg.NodeID == s.Groups[0].LeaderID {
@@ -352,7 +372,7 @@ func ingestSurvivesLeaderLoss(t *testing.T, groups int) {
 	t.Logf("stopping leader %s mid-stream", old.cfg.NodeID)
 	old.stop()
 	for _, w := range workers {
-		publish(ctx, w, first, total)
+		publish(ctx, w, sent[w], total)
 	}
 	for _, p := range pubs {
 		if err := p.Flush(ctx); err != nil {
@@ -402,4 +422,20 @@ func ingestSurvivesLeaderLoss(t *testing.T, groups int) {
 			t.Errorf("%s: only %d of %d events acknowledged", w, acked[w], total)
 		}
 	}
+}
+
+// moveWorker asks base to move worker into data group to and waits for it.
+func moveWorker(t *testing.T, base, worker string, to int) {
+	t.Helper()
+	body := fmt.Sprintf(`{"id":%q,"group":%d}`, worker, to)
+	resp, err := http.Post(base+"/workers/move", "application/json", bytes.NewBufferString(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("move %s to group %d: %d %s", worker, to, resp.StatusCode, b)
+	}
+	t.Logf("move: %s", b)
 }

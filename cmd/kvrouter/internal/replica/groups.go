@@ -86,11 +86,22 @@ func (r *replica) groupOf(worker string) (*dataGroup, bool) {
 	if !r.sharded() {
 		return r.control(), true
 	}
-	g, ok := r.fsm.Placement(worker)
-	if !ok || g < 1 || int(g) > len(r.groups) {
+	p, ok := r.fsm.Placement(worker)
+	if !ok || p < 1 || int(p) > len(r.groups) {
 		return nil, false
 	}
-	return r.groups[g-1], true
+	g := r.groups[p-1]
+	if _, ok := g.fsm.Worker(worker); ok {
+		return g, true
+	}
+	// Being moved to g (moveWorker): until g's leader adopted it, the
+	// group it came from still owns it, and answers for it.
+	for _, o := range r.groups {
+		if _, ok := o.fsm.Worker(worker); ok && o != g {
+			return o, true
+		}
+	}
+	return g, true
 }
 
 // workers is every registered worker, from the group the placement map
@@ -365,6 +376,38 @@ func formGroups(ctx context.Context, groups []*dataGroup) error {
 	for _, err := range errs {
 		if err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// streamWorkers are the workers whose events group g's stream takes: placed
+// in g, registered in g and in no other group. A worker placed in g but
+// still registered elsewhere is being moved (adopt runs first); one placed
+// but not registered yet has no registry entry to validate its events
+// against (they would be refused as unknown and lost): its publisher waits
+// instead, re-sending, until its subject is captured.
+func (r *replica) streamWorkers(g *dataGroup) []string {
+	var out []string
+	for _, w := range r.placedWorkers(g.id) {
+		if _, ok := g.fsm.Worker(w); !ok {
+			continue
+		}
+		if r.registeredElsewhere(w, g) == nil {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// registeredElsewhere is a group other than g that registers worker, if any.
+func (r *replica) registeredElsewhere(worker string, g *dataGroup) *dataGroup {
+	for _, o := range r.groups {
+		if o == g {
+			continue
+		}
+		if _, ok := o.fsm.Worker(worker); ok {
+			return o
 		}
 	}
 	return nil

@@ -91,7 +91,7 @@ func (r *replica) streamOptions(g *dataGroup, replicas int) eventbus.StreamOptio
 	o := eventbus.StreamOptions{Replicas: replicas}
 	if r.sharded() {
 		o.Name = eventbus.GroupStreamName(g.id)
-		o.Subjects = eventbus.GroupStreamSubjects(g.id, r.placedWorkers(g.id))
+		o.Subjects = eventbus.GroupStreamSubjects(g.id, r.streamWorkers(g))
 	}
 	return o
 }
@@ -101,12 +101,16 @@ func (r *replica) streamOptions(g *dataGroup, replicas int) eventbus.StreamOptio
 // until then and retries the same event (eventbus/DESIGN.md): nothing it
 // was acknowledged is lost, nothing is stored in a stream no one drains.
 func (r *replica) keepStreamSubjects(ctx context.Context, g *dataGroup, replicas int, have []string) {
+	t := time.NewTicker(streamKeeperEvery)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-g.placed:
+		case <-t.C: // a move waiting on the old group's backlog, a failed update
 		}
+		r.adoptMoved(ctx, g)
 		opts := r.streamOptions(g, replicas)
 		if slices.Equal(opts.Subjects, have) {
 			continue
@@ -223,6 +227,12 @@ func (r *replica) onGroupChange(g *dataGroup, ch fsm.Change) {
 	case fsm.ChangeWorkers, fsm.ChangeModelConfig, fsm.ChangeRestored:
 		r.refresh()
 		r.gaps.check(r.workers(), r.modelConfig)
+		if r.sharded() && g.id > 0 {
+			// A registration can complete a stream's subject list
+			// (streamWorkers): every group's, since a worker leaving
+			// one group completes a move into another.
+			r.notePlacements()
+		}
 		if ch.Kind == fsm.ChangeRestored && g.id == 0 {
 			r.notePlacements()
 		}

@@ -400,6 +400,9 @@ func (r *replica) Status(digest bool) map[string]any {
 			"capacity_gaps":    nonNil(workerGaps(r.modelConfig(w.Model), w)),
 			// Per rank; blocks refused beyond it since this replica started (fsm/DESIGN.md, Bounds).
 			"index_block_cap": fsm.RankBlockCap(w.TotalBlocks), "over_capacity_refused": refused[w.ID]}
+		if g, ok := r.groupOf(w.ID); ok && r.sharded() {
+			entry["raft_group"] = g.id
+		}
 		var ranks []map[string]any
 		for _, key := range w.Keys() {
 			rk := fsm.RankKey{Worker: w.ID, DPRank: rankOf(key)}
@@ -576,5 +579,6 @@ var (
 	_ api.Replica       = (*replica)(nil)
 	_ api.DisaggReplica = (*replica)(nil)
 	_ api.Drainer       = (*replica)(nil)
+	_ api.WorkerMover   = (*replica)(nil)
 	_ eventbus.LoadSink = (*replica)(nil)
 )

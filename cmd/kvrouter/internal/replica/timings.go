@@ -35,6 +35,12 @@ const (
 	// down is retried at most every two minutes.
 	leaderSpreadMaxBackoff = 2 * time.Minute
 
+	// streamKeeperEvery: a data group's leader re-checks its stream and its
+	// pending moves this often besides every placement change (a move
+	// waits for the old group's backlog of the worker to drain, which no
+	// replicated change announces).
+	streamKeeperEvery = 250 * time.Millisecond
+
 	// commitTimeout bounds the Raft commit of one KV batch. It equals the
 	// consumer's default AckWait (eventbus.ConsumerConfig, 10 s): a batch
 	// not committed by then is redelivered anyway, so waiting longer only
