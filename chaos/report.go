@@ -214,7 +214,7 @@ var Catalog = []Scenario{
 	{ID: "T11", Title: "replica-sync (NATS route) traffic of one replica cut for 30 s", Short: true},
 	// G1 runs the replicas with --raft-groups 3 (issue 19). Named G1
 	// because S1 was already the checker's self-test.
-	{ID: "G1", Title: "sharded index (--raft-groups 3): the replica leading the most Raft groups SIGKILLed every 10 s, restarted 5 s later"},
+	{ID: "G1", Title: "sharded index (--raft-groups 3): the replica leading the most Raft groups SIGKILLed every 10 s, restarted 5 s later", Short: true},
 	// A1 replays issue 16's attacks against the secure defaults (probes.go,
 	// SECURITY.md): every probe refused, nothing changed.
 	{ID: "A1", Title: "security probes: every attack of issue 16 refused, state unchanged", Short: true},

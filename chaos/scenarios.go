@@ -894,7 +894,6 @@ func g1Nemesis(e *env) error {
 		e.event("error", "precondition: %v (leaders %v)", err, leads)
 	}
 	e.measure("min_group_workers", float64(minWorkers))
-	e.measure("leader_replicas_before_first_kill", float64(len(distinct(leads))))
 	e.event("nemesis", "group leaders before the first kill: %s", describeLeads(leads))
 	for at := e.start.Add(10 * time.Second); !at.Add(5 * time.Second).After(e.end); at = at.Add(10 * time.Second) {
 		if !e.sleepUntil(at) {
@@ -916,6 +915,7 @@ func g1Nemesis(e *env) error {
 		e.kill(v)
 		e.event("nemesis", "r%d led groups %v (%s): all lost their leader at once", v, led, describeLeads(leads))
 		e.measure("groups_lost_per_kill", float64(len(led)))
+		e.measure("leader_replicas_at_kill", float64(len(distinct(leads))))
 		join := e.groupFailover(v, led, t0)
 		e.sleepUntil(t0.Add(5 * time.Second))
 		_ = e.restart(v)
