@@ -300,7 +300,7 @@ func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []
 	}
 
 	copyWeight := orDefault(pc.CopyWeight, evictWeight)
-	if !strict {
+	if !strict && !priced {
 		copyWeight = 0
 	}
 	stats, _ := r.index.(CacheStats)
