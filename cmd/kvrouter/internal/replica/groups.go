@@ -212,7 +212,7 @@ func (r *replica) modelBlockSize(model string) int {
 	return 0
 }
 
-// models is fsm.Models over the control group (configured models) and
+// fsmModels is fsm.Models over the control group (configured models) and
 // every owner group (models with workers).
 func (r *replica) fsmModels() []string {
 	seen := slices.Clone(r.fsm.Models())
@@ -223,8 +223,10 @@ func (r *replica) fsmModels() []string {
 	return slices.Compact(seen)
 }
 
-// appliedIndexes is the index epoch of the decision log: the control
-// group's applied index, then each data group's, joined.
+// indexEpoch is the decision log's index epoch: the control group's applied
+// index plus every data group's. It grows with every entry any group
+// applies, so two decisions with equal epochs read the same replicated
+// state (on one replica); unsharded it is the applied index, as before.
 func (r *replica) indexEpoch() uint64 {
 	e := r.fsm.AppliedIndex()
 	for _, g := range r.groups {
