@@ -250,16 +250,7 @@ func (r *replica) placeWorker(ctx context.Context, worker string) (*dataGroup, e
 			counts[g-1]++
 		}
 	}
-	h := fnv.New32a()
-	h.Write([]byte(worker))
-	start := int(h.Sum32() % uint32(len(counts)))
-	best := start
-	for i := range counts {
-		at := (start + i) % len(counts)
-		if counts[at] < counts[best] {
-			best = at
-		}
-	}
+	best := chooseGroup(counts, worker)
 	cmd, err := fsm.EncodePlaceWorker(fsm.PlaceWorker{Worker: worker, Group: uint32(best + 1), Groups: uint32(len(r.groups))})
 	if err != nil {
 		return nil, fmt.Errorf("place worker %q: %w", worker, err)
@@ -273,6 +264,24 @@ func (r *replica) placeWorker(ctx context.Context, worker string) (*dataGroup, e
 		return nil, fmt.Errorf("place worker %q: placement committed but not applied here yet", worker)
 	}
 	return g, nil
+}
+
+// chooseGroup is the index (0-based) of the group a new worker goes to,
+// given how many workers each holds: the fewest, and among those the first
+// at or after a hash of the worker's id, so the choice is the same on
+// every replica that sees the same counts and spreads equal groups.
+func chooseGroup(counts []int, worker string) int {
+	h := fnv.New32a()
+	h.Write([]byte(worker))
+	start := int(h.Sum32() % uint32(len(counts)))
+	best := start
+	for i := range counts {
+		at := (start + i) % len(counts)
+		if counts[at] < counts[best] {
+			best = at
+		}
+	}
+	return best
 }
 
 // proposeWorker proposes cmd (a command about worker) to the group that
