@@ -544,6 +544,7 @@ func (r *replica) groupStatus(digest bool) []map[string]any {
 		if digest {
 			e["digest"] = g.fsm.Digest()
 		}
+		e["digest_checkpoints"] = g.fsm.Checkpoints() // the peers' state agreement compares them
 		out = append(out, e)
 	}
 	return out

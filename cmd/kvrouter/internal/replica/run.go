@@ -203,6 +203,9 @@ func assemble(cfg Config, log *slog.Logger, p parts) (*replica, error) {
 	r.loras = newLoRADirectory(log.With("component", "lora"))
 	r.agree = newTokenizerAgreement(cfg.NodeID, p.reg, log.With("component", "tokenizer-agreement"))
 	r.state = newStateAgreement(cfg.NodeID, p.fsm, p.reg, log.With("component", "state-agreement"))
+	for _, g := range p.groups {
+		r.state.groups = append(r.state.groups, stateGroup{g.id, g.fsm})
+	}
 	if p.tls != nil {
 		r.agree.client = peerClient(p.tls, r.agree.client.Timeout) // peers advertise https://
 		r.state.client = peerClient(p.tls, r.state.client.Timeout)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -26,6 +27,10 @@ import (
 type stateAgreement struct {
 	self   string
 	fsm    *fsm.FSM
+	// groups are the data groups of a sharded index (--raft-groups > 1),
+	// each compared like the control group (fsm): their reports are keyed
+	// "<peer> group <g>" and their gauges labelled group="<g>".
+	groups []stateGroup
 	client *http.Client
 	log    *slog.Logger
 	every  time.Duration
@@ -33,6 +38,12 @@ type stateAgreement struct {
 
 	mu     sync.Mutex
 	report map[string]stateVerdict // peer → the last comparison
+}
+
+// stateGroup is one data group whose state is compared.
+type stateGroup struct {
+	id  int
+	fsm *fsm.FSM
 }
 
 // stateVerdict is one peer's comparison, as /cluster/status shows it.
@@ -50,42 +61,79 @@ func newStateAgreement(self string, f *fsm.FSM, reg prometheus.Registerer, log *
 	a := &stateAgreement{self: self, fsm: f, client: &http.Client{Timeout: 10 * time.Second}, log: log, every: 30 * time.Second,
 		gauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvrouter_replica_state_mismatch",
 			Help: "1 when a peer replica's state digest differs from this replica's at the same log index: the replicated state diverged."},
-			[]string{"peer"}),
+			[]string{"peer", "group"}),
 		report: map[string]stateVerdict{}}
 	reg.MustRegister(a.gauge)
 	return a
 }
 
-// peerState is what a peer's /cluster/status says about its state.
+// peerState is what a peer's /cluster/status says about its state: the
+// control group's at the top level, each data group's in raft_groups.
 type peerState struct {
 	Applied     uint64           `json:"applied_index"`
 	Digest      string           `json:"digest"`
 	Checkpoints []fsm.Checkpoint `json:"digest_checkpoints"`
+	Groups      []peerGroupState `json:"raft_groups"`
+}
+
+type peerGroupState struct {
+	Group       int              `json:"group"`
+	Applied     uint64           `json:"applied_index"`
+	Digest      string           `json:"digest"`
+	Checkpoints []fsm.Checkpoint `json:"digest_checkpoints"`
+}
+
+// group is the peer's state of group g (0: the control group).
+func (p peerState) group(g int) (peerGroupState, bool) {
+	if g == 0 {
+		return peerGroupState{Applied: p.Applied, Digest: p.Digest, Checkpoints: p.Checkpoints}, true
+	}
+	for _, s := range p.Groups {
+		if s.Group == g {
+			return s, true
+		}
+	}
+	return peerGroupState{}, false
 }
 
 func (a *stateAgreement) run(ctx context.Context, nodes func() []fsm.NodeRecord) {
 	everyPeer(ctx, a.every, a.self, nodes, a.check)
 }
 
-// check compares this replica's state with one peer's.
+// check compares this replica's state with one peer's, group by group.
 func (a *stateAgreement) check(ctx context.Context, peer, addr string) {
 	there, err := a.fetch(ctx, addr, false)
 	if err != nil {
 		a.log.Debug("state agreement: peer status unavailable", "peer", peer, "err", err)
 		return
 	}
-	v := compareCheckpoints(a.fsm.Checkpoints(), there.Checkpoints)
-	if v.Verdict == "not compared" && there.Applied == a.fsm.AppliedIndex() {
-		// Idle: both at one index. Digest both now (each a copy of the
-		// state under its lock, cheap when nothing is being applied) and
-		// compare if neither moved meanwhile.
-		here, at := a.fsm.Digest(), a.fsm.AppliedIndex()
-		if there, err = a.fetch(ctx, addr, true); err == nil && there.Applied == at && a.fsm.AppliedIndex() == at {
-			v = verdictAt(at, here, there.Digest)
+	var withDigest *peerState // fetched once, if some group is idle
+	for _, g := range append([]stateGroup{{0, a.fsm}}, a.groups...) {
+		pg, ok := there.group(g.id)
+		if !ok {
+			a.record(peer, g.id, stateVerdict{Verdict: "not compared", Detail: fmt.Sprintf("the peer runs no raft group %d (a different --raft-groups)", g.id), At: time.Now()})
+			continue
 		}
+		v := compareCheckpoints(g.fsm.Checkpoints(), pg.Checkpoints)
+		if v.Verdict == "not compared" && pg.Applied == g.fsm.AppliedIndex() {
+			// Idle: both at one index. Digest both now (each a copy of
+			// the state under its lock, cheap when nothing is being
+			// applied) and compare if neither moved meanwhile.
+			here, at := g.fsm.Digest(), g.fsm.AppliedIndex()
+			if withDigest == nil {
+				if st, err := a.fetch(ctx, addr, true); err == nil {
+					withDigest = &st
+				}
+			}
+			if withDigest != nil {
+				if pd, ok := withDigest.group(g.id); ok && pd.Applied == at && g.fsm.AppliedIndex() == at {
+					v = verdictAt(at, here, pd.Digest)
+				}
+			}
+		}
+		v.At = time.Now()
+		a.record(peer, g.id, v)
 	}
-	v.At = time.Now()
-	a.record(peer, v)
 }
 
 // compareCheckpoints compares the newest index both lists hold.
@@ -114,19 +162,25 @@ func verdictAt(index uint64, here, there string) stateVerdict {
 	return v
 }
 
-func (a *stateAgreement) record(peer string, v stateVerdict) {
+// record keeps group g's verdict against peer: keyed by the peer alone
+// for the control group (as before sharding), "<peer> group <g>" else.
+func (a *stateAgreement) record(peer string, g int, v stateVerdict) {
+	key, label := peer, ""
+	if g > 0 {
+		key, label = fmt.Sprintf("%s group %d", peer, g), strconv.Itoa(g)
+	}
 	a.mu.Lock()
-	prev := a.report[peer]
-	a.report[peer] = v
+	prev := a.report[key]
+	a.report[key] = v
 	a.mu.Unlock()
 	switch v.Verdict {
 	case "agree":
-		a.gauge.WithLabelValues(peer).Set(0)
+		a.gauge.WithLabelValues(peer, label).Set(0)
 	case "differ":
-		a.gauge.WithLabelValues(peer).Set(1)
+		a.gauge.WithLabelValues(peer, label).Set(1)
 		if prev.Verdict != "differ" {
 			a.log.Error("replicated state differs from a peer's at the same log index: the replicas diverged (compare /cluster/status of both; a build skew or a nondeterministic apply)",
-				"peer", peer, "index", v.Index, "digest_here", v.Here, "digest_there", v.There)
+				"peer", peer, "group", g, "index", v.Index, "digest_here", v.Here, "digest_there", v.There)
 		}
 	}
 }

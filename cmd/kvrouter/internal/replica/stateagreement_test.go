@@ -97,7 +97,7 @@ func TestStateAgreementCheck(t *testing.T) {
 			t.Fatalf("%s: %+v, want %s", c.name, v, c.verdict)
 		}
 		var m dto.Metric
-		if err := a.gauge.WithLabelValues("r2").Write(&m); err != nil {
+		if err := a.gauge.WithLabelValues("r2", "").Write(&m); err != nil {
 			t.Fatal(err)
 		}
 		if g := m.GetGauge().GetValue(); g != c.gauge {
@@ -106,5 +106,65 @@ func TestStateAgreementCheck(t *testing.T) {
 	}
 	if !strings.Contains(a.snapshot()["r2"].Detail, "checkpoint") {
 		t.Fatalf("detail %q", a.snapshot()["r2"].Detail)
+	}
+}
+
+// TestStateAgreementGroups: with a sharded index every data group is
+// compared on its own, from the peer's raft_groups, reported under
+// "<peer> group <g>" with the gauge labelled by group; a group the peer
+// does not run is "not compared", never "agree".
+func TestStateAgreementGroups(t *testing.T) {
+	control, err := fsm.NewFSM(router.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := fsm.NewFSM(router.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd, err := fsm.Encode(fsm.RegisterWorker{ID: "w1", DPRanks: 1, Model: "m", TotalBlocks: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data.Apply(&raft.Log{Index: 1, Term: 1, Type: raft.LogCommand, Data: cmd})
+
+	var status map[string]any
+	peer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(status)
+	}))
+	defer peer.Close()
+	a := newStateAgreement("r1", control, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	a.groups = []stateGroup{{1, data}}
+	top := map[string]any{"applied_index": 0, "digest": control.Digest()}
+	cases := []struct {
+		name    string
+		groups  []map[string]any
+		verdict string
+		gauge   float64
+	}{
+		{"group agrees", []map[string]any{{"group": 1, "applied_index": 1, "digest": data.Digest()}}, "agree", 0},
+		{"group differs", []map[string]any{{"group": 1, "applied_index": 1, "digest": "feed"}}, "differ", 1},
+		{"peer runs no group 1", nil, "not compared", 1},
+	}
+	for _, c := range cases {
+		status = map[string]any{"raft_groups": c.groups}
+		for k, v := range top {
+			status[k] = v
+		}
+		a.check(context.Background(), "r2", peer.URL)
+		rep := a.snapshot()
+		if rep["r2"].Verdict != "agree" {
+			t.Fatalf("%s: control group %+v, want agree", c.name, rep["r2"])
+		}
+		if v := rep["r2 group 1"]; v.Verdict != c.verdict {
+			t.Fatalf("%s: group 1 %+v, want %s", c.name, v, c.verdict)
+		}
+		var m dto.Metric
+		if err := a.gauge.WithLabelValues("r2", "1").Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if g := m.GetGauge().GetValue(); g != c.gauge {
+			t.Fatalf("%s: gauge %v, want %v", c.name, g, c.gauge)
+		}
 	}
 }
