@@ -43,6 +43,10 @@ const (
 	// data group (1..Groups) owns its registration, lease and KV events.
 	// Applied by the control group (group 0); see DESIGN.md, Placement.
 	CmdPlaceWorker CommandType = 13
+	// CmdSetGroups raises the number of data groups placements are made
+	// for (the control group's G), once every replica runs that many;
+	// see DESIGN.md, Placement.
+	CmdSetGroups CommandType = 14
 	// Add new types here, with the next number.
 )
 
@@ -81,11 +85,13 @@ func (t CommandType) String() string {
 		return "KVEventBatchTiered"
 	case CmdPlaceWorker:
 		return "PlaceWorker"
+	case CmdSetGroups:
+		return "SetGroups"
 	}
 	return fmt.Sprintf("CommandType(%d)", uint8(t))
 }
 
-func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdPlaceWorker }
+func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdSetGroups }
 
 // isKVBatch: both KV batch types share one payload layout (kvbatch.go).
 func (t CommandType) isKVBatch() bool { return t == CmdKVEventBatch || t == CmdKVEventBatchTiered }
@@ -284,6 +290,21 @@ type PlaceWorker struct {
 	Remove bool
 }
 
+// MaxDataGroups bounds SetGroups: each data group is a Raft group every
+// replica runs (its own log, snapshots and goroutines), so the count is
+// small; 64 is far beyond what one cluster needs to spread its index.
+const MaxDataGroups = 64
+
+// SetGroups raises the number of data groups the cluster places workers
+// in (the control group's G) to Groups. An operator proposes it once every
+// replica was restarted with that many groups (--raft-groups); from then
+// on PlaceWorker must carry the new count. It never lowers G: workers
+// placed in the groups beyond would be lost. Before anything was placed it
+// fixes G as the first placement would.
+type SetGroups struct {
+	Groups uint32 // 2..MaxDataGroups
+}
+
 // Type is CmdRegisterWorkerBlockSize when the registration has its own
 // block size, else CmdRegisterWorkerRole when it carries a role.
 func (c RegisterWorker) Type() CommandType {
@@ -311,6 +332,16 @@ func (RegisterNode) Type() CommandType   { return CmdRegisterNode }
 func (ResyncWorker) Type() CommandType   { return CmdResyncWorker }
 func (RemoveNode) Type() CommandType     { return CmdRemoveNode }
 func (PlaceWorker) Type() CommandType    { return CmdPlaceWorker }
+func (SetGroups) Type() CommandType      { return CmdSetGroups }
+
+// Validate checks the count's own bounds; that it does not shrink the
+// cluster's is checked on apply (FSM.CheckSetGroups checks both).
+func (c SetGroups) Validate() error {
+	if c.Groups < 2 || c.Groups > MaxDataGroups {
+		return fmt.Errorf("set groups: %d data groups outside [2,%d]: %w", c.Groups, MaxDataGroups, ErrInvalidCommand)
+	}
+	return nil
+}
 
 // Validate checks the placement's own fields; whether Groups matches the
 // cluster's is checked on apply (FSM.CheckPlaceWorker checks both).
@@ -463,6 +494,8 @@ func Encode(c Command) ([]byte, error) {
 		b = binary.AppendUvarint(b, uint64(c.Group))
 		b = binary.AppendUvarint(b, uint64(c.Groups))
 		return appendBool(b, c.Remove), nil
+	case SetGroups:
+		return binary.AppendUvarint(b, uint64(c.Groups)), nil
 	}
 	return nil, fmt.Errorf("encode %T: %w", c, ErrInvalidCommand)
 }
@@ -479,6 +512,7 @@ func EncodeRegisterNode(c RegisterNode) ([]byte, error)         { return Encode(
 func EncodeResyncWorker(c ResyncWorker) ([]byte, error)         { return Encode(c) }
 func EncodeRemoveNode(c RemoveNode) ([]byte, error)             { return Encode(c) }
 func EncodePlaceWorker(p PlaceWorker) ([]byte, error)           { return Encode(p) }
+func EncodeSetGroups(c SetGroups) ([]byte, error)               { return Encode(c) }
 
 func appendRegisterWorker(b []byte, c *RegisterWorker) ([]byte, error) {
 	for _, s := range []struct{ what, v string }{{"worker id", c.ID}, {"address", c.Address}, {"model", c.Model}} {
@@ -710,6 +744,8 @@ func decodePayload(t CommandType, p []byte) (Command, error) {
 		c = RemoveNode{NodeID: r.string("node id")}
 	case CmdPlaceWorker:
 		c = PlaceWorker{Worker: r.string("worker id"), Group: r.u32("group"), Groups: r.u32("groups"), Remove: r.bool()}
+	case CmdSetGroups:
+		c = SetGroups{Groups: r.u32("groups")}
 	default:
 		return nil, fmt.Errorf("type %d: %w", uint8(t), ErrUnknownCommand)
 	}
@@ -746,6 +782,7 @@ func DecodeRegisterNode(data []byte) (RegisterNode, error)     { return decodeAs
 func DecodeResyncWorker(data []byte) (ResyncWorker, error)     { return decodeAs[ResyncWorker](data) }
 func DecodeRemoveNode(data []byte) (RemoveNode, error)         { return decodeAs[RemoveNode](data) }
 func DecodePlaceWorker(data []byte) (PlaceWorker, error)       { return decodeAs[PlaceWorker](data) }
+func DecodeSetGroups(data []byte) (SetGroups, error)           { return decodeAs[SetGroups](data) }
 
 // DecodeKVBatch reads a complete KVEventBatch entry (type 3 or 12). The events' block
 // slices share one backing array (capacity-limited, so appending copies).

@@ -36,6 +36,7 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 		{CmdRegisterWorkerBlockSize, 11, "RegisterWorkerBlockSize"},
 		{CmdKVEventBatchTiered, 12, "KVEventBatchTiered"},
 		{CmdPlaceWorker, 13, "PlaceWorker"},
+		{CmdSetGroups, 14, "SetGroups"},
 	}
 	for _, p := range pinned {
 		if uint8(p.typ) != p.num || p.typ.String() != p.name || !p.typ.known() {
@@ -136,6 +137,7 @@ func goldenCommands() []struct {
 		}}},
 		{"place-worker", PlaceWorker{Worker: "vllm-0", Group: 2, Groups: 4}},
 		{"place-worker-remove", PlaceWorker{Worker: "sglang-0", Group: 300, Groups: 300, Remove: true}},
+		{"set-groups", SetGroups{Groups: 64}},
 	}
 }
 
@@ -341,6 +343,11 @@ func TestFSMDecodeRejects(t *testing.T) {
 		{"placement with a bad remove flag", []byte{13, 1, 1, 'w', 1, 2, 2}, ErrUndecodable},
 		{"placement without its remove flag", []byte{13, 1, 1, 'w', 1, 2}, ErrUndecodable},
 		{"placement group overflows uint32", []byte{13, 1, 1, 'w', 0x80, 0x80, 0x80, 0x80, 0x10, 2, 0}, ErrUndecodable},
+		{"set groups without its count", []byte{14, 1}, ErrUndecodable},
+		{"set groups count overflows uint32", []byte{14, 1, 0x80, 0x80, 0x80, 0x80, 0x10}, ErrUndecodable},
+		{"set groups with a truncated varint", []byte{14, 1, 0x83}, ErrUndecodable},
+		{"set groups trailing byte", []byte{14, 1, 3, 0}, ErrUndecodable},
+		{"set groups unknown version", []byte{14, 2, 3}, ErrUnknownCommand},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

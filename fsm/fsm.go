@@ -132,6 +132,9 @@ const (
 	// ChangePlacement: a worker was placed in a data group, moved to
 	// another, or its placement removed (Removed); Reason says which.
 	ChangePlacement
+	// ChangeGroups: SetGroups raised the number of data groups; Reason
+	// says from and to ("data groups 2 → 3").
+	ChangeGroups
 )
 
 func (k ChangeKind) String() string {
@@ -152,6 +155,8 @@ func (k ChangeKind) String() string {
 		return "over-capacity"
 	case ChangePlacement:
 		return "placement"
+	case ChangeGroups:
+		return "groups"
 	}
 	return fmt.Sprintf("ChangeKind(%d)", uint8(k))
 }
@@ -279,8 +284,9 @@ type state struct {
 	modelSizes map[string]modelSize
 
 	// The placement map (control group, issue 19): worker id → data group
-	// in 1..groups. groups is fixed by the first placement and never
-	// cleared (0 = nothing was ever placed); it outlives the placements.
+	// in 1..groups. groups is fixed by the first placement (or SetGroups),
+	// only ever raised (SetGroups) and never cleared (0 = neither was ever
+	// applied); it outlives the placements.
 	// Independent of the registry: the control group registers no worker.
 	placements map[string]uint32
 	groups     uint32
@@ -514,6 +520,17 @@ func (f *FSM) applyCommandLocked(idx uint64, c Command, res *ApplyResult) error 
 		res.Applied = 1
 	case PlaceWorker:
 		return f.placeLocked(idx, c, res)
+	case SetGroups:
+		if err := st.checkSetGroups(c); err != nil {
+			return err
+		}
+		res.Applied = 1
+		if c.Groups == st.groups {
+			return nil // already that many: nothing to report
+		}
+		reason := fmt.Sprintf("data groups %d → %d", st.groups, c.Groups)
+		st.groups = c.Groups
+		f.changes = append(f.changes, Change{Kind: ChangeGroups, Index: idx, Reason: reason})
 	case ResyncWorker:
 		rs := st.rank(c.Worker, c.DPRank)
 		if rs == nil {
@@ -553,6 +570,21 @@ func (st *state) checkPlace(p PlaceWorker) error {
 		// send workers to groups other replicas lack or never read.
 		return fmt.Errorf("place worker %q: proposed for %d data groups, the placements are for %d: %w",
 			p.Worker, p.Groups, st.groups, ErrInvalidCommand)
+	}
+	return nil
+}
+
+// checkSetGroups returns the domain error that refuses c, or nil: its own
+// bounds, and a count below the cluster's. f.mu held (read).
+func (st *state) checkSetGroups(c SetGroups) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if c.Groups < st.groups {
+		// Placements may point into the groups beyond c.Groups; no
+		// replica would run them any more.
+		return fmt.Errorf("set groups: cannot shrink from %d to %d: workers placed in the groups beyond would be lost: %w",
+			st.groups, c.Groups, ErrInvalidCommand)
 	}
 	return nil
 }
@@ -1341,8 +1373,9 @@ func (f *FSM) Placements() map[string]uint32 {
 	return maps.Clone(f.st.placements)
 }
 
-// PlacementGroups is the number of data groups the placements are for,
-// fixed by the first placement; 0 when nothing was ever placed.
+// PlacementGroups is the number of data groups the placements are for:
+// fixed by the first placement or SetGroups, raised by SetGroups; 0 when
+// neither was ever applied.
 func (f *FSM) PlacementGroups() uint32 {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
@@ -1356,6 +1389,15 @@ func (f *FSM) CheckPlaceWorker(p PlaceWorker) error {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return f.st.checkPlace(p)
+}
+
+// CheckSetGroups returns the domain error Apply would return for c now
+// (a count outside [2,MaxDataGroups], or below the cluster's), without
+// changing anything. Proposers call it before proposing.
+func (f *FSM) CheckSetGroups(c SetGroups) error {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.checkSetGroups(c)
 }
 
 // PredictionCount is the number of live (worker, hash) predictions.

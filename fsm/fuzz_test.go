@@ -46,6 +46,10 @@ func fuzzSeeds(t testing.TB) map[string][]byte {
 	seeds["place-w1-move"] = mustEncode(t, PlaceWorker{Worker: "w1", Group: 2, Groups: 2})
 	seeds["place-w1-remove"] = mustEncode(t, PlaceWorker{Worker: "w1", Group: 1, Groups: 2, Remove: true})
 	seeds["place-other-groups"] = mustEncode(t, PlaceWorker{Worker: "w2", Group: 1, Groups: 3})
+	seeds["set-groups-raise"] = mustEncode(t, SetGroups{Groups: 3})
+	seeds["set-groups-same"] = mustEncode(t, SetGroups{Groups: 2})
+	seeds["set-groups-too-many"] = mustEncode(t, SetGroups{Groups: MaxDataGroups + 1})
+	seeds["set-groups-one"] = mustEncode(t, SetGroups{Groups: 1})
 	seeds["bad-threshold"] = mustEncode(t, SetModelConfig{Model: "m", Thresholds: router.Thresholds{ActiveDecodeBlocks: ptr(2.0)}})
 	seeds["unknown-ignored"] = []byte{77 | IgnoreIfUnknown, 1, 0}
 	seeds["unknown"] = []byte{77, 1, 0}

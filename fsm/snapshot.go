@@ -23,8 +23,8 @@ import (
 //
 //	"KVRS" | byte format version (1; 2 when a worker has a role; 3 when a
 //	  worker's block size differs from the header's, the cluster default;
-//	  4 when a rank holds blocks in a lower storage tier; 5 once a worker
-//	  was ever placed in a data group)
+//	  4 when a rank holds blocks in a lower storage tier; 5 once the data
+//	  group count is set: a worker was ever placed, or SetGroups applied)
 //	records: byte type | uvarint body length (<= maxRecordLen) | body
 //	  1 header (exactly once, first): u64 applied index, uvarint block size,
 //	    varint clock, uvarint counts of nodes, workers, models, cursors,
@@ -105,7 +105,7 @@ type image struct {
 	preds     []rankPreds
 	tiers     []rankBlocks // lower tiers' blocks, tier set
 
-	groups     uint32 // data groups of the placements; 0 = never placed
+	groups     uint32 // data groups of the placements; 0 = never set
 	placements []placementImage
 }
 
@@ -270,8 +270,9 @@ func (c *crcWriter) record(typ byte) {
 	c.write(c.buf)
 }
 
-// snapshotVersionOf is the oldest format that expresses img: 5 once a
-// worker was ever placed (the group count outlives the placements; older
+// snapshotVersionOf is the oldest format that expresses img: 5 once the
+// group count is set, by a placement or SetGroups (it outlives the
+// placements, and may come with none; older
 // readers would refuse the record type or the header's extra counts), 4
 // once a rank holds blocks in a lower tier (older readers would refuse the
 // record type rather than drop the blocks), 3 once a
@@ -645,8 +646,9 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 				want[recTierBlocks] = rd.int("count")
 			}
 			if version >= 5 {
-				// Format 5 is written only once something was placed,
-				// and a placement needs at least 2 groups.
+				// Format 5 is written only once the group count is
+				// set (a placement or SetGroups), and both need at
+				// least 2 groups.
 				if st.groups = rd.u32("groups"); rd.err == nil && st.groups < 2 {
 					return nil, 0, corrupt("format 5 with %d data groups", st.groups)
 				}
