@@ -274,3 +274,197 @@ func TestFSMPlacementOlderBuild(t *testing.T) {
 		t.Fatalf("older build restores format 5: %v", err)
 	}
 }
+
+func TestFSMSetGroupsValidate(t *testing.T) {
+	cases := []struct {
+		groups uint32
+		ok     bool
+	}{{0, false}, {1, false}, {2, true}, {3, true}, {MaxDataGroups, true}, {MaxDataGroups + 1, false}, {1 << 31, false}}
+	for _, tc := range cases {
+		err := SetGroups{Groups: tc.groups}.Validate()
+		if tc.ok != (err == nil) || (err != nil && !errors.Is(err, ErrInvalidCommand)) {
+			t.Errorf("SetGroups{%d}.Validate: %v, want ok %v", tc.groups, err, tc.ok)
+		}
+	}
+}
+
+// TestFSMSetGroupsApply grows a cluster's data groups step by step,
+// SetGroups and PlaceWorker interleaved: each step's outcome (CheckSetGroups
+// and CheckPlaceWorker agree with Apply), the group count and map after
+// it, and the changes observers heard.
+func TestFSMSetGroupsApply(t *testing.T) {
+	h := newHarness(t)
+	var heard []Change
+	h.f.OnChange(func(c Change) { heard = append(heard, c) })
+	place := func(w string, g, groups uint32) Command { return PlaceWorker{Worker: w, Group: g, Groups: groups} }
+	steps := []struct {
+		name   string
+		cmd    Command
+		err    string // substring of the domain error; "" = applies
+		groups uint32
+		want   map[string]uint32
+		change string // "<kind>: <reason>" heard; "" = none
+	}{
+		{"one group", SetGroups{Groups: 1}, "1 data groups outside [2,64]", 0, map[string]uint32{}, ""},
+		{"too many", SetGroups{Groups: 65}, "65 data groups outside [2,64]", 0, map[string]uint32{}, ""},
+		{"before any placement it fixes the count", SetGroups{Groups: 2}, "", 2, map[string]uint32{}, "groups: data groups 0 → 2"},
+		{"the same count is a no-op", SetGroups{Groups: 2}, "", 2, map[string]uint32{}, ""},
+		{"placements follow it", place("a", 2, 2), "", 2, map[string]uint32{"a": 2}, "placement: placed in group 2"},
+		{"a group beyond it", place("b", 3, 3), "proposed for 3 data groups, the placements are for 2", 2, map[string]uint32{"a": 2}, ""},
+		{"raise", SetGroups{Groups: 3}, "", 3, map[string]uint32{"a": 2}, "groups: data groups 2 → 3"},
+		{"the new group", place("b", 3, 3), "", 3, map[string]uint32{"a": 2, "b": 3}, "placement: placed in group 3"},
+		{"an old group with the new count", place("c", 1, 3), "", 3, map[string]uint32{"a": 2, "b": 3, "c": 1}, "placement: placed in group 1"},
+		{"the old count is refused", place("d", 1, 2), "proposed for 2 data groups, the placements are for 3", 3,
+			map[string]uint32{"a": 2, "b": 3, "c": 1}, ""},
+		{"a removal with the old count too", PlaceWorker{Worker: "a", Group: 2, Groups: 2, Remove: true},
+			"proposed for 2 data groups, the placements are for 3", 3, map[string]uint32{"a": 2, "b": 3, "c": 1}, ""},
+		{"move into the new group", place("a", 3, 3), "", 3, map[string]uint32{"a": 3, "b": 3, "c": 1}, "placement: moved from group 2 to 3"},
+		{"shrink", SetGroups{Groups: 2}, "cannot shrink from 3 to 2: workers placed in the groups beyond would be lost", 3,
+			map[string]uint32{"a": 3, "b": 3, "c": 1}, ""},
+		{"raise again", SetGroups{Groups: 64}, "", 64, map[string]uint32{"a": 3, "b": 3, "c": 1}, "groups: data groups 3 → 64"},
+		{"the last group", place("d", 64, 64), "", 64, map[string]uint32{"a": 3, "b": 3, "c": 1, "d": 64}, "placement: placed in group 64"},
+		{"past the bound", SetGroups{Groups: 65}, "outside [2,64]", 64, map[string]uint32{"a": 3, "b": 3, "c": 1, "d": 64}, ""},
+	}
+	for _, s := range steps {
+		heard = nil
+		before, domainErrs := h.f.Digest(), h.f.Stats().DomainErrors
+		var checkErr error
+		switch c := s.cmd.(type) {
+		case SetGroups:
+			checkErr = h.f.CheckSetGroups(c)
+		case PlaceWorker:
+			checkErr = h.f.CheckPlaceWorker(c)
+		}
+		r := h.apply(s.cmd)
+		if s.err == "" {
+			if r.Err != nil || checkErr != nil || r.Applied != 1 {
+				t.Fatalf("%s: %v (check %v), applied %d", s.name, r.Err, checkErr, r.Applied)
+			}
+		} else {
+			if !errors.Is(r.Err, ErrInvalidCommand) || !strings.Contains(r.Err.Error(), s.err) ||
+				!errors.Is(checkErr, ErrInvalidCommand) || !strings.Contains(checkErr.Error(), s.err) {
+				t.Fatalf("%s: %v (check %v), want %q", s.name, r.Err, checkErr, s.err)
+			}
+			if h.f.Digest() != before || h.f.Stats().DomainErrors != domainErrs+1 {
+				t.Fatalf("%s: a refused command changed the state or was not counted", s.name)
+			}
+		}
+		if h.f.PlacementGroups() != s.groups || !maps.Equal(h.f.Placements(), s.want) {
+			t.Fatalf("%s: groups %d placements %v, want %d %v", s.name, h.f.PlacementGroups(), h.f.Placements(), s.groups, s.want)
+		}
+		var got []string
+		for _, c := range heard {
+			if c.Index != h.idx {
+				t.Fatalf("%s: heard %+v at index %d", s.name, c, h.idx)
+			}
+			if c.Kind == ChangeGroups && (c.Worker != "" || c.Removed) {
+				t.Fatalf("%s: heard %+v", s.name, c)
+			}
+			got = append(got, c.Kind.String()+": "+c.Reason)
+		}
+		if want := slices.DeleteFunc([]string{s.change}, func(x string) bool { return x == "" }); !slices.Equal(got, want) {
+			t.Fatalf("%s: changes %q, want %q", s.name, got, want)
+		}
+	}
+	if ChangeGroups.String() != "groups" || ChangeGroups != ChangePlacement+1 {
+		t.Fatalf("ChangeGroups = %d %q: append-only, after ChangePlacement", ChangeGroups, ChangeGroups)
+	}
+}
+
+// TestFSMSnapshotSetGroups: a group count set by SetGroups with nothing
+// placed makes the state format 5 (its header holds the count) and
+// changes the digest; it round-trips, and a restored replica refuses and
+// accepts placements as the original does. A raised count round-trips
+// with the placements.
+func TestFSMSnapshotSetGroups(t *testing.T) {
+	cases := []struct {
+		name   string
+		base   func(testing.TB) *FSM
+		before byte // the base's format
+	}{
+		{"empty", newFSM, 1},
+		{"tiers", goldenStateTiers, 4},
+		{"placed", goldenStatePlacements, 5},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := tc.base(t)
+			if snap := snapshotBytes(t, f); snap[4] != tc.before {
+				t.Fatalf("base is format %d, want %d", snap[4], tc.before)
+			}
+			digest, placed := f.Digest(), f.Placements()
+			h := &harness{t: t, f: f, idx: f.AppliedIndex()}
+			h.ok(SetGroups{Groups: 5})
+			if f.Digest() == digest {
+				t.Fatal("SetGroups does not change the digest")
+			}
+			_, g := restoreSame(t, f, 5)
+			if g.PlacementGroups() != 5 || !maps.Equal(g.Placements(), placed) {
+				t.Fatalf("restored groups %d placements %v", g.PlacementGroups(), g.Placements())
+			}
+			rh := &harness{t: t, f: g, idx: g.AppliedIndex()}
+			if r := rh.apply(PlaceWorker{Worker: "new", Group: 1, Groups: 3}); !errors.Is(r.Err, ErrInvalidCommand) {
+				t.Fatalf("restored replica placed with the old count: %v", r.Err)
+			}
+			if r := rh.apply(SetGroups{Groups: 4}); !errors.Is(r.Err, ErrInvalidCommand) {
+				t.Fatalf("restored replica shrank: %v", r.Err)
+			}
+			rh.ok(PlaceWorker{Worker: "new", Group: 5, Groups: 5})
+			h.ok(PlaceWorker{Worker: "new", Group: 5, Groups: 5})
+			if f.Digest() != g.Digest() {
+				t.Fatal("the restored replica diverged")
+			}
+		})
+	}
+}
+
+// TestFSMSetGroupsOlderBuild: a build that knows placements but not
+// SetGroups (newest type 13) applies the placements before it alike, then
+// halts on it without moving, so it never serves the old count while the
+// others place with the new one. SetGroups needs no new snapshot format
+// (the count is in format 5's header): a build before placements refuses
+// a SetGroups-only state by version, as it refuses any format 5.
+func TestFSMSetGroupsOlderBuild(t *testing.T) {
+	entries := [][]byte{
+		mustEncode(t, PlaceWorker{Worker: "w", Group: 2, Groups: 2}),
+		mustEncode(t, SetGroups{Groups: 3}),
+		mustEncode(t, PlaceWorker{Worker: "v", Group: 3, Groups: 3}),
+	}
+	if entries[1][0] != byte(CmdSetGroups) {
+		t.Fatalf("SetGroups travels as type %d without the ignore bit", entries[1][0])
+	}
+	older, newer := newFSM(t), newFSM(t)
+	older.newestType = CmdPlaceWorker
+	older.ApplyBatch(logsOf(entries[:1], 1))
+	newer.ApplyBatch(logsOf(entries[:1], 1))
+	if older.Digest() != newer.Digest() {
+		t.Fatal("builds differ before SetGroups")
+	}
+	before := older.Digest()
+	out := older.ApplyBatch(logsOf(entries[1:], 2))
+	var he *HaltError
+	if !errors.As(ResponseError(out[0]), &he) || he.Type != CmdSetGroups || he.Index != 2 ||
+		!errors.Is(ResponseError(out[1]), ErrHalted) || older.AppliedIndex() != 1 || older.Digest() != before ||
+		older.PlacementGroups() != 2 {
+		t.Fatalf("older build: %v, then %v, applied %d, groups %d", ResponseError(out[0]), ResponseError(out[1]),
+			older.AppliedIndex(), older.PlacementGroups())
+	}
+	for i, r := range newer.ApplyBatch(logsOf(entries[1:], 2)) {
+		if err := ResponseError(r); err != nil {
+			t.Fatalf("newer build, entry %d: %v", i+2, err)
+		}
+	}
+	if g, ok := newer.Placement("v"); !ok || g != 3 || newer.PlacementGroups() != 3 {
+		t.Fatal("newer build did not place into the raised group")
+	}
+
+	// Before placements: a format 4 build refuses a SetGroups-only state.
+	setOnly := newFSM(t)
+	(&harness{t: t, f: setOnly}).ok(SetGroups{Groups: 2})
+	format4 := newFSM(t)
+	format4.newestType, format4.newestFormat = CmdKVEventBatchTiered, 4
+	if err := restoreBytes(format4, snapshotBytes(t, setOnly)); !errors.Is(err, ErrCorruptSnapshot) ||
+		!strings.Contains(err.Error(), "format version 5, this build reads 1 to 4") {
+		t.Fatalf("format 4 build restores a SetGroups-only state: %v", err)
+	}
+}
