@@ -15,13 +15,20 @@ import (
 // when each running request ends and so when a new request would be
 // admitted. DESIGN.md ("The expected wait") explains the choice.
 
-// DefaultPooledWaitWeight prices one second of expected wait for KV
-// admission as the prefill blocks the worker computes in one second: at 1
-// a wait and a prefill that delay the first token equally cost the same,
-// which is the unit the cost function's prefill term already uses
-// (scale·prefill blocks, the worker's queue before the first token). 0
-// turns the price off: workers over the admission line are excluded (and
-// overflow priced per block when overloaded) as before the price existed.
+// DefaultPooledWaitWeight is off. The weight prices one second of expected
+// wait for KV admission as the prefill blocks the worker computes in one
+// second, times the weight: at 1 a wait and a prefill that delay the first
+// token equally cost the same, the unit the cost function's prefill term
+// already uses (scale·prefill blocks, the worker's queue before the first
+// token). Measured on the wide grid and seed 002 (BENCHMARKS.md, "A queue
+// price from the expected wait"), no weight raised the cache at long
+// outputs without multiplying p99 TTFT elsewhere: at 1 the holders a
+// request would wait on for seconds lose it (1,024-token outputs fall
+// below kv); at 0.1 the cache goals are met there, and 256- and
+// 64-token runs wait seconds for hits. 0 keeps kv-pooled as it was:
+// workers over the admission line excluded, overflow priced by QueueWeight
+// when overloaded. Opt in with PooledConfig.WaitWeight
+// (kvbench sim --pooled-wait-weight).
 const DefaultPooledWaitWeight = 0.0
 
 // pooledRateWindow: a worker's rates weigh its last ~64 observations (a
