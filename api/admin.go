@@ -371,3 +371,68 @@ func (s *Server) moveWorker(c *gin.Context) {
 // old group's backlog of the worker committed, its blocks copied (seconds
 // for a full GPU's worth).
 const moveWait = 30 * time.Second
+
+// shardAdmin is the replica's ShardAdmin, or a 404 answered.
+func (s *Server) shardAdmin(c *gin.Context) (ShardAdmin, bool) {
+	a, ok := s.rep.(ShardAdmin)
+	if !ok {
+		c.JSON(http.StatusNotFound, gin.H{"error": "this replica's index is not sharded"})
+	}
+	return a, ok
+}
+
+// getRaftGroups is GET /cluster/raft_groups: {"groups": the cluster's
+// data-group count (0 before any placement), "running": this replica's}.
+func (s *Server) getRaftGroups(c *gin.Context) {
+	a, ok := s.shardAdmin(c)
+	if !ok {
+		return
+	}
+	cluster, running := a.RaftGroups()
+	c.JSON(http.StatusOK, gin.H{"groups": cluster, "running": running})
+}
+
+// setRaftGroups is POST /cluster/raft_groups {"groups": N}: the cluster's
+// data-group count grows to N, once every replica runs N.
+func (s *Server) setRaftGroups(c *gin.Context) {
+	var body struct {
+		Groups int `json:"groups"`
+	}
+	if err := c.ShouldBindJSON(&body); err != nil || body.Groups < 2 {
+		c.JSON(http.StatusBadRequest, gin.H{"error": "body must be {\"groups\": N} with N >= 2"})
+		return
+	}
+	a, ok := s.shardAdmin(c)
+	if !ok {
+		return
+	}
+	if err := a.SetRaftGroups(c.Request.Context(), body.Groups); err != nil {
+		c.JSON(statusOf(err), gin.H{"error": s.redact(err.Error())})
+		return
+	}
+	cluster, running := a.RaftGroups()
+	c.JSON(http.StatusOK, gin.H{"groups": cluster, "running": running})
+}
+
+// rebalanceWorkers is POST /workers/rebalance: {"moves": [...]} once every
+// data group holds within one worker of the others.
+func (s *Server) rebalanceWorkers(c *gin.Context) {
+	a, ok := s.shardAdmin(c)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.Request.Context(), rebalanceWait)
+	defer cancel()
+	moves, err := a.Rebalance(ctx)
+	if moves == nil {
+		moves = []WorkerMove{}
+	}
+	if err != nil {
+		c.JSON(statusOf(err), gin.H{"error": s.redact(err.Error()), "moves": moves})
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"moves": moves})
+}
+
+// rebalanceWait bounds one rebalance: moveWait per move, a few moves.
+const rebalanceWait = 5 * time.Minute

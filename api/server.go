@@ -176,6 +176,23 @@ type WorkerMover interface {
 	MoveWorker(ctx context.Context, worker string, group int) (from int, err error)
 }
 
+// ShardAdmin is the rest of a sharded Replica's administration: the
+// data-group count (GET and POST /cluster/raft_groups; it only grows, once
+// every replica runs the new groups) and POST /workers/rebalance, which
+// moves workers from the fullest groups to the emptiest.
+type ShardAdmin interface {
+	RaftGroups() (cluster, running int)
+	SetRaftGroups(ctx context.Context, groups int) error
+	Rebalance(ctx context.Context) ([]WorkerMove, error)
+}
+
+// WorkerMove is one move Rebalance made.
+type WorkerMove struct {
+	Worker string `json:"worker"`
+	From   int    `json:"from"`
+	To     int    `json:"to"`
+}
+
 // InFlight is the number of inference requests being served.
 func (s *Server) InFlight() int64 { return s.inflight.Load() }
 
@@ -288,6 +305,9 @@ func (s *Server) routes() *gin.Engine {
 	admin.POST("/workers/register", s.registerWorker)
 	admin.POST("/workers/deregister", s.deregisterWorker)
 	admin.POST("/workers/move", s.moveWorker)
+	admin.POST("/workers/rebalance", s.rebalanceWorkers)
+	admin.GET("/cluster/raft_groups", s.getRaftGroups)
+	admin.POST("/cluster/raft_groups", s.setRaftGroups)
 	if s.cfg.ClusterHandler != nil {
 		h := gin.WrapH(s.cfg.ClusterHandler)
 		for g := 0; g <= s.cfg.ClusterGroups; g++ {

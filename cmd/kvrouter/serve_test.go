@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -38,6 +40,74 @@ func freePorts(t *testing.T, n int) []int {
 		l.Close()
 	}
 	return ports
+}
+
+// testGroupPortStep and testMaxGroups: newTestCluster's Raft ports leave
+// room for data groups (--raft-group-port-step testGroupPortStep, up to
+// testMaxGroups groups) on ports it checked free, so sharded tests do not
+// collide with the cluster's other random ports.
+const testGroupPortStep, testMaxGroups = 7, 4
+
+// freeRaftPorts reserves n Raft ports p whose p + g·testGroupPortStep
+// (g ≤ testMaxGroups) are free too and none of avoid, holding every
+// listener until all are chosen. They come from below the kernel's
+// ephemeral range: a group port a test starts only later (a replica
+// restarted with more groups) must not be taken meanwhile by the local
+// end of some outgoing connection.
+func freeRaftPorts(t *testing.T, n int, avoid []int) []int {
+	t.Helper()
+	var held []net.Listener
+	defer func() {
+		for _, l := range held {
+			l.Close()
+		}
+	}()
+	taken := map[int]bool{}
+	for _, p := range avoid {
+		taken[p] = true
+	}
+	low := 32768 // Linux's default start of the ephemeral range
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		fmt.Sscan(string(b), &low)
+	}
+	span := low - 10000 - testMaxGroups*testGroupPortStep
+	if span < 1000 {
+		t.Skipf("no room below the ephemeral port range (starts at %d) for Raft group ports", low)
+	}
+	var out []int
+	for tries := 0; len(out) < n; tries++ {
+		if tries > 1000 {
+			t.Fatal("no free Raft ports with room for groups below the ephemeral range")
+		}
+		p := 10000 + rand.IntN(span)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		held = append(held, l)
+		ok := !taken[p]
+		for g := 1; ok && g <= testMaxGroups; g++ {
+			q := p + g*testGroupPortStep
+			if taken[q] {
+				ok = false
+				break
+			}
+			lq, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", q))
+			if err != nil {
+				ok = false
+				break
+			}
+			held = append(held, lq)
+		}
+		if !ok {
+			continue
+		}
+		for g := 0; g <= testMaxGroups; g++ {
+			taken[p+g*testGroupPortStep] = true
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // testReplica is one in-process replica that can be stopped and restarted
@@ -83,10 +153,11 @@ func (w testWriter) Write(p []byte) (int, error) {
 func newTestCluster(t *testing.T, opts ...func(*serveConfig)) []*testReplica {
 	t.Helper()
 	ports := freePorts(t, 12)
+	raftPorts := freeRaftPorts(t, 3, ports)
 	dir := t.TempDir()
 	var peers []cluster.Peer
 	for i := range 3 {
-		peers = append(peers, cluster.Peer{ID: fmt.Sprintf("r%d", i+1), RaftAddr: fmt.Sprintf("127.0.0.1:%d", ports[4*i+1])})
+		peers = append(peers, cluster.Peer{ID: fmt.Sprintf("r%d", i+1), RaftAddr: fmt.Sprintf("127.0.0.1:%d", raftPorts[i])})
 	}
 	var reps []*testReplica
 	for i := range 3 {
@@ -108,6 +179,7 @@ func newTestCluster(t *testing.T, opts ...func(*serveConfig)) []*testReplica {
 		cfg.NATSAddr = fmt.Sprintf("127.0.0.1:%d", ports[4*i+2])
 		cfg.NATSClusterAddr = fmt.Sprintf("127.0.0.1:%d", ports[4*i+3])
 		cfg.NATSRoutes = routes
+		cfg.RaftGroupPortStep = testGroupPortStep
 		for _, o := range opts {
 			o(&cfg)
 		}
@@ -140,7 +212,7 @@ type statusDoc struct {
 		Digest   string `json:"digest"`
 		Workers  int    `json:"workers"`
 	} `json:"raft_groups"`
-	Workers  []struct {
+	Workers []struct {
 		ID    string `json:"id"`
 		Group int    `json:"raft_group"`
 		Ranks []struct {
@@ -196,7 +268,6 @@ func TestServeShardedIngestSurvivesLeaderLoss(t *testing.T) {
 func ingestSurvivesLeaderLoss(t *testing.T, groups int) {
 	reps := newTestCluster(t, func(c *serveConfig) {
 		c.RaftGroups = groups
-		c.RaftGroupPortStep = 7 // random ports: +7, +14 are as likely free as any
 	})
 	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { _, err := leaderOf(reps); return err })
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/cluster"
 	"github.com/kvrouter/kvrouter/eventbus"
 	"github.com/kvrouter/kvrouter/fsm"
@@ -244,14 +245,19 @@ func (r *replica) placeWorker(ctx context.Context, worker string) (*dataGroup, e
 	if g, ok := r.groupOf(worker); ok {
 		return g, nil
 	}
-	counts := make([]int, len(r.groups))
+	if behind := r.groupsBehind(); behind != "" {
+		return nil, fmt.Errorf("%w: %s", api.ErrUnavailable, behind)
+	}
+	// Only the groups the cluster has grown to (grow.go): a replica
+	// restarted with more runs them before an operator adds them.
+	counts := make([]int, min(r.clusterGroups(), len(r.groups)))
 	for _, g := range r.fsm.Placements() {
 		if g >= 1 && int(g) <= len(counts) {
 			counts[g-1]++
 		}
 	}
 	best := chooseGroup(counts, worker)
-	cmd, err := fsm.EncodePlaceWorker(fsm.PlaceWorker{Worker: worker, Group: uint32(best + 1), Groups: uint32(len(r.groups))})
+	cmd, err := fsm.EncodePlaceWorker(fsm.PlaceWorker{Worker: worker, Group: uint32(best + 1), Groups: uint32(r.clusterGroups())})
 	if err != nil {
 		return nil, fmt.Errorf("place worker %q: %w", worker, err)
 	}

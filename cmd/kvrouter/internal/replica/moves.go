@@ -58,8 +58,8 @@ func (r *replica) MoveWorker(ctx context.Context, worker string, to int) (from i
 	if !r.sharded() {
 		return 0, fmt.Errorf("%w: %v", api.ErrInvalid, ErrNotSharded)
 	}
-	if to < 1 || to > len(r.groups) {
-		return 0, fmt.Errorf("%w: group %d: the data groups are 1 to %d", api.ErrInvalid, to, len(r.groups))
+	if n := min(r.clusterGroups(), len(r.groups)); to < 1 || to > n {
+		return 0, fmt.Errorf("%w: group %d: the data groups are 1 to %d", api.ErrInvalid, to, n)
 	}
 	p, placed := r.fsm.Placement(worker)
 	if _, ok := r.worker(worker); !ok || !placed {
@@ -67,7 +67,7 @@ func (r *replica) MoveWorker(ctx context.Context, worker string, to int) (from i
 	}
 	from = int(p)
 	if from != to {
-		cmd, err := fsm.EncodePlaceWorker(fsm.PlaceWorker{Worker: worker, Group: uint32(to), Groups: uint32(len(r.groups))})
+		cmd, err := fsm.EncodePlaceWorker(fsm.PlaceWorker{Worker: worker, Group: uint32(to), Groups: uint32(r.clusterGroups())})
 		if err != nil {
 			return from, fmt.Errorf("%w: %v", api.ErrInvalid, err)
 		}

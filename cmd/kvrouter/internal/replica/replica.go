@@ -347,10 +347,16 @@ func (r *replica) Ready() (bool, string) {
 	if !ok {
 		return false, reason
 	}
-	for _, g := range r.groups {
+	// Groups beyond the cluster's count hold no worker yet (a replica
+	// restarted with more, before the count grows: grow.go), so they do
+	// not hold readiness back: their quorum forms as the others restart.
+	for _, g := range r.groups[:min(r.clusterGroups(), len(r.groups))] {
 		if ok, reason := g.node.Ready(); !ok {
 			return false, fmt.Sprintf("raft group %d: %s", g.id, reason)
 		}
+	}
+	if behind := r.groupsBehind(); behind != "" {
+		return false, behind
 	}
 	if r.bus != nil && !r.bus.Conn().IsConnected() {
 		return false, "event bus disconnected"
@@ -580,5 +586,6 @@ var (
 	_ api.DisaggReplica = (*replica)(nil)
 	_ api.Drainer       = (*replica)(nil)
 	_ api.WorkerMover   = (*replica)(nil)
+	_ api.ShardAdmin    = (*replica)(nil)
 	_ eventbus.LoadSink = (*replica)(nil)
 )

@@ -46,7 +46,9 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 //   - ResyncWorker (8): the leader's resync, through propose; it arrives
 //     forwarded when leadership moved between its decision and its write.
 //   - PlaceWorker (13): a worker's first registration with --raft-groups
-//     > 1, on whichever replica took it, to the control group's leader.
+//     > 1, on whichever replica took it, to the control group's leader;
+//     also POST /workers/move and /workers/rebalance.
+//   - SetGroups (14): POST /cluster/raft_groups, on any replica.
 //
 // Not forwarded, so refused: KVEventBatch (3) — the leader's ingest writes
 // it locally (ApplyLocal), never through /cluster/apply; Tick (6) — only a
@@ -57,7 +59,7 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 // type this build does not know.
 var forwardedTypes = []fsm.CommandType{
 	fsm.CmdRegisterWorker, fsm.CmdRegisterWorkerRole, fsm.CmdRegisterWorkerBlockSize, fsm.CmdDeregisterWorker, fsm.CmdSetModelConfig,
-	fsm.CmdPredictions, fsm.CmdRegisterNode, fsm.CmdResyncWorker, fsm.CmdPlaceWorker,
+	fsm.CmdPredictions, fsm.CmdRegisterNode, fsm.CmdResyncWorker, fsm.CmdPlaceWorker, fsm.CmdSetGroups,
 }
 
 // errForbiddenCommand is wrapped by every refusal of checkForwarded.
