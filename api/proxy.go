@@ -83,7 +83,7 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 	return s.relay(c, p, d.Worker, d.Overlap, resp, relayHooks{
 		firstByte: func() {
 			p.firstByteAt = time.Now()
-			p.rt.PrefillDone(p.req.ID)
+			p.rt.PrefillDoneAt(p.req.ID, p.firstByteAt) // kv-pooled's wait price learns the worker's prefill rate
 			s.rep.PrefillDone(p.model, p.req.ID)
 		},
 		tokens: func(k int) { s.generated(p, k) },
@@ -350,7 +350,9 @@ func (s *Server) auditUsage(p *prepared, worker router.WorkerID, overlap int, au
 // replicas, and wakes its model's queue.
 func (s *Server) free(p *prepared) {
 	if p.outputTokensKnown {
-		p.rt.Finished(p.req.ID, p.outputTokens/max(p.req.Sequences, 1)) // per sequence: n samples report their sum
+		// Per sequence (n samples report their sum); at now, so kv-pooled's
+		// wait price learns the worker's decode rate.
+		p.rt.FinishedAt(p.req.ID, p.outputTokens/max(p.req.Sequences, 1), time.Now())
 	} else {
 		p.rt.Free(p.req.ID)
 	}

@@ -71,6 +71,14 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 			return err
 		}},
 		{names: []string{"join"}, env: []string{"KVROUTER_JOIN"}, usage: "comma list of replica HTTP URLs to join through", set: list(&c.Join)},
+		{names: []string{"pooled-wait-weight"}, env: []string{"KVROUTER_POOLED_WAIT_WEIGHT"}, usage: "kv-pooled: price of one second of expected wait at a worker over the admission line, in its observed prefill blocks per second (default 0: no wait price, such workers are excluded); trades TTFT for cache at long outputs (BENCHMARKS.md, \"A queue price from the expected wait\")", set: func(v string) error {
+			w, err := strconv.ParseFloat(v, 64)
+			if err != nil || w < 0 || math.IsNaN(w) || math.IsInf(w, 0) {
+				return fmt.Errorf("--pooled-wait-weight must be a number >= 0, got %q", v)
+			}
+			c.Router.Pooled.WaitWeight = &w
+			return nil
+		}},
 		{names: []string{"raft-groups"}, env: []string{"KVROUTER_RAFT_GROUPS"}, def: "1", usage: "Raft groups the block index is sharded across (1: one group, as before; G > 1: a control group plus G data groups, workers placed by a replicated map; every replica must use the same G)", set: intp(&c.RaftGroups)},
 		{names: []string{"raft-group-port-step"}, env: []string{"KVROUTER_RAFT_GROUP_PORT_STEP"}, def: "100", usage: "with --raft-groups G > 1, data group g listens on the Raft port + g × this (peers' addresses shift alike)", set: intp(&c.RaftGroupPortStep)},
 		{names: []string{"single-node"}, env: []string{"KVROUTER_SINGLE_NODE"}, usage: "a one-replica cluster (development)", set: boolp(&c.SingleNode), bool: true},

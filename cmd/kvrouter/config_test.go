@@ -38,6 +38,14 @@ func TestServeConfig(t *testing.T) {
 		{"flag beats env", []string{"--single-node", "--router-temperature", "0.2"}, map[string]string{"DYN_ROUTER_TEMPERATURE": "0.9"}, true,
 			func(c serveConfig) bool { return c.Router.Temperature == 0.2 }},
 		{"peers", []string{"--peers", "r1=127.0.0.1:7001,r2=127.0.0.1:7002"}, nil, true, func(c serveConfig) bool { return len(c.Peers) == 2 && c.Peers[1].RaftAddr == "127.0.0.1:7002" }},
+		{"raft groups", []string{"--single-node", "--raft-groups", "4"}, nil, true, func(c serveConfig) bool { return c.RaftGroups == 4 && c.RaftGroupPortStep == 100 }},
+		{"raft groups 0", []string{"--single-node", "--raft-groups", "0"}, nil, false, nil},
+		{"raft groups over the cap", []string{"--single-node", "--raft-groups", "17"}, nil, false, nil},
+		{"raft group ports past 65535", []string{"--single-node", "--raft-groups", "8", "--raft-group-port-step", "2000"}, nil, false, nil},
+		{"pooled wait weight", []string{"--single-node", "--router-mode", "kv-pooled", "--pooled-wait-weight", "0.1"}, nil, true, func(c serveConfig) bool {
+			return c.Router.Pooled.WaitWeight != nil && *c.Router.Pooled.WaitWeight == 0.1
+		}},
+		{"negative pooled wait weight", []string{"--single-node", "--pooled-wait-weight", "-1"}, nil, false, nil},
 		{"no formation", nil, nil, false, nil},
 		{"bad peer", []string{"--peers", "r1"}, nil, false, nil},
 		{"decode threshold 2", []string{"--single-node", "--active-decode-blocks-threshold", "2"}, nil, false, nil},
