@@ -25,8 +25,8 @@ import (
 // kvrouter_replica_state_mismatch{peer} = 1 and an entry in this replica's
 // /cluster/status ("state_agreement"), which the status page shows.
 type stateAgreement struct {
-	self   string
-	fsm    *fsm.FSM
+	self string
+	fsm  *fsm.FSM
 	// groups are the data groups of a sharded index (--raft-groups > 1),
 	// each compared like the control group (fsm): their reports are keyed
 	// "<peer> group <g>" and their gauges labelled group="<g>".
