@@ -159,32 +159,32 @@ type ConsumerMetrics struct {
 func newConsumerMetrics(reg prometheus.Registerer, labels prometheus.Labels) (*ConsumerMetrics, error) {
 	m := &ConsumerMetrics{
 		Batches: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "batches_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "batches_total", ConstLabels: labels,
 			Help: "KV event batches committed through the applier and acked (one per Raft entry: a fetched batch larger than the entry cap counts once per entry)."}),
 		SplitBatches: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "split_batches_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "split_batches_total", ConstLabels: labels,
 			Help: "Fetched batches split into several Raft entries because their events exceeded the entry byte cap."}),
 		EventsApplied: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "events_applied_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "events_applied_total", ConstLabels: labels,
 			Help: "KV events committed through the applier and acked."}),
 		BatchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "batch_seconds",
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "batch_seconds", ConstLabels: labels,
 			Help:    "Time from a batch's fetch to its acks, including the commit.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 		Rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "events_rejected_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "events_rejected_total", ConstLabels: labels,
 			Help: "KV events terminated without being applied, by reason."}, []string{"reason"}),
 		ApplyErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "apply_errors_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "apply_errors_total", ConstLabels: labels,
 			Help: "Batches the applier did not commit (left for redelivery)."}),
 		FetchErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "fetch_errors_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "fetch_errors_total", ConstLabels: labels,
 			Help: "Failed fetches from the KV event stream."}),
 		DeliveryGaps: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "delivery_gaps_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "delivery_gaps_total", ConstLabels: labels,
 			Help: "Fetched batches dropped and re-fetched because a delivery before them was lost."}),
 		AckErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "kvrouter", Subsystem: "eventbus", ConstLabels: labels, Name: "ack_errors_total",
+			Namespace: "kvrouter", Subsystem: "eventbus", Name: "ack_errors_total", ConstLabels: labels,
 			Help: "Acks that could not be sent (those events are redelivered and skipped as duplicates)."}),
 	}
 	for _, r := range AllReasons {
