@@ -18,9 +18,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/cluster"
-	"github.com/kvrouter/kvrouter/eventbus"
 	"github.com/kvrouter/kvrouter/internal/poll"
-	"github.com/kvrouter/kvrouter/router"
 )
 
 // freePorts reserves n distinct loopback ports (listen on :0, then close).
@@ -272,21 +270,7 @@ func ingestSurvivesLeaderLoss(t *testing.T, groups int) {
 	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { _, err := leaderOf(reps); return err })
 
 	workers := []string{"w-a", "w-b"}
-	for _, w := range workers {
-		body := fmt.Sprintf(`{"id":%q,"url":"http://127.0.0.1:1","model":"kvmock","block_size":16,"total_kv_blocks":100000}`, w)
-		poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
-			resp, err := http.Post(reps[1].url()+"/workers/register", "application/json", bytes.NewBufferString(body))
-			if err != nil {
-				return err
-			}
-			defer resp.Body.Close()
-			if resp.StatusCode != 200 {
-				b, _ := io.ReadAll(resp.Body)
-				return fmt.Errorf("register %s: %d %s", w, resp.StatusCode, b)
-			}
-			return nil
-		})
-	}
+	registerTestWorkers(t, reps[1].url(), workers)
 
 	// Linearizable admin: a threshold written through one replica is read
 	// back at once from every other one (read index, not local state).
@@ -317,86 +301,16 @@ func ingestSurvivesLeaderLoss(t *testing.T, groups int) {
 		}
 	}
 
-	var urls []string
-	for _, r := range reps {
-		urls = append(urls, "nats://"+r.cfg.NATSAddr)
-	}
-	nc, err := eventbus.Connect(strings.Join(urls, ","), "test-publisher", slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-
-	var mu sync.Mutex
-	acked := map[string]uint64{}
-	pubs := map[string]*eventbus.Publisher{}
-	for _, w := range workers {
-		p, err := eventbus.NewPublisher(nc, w, 0, eventbus.WithWindow(64), eventbus.WithOnAck(func(a eventbus.PublishAck) {
-			mu.Lock()
-			acked[w] = max(acked[w], a.EventID)
-			mu.Unlock()
-		}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer p.Close()
-		pubs[w] = p
-	}
 	// Each event stores one block under the previous one. A publish lost
 	// with a stream server can be re-sent behind later events; the state
 	// machine then sees a gap, marks the worker stale and asks it to
-	// republish — so, like kvmock, each worker serves resync requests by
-	// republishing everything it published: a cleared event, then its chain.
-	hash := func(w string, i int) uint64 { return uint64(i+1)<<8 | uint64(len(w))<<1 | uint64(w[len(w)-1]&1) }
-	sent := map[string]int{}
-	for _, w := range workers {
-		sub, err := eventbus.ServeResync(nc, w, nil, func(eventbus.ResyncRequest) eventbus.ResyncReply {
-			mu.Lock()
-			n := sent[w]
-			mu.Unlock()
-			next := pubs[w].NextEventID()
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
-				_, _ = pubs[w].PublishAsync(ctx, eventbus.WireEvent{Kind: uint8(router.EventCleared)})
-				var blocks []eventbus.WireBlock
-				for i := range n {
-					blocks = append(blocks, eventbus.WireBlock{Engine: hash(w, i), Content: hash(w, i)})
-				}
-				for len(blocks) > 0 {
-					part := blocks[:min(len(blocks), 512)]
-					blocks = blocks[len(part):]
-					_, _ = pubs[w].PublishAsync(ctx, eventbus.WireEvent{Kind: uint8(router.EventStored), BlockSize: 16, Blocks: part})
-				}
-			}()
-			return eventbus.ResyncReply{Accepted: true, NextEventID: next}
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer sub.Unsubscribe()
-	}
-	publish := func(ctx context.Context, w string, from, to int) {
-		for i := from; i < to && ctx.Err() == nil; i++ {
-			ev := eventbus.WireEvent{Kind: uint8(router.EventStored), BlockSize: 16,
-				Blocks: []eventbus.WireBlock{{Engine: hash(w, i), Content: hash(w, i)}}}
-			if i > 0 {
-				ev.HasParent, ev.Parent = true, hash(w, i-1)
-			}
-			mu.Lock()
-			sent[w] = i + 1
-			mu.Unlock()
-			if _, err := pubs[w].PublishAsync(ctx, ev); err != nil {
-				t.Logf("publish %s #%d: %v", w, i, err)
-				return
-			}
-		}
-	}
+	// republish, which the ledger does, as kvmock would.
+	l := newLedger(t, reps, workers)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	const first, total = 400, 800
 	for _, w := range workers {
-		publish(ctx, w, 0, first)
+		l.publish(ctx, w, first)
 	}
 	old, err := leaderOf(reps)
 	if err != nil {
@@ -418,14 +332,11 @@ func ingestSurvivesLeaderLoss(t *testing.T, groups int) {
 		}
 		moveWorker(t, reps[2].url(), "w-a", to)
 		for _, w := range workers {
-			publish(ctx, w, first, first+100)
+			l.publish(ctx, w, 100)
 		}
 		moveWorker(t, reps[1].url(), "w-a", 3-to) // and back, through another replica
 		moveWorker(t, reps[0].url(), "w-a", to)
-	}
-	if groups > 1 {
-		s, err := status(reps[0].url())
-		if err != nil {
+		if s, err = status(reps[0].url()); err != nil {
 			t.Fatal(err)
 		}
 		if len(s.Groups) != groups {
@@ -443,55 +354,39 @@ func ingestSurvivesLeaderLoss(t *testing.T, groups int) {
 	t.Logf("stopping leader %s mid-stream", old.cfg.NodeID)
 	old.stop()
 	for _, w := range workers {
-		publish(ctx, w, sent[w], total)
+		l.publish(ctx, w, total-l.sentOf(w))
 	}
-	for _, p := range pubs {
-		if err := p.Flush(ctx); err != nil {
-			t.Logf("flush: %v", err)
+	l.flush(ctx)
+	old.start()
+	l.agree(reps, 60*time.Second)
+	for _, w := range workers {
+		if a := l.acked(w); a < total/2 {
+			t.Errorf("%s: only %d of %d events acknowledged", w, a, total)
 		}
 	}
-	old.start()
+	if s, err := status(reps[0].url()); err != nil || len(s.Groups) != map[bool]int{true: groups}[groups > 1] {
+		t.Fatalf("status lists %d raft groups (%v), want %d", len(s.Groups), err, groups)
+	}
+}
 
-	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error {
-		var digests []string
-		for _, r := range reps {
-			s, err := status(r.url())
+// registerTestWorkers registers workers through base (retrying while the
+// cluster forms).
+func registerTestWorkers(t *testing.T, base string, workers []string) {
+	t.Helper()
+	for _, w := range workers {
+		body := fmt.Sprintf(`{"id":%q,"url":"http://127.0.0.1:1","model":"kvmock","block_size":16,"total_kv_blocks":100000}`, w)
+		poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
+			resp, err := http.Post(base+"/workers/register", "application/json", bytes.NewBufferString(body))
 			if err != nil {
 				return err
 			}
-			mu.Lock()
-			for _, w := range s.Workers {
-				rk := w.Ranks[0]
-				if rk.LastEventID < acked[w.ID] {
-					mu.Unlock()
-					return fmt.Errorf("%s: %s applied up to %d of %d acked", r.cfg.NodeID, w.ID, rk.LastEventID, acked[w.ID])
-				}
-				if rk.Blocks != sent[w.ID] || rk.Stale != "" {
-					mu.Unlock()
-					return fmt.Errorf("%s: %s holds %d of the %d blocks it published (stale %q)", r.cfg.NodeID, w.ID, rk.Blocks, sent[w.ID], rk.Stale)
-				}
+			defer resp.Body.Close()
+			if resp.StatusCode != 200 {
+				b, _ := io.ReadAll(resp.Body)
+				return fmt.Errorf("register %s: %d %s", w, resp.StatusCode, b)
 			}
-			mu.Unlock()
-			d := s.Digest
-			for _, g := range s.Groups {
-				d += "," + g.Digest
-			}
-			if want := map[bool]int{true: groups}[groups > 1]; len(s.Groups) != want {
-				return fmt.Errorf("%s lists %d raft groups", r.cfg.NodeID, len(s.Groups))
-			}
-			digests = append(digests, d)
-		}
-		if digests[0] != digests[1] || digests[1] != digests[2] {
-			return fmt.Errorf("digests differ: %v", digests)
-		}
-		return nil
-	})
-	mu.Lock()
-	defer mu.Unlock()
-	for _, w := range workers {
-		if acked[w] < total/2 {
-			t.Errorf("%s: only %d of %d events acknowledged", w, acked[w], total)
-		}
+			return nil
+		})
 	}
 }
 

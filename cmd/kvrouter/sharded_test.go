@@ -114,6 +114,27 @@ func (l *ledger) publish(ctx context.Context, w string, n int) {
 	}
 }
 
+func (l *ledger) sentOf(w string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.sent[w]
+}
+
+func (l *ledger) acked(w string) uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ack[w]
+}
+
+// flush waits until every publisher's events are resolved.
+func (l *ledger) flush(ctx context.Context) {
+	for _, p := range l.pubs {
+		if err := p.Flush(ctx); err != nil {
+			l.t.Logf("flush: %v", err)
+		}
+	}
+}
+
 // agree waits until every replica holds every worker's whole chain (not
 // stale, the acknowledged events applied) and all replicas' digests, of
 // every Raft group, are equal.
@@ -121,11 +142,7 @@ func (l *ledger) agree(reps []*testReplica, wait time.Duration) {
 	l.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	for _, p := range l.pubs {
-		if err := p.Flush(ctx); err != nil {
-			l.t.Logf("flush: %v", err)
-		}
-	}
+	l.flush(ctx)
 	poll.Until(l.t, wait, 50*time.Millisecond, func() error {
 		var digests []string
 		for _, r := range reps {
@@ -201,21 +218,7 @@ func TestServeShardedGrow(t *testing.T) {
 	})
 	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { _, err := leaderOf(reps); return err })
 	workers := []string{"g-a", "g-b", "g-c", "g-d"}
-	for _, w := range workers {
-		body := fmt.Sprintf(`{"id":%q,"url":"http://127.0.0.1:1","model":"kvmock","block_size":16,"total_kv_blocks":100000}`, w)
-		poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
-			resp, err := http.Post(reps[0].url()+"/workers/register", "application/json", bytes.NewBufferString(body))
-			if err != nil {
-				return err
-			}
-			defer resp.Body.Close()
-			if resp.StatusCode != 200 {
-				b, _ := io.ReadAll(resp.Body)
-				return fmt.Errorf("register %s: %d %s", w, resp.StatusCode, b)
-			}
-			return nil
-		})
-	}
+	registerTestWorkers(t, reps[0].url(), workers)
 	l := newLedger(t, reps, workers)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

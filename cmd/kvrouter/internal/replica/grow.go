@@ -108,6 +108,10 @@ func (r *replica) Rebalance(ctx context.Context) ([]api.WorkerMove, error) {
 	if !r.sharded() {
 		return nil, fmt.Errorf("%w: %v", api.ErrInvalid, ErrNotSharded)
 	}
+	// Read the placements and the group count as committed, not as this
+	// replica last applied them: a count just raised through another
+	// replica must be seen here.
+	r.waitApplied(ctx)
 	var moves []api.WorkerMove
 	for {
 		n := min(r.clusterGroups(), len(r.groups))
