@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -81,31 +82,20 @@ func TestMergedOverlapsEqualsOneIndex(t *testing.T) {
 }
 
 func sameOverlaps(a, b []Overlap) bool {
-	cmp := func(x, y Overlap) int {
-		if x.Worker < y.Worker {
-			return -1
-		}
-		if x.Worker > y.Worker {
-			return 1
+	return sameSorted(a, b, func(x, y Overlap) int {
+		if c := strings.Compare(string(x.Worker), string(y.Worker)); c != 0 {
+			return c
 		}
 		return x.Blocks - y.Blocks
-	}
-	a, b = slices.Clone(a), slices.Clone(b)
-	slices.SortFunc(a, cmp)
-	slices.SortFunc(b, cmp)
-	return slices.Equal(a, b)
+	})
 }
 
 func sameTiers(a, b []TierOverlap) bool {
-	cmp := func(x, y TierOverlap) int {
-		if x.Worker < y.Worker {
-			return -1
-		}
-		if x.Worker > y.Worker {
-			return 1
-		}
-		return 0
-	}
+	return sameSorted(a, b, func(x, y TierOverlap) int { return strings.Compare(string(x.Worker), string(y.Worker)) })
+}
+
+// sameSorted: a and b hold the same entries in any order.
+func sameSorted[T comparable](a, b []T, cmp func(T, T) int) bool {
 	a, b = slices.Clone(a), slices.Clone(b)
 	slices.SortFunc(a, cmp)
 	slices.SortFunc(b, cmp)

@@ -136,35 +136,32 @@ func (r *replica) worker(id string) (fsm.WorkerRecord, bool) {
 
 // roleWorkers is fsm.RoleWorkers over every owner group.
 func (r *replica) roleWorkers(model string) []router.RoleWorker {
-	if !r.sharded() {
-		return r.fsm.RoleWorkers(model)
-	}
-	var out []router.RoleWorker
-	for _, g := range r.groups {
-		for _, w := range g.fsm.RoleWorkers(model) {
-			if r.placedIn(w.ID, g) {
-				out = append(out, w)
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b router.RoleWorker) int { return strings.Compare(string(a.ID), string(b.ID)) })
-	return out
+	return mergeRanks(r, func(f *fsm.FSM) []router.RoleWorker { return f.RoleWorkers(model) },
+		func(w router.RoleWorker) router.WorkerID { return w.ID })
 }
 
 // workerInfos is fsm.WorkerInfos over every owner group.
 func (r *replica) workerInfos(model string) []router.WorkerInfo {
+	return mergeRanks(r, func(f *fsm.FSM) []router.WorkerInfo { return f.WorkerInfos(model) },
+		func(w router.WorkerInfo) router.WorkerID { return w.ID })
+}
+
+// mergeRanks is a per-rank list read from every owner group, each rank
+// taken only from the group its worker is placed in, sorted by rank id
+// (unsharded: the control group's list as it is).
+func mergeRanks[T any](r *replica, read func(*fsm.FSM) []T, id func(T) router.WorkerID) []T {
 	if !r.sharded() {
-		return r.fsm.WorkerInfos(model)
+		return read(r.fsm)
 	}
-	var out []router.WorkerInfo
+	var out []T
 	for _, g := range r.groups {
-		for _, w := range g.fsm.WorkerInfos(model) {
-			if r.placedIn(w.ID, g) {
+		for _, w := range read(g.fsm) {
+			if r.placedIn(id(w), g) {
 				out = append(out, w)
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b router.WorkerInfo) int { return strings.Compare(string(a.ID), string(b.ID)) })
+	slices.SortFunc(out, func(a, b T) int { return strings.Compare(string(id(a)), string(id(b))) })
 	return out
 }
 
