@@ -274,26 +274,11 @@ func TestFSMBlockSizeOlderBuild(t *testing.T) {
 		mustEncode(t, KVEventBatch{Events: []KVBatchEvent{storedAt("b1", 0, 1, 32, p32...)}}),
 		mustEncode(t, Tick{Now: 5}),
 	}
-	if entries[3][0] != 11 {
-		t.Fatalf("a registration with its own block size travels as type %d without the ignore bit", entries[3][0])
+	older, newer := olderBuildHalts(t, entries, 3, CmdRegisterWorkerRole, 2, CmdRegisterWorkerBlockSize)
+	before := older.Digest() // the halted build's, which a refused snapshot must not move
+	if older.Stats().DomainErrors != 1 || newer.Stats().DomainErrors != 1 {
+		t.Fatalf("the refused registration counted %d / %d domain errors", older.Stats().DomainErrors, newer.Stats().DomainErrors)
 	}
-	older, newer := newFSM(t), newFSM(t)
-	older.newestType, older.newestFormat = CmdRegisterWorkerRole, 2
-	older.ApplyBatch(logsOf(entries[:3], 1))
-	newer.ApplyBatch(logsOf(entries[:3], 1))
-	if older.Digest() != newer.Digest() || older.Stats().DomainErrors != 1 || newer.Stats().DomainErrors != 1 {
-		t.Fatalf("builds differ before the new type: domain errors %d / %d", older.Stats().DomainErrors, newer.Stats().DomainErrors)
-	}
-	before := older.Digest()
-	out := older.ApplyBatch(logsOf(entries[3:], 4))
-	var he *HaltError
-	if !errors.As(ResponseError(out[0]), &he) || he.Index != 4 || he.Type != CmdRegisterWorkerBlockSize || older.AppliedIndex() != 3 {
-		t.Fatalf("older build: %v, applied %d", ResponseError(out[0]), older.AppliedIndex())
-	}
-	if older.Digest() != before {
-		t.Fatal("the halted build's state moved")
-	}
-	newer.ApplyBatch(logsOf(entries[3:], 4))
 	if newer.Halted() != nil || newer.AppliedIndex() != 6 || newer.ModelBlockSize("B") != 32 || newer.Index().Held("b1") != 4 {
 		t.Fatalf("newer build: halted %v applied %d, B at %d holding %d", newer.Halted(), newer.AppliedIndex(), newer.ModelBlockSize("B"), newer.Index().Held("b1"))
 	}

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -309,4 +310,47 @@ func logsOf(entries [][]byte, first uint64) []*raft.Log {
 		out[i] = &raft.Log{Index: first + uint64(i), Term: 1, Type: raft.LogCommand, Data: d}
 	}
 	return out
+}
+
+// olderBuildHalts plays entries on a build that knows command types up to
+// newestType and snapshot formats up to newestFormat (0: this build's)
+// and on this build. The first n entries must leave both at the same
+// digest; entry n, of type want, must travel without the ignore bit and
+// halt the older build at index n+1 with its state and applied index
+// unmoved, every later entry answering ErrHalted; this build applies
+// them all without error. It returns both FSMs for the caller's own
+// checks of the new state and of the older build's snapshot refusal.
+func olderBuildHalts(t *testing.T, entries [][]byte, n int, newestType CommandType, newestFormat byte, want CommandType) (older, newer *FSM) {
+	t.Helper()
+	if entries[n][0] != byte(want) {
+		t.Fatalf("a %v travels as type %d without the ignore bit", want, entries[n][0])
+	}
+	older, newer = newFSM(t), newFSM(t)
+	older.newestType, older.newestFormat = newestType, newestFormat
+	older.ApplyBatch(logsOf(entries[:n], 1))
+	newer.ApplyBatch(logsOf(entries[:n], 1))
+	if older.Digest() != newer.Digest() {
+		t.Fatalf("builds differ before the first %v", want)
+	}
+	before := older.Digest()
+	out := older.ApplyBatch(logsOf(entries[n:], uint64(n+1)))
+	var he *HaltError
+	if !errors.As(ResponseError(out[0]), &he) || he.Type != want || he.Index != uint64(n+1) ||
+		older.AppliedIndex() != uint64(n) || older.Digest() != before {
+		t.Fatalf("older build: %v, applied %d", ResponseError(out[0]), older.AppliedIndex())
+	}
+	for i, r := range out[1:] {
+		if !errors.Is(ResponseError(r), ErrHalted) {
+			t.Fatalf("older build, entry %d after the halt: %v", n+2+i, ResponseError(r))
+		}
+	}
+	for i, r := range newer.ApplyBatch(logsOf(entries[n:], uint64(n+1))) {
+		if err := ResponseError(r); err != nil {
+			t.Fatalf("newer build, entry %d: %v", n+1+i, err)
+		}
+	}
+	if newer.Halted() != nil || newer.AppliedIndex() != uint64(len(entries)) {
+		t.Fatalf("newer build: halted %v, applied %d of %d", newer.Halted(), newer.AppliedIndex(), len(entries))
+	}
+	return older, newer
 }

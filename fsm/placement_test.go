@@ -249,25 +249,8 @@ func TestFSMPlacementOlderBuild(t *testing.T) {
 		mustEncode(t, PlaceWorker{Worker: "w", Group: 1, Groups: 2}),
 		mustEncode(t, Tick{Now: 5}),
 	}
-	if entries[1][0] != byte(CmdPlaceWorker) {
-		t.Fatalf("a placement travels as type %d without the ignore bit", entries[1][0])
-	}
-	older, newer := newFSM(t), newFSM(t)
-	older.newestType, older.newestFormat = CmdKVEventBatchTiered, 4
-	older.ApplyBatch(logsOf(entries[:1], 1))
-	newer.ApplyBatch(logsOf(entries[:1], 1))
-	if older.Digest() != newer.Digest() {
-		t.Fatal("builds differ before the placement")
-	}
-	before := older.Digest()
-	out := older.ApplyBatch(logsOf(entries[1:], 2))
-	var he *HaltError
-	if !errors.As(ResponseError(out[0]), &he) || he.Type != CmdPlaceWorker || he.Index != 2 ||
-		!errors.Is(ResponseError(out[1]), ErrHalted) || older.AppliedIndex() != 1 || older.Digest() != before {
-		t.Fatalf("older build: %v, then %v, applied %d", ResponseError(out[0]), ResponseError(out[1]), older.AppliedIndex())
-	}
-	newer.ApplyBatch(logsOf(entries[1:], 2))
-	if g, ok := newer.Placement("w"); newer.Halted() != nil || !ok || g != 1 {
+	older, newer := olderBuildHalts(t, entries, 1, CmdKVEventBatchTiered, 4, CmdPlaceWorker)
+	if g, ok := newer.Placement("w"); !ok || g != 1 {
 		t.Fatal("newer build did not apply the placement")
 	}
 	if err := restoreBytes(older, snapshotBytes(t, newer)); !errors.Is(err, ErrCorruptSnapshot) {
@@ -430,29 +413,9 @@ func TestFSMSetGroupsOlderBuild(t *testing.T) {
 		mustEncode(t, SetGroups{Groups: 3}),
 		mustEncode(t, PlaceWorker{Worker: "v", Group: 3, Groups: 3}),
 	}
-	if entries[1][0] != byte(CmdSetGroups) {
-		t.Fatalf("SetGroups travels as type %d without the ignore bit", entries[1][0])
-	}
-	older, newer := newFSM(t), newFSM(t)
-	older.newestType = CmdPlaceWorker
-	older.ApplyBatch(logsOf(entries[:1], 1))
-	newer.ApplyBatch(logsOf(entries[:1], 1))
-	if older.Digest() != newer.Digest() {
-		t.Fatal("builds differ before SetGroups")
-	}
-	before := older.Digest()
-	out := older.ApplyBatch(logsOf(entries[1:], 2))
-	var he *HaltError
-	if !errors.As(ResponseError(out[0]), &he) || he.Type != CmdSetGroups || he.Index != 2 ||
-		!errors.Is(ResponseError(out[1]), ErrHalted) || older.AppliedIndex() != 1 || older.Digest() != before ||
-		older.PlacementGroups() != 2 {
-		t.Fatalf("older build: %v, then %v, applied %d, groups %d", ResponseError(out[0]), ResponseError(out[1]),
-			older.AppliedIndex(), older.PlacementGroups())
-	}
-	for i, r := range newer.ApplyBatch(logsOf(entries[1:], 2)) {
-		if err := ResponseError(r); err != nil {
-			t.Fatalf("newer build, entry %d: %v", i+2, err)
-		}
+	older, newer := olderBuildHalts(t, entries, 1, CmdPlaceWorker, 0, CmdSetGroups)
+	if older.PlacementGroups() != 2 {
+		t.Fatalf("the halted build's group count moved to %d", older.PlacementGroups())
 	}
 	if g, ok := newer.Placement("v"); !ok || g != 3 || newer.PlacementGroups() != 3 {
 		t.Fatal("newer build did not place into the raised group")

@@ -174,24 +174,8 @@ func TestFSMTiersOlderBuild(t *testing.T) {
 		mustEncode(t, KVEventBatch{Events: []KVBatchEvent{stored("w", 0, 1, 1, 2)}}),
 		mustEncode(t, KVEventBatch{Events: []KVBatchEvent{tiered(stored("w", 0, 2, 3), router.TierHost)}}),
 	}
-	if entries[2][0] != byte(CmdKVEventBatchTiered) {
-		t.Fatalf("a tiered batch travels as type %d without the ignore bit", entries[2][0])
-	}
-	older, newer := newFSM(t), newFSM(t)
-	older.newestType, older.newestFormat = CmdRegisterWorkerBlockSize, 3
-	older.ApplyBatch(logsOf(entries[:2], 1))
-	newer.ApplyBatch(logsOf(entries[:2], 1))
-	if older.Digest() != newer.Digest() {
-		t.Fatal("builds differ on device batches")
-	}
-	before := older.Digest()
-	out := older.ApplyBatch(logsOf(entries[2:], 3))
-	var he *HaltError
-	if !errors.As(ResponseError(out[0]), &he) || he.Type != CmdKVEventBatchTiered || older.AppliedIndex() != 2 || older.Digest() != before {
-		t.Fatalf("older build: %v, applied %d", ResponseError(out[0]), older.AppliedIndex())
-	}
-	newer.ApplyBatch(logsOf(entries[2:], 3))
-	if newer.Halted() != nil || newer.Index().TierHeld("w", router.TierHost) != 1 {
+	older, newer := olderBuildHalts(t, entries, 2, CmdRegisterWorkerBlockSize, 3, CmdKVEventBatchTiered)
+	if newer.Index().TierHeld("w", router.TierHost) != 1 {
 		t.Fatal("newer build did not apply the tiered batch")
 	}
 	if err := restoreBytes(older, snapshotBytes(t, newer)); !errors.Is(err, ErrCorruptSnapshot) {
