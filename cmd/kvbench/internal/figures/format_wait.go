@@ -1,0 +1,77 @@
+package figures
+
+import (
+	"cmp"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// waitWeights are the wait-price table's kv-pooled columns: the weight as
+// its file names spell it (ww<weight>-…) and the column's header.
+var waitWeights = []struct{ file, head string }{
+	{"0", "kv-pooled shipped (weight 0)"}, {"1", "weight 1"}, {"0.3", "weight 0.3"}, {"0.1", "weight 0.1"},
+}
+
+// formatWaitPrice: kv-pooled with the expected-wait price at several
+// weights on the wide grid's 1,024- and 256-token cells, from
+// ww<weight>-w<W>-o<O>-<capacity>.json. The reference columns and kv come
+// from the weight-0 runs; each kv-pooled cell is ÷ pooled LRU (÷ one
+// engine) · p99 TTFT ms. Rows: outputs longest first, then workers, then
+// capacity.
+func formatWaitPrice(out Output) (string, error) {
+	cols := make([]map[string]*SimReport, len(waitWeights))
+	for i, w := range waitWeights {
+		reps, err := globSynth(out.Dir, "ww"+w.file+"-w*-o*-*.json")
+		if err != nil {
+			return "", err
+		}
+		cols[i] = map[string]*SimReport{}
+		for _, r := range reps {
+			cols[i][strings.TrimPrefix(r.File, "ww"+w.file+"-")] = r
+		}
+	}
+	var base []*SimReport
+	for _, r := range cols[0] {
+		base = append(base, r)
+	}
+	slices.SortFunc(base, func(a, b *SimReport) int {
+		return cmp.Or(-cmp.Compare(a.Config.Synthetic.OutputTokens, b.Config.Synthetic.OutputTokens),
+			cmp.Compare(a.Config.Workers, b.Config.Workers),
+			cmp.Compare(capacityLabel(a.Config.KVBlocks), capacityLabel(b.Config.KVBlocks)))
+	})
+	var b strings.Builder
+	b.WriteString("| workers | output | capacity | pooled LRU | one engine | kv |")
+	for _, w := range waitWeights {
+		b.WriteString(" " + w.head + " |")
+	}
+	b.WriteString("\n|---:|---:|---|---:|---:|---|---|---|---|---|\n")
+	for _, r := range base {
+		kv, err := r.Policy("kv")
+		if err != nil {
+			return "", err
+		}
+		ref := r.Reference
+		cells := []string{fmt.Sprint(r.Config.Workers), fmt.Sprint(r.Config.Synthetic.OutputTokens), capacityLabel(r.Config.KVBlocks),
+			f3(ref.PooledLRUCachedTokenRatio), f3(ref.EnginePooledCachedTokenRatio), f3(r.pooled(kv)) + " · " + f0(kv.TTFT.P99)}
+		key := strings.TrimPrefix(r.File, "ww0-")
+		for i, w := range waitWeights {
+			x, ok := cols[i][key]
+			if !ok {
+				return "", fmt.Errorf("the command wrote no %s", filepath.Join("ww"+w.file+"-"+key))
+			}
+			kp, err := x.Policy("kv-pooled")
+			if err != nil {
+				return "", err
+			}
+			one := 0.0
+			if e := x.Reference.EnginePooledCachedTokenRatio; e > 0 {
+				one = kp.CachedTokenRatio / e
+			}
+			cells = append(cells, f3(x.pooled(kp))+" ("+f2(one)+") · "+f0(kp.TTFT.P99))
+		}
+		row(&b, cells...)
+	}
+	return b.String(), nil
+}
