@@ -97,10 +97,8 @@ func (r *replica) groupOf(worker string) (*dataGroup, bool) {
 	}
 	// Being moved to g (moveWorker): until g's leader adopted it, the
 	// group it came from still owns it, and answers for it.
-	for _, o := range r.groups {
-		if _, ok := o.fsm.Worker(worker); ok && o != g {
-			return o, true
-		}
+	if from := r.registeredElsewhere(worker, g); from != nil {
+		return from, true
 	}
 	return g, true
 }
@@ -110,19 +108,7 @@ func (r *replica) groupOf(worker string) (*dataGroup, bool) {
 // is invisible here and its lease runs out there (registration renewals go
 // to the placed group only).
 func (r *replica) workers() []fsm.WorkerRecord {
-	if !r.sharded() {
-		return r.fsm.Workers()
-	}
-	var out []fsm.WorkerRecord
-	for _, g := range r.groups {
-		for _, w := range g.fsm.Workers() {
-			if at, ok := r.groupOf(w.ID); ok && at == g {
-				out = append(out, w)
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b fsm.WorkerRecord) int { return strings.Compare(a.ID, b.ID) })
-	return out
+	return mergeRanks(r, (*fsm.FSM).Workers, func(w fsm.WorkerRecord) router.WorkerID { return router.WorkerID(w.ID) })
 }
 
 // worker is the registration of id in its placed group.
@@ -146,9 +132,9 @@ func (r *replica) workerInfos(model string) []router.WorkerInfo {
 		func(w router.WorkerInfo) router.WorkerID { return w.ID })
 }
 
-// mergeRanks is a per-rank list read from every owner group, each rank
-// taken only from the group its worker is placed in, sorted by rank id
-// (unsharded: the control group's list as it is).
+// mergeRanks is a per-rank (or per-worker) list read from every owner
+// group, each entry taken only from the group its worker is placed in,
+// sorted by id (unsharded: the control group's list as it is).
 func mergeRanks[T any](r *replica, read func(*fsm.FSM) []T, id func(T) router.WorkerID) []T {
 	if !r.sharded() {
 		return read(r.fsm)
@@ -174,25 +160,22 @@ func (r *replica) placedIn(key router.WorkerID, g *dataGroup) bool {
 
 // overlaps is the overlap source routers read: one index, or every data
 // group's (disjoint worker sets).
-func (r *replica) overlaps() router.OverlapSource {
-	if !r.sharded() {
-		return r.fsm.Overlaps()
-	}
-	m := make(router.MergedOverlaps, len(r.groups))
-	for i, g := range r.groups {
-		m[i] = g.fsm.Overlaps()
-	}
-	return m
-}
+func (r *replica) overlaps() router.OverlapSource { return r.mergedSource((*fsm.FSM).Overlaps) }
 
 // predictedOverlaps is overlaps for kv-approx's predictions.
 func (r *replica) predictedOverlaps() router.OverlapSource {
+	return r.mergedSource((*fsm.FSM).PredictedOverlaps)
+}
+
+// mergedSource is read's source of the control group, unsharded, or one
+// over every data group's.
+func (r *replica) mergedSource(read func(*fsm.FSM) router.OverlapSource) router.OverlapSource {
 	if !r.sharded() {
-		return r.fsm.PredictedOverlaps()
+		return read(r.fsm)
 	}
 	m := make(router.MergedOverlaps, len(r.groups))
 	for i, g := range r.groups {
-		m[i] = g.fsm.PredictedOverlaps()
+		m[i] = read(g.fsm)
 	}
 	return m
 }
@@ -247,7 +230,7 @@ func (r *replica) placeWorker(ctx context.Context, worker string) (*dataGroup, e
 	}
 	// Only the groups the cluster has grown to (grow.go): a replica
 	// restarted with more runs them before an operator adds them.
-	counts := make([]int, min(r.clusterGroups(), len(r.groups)))
+	counts := make([]int, len(r.activeGroups()))
 	for _, g := range r.fsm.Placements() {
 		if g >= 1 && int(g) <= len(counts) {
 			counts[g-1]++
@@ -487,27 +470,20 @@ func (r *replica) heldBlocks(worker string, key router.WorkerID) int {
 // worker's ranks live in one group; a lost placement race's leftover in
 // another is skipped).
 func (r *replica) staleRanks() map[fsm.RankKey]fsm.StaleInfo {
-	if !r.sharded() {
-		return r.fsm.Stale()
-	}
-	out := map[fsm.RankKey]fsm.StaleInfo{}
-	for _, g := range r.groups {
-		for k, v := range g.fsm.Stale() {
-			if at, ok := r.groupOf(k.Worker); ok && at == g {
-				out[k] = v
-			}
-		}
-	}
-	return out
+	return mergeRankMaps(r, (*fsm.FSM).Stale)
 }
 
-func (r *replica) cursors() map[fsm.RankKey]uint64 {
+func (r *replica) cursors() map[fsm.RankKey]uint64 { return mergeRankMaps(r, (*fsm.FSM).Cursors) }
+
+// mergeRankMaps is a per-rank map read from every owner group, each rank
+// taken only from the group its worker is placed in.
+func mergeRankMaps[V any](r *replica, read func(*fsm.FSM) map[fsm.RankKey]V) map[fsm.RankKey]V {
 	if !r.sharded() {
-		return r.fsm.Cursors()
+		return read(r.fsm)
 	}
-	out := map[fsm.RankKey]uint64{}
+	out := map[fsm.RankKey]V{}
 	for _, g := range r.groups {
-		for k, v := range g.fsm.Cursors() {
+		for k, v := range read(g.fsm) {
 			if at, ok := r.groupOf(k.Worker); ok && at == g {
 				out[k] = v
 			}

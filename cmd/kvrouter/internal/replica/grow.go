@@ -37,6 +37,13 @@ func (r *replica) clusterGroups() int {
 	return len(r.groups)
 }
 
+// activeGroups are the data groups workers are placed in: this replica's,
+// up to the cluster's count (a replica restarted with more runs the extra
+// ones before an operator adds them).
+func (r *replica) activeGroups() []*dataGroup {
+	return r.groups[:min(r.clusterGroups(), len(r.groups))]
+}
+
 // groupsBehind is the readiness complaint of a replica running fewer data
 // groups than the cluster's count ("" when it runs enough).
 func (r *replica) groupsBehind() string {
@@ -114,7 +121,7 @@ func (r *replica) Rebalance(ctx context.Context) ([]api.WorkerMove, error) {
 	r.waitApplied(ctx)
 	var moves []api.WorkerMove
 	for {
-		n := min(r.clusterGroups(), len(r.groups))
+		n := len(r.activeGroups())
 		members := make([][]string, n)
 		for w, g := range r.fsm.Placements() {
 			if _, ok := r.worker(w); ok && g >= 1 && int(g) <= n {

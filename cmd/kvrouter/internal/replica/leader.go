@@ -62,7 +62,7 @@ func (r *replica) consume(ctx context.Context, g *dataGroup, replicas int) error
 		return fmt.Errorf("kv event stream: %w", err)
 	}
 	cc := eventbus.ConsumerConfig{
-		Validator: groupValidator{r, g}, Logger: r.log.With("component", "ingest"), Registerer: r.reg,
+		Validator: g, Logger: r.log.With("component", "ingest"), Registerer: r.reg,
 		// One Raft entry per run of events within --max-entry-bytes.
 		EntryBytes: wireEntryBytes, MaxEntryBytes: r.cfg.maxEntryBytes() - fsm.KVBatchOverhead,
 	}
@@ -117,8 +117,8 @@ func (r *replica) keepStreamSubjects(ctx context.Context, g *dataGroup, replicas
 		}
 		if _, err := eventbus.EnsureStream(ctx, r.bus.JetStream(), opts); err != nil {
 			if ctx.Err() == nil {
+				// The ticker tries again after the pause.
 				r.log.Error("kv event stream: subjects not updated to the placement map; the new workers' events wait", "group", g.id, "err", err)
-				g.notePlaced() // try again at the next change or wake-up
 				select {
 				case <-ctx.Done():
 					return
@@ -132,24 +132,11 @@ func (r *replica) keepStreamSubjects(ctx context.Context, g *dataGroup, replicas
 	}
 }
 
-// groupValidator checks events against the registry of the group whose
-// stream they came from.
-type groupValidator struct {
-	r *replica
-	g *dataGroup
-}
-
-func (v groupValidator) CheckWorker(worker string, blockSize int) error {
-	return v.r.checkWorkerIn(v.g, worker, blockSize)
-}
-
-// CheckWorker validates an event's worker before anything reaches the log.
-// worker is the rank-folded id (router.WorkerKey).
-func (r *replica) CheckWorker(worker string, blockSize int) error {
-	return r.checkWorkerIn(r.control(), worker, blockSize)
-}
-
-func (r *replica) checkWorkerIn(g *dataGroup, worker string, blockSize int) error {
+// CheckWorker validates an event's worker against the registry of the
+// group whose stream it came from, before anything reaches the log (the
+// group is the consumer's eventbus.Validator). worker is the rank-folded
+// id (router.WorkerKey).
+func (g *dataGroup) CheckWorker(worker string, blockSize int) error {
 	base, _, _ := strings.Cut(worker, "#")
 	w, ok := g.fsm.Worker(base)
 	if !ok {

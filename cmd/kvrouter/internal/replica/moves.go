@@ -59,7 +59,7 @@ func (r *replica) MoveWorker(ctx context.Context, worker string, to int) (from i
 		return 0, fmt.Errorf("%w: %v", api.ErrInvalid, ErrNotSharded)
 	}
 	r.waitApplied(ctx) // the placement and group count as committed, not as last applied here
-	if n := min(r.clusterGroups(), len(r.groups)); to < 1 || to > n {
+	if n := len(r.activeGroups()); to < 1 || to > n {
 		return 0, fmt.Errorf("%w: group %d: the data groups are 1 to %d", api.ErrInvalid, to, n)
 	}
 	p, placed := r.fsm.Placement(worker)

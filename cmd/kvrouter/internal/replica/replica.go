@@ -350,7 +350,7 @@ func (r *replica) Ready() (bool, string) {
 	// Groups beyond the cluster's count hold no worker yet (a replica
 	// restarted with more, before the count grows: grow.go), so they do
 	// not hold readiness back: their quorum forms as the others restart.
-	for _, g := range r.groups[:min(r.clusterGroups(), len(r.groups))] {
+	for _, g := range r.activeGroups() {
 		if ok, reason := g.node.Ready(); !ok {
 			return false, fmt.Sprintf("raft group %d: %s", g.id, reason)
 		}
