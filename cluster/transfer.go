@@ -13,11 +13,8 @@ import (
 // refuses new applies on this node while the transfer runs (at most an
 // election timeout), so callers back off after a failure.
 func (n *Node) TransferLeadershipTo(id string) error {
-	f := n.raft.GetConfiguration()
-	if err := f.Error(); err != nil {
-		return fmt.Errorf("cluster: transfer leadership to %q: %w", id, err)
-	}
-	for _, s := range f.Configuration().Servers {
+	servers, _ := n.gate.servers()
+	for _, s := range servers {
 		if string(s.ID) == id && s.Suffrage == raft.Voter {
 			if err := n.raft.LeadershipTransferToServer(s.ID, s.Address).Error(); err != nil {
 				return fmt.Errorf("cluster: transfer leadership to %q: %w", id, err)
@@ -30,12 +27,9 @@ func (n *Node) TransferLeadershipTo(id string) error {
 
 // Voters lists the voters of the latest configuration, in its order.
 func (n *Node) Voters() []string {
-	f := n.raft.GetConfiguration()
-	if f.Error() != nil {
-		return nil
-	}
+	servers, _ := n.gate.servers()
 	var out []string
-	for _, s := range f.Configuration().Servers {
+	for _, s := range servers {
 		if s.Suffrage == raft.Voter {
 			out = append(out, string(s.ID))
 		}
