@@ -68,6 +68,13 @@ const (
 	// the new one (DESIGN.md works the sum). Not a tuned weight: it
 	// follows from the output lengths the router observes.
 	pooledRunningReserveShare = 0.5
+
+	// pooledParitySteps is what the TTFT-parity rule (pooledNoSlowerLocked)
+	// adds to a holder's expected wait, in engine steps of one output token
+	// at the worker's observed rate: a running request frees its blocks at
+	// the end of a step and the waiting one starts in the next, while the
+	// expected end is continuous. Not tuned: the engine's granularity.
+	pooledParitySteps = 2
 )
 
 // PooledConfig holds kv-pooled's settings; a nil field takes its default.
@@ -132,6 +139,10 @@ type pooledScratch struct {
 	wait   []float64       // per candidate: the wait price (cost units)
 	frees  []pendingFree
 	admit  []bool // per worker: the admission test lets the request start at once
+	// noSlower, per candidate: the request is expected to get its first
+	// token at this worker over the admission line no later than at the
+	// fastest worker that starts it at once (pooledNoSlowerLocked).
+	noSlower []bool
 }
 
 // pooledOutputs is the observed output length (Router.Finished).
@@ -299,6 +310,10 @@ func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []
 		}
 	}
 
+	if strict && !priced {
+		r.pooledNoSlowerLocked(req, candidates, reserve, tracked, now)
+	}
+
 	copyWeight := orDefault(pc.CopyWeight, evictWeight)
 	if !strict && !priced {
 		copyWeight = 0
@@ -345,7 +360,7 @@ func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []
 		}
 		row.Pooled = extra
 		row.Cost = cost + extra
-		if strict && !priced && ps.over[j] > 0 {
+		if strict && !priced && ps.over[j] > 0 && !ps.noSlower[j] {
 			row.Busy = true
 			row.BusyReason = fmt.Sprintf("kv-pooled: would wait for KV admission (%.0f blocks over) while another worker can start it now", ps.over[j])
 			continue
@@ -454,4 +469,65 @@ func (r *Router) pooledWaitsLocked(candidates []int, reserve float64, tracked bo
 		ps.wait = append(ps.wait, waitPrice(wait, spb, r.cfg.PrefillLoadScale, weight))
 	}
 	return true
+}
+
+// pooledNoSlowerLocked fills ps.noSlower, parallel to candidates: whether a
+// candidate over the admission line is expected to give the request its
+// first token no later than the fastest candidate that starts it at once,
+// its expected wait plus its own prefill against the other's prefill (each
+// the cost's prefill blocks at the worker's observed seconds per block).
+// Such a holder keeps its place among the candidates in the strict regime:
+// waiting for it costs the request nothing in expectation, and spilling
+// would write a copy that evicts content elsewhere. It is TTFT parity for
+// the request itself, not a price: no weight, and the copy and eviction
+// prices never buy a longer wait (that exchange rate is WaitWeight's). All
+// false while a rate or the output length is unknown (before the first
+// observations), so the rule starts as plain exclusion.
+// r.mu must be held, ps.over and ps.eff filled.
+func (r *Router) pooledNoSlowerLocked(req Request, candidates []int, reserve float64, tracked bool, now time.Time) {
+	ps := &r.pooled
+	ps.noSlower = slices.Grow(ps.noSlower[:0], len(candidates))[:len(candidates)]
+	clear(ps.noSlower)
+	pc := &r.cfg.Pooled
+	if r.outputs.n == 0 && pc.OutputTokens == nil {
+		return
+	}
+	outTokens := orDefault(pc.OutputTokens, r.outputs.mean)
+	prefillSeconds := func(i int) (float64, bool) {
+		spb, ok := r.wait.secondsPerBlock(r.workers[i].ID)
+		if !ok {
+			return 0, false
+		}
+		l := r.loads[i]
+		prefill, _, _ := computeCost(&r.cfg, costInput{isl: req.Tokens, overlap: ps.eff[i], load: l.WorkerLoad, newBlocks: l.NewBlocks})
+		return prefill * spb, true
+	}
+	fastest := math.Inf(1)
+	for j, i := range candidates {
+		if ps.over[j] > 0 {
+			continue
+		}
+		t, ok := prefillSeconds(i)
+		if !ok {
+			return
+		}
+		fastest = min(fastest, t)
+	}
+	for j, i := range candidates {
+		if ps.over[j] <= 0 {
+			continue
+		}
+		w := r.workers[i].ID
+		spt, ok := r.wait.secondsPerToken(w)
+		if !ok {
+			continue
+		}
+		t, ok := prefillSeconds(i)
+		if !ok {
+			continue
+		}
+		ps.frees = r.load.runningFrees(w, reserve, pooledRunningReserveShare, tracked, ps.frees)
+		wait := expectedWait(ps.frees, ps.over[j], outTokens*spt, now)
+		ps.noSlower[j] = wait+pooledParitySteps*spt+t <= fastest
+	}
 }

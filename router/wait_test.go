@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"testing"
@@ -159,8 +160,10 @@ func TestWaitPrice(t *testing.T) {
 
 // A holder over the admission line keeps the request when its running
 // requests free room soon enough that the wait costs less than the miss
-// elsewhere (prefill and copy), and loses it otherwise; without rates or
-// with the weight 0 it is excluded as before.
+// elsewhere (prefill and copy), and loses it otherwise. With the weight 0
+// it keeps it only when the request's first token is expected no later
+// there than at the fastest worker that starts it now (TTFT parity);
+// without rates it is excluded.
 func TestPooledWaitPriceDecision(t *testing.T) {
 	prompt := tokens(7, 16*12) // 12 blocks
 	hashes := SequenceHashes(prompt, 16, "")
@@ -169,6 +172,7 @@ func TestPooledWaitPriceDecision(t *testing.T) {
 		name     string
 		weight   *float64
 		rates    bool
+		spb      float64       // seconds per prefill block observed (0: 1 ms)
 		left     time.Duration // the first running request's expected time left
 		want     WorkerID
 		busyA    bool
@@ -180,7 +184,15 @@ func TestPooledWaitPriceDecision(t *testing.T) {
 		// a costs 0 prefill + 92 decode + 10; b 12 + 12 + 8·12 copy.
 		{name: "ends soon: wait at the holder", weight: &one, rates: true, left: 10 * time.Millisecond, want: "a", priceA: 10},
 		{name: "ends late: miss elsewhere", weight: &one, rates: true, left: time.Second, want: "b", priceA: 1000},
-		{name: "weight 0: excluded", weight: &zero, rates: true, left: 10 * time.Millisecond, want: "b", busyA: true},
+		// Weight 0 (the default): no price, TTFT parity, at 5 ms a prefill
+		// block. a's first token comes after the 30 ms wait, two 10 ms
+		// steps and 0 blocks of prefill (50 ms), b's after 12 blocks (60
+		// ms): waiting at a is no slower, so a stays.
+		{name: "weight 0, no slower: wait at the holder", weight: &zero, rates: true, spb: 0.005, left: 30 * time.Millisecond, want: "a"},
+		// 41 ms of wait (61 ms) is slower than b's 60 ms: a is excluded,
+		// whatever the copy it saves is worth (that is WaitWeight's trade).
+		{name: "weight 0, slower: excluded", weight: &zero, rates: true, spb: 0.005, left: 41 * time.Millisecond, want: "b", busyA: true},
+		{name: "weight 0, no rates yet: excluded", weight: &zero, left: 10 * time.Millisecond, want: "b", busyA: true},
 		{name: "no rates yet: excluded", weight: &one, left: 10 * time.Millisecond, want: "b", busyA: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -203,8 +215,9 @@ func TestPooledWaitPriceDecision(t *testing.T) {
 			}
 			if c.rates {
 				r.mu.Lock()
-				r.wait.fleet.prefill.observe(0.1, 100, pooledRateWindow) // 1 ms a block
-				r.wait.fleet.decode.observe(1, 100, pooledRateWindow)    // 10 ms a token
+				spb := cmp.Or(c.spb, 0.001)
+				r.wait.fleet.prefill.observe(100*spb, 100, pooledRateWindow) // 1 ms a block unless the case says
+				r.wait.fleet.decode.observe(1, 100, pooledRateWindow)        // 10 ms a token
 				r.mu.Unlock()
 			}
 			d, err := r.Decide(Request{ID: "q", Tokens: len(prompt), Hashes: hashes}, now)
