@@ -481,18 +481,21 @@ func (r *Router) pooledWaitsLocked(candidates []int, reserve float64, tracked bo
 // would write a copy that evicts content elsewhere. It is TTFT parity for
 // the request itself, not a price: no weight, and the copy and eviction
 // prices never buy a longer wait (that exchange rate is WaitWeight's). All
-// false while a rate or the output length is unknown (before the first
-// observations), so the rule starts as plain exclusion.
+// false while a rate or the output length is unobserved (before the first
+// requests end), so the rule starts as plain exclusion.
 // r.mu must be held, ps.over and ps.eff filled.
 func (r *Router) pooledNoSlowerLocked(req Request, candidates []int, reserve float64, tracked bool, now time.Time) {
 	ps := &r.pooled
 	ps.noSlower = slices.Grow(ps.noSlower[:0], len(candidates))[:len(candidates)]
 	clear(ps.noSlower)
-	pc := &r.cfg.Pooled
-	if r.outputs.n == 0 && pc.OutputTokens == nil {
+	// When running requests end is what the router observed, whatever
+	// output length the reserve is configured to plan for: a configured
+	// length below the real one would make every holder look about to
+	// free its blocks.
+	if r.outputs.n == 0 {
 		return
 	}
-	outTokens := orDefault(pc.OutputTokens, r.outputs.mean)
+	outTokens := r.outputs.mean
 	prefillSeconds := func(i int) (float64, bool) {
 		spb, ok := r.wait.secondsPerBlock(r.workers[i].ID)
 		if !ok {

@@ -169,15 +169,18 @@ func TestPooledWaitPriceDecision(t *testing.T) {
 	hashes := SequenceHashes(prompt, 16, "")
 	out, zero, one := 152.5, 0.0, 1.0 // reserve 10 blocks
 	for _, c := range []struct {
-		name     string
-		weight   *float64
-		rates    bool
-		spb      float64       // seconds per prefill block observed (0: 1 ms)
-		left     time.Duration // the first running request's expected time left
-		want     WorkerID
-		busyA    bool
-		priceA   float64 // a's wait price (its pooled extra), when priced
-		excluded bool
+		name   string
+		weight *float64
+		rates  bool
+		spb    float64 // seconds per prefill block observed (0: 1 ms)
+		// unobserved: no request has ended yet (the output length is only
+		// the configured one).
+		unobserved bool
+		left       time.Duration // the first running request's expected time left
+		want       WorkerID
+		busyA      bool
+		priceA     float64 // a's wait price (its pooled extra), when priced
+		excluded   bool
 	}{
 		// a: 2 running × 40 blocks + 12 new + 2 × 5 + 10 − 100 = 12 over;
 		// the first to end frees 40 + 5. 10 ms at 1 ms a block: 10.
@@ -193,6 +196,8 @@ func TestPooledWaitPriceDecision(t *testing.T) {
 		// whatever the copy it saves is worth (that is WaitWeight's trade).
 		{name: "weight 0, slower: excluded", weight: &zero, rates: true, spb: 0.005, left: 41 * time.Millisecond, want: "b", busyA: true},
 		{name: "weight 0, no rates yet: excluded", weight: &zero, left: 10 * time.Millisecond, want: "b", busyA: true},
+		{name: "weight 0, no output observed yet: excluded", weight: &zero, rates: true, unobserved: true, spb: 0.005,
+			left: 30 * time.Millisecond, want: "b", busyA: true},
 		{name: "no rates yet: excluded", weight: &one, left: 10 * time.Millisecond, want: "b", busyA: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -218,6 +223,11 @@ func TestPooledWaitPriceDecision(t *testing.T) {
 				spb := cmp.Or(c.spb, 0.001)
 				r.wait.fleet.prefill.observe(100*spb, 100, pooledRateWindow) // 1 ms a block unless the case says
 				r.wait.fleet.decode.observe(1, 100, pooledRateWindow)        // 10 ms a token
+				if !c.unobserved {
+					// The parity rule times running requests by the observed
+					// mean output, not the configured one.
+					r.outputs = pooledOutputs{n: 1, mean: out}
+				}
 				r.mu.Unlock()
 			}
 			d, err := r.Decide(Request{ID: "q", Tokens: len(prompt), Hashes: hashes}, now)
