@@ -482,12 +482,21 @@ func (r *Router) pooledWaitsLocked(candidates []int, reserve float64, tracked bo
 // the request itself, not a price: no weight, and the copy and eviction
 // prices never buy a longer wait (that exchange rate is WaitWeight's). All
 // false while a rate or the output length is unobserved (before the first
-// requests end), so the rule starts as plain exclusion.
+// requests end), so the rule starts as plain exclusion, and while a
+// request this router sent to wait for KV blocks has not started.
 // r.mu must be held, ps.over and ps.eff filled.
 func (r *Router) pooledNoSlowerLocked(req Request, candidates []int, reserve float64, tracked bool, now time.Time) {
 	ps := &r.pooled
 	ps.noSlower = slices.Grow(ps.noSlower[:0], len(candidates))[:len(candidates)]
 	clear(ps.noSlower)
+	// One wait at a time: while a request this router sent over the line
+	// still waits for its first token, the fleet is queueing somewhere and
+	// "the fastest worker starts it now" no longer describes what the
+	// request would meet (the overloaded 3-worker seed-002 cell: p50 TTFT
+	// up 5–20 % with the rule applied regardless).
+	if r.wait.waiting > 0 {
+		return
+	}
 	// When running requests end is what the router observed, whatever
 	// output length the reserve is configured to plan for: a configured
 	// length below the real one would make every holder look about to

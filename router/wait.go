@@ -86,6 +86,26 @@ type pooledWaitState struct {
 	own     map[string]pooledBooking
 	workers map[WorkerID]*pooledRates
 	fleet   pooledRates
+	// waiting counts the bookings in own that the admission test did not
+	// let start at once and that have no first token yet: requests this
+	// router knowingly sent to wait for KV blocks.
+	waiting int
+}
+
+// waitingForAdmission reports whether b is one of the bookings counted in
+// waiting.
+func (b pooledBooking) waitingForAdmission() bool { return !b.admitted && b.first.IsZero() }
+
+// drop forgets id's booking, keeping waiting in step.
+func (s *pooledWaitState) drop(id string) (pooledBooking, bool) {
+	b, ok := s.own[id]
+	if ok {
+		if b.waitingForAdmission() {
+			s.waiting--
+		}
+		delete(s.own, id)
+	}
+	return b, ok
 }
 
 func (s *pooledWaitState) rates(w WorkerID) *pooledRates {
@@ -127,7 +147,12 @@ func (s *pooledWaitState) book(id string, w WorkerID, now time.Time, prefill flo
 	if s.own == nil {
 		s.own = make(map[string]pooledBooking)
 	}
-	s.own[id] = pooledBooking{worker: w, booked: now, prefill: prefill, admitted: admitted}
+	s.drop(id)
+	b := pooledBooking{worker: w, booked: now, prefill: prefill, admitted: admitted}
+	if b.waitingForAdmission() {
+		s.waiting++
+	}
+	s.own[id] = b
 }
 
 // firstToken observes the prefill rate: booking to first token over the
@@ -137,6 +162,9 @@ func (s *pooledWaitState) firstToken(id string, now time.Time) {
 	b, ok := s.own[id]
 	if !ok || !b.first.IsZero() || now.Before(b.booked) {
 		return
+	}
+	if b.waitingForAdmission() {
+		s.waiting--
 	}
 	b.first = now
 	s.own[id] = b
@@ -150,8 +178,7 @@ func (s *pooledWaitState) firstToken(id string, now time.Time) {
 // finished observes the decode rate (first token to finish over the output
 // tokens of one sequence) and forgets the booking.
 func (s *pooledWaitState) finished(id string, outputTokens int, now time.Time) {
-	b, ok := s.own[id]
-	delete(s.own, id)
+	b, ok := s.drop(id)
 	if !ok || b.first.IsZero() || outputTokens <= 0 || now.Before(b.first) {
 		return
 	}
@@ -160,7 +187,7 @@ func (s *pooledWaitState) finished(id string, outputTokens int, now time.Time) {
 	s.fleet.decode.observe(secs, float64(outputTokens), pooledOutputWindow)
 }
 
-func (s *pooledWaitState) forget(id string) { delete(s.own, id) }
+func (s *pooledWaitState) forget(id string) { s.drop(id) }
 
 // pendingFree is one running request as the expected wait sees it.
 type pendingFree struct {

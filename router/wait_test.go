@@ -176,11 +176,14 @@ func TestPooledWaitPriceDecision(t *testing.T) {
 		// unobserved: no request has ended yet (the output length is only
 		// the configured one).
 		unobserved bool
-		left       time.Duration // the first running request's expected time left
-		want       WorkerID
-		busyA      bool
-		priceA     float64 // a's wait price (its pooled extra), when priced
-		excluded   bool
+		// waitingElsewhere: a request booked over the line (admission said
+		// wait) has no first token yet.
+		waitingElsewhere bool
+		left             time.Duration // the first running request's expected time left
+		want             WorkerID
+		busyA            bool
+		priceA           float64 // a's wait price (its pooled extra), when priced
+		excluded         bool
 	}{
 		// a: 2 running × 40 blocks + 12 new + 2 × 5 + 10 − 100 = 12 over;
 		// the first to end frees 40 + 5. 10 ms at 1 ms a block: 10.
@@ -196,6 +199,10 @@ func TestPooledWaitPriceDecision(t *testing.T) {
 		// whatever the copy it saves is worth (that is WaitWeight's trade).
 		{name: "weight 0, slower: excluded", weight: &zero, rates: true, spb: 0.005, left: 41 * time.Millisecond, want: "b", busyA: true},
 		{name: "weight 0, no rates yet: excluded", weight: &zero, left: 10 * time.Millisecond, want: "b", busyA: true},
+		// One wait at a time: another request this router sent over the
+		// line has not started, so the no-slower case is excluded too.
+		{name: "weight 0, another request waiting: excluded", weight: &zero, rates: true, spb: 0.005, waitingElsewhere: true,
+			left: 30 * time.Millisecond, want: "b", busyA: true},
 		{name: "weight 0, no output observed yet: excluded", weight: &zero, rates: true, unobserved: true, spb: 0.005,
 			left: 30 * time.Millisecond, want: "b", busyA: true},
 		{name: "no rates yet: excluded", weight: &one, left: 10 * time.Millisecond, want: "b", busyA: true},
@@ -230,6 +237,11 @@ func TestPooledWaitPriceDecision(t *testing.T) {
 				}
 				r.mu.Unlock()
 			}
+			if c.waitingElsewhere {
+				r.mu.Lock()
+				r.wait.book("queued", "b", now.Add(-time.Second), 10, false)
+				r.mu.Unlock()
+			}
 			d, err := r.Decide(Request{ID: "q", Tokens: len(prompt), Hashes: hashes}, now)
 			if err != nil {
 				t.Fatal(err)
@@ -242,5 +254,45 @@ func TestPooledWaitPriceDecision(t *testing.T) {
 				t.Errorf("a's pooled extra %.6f, want the wait price %v\n%s", a.Pooled, c.priceA, d.Explain())
 			}
 		})
+	}
+}
+
+// waiting counts the bookings sent to wait for KV admission that have not
+// started, through every way a booking ends or is replaced.
+func TestPooledWaitingCount(t *testing.T) {
+	var s pooledWaitState
+	recount := func() int {
+		n := 0
+		for _, b := range s.own {
+			if b.waitingForAdmission() {
+				n++
+			}
+		}
+		return n
+	}
+	now := t0
+	steps := []struct {
+		name string
+		do   func()
+		want int
+	}{
+		{"admitted booking", func() { s.book("a", "w", now, 10, true) }, 0},
+		{"waiting booking", func() { s.book("b", "w", now, 10, false) }, 1},
+		{"second waiting", func() { s.book("c", "w", now, 10, false) }, 2},
+		{"rebooked as admitted", func() { s.book("c", "w", now, 10, true) }, 1},
+		{"first token of a waiting one", func() { s.firstToken("b", now.Add(time.Second)) }, 0},
+		{"its second first token changes nothing", func() { s.firstToken("b", now.Add(2*time.Second)) }, 0},
+		{"waiting again", func() { s.book("d", "w", now, 10, false) }, 1},
+		{"a first token before the booking is ignored", func() { s.firstToken("d", now.Add(-time.Second)) }, 1},
+		{"finished while waiting", func() { s.finished("d", 10, now.Add(time.Second)) }, 0},
+		{"waiting, then forgotten", func() { s.book("e", "w", now, 10, false); s.forget("e") }, 0},
+		{"finished after its first token", func() { s.finished("b", 10, now.Add(3*time.Second)) }, 0},
+		{"unknown ids", func() { s.forget("zz"); s.finished("zz", 1, now); s.firstToken("zz", now) }, 0},
+	}
+	for _, st := range steps {
+		st.do()
+		if s.waiting != st.want || recount() != st.want {
+			t.Fatalf("after %s: waiting %d, recount %d, want %d", st.name, s.waiting, recount(), st.want)
+		}
 	}
 }
