@@ -20,6 +20,8 @@ func Registry() []Figure {
 		{"disagg-seed001", "kvbench disagg: seed 001's arithmetic (shares disagg-1p1d's command, ~5 s)", formatDisaggSeed001},
 		{"disagg-1p1d", "kvbench disagg: 1 + 1 workers, concurrency 4 (~5 s)", formatDisaggGrid},
 		{"disagg-2p2d", "kvbench disagg: 2 + 2 workers, 16 clients with think time (~10 s)", formatDisaggGrid},
+		{"s002-hardest", "seed 002's 24-prefix cells against kv's 36-setting knob sweep, best settings picked (222 runs, ~2 min)",
+			formatS002Hardest},
 		{"pooled-grid", "the seed-002 grid, round-robin, kv and kv-pooled (24 runs, ~40 s)", formatPooledGrid},
 		{"wide-grid", "kv against kv-pooled on 3–32 workers, outputs 16–1,024 tokens (50 runs, ~3 min)", formatWideGrid},
 		{"sensitivity", "kv-pooled's constants one at a time on 8 cells, sessions included (80 runs, ~2 min)", formatSensitivity},
