@@ -75,3 +75,66 @@ func formatWaitPrice(out Output) (string, error) {
 	}
 	return b.String(), nil
 }
+
+// waitWeightsS002 are the seed-002 wait-price table's kv-pooled columns:
+// the weight as its file names spell it (sw<weight>-…) and the header.
+var waitWeightsS002 = []struct{ file, head string }{
+	{"0", "kv-pooled shipped"}, {"1", "weight 1"}, {"0.1", "weight 0.1"},
+}
+
+// formatWaitPriceS002: kv-pooled's expected-wait price at several weights
+// on seed 002's 24-prefix cells, from sw<weight>-w<W>-c<C>.json. kv comes
+// from the weight-0 runs. Cell: ÷ pooled-LRU · p99 TTFT ms. Rows: workers
+// descending, then concurrency.
+func formatWaitPriceS002(out Output) (string, error) {
+	cols := make([]map[string]*SimReport, len(waitWeightsS002))
+	for i, w := range waitWeightsS002 {
+		reps, err := globSynth(out.Dir, "sw"+w.file+"-w*-c*.json")
+		if err != nil {
+			return "", err
+		}
+		cols[i] = map[string]*SimReport{}
+		for _, r := range reps {
+			cols[i][strings.TrimPrefix(r.File, "sw"+w.file+"-")] = r
+		}
+	}
+	var base []*SimReport
+	for _, r := range cols[0] {
+		base = append(base, r)
+	}
+	sortGrid(base)
+	cell := func(r *SimReport, policy string) (string, error) {
+		x, err := r.Policy(policy)
+		if err != nil {
+			return "", err
+		}
+		return f3(r.pooled(x)) + " · " + f0(x.TTFT.P99), nil
+	}
+	var b strings.Builder
+	b.WriteString("| workers | conc. | kv |")
+	for _, w := range waitWeightsS002 {
+		b.WriteString(" " + w.head + " |")
+	}
+	b.WriteString("\n|---:|---:|---|" + strings.Repeat("---|", len(waitWeightsS002)) + "\n")
+	for _, r := range base {
+		kv, err := cell(r, "kv")
+		if err != nil {
+			return "", err
+		}
+		cells := []string{fmt.Sprint(r.Config.Workers), fmt.Sprint(r.Config.Synthetic.Concurrency), kv}
+		key := strings.TrimPrefix(r.File, "sw0-")
+		for i, w := range waitWeightsS002 {
+			x, ok := cols[i][key]
+			if !ok {
+				return "", fmt.Errorf("the command wrote no %s", "sw"+w.file+"-"+key)
+			}
+			c, err := cell(x, "kv-pooled")
+			if err != nil {
+				return "", err
+			}
+			cells = append(cells, c)
+		}
+		row(&b, cells...)
+	}
+	return b.String(), nil
+}

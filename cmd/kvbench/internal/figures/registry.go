@@ -27,6 +27,8 @@ func Registry() []Figure {
 		{"sensitivity", "kv-pooled's constants one at a time on 8 cells, sessions included (80 runs, ~2 min)", formatSensitivity},
 		{"wait-price", "kv-pooled's expected-wait price at weights 0, 1, 0.3 and 0.1 on the wide grid's 256- and 1,024-token cells (80 runs, ~5 min)",
 			formatWaitPrice},
+		{"wait-price-s002", "kv-pooled's expected-wait price at weights 0, 1 and 0.1 on seed 002's 24-prefix cells (18 runs, ~15 s)",
+			formatWaitPriceS002},
 		{"routers-s002", "several routers against sync lag, seed 002's 24-prefix cell (10 runs, ~30 s)",
 			formatRouters("r*.json", " (0 – 3 s)", "", true)},
 		{"routers-live", "several routers against sync lag, the live workload's shape (14 runs, ~20 s)",
