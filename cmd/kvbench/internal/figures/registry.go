@@ -23,6 +23,8 @@ func Registry() []Figure {
 		{"s002-hardest", "seed 002's 24-prefix cells against kv's 36-setting knob sweep, best settings picked (222 runs, ~2 min)",
 			formatS002Hardest},
 		{"pooled-grid", "the seed-002 grid, round-robin, kv and kv-pooled (24 runs, ~40 s)", formatPooledGrid},
+		{"beyond-s002", "skew, a moving hot set, heterogeneous workers, sessions: round-robin, kv, best kv scale, kv-pooled (24 runs, ~30 s)",
+			formatBeyondS002},
 		{"wide-grid", "kv against kv-pooled on 3–32 workers, outputs 16–1,024 tokens (50 runs, ~3 min)", formatWideGrid},
 		{"sensitivity", "kv-pooled's constants one at a time on 8 cells, sessions included (80 runs, ~2 min)", formatSensitivity},
 		{"wait-price", "kv-pooled's expected-wait price at weights 0, 1, 0.3 and 0.1 on the wide grid's 256- and 1,024-token cells (80 runs, ~5 min)",
