@@ -20,6 +20,7 @@ func Registry() []Figure {
 		{"disagg-seed001", "kvbench disagg: seed 001's arithmetic (shares disagg-1p1d's command, ~5 s)", formatDisaggSeed001},
 		{"disagg-1p1d", "kvbench disagg: 1 + 1 workers, concurrency 4 (~5 s)", formatDisaggGrid},
 		{"disagg-2p2d", "kvbench disagg: 2 + 2 workers, 16 clients with think time (~10 s)", formatDisaggGrid},
+		{"s002-seeds", "seed 002's acceptance cell seed by seed, kv-pooled now, 6 and 3 workers, seeds 11–22 (24 runs, ~10 s)", formatS002Seeds},
 		{"s002-hardest", "seed 002's 24-prefix cells against kv's 36-setting knob sweep, best settings picked (222 runs, ~2 min)",
 			formatS002Hardest},
 		{"pooled-grid", "the seed-002 grid, round-robin, kv and kv-pooled (24 runs, ~40 s)", formatPooledGrid},
