@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"testing"
+	"time"
 )
 
 // benchIndex builds an index of blocks distinct blocks in chains of chainLen,
@@ -171,6 +172,59 @@ func BenchmarkSelect(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkSelectOverTheLine: kv-pooled's decision when 60 of 64 workers
+// are over the admission line and 4 can start the request, with rates and
+// output lengths observed, so the TTFT-parity rule estimates the wait at
+// every worker over the line (their running requests, in order of expected
+// end). "one-waiting": the same with a request already waiting for
+// admission, which turns the rule off: the difference is the rule's cost.
+func BenchmarkSelectOverTheLine(b *testing.B) {
+	for _, waiting := range []bool{false, true} {
+		name := "workers=64/parity"
+		if waiting {
+			name += "/one-waiting"
+		}
+		b.Run(name, func(b *testing.B) {
+			ix, chains := benchIndex(b, 1<<18, 64, 32)
+			cfg := DefaultConfig()
+			cfg.Mode = ModeKVPooled
+			r, err := New(cfg, ix, 1)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ws := make([]WorkerInfo, 0, 64)
+			for i, w := range ix.Workers() {
+				total := 140 // 4 running requests of 32 blocks: over the line
+				if i%16 == 0 {
+					total = 10_000
+				}
+				ws = append(ws, WorkerInfo{ID: w, TotalBlocks: total, MaxBatchedTokens: 8192})
+			}
+			r.SetWorkers(ws)
+			for i := range 256 {
+				id := fmt.Sprint("bg", i)
+				r.Load().Add(Booking{ID: id, Worker: ws[i%64].ID, Hashes: chains[i], PrefillTokens: 512, Added: t0})
+				r.Load().PrefillDoneAt(id, t0.Add(time.Duration(i)*time.Millisecond))
+			}
+			r.mu.Lock()
+			r.wait.fleet.prefill.observe(0.1, 100, pooledRateWindow)
+			r.wait.fleet.decode.observe(1, 100, pooledRateWindow)
+			r.outputs = pooledOutputs{n: 1, mean: 64}
+			if waiting {
+				r.wait.book("waiting", ws[0].ID, t0, 10, false)
+			}
+			r.mu.Unlock()
+			now := t0.Add(500 * time.Millisecond)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := r.Decide(Request{ID: "q", Hashes: chains[256+(i*31)%(len(chains)-256)], Tokens: 32 * 16}, now); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
 
 // BenchmarkRoute: decide, book the load and free it, for a 64-block prompt.

@@ -535,7 +535,10 @@ func (r *Router) pooledNoSlowerLocked(req Request, candidates []int, reserve flo
 			continue
 		}
 		t, ok := prefillSeconds(i)
-		if !ok {
+		// The wait is the costly part (every running request's blocks);
+		// a worker whose own prefill and steps already lose is done
+		// without it, so only the prefix's holders pay for it.
+		if !ok || pooledParitySteps*spt+t > fastest {
 			continue
 		}
 		ps.frees = r.load.runningFrees(w, reserve, pooledRunningReserveShare, tracked, ps.frees)
