@@ -39,8 +39,20 @@ func newTransport(cfg *Config, logger *hclogAdapter, gate *peerGate, refused fun
 	}
 	tc := &raft.NetworkTransportConfig{
 		MaxPool: 3,
-		Timeout: cfg.TransportTimeout,
-		Logger:  logger.Named("transport"),
+		// 1 turns pipelined replication off. With hashicorp/raft's default
+		// of 2 the pipeline's channels are unbuffered, and a follower that
+		// answers an append with Success=false can leave the sender parked
+		// on the in-progress channel with nobody left to read it: the
+		// follower is never replicated to again (heartbeats still flow, so
+		// no election heals it) and Shutdown waits forever on the
+		// replication goroutine. TestServeShardedGrow hung 18 minutes in
+		// netPipeline.AppendEntries that way (2026-12-02); grafana/pyroscope
+		// #5518 traced the same deadlock. Each append is then one
+		// synchronous RPC; our entries are batches, so the cost is
+		// BENCHMARKS.md's ("Raft: committed batches").
+		MaxRPCsInFlight: 1,
+		Timeout:         cfg.TransportTimeout,
+		Logger:          logger.Named("transport"),
 	}
 	if cfg.TLS != nil {
 		ln, err := net.Listen("tcp", cfg.RaftAddr)
