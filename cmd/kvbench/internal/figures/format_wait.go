@@ -21,20 +21,9 @@ var waitWeights = []struct{ file, head string }{
 // engine) · p99 TTFT ms. Rows: outputs longest first, then workers, then
 // capacity.
 func formatWaitPrice(out Output) (string, error) {
-	cols := make([]map[string]*SimReport, len(waitWeights))
-	for i, w := range waitWeights {
-		reps, err := globSynth(out.Dir, "ww"+w.file+"-w*-o*-*.json")
-		if err != nil {
-			return "", err
-		}
-		cols[i] = map[string]*SimReport{}
-		for _, r := range reps {
-			cols[i][strings.TrimPrefix(r.File, "ww"+w.file+"-")] = r
-		}
-	}
-	var base []*SimReport
-	for _, r := range cols[0] {
-		base = append(base, r)
+	cols, base, err := weightColumns(out.Dir, "ww", "-w*-o*-*.json", waitWeights)
+	if err != nil {
+		return "", err
 	}
 	slices.SortFunc(base, func(a, b *SimReport) int {
 		return cmp.Or(-cmp.Compare(a.Config.Synthetic.OutputTokens, b.Config.Synthetic.OutputTokens),
@@ -87,20 +76,9 @@ var waitWeightsS002 = []struct{ file, head string }{
 // from the weight-0 runs. Cell: ÷ pooled-LRU · p99 TTFT ms. Rows: workers
 // descending, then concurrency.
 func formatWaitPriceS002(out Output) (string, error) {
-	cols := make([]map[string]*SimReport, len(waitWeightsS002))
-	for i, w := range waitWeightsS002 {
-		reps, err := globSynth(out.Dir, "sw"+w.file+"-w*-c*.json")
-		if err != nil {
-			return "", err
-		}
-		cols[i] = map[string]*SimReport{}
-		for _, r := range reps {
-			cols[i][strings.TrimPrefix(r.File, "sw"+w.file+"-")] = r
-		}
-	}
-	var base []*SimReport
-	for _, r := range cols[0] {
-		base = append(base, r)
+	cols, base, err := weightColumns(out.Dir, "sw", "-w*-c*.json", waitWeightsS002)
+	if err != nil {
+		return "", err
 	}
 	sortGrid(base)
 	cell := func(r *SimReport, policy string) (string, error) {
@@ -137,4 +115,26 @@ func formatWaitPriceS002(out Output) (string, error) {
 		row(&b, cells...)
 	}
 	return b.String(), nil
+}
+
+// weightColumns reads one column of reports per weight, from files named
+// <prefix><weight><rest>, keyed by what follows "<prefix><weight>-"; base
+// is the first weight's reports (the rows), in no particular order.
+func weightColumns(dir, prefix, rest string, weights []struct{ file, head string }) ([]map[string]*SimReport, []*SimReport, error) {
+	cols := make([]map[string]*SimReport, len(weights))
+	for i, w := range weights {
+		reps, err := globSynth(dir, prefix+w.file+rest)
+		if err != nil {
+			return nil, nil, err
+		}
+		cols[i] = map[string]*SimReport{}
+		for _, r := range reps {
+			cols[i][strings.TrimPrefix(r.File, prefix+w.file+"-")] = r
+		}
+	}
+	base := make([]*SimReport, 0, len(cols[0]))
+	for _, r := range cols[0] {
+		base = append(base, r)
+	}
+	return cols, base, nil
 }
