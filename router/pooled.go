@@ -473,9 +473,10 @@ func (r *Router) pooledWaitsLocked(candidates []int, reserve float64, tracked bo
 
 // pooledNoSlowerLocked fills ps.noSlower, parallel to candidates: whether a
 // candidate over the admission line is expected to give the request its
-// first token no later than the fastest candidate that starts it at once,
-// its expected wait plus its own prefill against the other's prefill (each
-// the cost's prefill blocks at the worker's observed seconds per block).
+// first token no later than the fastest candidate that starts it at once:
+// its expected wait, pooledParitySteps engine steps and its own prefill
+// against the other's prefill (each the cost's prefill blocks at the
+// worker's observed seconds per block).
 // Such a holder keeps its place among the candidates in the strict regime:
 // waiting for it costs the request nothing in expectation, and spilling
 // would write a copy that evicts content elsewhere. It is TTFT parity for
