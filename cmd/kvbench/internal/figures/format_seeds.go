@@ -5,21 +5,9 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-)
 
-// median is the median of xs (the mean of the middle two for an even
-// count); xs is sorted in place.
-func median(xs []float64) float64 {
-	slices.Sort(xs)
-	n := len(xs)
-	if n == 0 {
-		return 0
-	}
-	if n%2 == 1 {
-		return xs[n/2]
-	}
-	return (xs[n/2-1] + xs[n/2]) / 2
-}
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
+)
 
 // formatS002Seeds: seed 002's acceptance cell (24 prefixes, concurrency
 // 16) seed by seed, from w<W>-s<seed>.json (one rep each), one row per
@@ -67,13 +55,11 @@ func formatS002Seeds(out Output) (string, error) {
 		if len(first3) != 3 {
 			return "", fmt.Errorf("%d workers: %d of seeds 11–13 run, want all 3", w, len(first3))
 		}
-		mean := 0.0
-		for _, x := range ratios {
-			mean += x
-		}
-		mean /= float64(len(ratios))
-		row(&b, fmt.Sprintf("%d workers", w), strings.Join(per, " "), "**"+f3(mean)+"**", "**"+f3(slices.Min(ratios))+"**",
-			"**"+f3(median(first3))+"**", fmt.Sprintf("%s ms (kv %s)", f0(median(p99)), f0(median(p99kv))))
+		// The 50th percentile by linear interpolation is the median: the
+		// mean of the middle two for an even count.
+		row(&b, fmt.Sprintf("%d workers", w), strings.Join(per, " "), "**"+f3(stats.Mean(ratios))+"**", "**"+f3(slices.Min(ratios))+"**",
+			"**"+f3(stats.Percentile(first3, 50))+"**",
+			fmt.Sprintf("%s ms (kv %s)", f0(stats.Percentile(p99, 50)), f0(stats.Percentile(p99kv, 50))))
 	}
 	return b.String(), nil
 }
