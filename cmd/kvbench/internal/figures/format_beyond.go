@@ -99,8 +99,7 @@ func formatBeyondS002(out Output) (string, error) {
 			if err != nil {
 				return "", err
 			}
-			if top == nil || x.CachedTokenRatio > topKV.CachedTokenRatio ||
-				x.CachedTokenRatio == topKV.CachedTokenRatio && x.TTFT.P99 < topKV.TTFT.P99 {
+			if top == nil || betterKV(x, topKV) {
 				top, topKV = s, x
 			}
 		}
