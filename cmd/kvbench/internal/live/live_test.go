@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -223,7 +224,44 @@ func TestLoadPromptText(t *testing.T) {
 	}
 }
 
+// stepClock is a clock that moves only when the test advances it; arm
+// returns a channel closed at the next reading, so a fake server can wait
+// until the client has timestamped what it just sent before moving on.
+type stepClock struct {
+	mu    sync.Mutex
+	now   time.Time
+	armed chan struct{}
+}
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.armed != nil {
+		close(c.armed)
+		c.armed = nil
+	}
+	return c.now
+}
+
+func (c *stepClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func (c *stepClock) arm() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.armed = make(chan struct{})
+	return c.armed
+}
+
+// TestLoadStreamParsing checks what Complete reads from an SSE stream and
+// when it stamps TTFT (at the first data chunk) and E2E (after [DONE]): the
+// fake server advances a step clock instead of sleeping, and waits for the
+// client to read the clock after the first chunk, so the figures are exact.
 func TestLoadStreamParsing(t *testing.T) {
+	clk := &stepClock{now: time.Unix(1000, 0)}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req CompletionRequest
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || !req.Stream || req.StreamOptions == nil || !req.StreamOptions.IncludeUsage {
@@ -237,27 +275,34 @@ func TestLoadStreamParsing(t *testing.T) {
 		w.Header().Set("X-Worker-Id", "w7")
 		w.Header().Set("Content-Type", "text/event-stream")
 		fl := w.(http.Flusher)
-		time.Sleep(20 * time.Millisecond)
+		clk.Advance(20 * time.Millisecond) // time to first token
 		fmt.Fprintf(w, "data: {\"choices\":[{\"text\":\"x\"}]}\n\n")
+		read := clk.arm()
 		fl.Flush()
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case <-read: // the client stamped TTFT
+		case <-time.After(30 * time.Second): // hang guard only
+			t.Errorf("client never read the clock after the first chunk")
+			return
+		}
+		clk.Advance(10 * time.Millisecond) // the rest of the stream
 		fmt.Fprintf(w, "data: {\"choices\":[{\"text\":\"y\"}]}\n\n")
 		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":48}}}\n\n", CountTokens(req.Prompt))
 		fmt.Fprintf(w, "data: [DONE]\n\n")
 	}))
 	defer srv.Close()
 	hc := NewInferenceClient(2, nil)
-	c, err := Complete(context.Background(), hc, srv.URL, "", NewCompletionRequest("m", "a b c", 2))
+	c, err := complete(context.Background(), hc, srv.URL, "", NewCompletionRequest("m", "a b c", 2), clk.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Worker != "w7" || c.CachedTokens != 48 || c.PromptTokens != 3 || !c.HasUsage || c.OutputChunks != 2 {
 		t.Fatalf("completion %+v", c)
 	}
-	if c.TTFT < 20*time.Millisecond || c.E2E < c.TTFT+10*time.Millisecond {
-		t.Fatalf("ttft %v e2e %v", c.TTFT, c.E2E)
+	if c.TTFT != 20*time.Millisecond || c.E2E != 30*time.Millisecond {
+		t.Fatalf("ttft %v e2e %v, want 20ms 30ms", c.TTFT, c.E2E)
 	}
-	_, err = Complete(context.Background(), hc, srv.URL, "", NewCompletionRequest("m", "fail", 2))
+	_, err = complete(context.Background(), hc, srv.URL, "", NewCompletionRequest("m", "fail", 2), clk.Now)
 	var he *HTTPError
 	if err == nil || !strings.Contains(err.Error(), "503") || !asHTTPError(err, &he) || he.Status != 503 {
 		t.Fatalf("error %v", err)

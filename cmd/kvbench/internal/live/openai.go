@@ -92,6 +92,11 @@ var ErrStream = errors.New("bad completion stream")
 // TTFT is the time to the first data chunk, E2E to [DONE] (or the end of
 // the body). A non-200 answer returns an *HTTPError.
 func Complete(ctx context.Context, hc *http.Client, base, apiKey string, body CompletionRequest) (Completion, error) {
+	return complete(ctx, hc, base, apiKey, body, time.Now)
+}
+
+// complete is Complete reading the time from now (a test's clock).
+func complete(ctx context.Context, hc *http.Client, base, apiKey string, body CompletionRequest, now func() time.Time) (Completion, error) {
 	var c Completion
 	b, err := json.Marshal(body)
 	if err != nil {
@@ -106,7 +111,7 @@ func Complete(ctx context.Context, hc *http.Client, base, apiKey string, body Co
 	if apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}
-	start := time.Now()
+	start := now()
 	resp, err := hc.Do(req)
 	if err != nil {
 		return c, err
@@ -118,8 +123,8 @@ func Complete(ctx context.Context, hc *http.Client, base, apiKey string, body Co
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		return c, &HTTPError{URL: req.URL.String(), Status: resp.StatusCode, Body: string(msg)}
 	}
-	err = readStream(resp.Body, start, &c)
-	c.E2E = time.Since(start)
+	err = readStream(resp.Body, start, now, &c)
+	c.E2E = now().Sub(start)
 	// Read what follows [DONE] (the end of the chunked body) so the
 	// connection goes back to the pool: a body closed early closes the
 	// connection, and every request would pay a new TCP and, over HTTPS, a
@@ -141,7 +146,7 @@ type streamChunk struct {
 	Error json.RawMessage `json:"error"`
 }
 
-func readStream(r io.Reader, start time.Time, c *Completion) error {
+func readStream(r io.Reader, start time.Time, now func() time.Time, c *Completion) error {
 	br := bufio.NewReaderSize(r, 64<<10)
 	for {
 		line, err := br.ReadString('\n')
@@ -151,7 +156,7 @@ func readStream(r io.Reader, start time.Time, c *Completion) error {
 				return nil
 			}
 			if c.TTFT == 0 {
-				c.TTFT = time.Since(start)
+				c.TTFT = now().Sub(start)
 			}
 			var ch streamChunk
 			if jerr := json.Unmarshal([]byte(data), &ch); jerr != nil {
