@@ -42,6 +42,8 @@ type Options struct {
 	// known; otherwise a line every Every.
 	Bar   bool
 	Every time.Duration // 0: DefaultEvery
+
+	tick <-chan time.Time // a test's ticks in place of the ticker
 }
 
 // Flags are the --progress flags every long kvbench command takes.
@@ -88,9 +90,9 @@ func Start(w io.Writer, m Meter, o Options) (stop func()) {
 	quit := make(chan struct{})
 	done := make(chan struct{})
 	if o.Bar && m.Total > 0 {
-		go runBar(w, m, quit, done)
+		go runBar(w, m, o.tick, quit, done)
 	} else {
-		go runLines(w, m, o.Every, quit, done)
+		go runLines(w, m, o.Every, o.tick, quit, done)
 	}
 	return sync.OnceFunc(func() {
 		close(quit)
@@ -101,7 +103,17 @@ func Start(w io.Writer, m Meter, o Options) (stop func()) {
 // barRefresh is how often the bar polls the count and redraws.
 const barRefresh = 200 * time.Millisecond
 
-func runBar(w io.Writer, m Meter, quit <-chan struct{}, done chan<- struct{}) {
+// ticks is tick, or a ticker's channel every period when tick is nil; stop
+// stops that ticker.
+func ticks(tick <-chan time.Time, period time.Duration) (c <-chan time.Time, stop func()) {
+	if tick != nil {
+		return tick, func() {}
+	}
+	t := time.NewTicker(period)
+	return t.C, t.Stop
+}
+
+func runBar(w io.Writer, m Meter, tick <-chan time.Time, quit <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	opts := []progressbar.Option{
 		progressbar.OptionSetWriter(w),
@@ -121,8 +133,8 @@ func runBar(w io.Writer, m Meter, quit <-chan struct{}, done chan<- struct{}) {
 		opts = append(opts, progressbar.OptionShowIts())
 	}
 	bar := progressbar.NewOptions64(m.Total, opts...)
-	t := time.NewTicker(barRefresh)
-	defer t.Stop()
+	tick, stop := ticks(tick, barRefresh)
+	defer stop()
 	update := func() {
 		if m.Detail != nil {
 			bar.Describe(m.Name + ": " + m.Detail())
@@ -135,25 +147,25 @@ func runBar(w io.Writer, m Meter, quit <-chan struct{}, done chan<- struct{}) {
 			update()
 			_ = bar.Finish() // clears the line (OptionClearOnFinish)
 			return
-		case <-t.C:
+		case <-tick:
 			update()
 		}
 	}
 }
 
-func runLines(w io.Writer, m Meter, every time.Duration, quit <-chan struct{}, done chan<- struct{}) {
+func runLines(w io.Writer, m Meter, every time.Duration, tick <-chan time.Time, quit <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	if every <= 0 {
 		every = DefaultEvery
 	}
 	start := time.Now()
-	t := time.NewTicker(every)
-	defer t.Stop()
+	tick, stop := ticks(tick, every)
+	defer stop()
 	for {
 		select {
 		case <-quit:
 			return
-		case <-t.C:
+		case <-tick:
 			fmt.Fprintln(w, Line(m, time.Since(start)))
 		}
 	}

@@ -59,23 +59,29 @@ func captureStdout(t *testing.T, f func()) string {
 }
 
 // Progress goes to the writer it is given, never to stdout: a plain
-// line per interval on a non-terminal, a bar that is cleared at the end
-// on a terminal.
+// line per tick on a non-terminal, a bar that is cleared at the end on a
+// terminal. The test drives the ticks itself (an unbuffered channel: each
+// send returns once the meter has taken the tick), so the line count is
+// exact and nothing depends on the machine's speed.
 func TestStartWritesOnlyToItsWriter(t *testing.T) {
+	const ticks = 3
 	for _, tc := range []struct {
 		name  string
 		opt   Options
 		check func(t *testing.T, out string)
 	}{
-		{"lines", Options{Every: 20 * time.Millisecond}, func(t *testing.T, out string) {
+		{"lines", Options{Every: time.Hour}, func(t *testing.T, out string) {
 			lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
-			if len(lines) < 2 {
-				t.Fatalf("%d lines in 300ms at one per 20ms:\n%s", len(lines), out)
+			if len(lines) != ticks {
+				t.Fatalf("%d lines after %d ticks:\n%s", len(lines), ticks, out)
 			}
 			for _, l := range lines {
 				if !strings.HasPrefix(l, "kvbench test: ") || !strings.Contains(l, "/1000 requests (") || strings.ContainsAny(l, "\r\x1b") {
 					t.Errorf("line %q", l)
 				}
+			}
+			if last := lines[ticks-1]; !strings.Contains(last, " 30/1000 requests (3%)") {
+				t.Errorf("last line %q, want the count at the last tick (30/1000)", last)
 			}
 		}},
 		{"bar", Options{Bar: true}, func(t *testing.T, out string) {
@@ -92,11 +98,14 @@ func TestStartWritesOnlyToItsWriter(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var n atomic.Int64
 			var w syncbuf.Buffer
+			tick := make(chan time.Time)
+			opt := tc.opt
+			opt.tick = tick
 			stdout := captureStdout(t, func() {
-				stop := Start(&w, Meter{Name: "kvbench test", Unit: "requests", Total: 1000, Count: n.Load}, tc.opt)
-				for range 30 {
+				stop := Start(&w, Meter{Name: "kvbench test", Unit: "requests", Total: 1000, Count: n.Load}, opt)
+				for range ticks {
 					n.Add(10)
-					time.Sleep(10 * time.Millisecond)
+					tick <- time.Now()
 				}
 				stop()
 				stop() // idempotent
@@ -106,7 +115,12 @@ func TestStartWritesOnlyToItsWriter(t *testing.T) {
 			}
 			out := w.String()
 			tc.check(t, out)
-			time.Sleep(50 * time.Millisecond)
+			// Stopped: nobody takes a tick any more, nothing more is written.
+			select {
+			case tick <- time.Now():
+				t.Error("a tick was taken after stop")
+			default:
+			}
 			if after := w.String(); after != out {
 				t.Errorf("written after stop: %q", after[len(out):])
 			}
