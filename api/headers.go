@@ -60,9 +60,12 @@ func copyEndToEnd(dst, src http.Header) {
 // Which client headers reach a worker: every end-to-end header except
 // those below (a deny-list, so the request ids, trace context, tenant and
 // custom headers that clients and gateways rely on reach the engine):
-//   - Authorization, Cookie: the client's credentials for this router are
-//     not the worker's business (a worker API key replaces them,
-//     Config.WorkerAPIKey);
+//   - Authorization, Cookie, X-Api-Key, Api-Key: the client's credentials
+//     for this router (or for a gateway in front of it: Azure OpenAI and
+//     many API gateways take "api-key" or "x-api-key") are not the
+//     worker's business (a worker API key replaces them,
+//     Config.WorkerAPIKey); a worker registered by someone else would
+//     otherwise collect every client's key;
 //   - Idempotency-Key, X-Idempotency-Key: Go's transport would replay a
 //     POST after a dropped connection, the very repeat the proxy loop
 //     exists to prevent;
@@ -72,7 +75,7 @@ func copyEndToEnd(dst, src http.Header) {
 //     the load was booked on);
 //   - Forwarded, X-Forwarded-*, X-Real-Ip: a client could forge them.
 var deniedHeaders = map[string]bool{
-	"Authorization": true, "Cookie": true, "Idempotency-Key": true, "X-Idempotency-Key": true,
+	"Authorization": true, "Cookie": true, "X-Api-Key": true, "Api-Key": true, "Idempotency-Key": true, "X-Idempotency-Key": true,
 	"Host": true, "Content-Length": true, "Content-Type": true, "Expect": true,
 	"X-Data-Parallel-Rank": true, "Forwarded": true, "X-Real-Ip": true,
 }

@@ -76,6 +76,58 @@ func TestAPIHeadersToWorker(t *testing.T) {
 	}
 }
 
+// TestAPIHeadersAPIKeysNotForwarded: the API-key headers gateways and
+// OpenAI-style clients use (x-api-key, api-key) are credentials for this
+// router, never sent on to a worker, whoever registered it: over a real
+// connection (the server canonicalizes lower-case names) and through
+// outboundHeader alone.
+func TestAPIHeadersAPIKeysNotForwarded(t *testing.T) {
+	got := make(chan http.Header, 1)
+	worker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Clone()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"choices":[{"text":"x"}]}`))
+	}))
+	defer worker.Close()
+	rep := newFakeReplica("m", router.DefaultConfig())
+	rep.addWorker("m", "w1", worker.URL)
+	s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true}, rep)
+	front := httptest.NewServer(s.Handler())
+	defer front.Close()
+	req, _ := http.NewRequest("POST", front.URL+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"hello"}`))
+	req.Header["x-api-key"] = []string{"client-secret-1"} // sent as written, lower case
+	req.Header["api-key"] = []string{"client-secret-2"}
+	req.Header.Set("X-Tenant", "t1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	seen := <-got
+	for name, vs := range seen {
+		for _, v := range vs {
+			if strings.Contains(v, "client-secret") {
+				t.Errorf("worker got the client's key in %s: %q", name, v)
+			}
+		}
+	}
+	if seen.Get("X-Tenant") != "t1" {
+		t.Errorf("an ordinary header did not cross: %v", seen)
+	}
+	out := outboundHeader(http.Header{"X-Api-Key": {"a"}, "Api-Key": {"b"}, "Authorization": {"Bearer c"}, "X-Custom": {"d"}})
+	for _, k := range []string{"X-Api-Key", "Api-Key", "Authorization"} {
+		if out.Get(k) != "" {
+			t.Errorf("outboundHeader kept %s", k)
+		}
+	}
+	if out.Get("X-Custom") != "d" {
+		t.Errorf("outboundHeader dropped X-Custom: %v", out)
+	}
+}
+
 // Unknown paths and methods answer OpenAI-shaped JSON errors.
 func TestAPIUnknownPathJSON(t *testing.T) {
 	s, _, _ := newTestServer(t, router.DefaultConfig())
