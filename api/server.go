@@ -34,6 +34,19 @@ type Config struct {
 	BusyStatus   int      // status when every worker is busy: 529 (Dynamo) or 503
 	AdminToken   string   // bearer token for admin endpoints; "" = open
 	APIKeys      []string // accepted bearer keys for inference; empty = open
+	// AdminOpenToLoopback names admin paths (of LoopbackExemptPaths only)
+	// served without AdminToken to callers connecting from a loopback
+	// address (kvrouter serve --admin-open-to-loopback; make run leaves
+	// /busy_threshold open so the contract's runtime tuning works with a
+	// plain curl). Each such request is logged (at most once a minute,
+	// with a count) and counted in kvrouter_admin_loopback_exempt_total.
+	AdminOpenToLoopback []string
+	// ClusterAuth is the credential check of /cluster/raft_groups, the
+	// cluster endpoint the API serves itself: the caller's member
+	// certificate with TLS (cluster.Node.CheckRequest; docs/CONTRACTS.md,
+	// "/cluster/* refuses callers without a peer credential"). It returns
+	// the refusal's status and reason. nil: the admin token.
+	ClusterAuth func(*http.Request) (status int, err error)
 	// ClientCert, when set, must accept a request to the inference
 	// endpoints (/v1/*, /tokenize, /detokenize) — the replica checks the
 	// verified TLS client certificate there (--api-client-certs); with
@@ -135,7 +148,8 @@ func (c Config) LogValue() slog.Value {
 		slog.Int("max_models", c.MaxModels), slog.Int("max_queue", c.MaxQueue),
 		slog.Duration("worker_header_timeout", c.WorkerHeaderTimeout), slog.Duration("worker_idle_timeout", c.WorkerIdleTimeout),
 		slog.Int("max_priority", c.MaxPriority), slog.Int("priority_caps_by_key", len(c.MaxPriorityByKey)),
-		slog.Bool("protect_status", c.ProtectStatus), slog.Bool("client_certs", c.ClientCert != nil))
+		slog.Bool("protect_status", c.ProtectStatus), slog.Bool("client_certs", c.ClientCert != nil),
+		slog.Any("admin_open_to_loopback", c.AdminOpenToLoopback))
 }
 
 // Server is one replica's HTTP server.
@@ -158,6 +172,8 @@ type Server struct {
 	warnedNoTokenizer sync.Map
 	// hits explains the hit rates (hitrates.go); nil: off.
 	hits *hitrate.Tracker
+	// exempt is Config.AdminOpenToLoopback (adminexempt.go); nil: none.
+	exempt *loopbackExemption
 }
 
 // Drainer is implemented by a replica that can be draining (SIGTERM
@@ -259,6 +275,9 @@ func New(cfg Config, rep Replica) *Server {
 		cool:    newCooldown(cfg.WorkerCooldown),
 	}
 	s.hits = newHitTracker(cfg, rep)
+	if cfg.AdminToken != "" {
+		s.exempt = newLoopbackExemption(cfg.AdminOpenToLoopback, cfg.Logger, cfg.Registry)
+	}
 	s.engine = s.routes()
 	return s
 }
@@ -306,8 +325,11 @@ func (s *Server) routes() *gin.Engine {
 	admin.POST("/workers/deregister", s.deregisterWorker)
 	admin.POST("/workers/move", s.moveWorker)
 	admin.POST("/workers/rebalance", s.rebalanceWorkers)
-	admin.GET("/cluster/raft_groups", s.getRaftGroups)
-	admin.POST("/cluster/raft_groups", s.setRaftGroups)
+	// Under /cluster/, so a member's credential, not the operator's token
+	// (it writes the Raft log: fsm.SetGroups).
+	peer := e.Group("/", s.requirePeer)
+	peer.GET("/cluster/raft_groups", s.getRaftGroups)
+	peer.POST("/cluster/raft_groups", s.setRaftGroups)
 	if s.cfg.ClusterHandler != nil {
 		h := gin.WrapH(s.cfg.ClusterHandler)
 		for g := 0; g <= s.cfg.ClusterGroups; g++ {
@@ -379,8 +401,23 @@ func (s *Server) requireAdmin(c *gin.Context) {
 	if s.cfg.AdminToken == "" {
 		return
 	}
-	if subtle.ConstantTimeCompare([]byte(bearer(c)), []byte(s.cfg.AdminToken)) != 1 {
-		c.AbortWithStatusJSON(http.StatusUnauthorized, gin.H{"error": "admin endpoints need the bearer token"})
+	if subtle.ConstantTimeCompare([]byte(bearer(c)), []byte(s.cfg.AdminToken)) == 1 {
+		return
+	}
+	if s.loopbackExempt(c) {
+		return
+	}
+	c.AbortWithStatusJSON(http.StatusUnauthorized, gin.H{"error": "admin endpoints need the bearer token"})
+}
+
+// requirePeer applies Config.ClusterAuth (the admin token without it).
+func (s *Server) requirePeer(c *gin.Context) {
+	if s.cfg.ClusterAuth == nil {
+		s.requireAdmin(c)
+		return
+	}
+	if status, err := s.cfg.ClusterAuth(c.Request); err != nil {
+		c.AbortWithStatusJSON(status, gin.H{"error": err.Error()})
 	}
 }
 
