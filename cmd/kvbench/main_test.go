@@ -23,6 +23,8 @@ func TestSimFlagValidation(t *testing.T) {
 		{"--policies", "kv", "--temperature", "0.5", "--overlap-credit", "0.5", "--prefill-load-scale", "2"},
 		{"--policies", "round_robin"}, // Dynamo's spelling
 		{"--policies", "kv-pooled,kv", "--popularity", "zipf:1.1", "--hot-shift", "100"},
+		{"--arrival-rate", "2.5"},
+		{"--arrival-rate", "2.5", "--arrival-cv", "3", "--slo-ttft-ms", "500", "--slo-tpot-ms", "30"},
 	}
 	for _, args := range good {
 		if _, err := parseSimFlags(args, io.Discard); err != nil {
@@ -52,6 +54,15 @@ func TestSimFlagValidation(t *testing.T) {
 		"approx ttl":              {"--approx-ttl", "0s"},
 		"sync free extra":         {"--sync-free-extra", "-1s"},
 		"repeat":                  {"--repeat", "0"},
+		"arrival rate negative":   {"--arrival-rate", "-1"},
+		"arrival rate NaN":        {"--arrival-rate", "NaN"},
+		"arrival cv zero":         {"--arrival-rate", "1", "--arrival-cv", "0"},
+		"arrival cv, no rate":     {"--arrival-cv", "2"},
+		"rate and concurrency":    {"--arrival-rate", "1", "--concurrency", "4"},
+		"rate and repeat":         {"--arrival-rate", "1", "--repeat", "2"},
+		"rate with trace":         {"--trace", trace, "--arrival-rate", "1"},
+		"slo negative":            {"--slo-ttft-ms", "-5"},
+		"slo infinite":            {"--slo-tpot-ms", "+Inf"},
 		"repeat with trace":       {"--trace", trace, "--repeat", "2"},
 		"overlap credit":          {"--overlap-credit", "1.5"},
 		"temperature":             {"--temperature", "-1"},

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/progress"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/router"
@@ -32,6 +33,7 @@ type simOptions struct {
 	SyncFreeExtra    time.Duration // first tokens and frees this much later still
 	Repeat           int           // synthetic: the request list this many times in a row
 	Timeout          time.Duration // a failed request's TTFT and E2E in the figures
+	SLO              cli.SLO       // --slo-ttft-ms, --slo-tpot-ms
 
 	Policies         []router.Mode
 	PrefillLoadScale *float64 // nil: the router's default
@@ -112,6 +114,7 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.IntVar(&o.Reps, "reps", 1, "repetitions (seeds seed, seed+1, …); figures are medians over reps")
 	fs.IntVar(&o.Parallel, "parallel", 0, "simulations run at once (default GOMAXPROCS)")
 	o.Workload.Register(fs)
+	o.SLO.Register(fs)
 	fs.StringVar(&o.Popularity, "popularity", "uniform", "synthetic: how requests pick prefixes: uniform, or zipf:S (rank r with probability ∝ 1/(r+1)^S)")
 	fs.IntVar(&o.HotShift, "hot-shift", 0, "synthetic: every N requests deal the popularity ranks to the prefixes anew (a hot set that moves); 0 = never")
 	fs.StringVar(&o.Trace, "trace", "", "Mooncake trace (JSONL) to replay open loop instead of the synthetic workload")
@@ -165,8 +168,14 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	if o.Repeat < 1 {
 		return nil, cli.Usagef("--repeat %d: need at least once", o.Repeat)
 	}
+	if o.Repeat > 1 && o.ArrivalRate > 0 {
+		return nil, cli.Usagef("--repeat replays the closed loop's request list; with --arrival-rate send more --requests instead")
+	}
 	if o.Timeout <= 0 {
 		return nil, cli.Usagef("--timeout %v: must be positive", o.Timeout)
+	}
+	if err := o.SLO.Check(); err != nil {
+		return nil, err
 	}
 	if o.Policies, err = parsePolicies(policies); err != nil {
 		return nil, err
@@ -235,6 +244,9 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 		return nil, cli.Usagef("--max-requests applies to --trace only (use --requests for the synthetic workload)")
 	}
 	if err := o.Workload.Check(); err != nil {
+		return nil, err
+	}
+	if err := o.Workload.CheckArrival(set); err != nil {
 		return nil, err
 	}
 	switch {
@@ -339,6 +351,12 @@ func (o *simOptions) routerConfig(m router.Mode) router.Config {
 	c.Pooled = o.Pooled
 	c.TrackOutputBlocks = o.TrackOutputBlocks
 	return c
+}
+
+// slo is the SLO every request is judged against.
+func (o *simOptions) slo() sim.SLO {
+	ttft, tpot := o.SLO.Durations()
+	return sim.SLO{TTFT: ttft, TPOT: tpot}
 }
 
 // engineConfig is every worker's engine template.

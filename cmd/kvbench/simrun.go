@@ -89,6 +89,7 @@ type simConfig struct {
 	SyncDelayMs      float64   `json:"sync_delay_ms"`
 	SyncFreeExtraMs  float64   `json:"sync_free_extra_ms,omitempty"`
 	TimeoutS         float64   `json:"timeout_s"`
+	SLO              *sloCfg   `json:"slo,omitempty"`
 	Denominator      string    `json:"denominator"` // what every ratio and quantile is over (sim.Denominator)
 	EngineHashSeed   uint64    `json:"engine_hash_seed"`
 	Policies         []string  `json:"policies"`
@@ -122,16 +123,31 @@ type pooledCfg struct {
 	WaitWeight   *float64 `json:"wait_weight,omitempty"`
 }
 
+// sloCfg is the SLO requests were judged against (0: that figure not judged).
+type sloCfg struct {
+	TTFTMs float64 `json:"ttft_ms"`
+	TPOTMs float64 `json:"tpot_ms"`
+}
+
+func newSLOCfg(o cli.SLO) *sloCfg {
+	if !o.Set() {
+		return nil
+	}
+	return &sloCfg{TTFTMs: o.TTFTMs, TPOTMs: o.TPOTMs}
+}
+
 type synthCfg struct {
-	Prefixes     int    `json:"prefixes"`
-	PrefixTokens int    `json:"prefix_tokens"`
-	TailTokens   int    `json:"tail_tokens"`
-	OutputTokens int    `json:"output_tokens"`
-	Concurrency  int    `json:"concurrency"`
-	PrefixOrder  string `json:"prefix_order"`
-	Popularity   string `json:"popularity"`
-	HotShift     int    `json:"hot_shift,omitempty"`
-	Repeat       int    `json:"repeat,omitempty"`
+	Prefixes     int     `json:"prefixes"`
+	PrefixTokens int     `json:"prefix_tokens"`
+	TailTokens   int     `json:"tail_tokens"`
+	OutputTokens int     `json:"output_tokens"`
+	Concurrency  int     `json:"concurrency"` // closed loop (0 with an arrival rate)
+	ArrivalRate  float64 `json:"arrival_rate,omitempty"`
+	ArrivalCV    float64 `json:"arrival_cv,omitempty"`
+	PrefixOrder  string  `json:"prefix_order"`
+	Popularity   string  `json:"popularity"`
+	HotShift     int     `json:"hot_shift,omitempty"`
+	Repeat       int     `json:"repeat,omitempty"`
 }
 
 type traceCfg struct {
@@ -198,7 +214,7 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 					errs[(j.p+1)*o.Reps+j.r] = fmt.Errorf("policy %s, rep %d: %w", o.Policies[j.p], j.r, err)
 					continue
 				}
-				runs[j.p][j.r] = report.Run{Seed: seed, Summary: sim.Summarize(loads[j.r], res, o.Timeout), WallSeconds: time.Since(t0).Seconds()}
+				runs[j.p][j.r] = report.Run{Seed: seed, Summary: sim.SummarizeSLO(loads[j.r], res, o.Timeout, o.slo()), WallSeconds: time.Since(t0).Seconds()}
 			}
 		}()
 	}
@@ -339,7 +355,7 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 		EventDelayMs: float64(o.EventDelay) / float64(time.Millisecond),
 		Routers:      o.Routers, SyncDelayMs: float64(o.SyncDelay) / float64(time.Millisecond),
 		SyncFreeExtraMs: float64(o.SyncFreeExtra) / float64(time.Millisecond),
-		TimeoutS:        o.Timeout.Seconds(), Denominator: sim.Denominator,
+		TimeoutS:        o.Timeout.Seconds(), SLO: newSLOCfg(o.SLO), Denominator: sim.Denominator,
 		EngineHashSeed: o.EngineHashSeed, PrefillLoadScale: o.PrefillLoadScale, OverlapCredit: o.OverlapCredit,
 		Temperature: o.Temperature, ApproxTTLS: o.routerConfig(router.ModeKVApprox).ApproxTTL.Seconds(), Seed: o.Seed, Reps: o.Reps, Requests: len(w.Requests),
 		Pooled: pooledCfg{EvictWeight: o.Pooled.EvictWeight, CopyWeight: o.Pooled.CopyWeight, HomeWeight: o.Pooled.HomeWeight,
@@ -357,6 +373,9 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 		c.Synthetic = &synthCfg{Prefixes: o.Prefixes, PrefixTokens: o.PrefixTokens, TailTokens: o.TailTokens,
 			OutputTokens: o.OutputTokens, Concurrency: o.Concurrency, PrefixOrder: o.PrefixOrder,
 			Popularity: o.Popularity, HotShift: o.HotShift}
+		if o.ArrivalRate > 0 {
+			c.Synthetic.Concurrency, c.Synthetic.ArrivalRate, c.Synthetic.ArrivalCV = 0, o.ArrivalRate, o.ArrivalCV
+		}
 		if o.Repeat > 1 {
 			c.Synthetic.Repeat = o.Repeat
 		}

@@ -41,6 +41,13 @@ type Result struct {
 	ThroughputRPS    float64         `json:"throughput_rps"`
 	Errors           int             `json:"errors"`
 
+	// What users feel (issue 27): time per output token after the first,
+	// the share of all requests within the SLO (--slo-ttft-ms,
+	// --slo-tpot-ms; absent without one) and output tokens per second.
+	TPOT             stats.Quantiles `json:"tpot_ms"`
+	SLOAttainment    stats.Optional  `json:"slo_attainment,omitzero"`
+	OutputTokensPerS float64         `json:"output_tokens_per_s"`
+
 	// Extras (not in the contract).
 	Completed        int     `json:"completed"`
 	ErrorsAllReps    int     `json:"errors_all_reps"`
@@ -80,26 +87,39 @@ func Median(policy string, runs []Run) Result {
 		}
 		return median(xs)
 	}
+	// medQ is the median of each percentile; p90 only where every rep has one.
+	medQ := func(f func(s sim.Summary) stats.Quantiles) stats.Quantiles {
+		q := stats.Quantiles{
+			P50: med(func(s sim.Summary) float64 { return f(s).P50 }),
+			P99: med(func(s sim.Summary) float64 { return f(s).P99 }),
+		}
+		if optionalInAll(runs, func(s sim.Summary) stats.Optional { return f(s).P90 }) {
+			q.P90 = stats.Optional{Value: med(func(s sim.Summary) float64 { return f(s).P90.Value }), Valid: true}
+		}
+		return q
+	}
 	res := Result{
 		Policy:           policy,
 		Requests:         int(med(func(s sim.Summary) float64 { return float64(s.Requests) })),
 		RequestHitRate:   med(func(s sim.Summary) float64 { return s.RequestHitRate }),
 		CachedTokenRatio: med(func(s sim.Summary) float64 { return s.CachedTokenRatio }),
-		TTFT: stats.Quantiles{
-			P50: med(func(s sim.Summary) float64 { return s.TTFT.P50 }),
-			P99: med(func(s sim.Summary) float64 { return s.TTFT.P99 }),
-		},
+		TTFT:             medQ(func(s sim.Summary) stats.Quantiles { return s.TTFT }),
+		TPOT:             medQ(func(s sim.Summary) stats.Quantiles { return s.TPOT }),
 		E2E: stats.Quantiles{
 			P50: med(func(s sim.Summary) float64 { return s.E2E.P50 }),
 			P99: med(func(s sim.Summary) float64 { return s.E2E.P99 }),
 		},
 		ThroughputRPS:    med(func(s sim.Summary) float64 { return s.ThroughputRPS }),
+		OutputTokensPerS: med(func(s sim.Summary) float64 { return s.OutputTokensPerS }),
 		Errors:           int(med(func(s sim.Summary) float64 { return float64(s.Errors) }) + 0.5),
 		Completed:        int(med(func(s sim.Summary) float64 { return float64(s.Completed) }) + 0.5),
 		Preemptions:      med(func(s sim.Summary) float64 { return s.Preemptions }),
 		IndexErrors:      med(func(s sim.Summary) float64 { return s.IndexErrors }),
 		WorkersPerPrefix: med(func(s sim.Summary) float64 { return s.WorkersPerPrefix }),
 		VirtualSeconds:   med(func(s sim.Summary) float64 { return s.VirtualSeconds }),
+	}
+	if optionalInAll(runs, func(s sim.Summary) stats.Optional { return s.SLOAttainment }) {
+		res.SLOAttainment = stats.Optional{Value: med(func(s sim.Summary) float64 { return s.SLOAttainment.Value }), Valid: true}
 	}
 	for _, r := range runs {
 		res.ErrorsAllReps += r.Summary.Errors
@@ -112,6 +132,16 @@ func Median(policy string, runs []Run) Result {
 		}
 	}
 	return res
+}
+
+// optionalInAll reports whether every run has the figure f reads.
+func optionalInAll(runs []Run, f func(s sim.Summary) stats.Optional) bool {
+	for _, r := range runs {
+		if !f(r.Summary).Valid {
+			return false
+		}
+	}
+	return len(runs) > 0
 }
 
 // MedianReference folds per-rep references.
@@ -153,16 +183,49 @@ func WriteTable(w io.Writer, header string, r *Report) error {
 		fmt.Fprintf(&b, "reference: pooled-LRU cached-token ratio %.3f, ideal %.3f\n",
 			r.Reference.PooledLRUCachedTokenRatio, r.Reference.IdealCachedTokenRatio)
 	}
-	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\trequests\thit rate\tcached ratio\tTTFT p50 ms\tTTFT p99 ms\tE2E p50 ms\tE2E p99 ms\treq/s\terrors\t")
+	slo := false
 	for _, x := range r.Results {
-		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.3f\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%d\t\n",
+		slo = slo || x.SLOAttainment.Valid
+	}
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	head := "policy\trequests\thit rate\tcached ratio\tTTFT p50 ms\tTTFT p99 ms\tE2E p50 ms\tE2E p99 ms\treq/s\terrors\t"
+	if slo {
+		head += "TPOT p50 ms\tTPOT p99 ms\tSLO met\t"
+	}
+	fmt.Fprintln(tw, head)
+	for _, x := range r.Results {
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.3f\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%d\t",
 			x.Policy, x.Requests, 100*x.RequestHitRate, x.CachedTokenRatio,
 			x.TTFT.P50, x.TTFT.P99, x.E2E.P50, x.E2E.P99, x.ThroughputRPS, x.Errors)
+		if slo {
+			fmt.Fprintf(tw, "%.1f\t%.1f\t%.1f%%\t", x.TPOT.P50, x.TPOT.P99, 100*x.SLOAttainment.Value)
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if note := PolicyNote(r.Results); note != "" {
+		b.WriteString(note)
+		b.WriteByte('\n')
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// PolicyNote names what the kv-family rows are, so that no table passes our
+// reproduction of Dynamo off as Dynamo: "" when no such policy is listed.
+func PolicyNote(results []Result) string {
+	var notes []string
+	for _, x := range results {
+		switch x.Policy {
+		case "kv":
+			notes = append(notes, "kv: Dynamo's cost function with Dynamo's defaults, this implementation (not Dynamo's code)")
+		case "kv-approx":
+			notes = append(notes, "kv-approx: Dynamo's approximate mode, this implementation")
+		case "gaie":
+			notes = append(notes, "gaie: the Gateway API Inference Extension v1.3.0 scheduler's own code, default profile")
+		}
+	}
+	return strings.Join(notes, "; ")
 }

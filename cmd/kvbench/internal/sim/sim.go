@@ -210,15 +210,21 @@ func (s *state) build() error {
 }
 
 // start queues the first arrivals: C clients' first requests, or every
-// open-loop row and every session's first turn.
+// open-loop request (an arrival process, a trace's rows) and every
+// session's first turn.
 func (s *state) start() {
-	switch s.w.Kind {
-	case workload.Synthetic:
+	switch {
+	case s.w.Kind == workload.Synthetic && s.w.OpenLoop:
+		for i, r := range s.w.Requests {
+			s.push(r.At, i)
+		}
+		s.issued = len(s.w.Requests)
+	case s.w.Kind == workload.Synthetic:
 		for s.issued < s.w.Concurrency && s.issued < len(s.w.Requests) {
 			s.push(0, s.issued)
 			s.issued++
 		}
-	case workload.Trace:
+	case s.w.Kind == workload.Trace:
 		for i, r := range s.w.Requests {
 			if r.Session == workload.NoSession || s.w.Sessions[r.Session][0] == i {
 				s.push(r.At, i)

@@ -437,3 +437,27 @@ func TestSimPooledBeatsKV(t *testing.T) {
 		}
 	}
 }
+
+// Open loop: every request is sent at its arrival time, whether or not the
+// fleet has finished the earlier ones (a closed loop of one client would
+// wait for each).
+func TestSimSyntheticOpenLoop(t *testing.T) {
+	w := synthetic(t, workload.SyntheticSpec{Prefixes: 2, PrefixTokens: 256, TailTokens: 32, OutputTokens: 200, Requests: 40,
+		Concurrency: 1, Seed: 3, ArrivalRate: 50})
+	res, s := run(t, w, config(router.ModeKV, 2, 1000))
+	if s.Errors != 0 {
+		t.Fatalf("%d errors", s.Errors)
+	}
+	overlapped := false
+	for i, rr := range res.Requests {
+		if rr.Sent != w.Requests[i].At {
+			t.Fatalf("request %d sent at %v, arrives at %v", i, rr.Sent, w.Requests[i].At)
+		}
+		if i > 0 && rr.Sent < res.Requests[i-1].Finished {
+			overlapped = true
+		}
+	}
+	if !overlapped {
+		t.Fatal("at 50 requests/s of 200-token answers no request was sent before the previous finished: not open loop")
+	}
+}

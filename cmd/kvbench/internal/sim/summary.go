@@ -26,8 +26,19 @@ type Summary struct {
 	// completed requests over the prompt tokens of all requests.
 	CachedTokenRatio float64
 	// TTFT and E2E are over all requests, a failed one at the timeout.
-	TTFT, E2E     stats.Quantiles
-	ThroughputRPS float64
+	TTFT, E2E stats.Quantiles
+	// TPOT is the time per output token after the first, (finish − first
+	// token) ÷ (output tokens − 1), over all requests: a failed one at the
+	// timeout, a one-token answer at 0 (it has no second token to wait for).
+	TPOT stats.Quantiles
+	// SLOAttainment is the share of all requests that completed within
+	// both limits of the SLO (failures are misses); valid when an SLO was
+	// given.
+	SLOAttainment stats.Optional
+	// OutputTokensPerS is the output tokens of completed requests over
+	// VirtualSeconds.
+	OutputTokensPerS float64
+	ThroughputRPS    float64
 	Preemptions   float64
 	IndexErrors   float64
 	// WorkersPerPrefix is how many distinct workers a synthetic prefix was
@@ -38,12 +49,43 @@ type Summary struct {
 	VirtualSeconds float64
 }
 
+// SLO is a latency objective a request meets when its TTFT and its TPOT
+// are both within their limits; a zero limit does not judge that figure.
+type SLO struct {
+	TTFT, TPOT time.Duration
+}
+
+// Set reports whether the SLO judges anything.
+func (o SLO) Set() bool { return o.TTFT > 0 || o.TPOT > 0 }
+
+// Meets reports whether a request with this TTFT and TPOT meets o.
+func (o SLO) Meets(ttft, tpot time.Duration) bool {
+	return (o.TTFT <= 0 || ttft <= o.TTFT) && (o.TPOT <= 0 || tpot <= o.TPOT)
+}
+
+// TPOT is the time per output token after the first of a request that
+// produced outputTokens between its first token and its end (0 for one
+// token or fewer).
+func TPOT(first, end time.Duration, outputTokens int) time.Duration {
+	if outputTokens <= 1 {
+		return 0
+	}
+	return (end - first) / time.Duration(outputTokens-1)
+}
+
 // Summarize computes res's figures against its workload; timeout is the
 // TTFT and E2E a failed request counts with.
 func Summarize(w *workload.Workload, res *Result, timeout time.Duration) Summary {
+	return SummarizeSLO(w, res, timeout, SLO{})
+}
+
+// SummarizeSLO is Summarize that also judges every request against slo
+// (when set): SLOAttainment.
+func SummarizeSLO(w *workload.Workload, res *Result, timeout time.Duration, slo SLO) Summary {
 	s := Summary{Requests: len(w.Requests), Preemptions: float64(res.Preemptions), IndexErrors: float64(res.IndexErrors)}
-	var cached, prompt int64
-	var ttft, e2e []float64
+	var cached, prompt, output int64
+	var ttft, e2e, tpot []float64
+	met := 0
 	hits := 0
 	first, last := time.Duration(-1), time.Duration(0)
 	perPrefix := map[int]map[int]bool{}
@@ -65,6 +107,7 @@ func Summarize(w *workload.Workload, res *Result, timeout time.Duration) Summary
 			s.Errors++
 			ttft = append(ttft, ms(timeout))
 			e2e = append(e2e, ms(timeout))
+			tpot = append(tpot, ms(timeout))
 			continue
 		}
 		s.Completed++
@@ -75,6 +118,12 @@ func Summarize(w *workload.Workload, res *Result, timeout time.Duration) Summary
 		}
 		ttft = append(ttft, ms(rr.FirstToken-rr.Sent))
 		e2e = append(e2e, ms(rr.Finished-rr.Sent))
+		t := TPOT(rr.FirstToken, rr.Finished, r.OutputTokens)
+		tpot = append(tpot, ms(t))
+		output += int64(r.OutputTokens)
+		if slo.Meets(rr.FirstToken-rr.Sent, t) {
+			met++
+		}
 	}
 	if s.Requests > 0 {
 		s.RequestHitRate = float64(hits) / float64(s.Requests)
@@ -82,10 +131,14 @@ func Summarize(w *workload.Workload, res *Result, timeout time.Duration) Summary
 	if prompt > 0 {
 		s.CachedTokenRatio = float64(cached) / float64(prompt)
 	}
-	s.TTFT, s.E2E = stats.Of(ttft), stats.Of(e2e)
+	s.TTFT, s.E2E, s.TPOT = stats.WithP90(ttft), stats.Of(e2e), stats.WithP90(tpot)
+	if slo.Set() && s.Requests > 0 {
+		s.SLOAttainment = stats.Optional{Value: float64(met) / float64(s.Requests), Valid: true}
+	}
 	if s.Completed > 0 && last > first {
 		s.VirtualSeconds = (last - first).Seconds()
 		s.ThroughputRPS = float64(s.Completed) / s.VirtualSeconds
+		s.OutputTokensPerS = float64(output) / s.VirtualSeconds
 	}
 	if len(perPrefix) > 0 {
 		n := 0

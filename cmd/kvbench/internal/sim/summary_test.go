@@ -36,3 +36,55 @@ func TestSummaryCountsFailuresInEveryRatio(t *testing.T) {
 		t.Fatalf("TTFT %+v, E2E %+v: the failures should count at the 30 s timeout", s.TTFT, s.E2E)
 	}
 }
+
+// SLO attainment is over all requests: a failure is a miss, a request over
+// either limit is a miss; TPOT is the time per token after the first.
+func TestSummarySLOAttainment(t *testing.T) {
+	w := synthetic(t, workload.SyntheticSpec{Prefixes: 1, PrefixTokens: 64, OutputTokens: 11, Requests: 4, Concurrency: 1, Seed: 1})
+	res := &Result{Requests: make([]RequestResult, 4)}
+	// TTFT / decode time of 10 tokens after the first: fine, slow first
+	// token, slow decode, failed.
+	for i, c := range []struct{ ttft, decode time.Duration }{{50, 100}, {500, 100}, {50, 400}, {-1, 0}} {
+		rr := &res.Requests[i]
+		rr.Sent = time.Duration(i) * time.Second
+		if c.ttft < 0 {
+			rr.Err = "route: no worker"
+			continue
+		}
+		rr.Worker, rr.Done = 0, true
+		rr.FirstToken = rr.Sent + c.ttft*time.Millisecond
+		rr.Finished = rr.FirstToken + c.decode*time.Millisecond
+	}
+	slo := SLO{TTFT: 200 * time.Millisecond, TPOT: 20 * time.Millisecond}
+	s := SummarizeSLO(w, res, 30*time.Second, slo)
+	if !s.SLOAttainment.Valid || s.SLOAttainment.Value != 0.25 {
+		t.Fatalf("attainment %+v, want 1 of 4", s.SLOAttainment)
+	}
+	if s.TPOT.P50 != 25 || !s.TPOT.P90.Valid || !s.TTFT.P90.Valid {
+		t.Fatalf("TPOT %+v, TTFT %+v: want p50 25 ms per token (10, 10, 40 and the 30 s timeout) and p90s", s.TPOT, s.TTFT)
+	}
+	if s.OutputTokensPerS <= 0 {
+		t.Fatalf("output tokens per second %v", s.OutputTokensPerS)
+	}
+	if got := Summarize(w, res, 30*time.Second); got.SLOAttainment.Valid {
+		t.Fatalf("no SLO given, attainment %+v", got.SLOAttainment)
+	}
+	for _, tc := range []struct {
+		slo        SLO
+		ttft, tpot time.Duration
+		want       bool
+	}{
+		{SLO{}, time.Hour, time.Hour, true},
+		{SLO{TTFT: 100}, 100, time.Hour, true},
+		{SLO{TTFT: 100}, 101, 0, false},
+		{SLO{TPOT: 10}, time.Hour, 10, true},
+		{SLO{TTFT: 100, TPOT: 10}, 50, 11, false},
+	} {
+		if got := tc.slo.Meets(tc.ttft, tc.tpot); got != tc.want {
+			t.Errorf("%+v meets ttft %v tpot %v = %v", tc.slo, tc.ttft, tc.tpot, got)
+		}
+	}
+	if TPOT(0, time.Second, 1) != 0 || TPOT(0, time.Second, 11) != 100*time.Millisecond {
+		t.Fatal("TPOT: one token has none; 11 tokens over 1 s is 100 ms each")
+	}
+}

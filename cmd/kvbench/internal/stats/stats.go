@@ -16,6 +16,7 @@ import (
 // with ==, so determinism tests can compare whole results.
 type Quantiles struct {
 	P50  float64  `json:"p50"`
+	P90  Optional `json:"p90,omitzero"` // published by the reports that judge an SLO
 	P99  float64  `json:"p99"`
 	Mean Optional `json:"mean,omitzero"`
 }
@@ -46,6 +47,12 @@ func (o *Optional) UnmarshalJSON(b []byte) error {
 func Of(xs []float64) Quantiles {
 	s := sorted(xs)
 	return Quantiles{P50: percentile(s, 50), P99: percentile(s, 99)}
+}
+
+// WithP90 is Of plus the 90th percentile (zero for no data).
+func WithP90(xs []float64) Quantiles {
+	s := sorted(xs)
+	return Quantiles{P50: percentile(s, 50), P90: Optional{Value: percentile(s, 90), Valid: true}, P99: percentile(s, 99)}
 }
 
 // WithMean is Of plus the mean (zero for no data).

@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"gonum.org/v1/gonum/stat/distuv"
+
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -30,7 +32,8 @@ type Kind int
 // Workload kinds.
 const (
 	// Synthetic: a closed loop of Concurrency clients; request i is the i-th
-	// request sent, whichever client sends it.
+	// request sent, whichever client sends it. With OpenLoop, request i is
+	// sent at its At instead, whether or not the fleet keeps up.
 	Synthetic Kind = iota
 	// Trace: open loop at each request's At, except rows of a session, which
 	// wait for the previous turn of their session to finish.
@@ -54,7 +57,8 @@ type Request struct {
 	OutputTokens int
 	// Hashes are the router's sequence hashes of the prompt's full blocks.
 	Hashes []uint64
-	// At is the open-loop arrival time (traces); zero for closed loops.
+	// At is the open-loop arrival time (traces, and synthetic workloads
+	// with an arrival rate); zero for closed loops.
 	At time.Duration
 	// Session is an index into Workload.Sessions, or NoSession.
 	Session int
@@ -77,7 +81,11 @@ type Workload struct {
 	Name        string
 	BlockSize   int
 	Seed        uint64
-	Concurrency int // closed-loop clients (synthetic)
+	Concurrency int // closed-loop clients (synthetic, unless OpenLoop)
+	// OpenLoop: a synthetic workload whose requests arrive at their At (an
+	// arrival process at ArrivalRate), not from Concurrency clients.
+	OpenLoop    bool
+	ArrivalRate float64 // requests per second (OpenLoop)
 	Requests    []Request
 	// Live is what the fleet that served a captured trace delivered (nil:
 	// not a capture, or a row without cached_tokens).
@@ -132,6 +140,12 @@ type SyntheticSpec struct {
 	// are dealt to the prefixes again by a fresh random permutation, so the
 	// hot set moves to other prefixes.
 	HotShift int
+	// ArrivalRate > 0 makes the workload open loop: requests arrive at
+	// this mean rate (per second), Concurrency is ignored. The gaps are
+	// gamma-distributed with coefficient of variation ArrivalCV (0 means
+	// 1: a Poisson process; above 1, bursty).
+	ArrivalRate float64
+	ArrivalCV   float64
 }
 
 // ParsePopularity checks a popularity spec and returns the Zipf exponent
@@ -172,6 +186,10 @@ func NewSynthetic(s SyntheticSpec) (*Workload, error) {
 		return nil, fmt.Errorf("prefix order %q: %w", s.Order, ErrSpec)
 	case s.HotShift < 0:
 		return nil, fmt.Errorf("hot shift %d: must not be negative: %w", s.HotShift, ErrSpec)
+	case s.ArrivalRate < 0 || math.IsInf(s.ArrivalRate, 0) || math.IsNaN(s.ArrivalRate):
+		return nil, fmt.Errorf("arrival rate %v: want a finite rate >= 0: %w", s.ArrivalRate, ErrSpec)
+	case s.ArrivalCV < 0 || math.IsInf(s.ArrivalCV, 0) || math.IsNaN(s.ArrivalCV):
+		return nil, fmt.Errorf("arrival CV %v: want a finite value > 0: %w", s.ArrivalCV, ErrSpec)
 	}
 	zipf, err := ParsePopularity(s.Popularity)
 	if err != nil {
@@ -250,8 +268,39 @@ func NewSynthetic(s SyntheticSpec) (*Workload, error) {
 			SharedTokens: s.PrefixTokens,
 		}
 	}
+	if s.ArrivalRate > 0 {
+		w.OpenLoop, w.ArrivalRate = true, s.ArrivalRate
+		for i, at := range Arrivals(s.Requests, s.ArrivalRate, s.ArrivalCV, s.Seed) {
+			w.Requests[i].At = at
+		}
+	}
 	w.hashAll()
 	return w, nil
+}
+
+// Arrivals are the send times of n requests arriving at rate per second,
+// the first at 0, with gamma-distributed gaps of mean 1/rate and
+// coefficient of variation cv (0 or 1: exponential gaps, a Poisson
+// process). The gaps are one seeded sequence of unit-mean draws divided by
+// rate, so the same seed at another rate is the same arrival pattern
+// stretched or squeezed: runs at neighbouring rates differ by the rate
+// alone, which keeps a goodput search (attainment against rate) smooth.
+func Arrivals(n int, rate, cv float64, seed uint64) []time.Duration {
+	if cv == 0 {
+		cv = 1
+	}
+	// Gamma with shape k has CV 1/sqrt(k); scale 1/k gives mean 1.
+	k := 1 / (cv * cv)
+	g := distuv.Gamma{Alpha: k, Beta: k, Src: rand.NewPCG(seed, 0x6172726976616c73)}
+	out := make([]time.Duration, n)
+	t := 0.0
+	for i := range out {
+		if i > 0 {
+			t += g.Rand() / rate
+		}
+		out[i] = time.Duration(t * float64(time.Second))
+	}
+	return out
 }
 
 func randomTokens(rng *rand.Rand, n int) []uint32 {
@@ -327,6 +376,12 @@ func syntheticName(s SyntheticSpec) string {
 	}
 	if s.HotShift > 0 {
 		name += fmt.Sprintf(" hot_shift=%d", s.HotShift)
+	}
+	if s.ArrivalRate > 0 {
+		name += fmt.Sprintf(" arrival_rate=%g", s.ArrivalRate)
+		if s.ArrivalCV > 0 && s.ArrivalCV != 1 {
+			name += fmt.Sprintf(" arrival_cv=%g", s.ArrivalCV)
+		}
 	}
 	return name
 }

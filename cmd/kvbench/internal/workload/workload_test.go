@@ -2,6 +2,7 @@ package workload
 
 import (
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -300,6 +301,71 @@ func TestSimWorkloadPopularityAndHotShift(t *testing.T) {
 		bad.Prefixes, bad.PrefixTokens, bad.OutputTokens, bad.Requests, bad.Concurrency, bad.BlockSize = 3, 16, 1, 5, 1, 16
 		if _, err := NewSynthetic(bad); !errors.Is(err, ErrSpec) {
 			t.Errorf("%+v: err %v, want ErrSpec", bad, err)
+		}
+	}
+}
+
+// Open-loop arrivals: the gaps have the mean and coefficient of variation
+// asked for, the first request goes at 0, and one seed at two rates is one
+// pattern scaled (so a goodput search compares rates, not random draws).
+func TestSimArrivals(t *testing.T) {
+	for _, tc := range []struct {
+		rate, cv float64
+	}{{1, 1}, {4, 1}, {2, 0.5}, {2, 3}} {
+		const n = 20000
+		at := Arrivals(n, tc.rate, tc.cv, 7)
+		if at[0] != 0 {
+			t.Fatalf("rate %v: first arrival at %v", tc.rate, at[0])
+		}
+		var sum, sq float64
+		for i := 1; i < n; i++ {
+			g := (at[i] - at[i-1]).Seconds()
+			if g < 0 {
+				t.Fatalf("rate %v: arrivals out of order at %d", tc.rate, i)
+			}
+			sum += g
+			sq += g * g
+		}
+		mean := sum / (n - 1)
+		cv := math.Sqrt(sq/(n-1)-mean*mean) / mean
+		if math.Abs(mean*tc.rate-1) > 0.05 || math.Abs(cv-tc.cv)/tc.cv > 0.08 {
+			t.Errorf("rate %v cv %v: mean gap %.4f s (want %.4f), cv %.3f", tc.rate, tc.cv, mean, 1/tc.rate, cv)
+		}
+	}
+	a, b := Arrivals(100, 1, 2, 3), Arrivals(100, 4, 2, 3)
+	for i := range a {
+		if d := a[i] - 4*b[i]; d < -4 || d > 4 { // rounding to nanoseconds
+			t.Fatalf("arrival %d: %v at rate 1, %v at rate 4: not one pattern scaled", i, a[i], b[i])
+		}
+	}
+}
+
+// An arrival rate changes when requests are sent, never what they are.
+func TestSimWorkloadOpenLoopSameRequests(t *testing.T) {
+	spec := SyntheticSpec{Prefixes: 3, PrefixTokens: 64, TailTokens: 16, OutputTokens: 4, Requests: 50, Concurrency: 2, BlockSize: 16, Seed: 5}
+	closed, err := NewSynthetic(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.ArrivalRate, spec.ArrivalCV = 3, 2
+	open, err := NewSynthetic(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if closed.OpenLoop || !open.OpenLoop || open.ArrivalRate != 3 {
+		t.Fatalf("open loop flags: closed %v, open %v at %v", closed.OpenLoop, open.OpenLoop, open.ArrivalRate)
+	}
+	for i := range closed.Requests {
+		c, o := closed.Requests[i], open.Requests[i]
+		if c.At != 0 || (i > 0 && o.At <= 0) || !slices.Equal(c.Hashes, o.Hashes) || c.Prefix != o.Prefix {
+			t.Fatalf("request %d: closed %+v, open %+v", i, c, o)
+		}
+	}
+	for _, bad := range []SyntheticSpec{{ArrivalRate: -1}, {ArrivalRate: math.Inf(1)}, {ArrivalRate: 1, ArrivalCV: -1}} {
+		b := spec
+		b.ArrivalRate, b.ArrivalCV = bad.ArrivalRate, bad.ArrivalCV
+		if _, err := NewSynthetic(b); !errors.Is(err, ErrSpec) {
+			t.Errorf("rate %v cv %v: err %v, want ErrSpec", bad.ArrivalRate, bad.ArrivalCV, err)
 		}
 	}
 }
