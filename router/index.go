@@ -44,6 +44,10 @@ type Index struct {
 	free     []int
 
 	stats indexCounters
+	// gen counts the sections that held mu for writing (bumped inside
+	// them): a reader that saw gen g under mu, and later reads g again,
+	// knows the index has not changed since (MergedOverlaps' cache).
+	gen atomic.Uint64
 
 	// lower holds the lower tiers (TierHost…), one index each with the
 	// same workers, created with a tier's first event: a fleet without
@@ -188,6 +192,7 @@ func (ix *Index) AddWorkerBlockSize(w WorkerID, blockSize int) {
 	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.gen.Add(1)
 	if _, ok := ix.slotOf[w]; ok {
 		return
 	}
@@ -219,6 +224,7 @@ func (ix *Index) WorkerBlockSize(w WorkerID) (int, bool) {
 func (ix *Index) RemoveWorker(w WorkerID) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.gen.Add(1)
 	slot, ok := ix.slotOf[w]
 	if !ok {
 		return
@@ -268,6 +274,7 @@ func (ix *Index) Apply(w WorkerID, ev KVEvent) error { return ix.ApplyCapped(w, 
 func (ix *Index) ApplyCapped(w WorkerID, ev KVEvent, maxHeld int) error {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.gen.Add(1)
 	slot, ok := ix.slotOf[w]
 	if !ok {
 		ix.stats.unknownWorkers.Add(1)
