@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"slices"
@@ -209,7 +210,12 @@ func TestClusterIsolatedLeader(t *testing.T) {
 
 	c.Isolate(l.Index)
 	start := time.Now()
-	_, err := l.Node().Apply(ctxT(t, 5*time.Second), []byte("lost-write"))
+	// The claim is that the write fails on its own (the leader steps down
+	// when its lease runs out) rather than hanging until the caller gives
+	// up: its context (a hang guard, 60× the lease) must still be live when
+	// the error comes. How fast is a benchmark's business.
+	ctx := ctxT(t, 30*time.Second)
+	_, err := l.Node().Apply(ctx, []byte("lost-write"))
 	took := time.Since(start)
 	if err == nil {
 		t.Fatal("write on an isolated leader succeeded")
@@ -217,11 +223,8 @@ func TestClusterIsolatedLeader(t *testing.T) {
 	if !errors.Is(err, cluster.ErrOutcomeUnknown) && !errors.Is(err, cluster.ErrNoLeader) {
 		t.Errorf("isolated write error %v, want ErrOutcomeUnknown or ErrNoLeader", err)
 	}
-	// The claim is that the write fails on its own (the leader steps down
-	// when its lease runs out) rather than hanging until the caller gives
-	// up; how fast is a benchmark's business (a loaded machine is slower).
-	if ctxLimit := 5 * time.Second; took >= ctxLimit {
-		t.Errorf("isolated write failed only when its %v context ran out (%v)", ctxLimit, took)
+	if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("isolated write failed only when its context ran out (%v): %v", took, err)
 	}
 	t.Logf("isolated write failed after %v: %v", took, err)
 
@@ -387,12 +390,18 @@ func TestClusterReady(t *testing.T) {
 }
 
 func TestClusterShutdownTransfersLeadership(t *testing.T) {
-	// Long timeouts: without a transfer the followers would need at least
-	// HeartbeatTimeout (3s) to notice the leader is gone.
+	// The leader's own account of the hand-over: Shutdown logs "leadership
+	// transferred" only when Raft's LeadershipTransfer succeeded (a new
+	// leader elected on its TimeoutNow), so no timing is needed to tell a
+	// transfer from an election after a heartbeat timeout.
+	var transferred, transferFailed atomic.Int32
 	c := clustertest.New(t, 3, clustertest.Options{
-		HeartbeatTimeout:   3 * time.Second,
-		ElectionTimeout:    3 * time.Second,
-		LeaderLeaseTimeout: time.Second,
+		Configure: func(_ int, cfg *cluster.Config, _ cluster.StateMachine) {
+			cfg.Logger = slog.New(msgCounter{next: cfg.Logger.Handler(), count: map[string]*atomic.Int32{
+				"leadership transferred":     &transferred,
+				"leadership transfer failed": &transferFailed,
+			}})
+		},
 	})
 	l := c.WaitLeader()
 	c.ApplyN("t", 3)
@@ -412,13 +421,9 @@ func TestClusterShutdownTransfersLeadership(t *testing.T) {
 		others = append(others, m.Index)
 	}
 	nl := c.WaitLeader(others...)
-	took := time.Since(start)
-	t.Logf("new leader %s %v after shutdown began", nl.ID, took)
-	// Without a transfer no follower may even start an election before its
-	// 3 s heartbeat timeout, so a new leader sooner than that proves the
-	// hand-over. (How much sooner depends on the machine: not asserted.)
-	if took >= 3*time.Second {
-		t.Errorf("new leader after %v: no sooner than the 3s heartbeat timeout, so leadership was not transferred", took)
+	t.Logf("new leader %s %v after shutdown began", nl.ID, time.Since(start))
+	if transferred.Load() != 1 || transferFailed.Load() != 0 {
+		t.Errorf("shutdown logged %d transfers and %d failed ones, want one transfer", transferred.Load(), transferFailed.Load())
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -628,4 +633,31 @@ func TestClusterPartitionMinorityFollower(t *testing.T) {
 	if d := c.WaitConverged(); !strings.HasSuffix(d, "/4") {
 		t.Fatalf("digest %s, want 4 commands", d)
 	}
+}
+
+// msgCounter counts the records whose message is a key of count, and
+// passes every record on to next.
+type msgCounter struct {
+	next  slog.Handler
+	count map[string]*atomic.Int32
+}
+
+func (h msgCounter) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelInfo || h.next.Enabled(ctx, l)
+}
+func (h msgCounter) WithAttrs(as []slog.Attr) slog.Handler {
+	return msgCounter{next: h.next.WithAttrs(as), count: h.count}
+}
+func (h msgCounter) WithGroup(g string) slog.Handler {
+	return msgCounter{next: h.next.WithGroup(g), count: h.count}
+}
+
+func (h msgCounter) Handle(ctx context.Context, r slog.Record) error {
+	if n := h.count[r.Message]; n != nil {
+		n.Add(1)
+	}
+	if !h.next.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return h.next.Handle(ctx, r)
 }
