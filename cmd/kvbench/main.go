@@ -1,6 +1,7 @@
 // Command kvbench runs kvrouter's workloads and A/B benchmarks.
 //
 //	kvbench sim …     in-process, virtual-time simulation (engines + the real router)
+//	kvbench goodput … the highest arrival rate each policy serves within a latency SLO
 //	kvbench load …    the same workloads in real time against live endpoints
 //	kvbench ingest …  KV-event ingest throughput of a cluster
 //	kvbench tune …    the best policy and knobs for a captured workload, and how to apply them
@@ -30,6 +31,7 @@ type command struct {
 // commands is the subcommand table; add new subcommands here.
 var commands = []command{
 	{"sim", "simulate N engines routed by the real router, in virtual time", runSim},
+	{"goodput", "the highest Poisson (or bursty) arrival rate each policy serves within an SLO (--slo-ttft-ms, --slo-tpot-ms), by bisection in the simulator", runGoodput},
 	{"load", "replay a workload in real time against live endpoints", runLoad},
 	{"ingest", "publish synthetic KV events to a cluster and measure ingest", runIngest},
 	{"disagg", "simulate disaggregated prefill/decode over a KV link: --disagg off/always/auto side by side", runDisagg},

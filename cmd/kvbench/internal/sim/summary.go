@@ -39,8 +39,8 @@ type Summary struct {
 	// VirtualSeconds.
 	OutputTokensPerS float64
 	ThroughputRPS    float64
-	Preemptions   float64
-	IndexErrors   float64
+	Preemptions      float64
+	IndexErrors      float64
 	// WorkersPerPrefix is how many distinct workers a synthetic prefix was
 	// sent to, averaged over the prefixes that occur (seed 002 §4).
 	WorkersPerPrefix float64
