@@ -39,6 +39,7 @@ type loadOptions struct {
 	CAFile  string // CA that https endpoints are checked against ("" : the system roots)
 
 	cli.Workload
+	SLO       cli.SLO
 	BlockSize int
 	Seed      uint64
 	Salt      uint32
@@ -63,6 +64,7 @@ func parseLoadFlags(args []string, output io.Writer) (*loadOptions, error) {
 	fs.StringVar(&o.Token, "admin-token", os.Getenv("KVROUTER_ADMIN_TOKEN"), "admin bearer token, to read the workers' capacity for the reference figures (default $KVROUTER_ADMIN_TOKEN)")
 	fs.StringVar(&o.CAFile, "ca", os.Getenv("KVROUTER_CA_FILE"), "PEM CA to trust for https:// endpoints (default $KVROUTER_CA_FILE, else make run's "+defaultRunCA+" when it exists and an endpoint is https)")
 	o.Workload.Register(fs)
+	o.SLO.Register(fs)
 	fs.IntVar(&o.BlockSize, "block-size", 16, "tokens per KV block, for the hit rule and the reference figures")
 	fs.Uint64Var(&o.Seed, "seed", 1, "workload seed (the same seed is the same workload as kvbench sim's)")
 	fs.UintVar(&salt, "salt", 0, "shifts every prompt word, so a run does not hit the caches an earlier run filled; same structure, different text (default: random per run; the direct pass uses salt+1)")
@@ -107,6 +109,12 @@ func parseLoadFlags(args []string, output io.Writer) (*loadOptions, error) {
 	if err := o.Workload.Check(); err != nil {
 		return nil, err
 	}
+	if err := o.Workload.CheckArrival(cli.Given(fs)); err != nil {
+		return nil, err
+	}
+	if err := o.SLO.Check(); err != nil {
+		return nil, err
+	}
 	// Real time and real memory: bounds sim does not need.
 	switch {
 	case o.PrefixTokens+o.TailTokens > 1<<20:
@@ -115,6 +123,8 @@ func parseLoadFlags(args []string, output io.Writer) (*loadOptions, error) {
 		return nil, cli.Usagef("--requests %d: want 1..1000000", o.Requests)
 	case o.Concurrency > 1024:
 		return nil, cli.Usagef("--concurrency %d: want 1..1024", o.Concurrency)
+	case o.ArrivalRate > 10000:
+		return nil, cli.Usagef("--arrival-rate %v: at most 10000 requests/s", o.ArrivalRate)
 	case o.BlockSize < 1:
 		return nil, cli.Usagef("--block-size %d: must be positive", o.BlockSize)
 	case o.Timeout <= 0:
@@ -140,6 +150,7 @@ type loadConfig struct {
 	HitRule     string   `json:"hit_rule"`
 	Capacity    int      `json:"capacity_blocks"`
 	TimeoutS    float64  `json:"timeout_s"`
+	SLO         *sloCfg  `json:"slo,omitempty"`
 	Denominator string   `json:"denominator"` // what every ratio and quantile is over (sim.Denominator)
 	WallSeconds float64  `json:"wall_seconds"`
 	Notes       []string `json:"notes"`
@@ -217,7 +228,11 @@ func executeLoad(ctx context.Context, o *loadOptions, stderr io.Writer) (*loadRe
 	if err != nil {
 		return nil, err
 	}
-	hc := live.NewInferenceClient(o.Concurrency, tlsConf)
+	conns := o.Concurrency
+	if o.ArrivalRate > 0 {
+		conns = maxInFlight
+	}
+	hc := live.NewInferenceClient(conns, tlsConf)
 	cl := live.NewClient(o.Token)
 	cl.HTTP.Transport.(*http.Transport).TLSClientConfig = tlsConf
 	first := o.Direct
@@ -244,7 +259,9 @@ func executeLoad(ctx context.Context, o *loadOptions, stderr io.Writer) (*loadRe
 	cfg := loadConfig{Workload: w.Name, Targets: o.Targets, Direct: o.Direct, Model: model, BlockSize: o.BlockSize,
 		Seed: o.Seed, Salt: salt, Requests: len(w.Requests),
 		Synthetic: synthCfg{Prefixes: o.Prefixes, PrefixTokens: o.PrefixTokens, TailTokens: o.TailTokens,
-			OutputTokens: o.OutputTokens, Concurrency: o.Concurrency, PrefixOrder: o.PrefixOrder},
+			OutputTokens: o.OutputTokens, Concurrency: o.Concurrency, PrefixOrder: o.PrefixOrder,
+			ArrivalRate: o.ArrivalRate},
+		SLO:      newSLOCfg(o.SLO),
 		HitRule:  fmt.Sprintf("cached prompt tokens >= half the shared prefix (%d tokens)", w.Requests[0].HitTokens),
 		TimeoutS: o.Timeout.Seconds(), Denominator: sim.Denominator,
 		Notes: []string{
@@ -288,12 +305,12 @@ func executeLoad(ctx context.Context, o *loadOptions, stderr io.Writer) (*loadRe
 	defer stop()
 	if len(o.Targets) > 0 {
 		res := replay(ctx, o, w, hc, model, salt, o.Targets, &done)
-		rep.Results = append(rep.Results, summarizeLive("live", w, res, o.Targets, "", o.Timeout))
+		rep.Results = append(rep.Results, summarizeLive("live", w, res, o.Targets, "", o.Timeout, o.slo()))
 	}
 	if o.Direct != "" && ctx.Err() == nil {
 		done.Store(int64((passes - 1) * len(w.Requests))) // a first pass may have stopped early (--max-duration)
 		res := replay(ctx, o, w, hc, model, salt+1, []string{o.Direct}, &done)
-		rep.Results = append(rep.Results, summarizeLive("direct", w, res, []string{o.Direct}, cmp.Or(cfg.DirectID, o.Direct), o.Timeout))
+		rep.Results = append(rep.Results, summarizeLive("direct", w, res, []string{o.Direct}, cmp.Or(cfg.DirectID, o.Direct), o.Timeout, o.slo()))
 	}
 	stop()
 	if ctx.Err() != nil {
@@ -314,14 +331,70 @@ type liveRequest struct {
 	Err                        string
 }
 
-// replay runs one pass: o.Concurrency closed-loop clients; request i goes
-// to endpoints[i mod n]. done counts the requests finished (for progress).
+// maxInFlight bounds an open-loop pass's requests in flight at once: past
+// it the fleet is far behind its arrivals, and further sends wait (and
+// count as late in their TTFT, which is measured from the arrival).
+const maxInFlight = 1024
+
+// replay runs one pass: o.Concurrency closed-loop clients, or (--arrival-
+// rate) each request sent at its arrival time whether or not earlier ones
+// finished; request i goes to endpoints[i mod n]. done counts the requests
+// finished (for progress).
 func replay(ctx context.Context, o *loadOptions, w *workload.Workload, hc *http.Client, model string, salt uint32, endpoints []string, done *atomic.Int64) []liveRequest {
 	out := make([]liveRequest, len(w.Requests))
-	var next atomic.Int64
 	t0 := time.Now()
 	deadline := t0.Add(o.MaxDuration)
+	// send runs request i; sent is when it counts as sent (its arrival,
+	// in an open loop), since t0.
+	send := func(i int, sent time.Duration, buf []uint32) []uint32 {
+		buf = w.Tokens(i, buf)
+		body := live.NewCompletionRequest(model, live.PromptText(buf, salt), w.Requests[i].OutputTokens)
+		ep := i % len(endpoints)
+		r := &out[i]
+		r.Endpoint, r.Attempted = ep, true
+		rctx, cancel := context.WithTimeout(ctx, o.Timeout)
+		r.Sent = sent
+		start := time.Since(t0)
+		c, err := live.Complete(rctx, hc, endpoints[ep], o.APIKey, body)
+		cancel()
+		done.Add(1)
+		r.Finished = time.Since(t0)
+		r.FirstToken = start + c.TTFT
+		r.Worker, r.Cached, r.PromptTokens, r.HasUsage = c.Worker, c.CachedTokens, c.PromptTokens, c.HasUsage
+		if err != nil {
+			r.Err = err.Error()
+			return buf
+		}
+		r.Done = true
+		return buf
+	}
 	var wg sync.WaitGroup
+	if w.OpenLoop {
+		slots := make(chan struct{}, maxInFlight)
+		for i, q := range w.Requests {
+			at := t0.Add(q.At)
+			if at.After(deadline) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Until(at)):
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			slots <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				send(i, q.At, nil)
+				<-slots
+			}()
+		}
+		wg.Wait()
+		return out
+	}
+	var next atomic.Int64
 	for range min(o.Concurrency, len(w.Requests)) {
 		wg.Add(1)
 		go func() {
@@ -332,24 +405,7 @@ func replay(ctx context.Context, o *loadOptions, w *workload.Workload, hc *http.
 				if i >= len(w.Requests) {
 					return
 				}
-				buf = w.Tokens(i, buf)
-				body := live.NewCompletionRequest(model, live.PromptText(buf, salt), w.Requests[i].OutputTokens)
-				ep := i % len(endpoints)
-				r := &out[i]
-				r.Endpoint, r.Attempted = ep, true
-				rctx, cancel := context.WithTimeout(ctx, o.Timeout)
-				r.Sent = time.Since(t0)
-				c, err := live.Complete(rctx, hc, endpoints[ep], o.APIKey, body)
-				cancel()
-				done.Add(1)
-				r.Finished = time.Since(t0)
-				r.FirstToken = r.Sent + c.TTFT
-				r.Worker, r.Cached, r.PromptTokens, r.HasUsage = c.Worker, c.CachedTokens, c.PromptTokens, c.HasUsage
-				if err != nil {
-					r.Err = err.Error()
-					continue
-				}
-				r.Done = true
+				buf = send(i, time.Since(t0), buf)
 			}
 		}()
 	}
@@ -363,7 +419,7 @@ func replay(ctx context.Context, o *loadOptions, w *workload.Workload, hc *http.
 // (sim.Denominator). Per-worker and per-endpoint figures are over the
 // requests sent there, failures included the same way. Requests without
 // an X-Worker-Id (straight to a worker) count as worker unnamed.
-func summarizeLive(policy string, w *workload.Workload, reqs []liveRequest, endpoints []string, unnamed string, timeout time.Duration) liveResult {
+func summarizeLive(policy string, w *workload.Workload, reqs []liveRequest, endpoints []string, unnamed string, timeout time.Duration, slo sim.SLO) liveResult {
 	ids := map[string]int{}
 	res := &sim.Result{Policy: policy, Requests: make([]sim.RequestResult, len(reqs))}
 	lr := liveResult{Endpoints: endpoints}
@@ -416,7 +472,7 @@ func summarizeLive(policy string, w *workload.Workload, reqs []liveRequest, endp
 			}
 		}
 	}
-	s := sim.Summarize(w, res, timeout)
+	s := sim.SummarizeSLO(w, res, timeout, slo)
 	s.VirtualSeconds = 0 // real time: see throughput_rps and wall time
 	lr.Result = report.Median(policy, []report.Run{{Seed: w.Seed, Summary: s}})
 	var wall time.Duration
@@ -441,6 +497,12 @@ func summarizeLive(policy string, w *workload.Workload, reqs []liveRequest, endp
 		}
 	}
 	return lr
+}
+
+// slo is the SLO every request is judged against.
+func (o *loadOptions) slo() sim.SLO {
+	ttft, tpot := o.SLO.Durations()
+	return sim.SLO{TTFT: ttft, TPOT: tpot}
 }
 
 // clientTLS is the TLS configuration for https endpoints: the CA named by

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/api/tokenize"
@@ -237,5 +238,67 @@ func TestLoadWorkloadDefaultsAreSims(t *testing.T) {
 	}
 	if s.Requests != cli.DefaultRequests {
 		t.Fatalf("--requests default %d", s.Requests)
+	}
+}
+
+// barrierWorker answers no request until n have arrived: only an open loop
+// (every request sent at its arrival, whether or not earlier ones were
+// answered) gets past it.
+type barrierWorker struct {
+	fakeWorker
+	n       int
+	arrived atomic.Int64
+	all     chan struct{}
+}
+
+func (b *barrierWorker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v1/completions" {
+		if b.arrived.Add(1) == int64(b.n) {
+			close(b.all)
+		}
+		select {
+		case <-b.all:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	b.fakeWorker.ServeHTTP(w, r)
+}
+
+func TestLoadOpenLoop(t *testing.T) {
+	const n = 12
+	bw := &barrierWorker{fakeWorker: fakeWorker{id: "a", blockSize: 16, seen: map[string]bool{}}, n: n, all: make(chan struct{})}
+	srv := httptest.NewServer(bw)
+	defer srv.Close()
+	out := filepath.Join(t.TempDir(), "load.json")
+	args := []string{"load", "--target", srv.URL, "--model", "fake-model", "--prefixes", "2", "--prefix-tokens", "32", "--tail-tokens", "8",
+		"--output-tokens", "4", "--requests", fmt.Sprint(n), "--arrival-rate", "200", "--slo-ttft-ms", "60000", "--timeout", "30s", "--json", out}
+	var stdout, stderr strings.Builder
+	if code := run(args, &stdout, &stderr); code != cli.ExitOK {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Config struct {
+			Synthetic struct {
+				Rate float64 `json:"arrival_rate"`
+			} `json:"synthetic"`
+		} `json:"config"`
+		Results []struct {
+			Errors     int     `json:"errors"`
+			Attainment float64 `json:"slo_attainment"`
+			TPOT       struct {
+				P50 float64 `json:"p50"`
+			} `json:"tpot_ms"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Config.Synthetic.Rate != 200 || len(rep.Results) != 1 || rep.Results[0].Errors != 0 || rep.Results[0].Attainment != 1 {
+		t.Fatalf("report %s", raw)
 	}
 }
