@@ -118,36 +118,51 @@ func (n *Node) PathPrefix() string { return n.cfg.PathPrefix }
 
 func (n *Node) authorize(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if n.cfg.TLS != nil {
-			status, code, err := n.checkPeer(r)
-			if err == nil && n.cfg.Authorize != nil {
-				status, code, err = http.StatusUnauthorized, codeUnauthorized, n.cfg.Authorize(r)
-			}
-			if err != nil {
-				n.refusedHTTP.Add(1)
-				n.log.Warn("refused cluster request", "path", r.URL.Path, "remote", r.RemoteAddr, "err", err)
-				writeJSON(w, status, adminResponse{Error: err.Error(), Code: code})
-				return
-			}
-			next.ServeHTTP(w, r)
-			return
-		}
-		var err error
-		switch {
-		case n.cfg.Authorize != nil:
-			err = n.cfg.Authorize(r)
-		case n.cfg.AuthToken != "":
-			want := "Bearer " + n.cfg.AuthToken
-			if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte(want)) != 1 {
-				err = errors.New("missing or wrong bearer token")
-			}
-		}
-		if err != nil {
-			writeJSON(w, http.StatusUnauthorized, adminResponse{Error: err.Error(), Code: codeUnauthorized})
+		if status, code, err := n.checkRequest(r); err != nil {
+			writeJSON(w, status, adminResponse{Error: err.Error(), Code: code})
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// CheckRequest applies the cluster endpoints' credential check to r, for an
+// endpoint under /cluster/ served elsewhere (the API's
+// /cluster/raft_groups): with TLS the caller's verified certificate must
+// name a member node (and Config.Authorize accept it), without TLS
+// Config.Authorize or the bearer AuthToken. It returns the refusal's HTTP
+// status and error; a refusal over TLS is logged and counted as one of
+// Handler's.
+func (n *Node) CheckRequest(r *http.Request) (status int, err error) {
+	status, _, err = n.checkRequest(r)
+	return status, err
+}
+
+func (n *Node) checkRequest(r *http.Request) (status int, code string, err error) {
+	if n.cfg.TLS != nil {
+		status, code, err := n.checkPeer(r)
+		if err == nil && n.cfg.Authorize != nil {
+			status, code, err = http.StatusUnauthorized, codeUnauthorized, n.cfg.Authorize(r)
+		}
+		if err != nil {
+			n.refusedHTTP.Add(1)
+			n.log.Warn("refused cluster request", "path", r.URL.Path, "remote", r.RemoteAddr, "err", err)
+		}
+		return status, code, err
+	}
+	switch {
+	case n.cfg.Authorize != nil:
+		err = n.cfg.Authorize(r)
+	case n.cfg.AuthToken != "":
+		want := "Bearer " + n.cfg.AuthToken
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte(want)) != 1 {
+			err = errors.New("missing or wrong bearer token")
+		}
+	}
+	if err != nil {
+		return http.StatusUnauthorized, codeUnauthorized, err
+	}
+	return 0, "", nil
 }
 
 // checkPeer is the TLS credential check: a verified client certificate

@@ -15,18 +15,26 @@ import (
 // SIGINT/SIGTERM, then hands leadership over and stops. The replica itself
 // (assembly, the leader's duties, api.Replica) is internal/replica.
 func runServe(ctx context.Context, args []string, _, stderr io.Writer) int {
-	cfg, err := parseServe(args, os.Getenv, stderr)
+	rest, adminOpen, err := takeSecurityFlags(args, os.Getenv) // securityflags.go
+	if err != nil {
+		fmt.Fprintf(stderr, "kvrouter serve: %v\n", err)
+		return 2
+	}
+	cfg, err := parseServe(rest, os.Getenv, stderr)
+	if err == nil {
+		err = applySecurityFlags(&cfg, adminOpen)
+	}
 	if err != nil {
 		if errors.Is(err, errHelp) {
+			securityFlagsUsage(stderr)
 			return 0
 		}
 		fmt.Fprintf(stderr, "kvrouter serve: %v\n", err)
 		return 2
 	}
 	log := newLogger(cfg.LogLevel, cfg.NodeID, stderr)
-	for _, w := range cfg.Warnings {
-		log.Warn("Dynamo option does not work as in Dynamo here", "detail", w)
-	}
+	warnAdminAccess(cfg, log)
+	logStartupWarnings(log, cfg.Warnings)
 	if err := serve(ctx, cfg, log); err != nil {
 		log.Error("replica stopped", "err", err)
 		return 1

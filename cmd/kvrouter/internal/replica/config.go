@@ -68,6 +68,12 @@ type Config struct {
 	// log, a snapshot or /cluster/status.
 	WorkerAPIKeys map[string]pki.Secret
 	ReplicaToken  pki.Secret
+
+	// AdminOpenToLoopback are admin paths served without AdminToken to
+	// loopback callers (api.Config.AdminOpenToLoopback; kvrouter serve
+	// --admin-open-to-loopback, loopback --http-addr only).
+	AdminOpenToLoopback []string
+
 	// Bounds (api/DESIGN.md, "Bounds").
 	AllowLoopbackWorkers bool           // workers on loopback/link-local addresses (default: only when --http-addr is loopback)
 	MaxPriority          int            // highest client priority (default: no cap, as Dynamo)

@@ -95,7 +95,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer closeCapture()
 
 	apiCfg := api.Config{
-		BusyStatus: cfg.BusyStatus, AdminToken: cfg.AdminToken, APIKeys: cfg.APIKeys, ClientCert: apiClientCheck(cfg), Prompts: prompts,
+		BusyStatus: cfg.BusyStatus, AdminToken: cfg.AdminToken, AdminOpenToLoopback: cfg.AdminOpenToLoopback, APIKeys: cfg.APIKeys, ClientCert: apiClientCheck(cfg), Prompts: prompts,
+		// /cluster/raft_groups: the control group's member certificate
+		// (the admin token without TLS), as every other /cluster/ write.
+		ClusterAuth:  node.CheckRequest,
 		WorkerAPIKey: cfg.WorkerAPIKey.Reveal(), WorkerAPIKeys: revealAll(cfg.WorkerAPIKeys),
 		Retries: cfg.Retries, AllowLoopbackWorkers: cfg.AllowLoopbackWorkers, MaxPriority: cfg.MaxPriority,
 		MaxPriorityByKey: cfg.MaxPriorityByKey, MaxWorkers: cfg.MaxWorkers, MaxQueue: cfg.MaxQueue,
@@ -109,6 +112,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		apiCfg.ClusterGroups = len(groups)
 	}
 	srv := api.New(apiCfg, r)
+	// The self-check reaches workers as the proxy does: its transport and
+	// the worker API key (selfcheck.go).
+	r.tokcheck.useWorkerAccess(srv.WorkerTransport(), srv.WorkerKey)
 	handler := srv.Handler()
 	if bundle != nil {
 		handler = withClusterEndpoints(handler, clusterHandler(node, groups), len(groups))

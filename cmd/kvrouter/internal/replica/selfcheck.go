@@ -42,10 +42,13 @@ type tokenizerCheck struct {
 	lookup   func(model string) (*prompt.Model, bool)
 	workers  func() []fsm.WorkerRecord
 	client   *http.Client
-	mismatch *prometheus.GaugeVec
-	results  *prometheus.CounterVec
-	kick     chan struct{} // wakes the loop after a registration
-	sem      chan struct{} // bounds the checks running at once
+	// workerKey is the bearer token the proxy sends to a worker (by id);
+	// nil or "": none. useWorkerAccess sets it with client's transport.
+	workerKey func(id string) string
+	mismatch  *prometheus.GaugeVec
+	results   *prometheus.CounterVec
+	kick      chan struct{} // wakes the loop after a registration
+	sem       chan struct{} // bounds the checks running at once
 
 	mu    sync.Mutex
 	state map[string]*workerCheck // by worker id; mu guards it and its values
@@ -73,9 +76,10 @@ func newTokenizerCheck(interval time.Duration, lookup func(string) (*prompt.Mode
 	c := &tokenizerCheck{
 		log: log, interval: interval, timeout: 30 * time.Second, minGap: 10 * time.Second,
 		lookup: lookup, workers: workers,
-		// Its own transport: no process-global state, and a short timeout
-		// per request so a hung worker holds a check slot briefly.
-		client: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 10 * time.Second},
+		// Until useWorkerAccess gives it the proxy's transport: its own
+		// (no process-global state). A short timeout per request so a hung
+		// worker holds a check slot briefly.
+		client: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: selfCheckRequestTimeout},
 		mismatch: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvrouter_tokenizer_mismatch",
 			Help: "1 when the worker's /tokenize gives other ids than this replica for the canary requests (its prefix hits are lost), 0 when they agree; no series while unchecked."},
 			[]string{"model", "worker"}),
@@ -87,6 +91,23 @@ func newTokenizerCheck(interval time.Duration, lookup func(string) (*prompt.Mode
 	}
 	reg.MustRegister(c.mismatch, c.results)
 	return c
+}
+
+// selfCheckRequestTimeout bounds one /tokenize request.
+const selfCheckRequestTimeout = 10 * time.Second
+
+// useWorkerAccess makes the check reach workers as the proxy does: over
+// the proxy's transport (its dial guard, TLS settings and pool) with the
+// bearer token the proxy sends each worker (api.Server.WorkerTransport,
+// WorkerKey). Without it a worker started with --api-key (a secured
+// deployment, make run's kvmocks) answered 401 and read "unavailable".
+// Call it before run.
+func (c *tokenizerCheck) useWorkerAccess(rt http.RoundTripper, key func(id string) string) {
+	if c == nil {
+		return
+	}
+	c.client = &http.Client{Transport: rt, Timeout: selfCheckRequestTimeout}
+	c.workerKey = key
 }
 
 // note follows the worker registry: a registration, a changed worker or a
@@ -188,7 +209,7 @@ func (c *tokenizerCheck) check(ctx context.Context, worker string, st *workerChe
 	}
 	cctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	out := c.compare(cctx, model, url)
+	out := c.compare(cctx, worker, model, url)
 	if ctx.Err() != nil { // shutting down: no conclusion
 		c.mu.Lock()
 		st.running = false
@@ -203,7 +224,7 @@ func (c *tokenizerCheck) check(ctx context.Context, worker string, st *workerChe
 // tokenize (a model without a chat template) is left out; one the worker
 // does not answer with 200 is not compared either (an engine whose
 // /tokenize takes prompts only, as SGLang's may, is not a mismatch).
-func (c *tokenizerCheck) compare(ctx context.Context, model, url string) checkOutcome {
+func (c *tokenizerCheck) compare(ctx context.Context, worker, model, url string) checkOutcome {
 	m, ok := c.lookup(model)
 	if !ok {
 		return checkOutcome{kind: "skipped", text: "skipped: no tokenizer"}
@@ -219,7 +240,7 @@ func (c *tokenizerCheck) compare(ctx context.Context, model, url string) checkOu
 		if err != nil {
 			continue
 		}
-		theirs, err := c.fetch(ctx, url, body)
+		theirs, err := c.fetch(ctx, worker, url, body)
 		if err != nil {
 			var st *statusError
 			if errors.As(err, &st) {
@@ -257,13 +278,19 @@ func (e *statusError) Error() string {
 	return fmt.Sprintf("/tokenize answered HTTP %d: %s", e.code, e.msg)
 }
 
-// fetch posts body to the worker's /tokenize and returns its "tokens".
-func (c *tokenizerCheck) fetch(ctx context.Context, base string, body []byte) ([]uint32, error) {
+// fetch posts body to the worker's /tokenize, with the worker's API key
+// when it has one, and returns its "tokens".
+func (c *tokenizerCheck) fetch(ctx context.Context, worker, base string, body []byte) ([]uint32, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+"/tokenize", bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("tokenize request: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if c.workerKey != nil {
+		if key := c.workerKey(worker); key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+	}
 	resp, err := c.client.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("POST /tokenize: %w", err)

@@ -224,3 +224,69 @@ func TestSelfCheckFakeWorkers(t *testing.T) {
 		t.Fatalf("after deregistration: %q, %d series", got, seriesCount(c.mismatch))
 	}
 }
+
+// TestSelfCheckWorkerKey: a worker started with an API key (its /tokenize
+// answers 401 without it) reads "unavailable" to a check without the
+// proxy's access and "ok" once useWorkerAccess gives it the transport and
+// each worker's key; a worker with its own key gets that one.
+func TestSelfCheckWorkerKey(t *testing.T) {
+	m := prompt.Legacy("m", tokenize.Builtin(), tokenize.Plain, "builtin")
+	keyed := func(key string) *httptest.Server {
+		inner := fakeTokenizeWorker(t, m, func(ids []uint32) []uint32 { return ids })
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Authorization") != "Bearer "+key {
+				http.Error(w, `{"error":"Unauthorized"}`, http.StatusUnauthorized)
+				return
+			}
+			r.URL.Host, r.URL.Scheme, r.RequestURI = strings.TrimPrefix(inner.URL, "http://"), "http", ""
+			resp, err := http.DefaultTransport.RoundTrip(r)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadGateway)
+				return
+			}
+			defer resp.Body.Close()
+			w.WriteHeader(resp.StatusCode)
+			_, _ = io.Copy(w, resp.Body)
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	shared, own := keyed("shared-key"), keyed("own-key")
+	workers := []fsm.WorkerRecord{{ID: "shared", Model: "m", Address: shared.URL}, {ID: "own", Model: "m", Address: own.URL}}
+	lookup := func(model string) (*prompt.Model, bool) { return m, model == "m" }
+	newCheck := func() *tokenizerCheck {
+		c := newTokenizerCheck(time.Hour, lookup, func() []fsm.WorkerRecord { return workers }, prometheus.NewRegistry(),
+			slog.New(slog.NewTextHandler(&logSink{t: t}, nil)))
+		c.minGap = 0
+		return c
+	}
+	settle := func(c *tokenizerCheck, want map[string]string) {
+		t.Helper()
+		c.schedule(context.Background(), time.Now())
+		poll.Until(t, 10*time.Second, 20*time.Millisecond, func() error {
+			for id, w := range want {
+				if got, _, _ := c.status(id); !strings.HasPrefix(got, w) {
+					return fmt.Errorf("%s: %q, want %q…", id, got, w)
+				}
+			}
+			return nil
+		})
+	}
+	settle(newCheck(), map[string]string{"shared": "unavailable: short-chat: /tokenize answered HTTP 401", "own": "unavailable: short-chat: /tokenize answered HTTP 401"})
+
+	c := newCheck()
+	var asked sync.Map
+	c.useWorkerAccess(http.DefaultTransport.(*http.Transport).Clone(), func(id string) string {
+		asked.Store(id, true)
+		if id == "own" {
+			return "own-key"
+		}
+		return "shared-key"
+	})
+	settle(c, map[string]string{"shared": "ok", "own": "ok"})
+	for _, id := range []string{"shared", "own"} {
+		if _, ok := asked.Load(id); !ok {
+			t.Errorf("the key of %s was not asked for by its id", id)
+		}
+	}
+}
