@@ -341,11 +341,37 @@ func TestDeployRunScriptLifecycle(t *testing.T) {
 			"tls-cert":           filepath.Join(h.dir, "run", "certs", "node-"+r+".pem"),
 			"tls-key":            filepath.Join(h.dir, "run", "certs", "node-"+r+"-key.pem"),
 			"replica-token-file": filepath.Join(h.dir, "run", "secrets", "replica-token"),
+			// Strangers kept out (issue 26): the admin token on every admin
+			// endpoint but /busy_threshold from loopback, and the workers' key.
+			"admin-token-file":       filepath.Join(h.dir, "run", "secrets", "admin-token"),
+			"admin-open-to-loopback": "/busy_threshold",
+			"worker-api-key-file":    filepath.Join(h.dir, "run", "secrets", "worker-api-key"),
 		}
 		for k, v := range want {
 			if rec.Flags[k] != v {
 				t.Errorf("%s: --%s %q, want %q", r, k, rec.Flags[k], v)
 			}
+		}
+	}
+	// The secrets: fresh, 64 hex digits, readable by their owner only.
+	for _, name := range []string{"admin-token", "worker-api-key", "replica-token"} {
+		p := filepath.Join(h.dir, "run", "secrets", name)
+		st, err := os.Stat(p)
+		if err != nil {
+			t.Errorf("secret %s: %v", name, err)
+			continue
+		}
+		if st.Mode().Perm() != 0o600 {
+			t.Errorf("%s has mode %v, want 0600", p, st.Mode().Perm())
+		}
+		if b, _ := os.ReadFile(p); len(b) != 64 || strings.Trim(string(b), "0123456789abcdef") != "" {
+			t.Errorf("%s holds %d bytes, want 64 hex digits", p, len(b))
+		}
+	}
+	for _, s := range []string{"token required, in " + filepath.Join(h.dir, "run", "secrets", "admin-token"), "except /busy_threshold from this host",
+		"API key required on /v1/*, in " + filepath.Join(h.dir, "run", "secrets", "worker-api-key")} {
+		if !strings.Contains(out, s) {
+			t.Errorf("output lacks %q", s)
 		}
 	}
 	nats := fmt.Sprintf("nats://127.0.0.1:%d,nats://127.0.0.1:%d,nats://127.0.0.1:%d", 4222+o, 4223+o, 4224+o)
@@ -363,6 +389,9 @@ func TestDeployRunScriptLifecycle(t *testing.T) {
 			"nats-tls-ca":   filepath.Join(h.dir, "run", "certs", "ca.pem"),
 			"nats-tls-cert": filepath.Join(h.dir, "run", "certs", "worker-"+id+".pem"),
 			"nats-tls-key":  filepath.Join(h.dir, "run", "certs", "worker-"+id+"-key.pem"),
+			// It registers with the admin token and requires the worker key.
+			"admin-token-file": filepath.Join(h.dir, "run", "secrets", "admin-token"),
+			"api-key-file":     filepath.Join(h.dir, "run", "secrets", "worker-api-key"),
 		}
 		for k, v := range want {
 			if rec.Flags[k] != v {
@@ -456,12 +485,30 @@ func TestDeployRunScriptInterrupt(t *testing.T) {
 		t.Skip("SIGINT is ignored in this process (started in the background?); bash cannot trap it then")
 	}
 	h := newRunHarness(t)
-	// Also the terminal mode: every log copied to the output, prefixed.
-	h.start("KVROUTER_RUN_HAPROXY=0", "KVROUTER_RUN_WORKERS=1", "KVROUTER_RUN_TAIL=1")
+	// Also the terminal mode: every log copied to the output, prefixed;
+	// and the opt-outs of the admin token and the worker key.
+	h.start("KVROUTER_RUN_HAPROXY=0", "KVROUTER_RUN_WORKERS=1", "KVROUTER_RUN_TAIL=1", "KVROUTER_RUN_ADMIN_TOKEN=0", "KVROUTER_RUN_WORKER_API_KEY=0")
 	h.wait("the cluster to report ready", 60*time.Second, h.outputHas("cluster ready"))
 	h.wait("the prefixed log copy", 10*time.Second, h.outputHas("[mock-1] fake kvmock mock-1 listening"))
 	if strings.Contains(h.out.String(), "haproxy.cfg") {
 		t.Error("HAProxy configured although KVROUTER_RUN_HAPROXY=0")
+	}
+	for _, s := range []string{"WARNING: KVROUTER_RUN_ADMIN_TOKEN=0: no admin token", "NO TOKEN: admin endpoints and worker registration open"} {
+		if !strings.Contains(h.out.String(), s) {
+			t.Errorf("the open cluster is not announced loudly: output lacks %q", s)
+		}
+	}
+	for _, id := range []string{"r1", "mock-1"} {
+		for _, f := range []string{"admin-token-file", "admin-open-to-loopback", "worker-api-key-file", "api-key-file"} {
+			if v, ok := h.record(id).Flags[f]; ok {
+				t.Errorf("%s got --%s %q with the opt-outs", id, f, v)
+			}
+		}
+	}
+	for _, name := range []string{"admin-token", "worker-api-key"} {
+		if _, err := os.Stat(filepath.Join(h.dir, "run", "secrets", name)); err == nil {
+			t.Errorf("secrets/%s written with its opt-out", name)
+		}
 	}
 	pids := []int{h.record("r1").PID, h.record("r2").PID, h.record("r3").PID, h.record("mock-1").PID}
 	if err := h.cmd.Process.Signal(os.Interrupt); err != nil {

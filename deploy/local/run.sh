@@ -33,9 +33,13 @@
 #                             trace, <run dir>/<replica>/capture.jsonl (block
 #                             hashes and lengths; kvbench sim --trace / kvbench
 #                             tune --trace r1,r2,r3 replay them together) [0]
-#   KVROUTER_RUN_ADMIN_TOKEN=1 also generate an admin token (secrets/admin-token)
-#                             and require it on the admin endpoints [0: they stay
-#                             open to this host only, see SECURITY.md]
+#   KVROUTER_RUN_ADMIN_TOKEN=0 no admin token: the admin endpoints (worker
+#                             registration included) open to every user of this
+#                             host; each replica warns [1: a fresh token in
+#                             secrets/admin-token, required, see below]
+#   KVROUTER_RUN_WORKER_API_KEY=0 workers without an API key [1: a fresh key in
+#                             secrets/worker-api-key, required by every kvmock
+#                             on /v1/* and sent by the replicas]
 #
 # Security (SECURITY.md): by default the run directory gets a private CA and
 # certificates (certs/, from `kvrouter certs`): every replica serves Raft over
@@ -45,6 +49,14 @@
 # HTTPS on its HTTP port, where /cluster/* takes a member's certificate only.
 # The HTTP ports also answer plaintext http:// (they bind loopback), so curl,
 # HAProxy and the acceptance scripts work unchanged.
+# The admin endpoints (worker registration, deregistration, moves, /debug/*,
+# /workers) take the admin token in secrets/admin-token — also from this
+# host: otherwise any local user could register a "worker" at a port of
+# theirs and receive other users' prompts. The one exception is
+# /busy_threshold from loopback (--admin-open-to-loopback, below). kvbench
+# reads the token, the replica token and the worker API key from secrets/
+# by itself (cmd/kvbench/README.md); with curl:
+#   curl -H "Authorization: Bearer $(cat tmp/run/secrets/admin-token)" ...
 # Every other KVROUTER_* / DYN_* variable reaches `kvrouter serve` unchanged
 # (e.g. KVROUTER_LOG_LEVEL=debug, DYN_ROUTER_MODE=round-robin), and KVMOCK_*
 # ones reach kvmock (which reads KVMOCK_<FLAG>; flags given here win).
@@ -72,7 +84,8 @@ max_batched=${KVMOCK_MAX_BATCHED_TOKENS:-}
 use_haproxy=${KVROUTER_RUN_HAPROXY:-auto}
 ready_timeout=${KVROUTER_RUN_READY_TIMEOUT:-180}
 insecure=${KVROUTER_RUN_INSECURE:-0}
-want_admin_token=${KVROUTER_RUN_ADMIN_TOKEN:-0}
+want_admin_token=${KVROUTER_RUN_ADMIN_TOKEN:-1}
+want_worker_key=${KVROUTER_RUN_WORKER_API_KEY:-1}
 stop_timeout=${KVROUTER_RUN_STOP_TIMEOUT:-15}
 capture=${KVROUTER_RUN_CAPTURE:-0}
 if [ -t 1 ]; then tail_logs=${KVROUTER_RUN_TAIL:-1}; else tail_logs=${KVROUTER_RUN_TAIL:-0}; fi
@@ -330,6 +343,12 @@ fi
 if [ "$want_admin_token" = 1 ]; then
   mkdir -p "$secrets_dir" && chmod 700 "$secrets_dir"
   new_secret "$secrets_dir/admin-token"
+else
+  say "WARNING: KVROUTER_RUN_ADMIN_TOKEN=$want_admin_token: no admin token - every user of this host may register a worker (and receive other users' prompts and the worker API key), deregister or move workers; each replica warns too" >&2
+fi
+if [ "$want_worker_key" = 1 ]; then
+  mkdir -p "$secrets_dir" && chmod 700 "$secrets_dir"
+  new_secret "$secrets_dir/worker-api-key"
 fi
 # serve_security R: the security flags of replica R.
 serve_security() {
@@ -338,7 +357,17 @@ serve_security() {
     a+=(--tls-ca "$certs_dir/ca.pem" --tls-cert "$certs_dir/node-$r.pem" --tls-key "$certs_dir/node-$r-key.pem"
       --replica-token-file "$secrets_dir/replica-token")
   fi
-  [ "$want_admin_token" = 1 ] && a+=(--admin-token-file "$secrets_dir/admin-token")
+  if [ "$want_admin_token" = 1 ]; then
+    # The one admin path left open to this host's callers without the
+    # token: /busy_threshold is the contract's runtime tuning API
+    # (docs/CONTRACTS.md), tuned with a plain POST - the live-cluster
+    # acceptance check sets a threshold on a follower without a credential.
+    # It changes routing thresholds only: registering, deregistering or
+    # moving workers, /debug/*, /workers and /cluster/* keep their
+    # credential. Each replica warns at start and logs the uses (SECURITY.md).
+    a+=(--admin-token-file "$secrets_dir/admin-token" --admin-open-to-loopback /busy_threshold)
+  fi
+  [ "$want_worker_key" = 1 ] && a+=(--worker-api-key-file "$secrets_dir/worker-api-key")
   [ ${#a[@]} = 0 ] || printf '%s\n' "${a[@]}"
 }
 # mock_security W: the security flags of worker W (its own certificate; it
@@ -349,6 +378,7 @@ mock_security() {
     a+=(--nats-tls-ca "$certs_dir/ca.pem" --nats-tls-cert "$certs_dir/worker-$w.pem" --nats-tls-key "$certs_dir/worker-$w-key.pem")
   fi
   [ "$want_admin_token" = 1 ] && a+=(--admin-token-file "$secrets_dir/admin-token")
+  [ "$want_worker_key" = 1 ] && a+=(--api-key-file "$secrets_dir/worker-api-key")
   [ ${#a[@]} = 0 ] || printf '%s\n' "${a[@]}"
 }
 register_urls=''
@@ -465,15 +495,20 @@ $(for r in "${replicas[@]}"; do printf '    %s  http://%s:%s  raft %s:%s  nats n
 $(for w in "${workers[@]}"; do printf '    %s  http://%s:%s\n' "$w" "$host" "${worker_port[$w]}"; done)
   haproxy:  $lb_note
   security: $(if [ "$insecure" = 1 ]; then echo "OFF (KVROUTER_RUN_INSECURE=1)"; else
-    echo "Raft mTLS, NATS TLS+auth, HTTPS (and http:// on loopback); /cluster/* needs a member certificate"; fi)
+    echo "Raft mTLS, NATS TLS+auth, HTTPS (and http:// on loopback); /cluster/* needs a member certificate (/cluster/status is open)"; fi)
 $(if [ "$insecure" != 1 ]; then
     printf '            CA + certificates %s/ (ca-key.pem too: keep it off real replicas)\n' "$certs_dir"
     printf '            replica token for bus tools (kvbench ingest) %s/replica-token\n' "$secrets_dir"
     printf '            peer call: curl --cacert %s/ca.pem --cert %s/node-r1.pem --key %s/node-r1-key.pem https://%s:%s/cluster/commit\n' \
       "$certs_dir" "$certs_dir" "$certs_dir" "$host" "${http_port[r1]}"
   fi)
-  admin:    $(if [ "$want_admin_token" = 1 ]; then echo "token in $secrets_dir/admin-token (curl -H \"Authorization: Bearer \$(cat $secrets_dir/admin-token)\")"; else
-    echo "no token: admin endpoints open to this host's users (KVROUTER_RUN_ADMIN_TOKEN=1 to require one)"; fi)
+  admin:    $(if [ "$want_admin_token" = 1 ]; then echo "token required, in $secrets_dir/admin-token (kvbench reads it; curl -H \"Authorization: Bearer \$(cat $secrets_dir/admin-token)\")"; else
+    echo "NO TOKEN: admin endpoints and worker registration open to every user of this host (KVROUTER_RUN_ADMIN_TOKEN=0)"; fi)
+$(if [ "$want_admin_token" = 1 ]; then
+    printf '            except /busy_threshold from this host (--admin-open-to-loopback: runtime tuning as the contract has it)\n'
+  fi)
+  workers:  $(if [ "$want_worker_key" = 1 ]; then echo "API key required on /v1/*, in $secrets_dir/worker-api-key (the replicas send it; kvbench load --direct reads it)"; else
+    echo "no API key (KVROUTER_RUN_WORKER_API_KEY=0)"; fi)
   logs:     $run_dir/<name>.log
   try:      curl -s $try_url/v1/chat/completions -H 'content-type: application/json' \\
               -d '{"model":"$model","messages":[{"role":"user","content":"hello"}],"max_tokens":16}'
