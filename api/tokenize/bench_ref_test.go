@@ -17,7 +17,7 @@ func BenchmarkVsHF(b *testing.B) {
 	requireReference(b)
 	texts := genTexts(2, 10_000)
 	textsPath := writeTexts(b, texts)
-	for _, fam := range refFamilies() {
+	for _, fam := range refFamilies(b) {
 		b.Run(fam.name, func(b *testing.B) {
 			h, err := LoadHF(fam.path)
 			if err != nil {

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/internal/reftest"
 )
 
 // loadFuzzTexts are encoded by every tokenizer FuzzLoadHF manages to load:
@@ -176,9 +179,14 @@ func spSynth(pre map[string]any) map[string]any {
 
 // cutQwen2 is the real Qwen2 tokenizer.json with its vocab cut to ids below
 // 400 and the merges among them: every real component, at a size the fuzzer
-// can mutate. nil when the file is not on this machine.
+// can mutate. nil when the file is not on this machine (a seed, not a
+// reference check: the fuzz target runs without it).
 func cutQwen2(tb testing.TB) []byte {
-	data, err := os.ReadFile(qwen2Path())
+	dir, err := reftest.FindQwen2Dir()
+	if err != nil {
+		return nil
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
 	if err != nil {
 		return nil
 	}

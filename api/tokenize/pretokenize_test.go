@@ -125,12 +125,12 @@ func TestSplitTiles(t *testing.T) {
 	}
 }
 
-// goldenCase is one line of testdata/qwen2_golden.jsonl. The file was
-// produced offline by an independent Python reference: the original
-// patterns compiled by the `regex` module (which, unlike Go, supports the
-// look-ahead), unicodedata NFC, and a GPT-2-style bpe() loop over the
-// Qwen2 merges. It is a cross-check of our scanners and BPE on ~190 strings
-// (hand-picked plus random), not output of HF tokenizers itself.
+// goldenCase is one line of testdata/qwen2_golden.jsonl: a cross-check of
+// our scanners and BPE on ~190 strings (hand-picked plus random). Its ids
+// and splits are Hugging Face tokenizers' (Rust), written by
+// testdata/gen_qwen2_golden.js (the command is in its header);
+// TestQwen2GoldenRegenerates requires the committed file to be what that
+// generator writes now.
 type goldenCase struct {
 	Text   string              `json:"text"`
 	IDs    []uint32            `json:"ids"`

