@@ -166,7 +166,7 @@ func runJSON(tb testing.TB, stdin []byte, name string, args ...string) []byte {
 
 // hfEncode tokenizes texts with Hugging Face tokenizers (Rust): ids with
 // add_special_tokens false and true.
-func hfEncode(tb testing.TB, dir string, texts []string) (plain, special [][]uint32) {
+func hfEncode(tb testing.TB, dir string, texts []string, opts ...string) (plain, special [][]uint32) {
 	tb.Helper()
 	if _, err := exec.LookPath("node"); err != nil {
 		reftest.Missing(tb, "node")
@@ -177,7 +177,8 @@ func hfEncode(tb testing.TB, dir string, texts []string) (plain, special [][]uin
 		tb.Fatal(err)
 	}
 	script, _ := filepath.Abs(filepath.Join("..", "tokenize", "testdata", "hf_reference.js"))
-	out := runJSON(tb, nil, "node", script, reftest.NodeModules(), filepath.Join(dir, "tokenizer.json"), f, "encode")
+	args := append([]string{script, reftest.NodeModules(), filepath.Join(dir, "tokenizer.json"), f, "encode"}, opts...)
+	out := runJSON(tb, nil, "node", args...)
 	var res struct{ Plain, Special [][]uint32 }
 	if err := json.Unmarshal(out, &res); err != nil {
 		tb.Fatalf("hf_reference.js output: %v", err)
@@ -276,9 +277,11 @@ func firstDiff(a, b []uint32) int {
 
 // TestPromptReferenceCompletions: completions prompts with vLLM's default
 // add_special_tokens (true) and with it off. The expectation for true is
-// HF tokenizers' post-processor, except where transformers rebuilds it from
-// tokenizer_config.json (LlamaTokenizerFast with add_bos_token: DeepSeek
-// V3 gets BOS although its tokenizer.json post-processor adds none).
+// HF tokenizers' with the post-processor Python transformers installs
+// (hf_reference.js's "encode transformers": LlamaTokenizerFast and
+// GemmaTokenizerFast rebuild it from tokenizer_config.json's add_bos_token,
+// so DeepSeek V3 gets BOS although its tokenizer.json post-processor adds
+// none).
 func TestPromptReferenceCompletions(t *testing.T) {
 	const perFamily = 80
 	for _, fam := range refFamilies {
@@ -289,16 +292,7 @@ func TestPromptReferenceCompletions(t *testing.T) {
 			for i := range texts {
 				texts[i] = words(r, 1, 200)
 			}
-			plain, special := hfEncode(t, dir, texts)
-			if fam == "deepseek_v3" {
-				bos, ok := m.Tokenizer().(interface{ TokenID(string) (uint32, bool) }).TokenID("<｜begin▁of▁sentence｜>")
-				if !ok {
-					t.Fatal("no BOS in the vocabulary")
-				}
-				for i := range special {
-					special[i] = append([]uint32{bos}, plain[i]...)
-				}
-			}
+			plain, special := hfEncode(t, dir, texts, "transformers")
 			for i, text := range texts {
 				for _, c := range []struct {
 					flag string
