@@ -45,6 +45,7 @@ type ingestOptions struct {
 	DrainTimeout   time.Duration
 	Model          string
 	AdminToken     string
+	AdminTokenFrom string // where AdminToken came from (secrets.go), "" for none
 	NATSCA         string // CA of a TLS bus (tls://)
 	NATSTokenFile  string // the replicas' bus token, for a bus that requires authentication
 	KeepWorkers    bool
@@ -75,7 +76,7 @@ func parseIngestFlags(args []string, output io.Writer) (*ingestOptions, error) {
 	fs.IntVar(&o.SampleEvery, "sample-every", 50, "measure visibility of every Nth event of each worker")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", 60*time.Second, "after publishing, how long to wait for acknowledgements and visibility")
 	fs.StringVar(&o.Model, "model", "", "model the synthetic workers register under (default: the cluster's first model)")
-	fs.StringVar(&o.AdminToken, "admin-token", os.Getenv("KVROUTER_ADMIN_TOKEN"), "bearer token for the admin endpoints (default $KVROUTER_ADMIN_TOKEN)")
+	adminToken := registerSecret(fs, "admin-token", "KVROUTER_ADMIN_TOKEN", defaultRunAdminToken, "bearer token of the admin endpoints, to register the synthetic workers")
 	fs.BoolVar(&o.KeepWorkers, "keep-workers", false, "leave the synthetic workers registered (default: deregister them at the end)")
 	fs.StringVar(&o.JSON, "json", "", "write the JSON report to this file")
 	o.Progress.Register(fs)
@@ -89,6 +90,9 @@ func parseIngestFlags(args []string, output io.Writer) (*ingestOptions, error) {
 		return nil, cli.Usagef("--target is required (a replica's HTTP URL, e.g. http://127.0.0.1:8001)")
 	}
 	var err error
+	if o.AdminToken, o.AdminTokenFrom, err = adminToken.resolve(); err != nil {
+		return nil, cli.Usagef("%v", err)
+	}
 	if o.Target, err = live.ParseLocalURL(o.Target); err != nil {
 		return nil, cli.Usagef("--target: %v", err)
 	}

@@ -104,6 +104,9 @@ func setupIngest(ctx context.Context, o *ingestOptions, stderr io.Writer) (_ *in
 			r.close()
 		}
 	}()
+	if o.AdminTokenFrom != "" {
+		r.logf("admin token from %s", o.AdminTokenFrom)
+	}
 	if r.cluster, err = discoverCluster(ctx, r.cl, o, r.logf); err != nil {
 		return nil, err
 	}

@@ -37,6 +37,12 @@ type loadOptions struct {
 	APIKey  string
 	Token   string // admin token, for the capacity behind the reference figures
 	CAFile  string // CA that https endpoints are checked against ("" : the system roots)
+	// WorkerKey is sent to --direct instead of APIKey: a worker started
+	// with --api-key (make run's kvmocks) takes its own key, not the
+	// router's (secrets.go).
+	WorkerKey string
+	// Where Token and WorkerKey came from (secrets.go), "" for none.
+	TokenFrom, WorkerKeyFrom string
 
 	cli.Workload
 	SLO       cli.SLO
@@ -61,7 +67,8 @@ func parseLoadFlags(args []string, output io.Writer) (*loadOptions, error) {
 	fs.StringVar(&o.Direct, "direct", "", "a worker's base URL: send the same workload straight to it (alone, or as a second pass after --target: router overhead)")
 	fs.StringVar(&o.Model, "model", "", "model name in the requests (default: the first of the first endpoint's /v1/models)")
 	fs.StringVar(&o.APIKey, "api-key", os.Getenv("KVROUTER_API_KEY"), "bearer API key for the inference endpoints (default $KVROUTER_API_KEY)")
-	fs.StringVar(&o.Token, "admin-token", os.Getenv("KVROUTER_ADMIN_TOKEN"), "admin bearer token, to read the workers' capacity for the reference figures (default $KVROUTER_ADMIN_TOKEN)")
+	token := registerSecret(fs, "admin-token", "KVROUTER_ADMIN_TOKEN", defaultRunAdminToken, "admin bearer token, to read the workers' capacity for the reference figures")
+	workerKey := registerSecret(fs, "worker-api-key", "KVROUTER_WORKER_API_KEY", defaultRunWorkerKey, "bearer key sent to the --direct worker (its --api-key) instead of --api-key")
 	fs.StringVar(&o.CAFile, "ca", os.Getenv("KVROUTER_CA_FILE"), "PEM CA to trust for https:// endpoints (default $KVROUTER_CA_FILE, else make run's "+defaultRunCA+" when it exists and an endpoint is https)")
 	o.Workload.Register(fs)
 	o.SLO.Register(fs)
@@ -79,6 +86,13 @@ func parseLoadFlags(args []string, output io.Writer) (*loadOptions, error) {
 		return nil, cli.Usagef("%v", err)
 	}
 	o.SaltSet = cli.Given(fs)["salt"]
+	var err error
+	if o.Token, o.TokenFrom, err = token.resolve(); err != nil {
+		return nil, cli.Usagef("%v", err)
+	}
+	if o.WorkerKey, o.WorkerKeyFrom, err = workerKey.resolve(); err != nil {
+		return nil, cli.Usagef("%v", err)
+	}
 	if salt > 1<<31 {
 		return nil, cli.Usagef("--salt %d: at most 2^31", salt)
 	}
@@ -228,6 +242,12 @@ func executeLoad(ctx context.Context, o *loadOptions, stderr io.Writer) (*loadRe
 	if err != nil {
 		return nil, err
 	}
+	if o.TokenFrom != "" {
+		fmt.Fprintf(stderr, "kvbench load: admin token from %s\n", o.TokenFrom)
+	}
+	if o.Direct != "" && o.WorkerKeyFrom != "" {
+		fmt.Fprintf(stderr, "kvbench load: worker API key (for --direct) from %s\n", o.WorkerKeyFrom)
+	}
 	conns := o.Concurrency
 	if o.ArrivalRate > 0 {
 		conns = maxInFlight
@@ -243,7 +263,7 @@ func executeLoad(ctx context.Context, o *loadOptions, stderr io.Writer) (*loadRe
 	defer cancel()
 	model := o.Model
 	if model == "" {
-		ms, err := live.Models(ictx, hc, first, o.APIKey)
+		ms, err := live.Models(ictx, hc, first, o.keyFor(first))
 		if err != nil {
 			return nil, fmt.Errorf("listing models at %s: %w (give --model)", first, err)
 		}
@@ -355,7 +375,7 @@ func replay(ctx context.Context, o *loadOptions, w *workload.Workload, hc *http.
 		rctx, cancel := context.WithTimeout(ctx, o.Timeout)
 		r.Sent = sent
 		start := time.Since(t0)
-		c, err := live.Complete(rctx, hc, endpoints[ep], o.APIKey, body)
+		c, err := live.Complete(rctx, hc, endpoints[ep], o.keyFor(endpoints[ep]), body)
 		cancel()
 		done.Add(1)
 		r.Finished = time.Since(t0)
@@ -497,6 +517,16 @@ func summarizeLive(policy string, w *workload.Workload, reqs []liveRequest, endp
 		}
 	}
 	return lr
+}
+
+// keyFor is the bearer key sent to endpoint: the worker's key to the
+// --direct worker (when there is one; else the API key, as before), the
+// API key to the replicas.
+func (o *loadOptions) keyFor(endpoint string) string {
+	if endpoint == o.Direct && o.WorkerKey != "" {
+		return o.WorkerKey
+	}
+	return o.APIKey
 }
 
 // slo is the SLO every request is judged against.
