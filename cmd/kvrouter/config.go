@@ -24,9 +24,8 @@ import (
 // line uses.
 type serveConfig struct {
 	replica.Config
-	LogLevel         string
-	AdmissionControl string   // none or token-capacity (Dynamo's; dynamo.go)
-	Warnings         []string // Dynamo names accepted without effect here, logged at start
+	LogLevel string
+	Warnings []string // options that change nothing as given (Dynamo names without effect here, dynamo.go), logged at start
 }
 
 // flagSpec binds one flag, its environment variable(s), and Dynamo's
@@ -42,8 +41,8 @@ type flagSpec struct {
 
 // parseServe reads flags, then environment variables for flags not given.
 func parseServe(args []string, getenv func(string) string, stderr io.Writer) (serveConfig, error) {
-	c := serveConfig{Config: replica.Config{Router: router.DefaultConfig(), BusyStatus: 529, Retries: 2, MaxBodyBytes: 8 << 20}, AdmissionControl: "none"}
-	noEvents, noTrack := false, false
+	c := serveConfig{Config: replica.Config{Router: router.DefaultConfig(), BusyStatus: 529, Retries: 2, MaxBodyBytes: 8 << 20}}
+	dyn := dynamoState{given: map[string]string{}}
 	var loopbackWorkers, plainHTTP *bool
 	var secretFiles struct{ admin, worker, replica, workerKeys string }
 	c.MaxPriority = math.MaxInt32 // no cap unless --max-priority: Dynamo lets clients set it
@@ -91,19 +90,33 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"tokenizer"}, env: []string{"KVROUTER_TOKENIZER"}, def: "builtin", usage: "\"builtin\" or the path of a Hugging Face tokenizer.json for the --model names without --model-dir (must match the workers')", set: str(&c.Tokenizer)},
 		{names: []string{"chat-template"}, env: []string{"KVROUTER_CHAT_TEMPLATE"}, usage: "chatml or plain (default: chatml for tokenizer.json, plain for builtin)", set: str(&c.ChatTemplate)},
 		{names: []string{"router-mode"}, env: []string{"KVROUTER_ROUTER_MODE", "DYN_ROUTER_MODE"}, def: "kv", usage: "round-robin, random, least-loaded, kv, kv-approx, load-aware, kv-pooled", set: func(v string) error {
-			m, err := parseDynamoMode(v, warn)
+			m, err := parseDynamoMode(v, warn, &dyn)
 			c.Router.Mode = m
 			return err
 		}},
 		{names: []string{"kv-cache-block-size", "block-size"}, env: []string{"KVROUTER_BLOCK_SIZE", "DYN_KV_CACHE_BLOCK_SIZE"}, def: "16", usage: "tokens per KV block; must equal the engines'", set: intp(&c.Router.BlockSize)},
 		{names: []string{"router-kv-overlap-score-credit"}, env: []string{"KVROUTER_OVERLAP_CREDIT", "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT"}, def: "1", usage: "credit per cached block, 0..1", set: floatp(&c.Router.OverlapCredit)},
-		{names: []string{"router-prefill-load-scale", "kv-overlap-score-weight"}, env: []string{"KVROUTER_PREFILL_LOAD_SCALE", "DYN_ROUTER_PREFILL_LOAD_SCALE", "DYN_KV_OVERLAP_SCORE_WEIGHT"}, def: "1", usage: "weight of prefill blocks against decode blocks (Dynamo's overlap_score_weight)", set: floatp(&c.Router.PrefillLoadScale)},
+		{names: []string{"router-prefill-load-scale"}, env: []string{"KVROUTER_PREFILL_LOAD_SCALE", "DYN_ROUTER_PREFILL_LOAD_SCALE"}, def: "1", usage: "weight of prefill blocks against decode blocks (Dynamo's; its deprecated overlap_score_weight)", set: floatp(&c.Router.PrefillLoadScale)},
 		{names: []string{"router-temperature"}, env: []string{"KVROUTER_TEMPERATURE", "DYN_ROUTER_TEMPERATURE"}, def: "0", usage: "0 = lowest cost; above 0 = softmax sampling", set: floatp(&c.Router.Temperature)},
-		{names: []string{"no-router-kv-events"}, env: []string{"KVROUTER_NO_KV_EVENTS"}, usage: "route without worker events (approximate mode: the router predicts from its own decisions)", set: boolp(&noEvents), bool: true},
+		// --no-router-kv-events and --no-router-track-prefill-tokens are
+		// Dynamo's pairs (dynamo.go); these are our environment names.
+		{env: []string{"KVROUTER_NO_KV_EVENTS"}, set: func(v string) error {
+			b, err := strconv.ParseBool(v)
+			if b {
+				dyn.noEvents = dyn.src
+			}
+			return err
+		}},
 		{names: []string{"router-ttl-secs"}, env: []string{"KVROUTER_TTL_SECS", "DYN_ROUTER_TTL_SECS"}, def: "120", usage: "lifetime of predicted blocks in approximate mode", set: secs(&c.Router.ApproxTTL)},
 		{names: []string{"router-queue-threshold"}, env: []string{"KVROUTER_QUEUE_THRESHOLD", "DYN_ROUTER_QUEUE_THRESHOLD"}, usage: "queue requests while every worker's prefill tokens exceed this fraction of its max batched tokens", set: optFloat(&c.Router.QueueThreshold)},
 		{names: []string{"router-queue-policy"}, env: []string{"KVROUTER_QUEUE_POLICY", "DYN_ROUTER_QUEUE_POLICY"}, def: "fcfs", usage: "fcfs, wspt or lcfs", set: func(v string) error { c.Router.QueuePolicy = router.QueuePolicy(v); return nil }},
-		{names: []string{"no-router-track-prefill-tokens"}, env: []string{"KVROUTER_NO_TRACK_PREFILL_TOKENS"}, usage: "leave prompt tokens out of the load (decode-only routing)", set: boolp(&noTrack), bool: true},
+		{env: []string{"KVROUTER_NO_TRACK_PREFILL_TOKENS"}, set: func(v string) error {
+			b, err := strconv.ParseBool(v)
+			if b {
+				c.Router.TrackPrefillTokens = false
+			}
+			return err
+		}},
 		{names: []string{"active-decode-blocks-threshold"}, env: []string{"KVROUTER_ACTIVE_DECODE_BLOCKS_THRESHOLD", "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD"}, usage: "busy above this fraction of KV blocks in use, 0..1", set: optFloat(&c.Router.Thresholds.ActiveDecodeBlocks)},
 		{names: []string{"active-prefill-tokens-threshold"}, env: []string{"KVROUTER_ACTIVE_PREFILL_TOKENS_THRESHOLD", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD"}, usage: "busy above this many prefill tokens", set: optInt(&c.Router.Thresholds.ActivePrefillTokens)},
 		{names: []string{"active-prefill-tokens-threshold-frac"}, env: []string{"KVROUTER_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC"}, usage: "busy above this fraction of max batched tokens", set: optFloat(&c.Router.Thresholds.ActivePrefillTokensFrac)},
@@ -206,7 +219,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"log-level"}, env: []string{"KVROUTER_LOG_LEVEL"}, def: "info", usage: "debug, info, warn, error", set: str(&c.LogLevel)},
 	}
 	specs = append(specs, disaggFlags(&c.Disagg)...)
-	specs = append(specs, dynamoSpecs(&c, &noEvents, warn)...)
+	specs = append(specs, dynamoSpecs(&c, &dyn, warn)...)
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	for _, sp := range specs {
@@ -215,15 +228,27 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 				return c, fmt.Errorf("default of --%s: %w", sp.names[0], err)
 			}
 		}
+		key := specKey(sp)
 		for i, n := range sp.names {
 			u := sp.usage
 			if i > 0 {
 				u = "alias of --" + sp.names[0]
 			}
 			if sp.bool {
-				fs.Var(boolFlag{sp.set}, n, u)
+				fs.Var(boolFlag{func(v string) error {
+					dyn.src = "--" + n
+					if v != "true" {
+						dyn.src += "=" + v
+					}
+					dyn.given[key] = dyn.src
+					return sp.set(v)
+				}}, n, u)
 			} else {
-				fs.Func(n, u+envNote(sp.env), sp.set)
+				fs.Func(n, u+envNote(sp.env), func(v string) error {
+					dyn.src = "--" + n + "=" + v
+					dyn.given[key] = dyn.src
+					return sp.set(v)
+				})
 			}
 		}
 	}
@@ -244,6 +269,8 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		}
 		for _, e := range sp.env {
 			if v := getenv(e); v != "" {
+				dyn.src = e + "=" + v
+				dyn.given[specKey(sp)] = dyn.src
 				if err := sp.set(v); err != nil {
 					return c, fmt.Errorf("environment %s=%q: %w", e, v, err)
 				}
@@ -254,13 +281,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 	if len(c.ModelDirs) > 0 && !given["model"] && getenv("KVROUTER_MODELS") == "" {
 		c.Models = nil // the model directories name the served models; the "kvmock" default does not apply
 	}
-	if noEvents && c.Router.Mode == router.ModeKV {
-		c.Router.Mode = router.ModeKVApprox
-	}
-	if noTrack {
-		c.Router.TrackPrefillTokens = false
-	}
-	c.applyAdmissionControl(warn)
+	dyn.apply(&c, warn)
 	if loopbackWorkers != nil {
 		c.AllowLoopbackWorkers = *loopbackWorkers
 	} else {
@@ -359,30 +380,6 @@ func parseModelDirs(v string) ([]replica.ModelDir, error) {
 		out = append(out, replica.ModelDir{Name: strings.TrimSpace(name), Dir: strings.TrimSpace(dir)})
 	}
 	return out, nil
-}
-
-// applyAdmissionControl gives --admission-control Dynamo's meaning:
-// token-capacity turns the busy thresholds on, with Dynamo's defaults for
-// those not given (decode blocks 1.0, prefill tokens 10,000,000, prefill
-// fraction 64); none (the default) leaves them as given — Dynamo switches
-// a "none" with an explicit threshold to token-capacity, which is the same.
-func (c *serveConfig) applyAdmissionControl(warn func(string)) {
-	if c.AdmissionControl != "token-capacity" {
-		return
-	}
-	t := &c.Router.Thresholds
-	if t.ActiveDecodeBlocks == nil {
-		v := 1.0
-		t.ActiveDecodeBlocks = &v
-	}
-	if t.ActivePrefillTokens == nil {
-		var v int64 = 10_000_000
-		t.ActivePrefillTokens = &v
-	}
-	if t.ActivePrefillTokensFrac == nil {
-		v := 64.0
-		t.ActivePrefillTokensFrac = &v
-	}
 }
 
 // checkSecurity applies the secure default (SECURITY.md): TLS material

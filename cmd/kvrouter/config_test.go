@@ -23,7 +23,7 @@ func TestServeConfig(t *testing.T) {
 		}},
 		{"dynamo flag spellings", []string{"--single-node", "--router-mode", "kv", "--router-kv-overlap-score-credit", "0.5",
 			"--router-prefill-load-scale", "16", "--router-temperature", "0.1", "--no-router-track-prefill-tokens",
-			"--active-decode-blocks-threshold", "0.85", "--active-prefill-tokens-threshold", "10000", "--router-queue-policy", "wspt"}, nil, true,
+			"--active-decode-blocks-threshold", "0.85", "--active-prefill-tokens-threshold", "10000", "--router-queue-threshold", "0.5", "--router-queue-policy", "wspt"}, nil, true,
 			func(c serveConfig) bool {
 				r := c.Router
 				return r.OverlapCredit == 0.5 && r.PrefillLoadScale == 16 && r.Temperature == 0.1 && !r.TrackPrefillTokens &&
@@ -33,7 +33,9 @@ func TestServeConfig(t *testing.T) {
 		{"dynamo env names", []string{"--single-node"}, map[string]string{"DYN_ROUTER_MODE": "round_robin", "DYN_KV_OVERLAP_SCORE_WEIGHT": "1.5",
 			"DYN_KV_CACHE_BLOCK_SIZE": "64", "DYN_KV_EVENTS": "false", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD": "500"}, true,
 			func(c serveConfig) bool {
-				return c.Router.Mode == router.ModeRoundRobin && c.Router.PrefillLoadScale == 1.5 && c.Router.BlockSize == 64 && *c.Router.Thresholds.ActivePrefillTokens == 500
+				// round-robin reads no prefill scale and no KV events: both warn and change nothing (dynamo.go)
+				return c.Router.Mode == router.ModeRoundRobin && c.Router.PrefillLoadScale == 1 && c.Router.BlockSize == 64 && *c.Router.Thresholds.ActivePrefillTokens == 500 &&
+					len(c.Warnings) == 3
 			}},
 		{"flag beats env", []string{"--single-node", "--router-temperature", "0.2"}, map[string]string{"DYN_ROUTER_TEMPERATURE": "0.9"}, true,
 			func(c serveConfig) bool { return c.Router.Temperature == 0.2 }},
