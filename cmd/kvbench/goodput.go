@@ -55,13 +55,16 @@ func parseGoodputFlags(args []string, output io.Writer) (*goodputOptions, error)
 			return nil, cli.Usagef("--arrival-rate: goodput searches the rate itself (--rate-start, --rate-min, --rate-max)")
 		case name == "concurrency":
 			return nil, cli.Usagef("--concurrency: goodput sends requests open loop at the rates it searches; there are no closed-loop clients")
-		case name == "trace":
-			return nil, cli.Usagef("--trace: goodput searches synthetic workloads; for a trace, kvbench sim --trace --speedup X judges one rate (--slo-ttft-ms, --slo-tpot-ms)")
 		case name == "repeat":
 			return nil, cli.Usagef("--repeat: goodput sends open loop; give more --requests instead")
 		}
 	}
-	o, err := parseSimFlags(append(rest, "--arrival-rate", "1"), output)
+	// A synthetic list is generated at 1 request/s and stretched to each
+	// rate; a trace keeps its own arrival pattern, stretched likewise.
+	if !slices.ContainsFunc(rest, func(a string) bool { return strings.TrimLeft(strings.SplitN(a, "=", 2)[0], "-") == "trace" }) {
+		rest = append(rest, "--arrival-rate", "1")
+	}
+	o, err := parseSimFlags(rest, output)
 	if err != nil {
 		return nil, err
 	}
@@ -107,6 +110,9 @@ type goodputConfig struct {
 	RateStart        float64 `json:"rate_start"`
 	RateMin          float64 `json:"rate_min"`
 	RateMax          float64 `json:"rate_max"`
+	// TraceRate is a trace's own mean arrival rate (requests/s over its
+	// span); each rate searched stretches its timestamps by TraceRate/rate.
+	TraceRate float64 `json:"trace_rate,omitempty"`
 }
 
 // goodputResult is one policy's goodput, its figures there and every rate
@@ -163,9 +169,16 @@ func runGoodput(args []string, stdout, stderr io.Writer) int {
 // synthetic list per rep, its arrival pattern stretched to each rate).
 func executeGoodput(g *goodputOptions, stderr io.Writer) (*goodputReport, string, error) {
 	start := time.Now()
-	base, err := g.workloads(stderr) // at 1 request/s
+	base, err := g.workloads(stderr) // synthetic: at 1 request/s
 	if err != nil {
 		return nil, "", err
+	}
+	if g.Trace != "" {
+		for i, w := range base {
+			if base[i], err = traceAtItsRate(w); err != nil {
+				return nil, "", err
+			}
+		}
 	}
 	np := len(g.Policies)
 	results := make([]goodputResult, np)
@@ -231,7 +244,11 @@ func executeGoodput(g *goodputOptions, stderr io.Writer) (*goodputReport, string
 		simConfig: g.reportConfig(base[0], wall), AttainmentTarget: g.Search.Target, Precision: g.Search.Precision,
 		RateStart: g.Search.Start, RateMin: g.Search.MinRate, RateMax: g.Search.MaxRate,
 	}}
-	rep.Config.Synthetic.ArrivalRate = 0 // searched, not given
+	if rep.Config.Synthetic != nil {
+		rep.Config.Synthetic.ArrivalRate = 0 // searched, not given
+	} else {
+		rep.Config.TraceRate = base[0].ArrivalRate
+	}
 	ttft, tpot := g.slo().TTFT, g.slo().TPOT
 	header := fmt.Sprintf("kvbench goodput: %s, %d requests, %d workers × %s blocks of %d tokens, seed %d; SLO %s, attainment ≥ %.0f %%, arrivals %s",
 		workloadName(base[0]), len(base[0].Requests), g.Workers, blocksLabel(g.KVBlocks), g.BlockSize, g.Seed,
@@ -243,14 +260,37 @@ func executeGoodput(g *goodputOptions, stderr io.Writer) (*goodputReport, string
 	return rep, header, nil
 }
 
-// workloadName is w's name without the arrival rate it was generated at.
+// workloadName is w's name without the arrival rate it was generated at
+// (a trace: with its own rate, which the search stretches).
 func workloadName(w *workload.Workload) string {
+	if w.Kind == workload.Trace {
+		return fmt.Sprintf("%s (its own rate %.3g/s)", w.Name, w.ArrivalRate)
+	}
 	name, _, _ := strings.Cut(w.Name, " arrival_rate=")
 	return name
 }
 
-// atRate is w (generated at 1 request/s) with its arrival pattern
-// stretched to rate requests/s; the requests are shared, not copied.
+// traceAtItsRate is a trace workload marked with its own mean arrival
+// rate, (requests − 1) over the span of its timestamps, so atRate can
+// stretch it like a synthetic list.
+func traceAtItsRate(w *workload.Workload) (*workload.Workload, error) {
+	var first, last time.Duration
+	for i, r := range w.Requests {
+		if i == 0 || r.At < first {
+			first = r.At
+		}
+		last = max(last, r.At)
+	}
+	if len(w.Requests) < 2 || last <= first {
+		return nil, fmt.Errorf("trace %s: its timestamps span no time, so it has no rate to scale: %w", w.Name, workload.ErrSpec)
+	}
+	out := *w
+	out.ArrivalRate = float64(len(w.Requests)-1) / (last - first).Seconds()
+	return &out, nil
+}
+
+// atRate is w (whose requests arrive at w.ArrivalRate) with its arrival
+// pattern stretched to rate requests/s.
 func atRate(w *workload.Workload, rate float64) *workload.Workload {
 	out := *w
 	out.ArrivalRate = rate

@@ -29,7 +29,6 @@ func TestGoodputFlagValidation(t *testing.T) {
 		"precision":        {"--slo-ttft-ms", "300", "--precision", "0"},
 		"rate is searched": {"--slo-ttft-ms", "300", "--arrival-rate", "3"},
 		"closed loop":      {"--slo-ttft-ms", "300", "--concurrency", "8"},
-		"trace":            {"--slo-ttft-ms", "300", "--trace", "x.jsonl"},
 		"repeat":           {"--slo-ttft-ms", "300", "--repeat", "2"},
 		"sim's own checks": {"--slo-ttft-ms", "300", "--workers", "0"},
 	}
