@@ -394,12 +394,30 @@ func TestBusConsumerHandover(t *testing.T) {
 // Backpressure: with no stream to acknowledge, a full window blocks
 // publishing (until ctx); once the stream exists the publisher re-sends with
 // the same ids and everything is acknowledged exactly once.
+//
+// No stream yet, and a subscriber holds the first four sends: their acks
+// come only when the test says (the ack timeout is a hang guard), so the
+// window is full for certain when the fifth send is tried. Then the holder
+// leaves and answers each as a server without the stream does (503, no
+// responders). Without the holder the first "no responders" could come back
+// before the fourth send, and a failed head blocks new sends until it is
+// resolved (resend): the loop of four hung until its context (once in
+// a make test on a loaded 2-core host).
 func TestBusPublisherBackpressureAndRetry(t *testing.T) {
 	log := testLogger(t)
 	s := startSingle(t, log)
 	nc, js := connect(t, s.ClientURL(), "t", log)
+	hc, _ := connect(t, s.ClientURL(), "holder", log)
+	held := make(chan *nats.Msg, 16)
+	hold, err := hc.Subscribe(EventSubject("w1"), func(m *nats.Msg) { held <- m })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	ledger := &ackLedger{}
-	p, err := NewPublisher(nc, "w1", 0, WithWindow(4), WithAckTimeout(500*time.Millisecond),
+	p, err := NewPublisher(nc, "w1", 0, WithWindow(4), WithAckTimeout(time.Minute),
 		WithRetryBackoff(10*time.Millisecond, 100*time.Millisecond),
 		WithOnAck(ledger.onAck("w1", 0)), WithOnError(ledger.onError), WithPublisherLogger(log))
 	if err != nil {
@@ -418,6 +436,28 @@ func TestBusPublisherBackpressureAndRetry(t *testing.T) {
 	cancelShort()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("publish into a full window: %v, want deadline exceeded", err)
+	}
+	var msgs []*nats.Msg
+	for len(msgs) < 4 {
+		select {
+		case m := <-held:
+			msgs = append(msgs, m)
+		case <-ctx.Done():
+			t.Fatalf("the holder got %d of the 4 sends", len(msgs))
+		}
+	}
+	if err := hold.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := hc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		nr := nats.NewMsg(m.Reply)
+		nr.Header.Set("Status", "503") // what the server sends when nobody listens
+		if err := hc.PublishMsg(nr); err != nil {
+			t.Fatal(err)
+		}
 	}
 	poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if p.Stats().Retries == 0 {
