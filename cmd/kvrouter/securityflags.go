@@ -98,14 +98,13 @@ func applySecurityFlags(c *serveConfig, open []string) error {
 // caller, off loopback) may register workers — and so receive other
 // users' prompts — deregister and move them and retune the router.
 func warnAdminAccess(c serveConfig, log *slog.Logger) {
-	switch {
-	case c.AdminToken == "":
+	// With a token, the exemption's own warning (api/adminexempt.go) names
+	// the paths left open.
+	if c.AdminToken == "" {
 		log.Warn("NO ADMIN TOKEN: the admin endpoints are open — anyone who can reach " + c.HTTPAddr +
 			" may register a worker (and receive other users' prompts and the worker API key), deregister or move workers and retune the router; give --admin-token-file (make run does unless KVROUTER_RUN_ADMIN_TOKEN=0)")
 		if len(c.AdminOpenToLoopback) > 0 {
 			log.Warn("--"+adminOpenFlag+" has no effect without an admin token: everything is open", "paths", c.AdminOpenToLoopback)
 		}
-	case len(c.AdminOpenToLoopback) > 0:
-		log.Warn("admin token required, EXCEPT on these paths for callers on this host (--"+adminOpenFlag+")", "paths", c.AdminOpenToLoopback)
 	}
 }

@@ -507,7 +507,7 @@ $(if [ "$insecure" != 1 ]; then
 $(if [ "$want_admin_token" = 1 ]; then
     printf '            except /busy_threshold from this host (--admin-open-to-loopback: runtime tuning as the contract has it)\n'
   fi)
-  workers:  $(if [ "$want_worker_key" = 1 ]; then echo "API key required on /v1/*, in $secrets_dir/worker-api-key (the replicas send it; kvbench load --direct reads it)"; else
+  kvmocks:  $(if [ "$want_worker_key" = 1 ]; then echo "API key required on /v1/*, in $secrets_dir/worker-api-key (the replicas send it; kvbench load --direct reads it)"; else
     echo "no API key (KVROUTER_RUN_WORKER_API_KEY=0)"; fi)
   logs:     $run_dir/<name>.log
   try:      curl -s $try_url/v1/chat/completions -H 'content-type: application/json' \\
