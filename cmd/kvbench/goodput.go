@@ -199,10 +199,8 @@ func executeGoodput(g *goodputOptions, stderr io.Writer) (*goodputReport, string
 				runs := make([]report.Run, g.Reps)
 				for r := range g.Reps {
 					seed := g.Seed + uint64(r)
-					cfg := g.simConfig(g.routerConfig(g.Policies[p]), seed)
-					cfg.Progress = func() { done.Add(1) }
 					w := atRate(base[r], rate)
-					res, err := sim.Run(w, cfg)
+					res, err := g.runPolicy(w, g.Policies[p], seed, func() { done.Add(1) })
 					if err != nil {
 						return goodput.Point[report.Result]{}, fmt.Errorf("rep %d: %w", r, err)
 					}

@@ -24,6 +24,7 @@ func TestSimFlagValidation(t *testing.T) {
 		{"--policies", "round_robin"}, // Dynamo's spelling
 		{"--policies", "kv-pooled,kv", "--popularity", "zipf:1.1", "--hot-shift", "100"},
 		{"--arrival-rate", "2.5"},
+		{"--policies", "kv,gaie", "--peer-scrape-interval", "0s"},
 		{"--arrival-rate", "2.5", "--arrival-cv", "3", "--slo-ttft-ms", "500", "--slo-tpot-ms", "30"},
 	}
 	for _, args := range good {
@@ -62,6 +63,8 @@ func TestSimFlagValidation(t *testing.T) {
 		"rate and repeat":         {"--arrival-rate", "1", "--repeat", "2"},
 		"rate with trace":         {"--trace", trace, "--arrival-rate", "1"},
 		"slo negative":            {"--slo-ttft-ms", "-5"},
+		"gaie with routers":       {"--policies", "kv,gaie", "--routers", "3"},
+		"scrape interval":         {"--policies", "gaie", "--peer-scrape-interval", "-1s"},
 		"slo infinite":            {"--slo-tpot-ms", "+Inf"},
 		"repeat with trace":       {"--trace", trace, "--repeat", "2"},
 		"overlap credit":          {"--overlap-credit", "1.5"},
@@ -195,5 +198,16 @@ func TestSimEndToEnd(t *testing.T) {
 	}
 	if st, err := os.Stat(plot); err != nil || st.Size() == 0 {
 		t.Fatalf("plot: %v", err)
+	}
+}
+
+// A peer policy whose binary is missing fails the run with a message that
+// says how to build it.
+func TestSimPeerPolicyMissingBinary(t *testing.T) {
+	t.Setenv("KVBENCH_PEER_DIR", t.TempDir())
+	var stdout, stderr strings.Builder
+	code := run([]string{"sim", "--policies", "kv,gaie", "--requests", "20"}, &stdout, &stderr)
+	if code != cli.ExitFail || !strings.Contains(stderr.String(), "make build") {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
 	}
 }

@@ -36,7 +36,8 @@ type simOptions struct {
 	SLO              cli.SLO       // --slo-ttft-ms, --slo-tpot-ms
 
 	Policies         []router.Mode
-	PrefillLoadScale *float64 // nil: the router's default
+	PeerScrape       time.Duration // peer policies: metrics refresh interval
+	PrefillLoadScale *float64      // nil: the router's default
 	OverlapCredit    *float64
 	Temperature      *float64
 	ApproxTTL        time.Duration       // kv-approx: lifetime of a predicted block (0: the router's default)
@@ -96,7 +97,8 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.IntVar(&o.Repeat, "repeat", 1, "synthetic: send the request list this many times in a row (back-to-back reps with one seed, caches and router state carried over)")
 	fs.DurationVar(&o.Timeout, "timeout", 60*time.Second, "a request that fails counts in TTFT and E2E as this long (kvbench load's default timeout); the simulator itself enforces none")
 	fs.Uint64Var(&o.EngineHashSeed, "engine-hash-seed", 0, "0: engines name blocks by content hash; N: worker i names them with seed N+i (opaque engine hashes)")
-	fs.StringVar(&policies, "policies", "round-robin,kv", "comma list of policies (router modes) run side by side: "+modeNames())
+	fs.StringVar(&policies, "policies", "round-robin,kv", "comma list of policies (router modes, or gaie: the Gateway API Inference Extension's own scheduler, bin/kvbench-gaie) run side by side: "+modeNames())
+	fs.DurationVar(&o.PeerScrape, "peer-scrape-interval", defaultPeerScrape, "gaie: how often its scheduler's view of the workers' metrics is refreshed (its endpoint picker's default refresh interval; 0: at every decision)")
 	fs.Float64Var(&scale, "prefill-load-scale", 0, "kv-family policies: prefill load scale (default: the router's)")
 	fs.Float64Var(&credit, "overlap-credit", 0, "kv-family policies: overlap score credit in [0,1] (default: the router's)")
 	fs.Float64Var(&temp, "temperature", 0, "kv-family policies: selection temperature (default: the router's)")
@@ -208,9 +210,18 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 		}
 	}
 	for _, m := range o.Policies {
+		if _, peer := peerPolicies[m]; peer {
+			if o.Routers > 1 {
+				return nil, cli.Usagef("policy %s: its scheduler runs as one picker (active-passive); --routers %d simulates several of ours", m, o.Routers)
+			}
+			continue
+		}
 		if err := o.routerConfig(m).Validate(); err != nil {
 			return nil, cli.Usagef("policy %s: %v", m, err)
 		}
+	}
+	if o.PeerScrape < 0 {
+		return nil, cli.Usagef("--peer-scrape-interval %v: must not be negative", o.PeerScrape)
 	}
 	if o.Reps < 1 {
 		return nil, cli.Usagef("--reps %d: need at least one", o.Reps)
@@ -301,6 +312,9 @@ func modeNames() string {
 	for i, m := range router.Modes {
 		names[i] = string(m)
 	}
+	for m := range peerPolicies {
+		names = append(names, string(m))
+	}
 	return strings.Join(names, ", ")
 }
 
@@ -313,6 +327,9 @@ func parsePolicies(s string) ([]router.Mode, error) {
 			return nil, cli.Usagef("--policies %q: empty policy name", s)
 		}
 		m, err := router.ParseMode(p)
+		if _, peer := peerPolicies[router.Mode(p)]; peer {
+			m, err = router.Mode(p), nil
+		}
 		if err != nil {
 			return nil, cli.Usagef("unknown policy %q (known: %s)", p, modeNames())
 		}

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"sync"
 	"sync/atomic"
@@ -16,6 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/report"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+	"github.com/kvrouter/kvrouter/internal/peerpolicy"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -71,6 +74,9 @@ func startCPUProfile(path string) (stop func(), err error) {
 
 // badInput: the user's input is wrong (exit 2), not the run.
 func badInput(err error) bool {
+	if errors.Is(err, peerpolicy.ErrPeerMissing) {
+		return false // a build left undone, not the user's input
+	}
 	return errors.Is(err, workload.ErrTraceLine) || errors.Is(err, workload.ErrSpec) || errors.Is(err, fs.ErrNotExist)
 }
 
@@ -207,9 +213,7 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 				}
 				t0 := time.Now()
 				seed := o.Seed + uint64(j.r)
-				cfg := o.simConfig(o.routerConfig(o.Policies[j.p]), seed)
-				cfg.Progress = func() { done.Add(1) }
-				res, err := sim.Run(loads[j.r], cfg)
+				res, err := o.runPolicy(loads[j.r], o.Policies[j.p], seed, func() { done.Add(1) })
 				if err != nil {
 					errs[(j.p+1)*o.Reps+j.r] = fmt.Errorf("policy %s, rep %d: %w", o.Policies[j.p], j.r, err)
 					continue
@@ -262,6 +266,57 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 	}
 	header += fmt.Sprintf(" (%.1fs)", wall.Seconds())
 	return rep, header, nil
+}
+
+// peerPolicies are the policies run by another project's own code in a peer
+// process (internal/peerpolicy): the binary that runs it, built by make
+// build next to kvbench.
+var peerPolicies = map[router.Mode]string{"gaie": "kvbench-gaie"}
+
+// defaultPeerScrape is how often the Gateway API Inference Extension's
+// endpoint picker refreshes the metrics it routes on (its
+// --refresh-metrics-interval default).
+const defaultPeerScrape = 50 * time.Millisecond
+
+// runPolicy simulates w routed by policy m with seed: our router in mode m,
+// or the peer policy m in its own process.
+func (o *simOptions) runPolicy(w *workload.Workload, m router.Mode, seed uint64, progress func()) (*sim.Result, error) {
+	bin, peer := peerPolicies[m]
+	if !peer {
+		cfg := o.simConfig(o.routerConfig(m), seed)
+		cfg.Progress = progress
+		return sim.Run(w, cfg)
+	}
+	cfg := o.simConfig(o.routerConfig(router.ModeRoundRobin), seed) // the router is not consulted
+	cfg.Progress = progress
+	c, err := peerpolicy.Start(context.Background(), peerPath(bin),
+		peerpolicy.Init{Seed: seed, BlockSize: o.BlockSize, Pods: sim.PeerPods(o.Workers, o.KVBlocks)})
+	if err != nil {
+		return nil, fmt.Errorf("policy %s: %w", m, err)
+	}
+	cfg.Peer, cfg.ScrapeInterval = c, o.PeerScrape
+	res, err := sim.Run(w, cfg)
+	if cerr := c.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("policy %s: %w", m, cerr)
+	}
+	if res != nil {
+		res.Policy = string(m)
+	}
+	return res, err
+}
+
+// peerPath is where a peer binary is: $KVBENCH_PEER_DIR, else beside this
+// kvbench executable (bin/ after make build), else the PATH.
+func peerPath(bin string) string {
+	if d := os.Getenv("KVBENCH_PEER_DIR"); d != "" {
+		return filepath.Join(d, bin)
+	}
+	if exe, err := os.Executable(); err == nil {
+		if p := filepath.Join(filepath.Dir(exe), bin); fileExists(p) {
+			return p
+		}
+	}
+	return bin
 }
 
 // simConfig is one fleet run of the simulator: the fleet, engines, event

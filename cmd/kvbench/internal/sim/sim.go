@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
 	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/internal/peerpolicy"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -54,6 +55,11 @@ type Config struct {
 	OSLHint bool
 	// Progress, when set, is called after every finished request.
 	Progress func()
+	// Peer, when set, routes instead of the router (peer.go): another
+	// project's scheduler, fed each worker's metrics as scraped every
+	// ScrapeInterval (0: read at every decision).
+	Peer           PeerPicker
+	ScrapeInterval time.Duration
 }
 
 // ErrConfig marks an impossible simulation.
@@ -117,9 +123,13 @@ func Run(w *workload.Workload, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("block sizes differ: workload %d, router %d, engine %d: %w",
 			w.BlockSize, cfg.Router.BlockSize, cfg.Engine.BlockSize, ErrConfig)
 	}
-	s := &state{w: w, cfg: cfg, feed: usesIndex(cfg.Router.Mode)}
+	s := &state{w: w, cfg: cfg, feed: cfg.Peer == nil && usesIndex(cfg.Router.Mode)}
 	if err := s.build(); err != nil {
 		return nil, err
+	}
+	if cfg.Peer != nil {
+		s.scrape() // the scraper's first read, before any request
+		s.nextScrape = cfg.ScrapeInterval
 	}
 	s.start()
 	s.loop()
@@ -148,6 +158,9 @@ type state struct {
 	arrivals timeHeap // request indices
 	deliver  eventHeap
 	seq      uint64 // insertion order, for deterministic ties
+
+	pods       []peerpolicy.Pod // a peer's view of the workers, as last scraped
+	nextScrape time.Duration
 
 	issued    int // closed loop: next request to send
 	finished  int
@@ -284,6 +297,7 @@ func (s *state) step() bool {
 			s.next[i], s.busy[i] = e.NextEventTime()
 			s.drain(i)
 		}
+		s.afterStep()
 	}
 	return true
 }
@@ -304,6 +318,11 @@ func (s *state) nextTime() (time.Duration, bool) {
 		if s.busy[i] && (!ok || s.next[i] < t) {
 			t, ok = s.next[i], true
 		}
+	}
+	// Scrapes happen only while something else is still to happen: a
+	// fleet with nothing left to do is done (or stuck), not scraped forever.
+	if sc, due := s.peerScrapeDue(); ok && due && sc < t {
+		t = sc
 	}
 	return t, ok
 }
@@ -326,6 +345,10 @@ func (s *state) send(i int) {
 	r := &s.w.Requests[i]
 	rr := &s.res[i]
 	rr.Sent = s.now
+	if s.cfg.Peer != nil {
+		s.sendByPeer(i)
+		return
+	}
 	k := s.routed % len(s.rts)
 	s.routed++
 	s.owner[i] = k
@@ -357,6 +380,25 @@ func (s *state) send(i int) {
 	s.dirty[wi] = true
 }
 
+// sendByPeer routes request i by the peer and submits it.
+func (s *state) sendByPeer(i int) {
+	r := &s.w.Requests[i]
+	id, err := s.peerRoute(i)
+	if err != nil {
+		s.fail(i, fmt.Sprintf("route: %v", err))
+		return
+	}
+	wi := s.byWorker[id]
+	s.res[i].Worker = wi
+	if err := s.engines[wi].Submit(s.now, engine.Request{
+		ID: r.ID, NumTokens: r.PromptTokens, BlockHashes: r.Hashes, OutputTokens: r.OutputTokens,
+	}); err != nil {
+		s.fail(i, fmt.Sprintf("submit: %v", err))
+		return
+	}
+	s.dirty[wi] = true
+}
+
 // fail ends request i with an error at now (the client sees it at once).
 func (s *state) fail(i int, msg string) {
 	s.res[i].Err = msg
@@ -374,9 +416,15 @@ func (s *state) handle(wi int, outs []engine.Output) {
 		case engine.FirstToken:
 			rr.FirstToken = o.At
 			rr.CachedTokens = o.CachedTokens
+			if s.cfg.Peer != nil {
+				continue
+			}
 			s.rts[s.owner[i]].PrefillDoneAt(o.RequestID, epoch.Add(s.now))
 			s.announce(s.owner[i], syncMsg{kind: syncPrefillDone, id: o.RequestID})
 		case engine.OutputBlock:
+			if s.cfg.Peer != nil {
+				continue
+			}
 			// Only the routing replica hears the stream; the others get
 			// the new block through replica sync (Syncer.Output).
 			if p, ok := s.rts[s.owner[i]].Generated(o.RequestID, o.OutputTokens); ok {
@@ -391,6 +439,10 @@ func (s *state) handle(wi int, outs []engine.Output) {
 			}
 			rr.Finished = o.At
 			rr.Done = true
+			if s.cfg.Peer != nil {
+				s.complete(i)
+				continue
+			}
 			// Only the routing replica learns the output length
 			// (kv-pooled's decode reserve); the others hear a free.
 			s.rts[s.owner[i]].FinishedAt(o.RequestID, o.OutputTokens, epoch.Add(s.now))
