@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -297,5 +299,204 @@ func TestServeShardedGrow(t *testing.T) {
 		if g.Workers < 1 || g.Workers > 2 {
 			t.Fatalf("after rebalancing, group %d holds %d workers: %+v", g.Group, g.Workers, s.Groups)
 		}
+	}
+}
+
+// TestServeShardedRoutesThroughMove routes continuously on every replica
+// while a worker moves between data groups, and never sees the worker's
+// overlap with a prompt it holds drop: reads take a moving worker from the
+// group it comes from until every replica applied the whole copy in the
+// new one (moves.go). The worker holds the prompt's blocks among a few
+// thousand others, so the copy takes several Raft entries and the new
+// group holds a partial copy for a while; it moves from group 1 to group
+// 2, the later of the two in the merged view.
+func TestServeShardedRoutesThroughMove(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three in-process replicas, three Raft groups each")
+	}
+	reps := newTestCluster(t, func(c *serveConfig) {
+		c.RaftGroups = 2
+	})
+	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { _, err := leaderOf(reps); return err })
+	registerTestWorkers(t, reps[0].url(), []string{"mv-a", "mv-b"})
+	var mover string
+	poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
+		s, err := status(reps[0].url())
+		if err != nil {
+			return err
+		}
+		for _, w := range s.Workers {
+			if w.Group == 1 {
+				mover = w.ID
+				return nil
+			}
+		}
+		return fmt.Errorf("no worker in group 1: %+v", s.Workers)
+	})
+
+	// The prompt's block hashes, as the replicas compute them.
+	prompt := strings.Repeat("a prompt the moving worker holds in its cache ", 60)
+	body, _ := json.Marshal(map[string]any{"model": "kvmock", "prompt": prompt, "max_tokens": 1})
+	var tok struct{ Tokens []uint32 }
+	adminJSON(t, reps[0].url(), "/tokenize", string(body), &tok)
+	hashes := router.SaltedSequenceHashes(tok.Tokens, 16, "", "")
+	if len(hashes) < 24 {
+		t.Fatalf("the prompt makes %d blocks", len(hashes))
+	}
+
+	// The worker's cache: the prompt's chain, then 8 × 4,000 other blocks
+	// of random hashes. The copy goes by content hash, eventbus.
+	// DefaultMaxBlocks an entry, so the prompt's blocks are spread over
+	// several entries and the new group's partial copy holds some of them.
+	nc, err := eventbus.Connect("nats://"+reps[0].cfg.NATSAddr, "test-mover", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	pub, err := eventbus.NewPublisher(nc, mover, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var chainBlocks []eventbus.WireBlock
+	for _, h := range hashes {
+		chainBlocks = append(chainBlocks, eventbus.WireBlock{Engine: h, Content: h})
+	}
+	events := []eventbus.WireEvent{{Kind: uint8(router.EventStored), BlockSize: 16, Blocks: chainBlocks}}
+	const fillers, perEvent = 8, 4000
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range fillers {
+		ev := eventbus.WireEvent{Kind: uint8(router.EventStored), BlockSize: 16}
+		for range perEvent {
+			h := rng.Uint64()
+			ev.Blocks = append(ev.Blocks, eventbus.WireBlock{Engine: h, Content: h})
+		}
+		events = append(events, ev)
+	}
+	for _, ev := range events {
+		if _, err := pub.PublishAsync(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pub.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	total := len(hashes) + fillers*perEvent
+
+	// cached is the mover's cached blocks in r's routing table for the prompt.
+	cached := func(base string) (int, error) {
+		resp, err := http.Post(base+"/debug/route", "application/json", bytes.NewReader(body))
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		var doc struct {
+			Workers []struct {
+				Worker string `json:"worker"`
+				Cached int    `json:"cached_blocks"`
+			} `json:"workers"`
+		}
+		if resp.StatusCode != http.StatusOK {
+			return 0, fmt.Errorf("/debug/route: HTTP %d", resp.StatusCode)
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+			return 0, err
+		}
+		for _, w := range doc.Workers {
+			if w.Worker == mover {
+				return w.Cached, nil
+			}
+		}
+		return 0, fmt.Errorf("%s is not in the routing table", mover)
+	}
+	// in is nil once every replica lists the mover in group g with all its blocks.
+	in := func(g int) error {
+		for _, r := range reps {
+			var s statusDoc
+			resp, err := http.Get(r.url() + "/cluster/status?digest=0") // no digests: cheap enough to poll
+			if err == nil {
+				err = json.NewDecoder(resp.Body).Decode(&s)
+				resp.Body.Close()
+			}
+			if err != nil {
+				return err
+			}
+			found := false
+			for _, w := range s.Workers {
+				if w.ID == mover {
+					found = w.Group == g && w.Ranks[0].Blocks == total
+				}
+			}
+			if !found {
+				return fmt.Errorf("%s does not list %s in group %d with %d blocks yet", r.cfg.NodeID, mover, g, total)
+			}
+		}
+		return nil
+	}
+	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { return in(1) })
+	for _, r := range reps {
+		if n, err := cached(r.url()); err != nil || n != len(hashes) {
+			t.Fatalf("%s before the move: %s has %d of the prompt's %d blocks (%v)", r.cfg.NodeID, mover, n, len(hashes), err)
+		}
+	}
+
+	// Route on every replica, back to back, through the move.
+	var (
+		wg     sync.WaitGroup
+		stop   = make(chan struct{})
+		checks [3]atomic.Int64
+		mu     sync.Mutex
+		drops  []string
+	)
+	for i, r := range reps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n, err := cached(r.url())
+				if err != nil || n != len(hashes) {
+					mu.Lock()
+					drops = append(drops, fmt.Sprintf("%s after %d routes: %d of %d blocks (%v)", r.cfg.NodeID, checks[i].Load(), n, len(hashes), err))
+					mu.Unlock()
+				}
+				checks[i].Add(1)
+			}
+		}()
+	}
+	var before [3]int64
+	for i := range reps {
+		before[i] = checks[i].Load()
+	}
+	moveWorker(t, reps[1].url(), mover, 2)
+	poll.Until(t, 60*time.Second, 20*time.Millisecond, func() error { return in(2) })
+	var during [3]int64
+	for i := range reps {
+		during[i] = checks[i].Load()
+	}
+	poll.Until(t, 30*time.Second, 20*time.Millisecond, func() error { // a few routes after the move too
+		for i := range reps {
+			if checks[i].Load() < during[i]+5 {
+				return fmt.Errorf("%s routed %d times since the move", reps[i].cfg.NodeID, checks[i].Load()-during[i])
+			}
+		}
+		return nil
+	})
+	close(stop)
+	wg.Wait()
+	if len(drops) > 0 {
+		t.Fatalf("routing lost the moving worker's blocks %d times, first: %s", len(drops), drops[0])
+	}
+	for i, r := range reps {
+		if during[i] == before[i] {
+			t.Fatalf("%s did not route during the move", r.cfg.NodeID)
+		}
+		t.Logf("%s: %d routes during the move, %d in all", r.cfg.NodeID, during[i]-before[i], checks[i].Load())
 	}
 }

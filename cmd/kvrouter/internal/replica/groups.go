@@ -82,8 +82,36 @@ func (r *replica) ownerGroups() []*dataGroup {
 }
 
 // groupOf is the group that owns worker (its base id, without "#rank"),
-// if the worker is placed.
+// if the worker is placed: the group its placement names, except while it
+// moves there (moves.go). Then the group it comes from answers until it
+// let go of the worker (deregistered it, adopt's last step, after the
+// whole copy committed in the new group): the new group's copy is
+// incomplete until then, the old group's is whole and takes no more
+// events. So reads — routing among them — see the worker's blocks
+// throughout a move. A registration a lost placement race left in another
+// group is handed over the same way (adoptMoved).
 func (r *replica) groupOf(worker string) (*dataGroup, bool) {
+	if !r.sharded() {
+		return r.control(), true
+	}
+	p, ok := r.fsm.Placement(worker)
+	if !ok || p < 1 || int(p) > len(r.groups) {
+		return nil, false
+	}
+	g := r.groups[p-1]
+	if from := r.registeredElsewhere(worker, g); from != nil {
+		return from, true
+	}
+	return g, true
+}
+
+// registrationGroup is the group a registration (or its renewal) of
+// worker goes to: the placed group once it registered the worker, else the
+// group that still does (a move not adopted yet). Unlike reads (groupOf) it
+// moves to the new group at the first step of the hand-over, so a renewal
+// cannot re-create the registration the hand-over's last step removes from
+// the old group.
+func (r *replica) registrationGroup(worker string) (*dataGroup, bool) {
 	if !r.sharded() {
 		return r.control(), true
 	}
@@ -95,18 +123,15 @@ func (r *replica) groupOf(worker string) (*dataGroup, bool) {
 	if _, ok := g.fsm.Worker(worker); ok {
 		return g, true
 	}
-	// Being moved to g (moveWorker): until g's leader adopted it, the
-	// group it came from still owns it, and answers for it.
 	if from := r.registeredElsewhere(worker, g); from != nil {
 		return from, true
 	}
 	return g, true
 }
 
-// workers is every registered worker, from the group the placement map
-// names for it: a registration a lost placement race left in another group
-// is invisible here and its lease runs out there (registration renewals go
-// to the placed group only).
+// workers is every registered worker, each from the group that owns it
+// (groupOf): the one its placement names or, while it moves there, the
+// one it comes from.
 func (r *replica) workers() []fsm.WorkerRecord {
 	return mergeRanks(r, (*fsm.FSM).Workers, func(w fsm.WorkerRecord) router.WorkerID { return router.WorkerID(w.ID) })
 }
@@ -159,25 +184,45 @@ func (r *replica) placedIn(key router.WorkerID, g *dataGroup) bool {
 }
 
 // overlaps is the overlap source routers read: one index, or every data
-// group's (disjoint worker sets).
-func (r *replica) overlaps() router.OverlapSource { return r.mergedSource((*fsm.FSM).Overlaps) }
+// group's, each worker read from the group that owns it (ownerPart: a
+// moving worker is registered in two) and kv-pooled's unique counts taken
+// fleet-wide.
+func (r *replica) overlaps() router.OverlapSource {
+	return r.mergedSource((*fsm.FSM).Overlaps, (*fsm.FSM).Index)
+}
 
 // predictedOverlaps is overlaps for kv-approx's predictions.
 func (r *replica) predictedOverlaps() router.OverlapSource {
-	return r.mergedSource((*fsm.FSM).PredictedOverlaps)
+	return r.mergedSource((*fsm.FSM).PredictedOverlaps, nil)
 }
 
 // mergedSource is read's source of the control group, unsharded, or one
-// over every data group's.
-func (r *replica) mergedSource(read func(*fsm.FSM) router.OverlapSource) router.OverlapSource {
+// over every data group's; index, when given, is each group's index for
+// the fleet-wide unique counts.
+func (r *replica) mergedSource(read func(*fsm.FSM) router.OverlapSource, index func(*fsm.FSM) *router.Index) router.OverlapSource {
 	if !r.sharded() {
 		return read(r.fsm)
 	}
-	m := make(router.MergedOverlaps, len(r.groups))
+	parts := make([]router.OverlapSource, len(r.groups))
+	opt := router.MergeOptions{Owner: r.ownerPart}
 	for i, g := range r.groups {
-		m[i] = read(g.fsm)
+		parts[i] = read(g.fsm)
+		if index != nil {
+			opt.Indexes = append(opt.Indexes, func() *router.Index { return index(g.fsm) })
+		}
 	}
-	return m
+	return router.NewMergedOverlaps(parts, opt)
+}
+
+// ownerPart is the position in r.groups of the group that answers for the
+// worker of rank key (groupOf), -1 when it is not placed.
+func (r *replica) ownerPart(key router.WorkerID) int {
+	base, _, _ := strings.Cut(string(key), "#")
+	g, ok := r.groupOf(base)
+	if !ok || g.id < 1 {
+		return -1
+	}
+	return g.id - 1
 }
 
 // modelBlockSize is the block size a model's registered workers share (0:
@@ -222,7 +267,7 @@ func (r *replica) indexEpoch() uint64 {
 // always pick the same group. If they do not, the later placement wins and
 // the loser's registration is invisible (workers) and expires.
 func (r *replica) placeWorker(ctx context.Context, worker string) (*dataGroup, error) {
-	if g, ok := r.groupOf(worker); ok {
+	if g, ok := r.registrationGroup(worker); ok {
 		return g, nil
 	}
 	if behind := r.groupsBehind(); behind != "" {
@@ -245,7 +290,7 @@ func (r *replica) placeWorker(ctx context.Context, worker string) (*dataGroup, e
 		return nil, fmt.Errorf("place worker %q in group %d: %w", worker, best+1, err)
 	}
 	r.waitAppliedOn(ctx, r.control())
-	g, ok := r.groupOf(worker)
+	g, ok := r.registrationGroup(worker)
 	if !ok {
 		return nil, fmt.Errorf("place worker %q: placement committed but not applied here yet", worker)
 	}

@@ -29,18 +29,29 @@ import (
 //  3. it registers the worker in its group (the old record), resyncs each
 //     rank there (clears, and makes the next sequenced event the new
 //     baseline, so the worker's next id is no gap), copies every block
-//     each rank holds in the old group as unsequenced stored events, and
-//     deregisters the worker from the old group;
+//     each rank holds in the old group as unsequenced stored events, waits
+//     until every replica that answers has applied the whole copy
+//     (waitPeersApplied), and deregisters the worker from the old group;
 //  4. only then does its stream take the worker's subject (streamWorkers:
 //     registered here and nowhere else), and the worker's re-sent events
 //     flow again, into the new group.
 //
-// Reads follow the worker's registration while it moves (groupOf: the old
-// group answers until the new one registered it), so routing sees its
-// blocks throughout. Each step is idempotent: a new leader of the target
-// group redoes whatever its predecessor left undone (the old registration
-// still exists until the last step). Not carried over: the worker's
-// kv-approx predictions, which are transient.
+// Reads, routing among them, take a moving worker from the old group until
+// it let go of the worker (groupOf; router.MergedOverlaps drops the new
+// group's entries for it meanwhile): the old group's copy is whole and
+// takes no more events once step 2 began, the new group's is partial until
+// the copy ends. The deregistration — the switch — comes after every
+// replica applied the copy, so no replica switches to a partial copy and
+// routing sees the worker's blocks throughout. (A replica that did not
+// answer within moveCatchUpTimeout, a down one, may: it reads the new
+// group as far as it has applied it.) Each step is idempotent: a new
+// leader of the target group redoes whatever its predecessor left undone
+// (the old registration still exists until the last step). Not carried
+// over: the worker's kv-approx predictions, which are transient.
+
+// moveCatchUpTimeout bounds step 3's wait for the other replicas to apply
+// the copy: a replica down or partitioned cannot hold a move up longer.
+const moveCatchUpTimeout = 10 * time.Second
 
 // adoptBlocksPerEntry: blocks copied per Raft entry in a hand-over. The
 // eventbus's largest valid event, which --max-entry-bytes' smallest
@@ -164,10 +175,54 @@ func (r *replica) adopt(ctx context.Context, g, from *dataGroup, worker string) 
 			}
 		}
 	}
+	r.waitPeersApplied(ctx, g, g.fsm.AppliedIndex())
 	if err := r.proposeCmd(ctx, from, func() ([]byte, error) { return fsm.EncodeDeregisterWorker(fsm.DeregisterWorker{ID: worker}) }); err != nil {
 		return false, fmt.Errorf("deregistration from the old group: %w", err)
 	}
 	return true, nil
+}
+
+// waitPeersApplied waits until every other replica in the node registry
+// reports group g applied through index, or does not answer, bounded by
+// moveCatchUpTimeout (and ctx).
+func (r *replica) waitPeersApplied(ctx context.Context, g *dataGroup, index uint64) {
+	ctx, cancel := context.WithTimeout(ctx, moveCatchUpTimeout)
+	defer cancel()
+	for _, node := range r.fsm.Nodes() {
+		if node.ID == r.cfg.NodeID || node.HTTPAddr == "" {
+			continue
+		}
+		for {
+			var st struct {
+				Groups []struct {
+					Group   int    `json:"group"`
+					Applied uint64 `json:"applied_index"`
+				} `json:"raft_groups"`
+			}
+			err := peerStatus(ctx, r.state.client, node.HTTPAddr, false, &st)
+			if err != nil && ctx.Err() != nil {
+				r.log.Warn("moving a worker: a replica has not applied the copy in time; switching anyway", "replica", node.ID, "group", g.id, "index", index)
+				return
+			}
+			if err != nil {
+				r.log.Warn("moving a worker: a replica did not say whether it applied the copy; switching anyway", "replica", node.ID, "group", g.id, "err", err)
+				break
+			}
+			caught := false
+			for _, e := range st.Groups {
+				caught = caught || (e.Group == g.id && e.Applied >= index)
+			}
+			if caught {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				r.log.Warn("moving a worker: a replica has not applied the copy in time; switching anyway", "replica", node.ID, "group", g.id, "index", index)
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
 }
 
 // proposeCmd encodes and proposes one command in g.
