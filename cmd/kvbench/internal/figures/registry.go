@@ -13,6 +13,8 @@ type Figure struct {
 // BENCHMARKS.md.
 func Registry() []Figure {
 	return []Figure{
+		{"users-feel", "goodput at an SLO and TTFT at a rate: round-robin, gaie (its own code), kv, kv-pooled on seed 002's shape and both Mooncake traces (~15 min)",
+			formatUsersFeel},
 		{"s002-calibration", "simulator calibration against seed 002 (round-robin, 4 runs, ~1 s)", formatS002Calibration},
 		{"s001-calibration", "simulator calibration against seed 001 (2 runs, ~1 s)", formatS001Calibration},
 		{"s002-grid", "the whole seed-002 grid, every policy (24 runs, ~30 s)", formatS002Grid},

@@ -37,12 +37,13 @@ type SimConfig struct {
 	Reps             int                `json:"reps"`
 	Requests         int                `json:"requests"`
 	Synthetic        *struct {
-		Prefixes     int    `json:"prefixes"`
-		OutputTokens int    `json:"output_tokens"`
-		Concurrency  int    `json:"concurrency"`
-		PrefixOrder  string `json:"prefix_order"`
-		Popularity   string `json:"popularity"`
-		HotShift     int    `json:"hot_shift"`
+		Prefixes     int     `json:"prefixes"`
+		OutputTokens int     `json:"output_tokens"`
+		Concurrency  int     `json:"concurrency"`
+		PrefixOrder  string  `json:"prefix_order"`
+		Popularity   string  `json:"popularity"`
+		HotShift     int     `json:"hot_shift"`
+		ArrivalRate  float64 `json:"arrival_rate"`
 	} `json:"synthetic"`
 	Trace *struct {
 		Path string `json:"path"`
