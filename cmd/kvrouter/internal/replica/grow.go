@@ -60,7 +60,11 @@ func (r *replica) RaftGroups() (cluster, running int) {
 }
 
 // SetRaftGroups raises the cluster's data-group count to n once every
-// replica in the node registry runs at least n data groups.
+// replica in the node registry runs at least n data groups. The check
+// (HTTP, each replica's status) and the commit are not atomic: a replica
+// restarted with fewer groups, or registered, in between is not checked
+// and is then not ready until restarted with n (DESIGN.md, "Adding data
+// groups": closing it needs the count in replicated state).
 func (r *replica) SetRaftGroups(ctx context.Context, n int) error {
 	if !r.sharded() {
 		return fmt.Errorf("%w: %v", api.ErrInvalid, ErrNotSharded)
