@@ -131,6 +131,10 @@ type Config struct {
 	RequestExpiry time.Duration // in-flight requests older than this are dropped from the load view
 
 	Pooled PooledConfig // kv-pooled's constants (pooled.go); the zero value is the defaults
+	// SLO is the latency objective kv-pooled places requests against
+	// (slo.go); the zero value sets none and kv-pooled decides as without
+	// it. Other modes do not read it.
+	SLO SLO
 }
 
 // DefaultConfig is Dynamo's defaults in kv mode with block size 16.
@@ -203,6 +207,9 @@ func (c Config) Validate() error {
 	}
 	if c.ApproxTTL < 0 || c.RequestExpiry < 0 {
 		return fmt.Errorf("negative ttl or expiry: %w", ErrInvalidConfig)
+	}
+	if err := c.SLO.Validate(); err != nil {
+		return err
 	}
 	return c.Pooled.Validate()
 }

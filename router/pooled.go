@@ -132,6 +132,8 @@ type CacheStats interface {
 type pooledScratch struct {
 	eff    []int     // per worker: effective overlap
 	over   []float64 // per candidate: admission overflow in blocks
+	fill   []float64 // per candidate: fill with every expected output, the request placed there (pooledAdmissionLocked)
+	held   []float64 // per candidate: the same before the request
 	scores []rendezvousScore
 	ranks  []int // per candidate
 	kept   []int
@@ -139,6 +141,12 @@ type pooledScratch struct {
 	wait   []float64       // per candidate: the wait price (cost units)
 	frees  []pendingFree
 	admit  []bool // per worker: the admission test lets the request start at once
+	// With an SLO (slo.go), per candidate: predicted TTFT and TPOT in
+	// seconds, and whether both meet it.
+	ttft, tpot []float64
+	meets      []bool
+	running    []runningSeq
+	sloKept    []int
 	// noSlower, per candidate: the request is expected to get its first
 	// token at this worker over the admission line no later than at the
 	// fastest worker that starts it at once (pooledNoSlowerLocked).
@@ -219,9 +227,20 @@ func (a *ActiveLoad) trackedOutputs(workers []WorkerInfo, candidates []int, rese
 }
 
 // pooledCostsLocked rewrites the cost of every candidate row for kv-pooled
+// and returns the candidates left (a subslice of candidates): with an SLO,
+// pooledSLOLocked; without one, pooledPlaceLocked. r.mu must be held, with
+// r.loads and r.overlaps filled for req.
+func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []int, now time.Time) []int {
+	if r.cfg.SLO.Set() {
+		return r.pooledSLOLocked(req, rows, candidates, now)
+	}
+	return r.pooledPlaceLocked(req, rows, candidates, now)
+}
+
+// pooledPlaceLocked rewrites the cost of every candidate row for kv-pooled
 // and returns the candidates left after the admission rule (a subslice of
 // candidates). r.mu must be held, with r.loads and r.overlaps filled for req.
-func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []int, now time.Time) []int {
+func (r *Router) pooledPlaceLocked(req Request, rows []WorkerCost, candidates []int, now time.Time) []int {
 	ps := &r.pooled
 	pc := &r.cfg.Pooled
 	evictWeight := orDefault(pc.EvictWeight, DefaultPooledEvictWeight)
@@ -229,19 +248,7 @@ func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []
 	queueWeight := orDefault(pc.QueueWeight, DefaultPooledQueueWeight)
 	n := len(req.Hashes)
 
-	// Effective overlap: cached (index) or being computed right now by an
-	// in-flight request on the same worker (synced load), so a burst of
-	// requests for new content lands on one worker, not on all of them.
-	ps.eff = ps.eff[:0]
-	for range r.workers {
-		ps.eff = append(ps.eff, 0)
-	}
-	r.load.inflightPrefix(r.pos, req.Hashes, ps.eff)
-	lo, hi := n, 0
-	for _, i := range candidates {
-		ps.eff[i] = max(ps.eff[i], r.overlaps[i])
-		lo, hi = min(lo, ps.eff[i]), max(hi, ps.eff[i])
-	}
+	lo, hi := r.pooledOverlapsLocked(req, candidates)
 
 	// The rendezvous key is the first block not every candidate holds: a
 	// system prompt cached everywhere does not send every conversation to
@@ -264,33 +271,7 @@ func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []
 	// whole, without the decay toward the expected output, which prices
 	// how soon they free, not whether they are held now.
 	reserve := r.pooledReserveLocked()
-	var tracked bool
-	ps.out, tracked = r.load.trackedOutputs(r.workers, candidates, reserve, ps.out)
-	ps.over = ps.over[:0]
-	var demand, capacity float64
-	minOver := math.Inf(1)
-	for j, i := range candidates {
-		l := r.loads[i]
-		total := float64(r.workers[i].TotalBlocks)
-		pinned, pending := float64(l.ActiveBlocks), reserve*float64(l.Requests)
-		if tracked {
-			pinned, pending = float64(ps.out[j].pinned), pending-ps.out[j].covered
-		}
-		// The overload line counts every in-flight output at its full
-		// length: what the fleet must hold before these requests end.
-		demand += pinned + pending
-		if !tracked {
-			// Admission on w plans for the expected peak instead: the
-			// running requests are on average half way through their
-			// output and free all of it when they end, before the new
-			// request's output has grown (pooledRunningReserveShare).
-			pending *= pooledRunningReserveShare
-		}
-		capacity += total
-		o := pinned + float64(l.NewBlocks) + pending + reserve - total
-		ps.over = append(ps.over, o)
-		minOver = min(minOver, o)
-	}
+	tracked, demand, capacity, minOver := r.pooledAdmissionLocked(candidates, reserve)
 	known := r.capacitiesKnownLocked(candidates)
 	overloaded := demand > orDefault(pc.Overloaded, DefaultPooledOverloaded)*capacity
 	strict := known && minOver <= 0 && !overloaded
@@ -368,6 +349,70 @@ func (r *Router) pooledCostsLocked(req Request, rows []WorkerCost, candidates []
 		ps.kept = append(ps.kept, i)
 	}
 	return ps.kept
+}
+
+// pooledOverlapsLocked fills ps.eff (parallel to r.workers) with each
+// candidate's effective overlap: cached (index) or being computed right now
+// by an in-flight request on the same worker (synced load), so a burst of
+// requests for new content lands on one worker, not on all of them. It
+// returns the least and the deepest among the candidates. r.mu must be
+// held, r.overlaps filled for req.
+func (r *Router) pooledOverlapsLocked(req Request, candidates []int) (lo, hi int) {
+	ps := &r.pooled
+	ps.eff = ps.eff[:0]
+	for range r.workers {
+		ps.eff = append(ps.eff, 0)
+	}
+	r.load.inflightPrefix(r.pos, req.Hashes, ps.eff)
+	lo, hi = len(req.Hashes), 0
+	for _, i := range candidates {
+		ps.eff[i] = max(ps.eff[i], r.overlaps[i])
+		lo, hi = min(lo, ps.eff[i]), max(hi, ps.eff[i])
+	}
+	return lo, hi
+}
+
+// pooledAdmissionLocked fills ps.out (when output blocks are tracked),
+// ps.over (each candidate's admission overflow in blocks, parallel to
+// candidates), ps.fill (each candidate's fill once every request on it,
+// the new one included, holds its expected output, a fraction of its
+// capacity; 0 where the capacity is unknown) and ps.held (the same without
+// the new request), and returns whether output
+// blocks are tracked, the fleet's demand and capacity (the overload line)
+// and the least overflow. r.mu must be held, r.loads filled.
+func (r *Router) pooledAdmissionLocked(candidates []int, reserve float64) (tracked bool, demand, capacity, minOver float64) {
+	ps := &r.pooled
+	ps.out, tracked = r.load.trackedOutputs(r.workers, candidates, reserve, ps.out)
+	ps.over, ps.fill, ps.held = ps.over[:0], ps.fill[:0], ps.held[:0]
+	minOver = math.Inf(1)
+	for j, i := range candidates {
+		l := r.loads[i]
+		total := float64(r.workers[i].TotalBlocks)
+		pinned, pending := float64(l.ActiveBlocks), reserve*float64(l.Requests)
+		if tracked {
+			pinned, pending = float64(ps.out[j].pinned), pending-ps.out[j].covered
+		}
+		// The overload line counts every in-flight output at its full
+		// length: what the fleet must hold before these requests end.
+		demand += pinned + pending
+		f, h := 0.0, 0.0
+		if total > 0 {
+			f, h = (pinned+pending+float64(l.NewBlocks)+reserve)/total, (pinned+pending)/total
+		}
+		ps.fill, ps.held = append(ps.fill, f), append(ps.held, h)
+		if !tracked {
+			// Admission on w plans for the expected peak instead: the
+			// running requests are on average half way through their
+			// output and free all of it when they end, before the new
+			// request's output has grown (pooledRunningReserveShare).
+			pending *= pooledRunningReserveShare
+		}
+		capacity += total
+		o := pinned + float64(l.NewBlocks) + pending + reserve - total
+		ps.over = append(ps.over, o)
+		minOver = min(minOver, o)
+	}
+	return tracked, demand, capacity, minOver
 }
 
 // capacitiesKnownLocked: every candidate registered its KV capacity.

@@ -75,9 +75,11 @@ type pooledRates struct {
 type pooledBooking struct {
 	worker   WorkerID
 	booked   time.Time
-	first    time.Time // zero until PrefillDoneAt
-	prefill  float64   // the cost's prefill blocks on the chosen worker at booking
-	admitted bool      // the admission test said it starts at once: its TTFT is prefill, not a wait
+	first    time.Time   // zero until PrefillDoneAt
+	prefill  float64     // the cost's prefill blocks on the chosen worker at booking
+	admitted bool        // the admission test said it starts at once: its TTFT is prefill, not a wait
+	fill     float64     // the worker's fill at booking (pooledAdmissionLocked), NaN when not known (slo.go)
+	sampled  fillSamples // the worker's fill samples at its first token (slo.go)
 }
 
 // pooledWaitState is kv-pooled's rate estimates, per worker and fleet-wide,
@@ -90,6 +92,11 @@ type pooledWaitState struct {
 	// let start at once and that have no first token yet: requests this
 	// router knowingly sent to wait for KV blocks.
 	waiting int
+	// With an SLO (slo.go): the TPOT observed against the fill at booking,
+	// fleet-wide, and each candidate's fill in the last decision.
+	tpot    linearFit
+	decided []sloDecided
+	samples map[WorkerID]*fillSamples
 }
 
 // waitingForAdmission reports whether b is one of the bookings counted in
@@ -148,7 +155,7 @@ func (s *pooledWaitState) book(id string, w WorkerID, now time.Time, prefill flo
 		s.own = make(map[string]pooledBooking)
 	}
 	s.drop(id)
-	b := pooledBooking{worker: w, booked: now, prefill: prefill, admitted: admitted}
+	b := pooledBooking{worker: w, booked: now, prefill: prefill, admitted: admitted, fill: s.decidedFill(w)}
 	if b.waitingForAdmission() {
 		s.waiting++
 	}
@@ -167,6 +174,7 @@ func (s *pooledWaitState) firstToken(id string, now time.Time) {
 		s.waiting--
 	}
 	b.first = now
+	b.sampled = s.samplesOf(b.worker)
 	s.own[id] = b
 	if b.admitted && b.prefill > 0 {
 		secs := now.Sub(b.booked).Seconds()
@@ -182,6 +190,7 @@ func (s *pooledWaitState) finished(id string, outputTokens int, now time.Time) {
 	if !ok || b.first.IsZero() || outputTokens <= 0 || now.Before(b.first) {
 		return
 	}
+	s.observeTPOT(b, outputTokens, now)
 	secs := now.Sub(b.first).Seconds()
 	s.rates(b.worker).decode.observe(secs, float64(outputTokens), pooledRateWindow)
 	s.fleet.decode.observe(secs, float64(outputTokens), pooledOutputWindow)

@@ -346,7 +346,7 @@ func parsePolicies(s string) ([]router.Mode, error) {
 func kvFamily(m router.Mode) bool { return strings.HasPrefix(string(m), "kv") }
 
 // routerConfig is the router configuration of policy m: Dynamo's defaults,
-// the block size, and for kv-family policies the knob flags.
+// the block size, for kv-family policies the knob flags, and the SLO.
 func (o *simOptions) routerConfig(m router.Mode) router.Config {
 	c := router.DefaultConfig()
 	c.Mode = m
@@ -367,6 +367,9 @@ func (o *simOptions) routerConfig(m router.Mode) router.Config {
 	}
 	c.Pooled = o.Pooled
 	c.TrackOutputBlocks = o.TrackOutputBlocks
+	// The SLO the run is judged against is the router's objective too
+	// (only kv-pooled reads it: router/slo.go).
+	c.SLO.TTFT, c.SLO.TPOT = o.SLO.Durations()
 	return c
 }
 
