@@ -375,6 +375,22 @@ func TestServeShardedRoutesThroughMove(t *testing.T) {
 		}
 		events = append(events, ev)
 	}
+	// Like kvmock, the worker answers a resync (an event lost or
+	// reordered on its way in) by clearing and republishing its cache.
+	sub, err := eventbus.ServeResync(nc, mover, nil, func(eventbus.ResyncRequest) eventbus.ResyncReply {
+		next := pub.NextEventID()
+		go func() {
+			_, _ = pub.PublishAsync(ctx, eventbus.WireEvent{Kind: uint8(router.EventCleared)})
+			for _, ev := range events {
+				_, _ = pub.PublishAsync(ctx, ev)
+			}
+		}()
+		return eventbus.ResyncReply{Accepted: true, NextEventID: next}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	for _, ev := range events {
 		if _, err := pub.PublishAsync(ctx, ev); err != nil {
 			t.Fatal(err)
