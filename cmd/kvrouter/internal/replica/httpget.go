@@ -15,11 +15,15 @@ import (
 
 // httpGet fetches url and hands its body, at most limit bytes, to read:
 // the one GET the replica's background checks (LoRA discovery, tokenizer
-// agreement) make of workers and peers. Any status but 200 is an error.
-func httpGet(ctx context.Context, client *http.Client, url string, limit int64, read func(io.Reader) error) error {
+// agreement) make of workers and peers. bearer, when set, is sent as the
+// bearer token (a worker's API key). Any status but 200 is an error.
+func httpGet(ctx context.Context, client *http.Client, url, bearer string, limit int64, read func(io.Reader) error) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
+	}
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
@@ -43,7 +47,7 @@ func peerStatus(ctx context.Context, client *http.Client, base string, withDiges
 	if !withDigest {
 		url += "?digest=0"
 	}
-	if err := httpGet(ctx, client, url, 16<<20, func(r io.Reader) error { return json.NewDecoder(r).Decode(dst) }); err != nil {
+	if err := httpGet(ctx, client, url, "", 16<<20, func(r io.Reader) error { return json.NewDecoder(r).Decode(dst) }); err != nil {
 		return fmt.Errorf("peer status: %w", err)
 	}
 	return nil

@@ -29,9 +29,13 @@ import (
 // missed prefix or one 404 from a worker that unloaded the adapter.
 type loraDirectory struct {
 	client *http.Client
-	log    *slog.Logger
-	every  time.Duration
-	mu     sync.RWMutex
+	// workerKey is the bearer token the proxy sends a worker (by id): a
+	// worker started with --api-key answers /v1/models only with it.
+	// useWorkerAccess sets it with client; nil: none.
+	workerKey func(id string) string
+	log       *slog.Logger
+	every     time.Duration
+	mu        sync.RWMutex
 	// served: adapter → base model → workers (ranks) serving it. mu guards it.
 	served map[string]map[string][]router.WorkerID
 }
@@ -39,6 +43,14 @@ type loraDirectory struct {
 func newLoRADirectory(log *slog.Logger) *loraDirectory {
 	return &loraDirectory{client: &http.Client{Timeout: 3 * time.Second}, log: log, every: 30 * time.Second,
 		served: map[string]map[string][]router.WorkerID{}}
+}
+
+// useWorkerAccess makes discovery reach workers as the proxy does: over
+// its transport, with each worker's API key (as the tokenizer self-check).
+// Call it before run.
+func (d *loraDirectory) useWorkerAccess(rt http.RoundTripper, key func(id string) string) {
+	d.client = &http.Client{Transport: rt, Timeout: d.client.Timeout}
+	d.workerKey = key
 }
 
 // Adapter returns the base model and the workers serving adapter; ok is
@@ -117,7 +129,11 @@ func (d *loraDirectory) refresh(ctx context.Context, workers []fsm.WorkerRecord)
 // /v1/models entries whose parent is the worker's model.
 func (d *loraDirectory) adaptersOf(ctx context.Context, w fsm.WorkerRecord) ([]string, error) {
 	var adapters []string
-	err := httpGet(ctx, d.client, strings.TrimRight(w.Address, "/")+"/v1/models", 4<<20, func(r io.Reader) error {
+	key := ""
+	if d.workerKey != nil {
+		key = d.workerKey(w.ID)
+	}
+	err := httpGet(ctx, d.client, strings.TrimRight(w.Address, "/")+"/v1/models", key, 4<<20, func(r io.Reader) error {
 		var err error
 		adapters, err = parseAdapters(r, w.Model)
 		return err

@@ -1,9 +1,16 @@
 package replica
 
 import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/fsm"
 )
 
 // vLLM lists loaded adapters in /v1/models with the base model as parent.
@@ -24,5 +31,37 @@ func TestLoRAParseAdapters(t *testing.T) {
 		if (err != nil) != c.wantErr || !slices.Equal(got, c.want) {
 			t.Errorf("%s: %v %v, want %v", c.name, got, err, c.want)
 		}
+	}
+}
+
+// TestLoRAWorkerKey: a worker started with --api-key lists its adapters
+// only to a caller with its key; with the proxy's access the directory
+// learns them, without it it learns nothing.
+func TestLoRAWorkerKey(t *testing.T) {
+	worker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer wk" {
+			http.Error(w, `{"error":"Unauthorized"}`, http.StatusUnauthorized)
+			return
+		}
+		io.WriteString(w, `{"data":[{"id":"base"},{"id":"sql","parent":"base"}]}`)
+	}))
+	defer worker.Close()
+	workers := []fsm.WorkerRecord{{ID: "w1", Model: "base", Address: worker.URL, DPRanks: 1}}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+
+	d := newLoRADirectory(log)
+	d.refresh(context.Background(), workers)
+	if _, _, ok := d.Adapter("sql"); ok {
+		t.Fatal("adapter learned without the key")
+	}
+	d.useWorkerAccess(http.DefaultTransport.(*http.Transport).Clone(), func(id string) string {
+		if id == "w1" {
+			return "wk"
+		}
+		return ""
+	})
+	d.refresh(context.Background(), workers)
+	if base, ws, ok := d.Adapter("sql"); !ok || base != "base" || len(ws) != 1 {
+		t.Fatalf("with the key: %q %v %v", base, ws, ok)
 	}
 }

@@ -112,9 +112,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		apiCfg.ClusterGroups = len(groups)
 	}
 	srv := api.New(apiCfg, r)
-	// The self-check reaches workers as the proxy does: its transport and
-	// the worker API key (selfcheck.go).
+	// The self-check and LoRA discovery reach workers as the proxy does:
+	// its transport and the worker API key (selfcheck.go, lora.go).
 	r.tokcheck.useWorkerAccess(srv.WorkerTransport(), srv.WorkerKey)
+	r.loras.useWorkerAccess(srv.WorkerTransport(), srv.WorkerKey)
 	handler := srv.Handler()
 	if bundle != nil {
 		handler = withClusterEndpoints(handler, clusterHandler(node, groups), len(groups))
