@@ -5,17 +5,22 @@ PKGS    := ./...
 # Tests that need a cluster or the network get longer; unit tests stay fast.
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: help build test reference bench figures figures-check run certs check chaos chaos-short chaos-soak fuzz clean
+.PHONY: help build test test-peers reference bench figures figures-check run certs check chaos chaos-short chaos-soak fuzz clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
 
-build: ## build kvrouter, kvmock and kvbench into bin/
+build: ## build kvrouter, kvmock, kvbench and the kvbench-gaie peer (its own module, peers/gaie) into bin/
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/...
+	cd peers/gaie && $(GO) build -o $(abspath $(BIN))/ ./cmd/kvbench-gaie
 
 test: check reference ## what CI runs: static checks, then every test with the race detector
 	$(GO) test $(TESTFLAGS) $(PKGS)
+
+# The peer modules (peers/*) have their own go.mod, so ./... above skips them.
+test-peers: ## go vet and every test of the peer module peers/gaie (GAIE's scheduler behind kvbench sim)
+	cd peers/gaie && $(GO) vet ./... && $(GO) test $(TESTFLAGS) ./...
 
 reference: ## install the pinned reference tokenizers and chat templates (npm) the exact-token tests compare against
 	@if command -v npm >/dev/null; then ./.ci/install-reference; \
@@ -48,7 +53,7 @@ certs: build ## private CA + node and worker certificates: make certs CERTS_DIR=
 	$(BIN)/kvrouter certs --dir "$(CERTS_DIR)" --nodes "$(NODES)" --workers "$(WORKERS)"
 
 check: ## gofmt, go vet, and the import-direction rules
-	@out=$$(gofmt -l router fsm cluster eventbus api cmd engine chaos 2>/dev/null); \
+	@out=$$(gofmt -l router fsm cluster eventbus api cmd engine chaos internal peers 2>/dev/null); \
 		if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	@./.ci/check-imports
