@@ -47,6 +47,11 @@ const (
 	// for (the control group's G), once every replica runs that many;
 	// see DESIGN.md, Placement.
 	CmdSetGroups CommandType = 14
+	// CmdSetGroupsChecked is SetGroups carrying the node ids whose group
+	// count the proposer checked (decodes to a SetGroups with Checked
+	// set): apply refuses it while the node registry holds a node not in
+	// the list, one registered between the check and the commit.
+	CmdSetGroupsChecked CommandType = 15
 	// Add new types here, with the next number.
 )
 
@@ -87,11 +92,13 @@ func (t CommandType) String() string {
 		return "PlaceWorker"
 	case CmdSetGroups:
 		return "SetGroups"
+	case CmdSetGroupsChecked:
+		return "SetGroupsChecked"
 	}
 	return fmt.Sprintf("CommandType(%d)", uint8(t))
 }
 
-func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdSetGroups }
+func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdSetGroupsChecked }
 
 // isKVBatch: both KV batch types share one payload layout (kvbatch.go).
 func (t CommandType) isKVBatch() bool { return t == CmdKVEventBatch || t == CmdKVEventBatchTiered }
@@ -115,6 +122,11 @@ var (
 	ErrBlockSizeMismatch = router.ErrBlockSizeMismatch
 	// ErrInvalidConfig: a model configuration the router would reject.
 	ErrInvalidConfig = router.ErrInvalidConfig
+	// ErrUncheckedNode: a SetGroups with a Checked list while the node
+	// registry holds a node the list lacks (registered after the
+	// proposer's check). It wraps ErrInvalidCommand (a domain error);
+	// retrying checks the new node too.
+	ErrUncheckedNode = fmt.Errorf("node not checked: %w", ErrInvalidCommand)
 )
 
 // MaxDPRanks bounds a worker's data-parallel ranks: each rank is one router
@@ -295,6 +307,11 @@ type PlaceWorker struct {
 // small; 64 is far beyond what one cluster needs to spread its index.
 const MaxDataGroups = 64
 
+// MaxCheckedNodes bounds SetGroups.Checked: far above any replica count
+// (every replica is a voter of every Raft group), and it keeps the entry
+// small (at most MaxCheckedNodes × MaxStringLen bytes of ids).
+const MaxCheckedNodes = 1024
+
 // SetGroups raises the number of data groups the cluster places workers
 // in (the control group's G) to Groups. An operator proposes it once every
 // replica was restarted with that many groups (--raft-groups); from then
@@ -303,6 +320,15 @@ const MaxDataGroups = 64
 // fixes G as the first placement would.
 type SetGroups struct {
 	Groups uint32 // 2..MaxDataGroups
+	// Checked are the ids of the replicas the proposer checked run Groups
+	// data groups (itself included): sorted, unique, non-empty, at most
+	// MaxCheckedNodes. Apply refuses the command (ErrUncheckedNode, state
+	// unchanged) while the node registry holds a node not in the list:
+	// one registered after the check was never asked. Nil is the
+	// unchecked command of older proposers, CmdSetGroups, byte for byte as
+	// before; a non-nil list travels as CmdSetGroupsChecked, which builds
+	// without it halt on rather than raise the count unchecked.
+	Checked []string
 }
 
 // Type is CmdRegisterWorkerBlockSize when the registration has its own
@@ -332,13 +358,46 @@ func (RegisterNode) Type() CommandType   { return CmdRegisterNode }
 func (ResyncWorker) Type() CommandType   { return CmdResyncWorker }
 func (RemoveNode) Type() CommandType     { return CmdRemoveNode }
 func (PlaceWorker) Type() CommandType    { return CmdPlaceWorker }
-func (SetGroups) Type() CommandType      { return CmdSetGroups }
 
-// Validate checks the count's own bounds; that it does not shrink the
-// cluster's is checked on apply (FSM.CheckSetGroups checks both).
+// Type is CmdSetGroupsChecked when the command carries a Checked list.
+func (c SetGroups) Type() CommandType {
+	if c.Checked != nil {
+		return CmdSetGroupsChecked
+	}
+	return CmdSetGroups
+}
+
+// Validate checks the count's own bounds and the Checked list's shape;
+// that it does not shrink the cluster's, and that every registered node
+// was checked, is checked on apply (FSM.CheckSetGroups checks all).
 func (c SetGroups) Validate() error {
 	if c.Groups < 2 || c.Groups > MaxDataGroups {
 		return fmt.Errorf("set groups: %d data groups outside [2,%d]: %w", c.Groups, MaxDataGroups, ErrInvalidCommand)
+	}
+	if c.Checked != nil {
+		return checkCheckedNodes(c.Checked)
+	}
+	return nil
+}
+
+// checkCheckedNodes is the shape of a SetGroups.Checked list: 1 to
+// MaxCheckedNodes ids, each non-empty and at most MaxStringLen bytes,
+// strictly increasing (sorted and unique, so the list has one encoding).
+// Encode refuses what the decoder refuses.
+func checkCheckedNodes(ids []string) error {
+	if len(ids) == 0 || len(ids) > MaxCheckedNodes {
+		return fmt.Errorf("set groups: %d checked nodes outside [1,%d]: %w", len(ids), MaxCheckedNodes, ErrInvalidCommand)
+	}
+	for i, id := range ids {
+		if id == "" {
+			return fmt.Errorf("set groups: empty checked node id: %w", ErrInvalidCommand)
+		}
+		if err := checkString("checked node id", id); err != nil {
+			return err
+		}
+		if i > 0 && ids[i-1] >= id {
+			return fmt.Errorf("set groups: checked node ids not sorted and unique (%q before %q): %w", ids[i-1], id, ErrInvalidCommand)
+		}
 	}
 	return nil
 }
@@ -495,7 +554,18 @@ func Encode(c Command) ([]byte, error) {
 		b = binary.AppendUvarint(b, uint64(c.Groups))
 		return appendBool(b, c.Remove), nil
 	case SetGroups:
-		return binary.AppendUvarint(b, uint64(c.Groups)), nil
+		b = binary.AppendUvarint(b, uint64(c.Groups))
+		if c.Checked == nil {
+			return b, nil
+		}
+		if err := checkCheckedNodes(c.Checked); err != nil {
+			return nil, err
+		}
+		b = binary.AppendUvarint(b, uint64(len(c.Checked)))
+		for _, id := range c.Checked {
+			b = appendString(b, id)
+		}
+		return b, nil
 	}
 	return nil, fmt.Errorf("encode %T: %w", c, ErrInvalidCommand)
 }
@@ -746,6 +816,8 @@ func decodePayload(t CommandType, p []byte) (Command, error) {
 		c = PlaceWorker{Worker: r.string("worker id"), Group: r.u32("group"), Groups: r.u32("groups"), Remove: r.bool()}
 	case CmdSetGroups:
 		c = SetGroups{Groups: r.u32("groups")}
+	case CmdSetGroupsChecked:
+		c = readSetGroupsChecked(r)
 	default:
 		return nil, fmt.Errorf("type %d: %w", uint8(t), ErrUnknownCommand)
 	}
@@ -753,6 +825,34 @@ func decodePayload(t CommandType, p []byte) (Command, error) {
 		return nil, fmt.Errorf("decode %s: %w", t, err)
 	}
 	return c, nil
+}
+
+// readSetGroupsChecked reads CmdSetGroupsChecked's payload: the count,
+// then the checked node ids, shaped as checkCheckedNodes wants (anything
+// else is undecodable: the list has one encoding).
+func readSetGroupsChecked(r *reader) SetGroups {
+	c := SetGroups{Groups: r.u32("groups")}
+	n := r.count("checked nodes", 1)
+	if r.err != nil {
+		return c
+	}
+	if n < 1 || n > MaxCheckedNodes {
+		r.fail("%d checked nodes outside [1,%d]", n, MaxCheckedNodes)
+		return c
+	}
+	c.Checked = make([]string, n)
+	for i := range c.Checked {
+		id := r.string("checked node id")
+		if r.err != nil {
+			return c
+		}
+		if id == "" || (i > 0 && c.Checked[i-1] >= id) {
+			r.fail("checked node id %q empty, or not after %q", id, c.Checked[max(i-1, 0)])
+			return c
+		}
+		c.Checked[i] = id
+	}
+	return c
 }
 
 // decodeAs decodes an entry that must be of type T.

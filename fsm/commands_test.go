@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"bufio"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -37,6 +38,7 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 		{CmdKVEventBatchTiered, 12, "KVEventBatchTiered"},
 		{CmdPlaceWorker, 13, "PlaceWorker"},
 		{CmdSetGroups, 14, "SetGroups"},
+		{CmdSetGroupsChecked, 15, "SetGroupsChecked"},
 	}
 	for _, p := range pinned {
 		if uint8(p.typ) != p.num || p.typ.String() != p.name || !p.typ.known() {
@@ -138,6 +140,7 @@ func goldenCommands() []struct {
 		{"place-worker", PlaceWorker{Worker: "vllm-0", Group: 2, Groups: 4}},
 		{"place-worker-remove", PlaceWorker{Worker: "sglang-0", Group: 300, Groups: 300, Remove: true}},
 		{"set-groups", SetGroups{Groups: 64}},
+		{"set-groups-checked", SetGroups{Groups: 3, Checked: []string{"r1", "r2", "r3"}}},
 	}
 }
 
@@ -248,6 +251,9 @@ func TestFSMCommandRoundTrip(t *testing.T) {
 		{"register-decode-worker", RegisterWorker{ID: "d-1", DPRanks: 2, Model: "m", TotalBlocks: 9, Role: router.RoleDecode, LeaseUntil: 77}},
 		{"register-own-default-block-size", RegisterWorker{ID: "o-1", DPRanks: 1, Model: "m", BlockSize: 16, OwnBlockSize: true}},
 		{"register-own-block-size-both", RegisterWorker{ID: "o-2", DPRanks: 1, Model: "m", BlockSize: 64, Role: router.RoleBoth, OwnBlockSize: true}},
+		{"set-groups-checked-one", SetGroups{Groups: 2, Checked: []string{"self"}}},
+		{"set-groups-checked-most", SetGroups{Groups: 1, Checked: checkedIDs(MaxCheckedNodes)}}, // the count's bound is a domain rule
+		{"set-groups-checked-long-id", SetGroups{Groups: MaxDataGroups, Checked: []string{"a", strings.Repeat("z", MaxStringLen)}}},
 	}...)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -307,6 +313,12 @@ func TestFSMEncodeRefuses(t *testing.T) {
 		{"long node", RegisterNode{NodeID: "n", HTTPAddr: long}},
 		{"long resync", ResyncWorker{Worker: long}},
 		{"long placement", PlaceWorker{Worker: long, Group: 1, Groups: 2}},
+		{"checked list empty", SetGroups{Groups: 3, Checked: []string{}}},
+		{"checked list too long", SetGroups{Groups: 3, Checked: checkedIDs(MaxCheckedNodes + 1)}},
+		{"checked list unsorted", SetGroups{Groups: 3, Checked: []string{"r2", "r1"}}},
+		{"checked list repeated", SetGroups{Groups: 3, Checked: []string{"r1", "r1"}}},
+		{"checked list empty id", SetGroups{Groups: 3, Checked: []string{"", "r1"}}},
+		{"checked list long id", SetGroups{Groups: 3, Checked: []string{long}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -348,6 +360,23 @@ func TestFSMDecodeRejects(t *testing.T) {
 		{"set groups with a truncated varint", []byte{14, 1, 0x83}, ErrUndecodable},
 		{"set groups trailing byte", []byte{14, 1, 3, 0}, ErrUndecodable},
 		{"set groups unknown version", []byte{14, 2, 3}, ErrUnknownCommand},
+		{"checked set groups without its list", []byte{15, 1, 3}, ErrUndecodable},
+		{"checked set groups with an empty list", []byte{15, 1, 3, 0}, ErrUndecodable},
+		{"checked set groups list past the bytes", []byte{15, 1, 3, 2, 1, 'a'}, ErrUndecodable},
+		{"checked set groups unsorted", []byte{15, 1, 3, 2, 1, 'b', 1, 'a'}, ErrUndecodable},
+		{"checked set groups repeated", []byte{15, 1, 3, 2, 1, 'a', 1, 'a'}, ErrUndecodable},
+		{"checked set groups empty id", []byte{15, 1, 3, 2, 0, 1, 'a'}, ErrUndecodable},
+		{"checked set groups trailing byte", []byte{15, 1, 3, 1, 1, 'a', 0}, ErrUndecodable},
+		{"checked set groups count overflows uint32", []byte{15, 1, 0x80, 0x80, 0x80, 0x80, 0x10, 1, 1, 'a'}, ErrUndecodable},
+		{"checked set groups past the node bound", func() []byte {
+			b := []byte{15, 1, 3}
+			b = binary.AppendUvarint(b, MaxCheckedNodes+1)
+			for _, id := range checkedIDs(MaxCheckedNodes + 1) {
+				b = appendString(b, id)
+			}
+			return b
+		}(), ErrUndecodable},
+		{"checked set groups unknown version", []byte{15, 2, 3, 1, 1, 'a'}, ErrUnknownCommand},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -356,4 +385,13 @@ func TestFSMDecodeRejects(t *testing.T) {
 			}
 		})
 	}
+}
+
+// checkedIDs is n sorted, unique node ids for SetGroups.Checked.
+func checkedIDs(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("r%05d", i)
+	}
+	return ids
 }

@@ -575,7 +575,8 @@ func (st *state) checkPlace(p PlaceWorker) error {
 }
 
 // checkSetGroups returns the domain error that refuses c, or nil: its own
-// bounds, and a count below the cluster's. f.mu held (read).
+// bounds, a count below the cluster's, and, when c carries the nodes its
+// proposer checked, a registered node not among them. f.mu held (read).
 func (st *state) checkSetGroups(c SetGroups) error {
 	if err := c.Validate(); err != nil {
 		return err
@@ -586,7 +587,34 @@ func (st *state) checkSetGroups(c SetGroups) error {
 		return fmt.Errorf("set groups: cannot shrink from %d to %d: workers placed in the groups beyond would be lost: %w",
 			st.groups, c.Groups, ErrInvalidCommand)
 	}
-	return nil
+	if c.Checked == nil {
+		return nil // the unchecked command of older proposers (type 14)
+	}
+	var missing []string
+	for id := range st.nodes {
+		if _, ok := slices.BinarySearch(c.Checked, id); !ok {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	// Sorted, so every replica gives the same error whatever the map's
+	// order.
+	slices.Sort(missing)
+	names := make([]string, 0, 8)
+	for _, id := range missing[:min(len(missing), 8)] {
+		names = append(names, fmt.Sprintf("%q", id))
+	}
+	if len(missing) > 8 {
+		names = append(names, fmt.Sprintf("and %d more", len(missing)-8))
+	}
+	what := "node"
+	if len(missing) > 1 {
+		what = "nodes"
+	}
+	return fmt.Errorf("set groups to %d: %s %s registered after the check (%d checked); retry: %w",
+		c.Groups, what, strings.Join(names, ", "), len(c.Checked), ErrUncheckedNode)
 }
 
 // placeLocked sets, moves or removes a worker's placement. f.mu held.
@@ -1392,8 +1420,10 @@ func (f *FSM) CheckPlaceWorker(p PlaceWorker) error {
 }
 
 // CheckSetGroups returns the domain error Apply would return for c now
-// (a count outside [2,MaxDataGroups], or below the cluster's), without
-// changing anything. Proposers call it before proposing.
+// (a count outside [2,MaxDataGroups], or below the cluster's; with a
+// Checked list, a malformed list or a registered node the list lacks,
+// ErrUncheckedNode), without changing anything. Proposers call it before
+// proposing.
 func (f *FSM) CheckSetGroups(c SetGroups) error {
 	f.mu.RLock()
 	defer f.mu.RUnlock()

@@ -779,14 +779,16 @@ func TestFSMConcurrentReads(t *testing.T) {
 func TestFSMApplyResultJSON(t *testing.T) {
 	h := newHarness(t)
 	h.ok(worker("w1", 1))
+	h.ok(RegisterNode{NodeID: "n1"})
 	results := []*ApplyResult{
 		h.events(stored("w1", 0, 3, 1), stored("ghost", 0, 1, 2)),
 		h.apply(DeregisterWorker{ID: "ghost"}),
 		h.apply(SetModelConfig{Model: "m", OverlapCredit: ptr(5.0)}),
 		h.apply(RegisterWorker{ID: "w2", DPRanks: 1, BlockSize: 64}),
+		h.apply(SetGroups{Groups: 2, Checked: []string{"n0"}}),
 		h.raw([]byte{99, 1}),
 	}
-	sentinels := []error{nil, ErrUnknownWorker, ErrInvalidConfig, ErrBlockSizeMismatch, ErrUnknownCommand}
+	sentinels := []error{nil, ErrUnknownWorker, ErrInvalidConfig, ErrBlockSizeMismatch, ErrUncheckedNode, ErrUnknownCommand}
 	for i, r := range results {
 		raw, err := json.Marshal(r)
 		if err != nil {
@@ -796,7 +798,8 @@ func TestFSMApplyResultJSON(t *testing.T) {
 		if err := json.Unmarshal(raw, &back); err != nil {
 			t.Fatal(err)
 		}
-		if errString(back.Err) != errString(r.Err) || (sentinels[i] != nil && !errors.Is(back.Err, sentinels[i])) {
+		if errString(back.Err) != errString(r.Err) || (sentinels[i] != nil && !errors.Is(back.Err, sentinels[i])) ||
+			(sentinels[i] == ErrUncheckedNode && !errors.Is(back.Err, ErrInvalidCommand)) {
 			t.Fatalf("%s: err %v → %v", raw, r.Err, back.Err)
 		}
 		back.Err, r.Err = nil, nil

@@ -50,6 +50,8 @@ func fuzzSeeds(t testing.TB) map[string][]byte {
 	seeds["set-groups-same"] = mustEncode(t, SetGroups{Groups: 2})
 	seeds["set-groups-too-many"] = mustEncode(t, SetGroups{Groups: MaxDataGroups + 1})
 	seeds["set-groups-one"] = mustEncode(t, SetGroups{Groups: 1})
+	seeds["set-groups-checked-all"] = mustEncode(t, SetGroups{Groups: 3, Checked: []string{"n1"}})
+	seeds["set-groups-checked-missing"] = mustEncode(t, SetGroups{Groups: 3, Checked: []string{"n0", "n2"}})
 	seeds["bad-threshold"] = mustEncode(t, SetModelConfig{Model: "m", Thresholds: router.Thresholds{ActiveDecodeBlocks: ptr(2.0)}})
 	seeds["unknown-ignored"] = []byte{77 | IgnoreIfUnknown, 1, 0}
 	seeds["unknown"] = []byte{77, 1, 0}
@@ -215,13 +217,69 @@ func FuzzDecodeKVBatchTiered(f *testing.F) {
 	f.Fuzz(func(t *testing.T, payload []byte) { checkKVBatchRoundTrip(t, CmdKVEventBatchTiered, payload) })
 }
 
+// setGroupsCheckedSeeds are SetGroupsChecked payloads (without the
+// envelope), valid and near misses.
+func setGroupsCheckedSeeds(t testing.TB) map[string][]byte {
+	out := map[string][]byte{}
+	for name, c := range map[string]SetGroups{
+		"golden": goldenCommand(t, "set-groups-checked").(SetGroups),
+		"one":    {Groups: 2, Checked: []string{"n1"}},
+		"wide":   {Groups: 1 << 31, Checked: checkedIDs(40)},
+	} {
+		out[name] = mustEncode(t, c)[2:]
+	}
+	out["unsorted"] = []byte{3, 2, 1, 'b', 1, 'a'}
+	out["empty"] = []byte{3, 0}
+	return out
+}
+
+// FuzzDecodeSetGroupsChecked: any CmdSetGroupsChecked payload decodes or
+// fails cleanly (ErrUndecodable, no allocation from unchecked counts), and
+// what decodes is a well-formed list (sorted, unique, non-empty ids,
+// bounded) that re-encodes canonically to the same command (the ids have
+// one order; integers, as in every command, may arrive as over-long
+// varints).
+func FuzzDecodeSetGroupsChecked(f *testing.F) {
+	for _, s := range setGroupsCheckedSeeds(f) {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		entry := append([]byte{byte(CmdSetGroupsChecked), EnvelopeVersion}, payload...)
+		c, err := DecodeSetGroups(entry)
+		if err != nil {
+			if !errors.Is(err, ErrUndecodable) {
+				t.Fatalf("error %v is not ErrUndecodable", err)
+			}
+			return
+		}
+		if c.Checked == nil || c.Type() != CmdSetGroupsChecked {
+			t.Fatalf("decoded %+v without its list", c)
+		}
+		if err := checkCheckedNodes(c.Checked); err != nil {
+			t.Fatalf("decoded a malformed list: %v", err)
+		}
+		enc, err := Encode(c)
+		if err != nil {
+			t.Fatalf("decoded command does not encode: %v", err)
+		}
+		again, err := DecodeSetGroups(enc)
+		if err != nil || !reflect.DeepEqual(again, c) {
+			t.Fatalf("re-encoded %+v decodes to %+v, %v", c, again, err)
+		}
+		if enc2, _ := Encode(again); !bytes.Equal(enc, enc2) {
+			t.Fatal("encoding is not canonical")
+		}
+	})
+}
+
 // TestFSMFuzzSeedCorpus keeps the committed seed corpora under
 // testdata/fuzz/ in step with the seeds above (-update rewrites them).
 func TestFSMFuzzSeedCorpus(t *testing.T) {
 	for target, seeds := range map[string]map[string][]byte{
-		"FuzzFSMApply":            fuzzSeeds(t),
-		"FuzzDecodeKVBatch":       kvSeeds(t),
-		"FuzzDecodeKVBatchTiered": kvTieredSeeds(t),
+		"FuzzFSMApply":               fuzzSeeds(t),
+		"FuzzDecodeKVBatch":          kvSeeds(t),
+		"FuzzDecodeKVBatchTiered":    kvTieredSeeds(t),
+		"FuzzDecodeSetGroupsChecked": setGroupsCheckedSeeds(t),
 	} {
 		dir := filepath.Join("testdata", "fuzz", target)
 		if *update {

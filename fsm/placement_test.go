@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/hashicorp/raft"
 )
 
 func TestFSMPlaceWorkerValidate(t *testing.T) {
@@ -429,5 +431,176 @@ func TestFSMSetGroupsOlderBuild(t *testing.T) {
 	if err := restoreBytes(format4, snapshotBytes(t, setOnly)); !errors.Is(err, ErrCorruptSnapshot) ||
 		!strings.Contains(err.Error(), "format version 5, this build reads 1 to 4") {
 		t.Fatalf("format 4 build restores a SetGroups-only state: %v", err)
+	}
+}
+
+// TestFSMSetGroupsCheckedApply: a SetGroups carrying the nodes its
+// proposer checked (command 15) applies as SetGroups while every
+// registered node is in the list, and is refused (ErrUncheckedNode, state
+// unchanged, counted) while one is not: it registered after the check.
+// CheckSetGroups agrees with Apply at every step; the unchecked command
+// (14) still applies as before, whatever the registry.
+func TestFSMSetGroupsCheckedApply(t *testing.T) {
+	h := newHarness(t)
+	var heard []Change
+	h.f.OnChange(func(c Change) { heard = append(heard, c) })
+	checked := func(groups uint32, ids ...string) SetGroups { return SetGroups{Groups: groups, Checked: ids} }
+	steps := []struct {
+		name      string
+		register  []string // nodes registered before the step
+		cmd       SetGroups
+		err       string // substring of the domain error; "" = applies
+		unchecked bool   // the error is ErrUncheckedNode
+		groups    uint32
+		change    string // the ChangeGroups reason heard; "" = none
+	}{
+		{"no node registered: the proposer alone", nil, checked(2, "r1"), "", false, 2, "data groups 0 → 2"},
+		{"the checked set is the registry", []string{"r1", "r2"}, checked(3, "r1", "r2"), "", false, 3, "data groups 2 → 3"},
+		{"the same count, every node checked: a no-op", nil, checked(3, "r1", "r2"), "", false, 3, ""},
+		{"a node checked, then gone (a superset)", nil, checked(4, "r0", "r1", "r2"), "", false, 4, "data groups 3 → 4"},
+		{"a node registered after the check", []string{"r3"}, checked(5, "r1", "r2"),
+			`set groups to 5: node "r3" registered after the check (2 checked); retry`, true, 4, ""},
+		{"at the same count too", nil, checked(4, "r1", "r2"), `node "r3" registered after the check`, true, 4, ""},
+		{"two of them, named in order", []string{"r0"}, checked(5, "r1", "r2"), `nodes "r0", "r3" registered after the check`, true, 4, ""},
+		{"shrinking is refused as shrinking", nil, checked(3, "r1"), "cannot shrink from 4 to 3", false, 4, ""},
+		{"the unchecked command still applies (old logs)", nil, SetGroups{Groups: 5}, "", false, 5, "data groups 4 → 5"},
+		{"every node checked", nil, checked(6, "r0", "r1", "r2", "r3"), "", false, 6, "data groups 5 → 6"},
+	}
+	for _, s := range steps {
+		for _, id := range s.register {
+			h.ok(RegisterNode{NodeID: id, RaftAddr: id + ":7000", HTTPAddr: "http://" + id + ":8000"})
+		}
+		heard = nil
+		before, domainErrs := h.f.Digest(), h.f.Stats().DomainErrors
+		checkErr := h.f.CheckSetGroups(s.cmd)
+		want := CmdSetGroups
+		if s.cmd.Checked != nil {
+			want = CmdSetGroupsChecked
+		}
+		if b := mustEncode(t, s.cmd); CommandType(b[0]) != want {
+			t.Fatalf("%s: travels as type %d", s.name, b[0])
+		}
+		r := h.apply(s.cmd)
+		if s.err == "" {
+			if r.Err != nil || checkErr != nil || r.Applied != 1 {
+				t.Fatalf("%s: %v (check %v), applied %d", s.name, r.Err, checkErr, r.Applied)
+			}
+		} else {
+			for _, err := range []error{r.Err, checkErr} {
+				if !errors.Is(err, ErrInvalidCommand) || !strings.Contains(err.Error(), s.err) || errors.Is(err, ErrUncheckedNode) != s.unchecked {
+					t.Fatalf("%s: %v (check %v), want %q (unchecked %v)", s.name, r.Err, checkErr, s.err, s.unchecked)
+				}
+			}
+			if h.f.Digest() != before || h.f.Stats().DomainErrors != domainErrs+1 {
+				t.Fatalf("%s: a refused command changed the state or was not counted", s.name)
+			}
+		}
+		if h.f.PlacementGroups() != s.groups {
+			t.Fatalf("%s: groups %d, want %d", s.name, h.f.PlacementGroups(), s.groups)
+		}
+		var got []string
+		for _, c := range heard {
+			if c.Kind != ChangeGroups || c.Index != h.idx {
+				t.Fatalf("%s: heard %+v", s.name, c)
+			}
+			got = append(got, c.Reason)
+		}
+		if want := slices.DeleteFunc([]string{s.change}, func(x string) bool { return x == "" }); !slices.Equal(got, want) {
+			t.Fatalf("%s: changes %q, want %q", s.name, got, want)
+		}
+	}
+	// A malformed list (here empty: not nil, so not the unchecked command)
+	// is refused by the check and by the encoder; the decoder refuses it
+	// too (TestFSMDecodeRejects), so Apply never sees one.
+	empty := SetGroups{Groups: 7, Checked: []string{}}
+	if err := h.f.CheckSetGroups(empty); !errors.Is(err, ErrInvalidCommand) || !strings.Contains(err.Error(), "0 checked nodes outside [1,1024]") {
+		t.Fatalf("check of an empty list: %v", err)
+	}
+	if _, err := Encode(empty); !errors.Is(err, ErrInvalidCommand) {
+		t.Fatalf("encode of an empty list: %v", err)
+	}
+}
+
+// TestFSMSetGroupsCheckedDeterministic: replicas whose node registries
+// were built in different orders refuse (or apply) a checked SetGroups
+// alike, with the same error and digest; the entry re-applied at its
+// index is skipped as a replay, refused or not; and a checked SetGroups
+// leaves the very state (digest, snapshot) the unchecked one does: it
+// only reads the registry, so no snapshot format changes.
+func TestFSMSetGroupsCheckedDeterministic(t *testing.T) {
+	ids := []string{"r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9", "r10"}
+	build := func(seed uint64) *harness {
+		h := newHarness(t)
+		order := slices.Clone(ids)
+		newRand(seed).Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		for _, id := range order {
+			h.ok(RegisterNode{NodeID: id, RaftAddr: id + ":7000"})
+		}
+		return h
+	}
+	refused := mustEncode(t, SetGroups{Groups: 3, Checked: []string{"r1", "r5"}})
+	var first *harness
+	var firstErr string
+	for seed := range uint64(8) {
+		h := build(seed)
+		r := h.raw(refused)
+		if !errors.Is(r.Err, ErrUncheckedNode) {
+			t.Fatalf("seed %d: %v", seed, r.Err)
+		}
+		if seed == 0 {
+			first, firstErr = h, r.Err.Error()
+			if !strings.Contains(firstErr, `nodes "r10", "r2", "r3", "r4", "r6", "r7", "r8", "r9" registered after the check (2 checked)`) {
+				t.Fatalf("error %q", firstErr)
+			}
+			continue
+		}
+		if r.Err.Error() != firstErr || h.f.Digest() != first.f.Digest() {
+			t.Fatalf("seed %d: %q, want %q (digests equal %v)", seed, r.Err, firstErr, h.f.Digest() == first.f.Digest())
+		}
+	}
+	// Re-applied at its index: a replay, nothing changes.
+	before := first.f.Digest()
+	if r := first.f.Apply(&raft.Log{Index: first.idx, Type: raft.LogCommand, Data: refused}).(*ApplyResult); !r.Replayed || r.Err != nil || first.f.Digest() != before {
+		t.Fatalf("replayed refusal: %+v", r)
+	}
+	sorted := slices.Sorted(slices.Values(ids))
+	applied := mustEncode(t, SetGroups{Groups: 3, Checked: sorted})
+	first.raw(applied)
+	if first.f.PlacementGroups() != 3 {
+		t.Fatalf("groups %d after a checked raise", first.f.PlacementGroups())
+	}
+	after := first.f.Digest()
+	if r := first.f.Apply(&raft.Log{Index: first.idx, Type: raft.LogCommand, Data: applied}).(*ApplyResult); !r.Replayed || first.f.Digest() != after {
+		t.Fatalf("replayed raise: %+v", r)
+	}
+	// The unchecked command from the same state: the same state after it.
+	plain := build(1)
+	plain.idx++ // the refused entry's index, skipped
+	plain.ok(SetGroups{Groups: 3})
+	if plain.f.Digest() != after || !bytes.Equal(snapshotBytes(t, plain.f), snapshotBytes(t, first.f)) {
+		t.Fatal("a checked SetGroups leaves another state than SetGroups")
+	}
+	_, g := restoreSame(t, first.f, 5)
+	if g.PlacementGroups() != 3 {
+		t.Fatalf("restored groups %d", g.PlacementGroups())
+	}
+}
+
+// TestFSMSetGroupsCheckedOlderBuild: a build that knows SetGroups but not
+// its checked form (newest type 14) halts on command 15 without moving,
+// instead of raising the count unchecked or not at all while newer
+// builds raise it.
+func TestFSMSetGroupsCheckedOlderBuild(t *testing.T) {
+	entries := [][]byte{
+		mustEncode(t, RegisterNode{NodeID: "r1", RaftAddr: "r1:7000"}),
+		mustEncode(t, SetGroups{Groups: 3, Checked: []string{"r1"}}),
+		mustEncode(t, PlaceWorker{Worker: "v", Group: 3, Groups: 3}),
+	}
+	older, newer := olderBuildHalts(t, entries, 1, CmdSetGroups, 0, CmdSetGroupsChecked)
+	if older.PlacementGroups() != 0 {
+		t.Fatalf("the halted build's group count moved to %d", older.PlacementGroups())
+	}
+	if g, ok := newer.Placement("v"); !ok || g != 3 || newer.PlacementGroups() != 3 {
+		t.Fatal("newer build did not place into the raised group")
 	}
 }

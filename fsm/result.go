@@ -35,6 +35,7 @@ var errorKinds = []struct {
 	{"block_size_mismatch", ErrBlockSizeMismatch},
 	{"unknown_worker", ErrUnknownWorker},
 	{"unknown_node", ErrUnknownNode},
+	{"unchecked_node", ErrUncheckedNode}, // before invalid_command, which it wraps
 	{"invalid_config", ErrInvalidConfig},
 	{"invalid_command", ErrInvalidCommand},
 	{"unknown_command", ErrUnknownCommand}, // also the HaltError of the entry that halted
