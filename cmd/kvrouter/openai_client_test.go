@@ -130,6 +130,19 @@ func TestServeOpenAIClientTwoReplicas(t *testing.T) {
 		}
 	}
 
+	// The requests above are finished, but their bookings reach the other
+	// replica, and leave it, through replica sync: wait until neither
+	// replica counts any on oc-1, or the n = 3 count below would include
+	// them (r2 once counted 6: its three and the batch's three from r1).
+	for _, r := range reps[:2] {
+		poll.Until(t, 30*time.Second, 20*time.Millisecond, func() error {
+			if n := activeRequests(t, r.url(), "oc-1"); n != 0 {
+				return fmt.Errorf("%s still counts %d requests on oc-1", r.cfg.NodeID, n)
+			}
+			return nil
+		})
+	}
+
 	// n = 3 through r2: three choices; while it runs, r2 books three
 	// sequences on oc-1 and r1 learns the same count through replica sync.
 	type result struct {
