@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,16 +20,45 @@ import (
 	"github.com/kvrouter/kvrouter/router"
 )
 
-// buildKvmock compiles cmd/kvmock into dir (the test runs real worker
-// processes: the prefill worker's link, the decode worker's pull).
-func buildKvmock(t *testing.T, dir string) string {
-	t.Helper()
-	bin := filepath.Join(dir, "kvmock")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/kvrouter/kvrouter/cmd/kvmock")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building kvmock: %v\n%s", err, out)
+// kvmockBuild is the kvmock binary the tests of this package share: built
+// once (a link of kvmock costs seconds on a loaded 2-core host, and six
+// tests run worker processes), removed by TestMain.
+var kvmockBuild struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if kvmockBuild.dir != "" {
+		_ = os.RemoveAll(kvmockBuild.dir)
 	}
-	return bin
+	os.Exit(code)
+}
+
+// buildKvmock returns the path of a kvmock binary (the tests run real
+// worker processes: the prefill worker's link, the decode worker's pull),
+// compiled on the first call. The directory argument is no longer used
+// (callers passed their own t.TempDir, one build each).
+func buildKvmock(t *testing.T, _ string) string {
+	t.Helper()
+	b := &kvmockBuild
+	b.once.Do(func() {
+		if b.dir, b.err = os.MkdirTemp("", "kvrouter-test-kvmock-"); b.err != nil {
+			return
+		}
+		b.bin = filepath.Join(b.dir, "kvmock")
+		cmd := exec.Command("go", "build", "-o", b.bin, "github.com/kvrouter/kvrouter/cmd/kvmock")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("%v\n%s", err, out)
+		}
+	})
+	if b.err != nil {
+		t.Fatalf("building kvmock: %v", b.err)
+	}
+	return b.bin
 }
 
 func startKvmock(t *testing.T, bin string, args ...string) *exec.Cmd {
