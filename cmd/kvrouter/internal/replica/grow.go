@@ -3,6 +3,7 @@ package replica
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -18,8 +19,9 @@ import (
 //     recorded count, clusterGroups);
 //  2. POST /cluster/raft_groups {"groups": N} on any replica: it checks
 //     that every replica in the node registry runs N data groups, then
-//     commits fsm.SetGroups (the count only grows: shrinking would strand
-//     the workers of the groups beyond);
+//     commits fsm.SetGroups with the ids it checked (the count only grows:
+//     shrinking would strand the workers of the groups beyond; a replica
+//     registered after the check refuses the commit: retry);
 //  3. POST /workers/rebalance: workers move from the fullest groups to the
 //     emptiest (moves.go), until every group holds within one worker of
 //     the others. New workers already go to the emptiest group.
@@ -61,10 +63,15 @@ func (r *replica) RaftGroups() (cluster, running int) {
 
 // SetRaftGroups raises the cluster's data-group count to n once every
 // replica in the node registry runs at least n data groups. The check
-// (HTTP, each replica's status) and the commit are not atomic: a replica
-// restarted with fewer groups, or registered, in between is not checked
-// and is then not ready until restarted with n (DESIGN.md, "Adding data
-// groups": closing it needs the count in replicated state).
+// (HTTP, each replica's status) and the commit are not atomic, so the
+// commit carries what was checked: fsm.SetGroups with Checked, the ids of
+// the replicas asked (this one included), which every replica's FSM
+// refuses while the registry holds a node not among them — one
+// registered in between, never asked. The refusal (fsm.ErrUncheckedNode)
+// is a 400 saying to retry; the retry asks it too. Still unchecked: a
+// replica that keeps its id and restarts with fewer groups in between;
+// after the commit it is not ready until restarted with n (DESIGN.md,
+// "Adding data groups").
 func (r *replica) SetRaftGroups(ctx context.Context, n int) error {
 	if !r.sharded() {
 		return fmt.Errorf("%w: %v", api.ErrInvalid, ErrNotSharded)
@@ -76,9 +83,15 @@ func (r *replica) SetRaftGroups(ctx context.Context, n int) error {
 	if err := r.fsm.CheckSetGroups(c); err != nil {
 		return fmt.Errorf("%w: %v", api.ErrInvalid, err)
 	}
+	checked := []string{r.cfg.NodeID} // this replica runs n: checked above
 	for _, node := range r.fsm.Nodes() {
-		if node.ID == r.cfg.NodeID || node.HTTPAddr == "" {
+		if node.ID == r.cfg.NodeID {
 			continue
+		}
+		if node.HTTPAddr == "" {
+			// It cannot be asked, so it cannot be in Checked, and the
+			// commit would be refused: say why now.
+			return fmt.Errorf("%w: replica %s has no HTTP address in the node registry, so its data groups cannot be checked", api.ErrInvalid, node.ID)
 		}
 		var st struct {
 			Groups []struct {
@@ -92,22 +105,42 @@ func (r *replica) SetRaftGroups(ctx context.Context, n int) error {
 		if len(st.Groups) < n {
 			return fmt.Errorf("%w: replica %s runs %d data groups; restart it with --raft-groups %d first", api.ErrInvalid, node.ID, len(st.Groups), n)
 		}
+		checked = append(checked, node.ID)
 	}
+	slices.Sort(checked)
+	c.Checked = slices.Compact(checked)
 	for _, g := range r.groups[:n] {
 		if id, _ := g.node.Leader(); id == "" {
 			return fmt.Errorf("%w: data group %d has no leader yet", api.ErrUnavailable, g.id)
 		}
+	}
+	// The registry as this replica has applied it now: a node registered
+	// during the check is refused here, before anything is written; one
+	// this replica has not applied yet, by the FSM on commit.
+	if err := r.fsm.CheckSetGroups(c); err != nil {
+		return growError(err)
 	}
 	cmd, err := fsm.EncodeSetGroups(c)
 	if err != nil {
 		return fmt.Errorf("%w: %v", api.ErrInvalid, err)
 	}
 	if err := r.propose(ctx, cmd); err != nil {
-		return apiError(err)
+		return growError(err)
 	}
 	r.waitApplied(ctx)
 	r.log.Info("the cluster's data groups grew: new workers go to the emptiest; POST /workers/rebalance moves existing ones", "groups", n)
 	return nil
+}
+
+// growError is apiError for SetRaftGroups: a refusal because a replica
+// registered after the check (fsm.ErrUncheckedNode, from this replica's
+// check or the leader's apply, forwarded or not) is a 400 that says to
+// retry; retrying checks the new replica too.
+func growError(err error) error {
+	if errors.Is(err, fsm.ErrUncheckedNode) {
+		return fmt.Errorf("%w: %v (POST /cluster/raft_groups again: it checks every replica registered now)", api.ErrInvalid, err)
+	}
+	return apiError(err)
 }
 
 // Rebalance moves workers from the fullest data groups to the emptiest

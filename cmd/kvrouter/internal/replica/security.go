@@ -48,7 +48,8 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 //   - PlaceWorker (13): a worker's first registration with --raft-groups
 //     > 1, on whichever replica took it, to the control group's leader;
 //     also POST /workers/move and /workers/rebalance.
-//   - SetGroups (14): POST /cluster/raft_groups, on any replica.
+//   - SetGroups (14; 15 with the replicas it checked, what this build
+//     proposes): POST /cluster/raft_groups, on any replica.
 //
 // Not forwarded, so refused: KVEventBatch (3) — the leader's ingest writes
 // it locally (ApplyLocal), never through /cluster/apply; Tick (6) — only a
@@ -60,6 +61,7 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 var forwardedTypes = []fsm.CommandType{
 	fsm.CmdRegisterWorker, fsm.CmdRegisterWorkerRole, fsm.CmdRegisterWorkerBlockSize, fsm.CmdDeregisterWorker, fsm.CmdSetModelConfig,
 	fsm.CmdPredictions, fsm.CmdRegisterNode, fsm.CmdResyncWorker, fsm.CmdPlaceWorker, fsm.CmdSetGroups,
+	fsm.CmdSetGroupsChecked,
 }
 
 // errForbiddenCommand is wrapped by every refusal of checkForwarded.
