@@ -21,7 +21,10 @@ import (
 // Candidates predicted to miss the SLO leave the candidate set while some
 // candidate is predicted to meet it, and kv-pooled places the request among
 // the rest as it does without an SLO (the cache placement is what a
-// request predicted to meet its SLO can afford). When no candidate is
+// request predicted to meet its SLO can afford), except with TPOT judged:
+// then kv's cost picks among the rest (the fleet is at its SLO line, and a
+// placement's prefill slows every decode on the worker it picks, which kv's
+// prefill term spreads and the placement prices do not see). When no candidate is
 // predicted to meet it, or a prediction is not available yet, the request
 // is routed by kv's cost: placement for the cache is what the fleet cannot
 // afford then.
@@ -146,7 +149,8 @@ func (s *pooledWaitState) observeTPOT(b pooledBooking, outputTokens int, now tim
 
 // pooledSLOLocked is pooledCostsLocked with Config.SLO set: the candidates
 // predicted to miss the SLO leave while another is predicted to meet it,
-// and pooledPlaceLocked places the request among the rest; with every
+// and pooledPlaceLocked places the request among the rest (kv's cost, the
+// rows unchanged, when the SLO judges TPOT); with every
 // candidate predicted to miss, or a prediction not available yet, among
 // all of them, as without an SLO. r.mu must be held, with r.loads and
 // r.overlaps filled for req.
@@ -189,6 +193,19 @@ func (r *Router) pooledSLOLocked(req Request, rows []WorkerCost, candidates []in
 			rows[i].BusyReason = fmt.Sprintf("kv-pooled: predicted TTFT %.0f ms, TPOT %.1f ms miss the SLO (%v, %v) while another worker meets it",
 				ps.ttft[j]*1e3, ps.tpot[j]*1e3, slo.TTFT, slo.TPOT)
 		}
+	}
+	if slo.TPOT > 0 {
+		// Some worker predicted to miss, others to meet, with TPOT judged:
+		// the fleet is at its SLO line, and a placement's prefill lands in
+		// the decode steps of every request running on the worker it
+		// picks, which the placement prices do not see and kv's prefill
+		// term spreads. kv's cost, the rows as computed, picks among the
+		// workers predicted to meet.
+		ps.admit = growClear(ps.admit, len(r.workers))
+		for j, i := range candidates {
+			ps.admit[i] = ps.over[j] <= 0
+		}
+		return ps.sloKept
 	}
 	return r.pooledPlaceLocked(req, rows, ps.sloKept, now)
 }

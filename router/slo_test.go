@@ -274,3 +274,67 @@ func TestPooledSLOLearnsTPOT(t *testing.T) {
 		t.Errorf("learned without an SLO: %+v", r2.wait.tpot)
 	}
 }
+
+// With TPOT judged and the fleet at its SLO line (a predicted to miss, b
+// and c to meet), kv's cost picks among the workers that meet, not the
+// placement prices: the prompt is cached on b, which also runs 20 blocks;
+// c is empty. kv-pooled without the miss keeps the request on b (copying
+// 12 blocks to c is priced at 96); kv's cost prefers c (24: 12 blocks
+// of prefill and 12 new ones, against b's 32: its 20 running blocks and
+// their output). With only TTFT judged the placement prices still pick
+// among the workers that meet.
+func TestPooledSLOAtTheLinePicksByKVCost(t *testing.T) {
+	prompt := tokens(7, 16*12)
+	hashes := SequenceHashes(prompt, 16, "")
+	out := 152.5
+	ms := time.Millisecond
+	for _, c := range []struct {
+		name    string
+		slo     SLO
+		aBlocks int
+		want    WorkerID
+		pooled  bool // the chosen row carries placement terms
+	}{
+		{name: "no worker misses: placement", slo: SLO{TPOT: 30 * ms}, aBlocks: 10, want: "b", pooled: true},
+		{name: "a misses: kv's cost", slo: SLO{TPOT: 30 * ms}, aBlocks: 80, want: "c"},
+		{name: "a misses the TTFT: placement", slo: SLO{TTFT: 100 * ms}, aBlocks: 95, want: "b", pooled: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ix := NewIndex(16)
+			cfg := pooledConfig()
+			cfg.Pooled.OutputTokens = &out
+			cfg.Pooled.HomeWeight = ptr(0.0)
+			cfg.SLO = c.slo
+			r := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: 100}, WorkerInfo{ID: "c", TotalBlocks: 100})
+			store(t, ix, "b", prompt)
+			now := t0.Add(10 * time.Second)
+			for k, run := range []struct {
+				worker WorkerID
+				blocks int
+			}{{"a", c.aBlocks}, {"b", 20}} {
+				id := fmt.Sprint("run", k)
+				h := SequenceHashes(tokens(100_000+10_000*k, 16*run.blocks), 16, "")
+				r.Load().Add(Booking{ID: id, Worker: run.worker, Hashes: h, Added: t0})
+				r.Load().PrefillDoneAt(id, now.Add(-time.Second))
+			}
+			r.mu.Lock()
+			r.wait.tpot.observe(0.2, 0.010, pooledOutputWindow)
+			r.wait.tpot.observe(0.8, 0.040, pooledOutputWindow)
+			r.wait.fleet.prefill.observe(0.1, 100, pooledRateWindow)
+			r.wait.fleet.decode.observe(1, 100, pooledRateWindow)
+			r.outputs = pooledOutputs{n: 1, mean: out}
+			r.mu.Unlock()
+			d, err := r.Decide(Request{ID: "q", Tokens: len(prompt), Hashes: hashes}, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			row := d.Rows[r.pos[d.Worker]]
+			if d.Worker != c.want || (row.Pooled != 0) != c.pooled {
+				t.Fatalf("chose %s (pooled %v), want %s (pooled terms %v)\n%s", d.Worker, row.Pooled, c.want, c.pooled, d.Explain())
+			}
+			if c.want == "c" && !d.Rows[0].Busy {
+				t.Errorf("a not excluded\n%s", d.Explain())
+			}
+		})
+	}
+}
