@@ -26,6 +26,7 @@ func TestServeStaticWorkerWithoutCapacityIsLoud(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a replica")
 	}
+	t.Parallel() // its own replicas, ports and workers; it mostly waits (elections, workers)
 	tmp := t.TempDir()
 	ports := freePorts(t, 4)
 	cfg, err := parseServe([]string{"--single-node", "--node-id", "r1",

@@ -110,6 +110,7 @@ func TestServeDisaggWithKvmock(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three in-process replicas and two worker processes")
 	}
+	t.Parallel() // its own replicas, ports and workers; it mostly waits (elections, workers)
 	bin := buildKvmock(t, t.TempDir())
 	const speedup = "4"
 	reps := newTestCluster(t, func(c *serveConfig) {

@@ -29,6 +29,7 @@ func TestServeDPRanksWithKvmock(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three in-process replicas and a worker process")
 	}
+	t.Parallel() // its own replicas, ports and workers; it mostly waits (elections, workers)
 	bin := buildKvmock(t, t.TempDir())
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "dp-1.key")

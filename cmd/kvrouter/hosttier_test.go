@@ -29,6 +29,7 @@ func TestServeHostTierRouting(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a replica and two worker processes")
 	}
+	t.Parallel() // its own replicas, ports and workers; it mostly waits (elections, workers)
 	bin := buildKvmock(t, t.TempDir())
 	for _, c := range []struct {
 		name string

@@ -51,6 +51,7 @@ func TestServeOpenAIClientTwoReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three in-process replicas and a worker process")
 	}
+	t.Parallel() // its own replicas, ports and workers; it mostly waits (elections, workers)
 	bin := buildKvmock(t, t.TempDir())
 	reps := newTestCluster(t, func(c *serveConfig) { c.Models = []string{"kvmock"} })
 	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { _, err := leaderOf(reps); return err })

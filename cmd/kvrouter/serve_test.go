@@ -249,6 +249,7 @@ func TestServeIngestSurvivesLeaderLoss(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three in-process replicas")
 	}
+	t.Parallel() // its own replicas, ports and workers; it mostly waits (elections, workers)
 	ingestSurvivesLeaderLoss(t, 1)
 }
 
@@ -260,6 +261,7 @@ func TestServeShardedIngestSurvivesLeaderLoss(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three in-process replicas, three Raft groups each")
 	}
+	t.Parallel() // its own replicas, ports and workers; it mostly waits (elections, workers)
 	ingestSurvivesLeaderLoss(t, 2)
 }
 
