@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/kvrouter/kvrouter/router"
@@ -39,11 +40,17 @@ func complBody(prompt []uint32, maxTokens int, stream bool, kv any) map[string]a
 // postH is post with the response headers.
 func postH(t *testing.T, url string, body any) (int, http.Header, []byte) {
 	t.Helper()
+	return postHWith(t, http.DefaultClient, url, body)
+}
+
+// postHWith is postH with client c.
+func postHWith(t *testing.T, c *http.Client, url string, body any) (int, http.Header, []byte) {
+	t.Helper()
 	data, err := json.Marshal(body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.Post(url, "application/json", bytes.NewReader(data))
+	resp, err := c.Post(url, "application/json", bytes.NewReader(data))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +71,13 @@ type prefillAnswer struct {
 // prefillStage runs the router's first stage against url.
 func prefillStage(t *testing.T, url string, prompt []uint32) (prefillAnswer, []byte) {
 	t.Helper()
-	status, body := post(t, url+"/v1/completions",
+	return prefillStageWith(t, http.DefaultClient, url, prompt)
+}
+
+// prefillStageWith is prefillStage with client c.
+func prefillStageWith(t *testing.T, c *http.Client, url string, prompt []uint32) (prefillAnswer, []byte) {
+	t.Helper()
+	status, body := postWith(t, c, url+"/v1/completions",
 		complBody(prompt, 1, false, map[string]any{"do_remote_decode": true, "do_remote_prefill": false}))
 	if status != http.StatusOK {
 		t.Fatalf("prefill: HTTP %d: %s", status, body)
@@ -81,14 +94,20 @@ type decodeResult struct {
 	status             int
 	body               []byte
 	local, pulled      int     // X-Kvmock-Kv-*-Tokens
-	linkS, wallS       float64 // the prefill side's link time; the request's wall time
+	linkS, wallS       float64 // the prefill side's link time; the request's time (a bubble's clock in a synctest test)
 	cached, promptToks int
 }
 
 func decodeStage(t *testing.T, url string, prompt []uint32, kv *kvTransferParams, maxTokens int) decodeResult {
 	t.Helper()
+	return decodeStageWith(t, http.DefaultClient, url, prompt, kv, maxTokens)
+}
+
+// decodeStageWith is decodeStage with client c.
+func decodeStageWith(t *testing.T, c *http.Client, url string, prompt []uint32, kv *kvTransferParams, maxTokens int) decodeResult {
+	t.Helper()
 	start := time.Now()
-	status, h, body := postH(t, url+"/v1/completions", complBody(prompt, maxTokens, false, kv))
+	status, h, body := postHWith(t, c, url+"/v1/completions", complBody(prompt, maxTokens, false, kv))
 	r := decodeResult{status: status, body: body, wallS: time.Since(start).Seconds()}
 	if status != http.StatusOK {
 		return r
@@ -106,7 +125,13 @@ func decodeStage(t *testing.T, url string, prompt []uint32, kv *kvTransferParams
 
 func statsOf(t *testing.T, url string) statsDoc {
 	t.Helper()
-	status, body := get(t, url+"/stats")
+	return statsOfWith(t, http.DefaultClient, url)
+}
+
+// statsOfWith is statsOf with client c.
+func statsOfWith(t *testing.T, c *http.Client, url string) statsDoc {
+	t.Helper()
+	status, body := getWith(t, c, url+"/stats")
 	var d statsDoc
 	if status != http.StatusOK || json.Unmarshal(body, &d) != nil {
 		t.Fatalf("stats: HTTP %d: %s", status, body)
@@ -276,80 +301,94 @@ func TestMockDisaggTransferExpiry(t *testing.T) {
 // A decode worker pulls the KV over the prefill worker's link; concurrent
 // transfers share it fairly, or queue behind --link-max-transfers. At
 // 10 MB/s and 114,688 B/token a 100-token transfer takes 1.147 s of link
-// time, divided by --speedup.
+// time, divided by --speedup. Both workers run in a synctest bubble over
+// memNet, so the link's clock is the bubble's: every decode request starts
+// its pull at the same instant, and the link times (the prefill side's
+// seconds, X-Kvmock-Kv-Pull-Seconds) are the fluid model's, exactly, however
+// loaded the host (docs/STYLE.md: no wall-clock bounds in tests).
 func TestMockDisaggTransferTiming(t *testing.T) {
 	const (
 		speedup  = 5
 		tokens   = 100
 		linkMBps = 10
 	)
-	alone := float64(tokens) * 114688 / (linkMBps * 1e6) / speedup // 0.229 s
+	alone := tokens * 114688 * time.Second / (linkMBps * 1e6 * speedup) // 229.376 ms
 	tests := []struct {
 		name         string
 		maxTransfers int
 		concurrent   int
-		want         []float64 // sorted link times, in units of alone
+		want         []int // sorted link times, in multiples of alone
 	}{
-		{"one alone", 0, 1, []float64{1}},
-		{"four share the link", 0, 4, []float64{4, 4, 4, 4}},
-		{"four, one at a time", 1, 4, []float64{1, 2, 3, 4}},
+		{"one alone", 0, 1, []int{1}},
+		{"four share the link", 0, 4, []int{4, 4, 4, 4}},
+		{"four, one at a time", 1, 4, []int{1, 2, 3, 4}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			fast := func(c *config) { c.Speedup = speedup }
-			p := startMock(t, withRole(router.RolePrefill, fast, func(c *config) {
-				c.LinkMBps, c.LinkMaxTransfers = linkMBps, tc.maxTransfers
-			}), true)
-			d := startMock(t, withRole(router.RoleDecode, fast), true)
-			prompts := make([][]uint32, tc.concurrent)
-			kvs := make([]*kvTransferParams, tc.concurrent)
-			for i := range prompts {
-				prompts[i] = promptIDs(10000*(i+1), tokens)
-				a, _ := prefillStage(t, p.url, prompts[i])
-				kvs[i] = a.KV
-			}
-			results := make([]decodeResult, tc.concurrent)
-			var wg sync.WaitGroup
-			for i := range prompts {
-				wg.Go(func() { results[i] = decodeStage(t, d.url, prompts[i], kvs[i], 2) })
-			}
-			wg.Wait()
-			got := make([]float64, len(results))
-			for i, r := range results {
-				if r.status != http.StatusOK || r.local != 0 || r.pulled != tokens || r.cached != tokens-1 || r.promptToks != tokens {
-					t.Fatalf("decode %d: %+v %s", i, r, r.body)
+			synctest.Test(t, func(t *testing.T) {
+				n := newMemNet()
+				c := n.client(t)
+				fast := func(c *config) { c.Speedup = speedup }
+				p := startMock(t, withRole(router.RolePrefill, fast, func(c *config) {
+					c.LinkMBps, c.LinkMaxTransfers = linkMBps, tc.maxTransfers
+				}), true, n.serveOn)
+				d := startMock(t, withRole(router.RoleDecode, fast), true, n.serveOn)
+				prompts := make([][]uint32, tc.concurrent)
+				kvs := make([]*kvTransferParams, tc.concurrent)
+				for i := range prompts {
+					prompts[i] = promptIDs(10000*(i+1), tokens)
+					a, _ := prefillStageWith(t, c, p.url, prompts[i])
+					kvs[i] = a.KV
 				}
-				if r.wallS < r.linkS {
-					t.Errorf("decode %d took %.3fs, less than its transfer %.3fs", i, r.wallS, r.linkS)
+				results := make([]decodeResult, tc.concurrent)
+				var wg sync.WaitGroup
+				for i := range prompts {
+					wg.Go(func() { results[i] = decodeStageWith(t, c, d.url, prompts[i], kvs[i], 2) })
 				}
-				got[i] = r.linkS / alone
-			}
-			slices.Sort(got)
-			t.Logf("link times / %.3fs: %.2f (wall %.3fs for the first)", alone, got, results[0].wallS)
-			for i, w := range tc.want {
-				if math.Abs(got[i]-w) > 0.4*w {
-					t.Errorf("transfer %d took %.2f× the lone time, want %.1f× ±40%%", i, got[i], w)
+				wg.Wait()
+				got := make([]time.Duration, len(results))
+				for i, r := range results {
+					if r.status != http.StatusOK || r.local != 0 || r.pulled != tokens || r.cached != tokens-1 || r.promptToks != tokens {
+						t.Fatalf("decode %d: %+v %s", i, r, r.body)
+					}
+					// The request waits for its transfer (bubble time: exact).
+					if r.wallS < r.linkS {
+						t.Errorf("decode %d took %.9fs, less than its transfer %.9fs", i, r.wallS, r.linkS)
+					}
+					got[i] = time.Duration(math.Round(r.linkS * 1e9))
 				}
-			}
-			if tc.concurrent == 4 && tc.maxTransfers == 0 && (got[0] < 3 || got[3] > 5) {
-				t.Errorf("four concurrent transfers took %.2f–%.2f× one alone, want 3–5×", got[0], got[3])
-			}
-			st := statsOf(t, p.url).KVTransfer
-			wantPeak := tc.concurrent
-			if tc.maxTransfers > 0 {
-				wantPeak = tc.maxTransfers
-			}
-			if st.Sent != uint64(tc.concurrent) || st.SentBytes != uint64(tc.concurrent*tokens*114688) || st.InFlight != 0 || st.PeakLink != wantPeak {
-				t.Errorf("prefill kv_transfer %+v (want peak %d)", st, wantPeak)
-			}
-			ds := statsOf(t, d.url)
-			if ds.KVTransfer.Pulls != uint64(tc.concurrent) || ds.KVTransfer.PulledTokens != uint64(tc.concurrent*tokens) ||
-				ds.KVTransfer.ReceivedTokens != uint64(tc.concurrent*tokens) || ds.Engine.PrefillTokens != uint64(tc.concurrent) {
-				t.Errorf("decode stats: kv %+v, engine prefill tokens %d (want one per request)", ds.KVTransfer, ds.Engine.PrefillTokens)
-			}
+				slices.Sort(got)
+				t.Logf("link times: %v (alone %v; the first request's whole time %.6fs)", got, alone, results[0].wallS)
+				// All pulls start at the same instant (the decode engine admits
+				// remote prefills at once), so the fluid model's times are
+				// multiples of the lone time, up to float rounding: four
+				// sharing the link each get a quarter of it and end together at
+				// 4×; one at a time they end at 1×, 2×, 3×, 4×.
+				for i, w := range tc.want {
+					if want := time.Duration(w) * alone; !nearDuration(got[i], want, 10*time.Nanosecond) {
+						t.Errorf("transfer %d (sorted) took %v, want %d × %v = %v", i, got[i], w, alone, want)
+					}
+				}
+				st := statsOfWith(t, c, p.url).KVTransfer
+				wantPeak := tc.concurrent
+				if tc.maxTransfers > 0 {
+					wantPeak = tc.maxTransfers
+				}
+				if st.Sent != uint64(tc.concurrent) || st.SentBytes != uint64(tc.concurrent*tokens*114688) || st.InFlight != 0 || st.PeakLink != wantPeak {
+					t.Errorf("prefill kv_transfer %+v (want peak %d)", st, wantPeak)
+				}
+				ds := statsOfWith(t, c, d.url)
+				if ds.KVTransfer.Pulls != uint64(tc.concurrent) || ds.KVTransfer.PulledTokens != uint64(tc.concurrent*tokens) ||
+					ds.KVTransfer.ReceivedTokens != uint64(tc.concurrent*tokens) || ds.Engine.PrefillTokens != uint64(tc.concurrent) {
+					t.Errorf("decode stats: kv %+v, engine prefill tokens %d (want one per request)", ds.KVTransfer, ds.Engine.PrefillTokens)
+				}
+			})
 		})
 	}
 }
+
+// nearDuration: |a - b| ≤ tol.
+func nearDuration(a, b, tol time.Duration) bool { return max(a-b, b-a) <= tol }
 
 // A decode worker that already caches part of the prompt pulls only the
 // rest; its answer counts every token it did not compute as cached.

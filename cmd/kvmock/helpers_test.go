@@ -137,7 +137,10 @@ type testMock struct {
 	// rankPubs[r-1] for rank r.
 	rankPubs []*fakePublisher
 	hooks    chan busHooks // receives the hooks when the bus "connects"
-	stop     func()        // graceful shutdown, waits for Serve
+	// ln, if a before option sets it, is served instead of a new TCP
+	// listener on 127.0.0.1 (memNet.serveOn).
+	ln   net.Listener
+	stop func() // graceful shutdown, waits for Serve
 }
 
 // testConfig is the default configuration, made fast for tests.
@@ -200,9 +203,12 @@ func startMock(t *testing.T, mutate func(*config), noBus bool, before ...func(*t
 	for _, fn := range before {
 		fn(tm)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	ln := tm.ln
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -229,6 +235,12 @@ func startMock(t *testing.T, mutate func(*config), noBus bool, before ...func(*t
 // post sends a JSON body and returns the status and body.
 func post(t *testing.T, url string, body any) (int, []byte) {
 	t.Helper()
+	return postWith(t, http.DefaultClient, url, body)
+}
+
+// postWith is post with client c.
+func postWith(t *testing.T, c *http.Client, url string, body any) (int, []byte) {
+	t.Helper()
 	data, ok := body.([]byte)
 	if !ok {
 		var err error
@@ -236,7 +248,7 @@ func post(t *testing.T, url string, body any) (int, []byte) {
 			t.Fatal(err)
 		}
 	}
-	resp, err := http.Post(url, "application/json", bytes.NewReader(data))
+	resp, err := c.Post(url, "application/json", bytes.NewReader(data))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +262,13 @@ func post(t *testing.T, url string, body any) (int, []byte) {
 
 func get(t *testing.T, url string) (int, []byte) {
 	t.Helper()
-	resp, err := http.Get(url)
+	return getWith(t, http.DefaultClient, url)
+}
+
+// getWith is get with client c.
+func getWith(t *testing.T, c *http.Client, url string) (int, []byte) {
+	t.Helper()
+	resp, err := c.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api/tokenize"
@@ -119,34 +122,76 @@ func TestMockChatStream(t *testing.T) {
 }
 
 // The middle tokens of a stream are spaced at the engine's decode pace,
-// not sent in one burst.
+// not sent in one burst: token k (0 < k < n-1) leaves at the first token's
+// time plus k × the ITL the engine loop reported with it (the profile's
+// decode time at the KV fill then), and the last one waits for the engine
+// to finish. The test runs in a synctest bubble over memNet, so the clock
+// is the bubble's: a chunk's arrival time is exactly when the server sent
+// it, however loaded the host (no wall-clock bounds; docs/STYLE.md).
 func TestMockStreamPacing(t *testing.T) {
-	tm := startMock(t, func(c *config) { c.Speedup = 1 }, false)
-	data, _ := json.Marshal(chatBody("pace me", 12, true))
-	resp, err := http.Post(tm.url+"/v1/chat/completions", "application/json", strings.NewReader(string(data)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	start := time.Now()
-	buf := make([]byte, 64<<10)
-	var arrivals []time.Duration
-	for {
-		n, err := resp.Body.Read(buf)
-		if n > 0 {
-			arrivals = append(arrivals, time.Since(start))
-		}
+	synctest.Test(t, func(t *testing.T) {
+		const tokens, speedup = 12, 1
+		n := newMemNet()
+		tm := startMock(t, func(c *config) { c.Speedup = speedup }, true, n.serveOn)
+		body := chatBody("pace me", tokens, true)
+		body["stream_options"] = map[string]any{"include_usage": true}
+		data, _ := json.Marshal(body)
+		start := time.Now()
+		resp, err := n.client(t).Post(tm.url+"/v1/chat/completions", "application/json", bytes.NewReader(data))
 		if err != nil {
-			break
+			t.Fatal(err)
 		}
-	}
-	// Decode steps are ≥ 5.7 ms each at speedup 1: 12 tokens need ≥ 60 ms.
-	if total := arrivals[len(arrivals)-1]; total < 50*time.Millisecond {
-		t.Fatalf("stream took %v, want the decode time", total)
-	}
-	if len(arrivals) < 5 {
-		t.Fatalf("only %d separate reads: tokens not spread out", len(arrivals))
-	}
+		defer resp.Body.Close()
+		var (
+			at     []time.Duration // each data line's arrival
+			chunks []answer
+		)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			line, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok {
+				continue
+			}
+			at = append(at, time.Since(start))
+			if line != "[DONE]" {
+				chunks = append(chunks, decodeAnswer(t, []byte(line)))
+			}
+		}
+		if err := sc.Err(); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("arrivals: %v", at)
+		// 12 tokens, the finish chunk, the usage chunk, [DONE].
+		if len(at) != tokens+3 || len(chunks) != tokens+2 || chunks[tokens+1].Usage == nil {
+			t.Fatalf("%d data lines, %d chunks: %+v", len(at), len(chunks), chunks)
+		}
+		// The prompt fits in one KV block: the loop's ITL is the decode
+		// time at one block's fill, divided by the speedup (driver.dispatch).
+		if p := chunks[tokens+1].Usage.PromptTokens; p >= tm.m.engCfg.BlockSize {
+			t.Fatalf("prompt of %d tokens: more than one block", p)
+		}
+		ms := tm.m.drv.eng.Profile().DecodeMs(1 / float64(tm.m.engCfg.CapacityBlocks))
+		itl := time.Duration(ms / speedup * float64(time.Millisecond))
+		if at[0] <= 0 {
+			t.Errorf("first token at %v: before any prefill time", at[0])
+		}
+		for k := 1; k < tokens-1; k++ {
+			if want := at[0] + time.Duration(k)*itl; at[k] != want {
+				t.Errorf("token %d at %v, want the first token's time + %d × %v = %v", k, at[k], k, itl, want)
+			}
+		}
+		// The last token comes with the engine's Finished, after the paced
+		// ones, and the finish chunk, the usage chunk and [DONE] with it.
+		last := at[tokens-1]
+		if last <= at[tokens-2] {
+			t.Errorf("last token at %v, not after token %d (%v)", last, tokens-2, at[tokens-2])
+		}
+		for i := tokens; i < len(at); i++ {
+			if at[i] != last {
+				t.Errorf("data line %d at %v, want with the last token at %v", i, at[i], last)
+			}
+		}
+	})
 }
 
 func TestMockCompletions(t *testing.T) {
