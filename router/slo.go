@@ -282,12 +282,7 @@ func (a *ActiveLoad) runningPrompts(w WorkerID, dst []runningSeq) []runningSeq {
 		if !r.prefillDone {
 			continue
 		}
-		alone := 0
-		for _, h := range r.hashes {
-			if i := holderIndex(a.holders[h], w); i >= 0 && a.holders[h][i].n == 1 {
-				alone++
-			}
-		}
+		alone := a.aloneBlocksLocked(r, w)
 		start := r.firstToken
 		if start.IsZero() {
 			start = r.added

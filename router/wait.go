@@ -205,6 +205,18 @@ type pendingFree struct {
 	freed float64   // blocks its end takes off the admission test
 }
 
+// aloneBlocksLocked counts r's prompt blocks that no other request on w
+// holds: what r's end frees on w. a.mu must be held.
+func (a *ActiveLoad) aloneBlocksLocked(r *activeRequest, w WorkerID) int {
+	alone := 0
+	for _, h := range r.hashes {
+		if i := holderIndex(a.holders[h], w); i >= 0 && a.holders[h][i].n == 1 {
+			alone++
+		}
+	}
+	return alone
+}
+
 // runningFrees fills dst with w's requests whose decode has started: when
 // it started and how many blocks its end takes off kv-pooled's admission
 // test (its prompt blocks no other request on w holds, and what the test
@@ -222,12 +234,7 @@ func (a *ActiveLoad) runningFrees(w WorkerID, reserve, share float64, tracked bo
 		if !r.prefillDone {
 			continue
 		}
-		alone := 0
-		for _, h := range r.hashes {
-			if i := holderIndex(a.holders[h], w); i >= 0 && a.holders[h][i].n == 1 {
-				alone++
-			}
-		}
+		alone := a.aloneBlocksLocked(r, w)
 		out := share * reserve * float64(r.seqs)
 		if tracked {
 			out = max(float64(r.out.Blocks), reserve*float64(r.seqs))
