@@ -161,8 +161,11 @@ func (l *ledger) agree(reps []*testReplica, wait time.Duration) {
 				held[w.ID] = true
 				rk := w.Ranks[0]
 				if rk.LastEventID < l.ack[w.ID] || rk.Blocks != l.sent[w.ID] || rk.Stale != "" {
+					// Formatted before unlocking: the publishers' ack
+					// callbacks write l.ack under l.mu.
+					err := fmt.Errorf("%s: %s at event %d of %d acked, %d of %d blocks (stale %q)", r.cfg.NodeID, w.ID, rk.LastEventID, l.ack[w.ID], rk.Blocks, l.sent[w.ID], rk.Stale)
 					l.mu.Unlock()
-					return fmt.Errorf("%s: %s at event %d of %d acked, %d of %d blocks (stale %q)", r.cfg.NodeID, w.ID, rk.LastEventID, l.ack[w.ID], rk.Blocks, l.sent[w.ID], rk.Stale)
+					return err
 				}
 			}
 			for w := range l.sent {
