@@ -116,23 +116,9 @@ func TestSelfCheckEndToEnd(t *testing.T) {
 
 	var checks map[string]string
 	poll.Until(t, 90*time.Second, 50*time.Millisecond, func() error {
-		resp, err := http.Get(base + "/cluster/status?digest=0")
-		if err != nil {
+		var err error
+		if checks, err = tokenizerChecks(base); err != nil {
 			return err
-		}
-		defer resp.Body.Close()
-		var doc struct {
-			Workers []struct {
-				ID    string `json:"id"`
-				Check string `json:"tokenizer_check"`
-			} `json:"workers"`
-		}
-		if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
-			return err
-		}
-		checks = map[string]string{}
-		for _, w := range doc.Workers {
-			checks[w.ID] = w.Check
 		}
 		if checks["tc-same"] != "ok" || !strings.HasPrefix(checks["tc-drift"], "mismatch at ") ||
 			!strings.HasPrefix(checks["tc-none"], "unavailable: ") {
@@ -162,4 +148,28 @@ func TestSelfCheckEndToEnd(t *testing.T) {
 	if !regexp.MustCompile(`level=INFO msg="tokenizer self-check not possible[^\n]*worker=tc-none`).MatchString(out) {
 		t.Fatalf("no info line for the worker without /tokenize:\n%s", out)
 	}
+}
+
+// tokenizerChecks reads every worker's tokenizer self-check result from a
+// replica's /cluster/status, by worker id.
+func tokenizerChecks(base string) (map[string]string, error) {
+	resp, err := http.Get(base + "/cluster/status?digest=0")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var doc struct {
+		Workers []struct {
+			ID    string `json:"id"`
+			Check string `json:"tokenizer_check"`
+		} `json:"workers"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		return nil, err
+	}
+	checks := map[string]string{}
+	for _, w := range doc.Workers {
+		checks[w.ID] = w.Check
+	}
+	return checks, nil
 }
