@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -224,7 +225,7 @@ func executeGoodput(g *goodputOptions, stderr io.Writer) (*goodputReport, string
 				results[p].Points = append(results[p].Points, ratePoint{Rate: pt.Rate, Attainment: pt.Attainment,
 					TTFTP99: pt.Figures.TTFT.P99, TPOTP99: pt.Figures.TPOT.P99})
 			}
-			slices.SortFunc(results[p].Points, func(a, b ratePoint) int { return cmpFloat(a.Rate, b.Rate) })
+			slices.SortFunc(results[p].Points, func(a, b ratePoint) int { return cmp.Compare(a.Rate, b.Rate) })
 		}()
 	}
 	wg.Wait()
@@ -232,8 +233,8 @@ func executeGoodput(g *goodputOptions, stderr io.Writer) (*goodputReport, string
 	if err := errors.Join(errs...); err != nil {
 		return nil, "", err
 	}
-	for i := range results {
-		if rr := roundRobinGoodput(results); rr > 0 {
+	if rr := roundRobinGoodput(results); rr > 0 {
+		for i := range results {
 			results[i].VsRoundRobin = results[i].RPS / rr
 		}
 	}
@@ -304,16 +305,6 @@ func roundRobinGoodput(rs []goodputResult) float64 {
 		if r.Policy == "round-robin" {
 			return r.RPS
 		}
-	}
-	return 0
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
 	}
 	return 0
 }
