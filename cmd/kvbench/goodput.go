@@ -248,10 +248,9 @@ func executeGoodput(g *goodputOptions, stderr io.Writer) (*goodputReport, string
 	} else {
 		rep.Config.TraceRate = base[0].ArrivalRate
 	}
-	ttft, tpot := g.slo().TTFT, g.slo().TPOT
 	header := fmt.Sprintf("kvbench goodput: %s, %d requests, %d workers × %s blocks of %d tokens, seed %d; SLO %s, attainment ≥ %.0f %%, arrivals %s",
 		workloadName(base[0]), len(base[0].Requests), g.Workers, blocksLabel(g.KVBlocks), g.BlockSize, g.Seed,
-		sloLabel(ttft, tpot), 100*g.Search.Target, arrivalLabel(g.ArrivalCV))
+		sloLabel(g.slo()), 100*g.Search.Target, arrivalLabel(g.ArrivalCV))
 	if g.Reps > 1 {
 		header += fmt.Sprintf(", medians of %d reps", g.Reps)
 	}
@@ -309,13 +308,13 @@ func roundRobinGoodput(rs []goodputResult) float64 {
 	return 0
 }
 
-func sloLabel(ttft, tpot time.Duration) string {
+func sloLabel(slo sim.SLO) string {
 	var parts []string
-	if ttft > 0 {
-		parts = append(parts, fmt.Sprintf("TTFT ≤ %v", ttft))
+	if slo.TTFT > 0 {
+		parts = append(parts, fmt.Sprintf("TTFT ≤ %v", slo.TTFT))
 	}
-	if tpot > 0 {
-		parts = append(parts, fmt.Sprintf("TPOT ≤ %v", tpot))
+	if slo.TPOT > 0 {
+		parts = append(parts, fmt.Sprintf("TPOT ≤ %v", slo.TPOT))
 	}
 	return strings.Join(parts, " and ")
 }
@@ -367,7 +366,7 @@ func writeGoodputTable(w io.Writer, header string, rep *goodputReport) error {
 // goodputFigure is the chart's data: attainment against rate per policy.
 func goodputFigure(g *goodputOptions, rep *goodputReport) report.AttainmentChart {
 	c := report.AttainmentChart{
-		SLO: sloLabel(g.slo().TTFT, g.slo().TPOT),
+		SLO: sloLabel(g.slo()),
 		Subtitle: fmt.Sprintf("%s; %d requests, %d workers × %s blocks; %s arrivals, seed %d", workloadName(rep.base), len(rep.base.Requests),
 			g.Workers, blocksLabel(g.KVBlocks), arrivalLabel(g.ArrivalCV), g.Seed),
 		Target: rep.Config.AttainmentTarget,

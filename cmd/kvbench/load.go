@@ -530,10 +530,7 @@ func (o *loadOptions) keyFor(endpoint string) string {
 }
 
 // slo is the SLO every request is judged against.
-func (o *loadOptions) slo() sim.SLO {
-	ttft, tpot := o.SLO.Durations()
-	return sim.SLO{TTFT: ttft, TPOT: tpot}
-}
+func (o *loadOptions) slo() sim.SLO { return simSLO(o.SLO) }
 
 // clientTLS is the TLS configuration for https endpoints: the CA named by
 // --ca, or make run's CA when an endpoint is https and the file is there

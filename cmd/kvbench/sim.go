@@ -374,8 +374,12 @@ func (o *simOptions) routerConfig(m router.Mode) router.Config {
 }
 
 // slo is the SLO every request is judged against.
-func (o *simOptions) slo() sim.SLO {
-	ttft, tpot := o.SLO.Durations()
+func (o *simOptions) slo() sim.SLO { return simSLO(o.SLO) }
+
+// simSLO is the SLO the --slo-* flags give, as the simulator's summary
+// judges requests against it (sim, load and goodput alike).
+func simSLO(f cli.SLO) sim.SLO {
+	ttft, tpot := f.Durations()
 	return sim.SLO{TTFT: ttft, TPOT: tpot}
 }
 
