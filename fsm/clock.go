@@ -140,6 +140,10 @@ func CheckTime(c Command, now int64) error {
 		}
 	case Predictions:
 		return checkAhead("predictions for "+string(c.Worker)+": until", c.Until, now)
+	case SetWorkerDrain:
+		if c.Deadline != 0 {
+			return checkAhead("drain worker "+c.Worker+": deadline", c.Deadline, now)
+		}
 	}
 	return nil
 }
@@ -155,7 +159,7 @@ func CheckEntryTime(data []byte, now int64) error {
 	switch {
 	case !t.known() || v != EnvelopeVersion:
 		return nil
-	case t != CmdTick && t != CmdRegisterWorker && t != CmdRegisterWorkerRole && t != CmdPredictions:
+	case t != CmdTick && t != CmdRegisterWorker && t != CmdRegisterWorkerRole && t != CmdPredictions && t != CmdSetWorkerDrain:
 		return nil // no time inside: skip decoding (KV batches are the hot path)
 	}
 	c, err := Decode(data)

@@ -52,6 +52,11 @@ const (
 	// set): apply refuses it while the node registry holds a node not in
 	// the list, one registered between the check and the commit.
 	CmdSetGroupsChecked CommandType = 15
+	// CmdSetWorkerDrain drains a worker (no new requests; deregistered by
+	// the leader once idle or past its deadline), undrains it, or
+	// completes the drain by deregistering it while it is still drained
+	// (drain.go; DESIGN.md, Draining workers).
+	CmdSetWorkerDrain CommandType = 16
 	// Add new types here, with the next number.
 )
 
@@ -94,11 +99,13 @@ func (t CommandType) String() string {
 		return "SetGroups"
 	case CmdSetGroupsChecked:
 		return "SetGroupsChecked"
+	case CmdSetWorkerDrain:
+		return "SetWorkerDrain"
 	}
 	return fmt.Sprintf("CommandType(%d)", uint8(t))
 }
 
-func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdSetGroupsChecked }
+func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdSetWorkerDrain }
 
 // isKVBatch: both KV batch types share one payload layout (kvbatch.go).
 func (t CommandType) isKVBatch() bool { return t == CmdKVEventBatch || t == CmdKVEventBatchTiered }
@@ -566,6 +573,8 @@ func Encode(c Command) ([]byte, error) {
 			b = appendString(b, id)
 		}
 		return b, nil
+	case SetWorkerDrain:
+		return appendSetWorkerDrain(b, c)
 	}
 	return nil, fmt.Errorf("encode %T: %w", c, ErrInvalidCommand)
 }
@@ -583,6 +592,7 @@ func EncodeResyncWorker(c ResyncWorker) ([]byte, error)         { return Encode(
 func EncodeRemoveNode(c RemoveNode) ([]byte, error)             { return Encode(c) }
 func EncodePlaceWorker(p PlaceWorker) ([]byte, error)           { return Encode(p) }
 func EncodeSetGroups(c SetGroups) ([]byte, error)               { return Encode(c) }
+func EncodeSetWorkerDrain(c SetWorkerDrain) ([]byte, error)     { return Encode(c) }
 
 func appendRegisterWorker(b []byte, c *RegisterWorker) ([]byte, error) {
 	for _, s := range []struct{ what, v string }{{"worker id", c.ID}, {"address", c.Address}, {"model", c.Model}} {
@@ -818,6 +828,8 @@ func decodePayload(t CommandType, p []byte) (Command, error) {
 		c = SetGroups{Groups: r.u32("groups")}
 	case CmdSetGroupsChecked:
 		c = readSetGroupsChecked(r)
+	case CmdSetWorkerDrain:
+		c = readSetWorkerDrain(r)
 	default:
 		return nil, fmt.Errorf("type %d: %w", uint8(t), ErrUnknownCommand)
 	}
@@ -883,6 +895,7 @@ func DecodeResyncWorker(data []byte) (ResyncWorker, error)     { return decodeAs
 func DecodeRemoveNode(data []byte) (RemoveNode, error)         { return decodeAs[RemoveNode](data) }
 func DecodePlaceWorker(data []byte) (PlaceWorker, error)       { return decodeAs[PlaceWorker](data) }
 func DecodeSetGroups(data []byte) (SetGroups, error)           { return decodeAs[SetGroups](data) }
+func DecodeSetWorkerDrain(data []byte) (SetWorkerDrain, error) { return decodeAs[SetWorkerDrain](data) }
 
 // DecodeKVBatch reads a complete KVEventBatch entry (type 3 or 12). The events' block
 // slices share one backing array (capacity-limited, so appending copies).

@@ -39,6 +39,7 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 		{CmdPlaceWorker, 13, "PlaceWorker"},
 		{CmdSetGroups, 14, "SetGroups"},
 		{CmdSetGroupsChecked, 15, "SetGroupsChecked"},
+		{CmdSetWorkerDrain, 16, "SetWorkerDrain"},
 	}
 	for _, p := range pinned {
 		if uint8(p.typ) != p.num || p.typ.String() != p.name || !p.typ.known() {
@@ -48,7 +49,7 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 	if CommandType(len(pinned) + 1).known() {
 		t.Errorf("type %d is known but not pinned here: add it to the table", len(pinned)+1)
 	}
-	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 5 {
+	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 6 {
 		t.Errorf("ignore bit %#x, envelope %d, snapshot format %d", IgnoreIfUnknown, EnvelopeVersion, SnapshotVersion)
 	}
 	fields := []ModelField{FieldActiveDecodeBlocks, FieldActivePrefillTokens, FieldActivePrefillTokensFrac,
@@ -141,6 +142,9 @@ func goldenCommands() []struct {
 		{"place-worker-remove", PlaceWorker{Worker: "sglang-0", Group: 300, Groups: 300, Remove: true}},
 		{"set-groups", SetGroups{Groups: 64}},
 		{"set-groups-checked", SetGroups{Groups: 3, Checked: []string{"r1", "r2", "r3"}}},
+		{"set-worker-drain", SetWorkerDrain{Worker: "vllm-0", Drained: true, Deadline: 1_700_000_300_000_000_000}},
+		{"set-worker-undrain", SetWorkerDrain{Worker: "vllm-0"}},
+		{"set-worker-drain-deregister", SetWorkerDrain{Worker: "vllm-0", Drained: true, Deregister: true}},
 	}
 }
 

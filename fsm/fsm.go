@@ -135,6 +135,10 @@ const (
 	// ChangeGroups: SetGroups raised the number of data groups; Reason
 	// says from and to ("data groups 2 → 3").
 	ChangeGroups
+	// ChangeDrain: a worker was drained, undrained (Removed) or its drain
+	// deadline changed; Reason says which. A completed drain is a
+	// ChangeWorkers (Removed, Reason "drained").
+	ChangeDrain
 )
 
 func (k ChangeKind) String() string {
@@ -157,6 +161,8 @@ func (k ChangeKind) String() string {
 		return "placement"
 	case ChangeGroups:
 		return "groups"
+	case ChangeDrain:
+		return "drain"
 	}
 	return fmt.Sprintf("ChangeKind(%d)", uint8(k))
 }
@@ -301,6 +307,10 @@ type modelSize struct {
 type workerState struct {
 	rec   WorkerRecord
 	ranks []*rankState // len = rec.DPRanks
+	// drain is set while the worker is drained (drain.go); it lives and
+	// dies with the registration: a renewal keeps it, a deregistration or
+	// lease expiry drops it.
+	drain *drainState
 }
 
 // rankState is one worker rank's cursor and health.
@@ -520,6 +530,8 @@ func (f *FSM) applyCommandLocked(idx uint64, c Command, res *ApplyResult) error 
 		res.Applied = 1
 	case PlaceWorker:
 		return f.placeLocked(idx, c, res)
+	case SetWorkerDrain:
+		return f.drainLocked(idx, c, res)
 	case SetGroups:
 		if err := st.checkSetGroups(c); err != nil {
 			return err

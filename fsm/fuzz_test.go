@@ -27,6 +27,7 @@ func fuzzBase(t testing.TB) *FSM {
 	h.ok(SetModelConfig{Model: "m", Temperature: ptr(0.5)})
 	h.ok(RegisterNode{NodeID: "n1", RaftAddr: "a", HTTPAddr: "b"})
 	h.ok(PlaceWorker{Worker: "w1", Group: 1, Groups: 2})
+	h.ok(SetWorkerDrain{Worker: "w2", Drained: true, Deadline: 50})
 	return h.f
 }
 
@@ -52,6 +53,11 @@ func fuzzSeeds(t testing.TB) map[string][]byte {
 	seeds["set-groups-one"] = mustEncode(t, SetGroups{Groups: 1})
 	seeds["set-groups-checked-all"] = mustEncode(t, SetGroups{Groups: 3, Checked: []string{"n1"}})
 	seeds["set-groups-checked-missing"] = mustEncode(t, SetGroups{Groups: 3, Checked: []string{"n0", "n2"}})
+	seeds["drain-w1"] = mustEncode(t, SetWorkerDrain{Worker: "w1", Drained: true})
+	seeds["undrain-w2"] = mustEncode(t, SetWorkerDrain{Worker: "w2"})
+	seeds["complete-w2"] = mustEncode(t, SetWorkerDrain{Worker: "w2", Drained: true, Deregister: true})
+	seeds["complete-w1-undrained"] = mustEncode(t, SetWorkerDrain{Worker: "w1", Drained: true, Deregister: true})
+	seeds["drain-unknown"] = mustEncode(t, SetWorkerDrain{Worker: "zz", Drained: true, Deadline: 3})
 	seeds["bad-threshold"] = mustEncode(t, SetModelConfig{Model: "m", Thresholds: router.Thresholds{ActiveDecodeBlocks: ptr(2.0)}})
 	seeds["unknown-ignored"] = []byte{77 | IgnoreIfUnknown, 1, 0}
 	seeds["unknown"] = []byte{77, 1, 0}
@@ -280,6 +286,7 @@ func TestFSMFuzzSeedCorpus(t *testing.T) {
 		"FuzzDecodeKVBatch":          kvSeeds(t),
 		"FuzzDecodeKVBatchTiered":    kvTieredSeeds(t),
 		"FuzzDecodeSetGroupsChecked": setGroupsCheckedSeeds(t),
+		"FuzzDecodeSetWorkerDrain":   setWorkerDrainSeeds(t),
 	} {
 		dir := filepath.Join("testdata", "fuzz", target)
 		if *update {
@@ -347,6 +354,54 @@ func FuzzDecodeResult(f *testing.F) {
 		r, err := DecodeResult(nil, raw)
 		if err == nil {
 			_ = ResponseError(r)
+		}
+	})
+}
+
+// setWorkerDrainSeeds are SetWorkerDrain payloads (without the envelope),
+// valid and near misses.
+func setWorkerDrainSeeds(t testing.TB) map[string][]byte {
+	out := map[string][]byte{}
+	for _, name := range []string{"set-worker-drain", "set-worker-undrain", "set-worker-drain-deregister"} {
+		out[name] = mustEncode(t, goldenCommand(t, name))[2:]
+	}
+	out["unknown-flag"] = []byte{1, 'w', 5, 0}
+	out["deregister-undrained"] = []byte{1, 'w', 2, 0}
+	out["negative-deadline"] = []byte{1, 'w', 1, 1}
+	out["empty-id"] = []byte{0, 1, 0}
+	return out
+}
+
+// FuzzDecodeSetWorkerDrain: any CmdSetWorkerDrain payload decodes or
+// fails cleanly (ErrUndecodable); what decodes has a shape the encoder
+// accepts (one encoding per meaning), and re-encodes to a command that
+// decodes the same. An empty or rank id decodes (refused on apply).
+func FuzzDecodeSetWorkerDrain(f *testing.F) {
+	for _, s := range setWorkerDrainSeeds(f) {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		entry := append([]byte{byte(CmdSetWorkerDrain), EnvelopeVersion}, payload...)
+		c, err := DecodeSetWorkerDrain(entry)
+		if err != nil {
+			if !errors.Is(err, ErrUndecodable) {
+				t.Fatalf("error %v is not ErrUndecodable", err)
+			}
+			return
+		}
+		if err := c.shape(); err != nil {
+			t.Fatalf("decoded a malformed command %+v: %v", c, err)
+		}
+		if c.Validate() != nil {
+			return // an empty or rank id: a domain error on apply
+		}
+		enc, err := Encode(c)
+		if err != nil {
+			t.Fatalf("decoded command does not encode: %v", err)
+		}
+		again, err := DecodeSetWorkerDrain(enc)
+		if err != nil || again != c {
+			t.Fatalf("re-encoded %+v decodes to %+v, %v", c, again, err)
 		}
 	})
 }

@@ -19,22 +19,24 @@ import (
 	"github.com/kvrouter/kvrouter/router"
 )
 
-// Snapshot stream, format versions 1 to 5 (see DESIGN.md):
+// Snapshot stream, format versions 1 to 6 (see DESIGN.md):
 //
 //	"KVRS" | byte format version (1; 2 when a worker has a role; 3 when a
 //	  worker's block size differs from the header's, the cluster default;
 //	  4 when a rank holds blocks in a lower storage tier; 5 once the data
-//	  group count is set: a worker was ever placed, or SetGroups applied)
+//	  group count is set: a worker was ever placed, or SetGroups applied;
+//	  6 while a worker is drained)
 //	records: byte type | uvarint body length (<= maxRecordLen) | body
 //	  1 header (exactly once, first): u64 applied index, uvarint block size,
 //	    varint clock, uvarint counts of nodes, workers, models, cursors,
 //	    block records, prediction records (v4: and tier block records;
-//	    v5: then uvarint data groups, uvarint count of placement records)
+//	    v5: then uvarint data groups, uvarint count of placement records;
+//	    v6: then uvarint count of drain records — its data groups may be 0)
 //	  2 node, 3 worker (v2: role string after the RegisterWorker
 //	    payload when the worker has one), 4 model, 5 cursor, 6 blocks,
 //	    7 predictions, 8 (v4) tier blocks: a blocks record with a tier
 //	    byte (router.Tier 1–3) after the rank, 9 (v5) placement: worker
-//	    id, uvarint group
+//	    id, uvarint group, 10 (v6) drain: worker id, varint deadline
 //	    (in this type order; within a type sorted by id, then rank, then
 //	    tier, then hash)
 //	  0 end (empty body)
@@ -51,7 +53,7 @@ const (
 	// builds can still install it during a rolling upgrade unless the state
 	// holds something they cannot represent, which they then refuse by
 	// version instead of misreading.
-	SnapshotVersion = 5
+	SnapshotVersion = 6
 
 	// digestVersion is the version byte the digest hashes whatever version
 	// expresses the state: a state has one digest, and it is the one the
@@ -71,7 +73,9 @@ const (
 	recTierBlocks = 8
 	// recPlacement: format 5, one worker's data group.
 	recPlacement = 9
-	recMaxType   = recPlacement
+	// recDrain: format 6, a drained worker (after every worker record).
+	recDrain   = 10
+	recMaxType = recDrain
 
 	snapshotChunk = 16384
 	maxRecordLen  = 1 << 20
@@ -107,6 +111,7 @@ type image struct {
 
 	groups     uint32 // data groups of the placements; 0 = never set
 	placements []placementImage
+	drains     []WorkerDrain // sorted by worker
 }
 
 // placementImage is one worker's placement, sorted by worker.
@@ -226,6 +231,9 @@ func (f *FSM) captureLocked() *image {
 	for _, id := range ids {
 		ws := st.workers[id]
 		img.workers = append(img.workers, ws.rec)
+		if ws.drain != nil {
+			img.drains = append(img.drains, WorkerDrain{Worker: id, Deadline: ws.drain.deadline})
+		}
 		for _, rs := range ws.ranks {
 			img.cursors = append(img.cursors, cursorImage{worker: rs.worker, rank: rs.rank, last: rs.last,
 				resynced: rs.resynced, stale: rs.stale, reason: rs.reason, staleID: rs.staleID})
@@ -270,7 +278,8 @@ func (c *crcWriter) record(typ byte) {
 	c.write(c.buf)
 }
 
-// snapshotVersionOf is the oldest format that expresses img: 5 once the
+// snapshotVersionOf is the oldest format that expresses img: 6 while a
+// worker is drained (older readers know no drain record), 5 once the
 // group count is set, by a placement or SetGroups (it outlives the
 // placements, and may come with none; older
 // readers would refuse the record type or the header's extra counts), 4
@@ -280,6 +289,9 @@ func (c *crcWriter) record(typ byte) {
 // hold the same bytes but their readers refuse such a worker), else 2 once
 // a worker has a role (format 1 has no field for it), else 1.
 func snapshotVersionOf(img *image) byte {
+	if len(img.drains) > 0 {
+		return 6
+	}
 	if img.groups != 0 || len(img.placements) > 0 {
 		return 5
 	}
@@ -341,6 +353,9 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 	if stateVersion >= 5 {
 		b = binary.AppendUvarint(b, uint64(img.groups))
 		b = binary.AppendUvarint(b, uint64(len(img.placements)))
+	}
+	if stateVersion >= 6 {
+		b = binary.AppendUvarint(b, uint64(len(img.drains)))
 	}
 	c.buf = b
 	c.record(recHeader)
@@ -434,6 +449,10 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 	for _, p := range img.placements {
 		c.buf = binary.AppendUvarint(appendString(c.buf[:0], p.worker), uint64(p.group))
 		c.record(recPlacement)
+	}
+	for _, d := range img.drains {
+		c.buf = binary.AppendVarint(appendString(c.buf[:0], d.Worker), d.Deadline)
+		c.record(recDrain)
 	}
 	c.buf = c.buf[:0]
 	c.record(recEnd)
@@ -622,7 +641,7 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 			break
 		}
 		if typ > recMaxType || typ < lastType || (typ == recHeader) != (lastType == 0) || (typ == recTierBlocks && version < 4) ||
-			(typ == recPlacement && version < 5) {
+			(typ == recPlacement && version < 5) || (typ == recDrain && version < 6) {
 			return nil, 0, corrupt("record type %d after %d", typ, lastType)
 		}
 		lastType = typ
@@ -648,11 +667,15 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 			if version >= 5 {
 				// Format 5 is written only once the group count is
 				// set (a placement or SetGroups), and both need at
-				// least 2 groups.
-				if st.groups = rd.u32("groups"); rd.err == nil && st.groups < 2 {
-					return nil, 0, corrupt("format 5 with %d data groups", st.groups)
+				// least 2 groups. Format 6 is written for drains too,
+				// in a state whose count may never have been set.
+				if st.groups = rd.u32("groups"); rd.err == nil && st.groups < 2 && (version < 6 || st.groups != 0) {
+					return nil, 0, corrupt("format %d with %d data groups", version, st.groups)
 				}
 				want[recPlacement] = rd.int("count")
+			}
+			if version >= 6 {
+				want[recDrain] = rd.int("count")
 			}
 		case recNode:
 			n := NodeRecord{ID: rd.string("node id"), RaftAddr: rd.string("raft addr"), HTTPAddr: rd.string("http addr")}
@@ -765,6 +788,15 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 					return nil, 0, corrupt("placement of %q repeated", p.Worker)
 				}
 				st.placements[p.Worker] = p.Group
+			}
+		case recDrain:
+			w, deadline := rd.string("worker id"), rd.varint()
+			if rd.err == nil {
+				ws := st.workers[w]
+				if ws == nil || ws.drain != nil || deadline < 0 {
+					return nil, 0, corrupt("drain of worker %q unregistered or repeated, or deadline %d", w, deadline)
+				}
+				ws.drain = &drainState{deadline: deadline}
 			}
 		case recPreds:
 			rs := snapRank(st, rd)

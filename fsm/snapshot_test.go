@@ -459,7 +459,7 @@ func TestFSMSnapshotCorrupt(t *testing.T) {
 // goldenWriters are the golden snapshots this build writes, with the state
 // each pins: format 1 for a state without roles, 2 with them, 3 with a
 // worker whose block size is not the cluster default, 4 with lower-tier
-// blocks, 5 with worker placements. Files not
+// blocks, 5 with worker placements, 6 with drained workers. Files not
 // listed (testdata/snapshot-v1-roles.bin) were written by older builds.
 var goldenWriters = map[string]func(testing.TB) *FSM{
 	"snapshot-v1.bin": goldenState,
@@ -467,6 +467,7 @@ var goldenWriters = map[string]func(testing.TB) *FSM{
 	"snapshot-v3.bin": goldenStateBlockSizes,
 	"snapshot-v4.bin": goldenStateTiers,
 	"snapshot-v5.bin": goldenStatePlacements,
+	"snapshot-v6.bin": goldenStateDrains,
 }
 
 // TestFSMGoldenSnapshots restores every committed snapshot, of every format
