@@ -275,6 +275,7 @@ func New(cfg Config, rep Replica) *Server {
 		cool:    newCooldown(cfg.WorkerCooldown),
 	}
 	s.hits = newHitTracker(cfg, rep)
+	registerFleet(s) // fleet.go: kvrouter_worker_removal_cost, kvrouter_worker_drained
 	if cfg.AdminToken != "" {
 		s.exempt = newLoopbackExemption(cfg.AdminOpenToLoopback, cfg.Logger, cfg.Registry)
 	}
@@ -325,6 +326,9 @@ func (s *Server) routes() *gin.Engine {
 	admin.POST("/workers/deregister", s.deregisterWorker)
 	admin.POST("/workers/move", s.moveWorker)
 	admin.POST("/workers/rebalance", s.rebalanceWorkers)
+	admin.POST("/workers/drain", s.drainWorker)     // fleet.go
+	admin.POST("/workers/undrain", s.undrainWorker) // fleet.go
+	admin.GET("/fleet/plan", s.getFleetPlan)        // fleet.go
 	// Under /cluster/, so a member's credential, not the operator's token
 	// (it writes the Raft log: fsm.SetGroups).
 	peer := e.Group("/", s.requirePeer)
@@ -438,6 +442,7 @@ func (s *Server) clusterStatus(c *gin.Context) {
 		return
 	}
 	s.addHitRates(doc)
+	s.addFleetPlan(doc)
 	c.JSON(http.StatusOK, s.redactDoc(doc))
 }
 

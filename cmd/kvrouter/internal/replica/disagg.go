@@ -39,7 +39,7 @@ func (r *replica) Disagg(model string) (*router.DisaggRouter, bool) {
 		r.log.Error("disaggregated router", "model", model, "err", err)
 		return nil, false
 	}
-	d.SetWorkers(r.roleWorkers(model))
+	d.SetWorkers(r.undrained(r.roleWorkers(model)))
 	r.disagg[model] = d
 	return d, true
 }

@@ -39,6 +39,7 @@ func (r *replica) leadGroup(ctx context.Context, g *dataGroup) {
 	}
 	log.Info("leading: starting event ingest and ticks")
 	go r.tick(ctx, g)
+	go r.watchDrains(ctx, g) // workerdrain.go: completes drains of g's workers
 	replicas := streamReplicas(r.cfg)
 	for ctx.Err() == nil {
 		if err := r.consume(ctx, g, replicas); err != nil && ctx.Err() == nil {
@@ -211,6 +212,9 @@ func (r *replica) onChange(ch fsm.Change) { r.onGroupChange(r.control(), ch) }
 func (r *replica) onGroupChange(g *dataGroup, ch fsm.Change) {
 	r.tokcheck.note(ch)
 	switch ch.Kind {
+	case fsm.ChangeDrain:
+		// Routers drop (or take back) the worker from their candidates.
+		r.refresh()
 	case fsm.ChangeWorkers, fsm.ChangeModelConfig, fsm.ChangeRestored:
 		r.refresh()
 		r.gaps.check(r.workers(), r.modelConfig)

@@ -78,6 +78,12 @@ func (r *replica) MoveWorker(ctx context.Context, worker string, to int) (from i
 		return 0, fmt.Errorf("%w: worker %q is not registered", api.ErrInvalid, worker)
 	}
 	from = int(p)
+	if g, ok := r.groupOf(worker); ok {
+		if _, drained := g.fsm.Drain(worker); drained {
+			// The drain lives in the registration the move hands over.
+			return from, fmt.Errorf("%w: worker %q is drained: undrain it before moving it", api.ErrInvalid, worker)
+		}
+	}
 	if from != to {
 		cmd, err := fsm.EncodePlaceWorker(fsm.PlaceWorker{Worker: worker, Group: uint32(to), Groups: uint32(r.clusterGroups())})
 		if err != nil {

@@ -131,7 +131,7 @@ func (r *replica) Router(model string) (*router.Router, bool) {
 		return nil, false
 	}
 	rt.UseSharedPredictions(r.predictedOverlaps(), r.preds.record)
-	rt.SetWorkers(decodeCapable(r.roleWorkers(model)))
+	rt.SetWorkers(decodeCapable(r.undrained(r.roleWorkers(model))))
 	for _, w := range r.workerInfos(model) {
 		r.models[w.ID] = model
 	}
@@ -171,7 +171,7 @@ func (r *replica) refresh() {
 			continue
 		}
 		roles := r.roleWorkers(model)
-		rt.SetWorkers(decodeCapable(roles))
+		rt.SetWorkers(decodeCapable(r.undrained(roles)))
 		for _, w := range roles {
 			r.models[w.ID] = model
 		}
@@ -180,7 +180,7 @@ func (r *replica) refresh() {
 		}
 	}
 	for model, d := range r.disagg {
-		d.SetWorkers(r.roleWorkers(model))
+		d.SetWorkers(r.undrained(r.roleWorkers(model)))
 		if err := d.SetBaseConfig(r.modelConfig(model)); err != nil {
 			r.log.Error("replicated configuration rejected by the disaggregated router", "model", model, "err", err)
 		}
@@ -396,7 +396,7 @@ func (r *replica) Status(digest bool) map[string]any {
 	out["nodes"] = nodes
 	workers := []map[string]any{}
 	stale, cursors, refused := r.staleRanks(), r.cursors(), r.overCapacityRefused()
-	missing := r.health.missing()
+	missing, drained := r.health.missing(), r.drainedSet()
 	for _, w := range r.workers() {
 		entry := map[string]any{"id": w.ID, "url": w.Address, "model": w.Model, "block_size": w.BlockSize,
 			"total_kv_blocks": w.TotalBlocks, "max_num_batched_tokens": w.MaxBatchedTokens, "dp_ranks": w.DPRanks, "role": roleName(w.Role),
@@ -409,6 +409,7 @@ func (r *replica) Status(digest bool) map[string]any {
 		if g, ok := r.groupOf(w.ID); ok && r.sharded() {
 			entry["raft_group"] = g.id
 		}
+		drainFields(drained, w.ID, entry) // workerdrain.go
 		var ranks []map[string]any
 		for _, key := range w.Keys() {
 			rk := fsm.RankKey{Worker: w.ID, DPRank: rankOf(key)}
