@@ -274,3 +274,43 @@ func TestAPIFleetPlanEndpoint(t *testing.T) {
 		t.Fatalf("metrics %v", got)
 	}
 }
+
+// FuzzAPIWorkerDrain: any body to the drain endpoints answers 200/202 or
+// a 400 with a JSON error; only a well-formed id (non-empty, no '#')
+// reaches the replica, and only on success.
+func FuzzAPIWorkerDrain(f *testing.F) {
+	for _, s := range []string{`{"id":"w1"}`, `{"id":"w1","deadline_secs":30}`, `{"id":"w#1"}`, `{"id":""}`,
+		`{"id":"w1","deadline_secs":1e300}`, `{"id":"w1","deadline_secs":-0}`, `null`, `{"id":"w1","id":"w2"}`} {
+		f.Add(s, false)
+		f.Add(s, true)
+	}
+	f.Fuzz(func(t *testing.T, body string, undrain bool) {
+		s, rep := newFleetServer(t, Config{})
+		path := "/workers/drain"
+		if undrain {
+			path = "/workers/undrain"
+		}
+		rec := do(s, "POST", path, body)
+		calls := rep.called()
+		switch rec.Code {
+		case http.StatusOK, http.StatusAccepted:
+			if len(calls) != 1 {
+				t.Fatalf("%d with calls %v", rec.Code, calls)
+			}
+			id := strings.TrimPrefix(calls[0], "undrain ")
+			if !undrain {
+				id = strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(calls[0], "drain "), " true"), " false")
+			}
+			if id == "" || strings.Contains(id, "#") {
+				t.Fatalf("id %q reached the replica", id)
+			}
+		case http.StatusBadRequest:
+			var e map[string]any
+			if json.Unmarshal(rec.Body.Bytes(), &e) != nil || e["error"] == nil || len(calls) != 0 {
+				t.Fatalf("400 %s, calls %v", rec.Body, calls)
+			}
+		default:
+			t.Fatalf("status %d %s", rec.Code, rec.Body)
+		}
+	})
+}
