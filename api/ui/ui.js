@@ -120,12 +120,29 @@ function renderWorkers(st, loads) {
         r.events_missing_for_s ? "no events for " + r.events_missing_for_s.toFixed(0) + " s" : ""].filter(Boolean).join(", ")).join("; ");
     const gaps = (w.capacity_gaps || []).map((g) => g.setting + " (" + g.missing + " missing)").join("; ");
     const l = loads.get(w.id);
-    row(tb, [w.id, w.model, w.role, { text: w.total_kv_blocks, cls: "num" }, { text: blocks, cls: "num" },
+    // A drained worker takes no new request and leaves once idle.
+    const id = w.drained ? w.id + " (drained" + (w.drain_deadline ? ", leaves by " + w.drain_deadline : "") + ")" : w.id;
+    row(tb, [w.drained ? { text: id, cls: "bad" } : id, w.model, w.role, { text: w.total_kv_blocks, cls: "num" }, { text: blocks, cls: "num" },
       { text: w.index_block_cap, cls: "num" }, { text: lastIDs, cls: "mono" }, trouble ? { text: trouble, cls: "bad" } : "no", { text: w.over_capacity_refused, cls: "num" },
       gaps ? { text: gaps, cls: "bad" } : "none",
       l ? l.active_requests + " req · " + l.active_blocks + " blocks · " + l.active_prefill_tokens + " prefill tok" : "no decision yet"]);
   }
   if (!(st.workers || []).length) row(tb, ["no workers registered"]);
+}
+
+// The fleet plan (GET /fleet/plan, in /cluster/status as fleet_plan):
+// every worker from the cheapest to remove to the dearest.
+function renderFleetPlan(st) {
+  const tb = clearBody("fleet-plan");
+  const plan = st.fleet_plan || {};
+  (plan.workers || []).forEach((w, i) => {
+    row(tb, [{ text: i + 1, cls: "num" }, w.drained ? { text: w.worker + " (drained)", cls: "bad" } : w.worker, w.model,
+      { text: Math.round(w.removal_cost), cls: "num" }, { text: w.recompute_tokens_per_s.toFixed(1), cls: "num" },
+      { text: pct(w.hit_rate_loss), cls: "num" }, { text: w.unique_blocks + " / " + w.held_blocks, cls: "num" },
+      { text: pct(w.cached_token_share), cls: "num" }, w.reason]);
+  });
+  if (!(plan.workers || []).length) row(tb, ["no workers registered"]);
+  setText("fleet-plan-note", plan.note ? plan.note + " Window: " + plan.window + "." : "");
 }
 
 function renderHits(st) {
@@ -286,6 +303,7 @@ async function refresh() {
     const st = await getJSON(withDigest ? "/cluster/status" : "/cluster/status?digest=0");
     renderCluster(st);
     renderWorkers(st, loads);
+    renderFleetPlan(st);
     renderHitRates(st);
     renderHits(st);
   } catch (e) {

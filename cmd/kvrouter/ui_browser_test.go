@@ -87,6 +87,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		"digest":         `<dd id="digest" class="mono">[0-9a-f]{64}</dd>`,
 		"worker row":     `<table id="workers">.*<td>ui-mock</td><td>kvmock</td>`,
 		"audit row":      `<table id="hits">.*<td>ui-mock</td><td class="num">3</td>`,
+		"fleet plan row": `<table id="fleet-plan">.*<td class="num">1</td><td>ui-mock</td><td>kvmock</td><td class="num">\d+</td>`,
 		"hit rates":      `<tr class="hit-rate"><td>kvmock</td><td class="chosen">fleet \(\d+ KV blocks\)</td><td>1m</td><td class="num">3</td>(<td class="num">[0-9.]+ %</td>){4}`,
 		"worker's hits":  `<tr class="hit-rate"><td>kvmock</td><td>ui-mock</td><td>1m</td><td class="num">3</td><td class="num">fleet-wide</td><td class="num">fleet-wide</td>(<td class="num">[0-9.]+ %</td>){2}`,
 		"hit history":    `<svg [^>]*class="hit-chart" data-model="kvmock"[^>]*>.*<polyline [^>]*class="series-available"></polyline>.*<polyline [^>]*class="series-delivered"></polyline>`,
