@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
@@ -334,5 +335,26 @@ func TestFSMWorkerDrainCheckTime(t *testing.T) {
 		if err := CheckEntryTime(mustEncode(t, c), now); (err == nil) != tc.ok {
 			t.Errorf("entry with deadline %d: %v", tc.deadline, err)
 		}
+	}
+}
+
+// TestFSMWorkerDrainResultJSON: a refused completion forwarded from the
+// leader (its ApplyResult as JSON) still satisfies errors.Is for
+// ErrNotDrained and ErrInvalidCommand, so a follower proposing it tells
+// "nothing to complete" from a failure.
+func TestFSMWorkerDrainResultJSON(t *testing.T) {
+	h := newHarness(t)
+	h.ok(worker("a", 1))
+	r := h.apply(SetWorkerDrain{Worker: "a", Drained: true, Deregister: true})
+	raw, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back ApplyResult
+	if err := json.Unmarshal(raw, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(back.Err, ErrNotDrained) || !errors.Is(back.Err, ErrInvalidCommand) || back.Err.Error() != r.Err.Error() {
+		t.Fatalf("%s → %v", raw, back.Err)
 	}
 }

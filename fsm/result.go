@@ -36,6 +36,7 @@ var errorKinds = []struct {
 	{"unknown_worker", ErrUnknownWorker},
 	{"unknown_node", ErrUnknownNode},
 	{"unchecked_node", ErrUncheckedNode}, // before invalid_command, which it wraps
+	{"not_drained", ErrNotDrained},       // likewise
 	{"invalid_config", ErrInvalidConfig},
 	{"invalid_command", ErrInvalidCommand},
 	{"unknown_command", ErrUnknownCommand}, // also the HaltError of the entry that halted

@@ -50,6 +50,10 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 //     also POST /workers/move and /workers/rebalance.
 //   - SetGroups (14; 15 with the replicas it checked, what this build
 //     proposes): POST /cluster/raft_groups, on any replica.
+//   - SetWorkerDrain (16): POST /workers/drain and /workers/undrain, on
+//     whichever replica took the request, to the worker's owner group's
+//     leader; its completion (Deregister) from that leader's watchDrains,
+//     forwarded when leadership moved between its decision and its write.
 //
 // Not forwarded, so refused: KVEventBatch (3) — the leader's ingest writes
 // it locally (ApplyLocal), never through /cluster/apply; Tick (6) — only a
@@ -61,7 +65,7 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 var forwardedTypes = []fsm.CommandType{
 	fsm.CmdRegisterWorker, fsm.CmdRegisterWorkerRole, fsm.CmdRegisterWorkerBlockSize, fsm.CmdDeregisterWorker, fsm.CmdSetModelConfig,
 	fsm.CmdPredictions, fsm.CmdRegisterNode, fsm.CmdResyncWorker, fsm.CmdPlaceWorker, fsm.CmdSetGroups,
-	fsm.CmdSetGroupsChecked,
+	fsm.CmdSetGroupsChecked, fsm.CmdSetWorkerDrain,
 }
 
 // errForbiddenCommand is wrapped by every refusal of checkForwarded.

@@ -42,6 +42,9 @@ func TestReplicaCheckForwarded(t *testing.T) {
 		"predictions":   must(fsm.EncodePredictions(fsm.Predictions{Worker: "w1", Hashes: []uint64{1}, Until: 1})),
 		"register node": must(fsm.EncodeRegisterNode(fsm.RegisterNode{NodeID: "r1", RaftAddr: "127.0.0.1:7001", HTTPAddr: "https://127.0.0.1:8001"})),
 		"resync":        must(fsm.EncodeResyncWorker(fsm.ResyncWorker{Worker: "w1"})),
+		"drain":         must(fsm.EncodeSetWorkerDrain(fsm.SetWorkerDrain{Worker: "w1", Drained: true, Deadline: 1})),
+		"undrain":       must(fsm.EncodeSetWorkerDrain(fsm.SetWorkerDrain{Worker: "w1"})),
+		"drain done":    must(fsm.EncodeSetWorkerDrain(fsm.SetWorkerDrain{Worker: "w1", Drained: true, Deregister: true})),
 	}
 	for name, cmd := range ok {
 		if err := checkForwarded(cmd); err != nil {
