@@ -76,6 +76,15 @@ func newTestCluster(t *testing.T, n int) *testCluster { return newTestClusterWit
 // through configure first (nil: as is).
 func newTestClusterWith(t *testing.T, n int, configure func(*Config)) *testCluster {
 	t.Helper()
+	return newTestClusterTLS(t, n, configure, false)
+}
+
+// newTestClusterTLS is newTestClusterWith with, when tlsOn, every member
+// on a node certificate (mutual TLS on Raft, HTTPS between replicas) and
+// forwarded writes vetted by checkForwarded, as Run configures a replica
+// with TLS.
+func newTestClusterTLS(t *testing.T, n int, configure func(*Config), tlsOn bool) *testCluster {
+	t.Helper()
 	log := clustertest.NewTestLogger(t) // closes last: after the nodes and the bus
 	tc := &testCluster{Bus: testBus(t, log.With("component", "nats")), reps: map[int]*replica{}}
 	var busMu sync.Mutex // guards buses
@@ -102,8 +111,12 @@ func newTestClusterWith(t *testing.T, n int, configure func(*Config)) *testClust
 			fsms.Store(i, f)
 			return f
 		},
+		TLS: tlsOn,
 		Configure: func(i int, c *cluster.Config, sm cluster.StateMachine) {
 			overFSM(c, sm.(*fsm.FSM))
+			if tlsOn {
+				c.CheckForwarded = checkForwarded
+			}
 			advertise.Store(i, c.HTTPAddr)
 		},
 		OnNode: func(i int, node *cluster.Node) {

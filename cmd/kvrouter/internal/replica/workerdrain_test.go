@@ -83,7 +83,9 @@ func drainStatus(r *replica, worker string) (bool, bool) {
 // second completion (a leader that failed over after proposing) changes
 // nothing.
 func TestReplicaWorkerDrainEverywhereOnce(t *testing.T) {
-	tc := newTestCluster(t, 3)
+	// With TLS, as deployed: the drain and its completion cross
+	// /cluster/apply only if checkForwarded lets them.
+	tc := newTestClusterTLS(t, 3, nil, true)
 	leader := tc.WaitLeader()
 	registerWorker(t, tc.follower(leader), "a")
 	registerWorker(t, tc.follower(leader), "b")
