@@ -117,7 +117,9 @@ type FleetPlan struct {
 	Window      string       `json:"window"`
 	HorizonSecs float64      `json:"horizon_secs"`
 	Workers     []PlanWorker `json:"workers"` // cheapest to remove first, then by id
-	Note        string       `json:"note"`
+	// Scaling is each model's scale-up and scale-down advice (scaling.go).
+	Scaling []ScaleAdvice `json:"scaling"`
+	Note    string        `json:"note"`
 }
 
 const planNote = "Cost = cached tokens a removal would turn into prefill over the horizon (recent hits on the worker, " +
@@ -127,7 +129,7 @@ const planNote = "Cost = cached tokens a removal would turn into prefill over th
 // buildPlan ranks ws by removal cost. rep is the hit rates (nil: none
 // tracked), window the one to read them over.
 func buildPlan(ws []FleetWorker, rep *hitrate.Report, window hitrate.Window) FleetPlan {
-	plan := FleetPlan{Window: window.Name, HorizonSecs: planHorizon.Seconds(), Workers: []PlanWorker{}, Note: planNote}
+	plan := FleetPlan{Window: window.Name, HorizonSecs: planHorizon.Seconds(), Workers: []PlanWorker{}, Scaling: []ScaleAdvice{}, Note: planNote}
 	secs := window.Span.Seconds()
 	captured := map[string]float64{} // rank id → cached tokens in the window
 	prompt := map[string]float64{}   // model → prompt tokens in the window
@@ -228,7 +230,9 @@ func (s *Server) fleetPlan(now time.Time) (FleetPlan, bool) {
 		r := s.hits.Snapshot(now)
 		rep = &r
 	}
-	return buildPlan(fr.FleetWorkers(), rep, window), true
+	plan := buildPlan(fr.FleetWorkers(), rep, window)
+	plan.Scaling = s.scaleAdvice(plan.Workers)
+	return plan, true
 }
 
 // getFleetPlan is GET /fleet/plan (admin): every worker ranked from the
@@ -383,6 +387,9 @@ var (
 func (f *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descRemovalCost
 	ch <- descDrained
+	for _, d := range scalingDescs {
+		ch <- d
+	}
 }
 
 func (f *fleetCollector) Collect(ch chan<- prometheus.Metric) {
@@ -398,6 +405,7 @@ func (f *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descDrained, prometheus.GaugeValue, drained, w.Worker)
 	}
+	collectScaling(ch, plan.Scaling)
 }
 
 // registerFleet registers the fleet collector when the replica has a
