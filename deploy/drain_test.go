@@ -129,3 +129,27 @@ func TestDeployK8sDeletionCostCronJob(t *testing.T) {
 		}
 	}
 }
+
+// TestDeployK8sKEDAExample: the KEDA example queries the advice metric
+// the replicas export, as an AverageValue of 1 (the advised count).
+func TestDeployK8sKEDAExample(t *testing.T) {
+	type scaled struct {
+		Kind string `yaml:"kind"`
+		Spec struct {
+			Triggers []struct {
+				Type       string            `yaml:"type"`
+				MetricType string            `yaml:"metricType"`
+				Metadata   map[string]string `yaml:"metadata"`
+			} `yaml:"triggers"`
+		} `yaml:"spec"`
+	}
+	objs := decodeAll[scaled](t, "k8s/autoscale/keda-scaledobject.yaml")
+	if len(objs) != 1 || objs[0].Kind != "ScaledObject" || len(objs[0].Spec.Triggers) != 1 {
+		t.Fatalf("want one ScaledObject with one trigger: %+v", objs)
+	}
+	tr := objs[0].Spec.Triggers[0]
+	if tr.Type != "prometheus" || tr.MetricType != "AverageValue" || tr.Metadata["threshold"] != "1" ||
+		!strings.Contains(tr.Metadata["query"], "kvrouter_fleet_desired_workers") {
+		t.Errorf("trigger %+v", tr)
+	}
+}
