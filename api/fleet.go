@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/api/hitrate"
+	"github.com/kvrouter/kvrouter/internal/fleetplan"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -62,17 +63,6 @@ type FleetWorker struct {
 	Drained                  bool
 	DrainDeadline            time.Time // zero: none
 }
-
-// planHorizon is the time over which a removal's loss is counted: the
-// hits on a worker's unique blocks that would become prefill instead (the
-// issue's verification looks 5 minutes past a removal).
-const planHorizon = 5 * time.Minute
-
-// coldWeight is what one unique cached token nobody hit within the window
-// adds to the cost: a tenth of a lost hit. It orders workers the traffic
-// has not told apart (an idle fleet) by what they alone hold, without
-// letting a large cold cache outweigh hot traffic.
-const coldWeight = 0.1
 
 // maxDeletionCost is pod-deletion-cost's range (an int32).
 const maxDeletionCost = math.MaxInt32
@@ -129,7 +119,7 @@ const planNote = "Cost = cached tokens a removal would turn into prefill over th
 // buildPlan ranks ws by removal cost. rep is the hit rates (nil: none
 // tracked), window the one to read them over.
 func buildPlan(ws []FleetWorker, rep *hitrate.Report, window hitrate.Window) FleetPlan {
-	plan := FleetPlan{Window: window.Name, HorizonSecs: planHorizon.Seconds(), Workers: []PlanWorker{}, Scaling: []ScaleAdvice{}, Note: planNote}
+	plan := FleetPlan{Window: window.Name, HorizonSecs: fleetplan.Horizon.Seconds(), Workers: []PlanWorker{}, Scaling: []ScaleAdvice{}, Note: planNote}
 	secs := window.Span.Seconds()
 	captured := map[string]float64{} // rank id → cached tokens in the window
 	prompt := map[string]float64{}   // model → prompt tokens in the window
@@ -176,18 +166,14 @@ func buildPlan(ws []FleetWorker, rep *hitrate.Report, window hitrate.Window) Fle
 		if secs > 0 {
 			p.CachedTokensPerS = hits / secs
 		}
-		uniqueFrac := 0.0
-		if w.HeldBlocks > 0 {
-			uniqueFrac = float64(w.UniqueBlocks) / float64(w.HeldBlocks)
-		}
-		p.RecomputeTokensPerS = p.CachedTokensPerS * uniqueFrac
+		c := fleetplan.Of(fleetplan.Worker{ID: w.ID, BlockSize: w.BlockSize, HeldBlocks: w.HeldBlocks,
+			UniqueBlocks: w.UniqueBlocks, CachedTokensPerS: p.CachedTokensPerS})
+		p.RecomputeTokensPerS, p.RemovalCost = c.RecomputeTokensPerS, c.Removal
 		if secs > 0 {
 			p.HitRateLoss = share(p.RecomputeTokensPerS, prompt[w.Model]/secs)
 		}
-		uniqueTokens := float64(w.UniqueBlocks * w.BlockSize)
-		p.RemovalCost = p.RecomputeTokensPerS*planHorizon.Seconds() + coldWeight*uniqueTokens
 		p.PodDeletionCost = int(min(math.Round(p.RemovalCost), maxDeletionCost))
-		p.Reason = planReason(w, p, uniqueFrac, window.Name)
+		p.Reason = planReason(w, p, c.UniqueFraction, window.Name)
 		plan.Workers = append(plan.Workers, p)
 	}
 	slices.SortFunc(plan.Workers, func(a, b PlanWorker) int {
