@@ -60,6 +60,8 @@ type Config struct {
 	// ScrapeInterval (0: read at every decision).
 	Peer           PeerPicker
 	ScrapeInterval time.Duration
+	// Remove, when set, removes a worker mid-run (fleet.go).
+	Remove *Removal
 }
 
 // ErrConfig marks an impossible simulation.
@@ -89,6 +91,9 @@ type Result struct {
 	EventsDelivered int
 	// End is the virtual time the last request finished.
 	End time.Duration
+	// Removal is what Config.Remove cost (nil without one, or when no
+	// request arrived after its time).
+	Removal *RemovalResult
 }
 
 // usesIndex reports whether a mode reads the event-fed index. Modes this
@@ -123,7 +128,13 @@ func Run(w *workload.Workload, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("block sizes differ: workload %d, router %d, engine %d: %w",
 			w.BlockSize, cfg.Router.BlockSize, cfg.Engine.BlockSize, ErrConfig)
 	}
-	s := &state{w: w, cfg: cfg, feed: cfg.Peer == nil && usesIndex(cfg.Router.Mode)}
+	if err := checkRemoval(cfg); err != nil {
+		return nil, err
+	}
+	// The plan reads the index whatever the policy, as kvrouter's replicas
+	// index every worker's events in every mode.
+	planIndex := cfg.Remove != nil && cfg.Remove.Choose == ChoosePlan
+	s := &state{w: w, cfg: cfg, feed: cfg.Peer == nil && (usesIndex(cfg.Router.Mode) || planIndex), removed: -1}
 	if err := s.build(); err != nil {
 		return nil, err
 	}
@@ -161,6 +172,9 @@ type state struct {
 
 	pods       []peerpolicy.Pod // a peer's view of the workers, as last scraped
 	nextScrape time.Duration
+
+	removed   int // the removed worker (Config.Remove), -1 before
+	removedAt time.Duration
 
 	issued    int // closed loop: next request to send
 	finished  int
@@ -274,6 +288,9 @@ func (s *state) step() bool {
 		}
 		for len(s.deliver) > 0 && s.deliver[0].at <= t {
 			d := heap.Pop(&s.deliver).(delivery)
+			if d.worker == s.removed {
+				continue // its cache left with it
+			}
 			s.delivered++
 			if err := s.index.Apply(s.ids[d.worker], d.kv); err != nil {
 				s.idxErrs++
@@ -345,6 +362,7 @@ func (s *state) send(i int) {
 	r := &s.w.Requests[i]
 	rr := &s.res[i]
 	rr.Sent = s.now
+	s.removalDue()
 	if s.cfg.Peer != nil {
 		s.sendByPeer(i)
 		return
@@ -479,6 +497,7 @@ func (s *state) finish() *Result {
 		Preemptions:     s.preempts,
 		IndexErrors:     s.idxErrs,
 		EventsDelivered: s.delivered,
+		Removal:         s.removalResult(),
 	}
 	for i := range s.res {
 		rr := &s.res[i]

@@ -1,0 +1,232 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/kvrouter/kvrouter/internal/fleetplan"
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// Fleet events (issue 29 item 5): a worker leaves the fleet mid-run, as a
+// drain does it live — no new request goes there from the removal on,
+// requests running there finish, and its cache is gone (its blocks leave
+// the index at once; the events it still emits are dropped). The worker is
+// chosen by the fleet plan (the cheapest to remove, internal/fleetplan, on
+// the index and the hits the routers captured within PlanWindow), at
+// random, or as the least loaded. What the fleet lost is measured on the
+// requests sent within fleetplan.Horizon after the removal.
+
+// Removal choices.
+const (
+	ChoosePlan        = "plan"
+	ChooseRandom      = "random"
+	ChooseLeastLoaded = "least-loaded"
+)
+
+// Choices lists the removal choices.
+var Choices = []string{ChoosePlan, ChooseRandom, ChooseLeastLoaded}
+
+// PlanWindow is how far back the plan's hits are counted (the replica's
+// longest hit-rate window).
+const PlanWindow = 10 * time.Minute
+
+// dipBucket is the resolution of the dip's depth and duration.
+const dipBucket = 10 * time.Second
+
+// Removal removes a worker at At, chosen by Choose, or the one named
+// Worker (Choose "worker").
+type Removal struct {
+	At     time.Duration
+	Choose string
+	Worker string
+}
+
+// ChooseWorker removes Removal.Worker.
+const ChooseWorker = "worker"
+
+// RemovalResult is what a removal cost.
+type RemovalResult struct {
+	Choose string        `json:"choose"`
+	Worker string        `json:"worker"`
+	At     time.Duration `json:"-"`
+	AtS    float64       `json:"at_s"`
+	// CachedTokensAfter and PromptTokensAfter sum the requests sent
+	// within the horizon after the removal (their cached tokens as the
+	// engines reported them).
+	CachedTokensAfter int64   `json:"cached_tokens_after"`
+	PromptTokensAfter int64   `json:"prompt_tokens_after"`
+	HorizonS          float64 `json:"horizon_s"`
+	// HitRateBefore is the cached fraction of the requests sent within
+	// PlanWindow before the removal; HitRateDip the largest drop below it
+	// over 10 s buckets after (percentage points as a fraction), and
+	// HitRateDipS how long until a bucket is back at 95 % of it (the
+	// horizon when none is).
+	HitRateBefore float64 `json:"hit_rate_before"`
+	HitRateDip    float64 `json:"hit_rate_dip"`
+	HitRateDipS   float64 `json:"hit_rate_dip_s"`
+	// TTFTBeforeMs is the mean TTFT before; TTFTPeakRatio the worst 10 s
+	// bucket's mean over it after, TTFTDipS how long until a bucket is
+	// back within 1.2× it.
+	TTFTBeforeMs  float64 `json:"ttft_before_ms"`
+	TTFTPeakRatio float64 `json:"ttft_peak_ratio"`
+	TTFTDipS      float64 `json:"ttft_dip_s"`
+}
+
+// removalDue performs the removal once its time has come (from send,
+// before the first request routed at or after it: only routing sees it).
+func (s *state) removalDue() {
+	r := s.cfg.Remove
+	if r == nil || s.removed >= 0 || s.now < r.At {
+		return
+	}
+	wi := s.chooseRemoval(r.Choose)
+	s.removed = wi
+	s.removedAt = s.now
+	// Every router stops choosing it; bookings already there end with
+	// their requests.
+	var infos []router.WorkerInfo
+	for _, w := range s.rts[0].Workers() {
+		if w.ID != s.ids[wi] {
+			infos = append(infos, w)
+		}
+	}
+	for _, rt := range s.rts {
+		rt.SetWorkers(infos)
+	}
+	s.index.RemoveWorker(s.ids[wi])
+}
+
+// chooseRemoval picks the worker to remove.
+func (s *state) chooseRemoval(choose string) int {
+	n := len(s.engines)
+	switch choose {
+	case ChooseWorker:
+		return s.byWorker[router.WorkerID(s.cfg.Remove.Worker)]
+	case ChooseRandom:
+		rng := rand.New(rand.NewPCG(s.cfg.Seed, 0x5eed0f1ee7))
+		return rng.IntN(n)
+	case ChooseLeastLoaded:
+		best, least := 0, math.MaxInt
+		for i, id := range s.ids {
+			if l := s.rts[0].Load().Load(id).Requests; l < least {
+				best, least = i, l
+			}
+		}
+		return best
+	}
+	// The plan: the cheapest to remove on what the index holds and the
+	// hits the routers placed within the window.
+	from := max(s.now-PlanWindow, 0)
+	secs := (s.now - from).Seconds()
+	cached := make([]float64, n)
+	for _, rr := range s.res {
+		if rr.Worker >= 0 && rr.FirstToken > 0 && rr.Sent >= from && rr.Sent < s.now {
+			cached[rr.Worker] += float64(rr.CachedTokens)
+		}
+	}
+	ws := make([]fleetplan.Worker, n)
+	for i, id := range s.ids {
+		held, unique := s.index.CacheCounts(id)
+		ws[i] = fleetplan.Worker{ID: string(id), BlockSize: s.w.BlockSize, HeldBlocks: held, UniqueBlocks: unique}
+		if secs > 0 {
+			ws[i].CachedTokensPerS = cached[i] / secs
+		}
+	}
+	return fleetplan.Rank(ws)[0]
+}
+
+// removalResult measures the removal on the finished run.
+func (s *state) removalResult() *RemovalResult {
+	if s.cfg.Remove == nil || s.removed < 0 {
+		return nil
+	}
+	at, h := s.removedAt, fleetplan.Horizon
+	out := &RemovalResult{Choose: s.cfg.Remove.Choose, Worker: string(s.ids[s.removed]), At: at, AtS: at.Seconds(), HorizonS: h.Seconds()}
+	type sums struct {
+		cached, prompt int64
+		ttft           time.Duration
+		n              int
+	}
+	var before sums
+	buckets := make([]sums, int(h/dipBucket))
+	for i, rr := range s.res {
+		if !rr.Done {
+			continue
+		}
+		p := int64(s.w.Requests[i].PromptTokens)
+		switch {
+		case rr.Sent >= max(at-PlanWindow, 0) && rr.Sent < at:
+			before.cached += int64(rr.CachedTokens)
+			before.prompt += p
+			before.ttft += rr.FirstToken - rr.Sent
+			before.n++
+		case rr.Sent >= at && rr.Sent < at+h:
+			out.CachedTokensAfter += int64(rr.CachedTokens)
+			out.PromptTokensAfter += p
+			b := &buckets[int((rr.Sent-at)/dipBucket)]
+			b.cached += int64(rr.CachedTokens)
+			b.prompt += p
+			b.ttft += rr.FirstToken - rr.Sent
+			b.n++
+		}
+	}
+	if before.prompt > 0 {
+		out.HitRateBefore = float64(before.cached) / float64(before.prompt)
+	}
+	if before.n > 0 {
+		out.TTFTBeforeMs = float64(before.ttft.Microseconds()) / 1e3 / float64(before.n)
+	}
+	out.HitRateDipS, out.TTFTDipS = h.Seconds(), h.Seconds()
+	hitBack, ttftBack := false, false
+	for k, b := range buckets {
+		if b.n == 0 || b.prompt == 0 {
+			continue
+		}
+		rate := float64(b.cached) / float64(b.prompt)
+		out.HitRateDip = max(out.HitRateDip, out.HitRateBefore-rate)
+		if !hitBack && rate >= 0.95*out.HitRateBefore {
+			hitBack, out.HitRateDipS = true, (time.Duration(k) * dipBucket).Seconds()
+		}
+		if out.TTFTBeforeMs > 0 {
+			ttft := float64(b.ttft.Microseconds()) / 1e3 / float64(b.n)
+			out.TTFTPeakRatio = max(out.TTFTPeakRatio, ttft/out.TTFTBeforeMs)
+			if !ttftBack && ttft <= 1.2*out.TTFTBeforeMs {
+				ttftBack, out.TTFTDipS = true, (time.Duration(k) * dipBucket).Seconds()
+			}
+		}
+	}
+	return out
+}
+
+// checkRemoval refuses a removal the run cannot do.
+func checkRemoval(cfg Config) error {
+	r := cfg.Remove
+	if r == nil {
+		return nil
+	}
+	switch {
+	case cfg.Peer != nil:
+		return fmt.Errorf("fleet events need the router, not a peer: %w", ErrConfig)
+	case cfg.Workers < 2:
+		return fmt.Errorf("removing one of %d workers leaves none: %w", cfg.Workers, ErrConfig)
+	case r.At < 0:
+		return fmt.Errorf("removal at %v: %w", r.At, ErrConfig)
+	}
+	for _, c := range Choices {
+		if r.Choose == c {
+			return nil
+		}
+	}
+	if r.Choose == ChooseWorker {
+		for i := range cfg.Workers {
+			if WorkerID(i, cfg.Workers) == r.Worker {
+				return nil
+			}
+		}
+		return fmt.Errorf("no worker %q to remove: %w", r.Worker, ErrConfig)
+	}
+	return fmt.Errorf("removal choice %q: want one of %v: %w", r.Choose, Choices, ErrConfig)
+}
