@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -66,6 +67,10 @@ type simOptions struct {
 	Plot       string
 	CPUProfile string
 	Progress   progress.Flags
+
+	// Remove is the fleet event of --remove-at and --remove-choice (nil:
+	// none).
+	Remove *sim.Removal
 }
 
 // syntheticFlags configure the synthetic workload; sim refuses them with --trace.
@@ -124,6 +129,9 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.StringVar(&o.JSON, "json", "", "write the JSON report to this file")
 	fs.StringVar(&o.Plot, "plot", "", "write a PNG chart (hit rate, TTFT p50/p99 per policy) to this file")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile to this file")
+	var removeAt, removeChoice string
+	fs.StringVar(&removeAt, "remove-at", "", "fleet event: remove a worker at this virtual time (e.g. 10m), as a drain does it: no new requests, running ones finish, its cache is gone; the JSON reports the cached tokens lost over the next 5 minutes and the hit-rate and TTFT dips")
+	fs.StringVar(&removeChoice, "remove-choice", sim.ChoosePlan, "with --remove-at: which worker — plan (the fleet plan's cheapest to remove), random, least-loaded, or worker:ID")
 	o.Progress.Register(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return nil, err
@@ -141,6 +149,9 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	}
 	var err error
 	if o.KVBlocks, err = parseKVBlocks(kvBlocks, o.Workers); err != nil {
+		return nil, err
+	}
+	if o.Remove, err = parseRemoval(removeAt, removeChoice, set["remove-choice"], o.Workers); err != nil {
 		return nil, err
 	}
 	if o.MaxBatchedTokens < 1 {
@@ -393,4 +404,35 @@ func (o *simOptions) engineConfig() engine.Config {
 		Speedup:          o.Speedup,
 		EngineHashSeed:   o.EngineHashSeed,
 	}
+}
+
+// parseRemoval reads --remove-at and --remove-choice (nil without a time).
+func parseRemoval(at, choice string, choiceSet bool, workers int) (*sim.Removal, error) {
+	if at == "" {
+		if choiceSet {
+			return nil, cli.Usagef("--remove-choice needs --remove-at")
+		}
+		return nil, nil
+	}
+	d, err := time.ParseDuration(at)
+	if err != nil || d < 0 {
+		return nil, cli.Usagef("--remove-at %q: want a non-negative duration such as 10m", at)
+	}
+	if workers < 2 {
+		return nil, cli.Usagef("--remove-at: removing one of %d workers leaves none", workers)
+	}
+	r := &sim.Removal{At: d, Choose: choice}
+	if id, ok := strings.CutPrefix(choice, sim.ChooseWorker+":"); ok {
+		r.Choose, r.Worker = sim.ChooseWorker, id
+		for i := range workers {
+			if sim.WorkerID(i, workers) == id {
+				return r, nil
+			}
+		}
+		return nil, cli.Usagef("--remove-choice %q: no such worker (w0 … %s)", choice, sim.WorkerID(workers-1, workers))
+	}
+	if !slices.Contains(sim.Choices, choice) {
+		return nil, cli.Usagef("--remove-choice %q: want %s or worker:ID", choice, strings.Join(sim.Choices, ", "))
+	}
+	return r, nil
 }

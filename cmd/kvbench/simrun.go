@@ -218,7 +218,8 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 					errs[(j.p+1)*o.Reps+j.r] = fmt.Errorf("policy %s, rep %d: %w", o.Policies[j.p], j.r, err)
 					continue
 				}
-				runs[j.p][j.r] = report.Run{Seed: seed, Summary: sim.SummarizeSLO(loads[j.r], res, o.Timeout, o.slo()), WallSeconds: time.Since(t0).Seconds()}
+				runs[j.p][j.r] = report.Run{Seed: seed, Summary: sim.SummarizeSLO(loads[j.r], res, o.Timeout, o.slo()), WallSeconds: time.Since(t0).Seconds(),
+					Removal: res.Removal}
 			}
 		}()
 	}
@@ -260,6 +261,9 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 		}
 	} else if o.OSLHint {
 		header += ", osl hint"
+	}
+	if o.Remove != nil {
+		header += fmt.Sprintf(", a worker removed at %v (%s)", o.Remove.At, o.Remove.Choose)
 	}
 	if o.Reps > 1 {
 		header += fmt.Sprintf(", medians of %d reps", o.Reps)
@@ -325,7 +329,7 @@ func peerPath(bin string) string {
 func (o *simOptions) simConfig(rc router.Config, seed uint64) sim.Config {
 	return sim.Config{
 		Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(), Router: rc, EventDelay: o.EventDelay, Seed: seed,
-		Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra, OSLHint: o.OSLHint,
+		Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra, OSLHint: o.OSLHint, Remove: o.Remove,
 	}
 }
 

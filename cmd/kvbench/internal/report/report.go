@@ -58,6 +58,10 @@ type Result struct {
 	WallSeconds      float64 `json:"wall_seconds"` // summed over reps
 	// Reps are the per-rep figures the medians come from.
 	Reps []RepFigures `json:"reps,omitempty"`
+
+	// FleetEvents are the worker removals of kvbench sim --remove-at, one
+	// per rep (not folded: each rep removes its own worker).
+	FleetEvents []*sim.RemovalResult `json:"fleet_events,omitempty"`
 }
 
 // RepFigures are one rep's headline figures.
@@ -75,6 +79,8 @@ type Run struct {
 	Seed        uint64
 	Summary     sim.Summary
 	WallSeconds float64
+	// Removal is the rep's fleet event (kvbench sim --remove-at), if any.
+	Removal *sim.RemovalResult
 }
 
 // Median folds a policy's reps into one Result: every figure is the median
@@ -124,6 +130,9 @@ func Median(policy string, runs []Run) Result {
 	for _, r := range runs {
 		res.ErrorsAllReps += r.Summary.Errors
 		res.WallSeconds += r.WallSeconds
+		if r.Removal != nil {
+			res.FleetEvents = append(res.FleetEvents, r.Removal)
+		}
 		if len(runs) > 1 {
 			res.Reps = append(res.Reps, RepFigures{
 				Seed: r.Seed, RequestHitRate: r.Summary.RequestHitRate, CachedTokenRatio: r.Summary.CachedTokenRatio,
