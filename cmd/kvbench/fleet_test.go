@@ -31,6 +31,8 @@ func TestSimRemoveFlags(t *testing.T) {
 		{[]string{"--remove-at", "1m", "--remove-choice", "oldest"}, nil, false},
 		{[]string{"--remove-at", "1m", "--remove-choice", "worker:w9"}, nil, false},
 		{[]string{"--remove-at", "1m", "--workers", "1"}, nil, false},
+		{[]string{"--add-at", "1m", "--remove-at", "1m"}, nil, false},
+		{[]string{"--add-at", "later"}, nil, false},
 	} {
 		o, err := parseSimFlags(append([]string{"--workers", "4"}, tc.args...), io.Discard)
 		if !tc.ok {
@@ -76,6 +78,38 @@ func TestSimRemoveReport(t *testing.T) {
 	for _, e := range rep.Results[0].FleetEvents {
 		if e.Choose != sim.ChoosePlan || e.Worker == "" || e.AtS < 120 || e.PromptTokensAfter == 0 || e.HorizonS != 300 {
 			t.Fatalf("fleet event %+v", e)
+		}
+	}
+}
+
+// TestSimAddReport: kvbench sim --add-at writes each rep's addition into
+// the JSON report.
+func TestSimAddReport(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "r.json")
+	args := []string{"--workers", "3", "--kv-blocks", "400", "--prefixes", "6", "--prefix-tokens", "512", "--tail-tokens", "32",
+		"--output-tokens", "4", "--requests", "600", "--arrival-rate", "2", "--policies", "kv,round-robin",
+		"--add-at", "2m", "--json", out}
+	if code := runSim(args, io.Discard, io.Discard); code != cli.ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Results []struct {
+			FleetAdditions []sim.AdditionResult `json:"fleet_additions"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 2 {
+		t.Fatalf("results %s", b)
+	}
+	for _, r := range rep.Results {
+		if len(r.FleetAdditions) != 1 || r.FleetAdditions[0].Worker != "w2" || r.FleetAdditions[0].Share <= 0 {
+			t.Fatalf("additions %+v", r.FleetAdditions)
 		}
 	}
 }

@@ -68,9 +68,10 @@ type simOptions struct {
 	CPUProfile string
 	Progress   progress.Flags
 
-	// Remove is the fleet event of --remove-at and --remove-choice (nil:
-	// none).
+	// Remove is the fleet event of --remove-at and --remove-choice, Add
+	// that of --add-at (nil: none; at most one of them).
 	Remove *sim.Removal
+	Add    *sim.Addition
 }
 
 // syntheticFlags configure the synthetic workload; sim refuses them with --trace.
@@ -131,6 +132,8 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile to this file")
 	var removeAt, removeChoice string
 	fs.StringVar(&removeAt, "remove-at", "", "fleet event: remove a worker at this virtual time (e.g. 10m), as a drain does it: no new requests, running ones finish, its cache is gone; the JSON reports the cached tokens lost over the next 5 minutes and the hit-rate and TTFT dips")
+	var addAt string
+	fs.StringVar(&addAt, "add-at", "", "fleet event: the last worker joins at this virtual time (e.g. 10m), idle and with an empty cache until then; the JSON reports its share of the requests, when it reached the fleet's hit rate, and the hit-rate and TTFT dips")
 	fs.StringVar(&removeChoice, "remove-choice", sim.ChoosePlan, "with --remove-at: which worker — plan (the fleet plan's cheapest to remove), random, least-loaded, or worker:ID")
 	o.Progress.Register(fs)
 	if err := cli.Parse(fs, args); err != nil {
@@ -153,6 +156,18 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	}
 	if o.Remove, err = parseRemoval(removeAt, removeChoice, set["remove-choice"], o.Workers); err != nil {
 		return nil, err
+	}
+	if addAt != "" {
+		d, err := time.ParseDuration(addAt)
+		switch {
+		case err != nil || d < 0:
+			return nil, cli.Usagef("--add-at %q: want a non-negative duration such as 10m", addAt)
+		case o.Remove != nil:
+			return nil, cli.Usagef("--add-at and --remove-at: one fleet event per run")
+		case o.Workers < 2:
+			return nil, cli.Usagef("--add-at: the last of %d workers joins late, so at least two", o.Workers)
+		}
+		o.Add = &sim.Addition{At: d}
 	}
 	if o.MaxBatchedTokens < 1 {
 		return nil, cli.Usagef("--max-batched-tokens %d: must be positive", o.MaxBatchedTokens)

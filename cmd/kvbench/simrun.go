@@ -219,7 +219,7 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 					continue
 				}
 				runs[j.p][j.r] = report.Run{Seed: seed, Summary: sim.SummarizeSLO(loads[j.r], res, o.Timeout, o.slo()), WallSeconds: time.Since(t0).Seconds(),
-					Removal: res.Removal}
+					Removal: res.Removal, Addition: res.Addition}
 			}
 		}()
 	}
@@ -264,6 +264,9 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 	}
 	if o.Remove != nil {
 		header += fmt.Sprintf(", a worker removed at %v (%s)", o.Remove.At, o.Remove.Choose)
+	}
+	if o.Add != nil {
+		header += fmt.Sprintf(", the last worker joining at %v", o.Add.At)
 	}
 	if o.Reps > 1 {
 		header += fmt.Sprintf(", medians of %d reps", o.Reps)
@@ -329,7 +332,7 @@ func peerPath(bin string) string {
 func (o *simOptions) simConfig(rc router.Config, seed uint64) sim.Config {
 	return sim.Config{
 		Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(), Router: rc, EventDelay: o.EventDelay, Seed: seed,
-		Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra, OSLHint: o.OSLHint, Remove: o.Remove,
+		Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra, OSLHint: o.OSLHint, Remove: o.Remove, Add: o.Add,
 	}
 }
 

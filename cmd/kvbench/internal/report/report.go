@@ -62,6 +62,8 @@ type Result struct {
 	// FleetEvents are the worker removals of kvbench sim --remove-at, one
 	// per rep (not folded: each rep removes its own worker).
 	FleetEvents []*sim.RemovalResult `json:"fleet_events,omitempty"`
+	// FleetAdditions: likewise for --add-at.
+	FleetAdditions []*sim.AdditionResult `json:"fleet_additions,omitempty"`
 }
 
 // RepFigures are one rep's headline figures.
@@ -79,8 +81,10 @@ type Run struct {
 	Seed        uint64
 	Summary     sim.Summary
 	WallSeconds float64
-	// Removal is the rep's fleet event (kvbench sim --remove-at), if any.
-	Removal *sim.RemovalResult
+	// Removal and Addition are the rep's fleet event (kvbench sim
+	// --remove-at, --add-at), if any.
+	Removal  *sim.RemovalResult
+	Addition *sim.AdditionResult
 }
 
 // Median folds a policy's reps into one Result: every figure is the median
@@ -132,6 +136,9 @@ func Median(policy string, runs []Run) Result {
 		res.WallSeconds += r.WallSeconds
 		if r.Removal != nil {
 			res.FleetEvents = append(res.FleetEvents, r.Removal)
+		}
+		if r.Addition != nil {
+			res.FleetAdditions = append(res.FleetAdditions, r.Addition)
 		}
 		if len(runs) > 1 {
 			res.Reps = append(res.Reps, RepFigures{

@@ -143,15 +143,41 @@ func (s *state) removalResult() *RemovalResult {
 	if s.cfg.Remove == nil || s.removed < 0 {
 		return nil
 	}
-	at, h := s.removedAt, fleetplan.Horizon
-	out := &RemovalResult{Choose: s.cfg.Remove.Choose, Worker: string(s.ids[s.removed]), At: at, AtS: at.Seconds(), HorizonS: h.Seconds()}
+	out := &RemovalResult{Choose: s.cfg.Remove.Choose, Worker: string(s.ids[s.removed]), At: s.removedAt, AtS: s.removedAt.Seconds(),
+		HorizonS: fleetplan.Horizon.Seconds()}
+	d := s.measureDips(s.removedAt, -1)
+	out.CachedTokensAfter, out.PromptTokensAfter = d.cachedAfter, d.promptAfter
+	out.HitRateBefore, out.HitRateDip, out.HitRateDipS = d.hitBefore, d.hitDip, d.hitDipS
+	out.TTFTBeforeMs, out.TTFTPeakRatio, out.TTFTDipS = d.ttftBefore, d.ttftPeak, d.ttftDipS
+	return out
+}
+
+// dips are the fleet's figures around an event at at: before it (within
+// PlanWindow), and over the horizon after it in 10 s buckets.
+type dips struct {
+	cachedAfter, promptAfter   int64
+	hitBefore, hitDip, hitDipS float64
+	ttftBefore, ttftPeak       float64
+	ttftDipS                   float64
+	// Of the worker given to measureDips (-1: none): the share of the
+	// requests after at sent to it, and when its own bucket hit rate first
+	// reached the fleet's rate before at (the horizon if never).
+	share, warmS float64
+}
+
+// measureDips measures the requests around at; worker, when ≥ 0, is the
+// worker whose share and warm-up time to report.
+func (s *state) measureDips(at time.Duration, worker int) dips {
+	h := fleetplan.Horizon
 	type sums struct {
 		cached, prompt int64
 		ttft           time.Duration
 		n              int
 	}
-	var before sums
+	var before, mine sums
+	after := 0
 	buckets := make([]sums, int(h/dipBucket))
+	own := make([]sums, len(buckets))
 	for i, rr := range s.res {
 		if !rr.Done {
 			continue
@@ -164,45 +190,138 @@ func (s *state) removalResult() *RemovalResult {
 			before.ttft += rr.FirstToken - rr.Sent
 			before.n++
 		case rr.Sent >= at && rr.Sent < at+h:
-			out.CachedTokensAfter += int64(rr.CachedTokens)
-			out.PromptTokensAfter += p
-			b := &buckets[int((rr.Sent-at)/dipBucket)]
-			b.cached += int64(rr.CachedTokens)
-			b.prompt += p
-			b.ttft += rr.FirstToken - rr.Sent
-			b.n++
+			k := int((rr.Sent - at) / dipBucket)
+			for _, b := range []*sums{&buckets[k], &mine} {
+				if b == &mine && rr.Worker != worker {
+					continue
+				}
+				b.cached += int64(rr.CachedTokens)
+				b.prompt += p
+				b.ttft += rr.FirstToken - rr.Sent
+				b.n++
+			}
+			if rr.Worker == worker {
+				o := &own[k]
+				o.cached += int64(rr.CachedTokens)
+				o.prompt += p
+				o.n++
+			}
+			after++
 		}
 	}
+	var d dips
+	for _, b := range buckets {
+		d.cachedAfter += b.cached
+		d.promptAfter += b.prompt
+	}
 	if before.prompt > 0 {
-		out.HitRateBefore = float64(before.cached) / float64(before.prompt)
+		d.hitBefore = float64(before.cached) / float64(before.prompt)
 	}
 	if before.n > 0 {
-		out.TTFTBeforeMs = float64(before.ttft.Microseconds()) / 1e3 / float64(before.n)
+		d.ttftBefore = float64(before.ttft.Microseconds()) / 1e3 / float64(before.n)
 	}
-	out.HitRateDipS, out.TTFTDipS = h.Seconds(), h.Seconds()
-	hitBack, ttftBack := false, false
+	d.hitDipS, d.ttftDipS, d.warmS = h.Seconds(), h.Seconds(), h.Seconds()
+	hitBack, ttftBack, warm := false, false, false
 	for k, b := range buckets {
 		if b.n == 0 || b.prompt == 0 {
 			continue
 		}
 		rate := float64(b.cached) / float64(b.prompt)
-		out.HitRateDip = max(out.HitRateDip, out.HitRateBefore-rate)
-		if !hitBack && rate >= 0.95*out.HitRateBefore {
-			hitBack, out.HitRateDipS = true, (time.Duration(k) * dipBucket).Seconds()
+		d.hitDip = max(d.hitDip, d.hitBefore-rate)
+		if !hitBack && rate >= 0.95*d.hitBefore {
+			hitBack, d.hitDipS = true, (time.Duration(k) * dipBucket).Seconds()
 		}
-		if out.TTFTBeforeMs > 0 {
+		if d.ttftBefore > 0 {
 			ttft := float64(b.ttft.Microseconds()) / 1e3 / float64(b.n)
-			out.TTFTPeakRatio = max(out.TTFTPeakRatio, ttft/out.TTFTBeforeMs)
-			if !ttftBack && ttft <= 1.2*out.TTFTBeforeMs {
-				ttftBack, out.TTFTDipS = true, (time.Duration(k) * dipBucket).Seconds()
+			d.ttftPeak = max(d.ttftPeak, ttft/d.ttftBefore)
+			if !ttftBack && ttft <= 1.2*d.ttftBefore {
+				ttftBack, d.ttftDipS = true, (time.Duration(k) * dipBucket).Seconds()
 			}
 		}
+		if o := own[k]; !warm && o.prompt > 0 && float64(o.cached)/float64(o.prompt) >= d.hitBefore {
+			warm, d.warmS = true, (time.Duration(k) * dipBucket).Seconds()
+		}
 	}
-	return out
+	if after > 0 {
+		d.share = float64(mine.n) / float64(after)
+	}
+	return d
+}
+
+// Addition adds a worker at At: the fleet's last worker is not routed to
+// before (an idle engine with an empty cache), and every router takes it
+// into its candidates from the first request routed at or after At.
+type Addition struct {
+	At time.Duration
+}
+
+// AdditionResult is how the fleet took the new worker.
+type AdditionResult struct {
+	Worker string  `json:"worker"`
+	AtS    float64 `json:"at_s"`
+	// Share is the fraction of the requests sent within the horizon after
+	// the addition that went to it; WarmS when its own hit rate (10 s
+	// buckets) first reached the fleet's before the addition (the horizon
+	// when it never did).
+	Share float64 `json:"share"`
+	WarmS float64 `json:"warm_s"`
+	// The fleet's hit rate and mean TTFT around the addition, as for a
+	// removal.
+	HitRateBefore float64 `json:"hit_rate_before"`
+	HitRateDip    float64 `json:"hit_rate_dip"`
+	HitRateDipS   float64 `json:"hit_rate_dip_s"`
+	TTFTBeforeMs  float64 `json:"ttft_before_ms"`
+	TTFTPeakRatio float64 `json:"ttft_peak_ratio"`
+	TTFTDipS      float64 `json:"ttft_dip_s"`
+	HorizonS      float64 `json:"horizon_s"`
+}
+
+// withoutJoiner leaves the joining worker out of infos until it joins.
+func (s *state) withoutJoiner(infos []router.WorkerInfo) []router.WorkerInfo {
+	if s.cfg.Add == nil {
+		return infos
+	}
+	return infos[:len(infos)-1]
+}
+
+// additionDue adds the joining worker once its time has come (from send).
+func (s *state) additionDue() {
+	a := s.cfg.Add
+	if a == nil || s.addedAt >= 0 || s.now < a.At {
+		return
+	}
+	s.addedAt = s.now
+	for _, rt := range s.rts {
+		rt.SetWorkers(s.infos)
+	}
+}
+
+// additionResult measures the addition on the finished run.
+func (s *state) additionResult() *AdditionResult {
+	if s.cfg.Add == nil || s.addedAt < 0 {
+		return nil
+	}
+	wi := len(s.engines) - 1
+	d := s.measureDips(s.addedAt, wi)
+	return &AdditionResult{Worker: string(s.ids[wi]), AtS: s.addedAt.Seconds(), Share: d.share, WarmS: d.warmS,
+		HitRateBefore: d.hitBefore, HitRateDip: d.hitDip, HitRateDipS: d.hitDipS,
+		TTFTBeforeMs: d.ttftBefore, TTFTPeakRatio: d.ttftPeak, TTFTDipS: d.ttftDipS, HorizonS: fleetplan.Horizon.Seconds()}
 }
 
 // checkRemoval refuses a removal the run cannot do.
 func checkRemoval(cfg Config) error {
+	if a := cfg.Add; a != nil {
+		switch {
+		case cfg.Remove != nil:
+			return fmt.Errorf("one fleet event per run: a removal or an addition: %w", ErrConfig)
+		case cfg.Peer != nil:
+			return fmt.Errorf("fleet events need the router, not a peer: %w", ErrConfig)
+		case cfg.Workers < 2:
+			return fmt.Errorf("adding the only worker leaves none before it: %w", ErrConfig)
+		case a.At < 0:
+			return fmt.Errorf("addition at %v: %w", a.At, ErrConfig)
+		}
+	}
 	r := cfg.Remove
 	if r == nil {
 		return nil

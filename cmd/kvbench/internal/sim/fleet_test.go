@@ -133,3 +133,39 @@ func TestSimRemovalPlanLosesLess(t *testing.T) {
 		t.Fatalf("the plan's cheapest worker lost %.0f cached tokens, a random one %.0f: more than half", planLoss, randomLoss)
 	}
 }
+
+// TestSimAddition: the last worker takes no request before its time and
+// takes requests after; the result reports its share, when it warmed,
+// and the fleet's dips. Logged: how kv routing and cache-blind
+// round-robin warm it (issue 29 item 3's baseline; no warm-up policy yet).
+func TestSimAddition(t *testing.T) {
+	w := fleetWorkload(t, 1)
+	at := 10 * time.Minute
+	for _, mode := range []router.Mode{router.ModeKV, router.ModeRoundRobin} {
+		cfg := config(mode, 4, fleetBlocks)
+		cfg.Add = &Addition{At: at}
+		res, err := Run(w, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := res.Addition
+		if a == nil || a.Worker != "w3" || a.AtS < at.Seconds() || a.Share <= 0 || a.WarmS > a.HorizonS {
+			t.Fatalf("%s: addition %+v", mode, a)
+		}
+		for i, rr := range res.Requests {
+			if !rr.Done {
+				t.Fatalf("%s: request %d: %s", mode, i, rr.Err)
+			}
+			if rr.Worker == 3 && rr.Sent.Seconds() < a.AtS {
+				t.Fatalf("%s: request %d sent at %v to the worker joining at %vs", mode, i, rr.Sent, a.AtS)
+			}
+		}
+		t.Logf("%s: the new worker took %.0f%% of the requests, reached the fleet's hit rate %.2f after %.0f s; fleet hit-rate dip %.3f for %.0f s, TTFT peak %.2f×",
+			mode, 100*a.Share, a.HitRateBefore, a.WarmS, a.HitRateDip, a.HitRateDipS, a.TTFTPeakRatio)
+	}
+	bad := config(router.ModeKV, 4, fleetBlocks)
+	bad.Add, bad.Remove = &Addition{At: at}, &Removal{At: at, Choose: ChoosePlan}
+	if _, err := Run(w, bad); !errors.Is(err, ErrConfig) {
+		t.Fatalf("two fleet events: %v", err)
+	}
+}

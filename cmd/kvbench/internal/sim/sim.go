@@ -60,8 +60,10 @@ type Config struct {
 	// ScrapeInterval (0: read at every decision).
 	Peer           PeerPicker
 	ScrapeInterval time.Duration
-	// Remove, when set, removes a worker mid-run (fleet.go).
+	// Remove, when set, removes a worker mid-run; Add adds the last one
+	// mid-run (fleet.go). At most one of them.
 	Remove *Removal
+	Add    *Addition
 }
 
 // ErrConfig marks an impossible simulation.
@@ -94,6 +96,8 @@ type Result struct {
 	// Removal is what Config.Remove cost (nil without one, or when no
 	// request arrived after its time).
 	Removal *RemovalResult
+	// Addition is how the fleet took Config.Add's worker (nil without).
+	Addition *AdditionResult
 }
 
 // usesIndex reports whether a mode reads the event-fed index. Modes this
@@ -134,7 +138,7 @@ func Run(w *workload.Workload, cfg Config) (*Result, error) {
 	// The plan reads the index whatever the policy, as kvrouter's replicas
 	// index every worker's events in every mode.
 	planIndex := cfg.Remove != nil && cfg.Remove.Choose == ChoosePlan
-	s := &state{w: w, cfg: cfg, feed: cfg.Peer == nil && (usesIndex(cfg.Router.Mode) || planIndex), removed: -1}
+	s := &state{w: w, cfg: cfg, feed: cfg.Peer == nil && (usesIndex(cfg.Router.Mode) || planIndex), removed: -1, addedAt: -1}
 	if err := s.build(); err != nil {
 		return nil, err
 	}
@@ -175,6 +179,8 @@ type state struct {
 
 	removed   int // the removed worker (Config.Remove), -1 before
 	removedAt time.Duration
+	addedAt   time.Duration // when Config.Add's worker joined; -1 before
+	infos     []router.WorkerInfo
 
 	issued    int // closed loop: next request to send
 	finished  int
@@ -214,6 +220,7 @@ func (s *state) build() error {
 		s.index.AddWorker(s.ids[i])
 		infos[i] = router.WorkerInfo{ID: s.ids[i], TotalBlocks: s.cfg.KVBlocks[i], MaxBatchedTokens: e.Config().MaxBatchedTokens}
 	}
+	s.infos = infos
 	s.rts = make([]*router.Router, max(s.cfg.Routers, 1))
 	for k := range s.rts {
 		// Router 0 keeps the single-router seed, so one router is exactly
@@ -223,7 +230,7 @@ func (s *state) build() error {
 		if err != nil {
 			return err
 		}
-		rt.SetWorkers(infos)
+		rt.SetWorkers(s.withoutJoiner(infos))
 		s.rts[k] = rt
 	}
 	s.byID = make(map[string]int, len(s.w.Requests))
@@ -363,6 +370,7 @@ func (s *state) send(i int) {
 	rr := &s.res[i]
 	rr.Sent = s.now
 	s.removalDue()
+	s.additionDue()
 	if s.cfg.Peer != nil {
 		s.sendByPeer(i)
 		return
@@ -498,6 +506,7 @@ func (s *state) finish() *Result {
 		IndexErrors:     s.idxErrs,
 		EventsDelivered: s.delivered,
 		Removal:         s.removalResult(),
+		Addition:        s.additionResult(),
 	}
 	for i := range s.res {
 		rr := &s.res[i]
