@@ -314,3 +314,24 @@ func FuzzAPIWorkerDrain(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkFleetPlan: building the plan of a 1024-worker fleet (what each
+// scrape of kvrouter_worker_removal_cost and each /cluster/status pays on
+// top of reading the inputs), from a hit-rate report with every worker.
+func BenchmarkFleetPlan(b *testing.B) {
+	const n = 1024
+	ws := make([]FleetWorker, n)
+	ranks := map[string][2]float64{}
+	for i := range ws {
+		id := fmt.Sprintf("w%04d", i)
+		ws[i] = FleetWorker{ID: id, Model: "m", Ranks: []router.WorkerID{router.WorkerID(id)}, BlockSize: 16,
+			HeldBlocks: 10000 + i, UniqueBlocks: i * 7 % 5000}
+		ranks[id] = [2]float64{0.3 + float64(i%7)/10, 100000}
+	}
+	rep := hitReport(int64(n)*100000, ranks)
+	window := hitrate.Window{Name: "10m", Span: 10 * time.Minute}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = buildPlan(ws, rep, window)
+	}
+}
