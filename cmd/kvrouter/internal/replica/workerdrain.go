@@ -31,8 +31,11 @@ import (
 // drainIdleGrace: how long a drained worker must stay idle in the
 // leader's view before it is deregistered. A replica that routed to it
 // just before applying the drain announces that booking over replica sync
-// within milliseconds; the grace covers that window.
-const drainIdleGrace = time.Second
+// within milliseconds; and a replica that has just become leader learns
+// the other replicas' running requests from their full snapshots, sent
+// every second (eventbus.SyncConfig.FullInterval): three seconds cover
+// both with room for a late snapshot.
+const drainIdleGrace = 3 * time.Second
 
 // drainCheckEvery: how often the leader looks at its drained workers.
 const drainCheckEvery = 250 * time.Millisecond
