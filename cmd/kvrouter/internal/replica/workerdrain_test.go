@@ -274,3 +274,60 @@ func TestReplicaWorkerDrainDeadlineAcrossFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReplicaWorkerDrainIdleAcrossFailover: the leader that took a drain
+// stops while a request another replica booked still runs on the worker;
+// the next leader, which learned of that request through replica sync,
+// does not complete the drain while it runs, and completes it once —
+// on every replica — after it ends.
+func TestReplicaWorkerDrainIdleAcrossFailover(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	leader := tc.WaitLeader()
+	busy := tc.follower(leader)
+	registerWorker(t, busy, "a")
+	registerWorker(t, busy, "b")
+	ledger := watchCompletions(tc)
+	rt, _ := busy.Router(model)
+	booking := router.Booking{ID: "req-1", Worker: "a", PrefillTokens: 64, Sequences: 1, Added: time.Now()}
+	rt.Load().Add(booking)
+	busy.Booked(model, booking)
+	rec, _ := busy.worker("a")
+	poll.Until(t, 10*time.Second, 20*time.Millisecond, func() error {
+		return tc.eachReplica(func(r *replica) error {
+			if n := r.activeRequests(rec); n != 1 {
+				return fmt.Errorf("sees %d requests on a", n)
+			}
+			return nil
+		})
+	})
+	if err := busy.DrainWorker(t.Context(), "a", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	tc.Stop(leader.Index)
+	ledger.mu.Lock()
+	delete(ledger.completed, tc.R(leader.Index).cfg.NodeID)
+	ledger.mu.Unlock()
+	next := tc.R(tc.WaitLeader().Index)
+	now := time.Now()
+	idle := map[string]time.Time{}
+	for _, at := range []time.Time{now, now.Add(10 * drainIdleGrace)} {
+		next.completeDrains(t.Context(), next.control(), at, idle)
+	}
+	if _, ok := next.fsm.Worker("a"); !ok {
+		t.Fatal("the new leader completed the drain of a worker with a running request")
+	}
+	rt.Free(booking.ID)
+	busy.Freed(model, booking.ID)
+	poll.Until(t, 30*time.Second, 20*time.Millisecond, func() error {
+		return tc.eachReplica(func(r *replica) error {
+			if _, ok := r.fsm.Worker("a"); ok {
+				return errors.New("a still registered")
+			}
+			return nil
+		})
+	})
+	tc.WaitConverged()
+	if err := ledger.exactlyOnce("a"); err != nil {
+		t.Fatal(err)
+	}
+}
