@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/internal/warmup"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -47,41 +48,6 @@ type ScaleAdvice struct {
 	ScaleDownHitRateLoss *float64 `json:"scale_down_hit_rate_loss"`
 }
 
-// workerUtilization is w's load over its busy threshold: the largest
-// ratio among the thresholds set (those Route refuses a worker by), or,
-// with none, its active KV blocks over its capacity; 0 when nothing can
-// be measured.
-func workerUtilization(t router.Thresholds, w router.WorkerInfo, load router.WorkerLoad) float64 {
-	u, set := 0.0, false
-	if v := t.ActiveDecodeBlocks; v != nil && w.TotalBlocks > 0 {
-		set = true
-		u = max(u, ratio(float64(load.ActiveBlocks), *v*float64(w.TotalBlocks)))
-	}
-	if v := t.ActivePrefillTokens; v != nil {
-		set = true
-		u = max(u, ratio(float64(load.ActivePrefillTokens), float64(*v)))
-	}
-	if v := t.ActivePrefillTokensFrac; v != nil && w.MaxBatchedTokens > 0 {
-		set = true
-		u = max(u, ratio(float64(load.ActivePrefillTokens), *v*float64(w.MaxBatchedTokens)))
-	}
-	if !set && w.TotalBlocks > 0 {
-		u = float64(load.ActiveBlocks) / float64(w.TotalBlocks)
-	}
-	return u
-}
-
-// ratio is n/d, with a zero threshold meaning busy at any load.
-func ratio(n, d float64) float64 {
-	switch {
-	case d > 0:
-		return n / d
-	case n > 0:
-		return math.Inf(1)
-	}
-	return 1 // a threshold of 0: busy even idle
-}
-
 // served is the fraction of a demand of n×u workers' worth that m
 // workers serve, each up to its threshold.
 func served(m, n int, u float64) float64 {
@@ -98,7 +64,7 @@ func adviseModel(model string, t router.Thresholds, ws []router.WorkerInfo, load
 	a := ScaleAdvice{Model: model, Workers: len(ws)}
 	var sum float64
 	for i, w := range ws {
-		u := workerUtilization(t, w, loads[i])
+		u := warmup.WorkerUtilization(t, w, loads[i])
 		if math.IsInf(u, 1) {
 			u = 1e6 // a zero threshold with load: far past any target, still a number for Prometheus
 		}

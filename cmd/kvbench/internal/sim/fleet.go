@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/fleetplan"
+	"github.com/kvrouter/kvrouter/internal/warmup"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -274,6 +275,11 @@ type AdditionResult struct {
 	TTFTPeakRatio float64 `json:"ttft_peak_ratio"`
 	TTFTDipS      float64 `json:"ttft_dip_s"`
 	HorizonS      float64 `json:"horizon_s"`
+	// Steered is how many requests the warm-up sent to it on purpose
+	// (Config.WarmUp), and WarmUpEndS when it stopped (the joiner warm;
+	// absent while it never was).
+	Steered    int      `json:"steered,omitempty"`
+	WarmUpEndS *float64 `json:"warm_up_end_s,omitempty"`
 }
 
 // withoutJoiner leaves the joining worker out of infos until it joins.
@@ -303,9 +309,15 @@ func (s *state) additionResult() *AdditionResult {
 	}
 	wi := len(s.engines) - 1
 	d := s.measureDips(s.addedAt, wi)
-	return &AdditionResult{Worker: string(s.ids[wi]), AtS: s.addedAt.Seconds(), Share: d.share, WarmS: d.warmS,
+	out := &AdditionResult{Worker: string(s.ids[wi]), AtS: s.addedAt.Seconds(), Share: d.share, WarmS: d.warmS,
 		HitRateBefore: d.hitBefore, HitRateDip: d.hitDip, HitRateDipS: d.hitDipS,
-		TTFTBeforeMs: d.ttftBefore, TTFTPeakRatio: d.ttftPeak, TTFTDipS: d.ttftDipS, HorizonS: fleetplan.Horizon.Seconds()}
+		TTFTBeforeMs: d.ttftBefore, TTFTPeakRatio: d.ttftPeak, TTFTDipS: d.ttftDipS, HorizonS: fleetplan.Horizon.Seconds(),
+		Steered: s.warm.steered}
+	if s.warm.at >= 0 {
+		end := (s.warm.at - s.addedAt).Seconds()
+		out.WarmUpEndS = &end
+	}
+	return out
 }
 
 // checkRemoval refuses a removal the run cannot do.
@@ -321,6 +333,9 @@ func checkRemoval(cfg Config) error {
 		case a.At < 0:
 			return fmt.Errorf("addition at %v: %w", a.At, ErrConfig)
 		}
+	}
+	if w := cfg.WarmUp; w != nil && (cfg.Add == nil || !(w.Share > 0 && w.Share <= 1) || !(w.Headroom > 0)) {
+		return fmt.Errorf("warm-up %+v needs an addition, a share in (0,1] and a positive headroom: %w", *w, ErrConfig)
 	}
 	r := cfg.Remove
 	if r == nil {
@@ -348,4 +363,71 @@ func checkRemoval(cfg Config) error {
 		return fmt.Errorf("no worker %q to remove: %w", r.Worker, ErrConfig)
 	}
 	return fmt.Errorf("removal choice %q: want one of %v: %w", r.Choose, Choices, ErrConfig)
+}
+
+// warmState is the warm-up's progress (Config.WarmUp).
+type warmState struct {
+	baseline float64       // the fleet's hit rate before the addition (-1: not measured yet)
+	at       time.Duration // when the joiner was first found warm; -1 before
+	steered  int           // requests sent to the joiner on purpose
+	rng      *rand.Rand
+}
+
+// warmWindow is how far back the joiner's own hit rate is read to decide
+// it is warm, and warmMinRequests how many of its requests that needs.
+const (
+	warmWindow      = time.Minute
+	warmMinRequests = 5
+)
+
+// warmUp applies Config.WarmUp to a decision router k made for req: a
+// share of new and duplicated prefixes goes to the joining worker while
+// the fleet has headroom, until the joiner's own hit rate over the last
+// minute reaches the fleet's before it joined.
+func (s *state) warmUp(k int, req router.Request, d router.Decision) (router.Decision, error) {
+	p := s.cfg.WarmUp
+	if p == nil || s.addedAt < 0 || s.warm.at >= 0 {
+		return d, nil
+	}
+	jw := len(s.ids) - 1
+	if s.warm.rng == nil {
+		s.warm.rng = rand.New(rand.NewPCG(s.cfg.Seed, 0x3a4e0f))
+		s.warm.baseline = s.measureDips(s.addedAt, -1).hitBefore
+	}
+	if s.joinerWarm(jw) {
+		s.warm.at = s.now
+		return d, nil
+	}
+	rt := s.rts[k]
+	util := warmup.Utilization(rt.Config().Thresholds, rt.Workers(), rt.Load().Load)
+	if !warmup.Steer(d.Rows, d.Worker, s.ids[jw], util, s.warm.rng.Float64(), *p) {
+		return d, nil
+	}
+	rt.Free(req.ID)
+	steered := req
+	steered.Exclude = nil
+	for _, id := range s.ids[:jw] {
+		steered.Exclude = append(steered.Exclude, id)
+	}
+	if d2, err := rt.Route(steered, epoch.Add(s.now)); err == nil {
+		s.warm.steered++
+		return d2, nil
+	}
+	return rt.Route(req, epoch.Add(s.now)) // the joiner refused it after all: as decided first
+}
+
+// joinerWarm: the joiner's requests whose first token came within the
+// last warmWindow were served from its cache at least as well as the
+// fleet's were before it joined.
+func (s *state) joinerWarm(jw int) bool {
+	var cached, prompt int64
+	n := 0
+	for i, rr := range s.res {
+		if rr.Worker == jw && rr.FirstToken > 0 && rr.FirstToken >= s.now-warmWindow {
+			cached += int64(rr.CachedTokens)
+			prompt += int64(s.w.Requests[i].PromptTokens)
+			n++
+		}
+	}
+	return n >= warmMinRequests && prompt > 0 && float64(cached)/float64(prompt) >= s.warm.baseline
 }

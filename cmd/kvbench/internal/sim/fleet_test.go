@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
 	"github.com/kvrouter/kvrouter/internal/fleetplan"
+	"github.com/kvrouter/kvrouter/internal/warmup"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -167,5 +168,48 @@ func TestSimAddition(t *testing.T) {
 	bad.Add, bad.Remove = &Addition{At: at}, &Removal{At: at, Choose: ChoosePlan}
 	if _, err := Run(w, bad); !errors.Is(err, ErrConfig) {
 		t.Fatalf("two fleet events: %v", err)
+	}
+}
+
+// TestSimWarmUp: with the warm-up policy the joining worker is sent
+// requests on purpose (new and duplicated prefixes), stops being steered
+// once warm, and warms no later than with kv routing alone. Logged:
+// its time to warm, share and the fleet's dips, against kv alone and
+// round-robin (cache-blind), over three seeds.
+func TestSimWarmUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("simulates 3 × 3 runs")
+	}
+	at := 10 * time.Minute
+	var sums [3]float64
+	for seed := uint64(1); seed <= 3; seed++ {
+		w := fleetWorkload(t, seed)
+		for i, tc := range []struct {
+			name string
+			mode router.Mode
+			warm *warmup.Policy
+		}{
+			{"kv", router.ModeKV, nil},
+			{"kv+warm-up", router.ModeKV, &warmup.Policy{Share: 0.3, Headroom: warmup.DefaultHeadroom}},
+			{"round-robin", router.ModeRoundRobin, nil},
+		} {
+			cfg := config(tc.mode, 4, fleetBlocks)
+			cfg.Add, cfg.WarmUp = &Addition{At: at}, tc.warm
+			res, err := Run(w, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := res.Addition
+			if tc.warm != nil && (a.Steered == 0 || a.WarmUpEndS == nil) {
+				t.Fatalf("seed %d %s: steered %d, warm-up end %v", seed, tc.name, a.Steered, a.WarmUpEndS)
+			}
+			sums[i] += a.WarmS
+			t.Logf("seed %d %-12s warm after %3.0f s, share %4.1f%%, steered %d, fleet hit-rate dip %.3f, TTFT peak %.2f×",
+				seed, tc.name, a.WarmS, 100*a.Share, a.Steered, a.HitRateDip, a.TTFTPeakRatio)
+		}
+	}
+	t.Logf("mean time to warm: kv %.0f s, kv+warm-up %.0f s, round-robin %.0f s", sums[0]/3, sums[1]/3, sums[2]/3)
+	if sums[1] > sums[0] {
+		t.Fatalf("the warm-up made the joiner warm later (%.0f s) than kv alone (%.0f s)", sums[1]/3, sums[0]/3)
 	}
 }

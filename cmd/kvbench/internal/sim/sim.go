@@ -26,6 +26,7 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/internal/peerpolicy"
+	"github.com/kvrouter/kvrouter/internal/warmup"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -64,6 +65,9 @@ type Config struct {
 	// mid-run (fleet.go). At most one of them.
 	Remove *Removal
 	Add    *Addition
+	// WarmUp, with Add, steers a share of new and duplicated prefixes to
+	// the joining worker until it is warm (internal/warmup; fleet.go).
+	WarmUp *warmup.Policy
 }
 
 // ErrConfig marks an impossible simulation.
@@ -138,7 +142,7 @@ func Run(w *workload.Workload, cfg Config) (*Result, error) {
 	// The plan reads the index whatever the policy, as kvrouter's replicas
 	// index every worker's events in every mode.
 	planIndex := cfg.Remove != nil && cfg.Remove.Choose == ChoosePlan
-	s := &state{w: w, cfg: cfg, feed: cfg.Peer == nil && (usesIndex(cfg.Router.Mode) || planIndex), removed: -1, addedAt: -1}
+	s := &state{w: w, cfg: cfg, feed: cfg.Peer == nil && (usesIndex(cfg.Router.Mode) || planIndex), removed: -1, addedAt: -1, warm: warmState{at: -1}}
 	if err := s.build(); err != nil {
 		return nil, err
 	}
@@ -181,6 +185,7 @@ type state struct {
 	removedAt time.Duration
 	addedAt   time.Duration // when Config.Add's worker joined; -1 before
 	infos     []router.WorkerInfo
+	warm      warmState // Config.WarmUp
 
 	issued    int // closed loop: next request to send
 	finished  int
@@ -383,6 +388,9 @@ func (s *state) send(i int) {
 		req.ExpectedOutputTokens = r.OutputTokens
 	}
 	d, err := s.rts[k].Route(req, epoch.Add(s.now))
+	if err == nil {
+		d, err = s.warmUp(k, req, d)
+	}
 	if err != nil {
 		s.fail(i, fmt.Sprintf("route: %v", err))
 		return
