@@ -33,6 +33,9 @@ func TestSimRemoveFlags(t *testing.T) {
 		{[]string{"--remove-at", "1m", "--workers", "1"}, nil, false},
 		{[]string{"--add-at", "1m", "--remove-at", "1m"}, nil, false},
 		{[]string{"--add-at", "later"}, nil, false},
+		{[]string{"--warmup-share", "0.3"}, nil, false},
+		{[]string{"--add-at", "1m", "--warmup-share", "0"}, nil, false},
+		{[]string{"--add-at", "1m", "--warmup-share", "1.5"}, nil, false},
 	} {
 		o, err := parseSimFlags(append([]string{"--workers", "4"}, tc.args...), io.Discard)
 		if !tc.ok {
@@ -88,7 +91,7 @@ func TestSimAddReport(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "r.json")
 	args := []string{"--workers", "3", "--kv-blocks", "400", "--prefixes", "6", "--prefix-tokens", "512", "--tail-tokens", "32",
 		"--output-tokens", "4", "--requests", "600", "--arrival-rate", "2", "--policies", "kv,round-robin",
-		"--add-at", "2m", "--json", out}
+		"--add-at", "2m", "--warmup-share", "0.5", "--json", out}
 	if code := runSim(args, io.Discard, io.Discard); code != cli.ExitOK {
 		t.Fatalf("exit %d", code)
 	}

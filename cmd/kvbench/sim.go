@@ -15,6 +15,7 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
 	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/internal/warmup"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -72,6 +73,8 @@ type simOptions struct {
 	// that of --add-at (nil: none; at most one of them).
 	Remove *sim.Removal
 	Add    *sim.Addition
+	// WarmUp is --warmup-share's policy for Add's joiner (nil: none).
+	WarmUp *warmup.Policy
 }
 
 // syntheticFlags configure the synthetic workload; sim refuses them with --trace.
@@ -133,6 +136,8 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	var removeAt, removeChoice string
 	fs.StringVar(&removeAt, "remove-at", "", "fleet event: remove a worker at this virtual time (e.g. 10m), as a drain does it: no new requests, running ones finish, its cache is gone; the JSON reports the cached tokens lost over the next 5 minutes and the hit-rate and TTFT dips")
 	var addAt string
+	var warmShare float64
+	fs.Float64Var(&warmShare, "warmup-share", 0, "with --add-at: send this share (0..1] of new and duplicated prefixes to the joining worker on purpose while the fleet is under 0.8 of its busy thresholds, until its hit rate reaches the fleet's (internal/warmup); 0 = off")
 	fs.StringVar(&addAt, "add-at", "", "fleet event: the last worker joins at this virtual time (e.g. 10m), idle and with an empty cache until then; the JSON reports its share of the requests, when it reached the fleet's hit rate, and the hit-rate and TTFT dips")
 	fs.StringVar(&removeChoice, "remove-choice", sim.ChoosePlan, "with --remove-at: which worker — plan (the fleet plan's cheapest to remove), random, least-loaded, or worker:ID")
 	o.Progress.Register(fs)
@@ -168,6 +173,15 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 			return nil, cli.Usagef("--add-at: the last of %d workers joins late, so at least two", o.Workers)
 		}
 		o.Add = &sim.Addition{At: d}
+	}
+	if set["warmup-share"] {
+		switch {
+		case o.Add == nil:
+			return nil, cli.Usagef("--warmup-share needs --add-at")
+		case !(warmShare > 0 && warmShare <= 1):
+			return nil, cli.Usagef("--warmup-share %v: want a share in (0,1]", warmShare)
+		}
+		o.WarmUp = &warmup.Policy{Share: warmShare, Headroom: warmup.DefaultHeadroom}
 	}
 	if o.MaxBatchedTokens < 1 {
 		return nil, cli.Usagef("--max-batched-tokens %d: must be positive", o.MaxBatchedTokens)

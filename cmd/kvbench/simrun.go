@@ -267,6 +267,9 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 	}
 	if o.Add != nil {
 		header += fmt.Sprintf(", the last worker joining at %v", o.Add.At)
+		if o.WarmUp != nil {
+			header += fmt.Sprintf(" (warm-up share %.2f)", o.WarmUp.Share)
+		}
 	}
 	if o.Reps > 1 {
 		header += fmt.Sprintf(", medians of %d reps", o.Reps)
@@ -332,7 +335,7 @@ func peerPath(bin string) string {
 func (o *simOptions) simConfig(rc router.Config, seed uint64) sim.Config {
 	return sim.Config{
 		Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(), Router: rc, EventDelay: o.EventDelay, Seed: seed,
-		Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra, OSLHint: o.OSLHint, Remove: o.Remove, Add: o.Add,
+		Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra, OSLHint: o.OSLHint, Remove: o.Remove, Add: o.Add, WarmUp: o.WarmUp,
 	}
 }
 
