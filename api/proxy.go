@@ -62,6 +62,9 @@ func (s *Server) proxyLoop(c *gin.Context, p *prepared, try func() error) {
 func (s *Server) attempt(c *gin.Context, p *prepared) error {
 	now := time.Now()
 	d, err := p.rt.Route(p.req, now)
+	if err == nil && s.warm != nil {
+		d, err = s.warmUp(p, d, now) // warmup.go: a joining worker's share, on purpose
+	}
 	p.settled() // booked in the load view by Route, or never to be
 	p.attempts++
 	s.recordDecision(c, p, d, err, now)

@@ -126,6 +126,11 @@ type Config struct {
 	// Capture records answered requests as a replayable trace
 	// (api/capture; kvbench sim --trace); nil: off.
 	Capture *capture.Recorder
+	// WarmUpShare > 0 sends a worker joining a model's candidate set that
+	// share (up to 1) of the requests whose prefix is new or duplicated,
+	// on purpose, until it is warm (warmup.go; --router-warmup-share);
+	// 0: off.
+	WarmUpShare float64
 }
 
 // LogValue prints the configuration without its credentials, so a
@@ -174,6 +179,8 @@ type Server struct {
 	hits *hitrate.Tracker
 	// exempt is Config.AdminOpenToLoopback (adminexempt.go); nil: none.
 	exempt *loopbackExemption
+	// warm is the warm-up of joining workers (warmup.go); nil: off.
+	warm *warmUps
 }
 
 // Drainer is implemented by a replica that can be draining (SIGTERM
@@ -276,6 +283,7 @@ func New(cfg Config, rep Replica) *Server {
 	}
 	s.hits = newHitTracker(cfg, rep)
 	registerFleet(s) // fleet.go: kvrouter_worker_removal_cost, kvrouter_worker_drained
+	s.warm = newWarmUps(cfg, s)
 	if cfg.AdminToken != "" {
 		s.exempt = newLoopbackExemption(cfg.AdminOpenToLoopback, cfg.Logger, cfg.Registry)
 	}

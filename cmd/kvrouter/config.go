@@ -192,6 +192,14 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 			c.HitRateMaxBlocks = n
 			return nil
 		}},
+		{names: []string{"router-warmup-share"}, env: []string{"KVROUTER_ROUTER_WARMUP_SHARE"}, def: "0", usage: "warm up joining workers: send a worker that joins a model's candidate set this share (0 to 1) of the requests whose prefix is new or held by two workers or more, on purpose, while the fleet is under 0.8 of its busy thresholds, until its hit rate reaches its model's (at most 10 min); 0 turns it off", set: func(v string) error {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f >= 0 && f <= 1) {
+				return fmt.Errorf("--router-warmup-share must be a number in [0, 1], got %q", v)
+			}
+			c.WarmUpShare = f
+			return nil
+		}},
 		{names: []string{"capture-file"}, env: []string{"KVROUTER_CAPTURE_FILE"}, usage: "capture answered requests as a Mooncake-format trace in this JSON-lines file (block hashes and lengths, no text; kvbench sim --trace replays it, kvbench tune sweeps settings on it), rotated by size (3 old files kept)", set: str(&c.CaptureFile)},
 		{names: []string{"capture-sample"}, env: []string{"KVROUTER_CAPTURE_SAMPLE"}, def: "1", usage: "fraction of prompt prefixes captured, in (0, 1]: a request is kept when its first block is in the sample, so requests sharing a prefix are kept or dropped together", set: func(v string) error {
 			f, err := strconv.ParseFloat(v, 64)

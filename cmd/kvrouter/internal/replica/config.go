@@ -95,6 +95,8 @@ type Config struct {
 	// HitRateMaxBlocks is api.Config.HitRateMaxBlocks (--hit-rate-max-blocks:
 	// 0 the default bound, negative off).
 	HitRateMaxBlocks int
+	// WarmUpShare is api.Config.WarmUpShare (--router-warmup-share; 0 off).
+	WarmUpShare float64
 	// The traffic capture (api/capture): answered requests as a
 	// replayable trace in CaptureFile (off when empty), the CaptureSample
 	// fraction of prefixes, rotated at CaptureMaxBytes.
