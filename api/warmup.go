@@ -39,6 +39,7 @@ type warmUps struct {
 	joined  map[router.WorkerID]time.Time  // warming workers: when first seen
 	checked time.Time                      // last hit-rate comparison
 	warmed  map[router.WorkerID]bool       // done warming (or there at the start)
+	modelOf map[router.WorkerID]string     // the model whose candidate set a worker was last seen in
 	steered *prometheus.CounterVec         // kvrouter_warmup_steered_total{worker}
 	warmFor *prometheus.GaugeVec           // kvrouter_worker_warm_seconds{worker}
 	warming *prometheus.GaugeVec           // kvrouter_worker_warming{worker}
@@ -61,6 +62,7 @@ func newWarmUps(cfg Config, s *Server) *warmUps {
 		policy: warmup.Policy{Share: min(cfg.WarmUpShare, 1), Headroom: warmup.DefaultHeadroom},
 		rng:    rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x3a4e0f)),
 		models: map[string]bool{}, joined: map[router.WorkerID]time.Time{}, warmed: map[router.WorkerID]bool{},
+		modelOf: map[router.WorkerID]string{},
 		steered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_warmup_steered_total",
 			Help: "Requests this replica sent to a joining worker on purpose to warm its cache (--router-warmup-share)."}, []string{"worker"}),
 		warmFor: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvrouter_worker_warm_seconds",
@@ -107,6 +109,27 @@ func (w *warmUps) target(model string, ws []router.WorkerInfo, now time.Time) (r
 	defer w.mu.Unlock()
 	first := !w.models[model]
 	w.models[model] = true
+	// A worker that left the candidate set forgets its state: one coming
+	// back (registered again) starts with an empty index entry and warms
+	// again. Workers of other models are not in ws: keep theirs.
+	present := make(map[router.WorkerID]bool, len(ws))
+	for _, x := range ws {
+		present[x.ID] = true
+	}
+	for id := range w.joined {
+		if !present[id] && w.modelOf[id] == model {
+			delete(w.joined, id)
+			w.warming.DeleteLabelValues(string(id))
+		}
+	}
+	for id := range w.warmed {
+		if !present[id] && w.modelOf[id] == model {
+			delete(w.warmed, id)
+		}
+	}
+	for _, x := range ws {
+		w.modelOf[x.ID] = model
+	}
 	for _, x := range ws {
 		if w.warmed[x.ID] {
 			continue

@@ -86,4 +86,14 @@ func TestAPIWarmUpEnds(t *testing.T) {
 	if _, ok := s.warm.target("m", rt.Workers(), now.Add(2*warmUpMax)); ok {
 		t.Fatal("warming again")
 	}
+	// w2 leaves and comes back (registered again: an empty cache): it
+	// warms again.
+	rt.SetWorkers(rt.Workers()[:1])
+	if _, ok := s.warm.target("m", rt.Workers(), now.Add(3*warmUpMax)); ok {
+		t.Fatal("warming with w2 gone")
+	}
+	rep.addWorker("m", "w2", "http://127.0.0.1:9")
+	if w, ok := s.warm.target("m", rt.Workers(), now.Add(3*warmUpMax)); !ok || w != "w2" {
+		t.Fatalf("w2 back: warming %q %v", w, ok)
+	}
 }
