@@ -68,6 +68,9 @@ func (st *state) earliestExpiryLocked() int64 {
 			next = l
 		}
 	}
+	if s := st.earliestSessionLocked(); s != 0 && (next == 0 || s < next) {
+		next = s
+	}
 	return next
 }
 
@@ -140,6 +143,11 @@ func CheckTime(c Command, now int64) error {
 		}
 	case Predictions:
 		return checkAhead("predictions for "+string(c.Worker)+": until", c.Until, now)
+	case BindSession:
+		if c.Until < now-MaxProposalSkew || c.Until > addSat(now, MaxSessionTTL+MaxProposalSkew) {
+			return fmt.Errorf("bind session %q: until %d is outside [%d, %d] of this proposer's clock: %w",
+				c.Session, c.Until, now-MaxProposalSkew, addSat(now, MaxSessionTTL+MaxProposalSkew), ErrInvalidCommand)
+		}
 	}
 	return nil
 }
@@ -155,7 +163,7 @@ func CheckEntryTime(data []byte, now int64) error {
 	switch {
 	case !t.known() || v != EnvelopeVersion:
 		return nil
-	case t != CmdTick && t != CmdRegisterWorker && t != CmdRegisterWorkerRole && t != CmdPredictions:
+	case t != CmdTick && t != CmdRegisterWorker && t != CmdRegisterWorkerRole && t != CmdPredictions && t != CmdBindSession:
 		return nil // no time inside: skip decoding (KV batches are the hot path)
 	}
 	c, err := Decode(data)

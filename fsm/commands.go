@@ -52,6 +52,13 @@ const (
 	// set): apply refuses it while the node registry holds a node not in
 	// the list, one registered between the check and the commit.
 	CmdSetGroupsChecked CommandType = 15
+	// 16 is reserved (worker drain, a parallel change).
+	// CmdBindSession binds an agent session to a worker rank for an idle
+	// TTL, or refreshes the binding (sessions.go; DESIGN.md, Sessions).
+	CmdBindSession CommandType = 17
+	// CmdUnbindSessions ends one session's binding, or every binding to a
+	// worker's ranks.
+	CmdUnbindSessions CommandType = 18
 	// Add new types here, with the next number.
 )
 
@@ -94,11 +101,17 @@ func (t CommandType) String() string {
 		return "SetGroups"
 	case CmdSetGroupsChecked:
 		return "SetGroupsChecked"
+	case CmdBindSession:
+		return "BindSession"
+	case CmdUnbindSessions:
+		return "UnbindSessions"
 	}
 	return fmt.Sprintf("CommandType(%d)", uint8(t))
 }
 
-func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdSetGroupsChecked }
+func (t CommandType) known() bool {
+	return (t >= CmdRegisterWorker && t <= CmdSetGroupsChecked) || t == CmdBindSession || t == CmdUnbindSessions
+}
 
 // isKVBatch: both KV batch types share one payload layout (kvbatch.go).
 func (t CommandType) isKVBatch() bool { return t == CmdKVEventBatch || t == CmdKVEventBatchTiered }
@@ -566,6 +579,10 @@ func Encode(c Command) ([]byte, error) {
 			b = appendString(b, id)
 		}
 		return b, nil
+	case BindSession:
+		return appendBindSession(b, &c)
+	case UnbindSessions:
+		return appendUnbindSessions(b, &c)
 	}
 	return nil, fmt.Errorf("encode %T: %w", c, ErrInvalidCommand)
 }
@@ -818,6 +835,10 @@ func decodePayload(t CommandType, p []byte) (Command, error) {
 		c = SetGroups{Groups: r.u32("groups")}
 	case CmdSetGroupsChecked:
 		c = readSetGroupsChecked(r)
+	case CmdBindSession:
+		c = readBindSession(r)
+	case CmdUnbindSessions:
+		c = readUnbindSessions(r)
 	default:
 		return nil, fmt.Errorf("type %d: %w", uint8(t), ErrUnknownCommand)
 	}

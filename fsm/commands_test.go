@@ -39,16 +39,25 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 		{CmdPlaceWorker, 13, "PlaceWorker"},
 		{CmdSetGroups, 14, "SetGroups"},
 		{CmdSetGroupsChecked, 15, "SetGroupsChecked"},
+		// 16: reserved for worker drain (a parallel change).
+		{CmdBindSession, 17, "BindSession"},
+		{CmdUnbindSessions, 18, "UnbindSessions"},
 	}
 	for _, p := range pinned {
 		if uint8(p.typ) != p.num || p.typ.String() != p.name || !p.typ.known() {
 			t.Errorf("%s = %d (%q), pinned %d", p.name, uint8(p.typ), p.typ.String(), p.num)
 		}
 	}
-	if CommandType(len(pinned) + 1).known() {
-		t.Errorf("type %d is known but not pinned here: add it to the table", len(pinned)+1)
+	isPinned := map[CommandType]bool{}
+	for _, p := range pinned {
+		isPinned[p.typ] = true
 	}
-	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 5 {
+	for _, typ := range knownTypes() {
+		if !isPinned[typ] {
+			t.Errorf("type %d is known but not pinned here: add it to the table", typ)
+		}
+	}
+	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 7 || SnapshotFormatSessions != 7 {
 		t.Errorf("ignore bit %#x, envelope %d, snapshot format %d", IgnoreIfUnknown, EnvelopeVersion, SnapshotVersion)
 	}
 	fields := []ModelField{FieldActiveDecodeBlocks, FieldActivePrefillTokens, FieldActivePrefillTokensFrac,
@@ -141,6 +150,10 @@ func goldenCommands() []struct {
 		{"place-worker-remove", PlaceWorker{Worker: "sglang-0", Group: 300, Groups: 300, Remove: true}},
 		{"set-groups", SetGroups{Groups: 64}},
 		{"set-groups-checked", SetGroups{Groups: 3, Checked: []string{"r1", "r2", "r3"}}},
+		{"bind-session", BindSession{Session: "research-run-42:researcher", Worker: "vllm-0#1", Parent: "research-run-42",
+			Until: 1_700_000_300_000_000_000, Replace: "vllm-1"}},
+		{"unbind-sessions", UnbindSessions{Session: "research-run-42:researcher"}},
+		{"unbind-sessions-worker", UnbindSessions{Worker: "vllm-0"}},
 	}
 }
 

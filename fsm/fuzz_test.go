@@ -27,6 +27,7 @@ func fuzzBase(t testing.TB) *FSM {
 	h.ok(SetModelConfig{Model: "m", Temperature: ptr(0.5)})
 	h.ok(RegisterNode{NodeID: "n1", RaftAddr: "a", HTTPAddr: "b"})
 	h.ok(PlaceWorker{Worker: "w1", Group: 1, Groups: 2})
+	h.ok(BindSession{Session: "s1", Worker: "w1#1", Until: 200})
 	return h.f
 }
 
@@ -52,6 +53,11 @@ func fuzzSeeds(t testing.TB) map[string][]byte {
 	seeds["set-groups-one"] = mustEncode(t, SetGroups{Groups: 1})
 	seeds["set-groups-checked-all"] = mustEncode(t, SetGroups{Groups: 3, Checked: []string{"n1"}})
 	seeds["set-groups-checked-missing"] = mustEncode(t, SetGroups{Groups: 3, Checked: []string{"n0", "n2"}})
+	seeds["bind-s1-touch"] = mustEncode(t, BindSession{Session: "s1", Worker: "w1#1", Until: 300})
+	seeds["bind-s1-lose"] = mustEncode(t, BindSession{Session: "s1", Worker: "w2", Until: 300})
+	seeds["bind-s1-replace"] = mustEncode(t, BindSession{Session: "s1", Worker: "w2", Until: 300, Replace: "w1#1"})
+	seeds["unbind-w1"] = mustEncode(t, UnbindSessions{Worker: "w1"})
+	seeds["tick-expires-session"] = mustEncode(t, Tick{Now: 250})
 	seeds["bad-threshold"] = mustEncode(t, SetModelConfig{Model: "m", Thresholds: router.Thresholds{ActiveDecodeBlocks: ptr(2.0)}})
 	seeds["unknown-ignored"] = []byte{77 | IgnoreIfUnknown, 1, 0}
 	seeds["unknown"] = []byte{77, 1, 0}
@@ -280,6 +286,7 @@ func TestFSMFuzzSeedCorpus(t *testing.T) {
 		"FuzzDecodeKVBatch":          kvSeeds(t),
 		"FuzzDecodeKVBatchTiered":    kvTieredSeeds(t),
 		"FuzzDecodeSetGroupsChecked": setGroupsCheckedSeeds(t),
+		"FuzzDecodeSessionCommands":  sessionSeeds(t),
 	} {
 		dir := filepath.Join("testdata", "fuzz", target)
 		if *update {
@@ -318,6 +325,7 @@ func FuzzFSMRestore(f *testing.F) {
 	f.Add(snapshotBytes(f, goldenStateBlockSizes(f))) // format 3
 	f.Add(snapshotBytes(f, goldenStateTiers(f)))      // format 4
 	f.Add(snapshotBytes(f, goldenStatePlacements(f))) // format 5
+	f.Add(snapshotBytes(f, goldenStateSessions(f)))   // format 7
 	empty := snapshotBytes(f, newFSM(f))
 	f.Add(empty)
 	f.Add([]byte{})

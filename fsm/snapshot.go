@@ -51,7 +51,13 @@ const (
 	// builds can still install it during a rolling upgrade unless the state
 	// holds something they cannot represent, which they then refuse by
 	// version instead of misreading.
-	SnapshotVersion = 5
+	SnapshotVersion = SnapshotFormatSessions
+
+	// SnapshotFormatSessions is the format that adds session bindings
+	// (record recSession and the header's session count). Format 6 is
+	// reserved for a parallel change (worker drain flags) and is not read
+	// by this build.
+	SnapshotFormatSessions = 7
 
 	// digestVersion is the version byte the digest hashes whatever version
 	// expresses the state: a state has one digest, and it is the one the
@@ -71,7 +77,9 @@ const (
 	recTierBlocks = 8
 	// recPlacement: format 5, one worker's data group.
 	recPlacement = 9
-	recMaxType   = recPlacement
+	// recSession: format 7, one session binding (10 is left to format 6).
+	recSession = 11
+	recMaxType = recSession
 
 	snapshotChunk = 16384
 	maxRecordLen  = 1 << 20
@@ -107,6 +115,7 @@ type image struct {
 
 	groups     uint32 // data groups of the placements; 0 = never set
 	placements []placementImage
+	sessions   []SessionBinding // sorted by session id
 }
 
 // placementImage is one worker's placement, sorted by worker.
@@ -198,6 +207,7 @@ func (f *FSM) captureLocked() *image {
 		img.placements = append(img.placements, placementImage{worker: w, group: g})
 	}
 	slices.SortFunc(img.placements, func(a, b placementImage) int { return strings.Compare(a.worker, b.worker) })
+	img.captureSessions(st)
 	for _, n := range st.nodes {
 		img.nodes = append(img.nodes, n)
 	}
@@ -280,6 +290,9 @@ func (c *crcWriter) record(typ byte) {
 // hold the same bytes but their readers refuse such a worker), else 2 once
 // a worker has a role (format 1 has no field for it), else 1.
 func snapshotVersionOf(img *image) byte {
+	if len(img.sessions) > 0 {
+		return SnapshotFormatSessions
+	}
 	if img.groups != 0 || len(img.placements) > 0 {
 		return 5
 	}
@@ -339,8 +352,11 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 		b = binary.AppendUvarint(b, uint64(nTiers)) // 0 in a format-5 state without tiers
 	}
 	if stateVersion >= 5 {
-		b = binary.AppendUvarint(b, uint64(img.groups))
+		b = binary.AppendUvarint(b, uint64(img.groups)) // 0 in a format-7 state never placed
 		b = binary.AppendUvarint(b, uint64(len(img.placements)))
+	}
+	if stateVersion >= SnapshotFormatSessions {
+		b = binary.AppendUvarint(b, uint64(len(img.sessions)))
 	}
 	c.buf = b
 	c.record(recHeader)
@@ -434,6 +450,10 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 	for _, p := range img.placements {
 		c.buf = binary.AppendUvarint(appendString(c.buf[:0], p.worker), uint64(p.group))
 		c.record(recPlacement)
+	}
+	for i := range img.sessions {
+		c.buf = appendSessionRecord(c.buf[:0], &img.sessions[i])
+		c.record(recSession)
 	}
 	c.buf = c.buf[:0]
 	c.record(recEnd)
@@ -600,6 +620,9 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 	if version < 1 || version > newest {
 		return nil, 0, corrupt("format version %d, this build reads 1 to %d", version, newest)
 	}
+	if version == 6 {
+		return nil, 0, corrupt("format version 6 (worker drain), which this build does not read")
+	}
 	st := newState(base.BlockSize)
 	var applied uint64
 	type danglingAlias struct {
@@ -622,7 +645,7 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 			break
 		}
 		if typ > recMaxType || typ < lastType || (typ == recHeader) != (lastType == 0) || (typ == recTierBlocks && version < 4) ||
-			(typ == recPlacement && version < 5) {
+			(typ == recPlacement && version < 5) || (typ == recSession && version < SnapshotFormatSessions) {
 			return nil, 0, corrupt("record type %d after %d", typ, lastType)
 		}
 		lastType = typ
@@ -649,10 +672,15 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 				// Format 5 is written only once the group count is
 				// set (a placement or SetGroups), and both need at
 				// least 2 groups.
-				if st.groups = rd.u32("groups"); rd.err == nil && st.groups < 2 {
-					return nil, 0, corrupt("format 5 with %d data groups", st.groups)
+				// Format 7 is written for its sessions whether or
+				// not a group count was set (0: never).
+				if st.groups = rd.u32("groups"); rd.err == nil && st.groups < 2 && (version < SnapshotFormatSessions || st.groups != 0) {
+					return nil, 0, corrupt("format %d with %d data groups", version, st.groups)
 				}
 				want[recPlacement] = rd.int("count")
+			}
+			if version >= SnapshotFormatSessions {
+				want[recSession] = rd.int("count")
 			}
 		case recNode:
 			n := NodeRecord{ID: rd.string("node id"), RaftAddr: rd.string("raft addr"), HTTPAddr: rd.string("http addr")}
@@ -766,6 +794,10 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 				}
 				st.placements[p.Worker] = p.Group
 			}
+		case recSession:
+			if err := readSessionRecord(st, rd); err != nil {
+				return nil, 0, err
+			}
 		case recPreds:
 			rs := snapRank(st, rd)
 			n := rd.count("predictions", 9)
@@ -847,6 +879,7 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 		}
 	}
 	st.rebuildHeap()
+	st.rebuildSessionHeap()
 	return st, applied, nil
 }
 
