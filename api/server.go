@@ -174,6 +174,9 @@ type Server struct {
 	hits *hitrate.Tracker
 	// exempt is Config.AdminOpenToLoopback (adminexempt.go); nil: none.
 	exempt *loopbackExemption
+	// sessMetrics: session affinity's series (sessions.go); nil when the
+	// replica keeps no bindings.
+	sessMetrics *sessionMetrics
 }
 
 // Drainer is implemented by a replica that can be draining (SIGTERM
@@ -275,6 +278,9 @@ func New(cfg Config, rep Replica) *Server {
 		cool:    newCooldown(cfg.WorkerCooldown),
 	}
 	s.hits = newHitTracker(cfg, rep)
+	if sr, ok := rep.(SessionReplica); ok {
+		s.sessMetrics = newSessionMetrics(cfg.Registry, sr)
+	}
 	if cfg.AdminToken != "" {
 		s.exempt = newLoopbackExemption(cfg.AdminOpenToLoopback, cfg.Logger, cfg.Registry)
 	}
@@ -325,6 +331,7 @@ func (s *Server) routes() *gin.Engine {
 	admin.POST("/workers/deregister", s.deregisterWorker)
 	admin.POST("/workers/move", s.moveWorker)
 	admin.POST("/workers/rebalance", s.rebalanceWorkers)
+	admin.GET("/sessions/*id", s.getSession)
 	// Under /cluster/, so a member's credential, not the operator's token
 	// (it writes the Raft log: fsm.SetGroups).
 	peer := e.Group("/", s.requirePeer)
