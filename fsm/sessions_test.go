@@ -14,7 +14,6 @@ import (
 	"github.com/kvrouter/kvrouter/router"
 )
 
-
 // goldenStateSessions is goldenStatePlacements plus session bindings: one
 // touched, one rebound, one with a parent, one ended, one ended with its
 // worker, one expired by a Tick: the state pinned by testdata/snapshot-v7.bin.
