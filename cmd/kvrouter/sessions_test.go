@@ -7,11 +7,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/pki"
 	"github.com/kvrouter/kvrouter/internal/poll"
 )
 
@@ -291,5 +293,35 @@ func TestServeSessionAffinityLeaderFailover(t *testing.T) {
 			}
 			return nil
 		})
+	}
+}
+
+// TestServeSessionAffinityTLS: the same over mutual TLS between the
+// replicas (the production default), where a follower's binding reaches
+// the leader through /cluster/apply under its member certificate: every
+// session's turns, each through another replica, answered by one worker.
+func TestServeSessionAffinityTLS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three in-process replicas")
+	}
+	t.Parallel()
+	l := pki.Layout{Dir: filepath.Join(t.TempDir(), "certs")}
+	var holders []pki.Holder
+	for i := 1; i <= 3; i++ {
+		holders = append(holders, pki.Holder{Identity: pki.Node(fmt.Sprintf("r%d", i)), Hosts: []string{"127.0.0.1"}})
+	}
+	if _, err := l.Ensure(holders); err != nil {
+		t.Fatal(err)
+	}
+	reps := newTestCluster(t, func(c *serveConfig) {
+		c.Sessions.TTL = 300 * time.Second
+		c.TLS, c.Insecure = l.Material(pki.Node(c.NodeID)), false
+		c.AdvertiseHTTP = "https://" + c.HTTPAddr
+	})
+	workers := sessionWorkers(t, reps[0].url(), 3) // retries until the cluster has formed
+	waitRoutable(t, reps, workers)
+	used := oneWorkerEach(t, runSessions(t, reps, "tls", 8, 6, 0, false), nil)
+	if used < 2 {
+		t.Errorf("the sessions used %d workers in all", used)
 	}
 }

@@ -50,6 +50,9 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 //     also POST /workers/move and /workers/rebalance.
 //   - SetGroups (14; 15 with the replicas it checked, what this build
 //     proposes): POST /cluster/raft_groups, on any replica.
+//   - BindSession (17), UnbindSessions (18): session affinity, on the
+//     replica that took a session's turn (sessions.go), to the control
+//     group's leader.
 //
 // Not forwarded, so refused: KVEventBatch (3) — the leader's ingest writes
 // it locally (ApplyLocal), never through /cluster/apply; Tick (6) — only a
@@ -61,7 +64,7 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 var forwardedTypes = []fsm.CommandType{
 	fsm.CmdRegisterWorker, fsm.CmdRegisterWorkerRole, fsm.CmdRegisterWorkerBlockSize, fsm.CmdDeregisterWorker, fsm.CmdSetModelConfig,
 	fsm.CmdPredictions, fsm.CmdRegisterNode, fsm.CmdResyncWorker, fsm.CmdPlaceWorker, fsm.CmdSetGroups,
-	fsm.CmdSetGroupsChecked,
+	fsm.CmdSetGroupsChecked, fsm.CmdBindSession, fsm.CmdUnbindSessions,
 }
 
 // errForbiddenCommand is wrapped by every refusal of checkForwarded.

@@ -42,6 +42,8 @@ func TestReplicaCheckForwarded(t *testing.T) {
 		"predictions":   must(fsm.EncodePredictions(fsm.Predictions{Worker: "w1", Hashes: []uint64{1}, Until: 1})),
 		"register node": must(fsm.EncodeRegisterNode(fsm.RegisterNode{NodeID: "r1", RaftAddr: "127.0.0.1:7001", HTTPAddr: "https://127.0.0.1:8001"})),
 		"resync":        must(fsm.EncodeResyncWorker(fsm.ResyncWorker{Worker: "w1"})),
+		"bind session":  must(fsm.EncodeBindSession(fsm.BindSession{Session: "s", Worker: "w1", Until: 1})),
+		"end session":   must(fsm.EncodeUnbindSessions(fsm.UnbindSessions{Session: "s"})),
 	}
 	for name, cmd := range ok {
 		if err := checkForwarded(cmd); err != nil {
