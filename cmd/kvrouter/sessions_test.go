@@ -321,6 +321,20 @@ func TestServeSessionAffinityTLS(t *testing.T) {
 	workers := sessionWorkers(t, reps[0].url(), 3) // retries until the cluster has formed
 	waitRoutable(t, reps, workers)
 	used := oneWorkerEach(t, runSessions(t, reps, "tls", 8, 6, 0, false), nil)
+	// On failure, each replica's session series say why (misses, follows).
+	for _, r := range reps {
+		if !t.Failed() {
+			break
+		}
+		resp, _ := http.Get(r.url() + "/metrics")
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "kvrouter_session") && !strings.Contains(l, "bucket") {
+				t.Log(r.cfg.NodeID, l)
+			}
+		}
+	}
 	if used < 2 {
 		t.Errorf("the sessions used %d workers in all", used)
 	}

@@ -57,18 +57,34 @@ func apiBinding(b fsm.SessionBinding) api.SessionBinding {
 // BindSession proposes the binding (stamped with this replica's clock plus
 // the TTL) to the control group and returns the binding in force after
 // its commit, which the leader's apply result carries: the one asked for,
-// or the one another replica committed first.
+// or the one another replica committed first. While no leader can take it
+// (an election) it retries, up to sessionBindWait.
 func (r *replica) BindSession(ctx context.Context, b api.SessionBind) (api.SessionBinding, error) {
-	cmd := fsm.BindSession{Session: b.Session, Worker: b.Worker, Parent: b.Parent,
-		Until: time.Now().Add(b.TTL).UnixNano(), Replace: b.Replace}
-	res, err := r.proposeSession(ctx, cmd)
-	if err != nil {
-		return api.SessionBinding{}, err
+	ctx, cancel := context.WithTimeout(ctx, sessionBindWait)
+	defer cancel()
+	for {
+		cmd := fsm.BindSession{Session: b.Session, Worker: b.Worker, Parent: b.Parent,
+			Until: time.Now().Add(b.TTL).UnixNano(), Replace: b.Replace}
+		res, err := r.proposeSession(ctx, cmd)
+		switch {
+		case err == nil && res.Session == nil:
+			return api.SessionBinding{}, fmt.Errorf("bind session %q: the commit reported no binding", b.Session)
+		case err == nil:
+			return apiBinding(*res.Session), nil
+		case errors.Is(err, fsm.ErrInvalidCommand), errors.Is(err, api.ErrSessionLimit), errors.Is(err, api.ErrInvalid):
+			return api.SessionBinding{}, err // the state refuses it: retrying cannot help
+		}
+		// No leader reachable (an election, its address not yet
+		// registered, a timeout): wait for one, within sessionBindWait. A
+		// retry of a bind that did commit is a touch of the same binding.
+		t := time.NewTimer(sessionBindRetry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return api.SessionBinding{}, fmt.Errorf("bind session %q: %w (last: %v)", b.Session, ctx.Err(), err)
+		case <-t.C:
+		}
 	}
-	if res.Session == nil {
-		return api.SessionBinding{}, fmt.Errorf("bind session %q: the commit reported no binding", b.Session)
-	}
-	return apiBinding(*res.Session), nil
 }
 
 // proposeSession validates, encodes and commits a binding command; a full
