@@ -220,6 +220,31 @@ func TestServeSessionAffinity(t *testing.T) {
 		}
 		return nil
 	})
+	// A bound worker leaves: its sessions' next turns, each through
+	// another replica, rebind once and agree on the new worker; the other
+	// sessions stay where they were.
+	hdr := runSessions(t, reps, "hdr", 20, 1, 8, false)
+	gone := hdr["hdr-00"][0]
+	resp, err := http.Post(reps[1].url()+"/workers/deregister", "application/json", strings.NewReader(fmt.Sprintf(`{"id":%q}`, gone)))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("deregister %s: %v %v", gone, err, resp)
+	}
+	resp.Body.Close()
+	for _, r := range reps {
+		poll.Until(t, 10*time.Second, 20*time.Millisecond, func() error {
+			if activeRequests(t, r.url(), gone) >= 0 {
+				return fmt.Errorf("%s still routes to %s", r.cfg.NodeID, gone)
+			}
+			return nil
+		})
+	}
+	after := runSessions(t, reps, "hdr", 20, 3, 9, false)
+	oneWorkerEach(t, after, nil)
+	for id, ws := range after {
+		if was := hdr[id][0]; (was == gone) == (ws[0] == was) {
+			t.Errorf("session %s on %s before %s left, on %s after", id, was, gone, ws[0])
+		}
+	}
 	for _, id := range []string{"hdr-07", "pck-13"} {
 		var first string
 		for _, r := range reps {
@@ -338,4 +363,33 @@ func TestServeSessionAffinityTLS(t *testing.T) {
 	if used < 2 {
 		t.Errorf("the sessions used %d workers in all", used)
 	}
+}
+
+// TestServeSessionAffinitySharded: with the index sharded (--raft-groups
+// 2) the bindings live in the control group, whatever data group their
+// workers are placed in: sessions through rotating replicas keep one
+// worker each, and every replica counts the same bindings.
+func TestServeSessionAffinitySharded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three in-process replicas, three Raft groups each")
+	}
+	t.Parallel()
+	reps := newTestCluster(t, func(c *serveConfig) {
+		c.Sessions.TTL = 300 * time.Second
+		c.RaftGroups = 2
+	})
+	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { _, err := leaderOf(reps); return err })
+	workers := sessionWorkers(t, reps[0].url(), 4)
+	waitRoutable(t, reps, workers)
+	if used := oneWorkerEach(t, runSessions(t, reps, "shard", 12, 6, 0, false), nil); used < 2 {
+		t.Errorf("the sessions used %d workers in all", used)
+	}
+	poll.Until(t, 10*time.Second, 20*time.Millisecond, func() error {
+		for _, r := range reps {
+			if s, err := sessionsOf(r.url()); err != nil || s.Sessions.Bindings != 12 {
+				return fmt.Errorf("%s: %+v (%v)", r.cfg.NodeID, s.Sessions, err)
+			}
+		}
+		return nil
+	})
 }
