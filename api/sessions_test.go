@@ -303,3 +303,31 @@ func readCounter(c prometheus.Counter) float64 {
 	_ = c.Write(&m)
 	return m.GetCounter().GetValue()
 }
+
+// TestAPISessionModes: the bound worker is busy. Hard mode keeps the
+// session there: the turn gets the router's busy answer and the binding
+// stays. Soft mode serves the turn elsewhere and rebinds the session.
+func TestAPISessionModes(t *testing.T) {
+	for _, soft := range []bool{false, true} {
+		cfg := router.DefaultConfig()
+		cfg.Thresholds.ActivePrefillTokens = ptr(int64(100000))
+		rep := newFakeReplica("m", cfg)
+		var hits atomic.Int64
+		for _, id := range []router.WorkerID{"w1", "w2"} {
+			rep.addWorker("m", id, fakeWorker(t, &hits).URL)
+		}
+		fs := newFakeSessions(rep, SessionPolicy{TTL: time.Minute, Soft: soft})
+		s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true}, fs)
+		fs.bind(SessionBind{Session: "s", Worker: "w1", TTL: time.Minute})
+		rt, _ := fs.Router("m")
+		rt.Load().Add(router.Booking{ID: "heavy", Worker: "w1", PrefillTokens: 200000, Added: time.Now()}) // w1 busy
+		rec := doWith(s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, map[string]string{"X-Dynamo-Session-ID": "s"})
+		b, _ := fs.SessionBinding("s")
+		switch {
+		case !soft && (rec.Code != 529 || b.Worker != "w1" || hits.Load() != 0):
+			t.Errorf("hard: %d %s, bound to %s, %d worker hits", rec.Code, rec.Body, b.Worker, hits.Load())
+		case soft && (rec.Code != 200 || rec.Header().Get("X-Worker-Id") != "w2" || b.Worker != "w2" || readCounter(s.sessMetrics.rebinds.WithLabelValues("busy")) != 1):
+			t.Errorf("soft: %d answered by %q, bound to %s", rec.Code, rec.Header().Get("X-Worker-Id"), b.Worker)
+		}
+	}
+}
