@@ -186,7 +186,7 @@ func (s *Server) routeSession(ctx context.Context, sr SessionReplica, pol Sessio
 	case bound && reason == "worker_gone":
 		d, err = s.routeMostPrefix(p, now)
 	case !bound && k.Parent != "":
-		d, err = s.routeNearParent(sr, pol, p, now)
+		d, err = s.routeNearParent(sr, p, now)
 	default:
 		d, err = p.rt.Route(p.req, now)
 	}
@@ -258,14 +258,15 @@ func (s *Server) routeMostPrefix(p *prepared, now time.Time) (router.Decision, e
 }
 
 // routeNearParent places a subagent's first turn on its parent session's
-// worker when the parent is bound and the worker can take it (hard mode:
-// only there unless it is gone; soft: there unless busy), else as the
-// router decides.
-func (s *Server) routeNearParent(sr SessionReplica, pol SessionPolicy, p *prepared, now time.Time) (router.Decision, error) {
+// worker when the parent is bound and the worker can take it, else as the
+// router decides: the parent's worker seeds the placement (Dynamo's
+// parent-aware affinity), it is not a binding of this session, so a busy
+// parent worker never refuses the turn in either mode.
+func (s *Server) routeNearParent(sr SessionReplica, p *prepared, now time.Time) (router.Decision, error) {
 	pb, ok := sr.SessionBinding(p.sess.key.Parent)
 	if ok && s.canServe(p, pb.Worker) {
-		if d, err := p.rt.Route(pinned(p.req, p.rt, pb.Worker), now); err == nil || !pol.Soft {
-			return d, err
+		if d, err := p.rt.Route(pinned(p.req, p.rt, pb.Worker), now); err == nil {
+			return d, nil
 		}
 	}
 	return p.rt.Route(p.req, now)
