@@ -68,6 +68,17 @@ func (st *state) earliestExpiryLocked() int64 {
 			next = l
 		}
 	}
+	return next
+}
+
+// earliestDueLocked is the earliest expiry a Tick would act on: leases,
+// live predictions and session bindings (0: none). Bindings count here, so
+// an honest Tick after a quiet spell reaches a due binding, but not in
+// earliestExpiryLocked, the reference that bounds leases, predictions and
+// bindings ahead (clampAheadLocked, bindLocked): a binding may last a year
+// (MaxSessionTTL), and must not stretch those bounds. f.mu held for writing.
+func (st *state) earliestDueLocked() int64 {
+	next := st.earliestExpiryLocked()
 	if s := st.earliestSessionLocked(); s != 0 && (next == 0 || s < next) {
 		next = s
 	}
@@ -87,7 +98,7 @@ func (st *state) earliestExpiryLocked() int64 {
 // cannot poison a new cluster's clock). clamped reports that Now was
 // beyond the bound. f.mu held for writing.
 func (st *state) tickTargetLocked(now int64) (next int64, clamped bool) {
-	e := st.earliestExpiryLocked()
+	e := st.earliestDueLocked()
 	var limit int64
 	switch {
 	case st.lastTick == 0 && e == 0:

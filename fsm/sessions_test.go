@@ -124,8 +124,9 @@ func TestFSMSessionApply(t *testing.T) {
 		{"unbind again", UnbindSessions{Session: "s2"}, "", 0, "", 0, 2},
 		{"unbind a worker's ranks", UnbindSessions{Worker: "c"}, "", 1, "", 0, 1},
 		// Clamped to a year past the reference: the later of the clock and
-		// the earliest expiry held ("warm", 1500 s), as leases are.
-		{"a far expiry is clamped", BindSession{Session: "s4", Worker: "a", Until: 1000*sec + 2*MaxSessionTTL}, "", 1, "a", 1500*sec + MaxSessionTTL, 2},
+		// the earliest lease or prediction (none here); other bindings
+		// ("warm", 1500 s) never stretch it.
+		{"a far expiry is clamped", BindSession{Session: "s4", Worker: "a", Until: 1000*sec + 2*MaxSessionTTL}, "", 1, "a", 1000*sec + MaxSessionTTL, 2},
 	}
 	for _, s := range steps {
 		var res *ApplyResult
@@ -435,4 +436,28 @@ func sessionSeeds(t testing.TB) map[string][]byte {
 	seeds["bind-truncated"] = long[:len(long)-3]
 	seeds["unbind-empty"] = []byte{byte(CmdUnbindSessions), 1, 0, 0}
 	return seeds
+}
+
+// TestFSMSessionClock: after a quiet hour an honest Tick reaches a due
+// binding (it lands just before it, the next expires it), and a binding a
+// year out does not stretch the bound on a lease (a forged far lease is
+// still clamped to a day past the clock).
+func TestFSMSessionClock(t *testing.T) {
+	h := newHarness(t)
+	h.ok(BindSession{Session: "first", Worker: "w", Until: 10 * sec})
+	h.ok(Tick{Now: 5 * sec})
+	h.ok(BindSession{Session: "hour", Worker: "w", Until: 3600 * sec})
+	h.ok(BindSession{Session: "year", Worker: "w", Until: 5*sec + MaxSessionTTL})
+	h.ok(Tick{Now: 11 * sec}) // "first" expires
+	res := h.ok(Tick{Now: 3601 * sec})
+	if !res.Clamped || h.f.LastTick() != 3600*sec-1 {
+		t.Fatalf("a tick after a quiet hour: clock %d, clamped %v", h.f.LastTick(), res.Clamped)
+	}
+	if res := h.ok(Tick{Now: 3602 * sec}); res.Expired != 1 {
+		t.Fatalf("the next tick expired %d", res.Expired)
+	}
+	h.ok(RegisterWorker{ID: "forged", DPRanks: 1, LeaseUntil: MaxSessionTTL})
+	if w, _ := h.f.Worker("forged"); w.LeaseUntil != h.f.LastTick()+MaxTimeAhead {
+		t.Fatalf("a forged lease became %d, clock %d", w.LeaseUntil, h.f.LastTick())
+	}
 }
