@@ -69,6 +69,8 @@ type prepared struct {
 	settle func()
 	// hit is the hit-rate bookkeeping (hitrates.go).
 	hit hitRequest
+	// sess is the request's agent session when affinity is on (sessions.go).
+	sess *sessionTurn
 }
 
 // settled reports the request's booking in place (or abandoned) to the
@@ -135,6 +137,10 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", "model is required")
 		return nil, false
 	}
+	sess, ok := s.readSession(c, body)
+	if !ok {
+		return nil, false
+	}
 	model, lora := in.Model, ""
 	rt, ok := s.rep.Router(model)
 	var only []router.WorkerID // a LoRA adapter: the base model's workers that serve it
@@ -167,7 +173,7 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 		seqs = min(max(in.N, 1)*max(prompts, 1), maxSequences)
 	}
 	return &prepared{
-		body: body, path: c.Request.URL.Path, model: model, stream: in.Stream, rt: rt, start: start,
+		body: body, path: c.Request.URL.Path, model: model, stream: in.Stream, rt: rt, start: start, sess: sess,
 		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora, in.CacheSalt), Tokens: isl, Sequences: seqs,
 			Priority: s.capPriority(bearer(c), in.Nvext.AgentHints.Priority), Exclude: notServing(rt.Workers(), only),
 			ExpectedOutputTokens: max(in.Nvext.AgentHints.Osl, 0)},

@@ -27,6 +27,7 @@ import (
 
 // forward serves the request aggregated on one worker.
 func (s *Server) forward(c *gin.Context, p *prepared) {
+	defer s.endSession(p)
 	p.req.Exclude = append(p.req.Exclude, s.cool.exclude(workerIDs(p.rt.Workers()), time.Now())...)
 	s.proxyLoop(c, p, func() error { return s.attempt(c, p) })
 }
@@ -61,9 +62,12 @@ func (s *Server) proxyLoop(c *gin.Context, p *prepared, try func() error) {
 // attempt is one try of an aggregated request: route, book, send, relay.
 func (s *Server) attempt(c *gin.Context, p *prepared) error {
 	now := time.Now()
-	d, err := p.rt.Route(p.req, now)
-	if err == nil && s.warm != nil {
-		d, err = s.warmUp(p, d, now) // warmup.go: a joining worker's share, on purpose
+	d, err := s.route(c, p, now) // by the session's binding, if any (sessions.go)
+	if err == nil && s.warm != nil && p.sess == nil {
+		// warmup.go: a joining worker's share, on purpose; not for a
+		// session's turn, whose worker the binding decided (a first turn
+		// is bound to the pick before this point)
+		d, err = s.warmUp(p, d, now)
 	}
 	p.settled() // booked in the load view by Route, or never to be
 	p.attempts++

@@ -181,6 +181,9 @@ type Server struct {
 	exempt *loopbackExemption
 	// warm is the warm-up of joining workers (warmup.go); nil: off.
 	warm *warmUps
+	// sessMetrics: session affinity's series (sessions.go); nil when the
+	// replica keeps no bindings.
+	sessMetrics *sessionMetrics
 }
 
 // Drainer is implemented by a replica that can be draining (SIGTERM
@@ -284,6 +287,9 @@ func New(cfg Config, rep Replica) *Server {
 	s.hits = newHitTracker(cfg, rep)
 	registerFleet(s) // fleet.go: kvrouter_worker_removal_cost, kvrouter_worker_drained
 	s.warm = newWarmUps(cfg, s)
+	if sr, ok := rep.(SessionReplica); ok {
+		s.sessMetrics = newSessionMetrics(cfg.Registry, sr)
+	}
 	if cfg.AdminToken != "" {
 		s.exempt = newLoopbackExemption(cfg.AdminOpenToLoopback, cfg.Logger, cfg.Registry)
 	}
@@ -337,6 +343,7 @@ func (s *Server) routes() *gin.Engine {
 	admin.POST("/workers/drain", s.drainWorker)     // fleet.go
 	admin.POST("/workers/undrain", s.undrainWorker) // fleet.go
 	admin.GET("/fleet/plan", s.getFleetPlan)        // fleet.go
+	admin.GET("/sessions/*id", s.getSession)
 	// Under /cluster/, so a member's credential, not the operator's token
 	// (it writes the Raft log: fsm.SetGroups).
 	peer := e.Group("/", s.requirePeer)

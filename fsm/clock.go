@@ -71,6 +71,20 @@ func (st *state) earliestExpiryLocked() int64 {
 	return next
 }
 
+// earliestDueLocked is the earliest expiry a Tick would act on: leases,
+// live predictions and session bindings (0: none). Bindings count here, so
+// an honest Tick after a quiet spell reaches a due binding, but not in
+// earliestExpiryLocked, the reference that bounds leases, predictions and
+// bindings ahead (clampAheadLocked, bindLocked): a binding may last a year
+// (MaxSessionTTL), and must not stretch those bounds. f.mu held for writing.
+func (st *state) earliestDueLocked() int64 {
+	next := st.earliestExpiryLocked()
+	if s := st.earliestSessionLocked(); s != 0 && (next == 0 || s < next) {
+		next = s
+	}
+	return next
+}
+
 // tickTargetLocked is the clock a Tick{Now: now} leaves: never earlier
 // than the clock (it never runs backwards), and no later than the later of
 //   - clock + MaxClockStep (a forged Tick moves the clock a minute), and
@@ -84,7 +98,7 @@ func (st *state) earliestExpiryLocked() int64 {
 // cannot poison a new cluster's clock). clamped reports that Now was
 // beyond the bound. f.mu held for writing.
 func (st *state) tickTargetLocked(now int64) (next int64, clamped bool) {
-	e := st.earliestExpiryLocked()
+	e := st.earliestDueLocked()
 	var limit int64
 	switch {
 	case st.lastTick == 0 && e == 0:
@@ -144,6 +158,11 @@ func CheckTime(c Command, now int64) error {
 		if c.Deadline != 0 {
 			return checkAhead("drain worker "+c.Worker+": deadline", c.Deadline, now)
 		}
+	case BindSession:
+		if c.Until < now-MaxProposalSkew || c.Until > addSat(now, MaxSessionTTL+MaxProposalSkew) {
+			return fmt.Errorf("bind session %q: until %d is outside [%d, %d] of this proposer's clock: %w",
+				c.Session, c.Until, now-MaxProposalSkew, addSat(now, MaxSessionTTL+MaxProposalSkew), ErrInvalidCommand)
+		}
 	}
 	return nil
 }
@@ -159,7 +178,8 @@ func CheckEntryTime(data []byte, now int64) error {
 	switch {
 	case !t.known() || v != EnvelopeVersion:
 		return nil
-	case t != CmdTick && t != CmdRegisterWorker && t != CmdRegisterWorkerRole && t != CmdPredictions && t != CmdSetWorkerDrain:
+	case t != CmdTick && t != CmdRegisterWorker && t != CmdRegisterWorkerRole && t != CmdPredictions && t != CmdSetWorkerDrain &&
+		t != CmdBindSession:
 		return nil // no time inside: skip decoding (KV batches are the hot path)
 	}
 	c, err := Decode(data)

@@ -57,6 +57,12 @@ const (
 	// completes the drain by deregistering it while it is still drained
 	// (drain.go; DESIGN.md, Draining workers).
 	CmdSetWorkerDrain CommandType = 16
+	// CmdBindSession binds an agent session to a worker rank for an idle
+	// TTL, or refreshes the binding (sessions.go; DESIGN.md, Sessions).
+	CmdBindSession CommandType = 17
+	// CmdUnbindSessions ends one session's binding, or every binding to a
+	// worker's ranks.
+	CmdUnbindSessions CommandType = 18
 	// Add new types here, with the next number.
 )
 
@@ -101,11 +107,15 @@ func (t CommandType) String() string {
 		return "SetGroupsChecked"
 	case CmdSetWorkerDrain:
 		return "SetWorkerDrain"
+	case CmdBindSession:
+		return "BindSession"
+	case CmdUnbindSessions:
+		return "UnbindSessions"
 	}
 	return fmt.Sprintf("CommandType(%d)", uint8(t))
 }
 
-func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdSetWorkerDrain }
+func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdUnbindSessions }
 
 // isKVBatch: both KV batch types share one payload layout (kvbatch.go).
 func (t CommandType) isKVBatch() bool { return t == CmdKVEventBatch || t == CmdKVEventBatchTiered }
@@ -575,6 +585,10 @@ func Encode(c Command) ([]byte, error) {
 		return b, nil
 	case SetWorkerDrain:
 		return appendSetWorkerDrain(b, c)
+	case BindSession:
+		return appendBindSession(b, &c)
+	case UnbindSessions:
+		return appendUnbindSessions(b, &c)
 	}
 	return nil, fmt.Errorf("encode %T: %w", c, ErrInvalidCommand)
 }
@@ -830,6 +844,10 @@ func decodePayload(t CommandType, p []byte) (Command, error) {
 		c = readSetGroupsChecked(r)
 	case CmdSetWorkerDrain:
 		c = readSetWorkerDrain(r)
+	case CmdBindSession:
+		c = readBindSession(r)
+	case CmdUnbindSessions:
+		c = readUnbindSessions(r)
 	default:
 		return nil, fmt.Errorf("type %d: %w", uint8(t), ErrUnknownCommand)
 	}

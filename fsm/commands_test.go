@@ -40,16 +40,24 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 		{CmdSetGroups, 14, "SetGroups"},
 		{CmdSetGroupsChecked, 15, "SetGroupsChecked"},
 		{CmdSetWorkerDrain, 16, "SetWorkerDrain"},
+		{CmdBindSession, 17, "BindSession"},
+		{CmdUnbindSessions, 18, "UnbindSessions"},
 	}
 	for _, p := range pinned {
 		if uint8(p.typ) != p.num || p.typ.String() != p.name || !p.typ.known() {
 			t.Errorf("%s = %d (%q), pinned %d", p.name, uint8(p.typ), p.typ.String(), p.num)
 		}
 	}
-	if CommandType(len(pinned) + 1).known() {
-		t.Errorf("type %d is known but not pinned here: add it to the table", len(pinned)+1)
+	isPinned := map[CommandType]bool{}
+	for _, p := range pinned {
+		isPinned[p.typ] = true
 	}
-	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 6 {
+	for _, typ := range knownTypes() {
+		if !isPinned[typ] {
+			t.Errorf("type %d is known but not pinned here: add it to the table", typ)
+		}
+	}
+	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 7 || SnapshotFormatSessions != 7 || SnapshotFormatDrains != 6 {
 		t.Errorf("ignore bit %#x, envelope %d, snapshot format %d", IgnoreIfUnknown, EnvelopeVersion, SnapshotVersion)
 	}
 	fields := []ModelField{FieldActiveDecodeBlocks, FieldActivePrefillTokens, FieldActivePrefillTokensFrac,
@@ -145,6 +153,10 @@ func goldenCommands() []struct {
 		{"set-worker-drain", SetWorkerDrain{Worker: "vllm-0", Drained: true, Deadline: 1_700_000_300_000_000_000}},
 		{"set-worker-undrain", SetWorkerDrain{Worker: "vllm-0"}},
 		{"set-worker-drain-deregister", SetWorkerDrain{Worker: "vllm-0", Drained: true, Deregister: true}},
+		{"bind-session", BindSession{Session: "research-run-42:researcher", Worker: "vllm-0#1", Parent: "research-run-42",
+			Until: 1_700_000_300_000_000_000, Replace: "vllm-1"}},
+		{"unbind-sessions", UnbindSessions{Session: "research-run-42:researcher"}},
+		{"unbind-sessions-worker", UnbindSessions{Worker: "vllm-0"}},
 	}
 }
 

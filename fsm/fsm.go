@@ -108,6 +108,10 @@ type ApplyResult struct {
 	UnknownWorkers []router.WorkerID // distinct unregistered ranks named (first 16)
 	Stale          []router.WorkerID // ranks this entry marked stale
 
+	// Session: BindSession's binding in force after the entry (the
+	// proposer's, or the one that committed first).
+	Session *SessionBinding
+
 	Ignored  bool // unknown type or version with the ignore bit: skipped
 	Replayed bool // index at or below the applied index: skipped
 	Err      error
@@ -296,6 +300,12 @@ type state struct {
 	// Independent of the registry: the control group registers no worker.
 	placements map[string]uint32
 	groups     uint32
+
+	// Session bindings (control group, issue 28; sessions.go): session id
+	// → binding, and their expiries in a heap (derived: Restore rebuilds
+	// it; refreshed or ended bindings leave stale entries, skipped).
+	sessions    map[string]SessionBinding
+	sessionHeap sessionHeap
 }
 
 // modelSize is the block size a model's registered workers share.
@@ -341,6 +351,7 @@ func newState(blockSize int) *state {
 
 		modelSizes: make(map[string]modelSize),
 		placements: make(map[string]uint32),
+		sessions:   make(map[string]SessionBinding),
 	}
 }
 
@@ -532,6 +543,10 @@ func (f *FSM) applyCommandLocked(idx uint64, c Command, res *ApplyResult) error 
 		return f.placeLocked(idx, c, res)
 	case SetWorkerDrain:
 		return f.drainLocked(idx, c, res)
+	case BindSession:
+		return f.bindLocked(c, res)
+	case UnbindSessions:
+		return f.unbindLocked(c, res)
 	case SetGroups:
 		if err := st.checkSetGroups(c); err != nil {
 			return err
@@ -984,7 +999,8 @@ func (f *FSM) tickLocked(idx uint64, now int64, res *ApplyResult) {
 		_ = st.predicted.Apply(e.key, router.KVEvent{Kind: router.EventRemoved, Removed: f.one[:]})
 	}
 	f.stats.expiredPredictions.Add(uint64(n))
-	res.Expired = len(expired) + n
+	sessions := f.expireSessionsLocked(now)
+	res.Expired = len(expired) + n + sessions
 	res.Applied = 1
 }
 
@@ -1487,6 +1503,10 @@ func (f *FSM) NextExpiry() int64 {
 		if l := ws.rec.LeaseUntil; l != 0 && (next == 0 || l < next) {
 			next = l
 		}
+	}
+	// Stale heap entries may make it early, never late (as predictions).
+	if len(f.st.sessionHeap) > 0 && (next == 0 || f.st.sessionHeap[0].until < next) {
+		next = f.st.sessionHeap[0].until
 	}
 	return next
 }

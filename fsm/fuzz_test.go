@@ -28,6 +28,7 @@ func fuzzBase(t testing.TB) *FSM {
 	h.ok(RegisterNode{NodeID: "n1", RaftAddr: "a", HTTPAddr: "b"})
 	h.ok(PlaceWorker{Worker: "w1", Group: 1, Groups: 2})
 	h.ok(SetWorkerDrain{Worker: "w2", Drained: true, Deadline: 50})
+	h.ok(BindSession{Session: "s1", Worker: "w1#1", Until: 200})
 	return h.f
 }
 
@@ -58,6 +59,11 @@ func fuzzSeeds(t testing.TB) map[string][]byte {
 	seeds["complete-w2"] = mustEncode(t, SetWorkerDrain{Worker: "w2", Drained: true, Deregister: true})
 	seeds["complete-w1-undrained"] = mustEncode(t, SetWorkerDrain{Worker: "w1", Drained: true, Deregister: true})
 	seeds["drain-unknown"] = mustEncode(t, SetWorkerDrain{Worker: "zz", Drained: true, Deadline: 3})
+	seeds["bind-s1-touch"] = mustEncode(t, BindSession{Session: "s1", Worker: "w1#1", Until: 300})
+	seeds["bind-s1-lose"] = mustEncode(t, BindSession{Session: "s1", Worker: "w2", Until: 300})
+	seeds["bind-s1-replace"] = mustEncode(t, BindSession{Session: "s1", Worker: "w2", Until: 300, Replace: "w1#1"})
+	seeds["unbind-w1"] = mustEncode(t, UnbindSessions{Worker: "w1"})
+	seeds["tick-expires-session"] = mustEncode(t, Tick{Now: 250})
 	seeds["bad-threshold"] = mustEncode(t, SetModelConfig{Model: "m", Thresholds: router.Thresholds{ActiveDecodeBlocks: ptr(2.0)}})
 	seeds["unknown-ignored"] = []byte{77 | IgnoreIfUnknown, 1, 0}
 	seeds["unknown"] = []byte{77, 1, 0}
@@ -287,6 +293,7 @@ func TestFSMFuzzSeedCorpus(t *testing.T) {
 		"FuzzDecodeKVBatchTiered":    kvTieredSeeds(t),
 		"FuzzDecodeSetGroupsChecked": setGroupsCheckedSeeds(t),
 		"FuzzDecodeSetWorkerDrain":   setWorkerDrainSeeds(t),
+		"FuzzDecodeSessionCommands":  sessionSeeds(t),
 	} {
 		dir := filepath.Join("testdata", "fuzz", target)
 		if *update {
@@ -325,6 +332,7 @@ func FuzzFSMRestore(f *testing.F) {
 	f.Add(snapshotBytes(f, goldenStateBlockSizes(f))) // format 3
 	f.Add(snapshotBytes(f, goldenStateTiers(f)))      // format 4
 	f.Add(snapshotBytes(f, goldenStatePlacements(f))) // format 5
+	f.Add(snapshotBytes(f, goldenStateSessions(f)))   // format 7
 	empty := snapshotBytes(f, newFSM(f))
 	f.Add(empty)
 	f.Add([]byte{})

@@ -282,6 +282,17 @@ func (g *gen) command(t testing.TB) []byte {
 		k := RankKey{g.worker(), uint32(r.IntN(3))}
 		c = ResyncWorker{Worker: k.Worker, DPRank: k.DPRank}
 		g.ids[k] = uint64(r.IntN(100)) // the worker restarts its numbering anywhere
+	case x < 95:
+		sess := fmt.Sprintf("s%d", r.IntN(6))
+		if r.IntN(4) == 0 {
+			c = UnbindSessions{Session: sess}
+			if r.IntN(2) == 0 {
+				c = UnbindSessions{Worker: g.worker()}
+			}
+			break
+		}
+		c = BindSession{Session: sess, Worker: router.WorkerKey(g.worker(), uint32(r.IntN(2))),
+			Until: g.clock + int64(r.IntN(4_000_000_000)) + 1, Replace: router.WorkerKey(g.worker(), 0)}
 	case x < 96:
 		return []byte{byte(40+r.IntN(10)) | IgnoreIfUnknown, 1, 1, 2, 3}
 	case x < 98:

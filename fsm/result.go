@@ -20,6 +20,7 @@ type resultJSON struct {
 	Expired        int               `json:"expired,omitempty"`
 	UnknownWorkers []router.WorkerID `json:"unknown_workers,omitempty"`
 	Stale          []router.WorkerID `json:"stale,omitempty"`
+	Session        *SessionBinding   `json:"session,omitempty"`
 	Ignored        bool              `json:"ignored,omitempty"`
 	Replayed       bool              `json:"replayed,omitempty"`
 	Error          string            `json:"error,omitempty"`
@@ -37,6 +38,7 @@ var errorKinds = []struct {
 	{"unknown_node", ErrUnknownNode},
 	{"unchecked_node", ErrUncheckedNode}, // before invalid_command, which it wraps
 	{"not_drained", ErrNotDrained},       // likewise
+	{"session_limit", ErrSessionLimit},   // likewise
 	{"invalid_config", ErrInvalidConfig},
 	{"invalid_command", ErrInvalidCommand},
 	{"unknown_command", ErrUnknownCommand}, // also the HaltError of the entry that halted
@@ -57,7 +59,7 @@ func (e *remoteError) Unwrap() error { return e.kind }
 // MarshalJSON encodes the result with Err as a message and a sentinel name.
 func (r ApplyResult) MarshalJSON() ([]byte, error) {
 	j := resultJSON{Type: r.Type, Applied: r.Applied, Duplicates: r.Duplicates, Gaps: r.Gaps, Rejected: r.Rejected,
-		Unknown: r.Unknown, Expired: r.Expired, UnknownWorkers: r.UnknownWorkers, Stale: r.Stale,
+		Unknown: r.Unknown, Expired: r.Expired, UnknownWorkers: r.UnknownWorkers, Stale: r.Stale, Session: r.Session,
 		Ignored: r.Ignored, Replayed: r.Replayed}
 	if r.Err != nil {
 		j.Error = r.Err.Error()
@@ -78,7 +80,7 @@ func (r *ApplyResult) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	*r = ApplyResult{Type: j.Type, Applied: j.Applied, Duplicates: j.Duplicates, Gaps: j.Gaps, Rejected: j.Rejected,
-		Unknown: j.Unknown, Expired: j.Expired, UnknownWorkers: j.UnknownWorkers, Stale: j.Stale,
+		Unknown: j.Unknown, Expired: j.Expired, UnknownWorkers: j.UnknownWorkers, Stale: j.Stale, Session: j.Session,
 		Ignored: j.Ignored, Replayed: j.Replayed}
 	if j.Error != "" || j.ErrorKind != "" {
 		e := &remoteError{msg: j.Error}

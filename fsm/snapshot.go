@@ -53,7 +53,15 @@ const (
 	// builds can still install it during a rolling upgrade unless the state
 	// holds something they cannot represent, which they then refuse by
 	// version instead of misreading.
-	SnapshotVersion = 6
+	SnapshotVersion = SnapshotFormatSessions
+
+	// SnapshotFormatDrains is the format that adds drained workers
+	// (record recDrain and the header's drain count).
+	SnapshotFormatDrains = 6
+	// SnapshotFormatSessions is the format that adds session bindings
+	// (record recSession and the header's session count, after the drain
+	// count).
+	SnapshotFormatSessions = 7
 
 	// digestVersion is the version byte the digest hashes whatever version
 	// expresses the state: a state has one digest, and it is the one the
@@ -74,8 +82,10 @@ const (
 	// recPlacement: format 5, one worker's data group.
 	recPlacement = 9
 	// recDrain: format 6, a drained worker (after every worker record).
-	recDrain   = 10
-	recMaxType = recDrain
+	recDrain = 10
+	// recSession: format 7, one session binding.
+	recSession = 11
+	recMaxType = recSession
 
 	snapshotChunk = 16384
 	maxRecordLen  = 1 << 20
@@ -111,7 +121,8 @@ type image struct {
 
 	groups     uint32 // data groups of the placements; 0 = never set
 	placements []placementImage
-	drains     []WorkerDrain // sorted by worker
+	drains     []WorkerDrain    // sorted by worker
+	sessions   []SessionBinding // sorted by session id
 }
 
 // placementImage is one worker's placement, sorted by worker.
@@ -203,6 +214,7 @@ func (f *FSM) captureLocked() *image {
 		img.placements = append(img.placements, placementImage{worker: w, group: g})
 	}
 	slices.SortFunc(img.placements, func(a, b placementImage) int { return strings.Compare(a.worker, b.worker) })
+	img.captureSessions(st)
 	for _, n := range st.nodes {
 		img.nodes = append(img.nodes, n)
 	}
@@ -278,7 +290,8 @@ func (c *crcWriter) record(typ byte) {
 	c.write(c.buf)
 }
 
-// snapshotVersionOf is the oldest format that expresses img: 6 while a
+// snapshotVersionOf is the oldest format that expresses img: 7 while a
+// session is bound (older readers know no session record), 6 while a
 // worker is drained (older readers know no drain record), 5 once the
 // group count is set, by a placement or SetGroups (it outlives the
 // placements, and may come with none; older
@@ -289,8 +302,11 @@ func (c *crcWriter) record(typ byte) {
 // hold the same bytes but their readers refuse such a worker), else 2 once
 // a worker has a role (format 1 has no field for it), else 1.
 func snapshotVersionOf(img *image) byte {
+	if len(img.sessions) > 0 {
+		return SnapshotFormatSessions
+	}
 	if len(img.drains) > 0 {
-		return 6
+		return SnapshotFormatDrains
 	}
 	if img.groups != 0 || len(img.placements) > 0 {
 		return 5
@@ -351,11 +367,14 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 		b = binary.AppendUvarint(b, uint64(nTiers)) // 0 in a format-5 state without tiers
 	}
 	if stateVersion >= 5 {
-		b = binary.AppendUvarint(b, uint64(img.groups))
+		b = binary.AppendUvarint(b, uint64(img.groups)) // 0 in a format-7 state never placed
 		b = binary.AppendUvarint(b, uint64(len(img.placements)))
 	}
-	if stateVersion >= 6 {
+	if stateVersion >= SnapshotFormatDrains {
 		b = binary.AppendUvarint(b, uint64(len(img.drains)))
+	}
+	if stateVersion >= SnapshotFormatSessions {
+		b = binary.AppendUvarint(b, uint64(len(img.sessions)))
 	}
 	c.buf = b
 	c.record(recHeader)
@@ -453,6 +472,10 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 	for _, d := range img.drains {
 		c.buf = binary.AppendVarint(appendString(c.buf[:0], d.Worker), d.Deadline)
 		c.record(recDrain)
+	}
+	for i := range img.sessions {
+		c.buf = appendSessionRecord(c.buf[:0], &img.sessions[i])
+		c.record(recSession)
 	}
 	c.buf = c.buf[:0]
 	c.record(recEnd)
@@ -641,7 +664,8 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 			break
 		}
 		if typ > recMaxType || typ < lastType || (typ == recHeader) != (lastType == 0) || (typ == recTierBlocks && version < 4) ||
-			(typ == recPlacement && version < 5) || (typ == recDrain && version < 6) {
+			(typ == recPlacement && version < 5) || (typ == recDrain && version < SnapshotFormatDrains) ||
+			(typ == recSession && version < SnapshotFormatSessions) {
 			return nil, 0, corrupt("record type %d after %d", typ, lastType)
 		}
 		lastType = typ
@@ -667,15 +691,19 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 			if version >= 5 {
 				// Format 5 is written only once the group count is
 				// set (a placement or SetGroups), and both need at
-				// least 2 groups. Format 6 is written for drains too,
-				// in a state whose count may never have been set.
-				if st.groups = rd.u32("groups"); rd.err == nil && st.groups < 2 && (version < 6 || st.groups != 0) {
+				// least 2 groups. Formats 6 and 7 are written for
+				// drains and sessions too, in a state whose count may
+				// never have been set (0: never).
+				if st.groups = rd.u32("groups"); rd.err == nil && st.groups < 2 && (version < SnapshotFormatDrains || st.groups != 0) {
 					return nil, 0, corrupt("format %d with %d data groups", version, st.groups)
 				}
 				want[recPlacement] = rd.int("count")
 			}
-			if version >= 6 {
+			if version >= SnapshotFormatDrains {
 				want[recDrain] = rd.int("count")
+			}
+			if version >= SnapshotFormatSessions {
+				want[recSession] = rd.int("count")
 			}
 		case recNode:
 			n := NodeRecord{ID: rd.string("node id"), RaftAddr: rd.string("raft addr"), HTTPAddr: rd.string("http addr")}
@@ -798,6 +826,10 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 				}
 				ws.drain = &drainState{deadline: deadline}
 			}
+		case recSession:
+			if err := readSessionRecord(st, rd); err != nil {
+				return nil, 0, err
+			}
 		case recPreds:
 			rs := snapRank(st, rd)
 			n := rd.count("predictions", 9)
@@ -879,6 +911,7 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 		}
 	}
 	st.rebuildHeap()
+	st.rebuildSessionHeap()
 	return st, applied, nil
 }
 

@@ -159,6 +159,7 @@ func sameState(t *testing.T, a, b *FSM) {
 		{"predicted len", a.Predicted().Len(), b.Predicted().Len()},
 		{"placements", a.Placements(), b.Placements()},
 		{"placement groups", a.PlacementGroups(), b.PlacementGroups()},
+		{"sessions", a.Sessions(), b.Sessions()},
 	} {
 		if !reflect.DeepEqual(c.x, c.y) {
 			t.Fatalf("%s differ:\n%v\n%v", c.name, c.x, c.y)
@@ -468,6 +469,7 @@ var goldenWriters = map[string]func(testing.TB) *FSM{
 	"snapshot-v4.bin": goldenStateTiers,
 	"snapshot-v5.bin": goldenStatePlacements,
 	"snapshot-v6.bin": goldenStateDrains,
+	"snapshot-v7.bin": goldenStateSessions,
 }
 
 // TestFSMGoldenSnapshots restores every committed snapshot, of every format

@@ -36,6 +36,7 @@ var commands = []command{
 	{"ingest", "publish synthetic KV events to a cluster and measure ingest", runIngest},
 	{"disagg", "simulate disaggregated prefill/decode over a KV link: --disagg off/always/auto side by side", runDisagg},
 	{"tune", "replay a workload (a replica's --capture-file) under a grid of policies and knobs; print the best setting and how to apply it", runTune},
+	{"agents", "write a synthetic agent workload (multi-turn sessions with growing context, think time, subagents) as a Mooncake trace for sim --trace", runAgents},
 	{"figures", "rerun the commands printed in BENCHMARKS.md and check (--check) or rewrite (--write) their tables", runFigures},
 }
 

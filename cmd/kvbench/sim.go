@@ -50,6 +50,8 @@ type simOptions struct {
 	// length as its expected output (nvext.agent_hints.osl).
 	TrackOutputBlocks bool
 	OSLHint           bool
+	// SessionAffinity is sim.Config.SessionAffinity (--session-affinity).
+	SessionAffinity bool
 
 	Seed     uint64
 	Reps     int
@@ -102,6 +104,7 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.StringVar(&eventDelay, "event-delay", "5ms", "virtual delay from an engine's KV event to the router's index")
 	fs.IntVar(&o.Routers, "routers", 1, "simulated routers (kvrouter replicas) behind a round-robin balancer; each keeps its own load view, all read the one event-fed index")
 	fs.StringVar(&syncDelay, "sync-delay", "0s", "with --routers > 1: replica sync lag, from one router's booking, first token or free to the others' load views")
+	fs.BoolVar(&o.SessionAffinity, "session-affinity", false, "trace sessions (session_id): bind each to the worker of its first turn and send its later turns there through any router, as kvrouter serve --router-session-affinity-ttl-secs does")
 	fs.StringVar(&syncFreeExtra, "sync-free-extra", "0s", "with --routers > 1: first tokens and frees reach the other routers this much later than bookings do (the phantom load of a late free)")
 	fs.IntVar(&o.Repeat, "repeat", 1, "synthetic: send the request list this many times in a row (back-to-back reps with one seed, caches and router state carried over)")
 	fs.DurationVar(&o.Timeout, "timeout", 60*time.Second, "a request that fails counts in TTFT and E2E as this long (kvbench load's default timeout); the simulator itself enforces none")

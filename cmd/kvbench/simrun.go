@@ -336,6 +336,7 @@ func (o *simOptions) simConfig(rc router.Config, seed uint64) sim.Config {
 	return sim.Config{
 		Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(), Router: rc, EventDelay: o.EventDelay, Seed: seed,
 		Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra, OSLHint: o.OSLHint, Remove: o.Remove, Add: o.Add, WarmUp: o.WarmUp,
+		SessionAffinity: o.SessionAffinity,
 	}
 }
 

@@ -239,9 +239,29 @@ func dynamoSpecs(c *serveConfig, d *dynamoState, warn func(string)) []flagSpec {
 			return nil
 		}},
 		noEffect("router-policy-config", "DYN_ROUTER_POLICY_CONFIG", "one queue per model (--router-queue-threshold, --router-queue-policy) and the built-in selector"),
-		noEffect("router-session-affinity-ttl-secs", "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS", "no session affinity: every request is placed by the cost function (a session's prefix draws it to the worker that holds it)"),
-		choice("router-session-affinity-mode", "DYN_ROUTER_SESSION_AFFINITY_MODE", []string{"hard"}, []string{"hard", "soft"},
-			"no session affinity (--router-session-affinity-ttl-secs)"),
+		// Session affinity (issue 28; internal/replica/sessions.go): the
+		// idle TTL turns it on; bindings are replicated state, so the
+		// binding one replica makes is the one every replica uses.
+		{names: names("router-session-affinity-ttl-secs"), env: envs("DYN_ROUTER_SESSION_AFFINITY_TTL_SECS"),
+			usage: "bind a session (X-Dynamo-Session-ID, the coding agents' headers, nvext.session_control, prompt_cache_key) to a worker for this idle TTL, 1 to 31536000 seconds, on every replica (default: off)",
+			set: func(v string) error {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil || n < 1 || n > 31536000 {
+					return fmt.Errorf("want whole seconds from 1 to 31536000, got %q", v)
+				}
+				c.Sessions.TTL = time.Duration(n) * time.Second
+				return nil
+			}},
+		{names: names("router-session-affinity-mode"), env: envs("DYN_ROUTER_SESSION_AFFINITY_MODE"),
+			usage: "hard (default): a bound session's turns go to its worker only; soft: its worker is preferred while it is not busy, else the session is rebound",
+			set: func(v string) error {
+				switch v {
+				case "hard", "soft":
+					c.Sessions.Soft = v == "soft"
+					return nil
+				}
+				return fmt.Errorf("want one of hard, soft, got %q", v)
+			}},
 		noEffect("router-max-tree-size", "DYN_ROUTER_MAX_TREE_SIZE", "the index is bounded by the workers' own eviction events, not a tree size"),
 		noEffect("router-prune-target-ratio", "DYN_ROUTER_PRUNE_TARGET_RATIO", "the index is bounded by the workers' own eviction events, not pruning"),
 		noEffect("router-event-threads", "DYN_ROUTER_EVENT_THREADS", "events are applied through Raft in log order; there is no indexer thread pool"),

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/fsm"
 	"github.com/kvrouter/kvrouter/router"
@@ -300,5 +301,44 @@ func TestDynamoModeScopedPooledWaitWeight(t *testing.T) {
 				t.Errorf("want one warning containing %q, got %q", tt.warn, warned)
 			}
 		})
+	}
+}
+
+// TestDynamoSessionAffinityFlags: the TTL Dynamo accepts (1 to 31536000
+// whole seconds) turns affinity on, by flag or environment; anything else
+// (negative, zero, fractional, past a year, not a number) is refused at
+// startup, as is a mode other than hard or soft.
+func TestDynamoSessionAffinityFlags(t *testing.T) {
+	none := func(string) string { return "" }
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		ttl  time.Duration
+		soft bool
+		ok   bool
+	}{
+		{nil, nil, 0, false, true},
+		{[]string{"--router-session-affinity-ttl-secs", "300"}, nil, 300 * time.Second, false, true},
+		{[]string{"--router-session-affinity-ttl-secs", "31536000", "--router-session-affinity-mode", "soft"}, nil, 31536000 * time.Second, true, true},
+		{nil, map[string]string{"DYN_ROUTER_SESSION_AFFINITY_TTL_SECS": "60", "DYN_ROUTER_SESSION_AFFINITY_MODE": "soft"}, time.Minute, true, true},
+		{[]string{"--router-session-affinity-ttl-secs", "-5"}, nil, 0, false, false},
+		{[]string{"--router-session-affinity-ttl-secs", "0"}, nil, 0, false, false},
+		{[]string{"--router-session-affinity-ttl-secs", "1.5"}, nil, 0, false, false},
+		{[]string{"--router-session-affinity-ttl-secs", "31536001"}, nil, 0, false, false},
+		{nil, map[string]string{"DYN_ROUTER_SESSION_AFFINITY_TTL_SECS": "forever"}, 0, false, false},
+		{[]string{"--router-session-affinity-mode", "sticky"}, nil, 0, false, false},
+	} {
+		getenv := none
+		if tc.env != nil {
+			getenv = func(k string) string { return tc.env[k] }
+		}
+		c, err := parseServe(append([]string{"--single-node"}, tc.args...), getenv, io.Discard)
+		if (err == nil) != tc.ok {
+			t.Errorf("%q %v: err %v, want ok %v", tc.args, tc.env, err, tc.ok)
+			continue
+		}
+		if err == nil && (c.Sessions.TTL != tc.ttl || c.Sessions.Soft != tc.soft) {
+			t.Errorf("%q %v: sessions %+v", tc.args, tc.env, c.Sessions)
+		}
 	}
 }

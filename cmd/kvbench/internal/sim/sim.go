@@ -54,6 +54,14 @@ type Config struct {
 	// (nvext.agent_hints.osl, router.Request.ExpectedOutputTokens), as a
 	// client that knows it would; off, the router is told nothing.
 	OSLHint bool
+	// SessionAffinity binds a session (a trace's session_id) to the worker
+	// its first turn went to, and sends its later turns there through any
+	// router, as kvrouter's --router-session-affinity-ttl-secs does (hard
+	// mode): the binding is shared by every router at once (replicated
+	// state, not replica sync), so it has no lag; its commit (~3 ms on a
+	// first turn, BENCHMARKS.md) is not simulated. A turn whose bound
+	// worker refuses it (busy) is routed as usual and the session rebound.
+	SessionAffinity bool
 	// Progress, when set, is called after every finished request.
 	Progress func()
 	// Peer, when set, routes instead of the router (peer.go): another
@@ -185,7 +193,8 @@ type state struct {
 	removedAt time.Duration
 	addedAt   time.Duration // when Config.Add's worker joined; -1 before
 	infos     []router.WorkerInfo
-	warm      warmState // Config.WarmUp
+	warm      warmState               // Config.WarmUp
+	bound     map[int]router.WorkerID // session → its worker (SessionAffinity)
 
 	issued    int // closed loop: next request to send
 	finished  int
@@ -387,9 +396,9 @@ func (s *state) send(i int) {
 	if s.cfg.OSLHint {
 		req.ExpectedOutputTokens = r.OutputTokens
 	}
-	d, err := s.rts[k].Route(req, epoch.Add(s.now))
-	if err == nil {
-		d, err = s.warmUp(k, req, d)
+	d, err := s.route(k, r, req)
+	if err == nil && (!s.cfg.SessionAffinity || r.Session == workload.NoSession) {
+		d, err = s.warmUp(k, req, d) // a session's turn goes where its binding says
 	}
 	if err != nil {
 		s.fail(i, fmt.Sprintf("route: %v", err))
@@ -412,6 +421,36 @@ func (s *state) send(i int) {
 		return
 	}
 	s.dirty[wi] = true
+}
+
+// route decides request r on router k: by its session's binding when
+// SessionAffinity is on and the session is bound (only the bound worker
+// is a candidate), else as the router decides; a session's turn then
+// binds (or rebinds) it to the worker chosen.
+func (s *state) route(k int, r *workload.Request, req router.Request) (router.Decision, error) {
+	now := epoch.Add(s.now)
+	if !s.cfg.SessionAffinity || r.Session == workload.NoSession {
+		return s.rts[k].Route(req, now)
+	}
+	if w, ok := s.bound[r.Session]; ok {
+		pinned := req
+		for _, id := range s.ids {
+			if id != w {
+				pinned.Exclude = append(pinned.Exclude, id)
+			}
+		}
+		if d, err := s.rts[k].Route(pinned, now); err == nil {
+			return d, nil
+		}
+	}
+	d, err := s.rts[k].Route(req, now)
+	if err == nil {
+		if s.bound == nil {
+			s.bound = make(map[int]router.WorkerID)
+		}
+		s.bound[r.Session] = d.Worker
+	}
+	return d, err
 }
 
 // sendByPeer routes request i by the peer and submits it.
@@ -501,7 +540,7 @@ func (s *state) complete(i int) {
 		}
 	case workload.Trace:
 		if nxt := s.w.Requests[i].NextTurn; nxt >= 0 {
-			s.push(max(s.w.Requests[nxt].At, s.now), nxt)
+			s.push(max(s.w.Requests[nxt].At, s.now+s.w.Requests[nxt].Think), nxt)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 func FuzzParseTraceLine(f *testing.F) {
 	f.Add([]byte(`{"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]}`))
 	f.Add([]byte(`{"timestamp": 3.5, "input_length": 1, "output_length": 0, "hash_ids": [9], "session_id": "s"}`))
+	f.Add([]byte(`{"timestamp": 3.5, "input_length": 1, "output_length": 0, "hash_ids": [9], "session_id": "s", "think_ms": 2000}`))
 	f.Add([]byte(`{"timestamp": 1.5, "unix_ms": 1795000000000, "input_length": 40, "output_length": 7, "hash_ids": [18446744073709551615, 2, 3], "block_tokens": 16, "model": "m"}`))
 	f.Fuzz(func(t *testing.T, line []byte) {
 		row, err := ParseTraceLine(line)

@@ -47,6 +47,11 @@ type TraceRow struct {
 	// in decimal); HasSession says whether the row had one.
 	SessionID  string
 	HasSession bool
+	// ThinkMs is a session turn's think time (think_ms, optional, ms): the
+	// pause between the end of the session's previous turn and this one,
+	// as an agent's tool call or a user's reading (kvbench agents writes
+	// it). 0: the turn follows at once (or at its timestamp).
+	ThinkMs float64
 }
 
 // ErrTraceLine marks a malformed trace line.
@@ -61,14 +66,15 @@ type rawRow struct {
 	UnixMs       *int64          `json:"unix_ms"`
 	CachedTokens *int64          `json:"cached_tokens"`
 	SessionID    json.RawMessage `json:"session_id"`
+	ThinkMs      *float64        `json:"think_ms"`
 }
 
 // ParseTraceLine parses and checks one JSON line of a Mooncake trace:
 // timestamp (ms, ≥ 0), input_length (≥ 1), output_length (≥ 0), hash_ids
 // (one per 512 tokens of input, the last one partial, or one per
 // block_tokens tokens when the line says so, as kvrouter's captures do),
-// an optional unix_ms (≥ 0) and an optional session_id (string or
-// integer). Unknown fields are ignored.
+// an optional unix_ms (≥ 0), an optional session_id (string or
+// integer) and an optional think_ms (≥ 0). Unknown fields are ignored.
 func ParseTraceLine(line []byte) (TraceRow, error) {
 	var raw rawRow
 	if err := json.Unmarshal(line, &raw); err != nil {
@@ -124,6 +130,12 @@ func ParseTraceLine(line []byte) (TraceRow, error) {
 			return TraceRow{}, err
 		}
 		row.SessionID, row.HasSession = id, true
+	}
+	if t := raw.ThinkMs; t != nil {
+		if math.IsNaN(*t) || *t < 0 || *t > MaxTraceTimestampMs {
+			return TraceRow{}, fmt.Errorf("%w: think_ms %v outside [0, %g]", ErrTraceLine, *t, MaxTraceTimestampMs)
+		}
+		row.ThinkMs = *t
 	}
 	return row, nil
 }
@@ -279,6 +291,7 @@ func fromRows(rows []TraceRow, s TraceSpec, name string) *Workload {
 			PromptTokens: row.InputLength,
 			OutputTokens: max(row.OutputLength, 1), // an engine emits at least one token
 			At:           time.Duration(row.TimestampMs / s.Speedup * float64(time.Millisecond)),
+			Think:        time.Duration(row.ThinkMs / s.Speedup * float64(time.Millisecond)),
 			Session:      sess,
 			HitTokens:    s.BlockSize,
 			Prefix:       -1,

@@ -64,6 +64,9 @@ type Request struct {
 	Session int
 	// NextTurn is the index of the session's next turn, or -1.
 	NextTurn int
+	// Think is a session turn's pause after its previous turn ended
+	// (trace think_ms): it is sent at max(At, previous end + Think).
+	Think time.Duration
 	// HitTokens is how many cached prompt tokens make this request a hit:
 	// half its shared prefix (synthetic) or one block (traces).
 	HitTokens int

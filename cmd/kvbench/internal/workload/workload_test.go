@@ -139,6 +139,8 @@ func TestSimTraceParseLine(t *testing.T) {
 		`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1.5]}`,
 		`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1], "session_id": [1]}`,
 		`{"timestamp": 1e300, "input_length": 10, "output_length": 1, "hash_ids": [1]}`,
+		`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1], "session_id": "s", "think_ms": -5}`,
+		`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1], "session_id": "s", "think_ms": "1s"}`,
 	} {
 		if _, err := ParseTraceLine([]byte(bad)); !errors.Is(err, ErrTraceLine) {
 			t.Errorf("%s: err %v, want ErrTraceLine", bad, err)

@@ -120,6 +120,10 @@ type Config struct {
 	// TokenizerCheck is how often each worker's /tokenize is compared with
 	// our ids (besides at registration); 0 = never (selfcheck.go).
 	TokenizerCheck time.Duration
+
+	// Sessions is session affinity (sessions.go; Dynamo's
+	// --router-session-affinity-ttl-secs and -mode).
+	Sessions SessionConfig
 }
 
 // ModelDir is one --model-dir NAME=DIR.

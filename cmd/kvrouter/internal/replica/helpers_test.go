@@ -23,7 +23,7 @@ import (
 
 // testBus starts an embedded NATS server with JetStream (insecure: tests
 // bind loopback only); it stops after everything the test started on it.
-func testBus(t *testing.T, log *slog.Logger) *eventbus.Server {
+func testBus(t testing.TB, log *slog.Logger) *eventbus.Server {
 	t.Helper()
 	srv, err := eventbus.StartServer(eventbus.ServerConfig{Name: "test-bus", StoreDir: t.TempDir(), Logger: log,
 		Security: eventbus.Security{Insecure: true}})
@@ -70,11 +70,11 @@ type testCluster struct {
 // model is the one model the test replicas serve.
 const model = "m"
 
-func newTestCluster(t *testing.T, n int) *testCluster { return newTestClusterWith(t, n, nil) }
+func newTestCluster(t testing.TB, n int) *testCluster { return newTestClusterWith(t, n, nil) }
 
 // newTestClusterWith is newTestCluster with each replica's Config passed
 // through configure first (nil: as is).
-func newTestClusterWith(t *testing.T, n int, configure func(*Config)) *testCluster {
+func newTestClusterWith(t testing.TB, n int, configure func(*Config)) *testCluster {
 	t.Helper()
 	return newTestClusterTLS(t, n, configure, false)
 }
@@ -83,7 +83,7 @@ func newTestClusterWith(t *testing.T, n int, configure func(*Config)) *testClust
 // on a node certificate (mutual TLS on Raft, HTTPS between replicas) and
 // forwarded writes vetted by checkForwarded, as Run configures a replica
 // with TLS.
-func newTestClusterTLS(t *testing.T, n int, configure func(*Config), tlsOn bool) *testCluster {
+func newTestClusterTLS(t testing.TB, n int, configure func(*Config), tlsOn bool) *testCluster {
 	t.Helper()
 	log := clustertest.NewTestLogger(t) // closes last: after the nodes and the bus
 	tc := &testCluster{Bus: testBus(t, log.With("component", "nats")), reps: map[int]*replica{}}

@@ -60,6 +60,8 @@ type replica struct {
 	state    *stateAgreement     // do the peers' replicated states match ours?
 	capacity *capacityWatch      // logs refusals beyond a worker's index block cap
 	gaps     *capacityGaps       // capacity-relative settings a worker's missing capacity disables
+
+	sessWrites sessionWrites // background session refreshes and ends (sessions.go)
 }
 
 // Adapter resolves a LoRA adapter to its base model and serving workers.
@@ -396,6 +398,7 @@ func (r *replica) Status(digest bool) map[string]any {
 	out["nodes"] = nodes
 	workers := []map[string]any{}
 	stale, cursors, refused := r.staleRanks(), r.cursors(), r.overCapacityRefused()
+	bindings := r.fsm.SessionsPerWorker()
 	missing, drained := r.health.missing(), r.drainedSet()
 	for _, w := range r.workers() {
 		entry := map[string]any{"id": w.ID, "url": w.Address, "model": w.Model, "block_size": w.BlockSize,
@@ -405,7 +408,8 @@ func (r *replica) Status(digest bool) map[string]any {
 			"capacity_missing": nonNil(router.MissingCapacity(workerInfo(w))),
 			"capacity_gaps":    nonNil(workerGaps(r.modelConfig(w.Model), w)),
 			// Per rank; blocks refused beyond it since this replica started (fsm/DESIGN.md, Bounds).
-			"index_block_cap": fsm.RankBlockCap(w.TotalBlocks), "over_capacity_refused": refused[w.ID]}
+			"index_block_cap": fsm.RankBlockCap(w.TotalBlocks), "over_capacity_refused": refused[w.ID],
+			"session_bindings": bindings[w.ID]}
 		if g, ok := r.groupOf(w.ID); ok && r.sharded() {
 			entry["raft_group"] = g.id
 		}
@@ -427,6 +431,7 @@ func (r *replica) Status(digest bool) map[string]any {
 		workers = append(workers, entry)
 	}
 	out["workers"] = workers
+	out["sessions"] = r.sessionStatus()
 	if r.bus != nil {
 		out["nats_url"] = r.bus.ClientURL()
 	}

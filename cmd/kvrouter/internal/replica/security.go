@@ -54,6 +54,9 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 //     whichever replica took the request, to the worker's owner group's
 //     leader; its completion (Deregister) from that leader's watchDrains,
 //     forwarded when leadership moved between its decision and its write.
+//   - BindSession (17), UnbindSessions (18): session affinity, on the
+//     replica that took a session's turn (sessions.go), to the control
+//     group's leader.
 //
 // Not forwarded, so refused: KVEventBatch (3) — the leader's ingest writes
 // it locally (ApplyLocal), never through /cluster/apply; Tick (6) — only a
@@ -65,7 +68,7 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 var forwardedTypes = []fsm.CommandType{
 	fsm.CmdRegisterWorker, fsm.CmdRegisterWorkerRole, fsm.CmdRegisterWorkerBlockSize, fsm.CmdDeregisterWorker, fsm.CmdSetModelConfig,
 	fsm.CmdPredictions, fsm.CmdRegisterNode, fsm.CmdResyncWorker, fsm.CmdPlaceWorker, fsm.CmdSetGroups,
-	fsm.CmdSetGroupsChecked, fsm.CmdSetWorkerDrain,
+	fsm.CmdSetGroupsChecked, fsm.CmdSetWorkerDrain, fsm.CmdBindSession, fsm.CmdUnbindSessions,
 }
 
 // errForbiddenCommand is wrapped by every refusal of checkForwarded.

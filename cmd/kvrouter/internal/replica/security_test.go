@@ -45,6 +45,8 @@ func TestReplicaCheckForwarded(t *testing.T) {
 		"drain":         must(fsm.EncodeSetWorkerDrain(fsm.SetWorkerDrain{Worker: "w1", Drained: true, Deadline: 1})),
 		"undrain":       must(fsm.EncodeSetWorkerDrain(fsm.SetWorkerDrain{Worker: "w1"})),
 		"drain done":    must(fsm.EncodeSetWorkerDrain(fsm.SetWorkerDrain{Worker: "w1", Drained: true, Deregister: true})),
+		"bind session":  must(fsm.EncodeBindSession(fsm.BindSession{Session: "s", Worker: "w1", Until: 1})),
+		"end session":   must(fsm.EncodeUnbindSessions(fsm.UnbindSessions{Session: "s"})),
 	}
 	for name, cmd := range ok {
 		if err := checkForwarded(cmd); err != nil {

@@ -11,6 +11,18 @@ const (
 	// lost before the worker expires. Static workers never expire.
 	leaseFor = 120 * time.Second
 
+	// sessionBindWait bounds how long a session's first turn (or a rebind)
+	// waits for its binding to commit while the control group has no
+	// leader it can reach (an election, a leader whose address is not yet
+	// registered): longer than an election here (~1-2 s), so a turn
+	// arriving during a leader change waits for the new leader instead of
+	// being served unbound (which would split the session between two
+	// workers); bounded, so a cluster without quorum still answers (the
+	// turn is then served unbound, counted as a miss). sessionBindRetry is
+	// the pause between attempts.
+	sessionBindWait  = 5 * time.Second
+	sessionBindRetry = 50 * time.Millisecond
+
 	// tickEvery is how often the leader checks whether a lease or a
 	// prediction is due to expire (and then stamps its clock into the log).
 	// Expiry times are whole seconds apart at best (leases 120 s, the

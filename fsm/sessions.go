@@ -1,0 +1,424 @@
+package fsm
+
+import (
+	"container/heap"
+	"encoding/binary"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// Session bindings (issue 28, DESIGN.md "Sessions"): an agent session's id
+// bound to the worker (rank) that serves its turns, for an idle TTL. They
+// live in the control group's FSM, so every replica reads them locally and
+// a binding one replica made is the one every replica uses.
+
+// Session limits: Dynamo's (its router keeps at most 65,536 bindings and
+// refuses ids over 256 bytes). Constants of the build, like every bound the
+// FSM applies: replicas must decide alike on the same entry.
+const (
+	// MaxSessionBindings bounds the bindings the state holds: a binding
+	// beyond is refused (ErrSessionLimit), the turn served unbound.
+	MaxSessionBindings = 65536
+	// MaxSessionIDBytes bounds a session id (and a parent session id).
+	MaxSessionIDBytes = 256
+	// MaxSessionTTL is the longest TTL a binding may ask for (Dynamo's
+	// bound on --router-session-affinity-ttl-secs: one year); apply clamps
+	// an expiry further than this past the clock, as MaxTimeAhead does
+	// for leases.
+	MaxSessionTTL = 31536000 * nanosPerSecond
+)
+
+// ErrSessionLimit refuses a new binding while MaxSessionBindings are held.
+// It wraps ErrInvalidCommand (a domain error); the proposer serves the
+// turn unbound.
+var ErrSessionLimit = fmt.Errorf("session bindings full: %w", ErrInvalidCommand)
+
+// BindSession (command 17) binds a session to a worker rank until Until
+// (unix nanos, stamped by the proposer: its clock + the TTL), or refreshes
+// the binding's expiry. On apply:
+//   - no binding (or Replace names the one in force): bound to Worker;
+//   - bound to Worker already: the expiry moves to max(old, Until) (a
+//     touch never shortens a binding), Parent kept unless given;
+//   - bound to another worker and Replace does not name it: nothing
+//     changes; the result carries the binding in force, which the
+//     proposer follows (first commit wins).
+//
+// ApplyResult.Session is the binding in force after the entry, whatever
+// happened.
+type BindSession struct {
+	Session string          // 1..MaxSessionIDBytes, no control characters
+	Worker  router.WorkerID // router key: router.WorkerKey(id, rank)
+	Parent  string          // parent session (subagents), "" = none
+	Until   int64           // unix nanos, > 0
+	// Replace is the worker the proposer saw bound and found gone (dead,
+	// deregistered, refused the turn): the binding moves only if it is
+	// still the one in force. "" = the proposer saw none.
+	Replace router.WorkerID
+}
+
+// UnbindSessions (command 18) ends bindings: the one of Session
+// (X-Dynamo-Session-Final, an operator), or every binding to Worker's
+// ranks (the worker left). Exactly one is set. Ending what is not bound
+// succeeds with Applied 0.
+type UnbindSessions struct {
+	Session string
+	Worker  string // a worker id (no '#'): all its ranks
+}
+
+func (BindSession) Type() CommandType    { return CmdBindSession }
+func (UnbindSessions) Type() CommandType { return CmdUnbindSessions }
+
+// SessionBinding is one binding as the state holds it.
+type SessionBinding struct {
+	Session string          `json:"session"`
+	Worker  router.WorkerID `json:"worker"`
+	Parent  string          `json:"parent,omitempty"`
+	Until   int64           `json:"until"` // unix nanos: idle expiry (the FSM's clock decides)
+}
+
+// checkSessionID is the rule for session and parent ids: 1..256 bytes of
+// valid UTF-8 without control characters (they travel in headers, logs and
+// the status page).
+func checkSessionID(what, id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%s is empty: %w", what, ErrInvalidCommand)
+	case len(id) > MaxSessionIDBytes:
+		return fmt.Errorf("%s is %d bytes, limit %d: %w", what, len(id), MaxSessionIDBytes, ErrInvalidCommand)
+	case !utf8.ValidString(id):
+		return fmt.Errorf("%s is not valid UTF-8: %w", what, ErrInvalidCommand)
+	case strings.ContainsFunc(id, unicode.IsControl):
+		return fmt.Errorf("%s holds a control character: %w", what, ErrInvalidCommand)
+	}
+	return nil
+}
+
+// checkBindingWorker: a router key whose worker id is non-empty.
+func checkBindingWorker(what string, w router.WorkerID) error {
+	if base, _, _ := strings.Cut(string(w), "#"); base == "" {
+		return fmt.Errorf("%s %q names no worker: %w", what, w, ErrInvalidCommand)
+	}
+	return checkString(what, string(w))
+}
+
+// Validate checks the binding's own fields (the limit and the clock are
+// checked on apply; FSM.CheckBindSession checks all).
+func (c BindSession) Validate() error {
+	if err := checkSessionID("session id", c.Session); err != nil {
+		return err
+	}
+	if c.Parent != "" {
+		if err := checkSessionID("parent session id", c.Parent); err != nil {
+			return err
+		}
+	}
+	if err := checkBindingWorker("bind session: worker", c.Worker); err != nil {
+		return err
+	}
+	if c.Replace != "" {
+		if err := checkBindingWorker("bind session: replaced worker", c.Replace); err != nil {
+			return err
+		}
+	}
+	if c.Until <= 0 {
+		return fmt.Errorf("bind session %q: until %d must be a positive unix-nano time: %w", c.Session, c.Until, ErrInvalidCommand)
+	}
+	return nil
+}
+
+// Validate checks that exactly one of Session and Worker is set, and each
+// by its own rule.
+func (c UnbindSessions) Validate() error {
+	switch {
+	case (c.Session == "") == (c.Worker == ""):
+		return fmt.Errorf("unbind sessions: exactly one of session %q and worker %q: %w", c.Session, c.Worker, ErrInvalidCommand)
+	case c.Session != "":
+		return checkSessionID("session id", c.Session)
+	case strings.ContainsRune(c.Worker, '#'):
+		return fmt.Errorf("unbind sessions of worker %q: '#' is reserved for dp ranks: %w", c.Worker, ErrInvalidCommand)
+	}
+	return checkString("worker id", c.Worker)
+}
+
+func appendBindSession(b []byte, c *BindSession) ([]byte, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	b = appendString(b, c.Session)
+	b = appendString(b, string(c.Worker))
+	b = appendString(b, c.Parent)
+	b = binary.AppendVarint(b, c.Until)
+	return appendString(b, string(c.Replace)), nil
+}
+
+func readBindSession(r *reader) BindSession {
+	return BindSession{Session: r.string("session id"), Worker: router.WorkerID(r.string("worker")),
+		Parent: r.string("parent session id"), Until: r.varint(), Replace: router.WorkerID(r.string("replaced worker"))}
+}
+
+func appendUnbindSessions(b []byte, c *UnbindSessions) ([]byte, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return appendString(appendString(b, c.Session), c.Worker), nil
+}
+
+func readUnbindSessions(r *reader) UnbindSessions {
+	return UnbindSessions{Session: r.string("session id"), Worker: r.string("worker id")}
+}
+
+// EncodeBindSession and EncodeUnbindSessions refuse what Validate refuses.
+func EncodeBindSession(c BindSession) ([]byte, error)       { return Encode(c) }
+func EncodeUnbindSessions(c UnbindSessions) ([]byte, error) { return Encode(c) }
+
+func DecodeBindSession(data []byte) (BindSession, error) { return decodeAs[BindSession](data) }
+func DecodeUnbindSessions(data []byte) (UnbindSessions, error) {
+	return decodeAs[UnbindSessions](data)
+}
+
+// sessionEntry is one expiry in the session heap: the binding of session
+// expires at until unless it was refreshed or ended since (then the entry
+// is stale and skipped). Ordered by until, then session, so pops are in one
+// order on every replica.
+type sessionEntry struct {
+	until   int64
+	session string
+}
+
+type sessionHeap []sessionEntry
+
+func (h sessionHeap) Len() int { return len(h) }
+func (h sessionHeap) Less(i, j int) bool {
+	if h[i].until != h[j].until {
+		return h[i].until < h[j].until
+	}
+	return h[i].session < h[j].session
+}
+func (h sessionHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *sessionHeap) Push(x any)   { *h = append(*h, x.(sessionEntry)) }
+func (h *sessionHeap) Pop() any {
+	s := *h
+	e := s[len(s)-1]
+	*h = s[:len(s)-1]
+	return e
+}
+
+// live reports whether e is the expiry of the binding in force.
+func (st *state) sessionEntryLive(e sessionEntry) bool {
+	b, ok := st.sessions[e.session]
+	return ok && b.Until == e.until
+}
+
+// earliestSessionLocked is the earliest live binding expiry (0: none),
+// popping stale heap entries off the top (the heap is derived: the answer
+// depends only on the bindings). f.mu held for writing.
+func (st *state) earliestSessionLocked() int64 {
+	for st.sessionHeap.Len() > 0 {
+		if e := st.sessionHeap[0]; st.sessionEntryLive(e) {
+			return e.until
+		}
+		heap.Pop(&st.sessionHeap)
+	}
+	return 0
+}
+
+// rebuildSessionHeap derives the heap from the bindings (restore).
+func (st *state) rebuildSessionHeap() {
+	st.sessionHeap = st.sessionHeap[:0]
+	for id, b := range st.sessions {
+		st.sessionHeap = append(st.sessionHeap, sessionEntry{until: b.Until, session: id})
+	}
+	heap.Init(&st.sessionHeap)
+}
+
+// bindLocked applies BindSession. f.mu held.
+func (f *FSM) bindLocked(c BindSession, res *ApplyResult) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	st := f.st
+	if c.Until <= st.lastTick {
+		return fmt.Errorf("bind session %q: until %d is not after the clock %d: %w", c.Session, c.Until, st.lastTick, ErrInvalidCommand)
+	}
+	until := c.Until
+	if ref := max(st.lastTick, st.earliestExpiryLocked()); ref > 0 && until > addSat(ref, MaxSessionTTL) {
+		until, res.Clamped = addSat(ref, MaxSessionTTL), true
+	}
+	old, bound := st.sessions[c.Session]
+	switch {
+	case bound && old.Worker == c.Worker:
+		// A touch (or a concurrent first turn that chose the same worker).
+		if until > old.Until {
+			old.Until = until
+			heap.Push(&st.sessionHeap, sessionEntry{until: until, session: c.Session})
+		}
+		if c.Parent != "" {
+			old.Parent = c.Parent
+		}
+		st.sessions[c.Session] = old
+		res.Applied = 1
+	case bound && old.Worker != c.Replace:
+		// Another replica's binding committed first: keep it, tell the
+		// proposer (Applied 0, no error: losing the race is no fault).
+	default:
+		if !bound && len(st.sessions) >= MaxSessionBindings {
+			return fmt.Errorf("bind session %q: %d bindings held: %w", c.Session, len(st.sessions), ErrSessionLimit)
+		}
+		st.sessions[c.Session] = SessionBinding{Session: c.Session, Worker: c.Worker, Parent: c.Parent, Until: until}
+		heap.Push(&st.sessionHeap, sessionEntry{until: until, session: c.Session})
+		res.Applied = 1
+	}
+	b := st.sessions[c.Session]
+	res.Session = &b
+	return nil
+}
+
+// unbindLocked applies UnbindSessions. f.mu held.
+func (f *FSM) unbindLocked(c UnbindSessions, res *ApplyResult) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	st := f.st
+	if c.Session != "" {
+		if _, ok := st.sessions[c.Session]; ok {
+			delete(st.sessions, c.Session) // its heap entry goes stale
+			res.Applied = 1
+		}
+		return nil
+	}
+	n := len(st.sessions)
+	maps.DeleteFunc(st.sessions, func(_ string, b SessionBinding) bool { return workerOfKey(b.Worker) == c.Worker })
+	res.Applied = n - len(st.sessions)
+	return nil
+}
+
+// workerOfKey is the worker id of a router key ("w#2" → "w").
+func workerOfKey(k router.WorkerID) string {
+	base, _, _ := strings.Cut(string(k), "#")
+	return base
+}
+
+// expireSessionsLocked ends the bindings whose expiry is at or before now
+// (a Tick). The order of removal cannot show (only the set is state).
+// f.mu held.
+func (f *FSM) expireSessionsLocked(now int64) int {
+	st := f.st
+	n := 0
+	for st.sessionHeap.Len() > 0 && st.sessionHeap[0].until <= now {
+		e := heap.Pop(&st.sessionHeap).(sessionEntry)
+		if st.sessionEntryLive(e) {
+			delete(st.sessions, e.session)
+			n++
+		}
+	}
+	return n
+}
+
+// Session returns the binding of a session (a local read: no consensus).
+func (f *FSM) Session(id string) (SessionBinding, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	b, ok := f.st.sessions[id]
+	return b, ok
+}
+
+// Sessions lists every binding, sorted by session id.
+func (f *FSM) Sessions() []SessionBinding {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]SessionBinding, 0, len(f.st.sessions))
+	for _, b := range f.st.sessions {
+		out = append(out, b)
+	}
+	slices.SortFunc(out, func(a, b SessionBinding) int { return strings.Compare(a.Session, b.Session) })
+	return out
+}
+
+// SessionCount is the number of bindings held.
+func (f *FSM) SessionCount() int {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return len(f.st.sessions)
+}
+
+// SessionsPerWorker counts the bindings per worker id (all its ranks).
+func (f *FSM) SessionsPerWorker() map[string]int {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make(map[string]int)
+	for _, b := range f.st.sessions {
+		out[workerOfKey(b.Worker)]++
+	}
+	return out
+}
+
+// SessionsOf lists the sessions bound to a worker id's ranks, sorted.
+func (f *FSM) SessionsOf(worker string) []string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	var out []string
+	for id, b := range f.st.sessions {
+		if workerOfKey(b.Worker) == worker {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// CheckBindSession returns the error apply would give c now, or nil; the
+// binding it would leave is not predicted (a concurrent proposer may win).
+func (f *FSM) CheckBindSession(c BindSession) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if c.Until <= f.st.lastTick {
+		return fmt.Errorf("bind session %q: until %d is not after the clock %d: %w", c.Session, c.Until, f.st.lastTick, ErrInvalidCommand)
+	}
+	if _, bound := f.st.sessions[c.Session]; !bound && len(f.st.sessions) >= MaxSessionBindings {
+		return fmt.Errorf("bind session %q: %d bindings held: %w", c.Session, len(f.st.sessions), ErrSessionLimit)
+	}
+	return nil
+}
+
+// Snapshot side: sessions are record recSession (format 7), sorted by id.
+
+func (img *image) captureSessions(st *state) {
+	for _, b := range st.sessions {
+		img.sessions = append(img.sessions, b)
+	}
+	slices.SortFunc(img.sessions, func(a, b SessionBinding) int { return strings.Compare(a.Session, b.Session) })
+}
+
+func appendSessionRecord(b []byte, s *SessionBinding) []byte {
+	b = appendString(b, s.Session)
+	b = appendString(b, string(s.Worker))
+	b = appendString(b, s.Parent)
+	return binary.AppendVarint(b, s.Until)
+}
+
+// readSessionRecord reads and checks one binding of a snapshot.
+func readSessionRecord(st *state, rd *reader) error {
+	s := SessionBinding{Session: rd.string("session id"), Worker: router.WorkerID(rd.string("worker")),
+		Parent: rd.string("parent session id"), Until: rd.varint()}
+	if rd.err != nil {
+		return nil // reported by rd.done
+	}
+	c := BindSession{Session: s.Session, Worker: s.Worker, Parent: s.Parent, Until: s.Until}
+	if err := c.Validate(); err != nil {
+		return corrupt("session: %v", err)
+	}
+	if _, dup := st.sessions[s.Session]; dup || s.Until <= st.lastTick || len(st.sessions) >= MaxSessionBindings {
+		return corrupt("session %q repeated, expired by the clock, or beyond %d bindings", s.Session, MaxSessionBindings)
+	}
+	st.sessions[s.Session] = s
+	return nil
+}
