@@ -2,8 +2,7 @@ package api
 
 import (
 	"fmt"
-	"net/http"
-	"sync"
+		"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -46,9 +45,19 @@ func (g *gates) wake(string) {
 
 const gateTick = 10 * time.Millisecond
 
-// admit waits while the model's workers are all above the queue threshold.
-// It returns false when it answered the client (gave up or timed out).
+// admit checks the tenant's budgets, then waits while the model's workers
+// are all above the queue threshold. It returns false when it answered the
+// client (over budget, queue full, gave up or timed out).
+//
+// The queue's order is strict class, then the tenants' fair shares, then
+// the model's policy (router.Queue). With tenant fairness on, a replica also
+// holds its next request back while another replica has a request waiting
+// of a higher class, or of a tenant further below its share
+// (TenantLedger.YieldTo): the queue is per replica, the order fleet-wide.
 func (s *Server) admit(c *gin.Context, p *prepared) bool {
+	if !s.tenantBegin(c, p) {
+		return false
+	}
 	if !p.rt.ShouldQueue() {
 		return true
 	}
@@ -57,26 +66,42 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 	g.mu.Lock()
 	if n := g.waiting[p.model]; n >= s.cfg.MaxQueue {
 		// Every waiter holds a goroutine, its body and a connection: past
-		// the cap, refuse at once rather than queue without bound.
+		// the cap, refuse at once rather than queue without bound. Dynamo
+		// answers a full queue 529 (its policy-class queue limits); so do
+		// we (--busy-status).
 		g.mu.Unlock()
 		s.metrics.rejected.WithLabelValues("queue_full").Inc()
 		c.Header("Retry-After", "1")
-		openAIError(c, http.StatusTooManyRequests, "rate_limit_exceeded",
+		openAIError(c, s.cfg.BusyStatus, "service_overloaded",
 			fmt.Sprintf("%d requests already wait for a worker of model %q (the queue cap): retry later", n, p.model))
+		s.tenantEnd(p)
 		return false
 	}
 	q := g.queues[p.model]
 	if q == nil {
 		q = router.NewQueue(p.rt.Config().QueuePolicy)
+		if s.tenants != nil {
+			q.SetFairness(s.tenants.Less(p.model))
+		}
 		g.queues[p.model] = q
 	}
-	q.Push(router.Waiting{Request: p.req, Arrived: time.Now(), Value: me})
+	arrived := time.Now()
+	if s.tenants != nil {
+		s.tenants.Enqueue(p.model, p.tenant, p.class)
+	}
+	q.Push(router.Waiting{Request: p.req, Arrived: arrived, Value: me, Class: p.class, Tenant: p.tenant})
 	g.waiting[p.model]++
 	g.mu.Unlock()
 	defer g.done(p.model)
 	gauge := s.metrics.queued.WithLabelValues(p.model)
 	gauge.Inc()
 	defer gauge.Dec()
+	dequeue := sync.OnceFunc(func() {
+		if s.tenants != nil {
+			s.tenants.Dequeue(p.model, p.tenant, p.class)
+		}
+	})
+	defer dequeue()
 
 	deadline := time.NewTimer(s.cfg.QueueTimeout)
 	defer deadline.Stop()
@@ -85,14 +110,17 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 	for {
 		g.mu.Lock()
 		wake := g.wakeCh
-		admitted := g.admitting[p.model] == 0 && g.headLocked(q, me) && !p.rt.ShouldQueue()
+		head, isHead := g.headLocked(q, me)
+		admitted := g.admitting[p.model] == 0 && isHead && !p.rt.ShouldQueue() && !s.yields(p)
 		if admitted {
-			q.Pop()
+			q.Drop(head)
 			g.admitting[p.model]++
 			p.settle = sync.OnceFunc(func() { g.settled(p.model) })
 		}
 		g.mu.Unlock()
 		if admitted {
+			dequeue()
+			s.tenantQueued(p, time.Since(arrived))
 			return true
 		}
 		select {
@@ -100,9 +128,11 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 		case <-tick.C:
 		case <-c.Request.Context().Done():
 			g.leave(me)
+			s.tenantEnd(p)
 			return false
 		case <-deadline.C:
 			g.leave(me)
+			s.tenantEnd(p)
 			s.metrics.rejected.WithLabelValues("queue_timeout").Inc()
 			openAIError(c, s.cfg.BusyStatus, "service_overloaded", "timed out waiting for a worker below the queue threshold")
 			return false
@@ -110,19 +140,31 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 	}
 }
 
-// headLocked drops departed waiters from the head and reports whether me is
-// next. g.mu must be held.
-func (g *gates) headLocked(q *router.Queue, me *waiter) bool {
+// yields reports whether p should wait for a request queued on another
+// replica (TenantLedger.YieldTo). Replica sync refreshes what that is every
+// tenant sync interval; a replica that dies takes its waiters with it when
+// sync drops it.
+func (s *Server) yields(p *prepared) bool {
+	if s.tenants == nil {
+		return false
+	}
+	_, yield := s.tenants.YieldTo(p.model, p.tenant, p.class)
+	return yield
+}
+
+// headLocked drops departed waiters from the head and returns it,
+// reporting whether it is me. g.mu must be held.
+func (g *gates) headLocked(q *router.Queue, me *waiter) (router.Waiting, bool) {
 	for {
 		w, ok := q.Peek()
 		if !ok {
-			return false
+			return w, false
 		}
 		if h := w.Value.(*waiter); h.gone {
-			q.Pop()
+			q.Drop(w)
 			continue
 		} else {
-			return h == me
+			return w, h == me
 		}
 	}
 }

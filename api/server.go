@@ -126,6 +126,11 @@ type Config struct {
 	// Capture records answered requests as a replayable trace
 	// (api/capture; kvbench sim --trace); nil: off.
 	Capture *capture.Recorder
+	// Tenants, when set, turns tenant fairness and budgets on
+	// (tenants.go, tenantgate.go): the replica shares it with replica
+	// sync so its counters are the fleet's. nil: every request is one
+	// tenant.
+	Tenants *TenantLedger
 }
 
 // LogValue prints the configuration without its credentials, so a
@@ -174,6 +179,9 @@ type Server struct {
 	hits *hitrate.Tracker
 	// exempt is Config.AdminOpenToLoopback (adminexempt.go); nil: none.
 	exempt *loopbackExemption
+	// tenants is Config.Tenants; tenantMetrics its series (nil: off).
+	tenants       *TenantLedger
+	tenantMetrics *tenantMetrics
 }
 
 // Drainer is implemented by a replica that can be draining (SIGTERM
@@ -275,6 +283,9 @@ func New(cfg Config, rep Replica) *Server {
 		cool:    newCooldown(cfg.WorkerCooldown),
 	}
 	s.hits = newHitTracker(cfg, rep)
+	if cfg.Tenants != nil {
+		s.tenants, s.tenantMetrics = cfg.Tenants, newTenantMetrics(cfg.Registry)
+	}
 	if cfg.AdminToken != "" {
 		s.exempt = newLoopbackExemption(cfg.AdminOpenToLoopback, cfg.Logger, cfg.Registry)
 	}
