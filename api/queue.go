@@ -2,7 +2,7 @@ package api
 
 import (
 	"fmt"
-		"sync"
+	"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
