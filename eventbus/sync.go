@@ -251,9 +251,9 @@ type SyncConfig struct {
 	// (default 100 ms): the sync lag of tenant fairness.
 	Tenants        func() []TenantUsage
 	TenantInterval time.Duration
-	Clock         Clock // default SystemClock
-	Registerer    prometheus.Registerer
-	Logger        *slog.Logger
+	Clock          Clock // default SystemClock
+	Registerer     prometheus.Registerer
+	Logger         *slog.Logger
 }
 
 // SyncStats are a Syncer's counters.
