@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,9 +16,14 @@ import (
 // Waiters re-check on every load drop this replica sees and on a short tick,
 // because load also drops on other replicas (replica sync) without a wake.
 type gates struct {
-	mu      sync.Mutex // guards queues, waiting, wakeCh and every waiter's gone
+	mu      sync.Mutex // guards queues, waiting, byTenant, wakeCh and every waiter's gone and out
 	queues  map[string]*router.Queue
 	waiting map[string]int // live waiters per model (a queue also holds departed ones until they reach its head)
+	// byTenant lists each model's live waiters per tenant, oldest first
+	// (tenant fairness on): a full queue makes room for a tenant below
+	// its share of the slots by displacing the newest waiter of the
+	// tenant holding most (pushOutLocked).
+	byTenant map[string]map[string][]*waiter
 	// admitting counts, per model, waiters admitted whose booking is not
 	// in the load view yet: until it is, the load still looks as it did
 	// before the admission, and a second waiter would pass on the same
@@ -27,12 +33,16 @@ type gates struct {
 }
 
 type waiter struct {
-	gone bool // mu held: the client left; skipped when at the head
+	gone bool // mu held: the client left or was displaced; skipped when at the head
+	out  bool // mu held: counted out of waiting (done or displaced)
+	// displaced is closed when a full queue gave this waiter's place to
+	// a tenant below its share: the waiter answers the queue-full status.
+	displaced chan struct{}
 }
 
 func newGates() *gates {
 	return &gates{queues: make(map[string]*router.Queue), waiting: make(map[string]int), admitting: make(map[string]int),
-		wakeCh: make(chan struct{})}
+		byTenant: make(map[string]map[string][]*waiter), wakeCh: make(chan struct{})}
 }
 
 // wake tells waiters that load dropped.
@@ -58,13 +68,17 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 	if !s.tenantBegin(c, p) {
 		return false
 	}
-	if !p.rt.ShouldQueue() {
+	g := s.gates
+	g.mu.Lock()
+	// A new arrival passes only when no one waits: it must not overtake
+	// the queue's order (Dynamo: "a new arrival cannot bypass an existing
+	// backlog").
+	if g.waiting[p.model] == 0 && !p.rt.ShouldQueue() {
+		g.mu.Unlock()
 		return true
 	}
-	g := s.gates
-	me := &waiter{}
-	g.mu.Lock()
-	if n := g.waiting[p.model]; n >= s.cfg.MaxQueue {
+	me := &waiter{displaced: make(chan struct{})}
+	if n := g.waiting[p.model]; n >= s.cfg.MaxQueue && !(s.tenants != nil && g.pushOutLocked(p.model, p.tenant)) {
 		// Every waiter holds a goroutine, its body and a connection: past
 		// the cap, refuse at once rather than queue without bound. Dynamo
 		// answers a full queue 529 (its policy-class queue limits); so do
@@ -91,8 +105,11 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 	}
 	q.Push(router.Waiting{Request: p.req, Arrived: arrived, Value: me, Class: p.class, Tenant: p.tenant})
 	g.waiting[p.model]++
+	if s.tenants != nil {
+		g.addTenantLocked(p.model, p.tenant, me)
+	}
 	g.mu.Unlock()
-	defer g.done(p.model)
+	defer g.done(p.model, p.tenant, me)
 	gauge := s.metrics.queued.WithLabelValues(p.model)
 	gauge.Inc()
 	defer gauge.Dec()
@@ -114,6 +131,7 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 		admitted := g.admitting[p.model] == 0 && isHead && !p.rt.ShouldQueue() && !s.yields(p)
 		if admitted {
 			q.Drop(head)
+			g.countOutLocked(p.model, p.tenant, me)
 			g.admitting[p.model]++
 			p.settle = sync.OnceFunc(func() { g.settled(p.model) })
 		}
@@ -129,6 +147,13 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 		case <-c.Request.Context().Done():
 			g.leave(me)
 			s.tenantEnd(p)
+			return false
+		case <-me.displaced:
+			s.tenantEnd(p)
+			s.metrics.rejected.WithLabelValues("queue_full").Inc()
+			c.Header("Retry-After", "1")
+			openAIError(c, s.cfg.BusyStatus, "service_overloaded",
+				fmt.Sprintf("the queue of model %q is full and this request's place went to a tenant below its share of it: retry later", p.model))
 			return false
 		case <-deadline.C:
 			g.leave(me)
@@ -178,11 +203,63 @@ func (g *gates) settled(model string) {
 	g.wake(model)
 }
 
-// done counts a waiter out, admitted or departed.
-func (g *gates) done(model string) {
+// done counts a waiter out, admitted or departed (once: a displaced
+// waiter was counted out when displaced).
+func (g *gates) done(model, tenant string, me *waiter) {
 	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.countOutLocked(model, tenant, me)
+}
+
+// countOutLocked: g.mu must be held.
+func (g *gates) countOutLocked(model, tenant string, me *waiter) {
+	if me.out {
+		return
+	}
+	me.out = true
 	g.waiting[model]--
-	g.mu.Unlock()
+	ws := g.byTenant[model][tenant]
+	if i := slices.Index(ws, me); i >= 0 {
+		ws = slices.Delete(ws, i, i+1)
+		if len(ws) == 0 {
+			delete(g.byTenant[model], tenant)
+		} else {
+			g.byTenant[model][tenant] = ws
+		}
+	}
+}
+
+// addTenantLocked lists a new waiter of tenant. g.mu must be held.
+func (g *gates) addTenantLocked(model, tenant string, me *waiter) {
+	if g.byTenant[model] == nil {
+		g.byTenant[model] = map[string][]*waiter{}
+	}
+	g.byTenant[model][tenant] = append(g.byTenant[model][tenant], me)
+}
+
+// pushOutLocked makes room in a full queue for a request of tenant when
+// another tenant holds more than one place more than tenant does: the
+// newest waiter of the tenant holding most is displaced (answered the
+// queue-full status). So a tenant flooding the queue cannot lock the
+// others out of it; the queue never holds more than its cap. It reports
+// whether room was made. g.mu must be held.
+func (g *gates) pushOutLocked(model, tenant string) bool {
+	mine := len(g.byTenant[model][tenant])
+	top, most := "", 0
+	for t, ws := range g.byTenant[model] {
+		if len(ws) > most || (len(ws) == most && t < top) {
+			top, most = t, len(ws)
+		}
+	}
+	if top == "" || top == tenant || most <= mine+1 {
+		return false
+	}
+	ws := g.byTenant[model][top]
+	victim := ws[len(ws)-1]
+	victim.gone = true
+	g.countOutLocked(model, top, victim)
+	close(victim.displaced)
+	return true
 }
 
 func (g *gates) leave(me *waiter) {

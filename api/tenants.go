@@ -25,8 +25,8 @@ import (
 // the admission queue serves the backlogged tenant with the smallest
 // counter first (start-time fair queueing): a tenant that was idle starts
 // at the smallest counter among the active tenants, so idling banks no
-// credit. The floor it was lifted to travels with its usage, so every
-// replica sees the same lift.
+// credit: its lift (what was added to its counter to get there) travels
+// with its usage, so every replica sees the same lift.
 
 // TenantSource says where a request's tenant comes from.
 type TenantSource string
@@ -79,12 +79,15 @@ type TenantConfig struct {
 }
 
 // TenantUsage is one tenant's state on one replica, as replica sync
-// carries it. Tokens and Floor only grow while the replica runs.
+// carries it. Tokens and Lift only grow while the replica runs.
 type TenantUsage struct {
 	Model  string
 	Tenant string
 	Tokens uint64 // tokens charged by that replica
-	Floor  uint64 // the counter the tenant was lifted to when it last became active
+	// Lift is what that replica added to the tenant's counter when the
+	// tenant last became active after idling (start-time fair queueing):
+	// the counter is the fleet's tokens plus the largest Lift.
+	Lift uint64
 	// Waiting is its requests in that replica's queue; Class the highest
 	// class among them. Inflight is its requests admitted and not done.
 	Waiting  int
@@ -97,7 +100,7 @@ type tenantKey struct{ model, tenant string }
 // tenantLocal is one tenant's state on this replica.
 type tenantLocal struct {
 	used     uint64
-	floor    uint64
+	lift     uint64
 	waiting  map[uint32]int // by class
 	inflight int
 	minute   tokenMinute
@@ -242,25 +245,26 @@ func (l *TenantLedger) Resolve(model, tenant string) string {
 	return k.tenant
 }
 
-// fleetLocked is the tenant's counter: max(floor, usage) over the fleet.
+// fleetLocked is the tenant's tokens over the fleet and its largest lift.
 // mu must be held.
-func (l *TenantLedger) fleetLocked(k tenantKey) (used, floor uint64) {
+func (l *TenantLedger) fleetLocked(k tenantKey) (used, lift uint64) {
 	if t, ok := l.local[k]; ok {
-		used, floor = t.used, t.floor
+		used, lift = t.used, t.lift
 	}
 	for _, rs := range l.remote {
 		if u, ok := rs[k]; ok {
 			used += u.Tokens
-			floor = max(floor, u.Floor)
+			lift = max(lift, u.Lift)
 		}
 	}
-	return used, floor
+	return used, lift
 }
 
-// virtualLocked is a tenant's virtual token counter. mu must be held.
+// virtualLocked is a tenant's virtual token counter: its tokens over the
+// fleet plus its lift. mu must be held.
 func (l *TenantLedger) virtualLocked(k tenantKey) float64 {
-	used, floor := l.fleetLocked(k)
-	return float64(max(used, floor))
+	used, lift := l.fleetLocked(k)
+	return float64(used) + float64(lift)
 }
 
 // activeLocked reports whether a tenant has work waiting or running
@@ -341,8 +345,8 @@ func (l *TenantLedger) Dequeue(model, tenant string, class uint32) {
 	}
 }
 
-// liftLocked raises an idle tenant's floor to the smallest counter among
-// the active ones. mu must be held.
+// liftLocked raises an idle tenant's counter to the smallest counter among
+// the active ones, by raising its lift. mu must be held.
 func (l *TenantLedger) liftLocked(k tenantKey) {
 	if l.activeLocked(k) {
 		return
@@ -356,10 +360,12 @@ func (l *TenantLedger) liftLocked(k tenantKey) {
 	if !found {
 		return
 	}
-	t, _ := l.localLocked(k)
-	if v := uint64(low); v > t.floor {
-		t.floor = v
+	used, lift := l.fleetLocked(k)
+	if float64(used)+float64(lift) >= low {
+		return
 	}
+	t, _ := l.localLocked(k)
+	t.lift = max(t.lift, uint64(low)-used)
 }
 
 // Begin counts a request of tenant admitted (in flight) after checking the
@@ -421,7 +427,7 @@ func (l *TenantLedger) Usage() []TenantUsage {
 	out := make([]TenantUsage, 0, len(l.local))
 	for k, t := range l.local {
 		n, top := t.waitingTotal()
-		out = append(out, TenantUsage{Model: k.model, Tenant: k.tenant, Tokens: t.used, Floor: t.floor,
+		out = append(out, TenantUsage{Model: k.model, Tenant: k.tenant, Tokens: t.used, Lift: t.lift,
 			Waiting: n, Class: top, Inflight: t.inflight})
 	}
 	slices.SortFunc(out, func(a, b TenantUsage) int {

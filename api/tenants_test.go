@@ -90,7 +90,7 @@ func TestAPIPriorityBadInput(t *testing.T) {
 	}
 }
 
-// TestAPITenantLedgerFairness: the counter is max(floor, fleet usage); an
+// TestAPITenantLedgerFairness: the counter is the fleet's usage plus the lift; an
 // idle tenant starts at the smallest active counter (no banked credit); a
 // tenant's usage on other replicas counts; a replica's silence drops it.
 func TestAPITenantLedgerFairness(t *testing.T) {
@@ -124,6 +124,7 @@ func TestAPITenantLedgerFairness(t *testing.T) {
 				l.Charge("m", "a", 500) // a idle now, c active
 				l.Enqueue("m", "c", 0)  // c active: no second lift
 			}, map[string]float64{"a": 1500, "c": 1000}},
+			{func(l *TenantLedger) { l.Charge("m", "c", 200) }, map[string]float64{"a": 1500, "c": 1200}}, // charges count on top of the lift
 		}},
 		{"no active tenant: no lift", []step{
 			{func(l *TenantLedger) { l.Charge("m", "a", 1000); l.Enqueue("m", "b", 0) }, map[string]float64{"a": 1000, "b": 0}},
@@ -131,10 +132,10 @@ func TestAPITenantLedgerFairness(t *testing.T) {
 		{"other replicas' usage and floors count", []step{
 			{func(l *TenantLedger) {
 				l.Charge("m", "a", 100)
-				l.Remote("r2", []TenantUsage{{Model: "m", Tenant: "a", Tokens: 400}, {Model: "m", Tenant: "b", Tokens: 10, Floor: 900}})
+				l.Remote("r2", []TenantUsage{{Model: "m", Tenant: "a", Tokens: 400}, {Model: "m", Tenant: "b", Tokens: 10, Lift: 900}})
 				l.Remote("r3", []TenantUsage{{Model: "m", Tenant: "a", Tokens: 500}, {Model: "other", Tenant: "a", Tokens: 1 << 20}})
-			}, map[string]float64{"a": 1000, "b": 900}},
-			{func(l *TenantLedger) { l.DropRemote("r3") }, map[string]float64{"a": 500, "b": 900}},
+			}, map[string]float64{"a": 1000, "b": 910}},
+			{func(l *TenantLedger) { l.DropRemote("r3") }, map[string]float64{"a": 500, "b": 910}},
 			{func(l *TenantLedger) { l.Remote("r2", nil) }, map[string]float64{"a": 100, "b": 0}},
 		}},
 		{"idle tenant lifted to a tenant active on another replica", []step{
@@ -335,11 +336,16 @@ func TestAPIQueueTenantsAndClasses(t *testing.T) {
 	defer worker.Close()
 	rep.addWorker("m", "w1", worker.URL)
 	l, _ := NewTenantLedger(TenantConfig{From: TenantHeader})
-	// heavy has used much more of the fleet already, and is active.
+	// heavy has used much more of the fleet already, and is active; light
+	// was idle, so it starts level with heavy (no credit banked while
+	// idle) and from there the two alternate.
 	l.Charge("m", "heavy", 50_000)
 	l.Begin("m", "heavy")
 	l.Charge("m", "light", 100)
 	l.Begin("m", "light")
+	if v := l.Virtual("m", "light"); v != 50_000 {
+		t.Fatalf("light starts at %v, want heavy's 50000", v)
+	}
 	s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true, MaxPriority: 5, Tenants: l}, rep)
 	rt, _ := rep.Router("m")
 	rt.Load().Add(router.Booking{ID: "blocker", Worker: "w1", PrefillTokens: 100, Added: time.Now()})
@@ -379,12 +385,83 @@ func TestAPIQueueTenantsAndClasses(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	// v1 (class 1) first; then light while it is below heavy (≈ 25 tokens a
-	// request against 49,900 behind), then heavy in arrival order.
-	if got, want := strings.Join(order, ","), "v1,l1,l2,h1,h2,h3"; got != want {
+	// v1 (class 1) first; then the tenants alternate, whoever has been
+	// charged less going first (a tie goes to the older request), until
+	// light has nothing left; first come first served would have sent
+	// h1, h2, h3 before l1.
+	if got, want := strings.Join(order, ","), "v1,l1,h1,l2,h2,h3"; got != want {
 		t.Errorf("the worker received %s, want %s", got, want)
 	}
-	if v := l.Virtual("m", "light"); v <= 100 {
+	if v := l.Virtual("m", "light"); v <= 50_000 {
 		t.Errorf("light was not charged: %v", v)
+	}
+}
+
+// TestAPIQueuePushOut: a full queue makes room for a tenant below its
+// share of the places by displacing the newest waiter of the tenant holding
+// most (answered 529 like a full queue); a tenant at its share is refused.
+func TestAPIQueuePushOut(t *testing.T) {
+	cfg := router.DefaultConfig()
+	cfg.QueueThreshold = ptr(0.0)
+	rep := newFakeReplica("m", cfg)
+	var hits atomic.Int64
+	rep.addWorker("m", "w1", fakeWorker(t, &hits).URL)
+	l, _ := NewTenantLedger(TenantConfig{From: TenantHeader})
+	s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true, MaxQueue: 2, Tenants: l}, rep)
+	rt, _ := rep.Router("m")
+	rt.Load().Add(router.Booking{ID: "blocker", Worker: "w1", PrefillTokens: 100, Added: time.Now()})
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	type answer struct {
+		code int
+		body string
+	}
+	post := func(tenant string, queued float64) <-chan answer {
+		ch := make(chan answer, 1)
+		go func() {
+			req, _ := http.NewRequest("POST", srv.URL+"/v1/chat/completions", strings.NewReader(fmt.Sprintf(chatBody, "")))
+			req.Header.Set(DefaultTenantHeader, tenant)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				ch <- answer{}
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			ch <- answer{resp.StatusCode, string(b)}
+		}()
+		if queued > 0 {
+			poll.Until(t, 5*time.Second, 2*time.Millisecond, func() error {
+				if g := testutilGauge(s); g != queued {
+					return fmt.Errorf("queued gauge %v, want %v", g, queued)
+				}
+				return nil
+			})
+		}
+		return ch
+	}
+	h1 := post("heavy", 1)
+	h2 := post("heavy", 2)
+	l1 := post("light", 0)
+	if a := <-h2; a.code != 529 || !strings.Contains(a.body, "tenant below its share") {
+		t.Fatalf("heavy's newest waiter: %d %s", a.code, a.body)
+	}
+	poll.Until(t, 5*time.Second, 2*time.Millisecond, func() error {
+		if g := testutilGauge(s); g != 2 {
+			return fmt.Errorf("queued gauge %v, want 2", g)
+		}
+		return nil
+	})
+	// light holds one place, heavy one: at its share, light is refused.
+	if a := <-post("light", 0); a.code != 529 || !strings.Contains(a.body, "the queue cap") {
+		t.Fatalf("light at its share: %d %s", a.code, a.body)
+	}
+	rt.PrefillDone("blocker")
+	rt.Free("blocker")
+	s.gates.wake("m")
+	for name, ch := range map[string]<-chan answer{"h1": h1, "l1": l1} {
+		if a := <-ch; a.code != 200 {
+			t.Errorf("%s: %d %s", name, a.code, a.body)
+		}
 	}
 }

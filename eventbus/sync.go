@@ -149,7 +149,7 @@ type TenantUsage struct {
 	Model    string `msgpack:"m"`
 	Tenant   string `msgpack:"t"`
 	Tokens   uint64 `msgpack:"u,omitempty"`
-	Floor    uint64 `msgpack:"f,omitempty"`
+	Lift    uint64 `msgpack:"f,omitempty"`
 	Waiting  int    `msgpack:"w,omitempty"`
 	Class    uint32 `msgpack:"c,omitempty"`
 	Inflight int    `msgpack:"i,omitempty"`
@@ -177,7 +177,7 @@ func clampTenants(in []TenantUsage) []TenantUsage {
 		if u.Model == "" || u.Tenant == "" || len(u.Model) > MaxSyncTenantID || len(u.Tenant) > MaxSyncTenantID {
 			continue
 		}
-		u.Tokens, u.Floor = min(u.Tokens, MaxSyncTenantTokens), min(u.Floor, MaxSyncTenantTokens)
+		u.Tokens, u.Lift = min(u.Tokens, MaxSyncTenantTokens), min(u.Lift, MaxSyncTenantTokens)
 		u.Waiting, u.Inflight = min(max(u.Waiting, 0), MaxSyncTenantCount), min(max(u.Inflight, 0), MaxSyncTenantCount)
 		out = append(out, u)
 	}

@@ -48,10 +48,10 @@ func TestSyncTenants(t *testing.T) {
 		msg  SyncMsg
 		want []TenantUsage
 	}{
-		{"usage", SyncMsg{Tenants: []TenantUsage{{Model: "m", Tenant: "a", Tokens: 10, Floor: 4, Waiting: 2, Class: 1, Inflight: 3}}, TenantsVersion: 1},
-			[]TenantUsage{{Model: "m", Tenant: "a", Tokens: 10, Floor: 4, Waiting: 2, Class: 1, Inflight: 3}}},
-		{"clamped", SyncMsg{Tenants: []TenantUsage{{Model: "m", Tenant: "a", Tokens: 1 << 63, Floor: 1 << 62, Waiting: -5, Inflight: 1 << 40}}, TenantsVersion: 1},
-			[]TenantUsage{{Model: "m", Tenant: "a", Tokens: MaxSyncTenantTokens, Floor: MaxSyncTenantTokens, Inflight: MaxSyncTenantCount}}},
+		{"usage", SyncMsg{Tenants: []TenantUsage{{Model: "m", Tenant: "a", Tokens: 10, Lift: 4, Waiting: 2, Class: 1, Inflight: 3}}, TenantsVersion: 1},
+			[]TenantUsage{{Model: "m", Tenant: "a", Tokens: 10, Lift: 4, Waiting: 2, Class: 1, Inflight: 3}}},
+		{"clamped", SyncMsg{Tenants: []TenantUsage{{Model: "m", Tenant: "a", Tokens: 1 << 63, Lift: 1 << 62, Waiting: -5, Inflight: 1 << 40}}, TenantsVersion: 1},
+			[]TenantUsage{{Model: "m", Tenant: "a", Tokens: MaxSyncTenantTokens, Lift: MaxSyncTenantTokens, Inflight: MaxSyncTenantCount}}},
 		{"malformed entries dropped", SyncMsg{Tenants: []TenantUsage{{Model: "", Tenant: "a"}, {Model: "m", Tenant: ""}, {Model: "m", Tenant: long}, {Model: "m", Tenant: "b"}}, TenantsVersion: 1},
 			[]TenantUsage{{Model: "m", Tenant: "b"}}},
 		{"unknown version ignored", SyncMsg{Tenants: []TenantUsage{{Model: "m", Tenant: "a", Tokens: 1}}, TenantsVersion: 2}, nil},

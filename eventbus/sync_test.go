@@ -378,7 +378,7 @@ func FuzzSyncHandle(f *testing.F) {
 		{Replica: "r4", Epoch: 2, Seq: 4, Op: SyncPrefillDone, Request: "n", OutputBlocks: 1 << 40, Generated: -1, ExpectedOutput: 1 << 50},
 		{Replica: "r5", Epoch: 2, Seq: 1, Op: SyncFull, Full: []ActiveRequest{{Request: "o", Worker: "w1", OutputBlocks: 1 << 40, Generated: 1 << 41, ExpectedOutput: -7}}},
 		{Replica: "r6", Epoch: 2, Seq: 1, Op: SyncTenants, TenantsVersion: TenantUsageVersion,
-			Tenants: []TenantUsage{{Model: "m", Tenant: "a", Tokens: 1 << 63, Floor: 7, Waiting: -1, Class: 3, Inflight: 1 << 40}, {Model: "", Tenant: "b"}}},
+			Tenants: []TenantUsage{{Model: "m", Tenant: "a", Tokens: 1 << 63, Lift: 7, Waiting: -1, Class: 3, Inflight: 1 << 40}, {Model: "", Tenant: "b"}}},
 		{Replica: "r6", Epoch: 2, Seq: 2, Op: SyncTenants, TenantsVersion: 9, Tenants: []TenantUsage{{Model: "m", Tenant: "a"}}},
 	} {
 		b, err := msgpack.Marshal(&m)
@@ -407,7 +407,7 @@ func FuzzSyncHandle(f *testing.F) {
 				t.Fatalf("sink took %d tenants", len(us))
 			}
 			for _, u := range us {
-				if u.Model == "" || u.Tenant == "" || len(u.Tenant) > MaxSyncTenantID || u.Tokens > MaxSyncTenantTokens || u.Floor > MaxSyncTenantTokens ||
+				if u.Model == "" || u.Tenant == "" || len(u.Tenant) > MaxSyncTenantID || u.Tokens > MaxSyncTenantTokens || u.Lift > MaxSyncTenantTokens ||
 					u.Waiting < 0 || u.Waiting > MaxSyncTenantCount || u.Inflight < 0 || u.Inflight > MaxSyncTenantCount {
 					t.Fatalf("sink holds unclamped tenant usage %+v", u)
 				}
