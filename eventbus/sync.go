@@ -149,7 +149,7 @@ type TenantUsage struct {
 	Model    string `msgpack:"m"`
 	Tenant   string `msgpack:"t"`
 	Tokens   uint64 `msgpack:"u,omitempty"`
-	Lift    uint64 `msgpack:"f,omitempty"`
+	Lift     uint64 `msgpack:"f,omitempty"`
 	Waiting  int    `msgpack:"w,omitempty"`
 	Class    uint32 `msgpack:"c,omitempty"`
 	Inflight int    `msgpack:"i,omitempty"`
