@@ -50,7 +50,7 @@ const (
 	fairBenchOutput  = 8
 	fairBenchTPOT    = 2 * time.Millisecond
 	fairBenchSync    = 100 * time.Millisecond
-	fairBenchRun     = 8 * time.Second
+	fairBenchRun     = 5 * time.Second
 	fairBenchWarmup  = 2 * time.Second
 )
 
@@ -109,7 +109,7 @@ func newFairBench(b *testing.B, replicas int, shared bool) *fairBench {
 		if err != nil {
 			b.Fatal(err)
 		}
-		s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true, MaxQueue: 512, Tenants: l,
+		s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true, MaxQueue: 64, Tenants: l,
 			Logger: slog.New(slog.DiscardHandler)}, namedReplica{rep, fmt.Sprintf("r%d", i)})
 		srv := httptest.NewServer(s.Handler())
 		servers = append(servers, srv)
@@ -233,12 +233,39 @@ func p99(ds []time.Duration) time.Duration {
 	return ds[min(len(ds)-1, len(ds)*99/100)]
 }
 
+// fairBenchCapacity measures what the fleet serves through one replica,
+// closed loop and saturated, in requests per second: the simulated
+// workers' 2 / fairBenchPrefill minus the proxy's overheads on this
+// machine. The open-loop rates are fractions of it.
+func fairBenchCapacity(b *testing.B) float64 {
+	fb := newFairBench(b, 1, false)
+	defer fb.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	var done atomic.Int64
+	var wg sync.WaitGroup
+	measuring := time.Now().Add(time.Second)
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 9))
+			for ctx.Err() == nil {
+				if _, code := fb.send(0, "calibration", rng); code == 200 && time.Now().After(measuring) {
+					done.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(done.Load()) / 2
+}
+
 // latency runs the open-loop scenario and returns the steady tenant's p99
 // TTFT (heavy false: the steady tenant alone).
-func latencyRun(b *testing.B, replicas int, shared, heavy bool) (time.Duration, int, int64) {
+func latencyRun(b *testing.B, replicas int, shared, heavy bool, capacity float64) (time.Duration, int, int64) {
 	fb := newFairBench(b, replicas, shared)
 	defer fb.stop()
-	capacity := 2 / fairBenchPrefill.Seconds() // prompts per second, fleet
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var ttfts []time.Duration
@@ -255,6 +282,12 @@ func latencyRun(b *testing.B, replicas int, shared, heavy bool) (time.Duration, 
 		go fb.openLoop(&wg, "heavy", 3*capacity, all, start, 2, nil, &mu, &refusedHeavy)
 	}
 	wg.Wait()
+	b.Logf("served over the run: steady %.1f/s, heavy %.1f/s (requests at ~%d tokens)", float64(fb.tokens("steady"))/fairBenchRun.Seconds()/310,
+		float64(fb.tokens("heavy"))/fairBenchRun.Seconds()/310, 310)
+	slices.Sort(ttfts)
+	if len(ttfts) > 0 {
+		b.Logf("steady TTFT p50 %v p90 %v p99 %v max %v", ttfts[len(ttfts)/2], ttfts[len(ttfts)*9/10], p99(ttfts), ttfts[len(ttfts)-1])
+	}
 	return p99(ttfts), len(ttfts), refusedSteady.Load()
 }
 
@@ -291,6 +324,8 @@ func sharesRun(b *testing.B, replicas int, shared bool) float64 {
 }
 
 func BenchmarkAPITenantFairness(b *testing.B) {
+	capacity := fairBenchCapacity(b)
+	b.Logf("fleet capacity through the proxy: %.1f requests/s (workers alone: %.0f)", capacity, 2/fairBenchPrefill.Seconds())
 	for _, sc := range []struct {
 		name     string
 		replicas int
@@ -298,8 +333,8 @@ func BenchmarkAPITenantFairness(b *testing.B) {
 	}{{"replicas=1", 1, false}, {"replicas=3/shared", 3, true}, {"replicas=3/local", 3, false}} {
 		b.Run(sc.name, func(b *testing.B) {
 			for range b.N {
-				alone, nAlone, _ := latencyRun(b, sc.replicas, sc.shared, false)
-				with, nWith, refused := latencyRun(b, sc.replicas, sc.shared, true)
+				alone, nAlone, _ := latencyRun(b, sc.replicas, sc.shared, false, capacity)
+				with, nWith, refused := latencyRun(b, sc.replicas, sc.shared, true, capacity)
 				share := sharesRun(b, sc.replicas, sc.shared)
 				b.ReportMetric(float64(alone.Microseconds())/1000, "alone_p99_ms")
 				b.ReportMetric(float64(with.Microseconds())/1000, "with_heavy_p99_ms")

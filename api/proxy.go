@@ -88,6 +88,9 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 			p.rt.PrefillDoneAt(p.req.ID, p.firstByteAt) // kv-pooled's wait price learns the worker's prefill rate
 			s.rep.PrefillDone(p.model, p.req.ID)
 			s.tenantFirstByte(p)
+			// The prompt's tokens left the worker's prefill load: a load
+			// drop, so the queue looks now rather than at its next tick.
+			s.gates.wake(p.model)
 		},
 		tokens: func(k int) { s.generated(p, k) },
 		done: func() {

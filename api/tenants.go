@@ -360,6 +360,11 @@ func (l *TenantLedger) liftLocked(k tenantKey) {
 	if !found {
 		return
 	}
+	// One token below: the active tenants' counters already include the
+	// requests they are being served, the newcomer's does not, so on a tie
+	// with the smallest it goes first (start-time fair queueing's start
+	// tag is the virtual time of the request in service).
+	low = max(low-1, 0)
 	used, lift := l.fleetLocked(k)
 	if float64(used)+float64(lift) >= low {
 		return

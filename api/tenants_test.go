@@ -112,19 +112,19 @@ func TestAPITenantLedgerFairness(t *testing.T) {
 				l.Begin("m", "a") // a active at 1000
 				l.Begin("m", "b") // b active at 5000
 				l.Charge("m", "c", 10)
-				l.Enqueue("m", "c", 0) // c was idle: starts at 1000, not 10
-			}, map[string]float64{"a": 1000, "b": 5000, "c": 1000}},
+				l.Enqueue("m", "c", 0) // c was idle: starts just below 1000, not at 10
+			}, map[string]float64{"a": 1000, "b": 5000, "c": 999}},
 		}},
 		{"active tenant keeps its own counter", []step{
 			{func(l *TenantLedger) {
 				l.Charge("m", "a", 1000)
 				l.Begin("m", "a")
-				l.Begin("m", "c") // c idle → lifted to 1000
+				l.Begin("m", "c") // c idle → lifted to 999
 				l.End("m", "a")
 				l.Charge("m", "a", 500) // a idle now, c active
 				l.Enqueue("m", "c", 0)  // c active: no second lift
-			}, map[string]float64{"a": 1500, "c": 1000}},
-			{func(l *TenantLedger) { l.Charge("m", "c", 200) }, map[string]float64{"a": 1500, "c": 1200}}, // charges count on top of the lift
+			}, map[string]float64{"a": 1500, "c": 999}},
+			{func(l *TenantLedger) { l.Charge("m", "c", 200) }, map[string]float64{"a": 1500, "c": 1199}}, // charges count on top of the lift
 		}},
 		{"no active tenant: no lift", []step{
 			{func(l *TenantLedger) { l.Charge("m", "a", 1000); l.Enqueue("m", "b", 0) }, map[string]float64{"a": 1000, "b": 0}},
@@ -142,7 +142,7 @@ func TestAPITenantLedgerFairness(t *testing.T) {
 			{func(l *TenantLedger) {
 				l.Remote("r2", []TenantUsage{{Model: "m", Tenant: "heavy", Tokens: 7000, Inflight: 3}})
 				l.Enqueue("m", "light", 0)
-			}, map[string]float64{"heavy": 7000, "light": 7000}},
+			}, map[string]float64{"heavy": 7000, "light": 6999}},
 		}},
 	}
 	for _, tc := range tests {
@@ -337,14 +337,14 @@ func TestAPIQueueTenantsAndClasses(t *testing.T) {
 	rep.addWorker("m", "w1", worker.URL)
 	l, _ := NewTenantLedger(TenantConfig{From: TenantHeader})
 	// heavy has used much more of the fleet already, and is active; light
-	// was idle, so it starts level with heavy (no credit banked while
-	// idle) and from there the two alternate.
+	// was idle, so it starts just below heavy (no credit banked while
+	// idle; first on a tie) and from there the two alternate.
 	l.Charge("m", "heavy", 50_000)
 	l.Begin("m", "heavy")
 	l.Charge("m", "light", 100)
 	l.Begin("m", "light")
-	if v := l.Virtual("m", "light"); v != 50_000 {
-		t.Fatalf("light starts at %v, want heavy's 50000", v)
+	if v := l.Virtual("m", "light"); v != 49_999 {
+		t.Fatalf("light starts at %v, want just below heavy's 50000", v)
 	}
 	s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true, MaxPriority: 5, Tenants: l}, rep)
 	rt, _ := rep.Router("m")
@@ -385,11 +385,11 @@ func TestAPIQueueTenantsAndClasses(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	// v1 (class 1) first; then the tenants alternate, whoever has been
-	// charged less going first (a tie goes to the older request), until
-	// light has nothing left; first come first served would have sent
+	// v1 (class 1) first; then whoever has been charged less: light (one
+	// below heavy, then heavy paid for v1) twice, as v1 put heavy one
+	// request ahead; then heavy. First come first served would have sent
 	// h1, h2, h3 before l1.
-	if got, want := strings.Join(order, ","), "v1,l1,h1,l2,h2,h3"; got != want {
+	if got, want := strings.Join(order, ","), "v1,l1,l2,h1,h2,h3"; got != want {
 		t.Errorf("the worker received %s, want %s", got, want)
 	}
 	if v := l.Virtual("m", "light"); v <= 50_000 {
