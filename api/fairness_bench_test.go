@@ -30,9 +30,10 @@ import (
 //     not limited. So the fleet computes 2 prompts per fairBenchPrefill.
 //   - replicas: 1 or 3 Servers over ONE router (one load view: the load
 //     part of replica sync is perfect here, so what is measured is the
-//     tenant part). Each has its own TenantLedger; "shared" exchanges
-//     every ledger's Usage into the others' Remote every fairBenchSync
-//     (what the Syncer carries, without NATS), "local" never.
+//     tenant part). Each has its own TenantLedger; "shared-Δ" exchanges
+//     every ledger's Usage into the others' Remote every Δ (what the
+//     Syncer carries every --tenant-sync-interval, without NATS), "local"
+//     never.
 //   - latency: open loop (Poisson); steady at 30 % of the fleet's prompt
 //     rate, heavy at 10× that (300 %: the heavy tenant alone overloads
 //     the fleet). The figure is the steady tenant's p99 TTFT (time to the
@@ -92,7 +93,7 @@ type fairBench struct {
 	stop    func()
 }
 
-func newFairBench(b *testing.B, replicas int, shared bool) *fairBench {
+func newFairBench(b *testing.B, replicas int, every time.Duration) *fairBench {
 	cfg := router.DefaultConfig()
 	cfg.QueueThreshold = ptr(0.05) // queue once every worker has a prompt (≈ 400 tokens of 8192) booked
 	rep := newFakeReplica("m", cfg)
@@ -118,11 +119,11 @@ func newFairBench(b *testing.B, replicas int, shared bool) *fairBench {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	if shared && replicas > 1 {
+	if every > 0 && replicas > 1 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t := time.NewTicker(fairBenchSync)
+			t := time.NewTicker(every)
 			defer t.Stop()
 			for {
 				select {
@@ -238,7 +239,7 @@ func p99(ds []time.Duration) time.Duration {
 // workers' 2 / fairBenchPrefill minus the proxy's overheads on this
 // machine. The open-loop rates are fractions of it.
 func fairBenchCapacity(b *testing.B) float64 {
-	fb := newFairBench(b, 1, false)
+	fb := newFairBench(b, 1, 0)
 	defer fb.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
@@ -263,8 +264,8 @@ func fairBenchCapacity(b *testing.B) float64 {
 
 // latency runs the open-loop scenario and returns the steady tenant's p99
 // TTFT (heavy false: the steady tenant alone).
-func latencyRun(b *testing.B, replicas int, shared, heavy bool, capacity float64) (time.Duration, int, int64) {
-	fb := newFairBench(b, replicas, shared)
+func latencyRun(b *testing.B, replicas int, every time.Duration, heavy bool, capacity float64) (time.Duration, int, int64) {
+	fb := newFairBench(b, replicas, every)
 	defer fb.stop()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -293,8 +294,8 @@ func latencyRun(b *testing.B, replicas int, shared, heavy bool, capacity float64
 
 // sharesRun runs the closed-loop scenario and returns the steady tenant's
 // share of the tokens charged in the run's middle.
-func sharesRun(b *testing.B, replicas int, shared bool) float64 {
-	fb := newFairBench(b, replicas, shared)
+func sharesRun(b *testing.B, replicas int, every time.Duration) float64 {
+	fb := newFairBench(b, replicas, every)
 	defer fb.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), fairBenchRun)
 	defer cancel()
@@ -329,13 +330,14 @@ func BenchmarkAPITenantFairness(b *testing.B) {
 	for _, sc := range []struct {
 		name     string
 		replicas int
-		shared   bool
-	}{{"replicas=1", 1, false}, {"replicas=3/shared", 3, true}, {"replicas=3/local", 3, false}} {
+		sync     time.Duration // 0: counters not shared
+	}{{"replicas=1", 1, 0}, {"replicas=3/shared-100ms", 3, fairBenchSync}, {"replicas=3/shared-20ms", 3, 20 * time.Millisecond},
+		{"replicas=3/local", 3, 0}} {
 		b.Run(sc.name, func(b *testing.B) {
 			for range b.N {
-				alone, nAlone, _ := latencyRun(b, sc.replicas, sc.shared, false, capacity)
-				with, nWith, refused := latencyRun(b, sc.replicas, sc.shared, true, capacity)
-				share := sharesRun(b, sc.replicas, sc.shared)
+				alone, nAlone, _ := latencyRun(b, sc.replicas, sc.sync, false, capacity)
+				with, nWith, refused := latencyRun(b, sc.replicas, sc.sync, true, capacity)
+				share := sharesRun(b, sc.replicas, sc.sync)
 				b.ReportMetric(float64(alone.Microseconds())/1000, "alone_p99_ms")
 				b.ReportMetric(float64(with.Microseconds())/1000, "with_heavy_p99_ms")
 				b.ReportMetric(with.Seconds()/alone.Seconds(), "p99_ratio")
