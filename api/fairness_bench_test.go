@@ -125,11 +125,28 @@ func newFairBench(b *testing.B, replicas int, every time.Duration) *fairBench {
 			defer wg.Done()
 			t := time.NewTicker(every)
 			defer t.Stop()
+			changed := make(chan struct{}, 1)
+			for _, l := range fb.ledgers {
+				go func() { // the Syncer's nudge: a tenant started waiting
+					for {
+						select {
+						case <-ctx.Done():
+							return
+						case <-l.Changed():
+							select {
+							case changed <- struct{}{}:
+							default:
+							}
+						}
+					}
+				}()
+			}
 			for {
 				select {
 				case <-ctx.Done():
 					return
 				case <-t.C:
+				case <-changed:
 				}
 				for i, from := range fb.ledgers {
 					u := from.Usage()

@@ -123,6 +123,11 @@ func (t *tenantLocal) waitingTotal() (n int, top uint32) {
 type TenantLedger struct {
 	cfg TenantConfig
 
+	// changed gets a token when a tenant starts waiting here (replica
+	// sync publishes at once rather than at its next interval: the other
+	// replicas must yield to it, and each interval they do not costs it).
+	changed chan struct{}
+
 	mu     sync.Mutex
 	local  map[tenantKey]*tenantLocal
 	remote map[string]map[tenantKey]TenantUsage // by replica
@@ -158,7 +163,7 @@ func NewTenantLedger(cfg TenantConfig) (*TenantLedger, error) {
 		cfg.Now = time.Now
 	}
 	return &TenantLedger{cfg: cfg, local: map[tenantKey]*tenantLocal{}, remote: map[string]map[tenantKey]TenantUsage{},
-		series: map[string]bool{}}, nil
+		series: map[string]bool{}, changed: make(chan struct{}, 1)}, nil
 }
 
 // Config is the ledger's configuration, defaults filled.
@@ -332,8 +337,19 @@ func (l *TenantLedger) Enqueue(model, tenant string, class uint32) {
 	defer l.mu.Unlock()
 	l.liftLocked(tenantKey{model, tenant})
 	t, _ := l.localLocked(tenantKey{model, tenant})
+	if n, top := t.waitingTotal(); n == 0 || class > top {
+		select { // the tenant now waits here (or in a higher class)
+		case l.changed <- struct{}{}:
+		default:
+		}
+	}
 	t.waiting[class]++
 }
+
+// Changed gets a token when a tenant starts waiting on this replica, or
+// waits in a higher class than before: replica sync then publishes the
+// usage without waiting for its interval.
+func (l *TenantLedger) Changed() <-chan struct{} { return l.changed }
 
 // Dequeue undoes Enqueue (admitted or gone).
 func (l *TenantLedger) Dequeue(model, tenant string, class uint32) {

@@ -465,3 +465,35 @@ func TestAPIQueuePushOut(t *testing.T) {
 		}
 	}
 }
+
+// TestAPITenantChanged: the ledger asks replica sync to publish when a
+// tenant starts waiting here or waits in a higher class, not for every
+// request it queues.
+func TestAPITenantChanged(t *testing.T) {
+	l, _ := NewTenantLedger(TenantConfig{From: TenantHeader})
+	nudged := func() bool {
+		select {
+		case <-l.Changed():
+			return true
+		default:
+			return false
+		}
+	}
+	steps := []struct {
+		do   func()
+		want bool
+	}{
+		{func() { l.Enqueue("m", "a", 0) }, true},
+		{func() { l.Enqueue("m", "a", 0) }, false},
+		{func() { l.Enqueue("m", "a", 2) }, true},
+		{func() { l.Enqueue("m", "a", 1) }, false},
+		{func() { l.Enqueue("m", "b", 0) }, true},
+		{func() { l.Dequeue("m", "b", 0); l.Enqueue("m", "b", 0) }, true},
+	}
+	for i, st := range steps {
+		st.do()
+		if got := nudged(); got != st.want {
+			t.Errorf("step %d: nudged %v, want %v", i, got, st.want)
+		}
+	}
+}

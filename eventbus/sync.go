@@ -251,6 +251,11 @@ type SyncConfig struct {
 	// (default 100 ms): the sync lag of tenant fairness.
 	Tenants        func() []TenantUsage
 	TenantInterval time.Duration
+	// TenantsChanged, when set, asks for a publication now (a tenant
+	// started waiting somewhere): at most one per TenantNudgeGap (default
+	// 5 ms) beyond the interval's.
+	TenantsChanged <-chan struct{}
+	TenantNudgeGap time.Duration
 	Clock          Clock // default SystemClock
 	Registerer     prometheus.Registerer
 	Logger         *slog.Logger
@@ -323,6 +328,9 @@ func NewSyncer(nc *nats.Conn, cfg SyncConfig, sink LoadSink) (*Syncer, error) {
 	if cfg.TenantInterval <= 0 {
 		cfg.TenantInterval = 100 * time.Millisecond
 	}
+	if cfg.TenantNudgeGap <= 0 {
+		cfg.TenantNudgeGap = 5 * time.Millisecond
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = SystemClock{}
 	}
@@ -383,20 +391,27 @@ func (s *Syncer) Run(ctx context.Context) error {
 	lastFull := s.clock.Now()
 	var lastTenants []TenantUsage
 	var lastTenantsAt time.Time
+	publishTenants := func(now time.Time, force bool) {
+		u := s.cfg.Tenants()
+		if !force && slices.Equal(u, lastTenants) && now.Sub(lastTenantsAt) < s.cfg.FullInterval {
+			return
+		}
+		if err := s.PublishTenants(u); err != nil {
+			s.log.Debug("publish tenant usage failed", "err", err)
+			return
+		}
+		lastTenants, lastTenantsAt = u, now
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case now := <-tenantTick:
-			u := s.cfg.Tenants()
-			if slices.Equal(u, lastTenants) && now.Sub(lastTenantsAt) < s.cfg.FullInterval {
-				continue
+			publishTenants(now, false)
+		case <-s.cfg.TenantsChanged: // nil without tenants: never
+			if now := s.clock.Now(); now.Sub(lastTenantsAt) >= s.cfg.TenantNudgeGap {
+				publishTenants(now, true)
 			}
-			if err := s.PublishTenants(u); err != nil {
-				s.log.Debug("publish tenant usage failed", "err", err)
-				continue
-			}
-			lastTenants, lastTenantsAt = u, now
 		case <-tick.C():
 			now := s.clock.Now()
 			if now.Sub(lastFull) >= s.cfg.FullInterval {

@@ -228,7 +228,7 @@ func assemble(cfg Config, log *slog.Logger, p parts) (*replica, error) {
 	}
 	syncCfg := eventbus.SyncConfig{Replica: cfg.NodeID, Registerer: p.reg, Logger: log}
 	if r.tenants != nil {
-		syncCfg.Tenants, syncCfg.TenantInterval = r.tenantUsage, cfg.TenantSyncInterval
+		syncCfg.Tenants, syncCfg.TenantInterval, syncCfg.TenantsChanged = r.tenantUsage, cfg.TenantSyncInterval, r.tenants.Changed()
 	}
 	r.sync, err = eventbus.NewSyncer(p.bus.Conn(), syncCfg, r)
 	if err != nil {
