@@ -497,3 +497,82 @@ func TestAPITenantChanged(t *testing.T) {
 		}
 	}
 }
+
+// TestAPIQueueYieldAndNoBypass: a replica holds its queue while another
+// replica reports a request waiting in a higher class, even with capacity
+// free; a new arrival then queues behind the backlog instead of passing
+// it; when the other replica's waiter is gone, both go, in order.
+func TestAPIQueueYieldAndNoBypass(t *testing.T) {
+	cfg := router.DefaultConfig()
+	cfg.QueueThreshold = ptr(0.0)
+	rep := newFakeReplica("m", cfg)
+	var mu sync.Mutex
+	var order []string
+	worker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Messages []struct{ Content string } `json:"messages"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		order = append(order, strings.Fields(body.Messages[0].Content)[0])
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":4,"completion_tokens":1}}`)
+	}))
+	defer worker.Close()
+	rep.addWorker("m", "w1", worker.URL)
+	l, _ := NewTenantLedger(TenantConfig{From: TenantHeader})
+	s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true, Tenants: l}, rep)
+	rt, _ := rep.Router("m")
+	rt.Load().Add(router.Booking{ID: "blocker", Worker: "w1", PrefillTokens: 100, Added: time.Now()})
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	l.Remote("r2", []TenantUsage{{Model: "m", Tenant: "elsewhere", Waiting: 1, Class: 3}})
+	send := func(name, tenant string, queued float64) <-chan int {
+		ch := make(chan int, 1)
+		go func() {
+			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, name+" hello")
+			req, _ := http.NewRequest("POST", srv.URL+"/v1/chat/completions", strings.NewReader(body))
+			req.Header.Set(DefaultTenantHeader, tenant)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				ch <- 0
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			ch <- resp.StatusCode
+		}()
+		poll.Until(t, 5*time.Second, 2*time.Millisecond, func() error {
+			if g := testutilGauge(s); g != queued {
+				return fmt.Errorf("queued gauge %v, want %v", g, queued)
+			}
+			return nil
+		})
+		return ch
+	}
+	a := send("a", "t1", 1)
+	rt.PrefillDone("blocker")
+	rt.Free("blocker")
+	s.gates.wake("m")
+	if rt.ShouldQueue() {
+		t.Fatal("capacity should be free")
+	}
+	b := send("b", "t2", 2) // capacity free, yet it queues behind a
+	mu.Lock()
+	if len(order) != 0 {
+		t.Fatalf("served while another replica's higher class waits: %v", order)
+	}
+	mu.Unlock()
+	l.Remote("r2", nil)
+	for name, ch := range map[string]<-chan int{"a": a, "b": b} {
+		if code := <-ch; code != 200 {
+			t.Errorf("%s: %d", name, code)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got := strings.Join(order, ","); got != "a,b" {
+		t.Errorf("served %s, want a,b", got)
+	}
+}
