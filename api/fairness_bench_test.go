@@ -51,7 +51,7 @@ const (
 	fairBenchOutput  = 8
 	fairBenchTPOT    = 2 * time.Millisecond
 	fairBenchSync    = 100 * time.Millisecond
-	fairBenchRun     = 5 * time.Second
+	fairBenchRun     = 12 * time.Second
 	fairBenchWarmup  = 2 * time.Second
 )
 
