@@ -70,10 +70,17 @@ type TenantConfig struct {
 	// Retry-After.
 	TokensPerMinute int64
 	MaxConcurrent   int
+	// Burst is how far below the least served active tenant a tenant may
+	// be when it starts or queues a request (default 4096 tokens; 1 is
+	// start-time fair queueing exactly): the credit a tenant below its
+	// share may spend at once, and all the credit idling can bank.
+	Burst float64
 	// Slack is how many tokens a tenant waiting on another replica must be
 	// below this replica's next tenant before this replica holds its
-	// request back for it (default 4096): the margin that keeps replicas
-	// from yielding to each other on stale counts.
+	// request back for it (default 512): the margin that keeps replicas
+	// from yielding to each other on small differences of stale counts.
+	// It must stay well below Burst, or a tenant that came back Burst
+	// below the others would get no yield from the other replicas.
 	Slack float64
 	Now   func() time.Time // default time.Now
 }
@@ -154,7 +161,13 @@ func NewTenantLedger(cfg TenantConfig) (*TenantLedger, error) {
 		cfg.MetricTenants = 32
 	}
 	if cfg.Slack <= 0 {
-		cfg.Slack = 4096
+		cfg.Slack = 512
+	}
+	if cfg.Burst == 0 {
+		cfg.Burst = 4096
+	}
+	if cfg.Burst < 1 {
+		return nil, fmt.Errorf("tenant burst must be at least 1 token, got %v", cfg.Burst)
 	}
 	if cfg.TokensPerMinute < 0 || cfg.MaxConcurrent < 0 {
 		return nil, fmt.Errorf("tenant budgets must not be negative")
@@ -361,12 +374,17 @@ func (l *TenantLedger) Dequeue(model, tenant string, class uint32) {
 	}
 }
 
-// liftLocked raises an idle tenant's counter to the smallest counter among
-// the active ones, by raising its lift. mu must be held.
+// liftLocked keeps a tenant's counter at least Burst below the smallest
+// counter among the other active tenants, by raising its lift. Called when
+// the tenant starts a request or queues one: a tenant that was idle (or
+// fell behind) comes back at most Burst tokens ahead of the least served
+// active tenant. With Burst 1 this is start-time fair queueing's rule (the
+// newcomer's start tag is the virtual time of the request in service, one
+// token below the active tenants', whose counters already include the
+// requests they are being served); more lets a tenant below its share
+// burst that many tokens before it alternates. Either way, idling banks no
+// more credit than Burst. mu must be held.
 func (l *TenantLedger) liftLocked(k tenantKey) {
-	if l.activeLocked(k) {
-		return
-	}
 	low, found := math.Inf(1), false
 	for _, o := range l.keysLocked(k.model) {
 		if o != k && l.activeLocked(o) {
@@ -376,11 +394,7 @@ func (l *TenantLedger) liftLocked(k tenantKey) {
 	if !found {
 		return
 	}
-	// One token below: the active tenants' counters already include the
-	// requests they are being served, the newcomer's does not, so on a tie
-	// with the smallest it goes first (start-time fair queueing's start
-	// tag is the virtual time of the request in service).
-	low = max(low-1, 0)
+	low = max(low-l.cfg.Burst, 0)
 	used, lift := l.fleetLocked(k)
 	if float64(used)+float64(lift) >= low {
 		return

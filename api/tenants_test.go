@@ -90,8 +90,10 @@ func TestAPIPriorityBadInput(t *testing.T) {
 	}
 }
 
-// TestAPITenantLedgerFairness: the counter is the fleet's usage plus the lift; an
-// idle tenant starts at the smallest active counter (no banked credit); a
+// TestAPITenantLedgerFairness: the counter is the fleet's usage plus the
+// lift; an idle tenant starts one token below the smallest active counter
+// (no banked credit) with Burst 1, at most Burst below it otherwise, and a
+// tenant that fell further behind while active is raised when it queues; a
 // tenant's usage on other replicas counts; a replica's silence drops it.
 func TestAPITenantLedgerFairness(t *testing.T) {
 	type step struct {
@@ -100,12 +102,13 @@ func TestAPITenantLedgerFairness(t *testing.T) {
 	}
 	tests := []struct {
 		name  string
+		burst float64 // TenantConfig.Burst (0: 1, start-time fair queueing exactly)
 		steps []step
 	}{
-		{"usage adds up", []step{
+		{"usage adds up", 0, []step{
 			{func(l *TenantLedger) { l.Charge("m", "a", 100); l.Charge("m", "a", 50); l.Charge("m", "b", 10) }, map[string]float64{"a": 150, "b": 10}},
 		}},
-		{"idle tenant lifted to the active minimum", []step{
+		{"idle tenant lifted to the active minimum", 0, []step{
 			{func(l *TenantLedger) {
 				l.Charge("m", "a", 1000)
 				l.Charge("m", "b", 5000)
@@ -115,7 +118,7 @@ func TestAPITenantLedgerFairness(t *testing.T) {
 				l.Enqueue("m", "c", 0) // c was idle: starts just below 1000, not at 10
 			}, map[string]float64{"a": 1000, "b": 5000, "c": 999}},
 		}},
-		{"active tenant keeps its own counter", []step{
+		{"active tenant keeps its own counter", 0, []step{
 			{func(l *TenantLedger) {
 				l.Charge("m", "a", 1000)
 				l.Begin("m", "a")
@@ -126,10 +129,10 @@ func TestAPITenantLedgerFairness(t *testing.T) {
 			}, map[string]float64{"a": 1500, "c": 999}},
 			{func(l *TenantLedger) { l.Charge("m", "c", 200) }, map[string]float64{"a": 1500, "c": 1199}}, // charges count on top of the lift
 		}},
-		{"no active tenant: no lift", []step{
+		{"no active tenant: no lift", 0, []step{
 			{func(l *TenantLedger) { l.Charge("m", "a", 1000); l.Enqueue("m", "b", 0) }, map[string]float64{"a": 1000, "b": 0}},
 		}},
-		{"other replicas' usage and floors count", []step{
+		{"other replicas' usage and floors count", 0, []step{
 			{func(l *TenantLedger) {
 				l.Charge("m", "a", 100)
 				l.Remote("r2", []TenantUsage{{Model: "m", Tenant: "a", Tokens: 400}, {Model: "m", Tenant: "b", Tokens: 10, Lift: 900}})
@@ -138,16 +141,33 @@ func TestAPITenantLedgerFairness(t *testing.T) {
 			{func(l *TenantLedger) { l.DropRemote("r3") }, map[string]float64{"a": 500, "b": 910}},
 			{func(l *TenantLedger) { l.Remote("r2", nil) }, map[string]float64{"a": 100, "b": 0}},
 		}},
-		{"idle tenant lifted to a tenant active on another replica", []step{
+		{"idle tenant lifted to a tenant active on another replica", 0, []step{
 			{func(l *TenantLedger) {
 				l.Remote("r2", []TenantUsage{{Model: "m", Tenant: "heavy", Tokens: 7000, Inflight: 3}})
 				l.Enqueue("m", "light", 0)
 			}, map[string]float64{"heavy": 7000, "light": 6999}},
 		}},
+		{"a tenant comes back at most the burst below", 500, []step{
+			{func(l *TenantLedger) {
+				l.Charge("m", "a", 10_000)
+				l.Begin("m", "a")
+				l.Enqueue("m", "c", 0)
+			}, map[string]float64{"a": 10_000, "c": 9_500}},
+		}},
+		{"credit while active is bounded too", 500, []step{
+			{func(l *TenantLedger) {
+				l.Charge("m", "a", 10_000)
+				l.Begin("m", "a")
+				l.Begin("m", "c")         // c at 9,500
+				l.Charge("m", "a", 5_000) // a served, c not
+				l.Enqueue("m", "c", 0)    // c queues: at most 500 below a
+			}, map[string]float64{"a": 15_000, "c": 14_500}},
+			{func(l *TenantLedger) { l.Charge("m", "c", 100) }, map[string]float64{"a": 15_000, "c": 14_600}},
+		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			l, err := NewTenantLedger(TenantConfig{From: TenantHeader})
+			l, err := NewTenantLedger(TenantConfig{From: TenantHeader, Burst: max(tc.burst, 1)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -337,14 +357,14 @@ func TestAPIQueueTenantsAndClasses(t *testing.T) {
 	rep.addWorker("m", "w1", worker.URL)
 	l, _ := NewTenantLedger(TenantConfig{From: TenantHeader})
 	// heavy has used much more of the fleet already, and is active; light
-	// was idle, so it starts just below heavy (no credit banked while
-	// idle; first on a tie) and from there the two alternate.
+	// was idle, so it starts Burst (4096) below heavy: no more credit than
+	// that banked while idle.
 	l.Charge("m", "heavy", 50_000)
 	l.Begin("m", "heavy")
 	l.Charge("m", "light", 100)
 	l.Begin("m", "light")
-	if v := l.Virtual("m", "light"); v != 49_999 {
-		t.Fatalf("light starts at %v, want just below heavy's 50000", v)
+	if v := l.Virtual("m", "light"); v != 50_000-4096 {
+		t.Fatalf("light starts at %v, want 4096 below heavy's 50000", v)
 	}
 	s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true, MaxPriority: 5, Tenants: l}, rep)
 	rt, _ := rep.Router("m")
@@ -385,14 +405,14 @@ func TestAPIQueueTenantsAndClasses(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	// v1 (class 1) first; then whoever has been charged less: light (one
-	// below heavy, then heavy paid for v1) twice, as v1 put heavy one
-	// request ahead; then heavy. First come first served would have sent
-	// h1, h2, h3 before l1.
+	// v1 (class 1) first; then whoever has been charged less: light, until
+	// it has nothing left (≈ 30 tokens a request against its 4,096 of
+	// credit), then heavy. First come first served would have sent h1, h2,
+	// h3 before l1.
 	if got, want := strings.Join(order, ","), "v1,l1,l2,h1,h2,h3"; got != want {
 		t.Errorf("the worker received %s, want %s", got, want)
 	}
-	if v := l.Virtual("m", "light"); v <= 50_000 {
+	if v := l.Virtual("m", "light"); v <= 50_000-4096 {
 		t.Errorf("light was not charged: %v", v)
 	}
 }
