@@ -52,6 +52,14 @@ type simFleet struct {
 	onDone func(r simReq)
 }
 
+// simOpts is one scenario's fleet.
+type simOpts struct {
+	replicas int
+	every    time.Duration // sync interval; 0: counters not shared
+	noNudge  bool          // only the interval (no publication when a tenant starts waiting)
+	burst    float64       // the ledgers' Burst (0: the default)
+}
+
 type simReplica struct {
 	q *router.Queue
 	l *TenantLedger
@@ -65,10 +73,10 @@ type simReq struct {
 	client  int
 }
 
-func newSimFleet(t *testing.T, replicas int, every time.Duration, noNudge bool) *simFleet {
-	f := &simFleet{every: every.Milliseconds(), noNudge: noNudge, nudgeAt: -1, slots: make([]int64, simWorkers), tokens: map[string]int64{}}
-	for range replicas {
-		l, err := NewTenantLedger(TenantConfig{From: TenantHeader, Now: func() time.Time { return time.UnixMilli(f.now) }})
+func newSimFleet(t *testing.T, o simOpts) *simFleet {
+	f := &simFleet{every: o.every.Milliseconds(), noNudge: o.noNudge, nudgeAt: -1, slots: make([]int64, simWorkers), tokens: map[string]int64{}}
+	for range o.replicas {
+		l, err := NewTenantLedger(TenantConfig{From: TenantHeader, Burst: o.burst, Now: func() time.Time { return time.UnixMilli(f.now) }})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -197,8 +205,9 @@ func simP99(ms []int64) float64 {
 
 // simLatency: open loop, steady at 30 % of the fleet on replica 0, heavy
 // (when on) at 10× that over every replica. Returns the steady p99 TTFT.
-func simLatency(t *testing.T, replicas int, every time.Duration, noNudge, heavy bool) float64 {
-	f := newSimFleet(t, replicas, every, noNudge)
+func simLatency(t *testing.T, o simOpts, heavy bool) float64 {
+	f := newSimFleet(t, o)
+	replicas := o.replicas
 	steady, heavyAt := poisson(30, 1), poisson(300, 2)
 	if !heavy {
 		heavyAt = nil
@@ -224,8 +233,9 @@ func simLatency(t *testing.T, replicas int, every time.Duration, noNudge, heavy 
 // the tokens served between warmup and the end, and the largest lead in
 // tokens either tenant took over the other in that window (0 would be
 // perfectly even service).
-func simShares(t *testing.T, replicas int, every time.Duration, noNudge bool) (share float64, lead int64) {
-	f := newSimFleet(t, replicas, every, noNudge)
+func simShares(t *testing.T, o simOpts) (share float64, lead int64) {
+	f := newSimFleet(t, o)
+	replicas := o.replicas
 	f.onDone = func(r simReq) { f.arrive(simReq{tenant: r.tenant, replica: r.replica, client: r.client}) }
 	for c := range 6 {
 		f.arrive(simReq{tenant: "steady", replica: 0, client: c})
@@ -258,25 +268,24 @@ func simShares(t *testing.T, replicas int, every time.Duration, noNudge bool) (s
 // give it a third of one replica's share and seconds of TTFT. Figures: -v
 // (BENCHMARKS.md, "Fair tenants across replicas").
 func TestAPITenantFairnessSimulation(t *testing.T) {
-	alone := simLatency(t, 1, 0, false, false)
-	one := simLatency(t, 1, 0, false, true)
+	alone := simLatency(t, simOpts{replicas: 1}, false)
+	one := simLatency(t, simOpts{replicas: 1}, true)
 	for _, sc := range []struct {
-		name     string
-		replicas int
-		every    time.Duration
-		noNudge  bool
-		fair     bool // as one replica
+		name string
+		o    simOpts
+		fair bool // as one replica
 	}{
-		{"1 replica", 1, 0, false, true},
-		{"3 replicas, shared every 100ms", 3, 100 * time.Millisecond, false, true},
-		{"3 replicas, shared every 20ms", 3, 20 * time.Millisecond, false, true},
-		{"3 replicas, shared every 500ms", 3, 500 * time.Millisecond, false, true},
-		{"3 replicas, every 100ms, no nudge", 3, 100 * time.Millisecond, true, false},
-		{"3 replicas, every 500ms, no nudge", 3, 500 * time.Millisecond, true, false},
-		{"3 replicas, not shared", 3, 0, false, false},
+		{"1 replica", simOpts{replicas: 1}, true},
+		{"3 replicas, shared every 100ms", simOpts{replicas: 3, every: 100 * time.Millisecond}, true},
+		{"3 replicas, shared every 20ms", simOpts{replicas: 3, every: 20 * time.Millisecond}, true},
+		{"3 replicas, shared every 500ms", simOpts{replicas: 3, every: 500 * time.Millisecond}, true},
+		{"3 replicas, every 100ms, no nudge", simOpts{replicas: 3, every: 100 * time.Millisecond, noNudge: true}, false},
+		{"3 replicas, every 500ms, no nudge", simOpts{replicas: 3, every: 500 * time.Millisecond, noNudge: true}, false},
+		{"3 replicas, not shared", simOpts{replicas: 3}, false},
+		{"1 replica, burst 1 (SFQ exactly)", simOpts{replicas: 1, burst: 1}, false},
 	} {
-		with := simLatency(t, sc.replicas, sc.every, sc.noNudge, true)
-		share, lead := simShares(t, sc.replicas, sc.every, sc.noNudge)
+		with := simLatency(t, sc.o, true)
+		share, lead := simShares(t, sc.o)
 		t.Logf("%-36s steady p99 TTFT alone %3.0f ms, with heavy %5.0f ms (%.2f× alone, %.2f× one replica's); steady share %.3f; largest lead %d tokens",
 			sc.name, alone, with, with/alone, with/one, share, lead)
 		fair := with/one <= 1.1 && math.Abs(share-0.5) <= 0.05
