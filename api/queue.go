@@ -30,7 +30,23 @@ type gates struct {
 	// free capacity (and out of policy order).
 	admitting map[string]int
 	wakeCh    chan struct{}
+	// heads caches each model's queue head (Peek is linear in the
+	// queue's lanes, one per class and tenant, and every waiter asks on
+	// every wake): valid until the queue changes, the next wake, or
+	// headTTL, since the tenants' counters move the order between wakes.
+	heads map[string]cachedHead
+	gen   uint64 // bumped by every wake
 }
+
+type cachedHead struct {
+	gen uint64
+	at  time.Time
+	w   router.Waiting
+	ok  bool
+}
+
+// headTTL bounds how long a cached head stands without a wake.
+const headTTL = gateTick / 2
 
 type waiter struct {
 	gone bool // mu held: the client left or was displaced; skipped when at the head
@@ -42,7 +58,7 @@ type waiter struct {
 
 func newGates() *gates {
 	return &gates{queues: make(map[string]*router.Queue), waiting: make(map[string]int), admitting: make(map[string]int),
-		byTenant: make(map[string]map[string][]*waiter), wakeCh: make(chan struct{})}
+		byTenant: make(map[string]map[string][]*waiter), wakeCh: make(chan struct{}), heads: make(map[string]cachedHead)}
 }
 
 // wake tells waiters that load dropped.
@@ -50,6 +66,7 @@ func (g *gates) wake(string) {
 	g.mu.Lock()
 	close(g.wakeCh)
 	g.wakeCh = make(chan struct{})
+	g.gen++
 	g.mu.Unlock()
 }
 
@@ -104,6 +121,7 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 		s.tenants.Enqueue(p.model, p.tenant, p.class)
 	}
 	q.Push(router.Waiting{Request: p.req, Arrived: arrived, Value: me, Class: p.class, Tenant: p.tenant})
+	delete(g.heads, p.model)
 	g.waiting[p.model]++
 	if s.tenants != nil {
 		g.addTenantLocked(p.model, p.tenant, me)
@@ -127,10 +145,11 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 	for {
 		g.mu.Lock()
 		wake := g.wakeCh
-		head, isHead := g.headLocked(q, me)
+		head, isHead := g.headLocked(p.model, q, me)
 		admitted := g.admitting[p.model] == 0 && isHead && !p.rt.ShouldQueue() && !s.yields(p)
 		if admitted {
 			q.Drop(head)
+			delete(g.heads, p.model)
 			g.countOutLocked(p.model, p.tenant, me)
 			g.admitting[p.model]++
 			p.settle = sync.OnceFunc(func() { g.settled(p.model) })
@@ -179,16 +198,26 @@ func (s *Server) yields(p *prepared) bool {
 
 // headLocked drops departed waiters from the head and returns it,
 // reporting whether it is me. g.mu must be held.
-func (g *gates) headLocked(q *router.Queue, me *waiter) (router.Waiting, bool) {
+func (g *gates) headLocked(model string, q *router.Queue, me *waiter) (router.Waiting, bool) {
+	if c, ok := g.heads[model]; ok && c.gen == g.gen && time.Since(c.at) < headTTL {
+		if !c.ok {
+			return c.w, false
+		}
+		if h := c.w.Value.(*waiter); !h.gone {
+			return c.w, h == me
+		}
+	}
 	for {
 		w, ok := q.Peek()
 		if !ok {
+			g.heads[model] = cachedHead{gen: g.gen, at: time.Now()}
 			return w, false
 		}
 		if h := w.Value.(*waiter); h.gone {
 			q.Drop(w)
 			continue
 		} else {
+			g.heads[model] = cachedHead{gen: g.gen, at: time.Now(), w: w, ok: true}
 			return w, h == me
 		}
 	}
