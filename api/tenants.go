@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -526,6 +527,52 @@ func (l *TenantLedger) YieldTo(model, tenant string, class uint32) (string, bool
 		}
 	}
 	return "", false
+}
+
+// TenantStatus is one tenant of /cluster/status: its counter and what
+// this replica knows of it fleet-wide.
+type TenantStatus struct {
+	Model    string  `json:"model"`
+	Tenant   string  `json:"tenant"`
+	Tokens   uint64  `json:"tokens"`  // charged over the fleet
+	Virtual  float64 `json:"virtual"` // tokens plus lift: the queue's order
+	Waiting  int     `json:"waiting"` // queued over the fleet
+	Inflight int     `json:"inflight"`
+	Here     uint64  `json:"tokens_here"` // charged by this replica
+}
+
+// Status lists the tenants this replica knows of, the most charged first,
+// at most MetricTenants of them (the status document stays bounded).
+func (l *TenantLedger) Status() []TenantStatus {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	models := map[string]bool{}
+	for k := range l.local {
+		models[k.model] = true
+	}
+	for _, rs := range l.remote {
+		for k := range rs {
+			models[k.model] = true
+		}
+	}
+	var out []TenantStatus
+	for _, m := range slices.Sorted(maps.Keys(models)) {
+		for _, k := range l.keysLocked(m) {
+			used, _ := l.fleetLocked(k)
+			st := TenantStatus{Model: k.model, Tenant: k.tenant, Tokens: used, Virtual: l.virtualLocked(k)}
+			if t, ok := l.local[k]; ok {
+				n, _ := t.waitingTotal()
+				st.Waiting, st.Inflight, st.Here = n, t.inflight, t.used
+			}
+			for _, rs := range l.remote {
+				st.Waiting += rs[k].Waiting
+				st.Inflight += rs[k].Inflight
+			}
+			out = append(out, st)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b TenantStatus) int { return cmp.Compare(b.Tokens, a.Tokens) })
+	return out[:min(len(out), l.cfg.MetricTenants)]
 }
 
 // seriesOf is the metric label of a tenant (bounded: MetricTenants).

@@ -449,6 +449,9 @@ func (r *replica) Status(digest bool) map[string]any {
 	if r.agree != nil {
 		out["tokenizer_agreement"] = r.agree.snapshot()
 	}
+	if r.tenants != nil {
+		out["tenants"] = r.tenants.Status() // tenant fairness: the most charged tenants, fleet-wide
+	}
 	out["digest_checkpoints"] = r.fsm.Checkpoints()
 	if r.state != nil {
 		out["state_agreement"] = r.state.snapshot()
