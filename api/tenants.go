@@ -83,8 +83,18 @@ type TenantConfig struct {
 	// It must stay well below Burst, or a tenant that came back Burst
 	// below the others would get no yield from the other replicas.
 	Slack float64
-	Now   func() time.Time // default time.Now
+	// ForgetAfter drops a tenant idle here and everywhere for that long
+	// (default 2 minutes, past the budgets' minute): it comes back lifted
+	// like any idle tenant, so its old count no longer matters, and the
+	// ledger and the sync messages hold only tenants seen lately.
+	ForgetAfter time.Duration
+	Now         func() time.Time // default time.Now
 }
+
+// maxPublishedTenants bounds one replica's sync message (NATS refuses
+// payloads over 1 MiB by default; an entry is ~50 bytes): the active
+// tenants first, then the most charged.
+const maxPublishedTenants = 8192
 
 // TenantUsage is one tenant's state on one replica, as replica sync
 // carries it. Tokens and Lift only grow while the replica runs.
@@ -112,6 +122,7 @@ type tenantLocal struct {
 	waiting  map[uint32]int // by class
 	inflight int
 	minute   tokenMinute
+	seen     time.Time // the last time it began, ended, queued or was charged
 	series   string // the metric label
 }
 
@@ -175,6 +186,9 @@ func NewTenantLedger(cfg TenantConfig) (*TenantLedger, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.ForgetAfter <= 0 {
+		cfg.ForgetAfter = 2 * time.Minute
 	}
 	return &TenantLedger{cfg: cfg, local: map[tenantKey]*tenantLocal{}, remote: map[string]map[tenantKey]TenantUsage{},
 		series: map[string]bool{}, changed: make(chan struct{}, 1)}, nil
@@ -351,6 +365,7 @@ func (l *TenantLedger) Enqueue(model, tenant string, class uint32) {
 	defer l.mu.Unlock()
 	l.liftLocked(tenantKey{model, tenant})
 	t, _ := l.localLocked(tenantKey{model, tenant})
+	t.seen = l.cfg.Now()
 	if n, top := t.waitingTotal(); n == 0 || class > top {
 		select { // the tenant now waits here (or in a higher class)
 		case l.changed <- struct{}{}:
@@ -370,6 +385,7 @@ func (l *TenantLedger) Dequeue(model, tenant string, class uint32) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t, _ := l.localLocked(tenantKey{model, tenant})
+	t.seen = l.cfg.Now()
 	if t.waiting[class]--; t.waiting[class] <= 0 {
 		delete(t.waiting, class)
 	}
@@ -432,6 +448,7 @@ func (l *TenantLedger) Begin(model, tenant string) (retryAfter time.Duration, ok
 	}
 	l.liftLocked(k)
 	t.inflight++
+	t.seen = now
 	return 0, true
 }
 
@@ -441,6 +458,7 @@ func (l *TenantLedger) End(model, tenant string) {
 	defer l.mu.Unlock()
 	t, _ := l.localLocked(tenantKey{model, tenant})
 	t.inflight = max(t.inflight-1, 0)
+	t.seen = l.cfg.Now()
 }
 
 // Charge adds tokens to tenant's counter: uncached prompt tokens when a
@@ -453,18 +471,38 @@ func (l *TenantLedger) Charge(model, tenant string, tokens int) {
 	defer l.mu.Unlock()
 	t, _ := l.localLocked(tenantKey{model, tenant})
 	t.used += uint64(tokens)
-	t.minute.add(l.cfg.Now(), int64(tokens))
+	t.seen = l.cfg.Now()
+	t.minute.add(t.seen, int64(tokens))
 }
 
-// Usage is this replica's state of every tenant, for replica sync, sorted.
+// Usage is this replica's state of its tenants, for replica sync, sorted:
+// at most maxPublishedTenants, the active first. It first forgets the
+// tenants idle everywhere for ForgetAfter.
 func (l *TenantLedger) Usage() []TenantUsage {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now := l.cfg.Now()
 	out := make([]TenantUsage, 0, len(l.local))
 	for k, t := range l.local {
+		if now.Sub(t.seen) > l.cfg.ForgetAfter && !l.activeLocked(k) {
+			delete(l.local, k)
+			continue
+		}
 		n, top := t.waitingTotal()
 		out = append(out, TenantUsage{Model: k.model, Tenant: k.tenant, Tokens: t.used, Lift: t.lift,
 			Waiting: n, Class: top, Inflight: t.inflight})
+	}
+	if len(out) > maxPublishedTenants {
+		slices.SortFunc(out, func(a, b TenantUsage) int {
+			if aa, ba := a.Waiting+a.Inflight > 0, b.Waiting+b.Inflight > 0; aa != ba {
+				if aa {
+					return -1
+				}
+				return 1
+			}
+			return cmp.Compare(b.Tokens, a.Tokens)
+		})
+		out = out[:maxPublishedTenants]
 	}
 	slices.SortFunc(out, func(a, b TenantUsage) int {
 		if c := strings.Compare(a.Model, b.Model); c != 0 {

@@ -596,3 +596,40 @@ func TestAPIQueueYieldAndNoBypass(t *testing.T) {
 		t.Errorf("served %s, want a,b", got)
 	}
 }
+
+// TestAPITenantForget: a tenant idle here and everywhere for ForgetAfter
+// leaves the ledger (and the sync messages); one active elsewhere stays;
+// a publication holds at most maxPublishedTenants, the active first.
+func TestAPITenantForget(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	l, _ := NewTenantLedger(TenantConfig{From: TenantHeader, ForgetAfter: time.Minute, MaxTenants: 1 << 20, Now: func() time.Time { return now }})
+	l.Charge("m", "idle", 100)
+	l.Charge("m", "busy-elsewhere", 100)
+	l.Begin("m", "running")
+	now = now.Add(2 * time.Minute)
+	l.Remote("r2", []TenantUsage{{Model: "m", Tenant: "busy-elsewhere", Inflight: 1}})
+	var got []string
+	for _, u := range l.Usage() {
+		got = append(got, u.Tenant)
+	}
+	if strings.Join(got, ",") != "busy-elsewhere,running" {
+		t.Fatalf("kept %v", got)
+	}
+	if l.Virtual("m", "idle") != 0 {
+		t.Fatal("a forgotten tenant kept its count")
+	}
+	for i := range maxPublishedTenants + 10 {
+		l.Charge("n", fmt.Sprintf("t%05d", i), 1+i)
+	}
+	u := l.Usage()
+	if len(u) != maxPublishedTenants {
+		t.Fatalf("published %d tenants", len(u))
+	}
+	has := map[string]bool{}
+	for _, x := range u {
+		has[x.Tenant] = true
+	}
+	if !has["running"] || !has["busy-elsewhere"] || has["t00000"] {
+		t.Fatal("the active tenants must be published first, then the most charged")
+	}
+}
