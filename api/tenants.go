@@ -123,7 +123,7 @@ type tenantLocal struct {
 	inflight int
 	minute   tokenMinute
 	seen     time.Time // the last time it began, ended, queued or was charged
-	series   string // the metric label
+	series   string    // the metric label
 }
 
 func (t *tenantLocal) waitingTotal() (n int, top uint32) {
