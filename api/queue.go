@@ -138,6 +138,7 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 	})
 	defer dequeue()
 
+	var yielding time.Time // since when this head holds back for another replica
 	deadline := time.NewTimer(s.cfg.QueueTimeout)
 	defer deadline.Stop()
 	tick := time.NewTicker(gateTick)
@@ -146,7 +147,7 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 		g.mu.Lock()
 		wake := g.wakeCh
 		head, isHead := g.headLocked(p.model, q, me)
-		admitted := g.admitting[p.model] == 0 && isHead && !p.rt.ShouldQueue() && !s.yields(p)
+		admitted := g.admitting[p.model] == 0 && isHead && !p.rt.ShouldQueue() && !s.yields(p, &yielding)
 		if admitted {
 			q.Drop(head)
 			delete(g.heads, p.model)
@@ -184,16 +185,30 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 	}
 }
 
-// yields reports whether p should wait for a request queued on another
-// replica (TenantLedger.YieldTo). Replica sync refreshes what that is every
-// tenant sync interval; a replica that dies takes its waiters with it when
-// sync drops it.
-func (s *Server) yields(p *prepared) bool {
+// yields reports whether p, at the head with capacity free, should wait
+// for a request queued on another replica (TenantLedger.YieldTo). Replica
+// sync refreshes what that is every tenant sync interval (at once when a
+// tenant starts waiting); a replica that dies takes its waiters with it when
+// sync drops it. A head holds back at most TenantConfig.MaxYield in all: a legitimate
+// waiter elsewhere is admitted there within a wake, so a longer wait means
+// a report that no longer holds (or a peer that cannot admit), and capacity
+// must not stay idle for it. since is the head's yield start (zero: none).
+func (s *Server) yields(p *prepared, since *time.Time) bool {
 	if s.tenants == nil {
 		return false
 	}
-	_, yield := s.tenants.YieldTo(p.model, p.tenant, p.class)
-	return yield
+	if _, yield := s.tenants.YieldTo(p.model, p.tenant, p.class); !yield {
+		return false
+	}
+	now := time.Now()
+	if since.IsZero() {
+		*since = now
+	}
+	if now.Sub(*since) > s.tenants.Config().MaxYield {
+		s.tenantMetrics.yieldExpired.WithLabelValues(p.model).Inc()
+		return false
+	}
+	return true
 }
 
 // headLocked drops departed waiters from the head and returns it,

@@ -110,6 +110,9 @@ type tenantMetrics struct {
 	queue     *prometheus.HistogramVec
 	firstByte *prometheus.HistogramVec
 	rejected  *prometheus.CounterVec
+	// yieldExpired counts queue heads admitted after holding back
+	// TenantConfig.MaxYield for another replica's waiter.
+	yieldExpired *prometheus.CounterVec
 }
 
 func newTenantMetrics(reg prometheus.Registerer) *tenantMetrics {
@@ -125,7 +128,9 @@ func newTenantMetrics(reg prometheus.Registerer) *tenantMetrics {
 			[]string{"model", "tenant"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_tenant_rejected_total",
 			Help: "A tenant's requests refused with 429 for its budget (tokens per minute, concurrent requests)."}, []string{"model", "tenant"}),
+		yieldExpired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_tenant_yield_expired_total",
+			Help: "Queue heads admitted after holding back the longest allowed for a request another replica reported waiting (a report that no longer held, or a peer that could not admit)."}, []string{"model"}),
 	}
-	reg.MustRegister(m.tokens, m.queue, m.firstByte, m.rejected)
+	reg.MustRegister(m.tokens, m.queue, m.firstByte, m.rejected, m.yieldExpired)
 	return m
 }

@@ -83,6 +83,11 @@ type TenantConfig struct {
 	// It must stay well below Burst, or a tenant that came back Burst
 	// below the others would get no yield from the other replicas.
 	Slack float64
+	// MaxYield bounds how long a queue head, with capacity free, holds
+	// back for another replica's waiter (default 250 ms): one there is
+	// admitted within a wake, so a longer hold means a report that no
+	// longer holds, and capacity must not stay idle for it.
+	MaxYield time.Duration
 	// ForgetAfter drops a tenant idle here and everywhere for that long
 	// (default 2 minutes, past the budgets' minute): it comes back lifted
 	// like any idle tenant, so its old count no longer matters, and the
@@ -189,6 +194,9 @@ func NewTenantLedger(cfg TenantConfig) (*TenantLedger, error) {
 	}
 	if cfg.ForgetAfter <= 0 {
 		cfg.ForgetAfter = 2 * time.Minute
+	}
+	if cfg.MaxYield <= 0 {
+		cfg.MaxYield = 250 * time.Millisecond
 	}
 	return &TenantLedger{cfg: cfg, local: map[tenantKey]*tenantLocal{}, remote: map[string]map[tenantKey]TenantUsage{},
 		series: map[string]bool{}, changed: make(chan struct{}, 1)}, nil

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvrouter/kvrouter/internal/poll"
 	"github.com/kvrouter/kvrouter/router"
@@ -541,7 +542,7 @@ func TestAPIQueueYieldAndNoBypass(t *testing.T) {
 	}))
 	defer worker.Close()
 	rep.addWorker("m", "w1", worker.URL)
-	l, _ := NewTenantLedger(TenantConfig{From: TenantHeader})
+	l, _ := NewTenantLedger(TenantConfig{From: TenantHeader, MaxYield: time.Hour})
 	s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true, Tenants: l}, rep)
 	rt, _ := rep.Router("m")
 	rt.Load().Add(router.Booking{ID: "blocker", Worker: "w1", PrefillTokens: 100, Added: time.Now()})
@@ -631,5 +632,35 @@ func TestAPITenantForget(t *testing.T) {
 	}
 	if !has["running"] || !has["busy-elsewhere"] || has["t00000"] {
 		t.Fatal("the active tenants must be published first, then the most charged")
+	}
+}
+
+// TestAPIQueueYieldExpires: a head holds back for another replica's
+// reported waiter at most MaxYield; then it goes, and that is counted.
+func TestAPIQueueYieldExpires(t *testing.T) {
+	cfg := router.DefaultConfig()
+	cfg.QueueThreshold = ptr(0.0)
+	rep := newFakeReplica("m", cfg)
+	var hits atomic.Int64
+	rep.addWorker("m", "w1", fakeWorker(t, &hits).URL)
+	l, _ := NewTenantLedger(TenantConfig{From: TenantHeader, MaxYield: 20 * time.Millisecond})
+	s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true, Tenants: l}, rep)
+	rt, _ := rep.Router("m")
+	rt.Load().Add(router.Booking{ID: "blocker", Worker: "w1", PrefillTokens: 100, Added: time.Now()})
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	// A peer reports a waiter it never admits (a stale report).
+	l.Remote("r2", []TenantUsage{{Model: "m", Tenant: "elsewhere", Waiting: 1, Class: 3}})
+	first := postQueued(t, s, srv.URL)
+	rt.PrefillDone("blocker")
+	rt.Free("blocker")
+	s.gates.wake("m")
+	if code := <-first; code != 200 {
+		t.Fatalf("the held head: %d", code)
+	}
+	var m dto.Metric
+	_ = s.tenantMetrics.yieldExpired.WithLabelValues("m").Write(&m)
+	if n := m.GetCounter().GetValue(); n != 1 {
+		t.Fatalf("yield expiries counted %v, want 1", n)
 	}
 }
