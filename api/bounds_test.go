@@ -154,8 +154,9 @@ func TestAPIQueueCap(t *testing.T) {
 			Code          int
 		}
 	}
-	if rec.Code != http.StatusTooManyRequests || json.Unmarshal(rec.Body.Bytes(), &e) != nil ||
-		e.Error.Type != "rate_limit_exceeded" || e.Error.Code != 429 || rec.Header().Get("Retry-After") == "" {
+	// A full queue is overload, as Dynamo answers it: 529 (--busy-status).
+	if rec.Code != 529 || json.Unmarshal(rec.Body.Bytes(), &e) != nil ||
+		e.Error.Type != "service_overloaded" || e.Error.Code != 529 || rec.Header().Get("Retry-After") == "" {
 		t.Fatalf("second request: %d %s", rec.Code, rec.Body)
 	}
 	rt.PrefillDone("blocker")

@@ -44,6 +44,7 @@ func (s *Server) inferPlain(c *gin.Context, ep endpoint) {
 		return
 	}
 	defer p.settled()
+	defer s.tenantEnd(p)
 	s.forward(c, p)
 }
 

@@ -489,6 +489,8 @@ var chatSeeds = []string{
 	`{"messages":[{"role":"user","content":"x"}]}`,
 	`{"model":"m","messages":{"role":"user"}}`,
 	`{"model":"m","messages":[{"role":"user","content":"x"}],"nvext":{"agent_hints":{"priority":1e99}}}`,
+	`{"model":"m","messages":[{"role":"user","content":"x"}],"nvext":{"agent_hints":{"priority":-2,"strict_priority":4294967295}}}`,
+	`{"model":"m","messages":[{"role":"user","content":"x"}],"nvext":{"agent_hints":{"strict_priority":-1,"priority":"high"}}}`,
 	`{"model":`,
 	`[]`,
 	`null`,

@@ -28,7 +28,8 @@ type inferenceRequest struct {
 	N     int `json:"n"`
 	Nvext struct {
 		AgentHints struct {
-			Priority int `json:"priority"`
+			// priority and strict_priority (priority.go)
+			agentHintPriorities
 			// Osl is the output the client expects per sequence, in
 			// tokens: Dynamo's expected_output_tokens, toward which
 			// output-block tracking decays (router.Request).
@@ -71,6 +72,15 @@ type prepared struct {
 	hit hitRequest
 	// sess is the request's agent session when affinity is on (sessions.go).
 	sess *sessionTurn
+	// class is the strict tier (nvext.agent_hints.strict_priority, after
+	// the key's cap); tenant whose share serves the request ("" when
+	// fairness is off); charged the output tokens already charged to it,
+	// begun whether it counts in the tenant's requests in flight
+	// (tenantgate.go).
+	class   uint32
+	tenant  string
+	charged int
+	begun   bool
 }
 
 // settled reports the request's booking in place (or abandoned) to the
@@ -97,7 +107,11 @@ func (s *Server) infer(c *gin.Context, chat bool) {
 		return
 	}
 	defer p.settled()
+	defer s.tenantEnd(p)
 	if dr, ok := s.disaggRouter(p.model); ok {
+		// Two stages: the prefill worker's overlap is not known here, so
+		// the tenant is charged the whole prompt.
+		s.chargeTenant(p, p.req.Tokens, "prompt")
 		s.forwardDisagg(c, p, dr)
 		return
 	}
@@ -159,6 +173,12 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", "messages must not be empty")
 		return nil, false
 	}
+	prio, err := readPriority(c.Request.Header, in.Nvext.AgentHints.agentHintPriorities)
+	if err != nil {
+		s.metrics.rejected.WithLabelValues("invalid_priority").Inc()
+		openAIError(c, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return nil, false
+	}
 	tokens, isl, prompts, hashable, err := s.requestTokens(model, body, ep)
 	if err != nil {
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", err.Error())
@@ -172,11 +192,13 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 		// n sequences of each prompt of a batch, all decoding on the worker.
 		seqs = min(max(in.N, 1)*max(prompts, 1), maxSequences)
 	}
+	key := bearer(c)
 	return &prepared{
 		body: body, path: c.Request.URL.Path, model: model, stream: in.Stream, rt: rt, start: start, sess: sess,
 		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora, in.CacheSalt), Tokens: isl, Sequences: seqs,
-			Priority: s.capPriority(bearer(c), in.Nvext.AgentHints.Priority), Exclude: notServing(rt.Workers(), only),
+			Priority: s.capPriority(key, prio.Soft), Exclude: notServing(rt.Workers(), only),
 			ExpectedOutputTokens: max(in.Nvext.AgentHints.Osl, 0)},
+		class: s.capStrictPriority(key, prio.Strict), tenant: s.tenantOf(c, key, model),
 	}, true
 }
 

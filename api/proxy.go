@@ -77,6 +77,8 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 		return fmt.Errorf("routing: %w", err)
 	}
 	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
+	// The tenant pays for the prompt tokens the worker must compute.
+	s.chargeTenant(p, p.req.Tokens-d.Overlap*p.rt.Config().BlockSize, "prompt")
 	// The hashes Route booked (distinct ones under --no-router-assume-kv-reuse),
 	// so peers book what this replica booked.
 	s.rep.Booked(p.model, router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: d.ActiveHashes,
@@ -92,6 +94,10 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 			p.firstByteAt = time.Now()
 			p.rt.PrefillDoneAt(p.req.ID, p.firstByteAt) // kv-pooled's wait price learns the worker's prefill rate
 			s.rep.PrefillDone(p.model, p.req.ID)
+			s.tenantFirstByte(p)
+			// The prompt's tokens left the worker's prefill load: a load
+			// drop, so the queue looks now rather than at its next tick.
+			s.gates.wake(p.model)
 		},
 		tokens: func(k int) { s.generated(p, k) },
 		done: func() {
@@ -229,6 +235,7 @@ type OutputReporter interface {
 // to the other replicas.
 func (s *Server) generated(p *prepared, k int) {
 	p.generated += k
+	s.chargeOutput(p, p.generated)
 	o, grew := p.rt.Generated(p.req.ID, p.generated)
 	if !grew {
 		return
@@ -357,6 +364,7 @@ func (s *Server) auditUsage(p *prepared, worker router.WorkerID, overlap int, au
 // replicas, and wakes its model's queue.
 func (s *Server) free(p *prepared) {
 	if p.outputTokensKnown {
+		s.chargeOutput(p, p.outputTokens)
 		// Per sequence (n samples report their sum); at now, so kv-pooled's
 		// wait price learns the worker's decode rate.
 		p.rt.FinishedAt(p.req.ID, p.outputTokens/max(p.req.Sequences, 1), time.Now())

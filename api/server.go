@@ -131,6 +131,11 @@ type Config struct {
 	// on purpose, until it is warm (warmup.go; --router-warmup-share);
 	// 0: off.
 	WarmUpShare float64
+	// Tenants, when set, turns tenant fairness and budgets on
+	// (tenants.go, tenantgate.go): the replica shares it with replica
+	// sync so its counters are the fleet's. nil: every request is one
+	// tenant.
+	Tenants *TenantLedger
 }
 
 // LogValue prints the configuration without its credentials, so a
@@ -184,6 +189,9 @@ type Server struct {
 	// sessMetrics: session affinity's series (sessions.go); nil when the
 	// replica keeps no bindings.
 	sessMetrics *sessionMetrics
+	// tenants is Config.Tenants; tenantMetrics its series (nil: off).
+	tenants       *TenantLedger
+	tenantMetrics *tenantMetrics
 }
 
 // Drainer is implemented by a replica that can be draining (SIGTERM
@@ -289,6 +297,9 @@ func New(cfg Config, rep Replica) *Server {
 	s.warm = newWarmUps(cfg, s)
 	if sr, ok := rep.(SessionReplica); ok {
 		s.sessMetrics = newSessionMetrics(cfg.Registry, sr)
+	}
+	if cfg.Tenants != nil {
+		s.tenants, s.tenantMetrics = cfg.Tenants, newTenantMetrics(cfg.Registry)
 	}
 	if cfg.AdminToken != "" {
 		s.exempt = newLoopbackExemption(cfg.AdminOpenToLoopback, cfg.Logger, cfg.Registry)

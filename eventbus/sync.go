@@ -29,6 +29,12 @@ const (
 	SyncPrefillDone SyncOp = 2 // its prefill finished (first token); also carries output progress (Syncer.Output)
 	SyncFree        SyncOp = 3 // it finished
 	SyncFull        SyncOp = 4 // the sender's whole active set (repairs losses)
+	// SyncTenants is the sender's tenants' usage (tenant fairness,
+	// SyncMsg.Tenants), absolute, so a lost message is repaired by the
+	// next. Added after the first release: an older replica reads the
+	// message (its sequence number counts, so no gap) and applies nothing,
+	// counting it undecodable.
+	SyncTenants SyncOp = 5
 )
 
 func (o SyncOp) String() string {
@@ -41,6 +47,8 @@ func (o SyncOp) String() string {
 		return "free"
 	case SyncFull:
 		return "full"
+	case SyncTenants:
+		return "tenants"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -120,6 +128,68 @@ type SyncMsg struct {
 	OutputBlocks   int `msgpack:"ob,omitempty"`
 	Generated      int `msgpack:"g,omitempty"`
 	ExpectedOutput int `msgpack:"x,omitempty"`
+	// Tenants of a SyncTenants, in format TenantsVersion. A receiver
+	// applies only the version it knows (TenantUsageVersion): a later
+	// format must take a new version number, and older receivers then
+	// ignore it rather than misread it.
+	Tenants        []TenantUsage `msgpack:"tu,omitempty"`
+	TenantsVersion uint8         `msgpack:"tv,omitempty"`
+}
+
+// TenantUsageVersion is the format of SyncMsg.Tenants this build writes
+// and reads.
+const TenantUsageVersion = 1
+
+// TenantUsage is one tenant's state on the sending replica (api's
+// TenantLedger): the tokens it charged the tenant since it started (and
+// the floor the tenant was lifted to, both only grow within an epoch), and
+// the tenant's requests waiting there (Class: the highest class among
+// them) and in flight.
+type TenantUsage struct {
+	Model    string `msgpack:"m"`
+	Tenant   string `msgpack:"t"`
+	Tokens   uint64 `msgpack:"u,omitempty"`
+	Lift     uint64 `msgpack:"f,omitempty"`
+	Waiting  int    `msgpack:"w,omitempty"`
+	Class    uint32 `msgpack:"c,omitempty"`
+	Inflight int    `msgpack:"i,omitempty"`
+}
+
+// Limits on a peer's tenant usage: no kvrouter replica sends more (api
+// caps tenants per model at 1024 by default, ids at 64 bytes), so larger
+// values are not from one and must neither grow the receiver's ledger
+// without bound nor overflow its sums.
+const (
+	MaxSyncTenants      = 1 << 14
+	MaxSyncTenantID     = 256
+	MaxSyncTenantTokens = 1 << 50 // ~10^15 tokens: sums of a thousand replicas stay far below 2^64
+	MaxSyncTenantCount  = 1 << 20 // waiting or in-flight requests
+)
+
+// clampTenants drops malformed entries (no model or tenant, ids too long)
+// and clamps the counts, keeping at most MaxSyncTenants.
+func clampTenants(in []TenantUsage) []TenantUsage {
+	out := make([]TenantUsage, 0, min(len(in), MaxSyncTenants))
+	for _, u := range in {
+		if len(out) == MaxSyncTenants {
+			break
+		}
+		if u.Model == "" || u.Tenant == "" || len(u.Model) > MaxSyncTenantID || len(u.Tenant) > MaxSyncTenantID {
+			continue
+		}
+		u.Tokens, u.Lift = min(u.Tokens, MaxSyncTenantTokens), min(u.Lift, MaxSyncTenantTokens)
+		u.Waiting, u.Inflight = min(max(u.Waiting, 0), MaxSyncTenantCount), min(max(u.Inflight, 0), MaxSyncTenantCount)
+		out = append(out, u)
+	}
+	return out
+}
+
+// TenantSink is the optional part of a LoadSink that takes other
+// replicas' tenant usage (the Syncer finds it by type assertion). A
+// replica's usage is replaced whole by each message; DropReplica drops it
+// with the replica's load.
+type TenantSink interface {
+	TenantsRemote(replica string, usage []TenantUsage)
 }
 
 // LoadSink receives other replicas' load, in the order each replica sent
@@ -176,9 +246,19 @@ type SyncConfig struct {
 	ExpireAfter  time.Duration // a replica silent this long is dropped (default 3s)
 	// SweepInterval is how often expiry is checked (default ExpireAfter/6).
 	SweepInterval time.Duration
-	Clock         Clock // default SystemClock
-	Registerer    prometheus.Registerer
-	Logger        *slog.Logger
+	// Tenants, when set, is this replica's tenant usage, published every
+	// TenantInterval when it changed and every FullInterval regardless
+	// (default 100 ms): the sync lag of tenant fairness.
+	Tenants        func() []TenantUsage
+	TenantInterval time.Duration
+	// TenantsChanged, when set, asks for a publication now (a tenant
+	// started waiting somewhere): at most one per TenantNudgeGap (default
+	// 5 ms) beyond the interval's.
+	TenantsChanged <-chan struct{}
+	TenantNudgeGap time.Duration
+	Clock          Clock // default SystemClock
+	Registerer     prometheus.Registerer
+	Logger         *slog.Logger
 }
 
 // SyncStats are a Syncer's counters.
@@ -245,6 +325,12 @@ func NewSyncer(nc *nats.Conn, cfg SyncConfig, sink LoadSink) (*Syncer, error) {
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = cfg.ExpireAfter / 6
 	}
+	if cfg.TenantInterval <= 0 {
+		cfg.TenantInterval = 100 * time.Millisecond
+	}
+	if cfg.TenantNudgeGap <= 0 {
+		cfg.TenantNudgeGap = 5 * time.Millisecond
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = SystemClock{}
 	}
@@ -296,11 +382,36 @@ func (s *Syncer) Run(ctx context.Context) error {
 	s.publishFull()
 	tick := s.clock.NewTicker(s.cfg.SweepInterval)
 	defer tick.Stop()
+	var tenantTick <-chan time.Time // nil (never) without tenants
+	if s.cfg.Tenants != nil {
+		tt := s.clock.NewTicker(s.cfg.TenantInterval)
+		defer tt.Stop()
+		tenantTick = tt.C()
+	}
 	lastFull := s.clock.Now()
+	var lastTenants []TenantUsage
+	var lastTenantsAt time.Time
+	publishTenants := func(now time.Time, force bool) {
+		u := s.cfg.Tenants()
+		if !force && slices.Equal(u, lastTenants) && now.Sub(lastTenantsAt) < s.cfg.FullInterval {
+			return
+		}
+		if err := s.PublishTenants(u); err != nil {
+			s.log.Debug("publish tenant usage failed", "err", err)
+			return
+		}
+		lastTenants, lastTenantsAt = u, now
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case now := <-tenantTick:
+			publishTenants(now, false)
+		case <-s.cfg.TenantsChanged: // nil without tenants: never
+			if now := s.clock.Now(); now.Sub(lastTenantsAt) >= s.cfg.TenantNudgeGap {
+				publishTenants(now, true)
+			}
 		case <-tick.C():
 			now := s.clock.Now()
 			if now.Sub(lastFull) >= s.cfg.FullInterval {
@@ -357,6 +468,14 @@ func (s *Syncer) Free(request string) error {
 	defer s.lmu.Unlock()
 	delete(s.active, request)
 	return s.publishLocked(SyncMsg{Op: SyncFree, Request: request})
+}
+
+// PublishTenants announces this replica's tenant usage (Run does it every
+// TenantInterval when SyncConfig.Tenants is set).
+func (s *Syncer) PublishTenants(u []TenantUsage) error {
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
+	return s.publishLocked(SyncMsg{Op: SyncTenants, Tenants: u, TenantsVersion: TenantUsageVersion})
 }
 
 // Active returns this replica's active set, sorted by request id.
@@ -472,6 +591,12 @@ func (s *Syncer) deliver(m SyncMsg, now time.Time) {
 			f.OutputBlocks, f.Generated, f.ExpectedOutput = o.Blocks, o.Generated, o.Expected
 		}
 		s.sink.ReplaceReplica(m.Replica, m.Full)
+	case SyncTenants:
+		ts, ok := s.sink.(TenantSink)
+		if !ok || m.TenantsVersion != TenantUsageVersion {
+			return // fairness off here, or a format this build does not read
+		}
+		ts.TenantsRemote(m.Replica, clampTenants(m.Tenants))
 	default:
 		s.undecodable.Add(1)
 	}

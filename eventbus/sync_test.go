@@ -377,6 +377,9 @@ func FuzzSyncHandle(f *testing.F) {
 		{Replica: "r4", Epoch: 2, Seq: 3, Op: SyncPrefillDone, Request: "n", OutputBlocks: 3, Generated: 41, ExpectedOutput: 64},
 		{Replica: "r4", Epoch: 2, Seq: 4, Op: SyncPrefillDone, Request: "n", OutputBlocks: 1 << 40, Generated: -1, ExpectedOutput: 1 << 50},
 		{Replica: "r5", Epoch: 2, Seq: 1, Op: SyncFull, Full: []ActiveRequest{{Request: "o", Worker: "w1", OutputBlocks: 1 << 40, Generated: 1 << 41, ExpectedOutput: -7}}},
+		{Replica: "r6", Epoch: 2, Seq: 1, Op: SyncTenants, TenantsVersion: TenantUsageVersion,
+			Tenants: []TenantUsage{{Model: "m", Tenant: "a", Tokens: 1 << 63, Lift: 7, Waiting: -1, Class: 3, Inflight: 1 << 40}, {Model: "", Tenant: "b"}}},
+		{Replica: "r6", Epoch: 2, Seq: 2, Op: SyncTenants, TenantsVersion: 9, Tenants: []TenantUsage{{Model: "m", Tenant: "a"}}},
 	} {
 		b, err := msgpack.Marshal(&m)
 		if err != nil {
@@ -390,14 +393,26 @@ func FuzzSyncHandle(f *testing.F) {
 	f.Add([]byte("\x81\xa1h\xdd\x7f\xff\xff\xff"))
 	f.Add([]byte(`{"replica":"r1","seq":1}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		sink := newRecSink()
-		s, err := NewSyncer(nil, SyncConfig{Replica: "me", Clock: newFakeClock(), Logger: testLogger(t)}, sink)
+		ts := newTenantSink()
+		sink := ts.recSink
+		s, err := NewSyncer(nil, SyncConfig{Replica: "me", Clock: newFakeClock(), Logger: testLogger(t)}, ts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		s.handle(&nats.Msg{Data: data})
 		s.handle(&nats.Msg{Data: data}) // the same again: a duplicate
 		st := s.Stats()
+		for _, us := range ts.tenants {
+			if len(us) > MaxSyncTenants {
+				t.Fatalf("sink took %d tenants", len(us))
+			}
+			for _, u := range us {
+				if u.Model == "" || u.Tenant == "" || len(u.Tenant) > MaxSyncTenantID || u.Tokens > MaxSyncTenantTokens || u.Lift > MaxSyncTenantTokens ||
+					u.Waiting < 0 || u.Waiting > MaxSyncTenantCount || u.Inflight < 0 || u.Inflight > MaxSyncTenantCount {
+					t.Fatalf("sink holds unclamped tenant usage %+v", u)
+				}
+			}
+		}
 		for _, reqs := range sink.active {
 			for _, r := range reqs {
 				if r.Sequences < 0 || r.Sequences > MaxSyncSequences {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/cluster"
 	"github.com/kvrouter/kvrouter/cmd/kvrouter/internal/replica"
 	"github.com/kvrouter/kvrouter/internal/netaddr"
@@ -161,7 +162,23 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 			return err
 		}},
 		{names: []string{"max-workers"}, env: []string{"KVROUTER_MAX_WORKERS"}, usage: "registered workers at most (default 1024; 429 beyond)", set: intp(&c.MaxWorkers)},
-		{names: []string{"max-queue"}, env: []string{"KVROUTER_MAX_QUEUE"}, usage: "requests waiting in one model's admission queue at most (default 1024; 429 beyond)", set: intp(&c.MaxQueue)},
+		{names: []string{"max-queue"}, env: []string{"KVROUTER_MAX_QUEUE"}, usage: "requests waiting in one model's admission queue at most (default 1024; beyond, --busy-status (529) with Retry-After, as Dynamo answers a full queue)", set: intp(&c.MaxQueue)},
+		{names: []string{"tenant-from"}, env: []string{"KVROUTER_TENANT_FROM"}, def: "none", usage: "where a request's tenant comes from for fair shares and budgets: none (fairness off), api-key (the client's bearer key, hashed: key-<12 hex>) or header (--tenant-header)", set: func(v string) error {
+			c.Tenants.From = api.TenantSource(v)
+			return nil
+		}},
+		{names: []string{"tenant-header"}, env: []string{"KVROUTER_TENANT_HEADER"}, def: api.DefaultTenantHeader, usage: "the header naming the tenant with --tenant-from header (GAIE's fairness id by default); values over 64 bytes or not printable are hashed", set: str(&c.Tenants.Header)},
+		{names: []string{"tenant-max"}, env: []string{"KVROUTER_TENANT_MAX"}, def: "1024", usage: "tenants tracked per model; every tenant beyond shares one share (_overflow)", set: intp(&c.Tenants.MaxTenants)},
+		{names: []string{"tenant-metrics-max"}, env: []string{"KVROUTER_TENANT_METRICS_MAX"}, def: "32", usage: "tenants with their own kvrouter_tenant_* series (the first seen); the rest are summed as _other", set: intp(&c.Tenants.MetricTenants)},
+		{names: []string{"tenant-tokens-per-minute"}, env: []string{"KVROUTER_TENANT_TOKENS_PER_MINUTE"}, def: "0", usage: "a tenant's budget of charged tokens (uncached prompt + output) per minute, fleet-wide as replica sync reports it; beyond, 429 with Retry-After (0: none)", set: func(v string) error {
+			n, err := strconv.ParseInt(v, 10, 64)
+			c.Tenants.TokensPerMinute = n
+			return err
+		}},
+		{names: []string{"tenant-max-concurrent"}, env: []string{"KVROUTER_TENANT_MAX_CONCURRENT"}, def: "0", usage: "a tenant's requests admitted or queued and not finished, fleet-wide; beyond, 429 with Retry-After (0: none)", set: intp(&c.Tenants.MaxConcurrent)},
+		{names: []string{"tenant-fair-slack"}, env: []string{"KVROUTER_TENANT_FAIR_SLACK"}, def: "512", usage: "tokens a tenant waiting on another replica must be below this replica's next tenant before this replica holds its request back for it (keep it well below --tenant-fair-burst)", set: floatp(&c.Tenants.Slack)},
+		{names: []string{"tenant-fair-burst"}, env: []string{"KVROUTER_TENANT_FAIR_BURST"}, def: "4096", usage: "tokens a tenant may be below the least served active tenant when it starts or queues a request: the credit a tenant under its share spends at once, and all the credit idling banks (1: start-time fair queueing exactly)", set: floatp(&c.Tenants.Burst)},
+		{names: []string{"tenant-sync-interval"}, env: []string{"KVROUTER_TENANT_SYNC_INTERVAL"}, def: "100ms", usage: "how often tenant usage goes out on replica sync when it changed (the fairness sync lag)", set: dur(&c.TenantSyncInterval)},
 		{names: []string{"max-entry-bytes"}, env: []string{"KVROUTER_MAX_ENTRY_BYTES"}, def: strconv.Itoa(replica.DefaultMaxEntryBytes), usage: fmt.Sprintf("bytes one Raft entry of KV events may encode to, %d to %d (4 MiB by default): a larger ingest batch is committed as several entries, in order, each acked once committed; a single event larger than this is refused (kvrouter_eventbus_events_rejected_total{reason=\"too_large\"})", replica.MinMaxEntryBytes, replica.MaxMaxEntryBytes), set: intp(&c.MaxEntryBytes)},
 		{names: []string{"worker-header-timeout"}, env: []string{"KVROUTER_WORKER_HEADER_TIMEOUT"}, usage: "longest wait for a worker's answer headers (default 10m)", set: dur(&c.WorkerHeaderTimeout)},
 		{names: []string{"worker-idle-timeout"}, env: []string{"KVROUTER_WORKER_IDLE_TIMEOUT"}, usage: "longest silence inside a worker's answer body before it is cut and its booking freed (default 2m)", set: dur(&c.WorkerIdleTimeout)},
@@ -339,6 +356,12 @@ func (c *serveConfig) finish() error {
 	}
 	if c.MaxEntryBytes < replica.MinMaxEntryBytes || c.MaxEntryBytes > replica.MaxMaxEntryBytes {
 		return fmt.Errorf("--max-entry-bytes must be %d to %d, got %d", replica.MinMaxEntryBytes, replica.MaxMaxEntryBytes, c.MaxEntryBytes)
+	}
+	if _, err := api.NewTenantLedger(c.Tenants); err != nil {
+		return fmt.Errorf("--tenant-from / --tenant-*: %w", err)
+	}
+	if c.TenantSyncInterval < 0 {
+		return fmt.Errorf("--tenant-sync-interval must not be negative, got %s", c.TenantSyncInterval)
 	}
 	if c.BusyStatus != 529 && c.BusyStatus != 503 {
 		return fmt.Errorf("--busy-status must be 529 or 503, got %d", c.BusyStatus)

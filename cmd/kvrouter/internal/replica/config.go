@@ -3,6 +3,7 @@ package replica
 import (
 	"time"
 
+	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/cluster"
 	"github.com/kvrouter/kvrouter/cmd/internal/disaggflag"
 	"github.com/kvrouter/kvrouter/internal/pki"
@@ -86,6 +87,14 @@ type Config struct {
 	APIClientCerts       bool // a verified pki.RoleClient certificate on the inference endpoints (needs TLS)
 	// MetricsCompat is api.Config.MetricsCompat (--metrics-compat).
 	MetricsCompat string
+	// Tenants configures tenant fairness and budgets (api.TenantConfig:
+	// --tenant-from, --tenant-header, --tenant-max, --tenant-metrics-max,
+	// --tenant-tokens-per-minute, --tenant-max-concurrent,
+	// --tenant-fair-slack); From none or empty turns it off.
+	// TenantSyncInterval is how often tenant usage goes out on replica
+	// sync when it changed (default 100 ms).
+	Tenants            api.TenantConfig
+	TenantSyncInterval time.Duration
 	// The decision log (api/decisionlog): the newest DecisionLogSize
 	// decisions in memory (0: off), and a JSON-lines file rotated at
 	// DecisionLogMaxBytes when DecisionLogFile is set.

@@ -35,6 +35,9 @@ type replica struct {
 	node *cluster.Node
 	bus  *eventbus.Bus
 	sync *eventbus.Syncer
+	// tenants is the tenant-fairness ledger the API charges and replica
+	// sync shares (nil: fairness off).
+	tenants *api.TenantLedger
 	// ctl is the control group (fsm, node) as a dataGroup; groups are the
 	// data groups of a sharded index, none unsharded (groups.go).
 	ctl    *dataGroup
@@ -452,6 +455,9 @@ func (r *replica) Status(digest bool) map[string]any {
 	if r.agree != nil {
 		out["tokenizer_agreement"] = r.agree.snapshot()
 	}
+	if r.tenants != nil {
+		out["tenants"] = r.tenants.Status() // tenant fairness: the most charged tenants, fleet-wide
+	}
 	out["digest_checkpoints"] = r.fsm.Checkpoints()
 	if r.state != nil {
 		out["state_agreement"] = r.state.snapshot()
@@ -558,14 +564,44 @@ func (r *replica) FreeRemote(replica, request string) {
 }
 
 func (r *replica) ReplaceReplica(replica string, active []eventbus.ActiveRequest) {
-	r.DropReplica(replica)
+	r.dropLoad(replica)
 	for _, a := range active {
 		r.AddRemote(replica, a)
 	}
 }
 
+// DropReplica forgets a silent replica: its load and its tenants' usage.
 func (r *replica) DropReplica(replica string) {
+	r.dropLoad(replica)
+	if r.tenants != nil {
+		r.tenants.DropRemote(replica)
+	}
+}
+
+func (r *replica) dropLoad(replica string) {
 	r.eachRouter(func(rt *router.Router) { rt.Load().DropOrigin(replica) })
+}
+
+// TenantsRemote takes another replica's tenant usage (eventbus.TenantSink).
+func (r *replica) TenantsRemote(replica string, usage []eventbus.TenantUsage) {
+	if r.tenants == nil {
+		return
+	}
+	u := make([]api.TenantUsage, len(usage))
+	for i, x := range usage {
+		u[i] = api.TenantUsage(x)
+	}
+	r.tenants.Remote(replica, u)
+}
+
+// tenantUsage is this replica's tenant usage for replica sync.
+func (r *replica) tenantUsage() []eventbus.TenantUsage {
+	local := r.tenants.Usage()
+	u := make([]eventbus.TenantUsage, len(local))
+	for i, x := range local {
+		u[i] = eventbus.TenantUsage(x)
+	}
+	return u
 }
 
 func (r *replica) eachRouter(fn func(*router.Router)) {
@@ -588,10 +624,11 @@ func (r *replica) eachRouter(fn func(*router.Router)) {
 // the API finds by type assertion (documented beside api.Replica), and the
 // replica-sync sink of the other replicas' load.
 var (
-	_ api.Replica       = (*replica)(nil)
-	_ api.DisaggReplica = (*replica)(nil)
-	_ api.Drainer       = (*replica)(nil)
-	_ api.WorkerMover   = (*replica)(nil)
-	_ api.ShardAdmin    = (*replica)(nil)
-	_ eventbus.LoadSink = (*replica)(nil)
+	_ api.Replica         = (*replica)(nil)
+	_ api.DisaggReplica   = (*replica)(nil)
+	_ api.Drainer         = (*replica)(nil)
+	_ api.WorkerMover     = (*replica)(nil)
+	_ api.ShardAdmin      = (*replica)(nil)
+	_ eventbus.LoadSink   = (*replica)(nil)
+	_ eventbus.TenantSink = (*replica)(nil)
 )

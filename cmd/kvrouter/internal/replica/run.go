@@ -103,7 +103,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Retries: cfg.Retries, AllowLoopbackWorkers: cfg.AllowLoopbackWorkers, MaxPriority: cfg.MaxPriority,
 		MaxPriorityByKey: cfg.MaxPriorityByKey, MaxWorkers: cfg.MaxWorkers, MaxQueue: cfg.MaxQueue,
 		WorkerHeaderTimeout: cfg.WorkerHeaderTimeout, WorkerIdleTimeout: cfg.WorkerIdleTimeout, ProtectStatus: cfg.ProtectStatus, MetricsCompat: cfg.MetricsCompat, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,
-		Registry: reg, Decisions: decisions, Capture: capt, HitRateMaxBlocks: cfg.HitRateMaxBlocks,
+		Registry: reg, Decisions: decisions, Capture: capt, HitRateMaxBlocks: cfg.HitRateMaxBlocks, Tenants: r.tenants,
 		WarmUpShare: cfg.WarmUpShare,
 	}
 	if bundle == nil {
@@ -224,7 +224,14 @@ func assemble(cfg Config, log *slog.Logger, p parts) (*replica, error) {
 	}
 
 	var err error
-	r.sync, err = eventbus.NewSyncer(p.bus.Conn(), eventbus.SyncConfig{Replica: cfg.NodeID, Registerer: p.reg, Logger: log}, r)
+	if r.tenants, err = api.NewTenantLedger(cfg.Tenants); err != nil {
+		return nil, fmt.Errorf("tenants: %w", err)
+	}
+	syncCfg := eventbus.SyncConfig{Replica: cfg.NodeID, Registerer: p.reg, Logger: log}
+	if r.tenants != nil {
+		syncCfg.Tenants, syncCfg.TenantInterval, syncCfg.TenantsChanged = r.tenantUsage, cfg.TenantSyncInterval, r.tenants.Changed()
+	}
+	r.sync, err = eventbus.NewSyncer(p.bus.Conn(), syncCfg, r)
 	if err != nil {
 		return nil, fmt.Errorf("replica sync: %w", err)
 	}
