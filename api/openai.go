@@ -69,6 +69,9 @@ type prepared struct {
 	settle func()
 	// hit is the hit-rate bookkeeping (hitrates.go).
 	hit hitRequest
+	// requestID is the client's X-Request-Id (made when absent), named in
+	// the decision log.
+	requestID string
 }
 
 // settled reports the request's booking in place (or abandoned) to the
@@ -125,15 +128,42 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", "reading body: "+err.Error())
 		return nil, false
 	}
+	p, ref := s.prepareBody(body, c.Request.URL.Path, ep, bearer(c), start)
+	if ref != nil {
+		ref.answer(c)
+		return nil, false
+	}
+	p.requestID = c.GetString(requestIDKey)
+	return p, true
+}
+
+// refusal is a request turned away before any worker saw it: the status,
+// OpenAI error type and message its client gets, from the proxy as JSON
+// (answer) or from the endpoint picker as an immediate response.
+type refusal struct {
+	status     int
+	kind, msg  string
+	retryAfter bool // Retry-After: 1 (a full queue)
+}
+
+func (r *refusal) answer(c *gin.Context) {
+	if r.retryAfter {
+		c.Header("Retry-After", "1")
+	}
+	openAIError(c, r.status, r.kind, r.msg)
+}
+
+// prepareBody parses and tokenizes a request body that arrived on path
+// (the endpoint ep) with the client's bearer key: everything prepareFor
+// does but reading the body, for the proxy and the endpoint picker alike.
+func (s *Server) prepareBody(body []byte, path string, ep endpoint, key string, start time.Time) (*prepared, *refusal) {
 	var in inferenceRequest
 	if err := json.Unmarshal(body, &in); err != nil {
 		s.metrics.rejected.WithLabelValues("invalid_json").Inc()
-		openAIError(c, http.StatusBadRequest, "invalid_request_error", "invalid JSON body: "+err.Error())
-		return nil, false
+		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: "invalid JSON body: " + err.Error()}
 	}
 	if in.Model == "" {
-		openAIError(c, http.StatusBadRequest, "invalid_request_error", "model is required")
-		return nil, false
+		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: "model is required"}
 	}
 	model, lora := in.Model, ""
 	rt, ok := s.rep.Router(model)
@@ -146,17 +176,14 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 	}
 	if !ok {
 		s.metrics.rejected.WithLabelValues("unknown_model").Inc()
-		openAIError(c, http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q is not served here", in.Model))
-		return nil, false
+		return nil, &refusal{status: http.StatusNotFound, kind: "model_not_found", msg: fmt.Sprintf("model %q is not served here", in.Model)}
 	}
 	if ep == epChat && len(in.Messages) == 0 {
-		openAIError(c, http.StatusBadRequest, "invalid_request_error", "messages must not be empty")
-		return nil, false
+		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: "messages must not be empty"}
 	}
 	tokens, isl, prompts, hashable, err := s.requestTokens(model, body, ep)
 	if err != nil {
-		openAIError(c, http.StatusBadRequest, "invalid_request_error", err.Error())
-		return nil, false
+		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: err.Error()}
 	}
 	bs := rt.Config().BlockSize
 	id := fmt.Sprintf("%s-%d-%d", s.rep.NodeID(), start.UnixNano(), s.reqSeq.Add(1))
@@ -167,11 +194,11 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 		seqs = min(max(in.N, 1)*max(prompts, 1), maxSequences)
 	}
 	return &prepared{
-		body: body, path: c.Request.URL.Path, model: model, stream: in.Stream, rt: rt, start: start,
+		body: body, path: path, model: model, stream: in.Stream, rt: rt, start: start,
 		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora, in.CacheSalt), Tokens: isl, Sequences: seqs,
-			Priority: s.capPriority(bearer(c), in.Nvext.AgentHints.Priority), Exclude: notServing(rt.Workers(), only),
+			Priority: s.capPriority(key, in.Nvext.AgentHints.Priority), Exclude: notServing(rt.Workers(), only),
 			ExpectedOutputTokens: max(in.Nvext.AgentHints.Osl, 0)},
-	}, true
+	}, nil
 }
 
 // notServing lists the workers of ws outside only (nil only: none), so a

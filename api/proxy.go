@@ -60,20 +60,10 @@ func (s *Server) proxyLoop(c *gin.Context, p *prepared, try func() error) {
 
 // attempt is one try of an aggregated request: route, book, send, relay.
 func (s *Server) attempt(c *gin.Context, p *prepared) error {
-	now := time.Now()
-	d, err := p.rt.Route(p.req, now)
-	p.settled() // booked in the load view by Route, or never to be
-	p.attempts++
-	s.recordDecision(c, p, d, err, now)
+	d, err := s.routeAndBook(p)
 	if err != nil {
-		s.completeDecision(p, decisionlog.Outcome{Error: "routing: " + err.Error()})
-		return fmt.Errorf("routing: %w", err)
+		return err
 	}
-	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
-	// The hashes Route booked (distinct ones under --no-router-assume-kv-reuse),
-	// so peers book what this replica booked.
-	s.rep.Booked(p.model, router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: d.ActiveHashes,
-		PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Sequences: p.req.Sequences, Added: p.start})
 	resp, err := s.send(c, d.Worker, p.path, p.body)
 	if err != nil {
 		s.free(p)
@@ -92,6 +82,28 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 			s.completeDecision(p, decisionlog.Outcome{Status: resp.StatusCode, PromptTokens: p.usagePrompt, CachedTokens: p.usageCached})
 		},
 	})
+}
+
+// routeAndBook is the routing step of an aggregated request, proxied
+// (attempt) or picked for a gateway (Pick): route and book here, record
+// the decision, announce the booking to the other replicas. On error
+// nothing is booked and the decision is completed as failed.
+func (s *Server) routeAndBook(p *prepared) (router.Decision, error) {
+	now := time.Now()
+	d, err := p.rt.Route(p.req, now)
+	p.settled() // booked in the load view by Route, or never to be
+	p.attempts++
+	s.recordDecision(p, d, err, now)
+	if err != nil {
+		s.completeDecision(p, decisionlog.Outcome{Error: "routing: " + err.Error()})
+		return d, fmt.Errorf("routing: %w", err)
+	}
+	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
+	// The hashes Route booked (distinct ones under --no-router-assume-kv-reuse),
+	// so peers book what this replica booked.
+	s.rep.Booked(p.model, router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: d.ActiveHashes,
+		PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Sequences: p.req.Sequences, Added: p.start})
+	return d, nil
 }
 
 // recordFailure does what every failed attempt needs whether or not it is

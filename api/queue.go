@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"sync"
@@ -47,10 +48,22 @@ func (g *gates) wake(string) {
 const gateTick = 10 * time.Millisecond
 
 // admit waits while the model's workers are all above the queue threshold.
-// It returns false when it answered the client (gave up or timed out).
+// It returns false when the request does not go on (the client left, or it
+// was answered: gave up or timed out).
 func (s *Server) admit(c *gin.Context, p *prepared) bool {
+	ok, ref := s.wait(c.Request.Context(), p)
+	if ref != nil {
+		ref.answer(c)
+	}
+	return ok
+}
+
+// wait is admit for any caller (the proxy, the endpoint picker): true once
+// the request may be routed; false with the refusal to answer, or with none
+// when ctx ended (the client left).
+func (s *Server) wait(ctx context.Context, p *prepared) (bool, *refusal) {
 	if !p.rt.ShouldQueue() {
-		return true
+		return true, nil
 	}
 	g := s.gates
 	me := &waiter{}
@@ -60,10 +73,8 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 		// the cap, refuse at once rather than queue without bound.
 		g.mu.Unlock()
 		s.metrics.rejected.WithLabelValues("queue_full").Inc()
-		c.Header("Retry-After", "1")
-		openAIError(c, http.StatusTooManyRequests, "rate_limit_exceeded",
-			fmt.Sprintf("%d requests already wait for a worker of model %q (the queue cap): retry later", n, p.model))
-		return false
+		return false, &refusal{status: http.StatusTooManyRequests, kind: "rate_limit_exceeded", retryAfter: true,
+			msg: fmt.Sprintf("%d requests already wait for a worker of model %q (the queue cap): retry later", n, p.model)}
 	}
 	q := g.queues[p.model]
 	if q == nil {
@@ -93,19 +104,18 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 		}
 		g.mu.Unlock()
 		if admitted {
-			return true
+			return true, nil
 		}
 		select {
 		case <-wake:
 		case <-tick.C:
-		case <-c.Request.Context().Done():
+		case <-ctx.Done():
 			g.leave(me)
-			return false
+			return false, nil
 		case <-deadline.C:
 			g.leave(me)
 			s.metrics.rejected.WithLabelValues("queue_timeout").Inc()
-			openAIError(c, s.cfg.BusyStatus, "service_overloaded", "timed out waiting for a worker below the queue threshold")
-			return false
+			return false, &refusal{status: s.cfg.BusyStatus, kind: "service_overloaded", msg: "timed out waiting for a worker below the queue threshold"}
 		}
 	}
 }
