@@ -60,8 +60,8 @@ func (e *PickError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.Status,
 
 // HTTPStatus and ResponseBody let a caller outside this package answer
 // the refusal without knowing its type.
-func (e *PickError) HTTPStatus() int      { return e.Status }
-func (e *PickError) AnswerBody() []byte   { return e.Body }
+func (e *PickError) HTTPStatus() int    { return e.Status }
+func (e *PickError) AnswerBody() []byte { return e.Body }
 
 func pickError(r *refusal) *PickError {
 	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": r.msg, "type": r.kind, "code": r.status}})
