@@ -126,6 +126,9 @@ type Config struct {
 	// Capture records answered requests as a replayable trace
 	// (api/capture; kvbench sim --trace); nil: off.
 	Capture *capture.Recorder
+	// ReservationTTL frees a selection API reservation nobody released
+	// (selection.go; default 10 min).
+	ReservationTTL time.Duration
 }
 
 // LogValue prints the configuration without its credentials, so a
@@ -174,6 +177,8 @@ type Server struct {
 	hits *hitrate.Tracker
 	// exempt is Config.AdminOpenToLoopback (adminexempt.go); nil: none.
 	exempt *loopbackExemption
+	// resv are the selection API's reservations (selection.go).
+	resv *reservations
 }
 
 // Drainer is implemented by a replica that can be draining (SIGTERM
@@ -265,6 +270,9 @@ func New(cfg Config, rep Replica) *Server {
 	if cfg.WorkerIdleTimeout == 0 {
 		cfg.WorkerIdleTimeout = 2 * time.Minute
 	}
+	if cfg.ReservationTTL <= 0 {
+		cfg.ReservationTTL = 10 * time.Minute
+	}
 	s := &Server{
 		cfg:     cfg,
 		rep:     rep,
@@ -275,6 +283,7 @@ func New(cfg Config, rep Replica) *Server {
 		cool:    newCooldown(cfg.WorkerCooldown),
 	}
 	s.hits = newHitTracker(cfg, rep)
+	s.resv = newReservations(cfg.Registry)
 	if cfg.AdminToken != "" {
 		s.exempt = newLoopbackExemption(cfg.AdminOpenToLoopback, cfg.Logger, cfg.Registry)
 	}
@@ -301,6 +310,13 @@ func (s *Server) routes() *gin.Engine {
 	tok := e.Group("/", s.requireClientCert, s.requireKey)
 	tok.POST("/tokenize", s.tokenize)
 	tok.POST("/detokenize", s.detokenize)
+	// Dynamo's standalone selection API (selection.go): inference callers
+	// with their own proxy, so the inference endpoints' credentials.
+	tok.POST("/select", s.selectWorker)
+	tok.POST("/select_and_reserve", s.selectAndReserve)
+	tok.POST("/reservations", s.reserve)
+	tok.POST("/reservations/:id/prefill_complete", s.prefillComplete)
+	tok.DELETE("/reservations/:id", s.release)
 
 	e.GET("/health", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok", "node_id": s.rep.NodeID()}) })
 	e.GET("/ready", s.ready)
