@@ -165,6 +165,16 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"max-entry-bytes"}, env: []string{"KVROUTER_MAX_ENTRY_BYTES"}, def: strconv.Itoa(replica.DefaultMaxEntryBytes), usage: fmt.Sprintf("bytes one Raft entry of KV events may encode to, %d to %d (4 MiB by default): a larger ingest batch is committed as several entries, in order, each acked once committed; a single event larger than this is refused (kvrouter_eventbus_events_rejected_total{reason=\"too_large\"})", replica.MinMaxEntryBytes, replica.MaxMaxEntryBytes), set: intp(&c.MaxEntryBytes)},
 		{names: []string{"worker-header-timeout"}, env: []string{"KVROUTER_WORKER_HEADER_TIMEOUT"}, usage: "longest wait for a worker's answer headers (default 10m)", set: dur(&c.WorkerHeaderTimeout)},
 		{names: []string{"worker-idle-timeout"}, env: []string{"KVROUTER_WORKER_IDLE_TIMEOUT"}, usage: "longest silence inside a worker's answer body before it is cut and its booking freed (default 2m)", set: dur(&c.WorkerIdleTimeout)},
+		{names: []string{"ext-proc-listen"}, env: []string{"KVROUTER_EXT_PROC_LISTEN"}, usage: "also serve the Gateway API endpoint picker (Envoy ext_proc gRPC, GAIE's protocol) on this address; TLS with the cluster's material as every port (empty: off)", set: str(&c.ExtProcAddr)},
+		{names: []string{"ext-proc-fallbacks"}, env: []string{"KVROUTER_EXT_PROC_FALLBACKS"}, def: "2", usage: "endpoints the picker lists after its choice, cheapest first, for the gateway to try when it cannot connect (0: the choice alone)", set: func(v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || n > 16 {
+				return fmt.Errorf("--ext-proc-fallbacks %q: an integer in [0, 16]", v)
+			}
+			c.ExtProcFallbacks = n
+			return nil
+		}},
+		{names: []string{"reservation-ttl"}, env: []string{"KVROUTER_RESERVATION_TTL"}, usage: "frees a selection API reservation (/select_and_reserve, /reservations) never released after this long (default 10m)", set: dur(&c.ReservationTTL)},
 		{names: []string{"protect-status"}, env: []string{"KVROUTER_PROTECT_STATUS"}, usage: "require the admin token for /cluster/status and /metrics", set: boolp(&c.ProtectStatus), bool: true},
 		{names: []string{"decision-log-size"}, env: []string{"KVROUTER_DECISION_LOG_SIZE"}, def: "4096", usage: "routing decisions kept in memory for GET /debug/decisions (cost table, index epoch, outcome); 0 turns the log off", set: intp(&c.DecisionLogSize)},
 		{names: []string{"decision-log-file"}, env: []string{"KVROUTER_DECISION_LOG_FILE"}, usage: "also append every completed decision to this JSON-lines file, rotated by size (3 old files kept)", set: str(&c.DecisionLogFile)},
@@ -405,6 +415,9 @@ func (c *serveConfig) checkSecurity() error {
 		if !netaddr.LoopbackListen(a.addr) {
 			open = append(open, a.flag+" "+a.addr)
 		}
+	}
+	if c.ExtProcAddr != "" && !netaddr.LoopbackListen(c.ExtProcAddr) {
+		open = append(open, "--ext-proc-listen "+c.ExtProcAddr)
 	}
 	var missing []string
 	if c.TLS.IsZero() {
