@@ -111,14 +111,15 @@ func subsetHint(md *corev3.Metadata) (subset []string, ok bool) {
 // A list names the first.
 func servedEndpoint(md *corev3.Metadata) string {
 	v := md.GetFilterMetadata()[DestinationNamespace].GetFields()[ServedKey]
+	var s string
 	switch k := v.GetKind().(type) {
 	case *structpb.Value_StringValue:
-		s, _, _ := strings.Cut(k.StringValue, ",")
-		return strings.TrimSpace(s)
+		s = k.StringValue
 	case *structpb.Value_ListValue:
 		if vs := k.ListValue.GetValues(); len(vs) > 0 {
-			return strings.TrimSpace(vs[0].GetStringValue())
+			s = vs[0].GetStringValue()
 		}
 	}
-	return ""
+	s, _, _ = strings.Cut(s, ",")
+	return strings.TrimSpace(s)
 }

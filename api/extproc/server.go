@@ -189,6 +189,9 @@ func (x *exchange) finish() {
 // handle answers one message: zero, one or several responses, in the order
 // Envoy expects them (request headers, then body, then trailers).
 func (x *exchange) handle(ctx context.Context, msg *extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) {
+	if x.closed {
+		return nil, status.Error(codes.FailedPrecondition, "the exchange ended with an immediate response")
+	}
 	if pc := msg.GetProtocolConfig(); pc != nil && !x.modeSet {
 		x.modeSet = true
 		x.reqMode, x.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
