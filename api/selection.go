@@ -136,6 +136,10 @@ func (s *Server) readSelection(c *gin.Context) (selectRequest, *router.Router, b
 	case len(in.SelectionID) > maxSelectionID:
 		selectionError(c, http.StatusBadRequest, fmt.Sprintf("selection_id longer than %d bytes", maxSelectionID))
 		ok = false
+	case strings.Contains(in.SelectionID, "/"):
+		// It is released as /reservations/{selection_id}: one path segment.
+		selectionError(c, http.StatusBadRequest, "selection_id must not contain '/'")
+		ok = false
 	case len(in.SequenceHashes) > maxSelectionHashes || len(in.BlockHashes) > maxSelectionHashes:
 		selectionError(c, http.StatusBadRequest, fmt.Sprintf("more than %d block hashes", maxSelectionHashes))
 		ok = false

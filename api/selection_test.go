@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -294,4 +295,54 @@ func TestAPISelectionChainsBlockHashes(t *testing.T) {
 	if got := chainHashes(local); !slices.Equal(got, seq) {
 		t.Fatalf("chained %v, want %v", got, seq)
 	}
+}
+
+// FuzzHTTPSelection: any body to /select, /select_and_reserve or
+// /reservations is answered in Dynamo's shape or with a JSON error; a
+// refused one books nothing and reaches no replica; a reservation books
+// exactly one request, which its release (by the id answered) frees here
+// and on the other replicas.
+func FuzzHTTPSelection(f *testing.F) {
+	f.Add(uint8(0), []byte(dynamoSelectBody))
+	f.Add(uint8(1), []byte(dynamoSelectBody))
+	f.Add(uint8(1), []byte(`{"model_name":"model","block_hashes":[11,12]}`))
+	f.Add(uint8(2), []byte(dynamoReserveBody))
+	f.Add(uint8(2), []byte(`{"selection_id":"a","model_name":"model","worker_id":"1","isl_tokens":16}`))
+	f.Add(uint8(1), []byte(`{"model_name":"model","sequence_hashes":[1],"isl_tokens":1}`))
+	f.Add(uint8(1), []byte(`{"model_name":"model","selection_id":"a/b"}`))
+	f.Add(uint8(2), []byte(`{"model_name":"model","selection_id":"%2F ?#","worker_id":1}`))
+	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
+		s, rep := selectionServer(t, time.Hour)
+		path := []string{"/select", "/select_and_reserve", "/reservations"}[which%3]
+		rec := do(s, "POST", path, string(body))
+		rt := rep.routers["model"]
+		ok := rec.Code == http.StatusOK || rec.Code == http.StatusCreated
+		if !ok {
+			checkErrorBody(t, path, rec.Code, rec.Body.Bytes(), adminShape)
+			if rt.Load().Len() != 0 || len(rep.events) != 0 {
+				t.Fatalf("%s refused with %d but booked: %v", path, rec.Code, rep.events)
+			}
+			return
+		}
+		var out struct {
+			SelectionID string          `json:"selection_id"`
+			WorkerID    json.RawMessage `json:"worker_id"`
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil || len(out.WorkerID) == 0 {
+			t.Fatalf("%s answered %d %s", path, rec.Code, rec.Body)
+		}
+		want := map[string]int{"/select": 0, "/select_and_reserve": 1, "/reservations": 1}[path]
+		if n := rt.Load().Len(); n != want {
+			t.Fatalf("%s booked %d requests, want %d", path, n, want)
+		}
+		if want == 0 {
+			return
+		}
+		if del := do(s, "DELETE", "/reservations/"+url.PathEscape(out.SelectionID), ""); del.Code != http.StatusOK {
+			t.Fatalf("release of %q: %d %s", out.SelectionID, del.Code, del.Body)
+		}
+		if n := rt.Load().Len(); n != 0 || !slices.Contains(rep.events, "free sel:"+out.SelectionID) {
+			t.Fatalf("after release: %d booked, events %v", n, rep.events)
+		}
+	})
 }
