@@ -111,6 +111,11 @@ func (s *Server) Pick(ctx context.Context, r PickRequest) (*Pick, error) {
 	p.req.Exclude = append(p.req.Exclude, s.cool.exclude(workerIDs(workers), time.Now())...)
 	admitted, ref := s.wait(ctx, p)
 	if ref != nil {
+		if ref.kind == "service_overloaded" {
+			// The queue timed out: the protocol's status for a request
+			// dropped under load is 429, whatever the proxy answers.
+			ref.status, ref.retryAfter = http.StatusTooManyRequests, true
+		}
 		return nil, pickError(ref)
 	}
 	if !admitted {
