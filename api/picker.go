@@ -300,10 +300,17 @@ func (k *Pick) Served(endpoint string) {
 	if ep, ok := k.s.endpointOf(k.served); ok && ep == endpoint {
 		return
 	}
-	for _, r := range k.d.Rows {
-		if ep, ok := k.s.endpointOf(r.Worker); ok && ep == endpoint {
-			k.rebookLocked(r)
-			return
+	// The eligible row first: ranks of one engine share its endpoint, and
+	// the fallback listed was an eligible one.
+	for _, eligible := range []bool{true, false} {
+		for _, r := range k.d.Rows {
+			if r.Busy == eligible {
+				continue
+			}
+			if ep, ok := k.s.endpointOf(r.Worker); ok && ep == endpoint {
+				k.rebookLocked(r)
+				return
+			}
 		}
 	}
 	k.s.log.Warn("gateway served the request on an endpoint outside the decision", "request", k.p.req.ID, "endpoint", endpoint)
