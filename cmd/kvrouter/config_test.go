@@ -4,6 +4,7 @@ import (
 	"io"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/cmd/kvrouter/internal/replica"
 	"github.com/kvrouter/kvrouter/router"
@@ -81,6 +82,17 @@ func TestServeConfig(t *testing.T) {
 		{"disagg zero link", []string{"--single-node", "--disagg", "always", "--disagg-link-mbps", "0"}, nil, false, nil},
 		{"disagg bad shape", []string{"--single-node", "--disagg", "auto", "--disagg-model-shape", "28,8"}, nil, false, nil},
 		{"disagg unknown profile", []string{"--single-node", "--disagg", "auto", "--disagg-profile", "h100"}, nil, false, nil},
+		{"endpoint picker off by default", []string{"--single-node"}, nil, true, func(c serveConfig) bool {
+			return c.ExtProcAddr == "" && c.ExtProcFallbacks == 2 && c.ReservationTTL == 0
+		}},
+		{"endpoint picker on loopback", []string{"--single-node", "--ext-proc-listen", "127.0.0.1:9002", "--ext-proc-fallbacks", "0",
+			"--reservation-ttl", "90s"}, nil, true, func(c serveConfig) bool {
+			return c.ExtProcAddr == "127.0.0.1:9002" && c.ExtProcFallbacks == 0 && c.ReservationTTL == 90*time.Second
+		}},
+		{"endpoint picker from env", []string{"--single-node"}, map[string]string{"KVROUTER_EXT_PROC_LISTEN": "127.0.0.1:9002"}, true,
+			func(c serveConfig) bool { return c.ExtProcAddr == "127.0.0.1:9002" }},
+		{"endpoint picker off loopback without TLS", []string{"--single-node", "--ext-proc-listen", "0.0.0.0:9002"}, nil, false, nil},
+		{"too many fallbacks", []string{"--single-node", "--ext-proc-fallbacks", "17"}, nil, false, nil},
 	}
 	for _, tc := range tests {
 		c, err := parseServe(tc.args, env(tc.env), io.Discard)
