@@ -74,6 +74,19 @@ var gatewayEndpoints = map[string]endpoint{
 	"/v1/score": epScore, "/v1/rerank": epRerank, "/v1/responses": epResponses,
 }
 
+// pathOfBody names the endpoint of a request whose path the gateway did
+// not send (Envoy always does; some test clients, GAIE's request builders
+// among them, do not): chat when the body has messages, else completions.
+func pathOfBody(body []byte) string {
+	var probe struct {
+		Messages json.RawMessage `json:"messages"`
+	}
+	if json.Unmarshal(body, &probe) == nil && len(probe.Messages) > 0 {
+		return "/v1/chat/completions"
+	}
+	return "/v1/completions"
+}
+
 // Pick places one request: parsed and tokenized, admitted through the
 // model's queue, routed and booked, here and on the other replicas. The
 // booking lasts until Finish or Cancel (or the router's request expiry,
@@ -83,6 +96,9 @@ func (s *Server) Pick(ctx context.Context, r PickRequest) (*Pick, error) {
 	key := bearerOf(r.Header)
 	if !s.keyAccepted(key) {
 		return nil, pickError(&refusal{status: http.StatusUnauthorized, kind: "authentication_error", msg: "missing or invalid API key"})
+	}
+	if r.Path == "" {
+		r.Path = pathOfBody(r.Body)
 	}
 	ep, ok := gatewayEndpoints[r.Path]
 	if !ok {
