@@ -29,16 +29,21 @@ type pickerReplica struct {
 	urls map[router.WorkerID]string
 }
 
-func (f *pickerReplica) NodeID() string                              { return "r1" }
-func (f *pickerReplica) Models() []string                            { return []string{"m"} }
-func (f *pickerReplica) Router(m string) (*router.Router, bool)      { return f.rt, m == "m" }
-func (f *pickerReplica) WorkerURL(id router.WorkerID) (string, bool) { u, ok := f.urls[id]; return u, ok }
-func (f *pickerReplica) DPRank(router.WorkerID) (int, bool)          { return 0, false }
+func (f *pickerReplica) NodeID() string                         { return "r1" }
+func (f *pickerReplica) Models() []string                       { return []string{"m"} }
+func (f *pickerReplica) Router(m string) (*router.Router, bool) { return f.rt, m == "m" }
+func (f *pickerReplica) WorkerURL(id router.WorkerID) (string, bool) {
+	u, ok := f.urls[id]
+	return u, ok
+}
+func (f *pickerReplica) DPRank(router.WorkerID) (int, bool) { return 0, false }
 func (f *pickerReplica) Adapter(string) (string, []router.WorkerID, bool) {
 	return "", nil, false
 }
-func (f *pickerReplica) ReadBarrier(context.Context) error           { return nil }
-func (f *pickerReplica) Thresholds(string) (router.Thresholds, bool) { return router.Thresholds{}, true }
+func (f *pickerReplica) ReadBarrier(context.Context) error { return nil }
+func (f *pickerReplica) Thresholds(string) (router.Thresholds, bool) {
+	return router.Thresholds{}, true
+}
 func (f *pickerReplica) SetThresholds(context.Context, string, api.ThresholdUpdate) (router.Thresholds, error) {
 	return router.Thresholds{}, nil
 }
