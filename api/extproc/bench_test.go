@@ -151,4 +151,3 @@ func reportPercentiles(b *testing.B, lat []time.Duration) {
 	b.ReportMetric(us(0.5), "p50-µs")
 	b.ReportMetric(us(0.99), "p99-µs")
 }
-

@@ -398,3 +398,37 @@ func TestExtProcTrailersEndAnswer(t *testing.T) {
 		t.Fatal("booking not freed at the trailers")
 	}
 }
+
+// A worker with data-parallel ranks behind one engine: the gateway gets the
+// engine's endpoint once (ranks share it) and the booked rank in
+// x-data-parallel-rank, as the proxy sends it; the prefix holder's rank is
+// the one booked.
+func TestExtProcDataParallelRank(t *testing.T) {
+	w := fakeWorker(t)
+	other := fakeWorker(t)
+	rep := newTestReplica(t, router.DefaultConfig())
+	rep.ranks = map[router.WorkerID]int{"e#0": 0, "e#1": 1}
+	rep.addWorker("e#0", w.URL)
+	rep.addWorker("e#1", w.URL)
+	rep.addWorker("o", other.URL)
+	srv := api.New(api.Config{AllowLoopbackWorkers: true}, rep)
+	body := chatBody(prompts[1], false)
+	rep.store(t, "e#1", tokensOf(t, srv, body))
+	client := pickerConn(t, Adapt(srv), Config{})
+	e := openStream(t, client)
+	e.send(requestHeaders("/v1/chat/completions", duplex, nil))
+	e.send(requestBody([]byte(body), true))
+	r := e.recv()
+	got := map[string]string{}
+	for _, h := range r.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+		got[h.GetHeader().GetKey()] = string(h.GetHeader().GetRawValue())
+	}
+	wEP, _ := api.WorkerEndpoint(w.URL)
+	oEP, _ := api.WorkerEndpoint(other.URL)
+	if got[DestinationHeader] != wEP+","+oEP || got["x-data-parallel-rank"] != "1" {
+		t.Fatalf("headers %v, want %s then %s, rank 1", got, wEP, oEP)
+	}
+	if requestsOn(rep, "e#1") != 1 {
+		t.Fatal("rank 1 not booked")
+	}
+}

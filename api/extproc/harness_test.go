@@ -35,6 +35,7 @@ type testReplica struct {
 	index  *router.Index
 	rt     *router.Router
 	urls   map[router.WorkerID]string
+	ranks  map[router.WorkerID]int // data-parallel ranks behind one engine
 	events []string
 }
 
@@ -68,7 +69,10 @@ func (f *testReplica) WorkerURL(id router.WorkerID) (string, bool) {
 	u, ok := f.urls[id]
 	return u, ok
 }
-func (f *testReplica) DPRank(router.WorkerID) (int, bool)               { return 0, false }
+func (f *testReplica) DPRank(id router.WorkerID) (int, bool) {
+	r, ok := f.ranks[id]
+	return r, ok
+}
 func (f *testReplica) Adapter(string) (string, []router.WorkerID, bool) { return "", nil, false }
 func (f *testReplica) ReadBarrier(context.Context) error                { return nil }
 func (f *testReplica) Thresholds(string) (router.Thresholds, bool) {
