@@ -204,6 +204,32 @@ func outsideSubset(ws []router.WorkerInfo, subset []string, addr func(router.Wor
 	return out
 }
 
+// AnyEndpoint places a request without a body (GET /v1/models through a
+// gateway): nothing to route by and nothing booked, so the worker with the
+// fewest requests in flight, over every model (ties by id), as GAIE's
+// picker sends such requests to any endpoint. False when no worker has an
+// address.
+func (s *Server) AnyEndpoint() (string, bool) {
+	best, bestN, found := "", 0, false
+	for _, m := range s.rep.Models() {
+		rt, ok := s.rep.Router(m)
+		if !ok {
+			continue
+		}
+		for _, w := range rt.Workers() {
+			ep, ok := s.endpointOf(w.ID)
+			if !ok {
+				continue
+			}
+			n := rt.Load().Load(w.ID).Requests
+			if !found || n < bestN || (n == bestN && ep < best) {
+				best, bestN, found = ep, n, true
+			}
+		}
+	}
+	return best, found
+}
+
 // WorkerEndpoint is a worker base URL's host:port, the form gateways name
 // endpoints in (the scheme's default port when the URL has none).
 func WorkerEndpoint(base string) (string, bool) {

@@ -21,6 +21,8 @@ func (a apiPicker) Pick(ctx context.Context, r Request) (Placement, error) {
 	return apiPlacement{pk}, nil
 }
 
+func (a apiPicker) Any() (string, bool) { return a.s.AnyEndpoint() }
+
 // apiPlacement is an *api.Pick as a Placement.
 type apiPlacement struct{ *api.Pick }
 

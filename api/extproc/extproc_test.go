@@ -366,13 +366,13 @@ func TestExtProcRefusals(t *testing.T) {
 			}
 		})
 	}
-	t.Run("bodiless", func(t *testing.T) {
-		e := openStream(t, bf.client)
+	t.Run("bodiless without workers", func(t *testing.T) {
+		e := openStream(t, nobody)
 		m := requestHeaders("/v1/models", duplex, nil)
-		m.GetRequestHeaders().EndOfStream = true
+		m.Request.(*extprocv3.ProcessingRequest_RequestHeaders).RequestHeaders.EndOfStream = true
 		e.send(m)
-		if im := e.recv().GetImmediateResponse(); im == nil || im.GetStatus().GetCode() != http.StatusBadRequest {
-			t.Fatalf("%v, want an immediate 400", im)
+		if im := e.recv().GetImmediateResponse(); im == nil || im.GetStatus().GetCode() != http.StatusServiceUnavailable {
+			t.Fatalf("%v, want an immediate 503", im)
 		}
 	})
 }
@@ -430,5 +430,26 @@ func TestExtProcDataParallelRank(t *testing.T) {
 	}
 	if requestsOn(rep, "e#1") != 1 {
 		t.Fatal("rank 1 not booked")
+	}
+}
+
+// A request without a body (GET /v1/models) goes to the worker with the
+// fewest requests in flight, nothing booked, answered on its headers.
+func TestExtProcBodiless(t *testing.T) {
+	f := newFleet(t, router.DefaultConfig(), Config{})
+	for _, w := range []router.WorkerID{"w1", "w3"} {
+		f.picker.rep.rt.Load().Add(router.Booking{ID: "held-" + string(w), Worker: w, Sequences: 1, Added: time.Now()})
+	}
+	e := openStream(t, f.client)
+	m := requestHeaders("/v1/models", duplex, nil)
+	m.Request.(*extprocv3.ProcessingRequest_RequestHeaders).RequestHeaders.EndOfStream = true
+	e.send(m)
+	r := e.recv()
+	header, md := destinationOf(r, r.GetRequestHeaders().GetResponse())
+	if header != f.endpointOf(2) || md != header {
+		t.Fatalf("destination %q / %q, want the idle w2 %s", header, md, f.endpointOf(2))
+	}
+	if n := f.picker.rep.rt.Load().Len(); n != 2 {
+		t.Fatalf("%d bookings, want the two held only", n)
 	}
 }

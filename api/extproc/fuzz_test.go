@@ -120,6 +120,8 @@ func (p *fuzzPicker) Pick(_ context.Context, r Request) (Placement, error) {
 	return fuzzPlacement{p}, nil
 }
 
+func (p *fuzzPicker) Any() (string, bool) { return "10.0.0.3:8000", true }
+
 func (f fuzzPlacement) Endpoints() []string { return []string{"10.0.0.1:8000", "10.0.0.2:8000"} }
 func (f fuzzPlacement) Worker() string      { return "w1" }
 func (f fuzzPlacement) DPRank() (int, bool) { return 0, false }

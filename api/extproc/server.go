@@ -58,6 +58,9 @@ type Placement interface {
 // through Adapt) and, in tests, fakes.
 type Picker interface {
 	Pick(ctx context.Context, r Request) (Placement, error)
+	// Any is an endpoint for a request without a body (nothing to route
+	// by, nothing booked); false when there is none.
+	Any() (string, bool)
 }
 
 // Refusal is a Pick error with an HTTP answer for the client (the picker
@@ -222,8 +225,17 @@ func (x *exchange) requestHeaders(ctx context.Context, msg *extprocv3.Processing
 	x.head = decodeHeaders(h.GetHeaders())
 	x.subset, x.hasSub = subsetHint(msg.GetMetadataContext())
 	if h.GetEndOfStream() {
-		// No body: nothing to route by (a GET such as /v1/models).
-		return x.refuse(http.StatusBadRequest, "kvrouter's endpoint picker places requests with an OpenAI body; route bodiless requests past it"), nil
+		// No body (a GET such as /v1/models): nothing to route by, nothing
+		// to book; any endpoint, as GAIE's picker does.
+		ep, ok := x.s.cfg.Picker.Any()
+		if !ok {
+			return x.refuse(http.StatusServiceUnavailable, "no worker to send a request without a body to"), nil
+		}
+		x.headersSent, x.routed = true, true
+		return []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+			RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{ClearRouteCache: true,
+				HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(DestinationHeader, ep)}}}}},
+			DynamicMetadata: destinationMetadata(ep)}}, nil
 	}
 	switch x.reqMode {
 	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
