@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -26,6 +27,9 @@ type serveConfig struct {
 	replica.Config
 	LogLevel string
 	Warnings []string // options that change nothing as given (Dynamo names without effect here, dynamo.go), logged at start
+	// poolWorkers are --workers-file's entries, joined to --workers' in
+	// finish (either flag may come first).
+	poolWorkers []replica.StaticWorker
 }
 
 // flagSpec binds one flag, its environment variable(s), and Dynamo's
@@ -132,6 +136,11 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"workers"}, env: []string{"KVROUTER_WORKERS"}, usage: "static workers id=http://host:port,… (registered for the first model); give each its capacity as id=URL;total_kv_blocks=N;max_num_batched_tokens=M (quote the ';' from the shell), else the capacity-relative thresholds do not apply to it and /cluster/status says so", set: func(v string) error {
 			ws, err := parseStatic(v)
 			c.StaticWorkers = ws
+			return err
+		}},
+		{names: []string{"workers-file"}, env: []string{"KVROUTER_WORKERS_FILE"}, usage: "a static pool: a file of workers, one --workers entry per line (id=URL[;total_kv_blocks=N][;max_num_batched_tokens=M]; blank lines and # comments skipped), registered with --workers' for a gateway without Kubernetes", set: func(v string) error {
+			ws, err := readWorkersFile(v)
+			c.poolWorkers = ws
 			return err
 		}},
 		{names: []string{"retries"}, env: []string{"KVROUTER_RETRIES"}, def: "2", usage: "other workers tried when a worker could not have started the request (connection refused, dial or TLS failure, 503/529 before any byte); never after the request reached it", set: intp(&c.Retries)},
@@ -320,6 +329,18 @@ func (c *serveConfig) finish() error {
 	if err := c.Router.Validate(); err != nil {
 		return err
 	}
+	static := map[string]bool{}
+	for _, w := range c.StaticWorkers {
+		static[w.ID] = true
+	}
+	for _, w := range c.poolWorkers {
+		if static[w.ID] {
+			return fmt.Errorf("--workers-file: worker %q is also in --workers (or twice in the file)", w.ID)
+		}
+		static[w.ID] = true
+		c.StaticWorkers = append(c.StaticWorkers, w)
+	}
+	c.poolWorkers = nil
 	if c.DataDir == "" {
 		c.DataDir = filepath.Join("data", c.NodeID)
 	}
@@ -574,6 +595,30 @@ func parseStatic(v string) ([]replica.StaticWorker, error) {
 			}
 		}
 		out = append(out, w)
+	}
+	return out, nil
+}
+
+// readWorkersFile reads --workers-file: one --workers entry per line.
+func readWorkersFile(path string) ([]replica.StaticWorker, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--workers-file: %w", err)
+	}
+	var out []replica.StaticWorker
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if strings.Contains(line, ",") {
+			return nil, fmt.Errorf("--workers-file %s:%d: one worker per line (no commas)", path, i+1)
+		}
+		ws, err := parseStatic(line)
+		if err != nil {
+			return nil, fmt.Errorf("--workers-file %s:%d: %w", path, i+1, err)
+		}
+		out = append(out, ws...)
 	}
 	return out, nil
 }
