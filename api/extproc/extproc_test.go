@@ -128,7 +128,7 @@ func costOrder(t *testing.T, s *api.Server, path, body string) []string {
 // completions, streamed and plain answers, bodies in one message and in
 // chunks; every booking ends with its answer.
 func TestExtProcSameChoiceAsProxy(t *testing.T) {
-	f := newFleet(t, router.DefaultConfig(), Config{})
+	f := newFleet(t, router.DefaultConfig(), Config{Fallbacks: 2})
 	// Prefixes cached on w2 and w3, w1 loaded by a long-running request.
 	f.both(func(s side) {
 		s.rep.store(t, "w2", tokensOf(t, s.srv, chatBody(prompts[0], false)))
@@ -214,7 +214,7 @@ func requestsOn(rep *testReplica, w router.WorkerID) int { return rep.rt.Load().
 // answer carries the destination header and metadata; the response's
 // body is not echoed back.
 func TestExtProcBufferedMode(t *testing.T) {
-	f := newFleet(t, router.DefaultConfig(), Config{})
+	f := newFleet(t, router.DefaultConfig(), Config{Fallbacks: 2})
 	f.picker.rep.store(t, "w3", tokensOf(t, f.picker.srv, chatBody(prompts[1], false)))
 	e := openStream(t, f.client)
 	e.send(requestHeaders("/v1/chat/completions", buffered, nil))
@@ -251,7 +251,7 @@ func TestExtProcBufferedMode(t *testing.T) {
 // The subset hint limits the choice even against the prefix holder; an
 // empty or foreign subset is a 503.
 func TestExtProcSubsetHint(t *testing.T) {
-	f := newFleet(t, router.DefaultConfig(), Config{})
+	f := newFleet(t, router.DefaultConfig(), Config{Fallbacks: 2})
 	body := chatBody(prompts[0], false)
 	f.picker.rep.store(t, "w2", tokensOf(t, f.picker.srv, body))
 	d := openStream(t, f.client).placeDuplex("/v1/chat/completions", []byte(body), 0, subsetMD(f.endpointOf(3), f.endpointOf(1)))
@@ -276,7 +276,7 @@ func TestExtProcSubsetHint(t *testing.T) {
 // A stream closed before the answer ended (the client cancelled, the
 // gateway reset it) frees the booking; so does one closed mid-answer.
 func TestExtProcCancelFreesBooking(t *testing.T) {
-	f := newFleet(t, router.DefaultConfig(), Config{})
+	f := newFleet(t, router.DefaultConfig(), Config{Fallbacks: 2})
 	for _, midAnswer := range []bool{false, true} {
 		e := openStream(t, f.client)
 		d := e.placeDuplex("/v1/chat/completions", []byte(chatBody(prompts[2], true)), 0, nil)
@@ -297,7 +297,7 @@ func TestExtProcCancelFreesBooking(t *testing.T) {
 
 // When the gateway served a fallback, the booking moves to its worker.
 func TestExtProcServedFallbackMovesBooking(t *testing.T) {
-	f := newFleet(t, router.DefaultConfig(), Config{})
+	f := newFleet(t, router.DefaultConfig(), Config{Fallbacks: 2})
 	e := openStream(t, f.client)
 	d := e.placeDuplex("/v1/chat/completions", []byte(chatBody(prompts[2], false)), 0, nil)
 	first, second := router.WorkerID(f.workerAt(d.endpoints()[0])), router.WorkerID(f.workerAt(d.endpoints()[1]))
@@ -379,7 +379,7 @@ func TestExtProcRefusals(t *testing.T) {
 
 // Trailers end the answer as well as a body's end of stream.
 func TestExtProcTrailersEndAnswer(t *testing.T) {
-	f := newFleet(t, router.DefaultConfig(), Config{})
+	f := newFleet(t, router.DefaultConfig(), Config{Fallbacks: 2})
 	e := openStream(t, f.client)
 	d := e.placeDuplex("/v1/chat/completions", []byte(chatBody(prompts[1], true)), 0, nil)
 	w := router.WorkerID(f.workerAt(d.endpoints()[0]))
@@ -414,7 +414,7 @@ func TestExtProcDataParallelRank(t *testing.T) {
 	srv := api.New(api.Config{AllowLoopbackWorkers: true}, rep)
 	body := chatBody(prompts[1], false)
 	rep.store(t, "e#1", tokensOf(t, srv, body))
-	client := pickerConn(t, Adapt(srv), Config{})
+	client := pickerConn(t, Adapt(srv), Config{Fallbacks: 2})
 	e := openStream(t, client)
 	e.send(requestHeaders("/v1/chat/completions", duplex, nil))
 	e.send(requestBody([]byte(body), true))
@@ -436,7 +436,7 @@ func TestExtProcDataParallelRank(t *testing.T) {
 // A request without a body (GET /v1/models) goes to the worker with the
 // fewest requests in flight, nothing booked, answered on its headers.
 func TestExtProcBodiless(t *testing.T) {
-	f := newFleet(t, router.DefaultConfig(), Config{})
+	f := newFleet(t, router.DefaultConfig(), Config{Fallbacks: 2})
 	for _, w := range []router.WorkerID{"w1", "w3"} {
 		f.picker.rep.rt.Load().Add(router.Booking{ID: "held-" + string(w), Worker: w, Sequences: 1, Added: time.Now()})
 	}
@@ -451,5 +451,15 @@ func TestExtProcBodiless(t *testing.T) {
 	}
 	if n := f.picker.rep.rt.Load().Len(); n != 2 {
 		t.Fatalf("%d bookings, want the two held only", n)
+	}
+}
+
+// By default the answer names the choice alone, as GAIE's reference
+// picker does (one ip:port for an ORIGINAL_DST cluster).
+func TestExtProcNoFallbacksByDefault(t *testing.T) {
+	f := newFleet(t, router.DefaultConfig(), Config{})
+	d := openStream(t, f.client).placeDuplex("/v1/chat/completions", []byte(chatBody(prompts[0], false)), 0, nil)
+	if eps := d.endpoints(); len(eps) != 1 || d.metadata != eps[0] {
+		t.Fatalf("endpoints %v, metadata %q: want the choice alone", eps, d.metadata)
 	}
 }

@@ -76,8 +76,9 @@ type Config struct {
 	Picker Picker
 	Logger *slog.Logger
 	// Fallbacks is how many endpoints follow the chosen one in the answer
-	// (the gateway tries them in order when it cannot connect); default 2,
-	// negative: none.
+	// (the gateway tries them in order when it cannot connect); 0, the
+	// default, sends the choice alone, as GAIE's reference picker does: a
+	// plain ORIGINAL_DST cluster reads one ip:port from the header.
 	Fallbacks int
 	// MaxBodyBytes bounds a request body (default 8 MiB): beyond, 413.
 	MaxBodyBytes int
@@ -101,12 +102,7 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	switch {
-	case cfg.Fallbacks == 0:
-		cfg.Fallbacks = 2
-	case cfg.Fallbacks < 0:
-		cfg.Fallbacks = 0
-	}
+	cfg.Fallbacks = max(cfg.Fallbacks, 0)
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 8 << 20
 	}

@@ -175,7 +175,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"worker-header-timeout"}, env: []string{"KVROUTER_WORKER_HEADER_TIMEOUT"}, usage: "longest wait for a worker's answer headers (default 10m)", set: dur(&c.WorkerHeaderTimeout)},
 		{names: []string{"worker-idle-timeout"}, env: []string{"KVROUTER_WORKER_IDLE_TIMEOUT"}, usage: "longest silence inside a worker's answer body before it is cut and its booking freed (default 2m)", set: dur(&c.WorkerIdleTimeout)},
 		{names: []string{"ext-proc-listen"}, env: []string{"KVROUTER_EXT_PROC_LISTEN"}, usage: "also serve the Gateway API endpoint picker (Envoy ext_proc gRPC, GAIE's protocol) on this address; TLS with the cluster's material as every port (empty: off)", set: str(&c.ExtProcAddr)},
-		{names: []string{"ext-proc-fallbacks"}, env: []string{"KVROUTER_EXT_PROC_FALLBACKS"}, def: "2", usage: "endpoints the picker lists after its choice, cheapest first, for the gateway to try when it cannot connect (0: the choice alone)", set: func(v string) error {
+		{names: []string{"ext-proc-fallbacks"}, env: []string{"KVROUTER_EXT_PROC_FALLBACKS"}, def: "0", usage: "endpoints the picker lists after its choice, cheapest first, for a gateway that tries them in order when it cannot connect (0: the choice alone, as GAIE's reference picker; a plain ORIGINAL_DST cluster reads one ip:port)", set: func(v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 || n > 16 {
 				return fmt.Errorf("--ext-proc-fallbacks %q: an integer in [0, 16]", v)

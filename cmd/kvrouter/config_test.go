@@ -87,11 +87,11 @@ func TestServeConfig(t *testing.T) {
 		{"disagg bad shape", []string{"--single-node", "--disagg", "auto", "--disagg-model-shape", "28,8"}, nil, false, nil},
 		{"disagg unknown profile", []string{"--single-node", "--disagg", "auto", "--disagg-profile", "h100"}, nil, false, nil},
 		{"endpoint picker off by default", []string{"--single-node"}, nil, true, func(c serveConfig) bool {
-			return c.ExtProcAddr == "" && c.ExtProcFallbacks == 2 && c.ReservationTTL == 0
+			return c.ExtProcAddr == "" && c.ExtProcFallbacks == 0 && c.ReservationTTL == 0
 		}},
-		{"endpoint picker on loopback", []string{"--single-node", "--ext-proc-listen", "127.0.0.1:9002", "--ext-proc-fallbacks", "0",
+		{"endpoint picker on loopback", []string{"--single-node", "--ext-proc-listen", "127.0.0.1:9002", "--ext-proc-fallbacks", "3",
 			"--reservation-ttl", "90s"}, nil, true, func(c serveConfig) bool {
-			return c.ExtProcAddr == "127.0.0.1:9002" && c.ExtProcFallbacks == 0 && c.ReservationTTL == 90*time.Second
+			return c.ExtProcAddr == "127.0.0.1:9002" && c.ExtProcFallbacks == 3 && c.ReservationTTL == 90*time.Second
 		}},
 		{"endpoint picker from env", []string{"--single-node"}, map[string]string{"KVROUTER_EXT_PROC_LISTEN": "127.0.0.1:9002"}, true,
 			func(c serveConfig) bool { return c.ExtProcAddr == "127.0.0.1:9002" }},

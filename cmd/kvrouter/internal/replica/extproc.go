@@ -46,16 +46,13 @@ func serveExtProc(cfg Config, bundle *pki.Bundle, srv *api.Server, ready func() 
 		opts = append(opts, grpc.StreamInterceptor(requireGRPCClient))
 	}
 	fallbacks := cfg.ExtProcFallbacks
-	if fallbacks == 0 {
-		fallbacks = -1 // extproc.Config: 0 is its default, negative none
-	}
 	g := grpc.NewServer(opts...)
 	extproc.Register(g, extproc.New(extproc.Config{Picker: extproc.Adapt(srv), Logger: log, Fallbacks: fallbacks,
 		MaxBodyBytes: int(cfg.MaxBodyBytes)}), extproc.NewHealth(ready))
 	s := &extProcServer{g: g, errc: make(chan error, 1)}
 	go func() { s.errc <- g.Serve(ln) }()
 	log.Info("endpoint picker serving (Envoy ext_proc)", "addr", ln.Addr().String(), "tls", bundle != nil,
-		"client_certs", cfg.APIClientCerts, "fallbacks", max(fallbacks, 0))
+		"client_certs", cfg.APIClientCerts, "fallbacks", fallbacks)
 	return s, nil
 }
 
