@@ -924,6 +924,7 @@ func FuzzHTTPRequest(f *testing.F) {
 		{"POST", "/select_and_reserve", "", `{"model_name":"m"}`},
 		{"POST", "/reservations", key, `{"model_name":"m","selection_id":"s2","worker_id":"w1","isl_tokens":16,"effective_prefill_tokens":8}`},
 		{"POST", "/reservations/s1/prefill_complete", key, ""},
+		{"POST", "/reservations/s1/output_block", key, `{"decay_fraction":0.5}`},
 		{"DELETE", "/reservations/s1", key, ""},
 	}
 	for _, s := range seeds {
@@ -1072,5 +1073,8 @@ func selectionRoute(method, path string) bool {
 		return !strings.Contains(rest, "/")
 	}
 	id, ok := strings.CutSuffix(rest, "/prefill_complete")
+	if !ok {
+		id, ok = strings.CutSuffix(rest, "/output_block")
+	}
 	return method == "POST" && ok && id != "" && !strings.Contains(id, "/")
 }

@@ -29,6 +29,7 @@ import (
 //	POST   /select_and_reserve                      choose and book at once
 //	POST   /reservations                            book a worker chosen by /select
 //	POST   /reservations/{selection_id}/prefill_complete
+//	POST   /reservations/{selection_id}/output_block   one more block of output
 //	DELETE /reservations/{selection_id}             release
 
 // selectRequest is the body of /select and /select_and_reserve (and, with
@@ -370,6 +371,37 @@ func (s *Server) prefillComplete(c *gin.Context) {
 	p.rt.PrefillDoneAt(p.req.ID, time.Now())
 	s.rep.PrefillDone(p.model, p.req.ID)
 	c.JSON(http.StatusOK, gin.H{"selection_id": c.Param("id"), "prefill_complete": true})
+}
+
+// outputBlock answers POST /reservations/{id}/output_block: the request
+// generated one more block of output (Dynamo's output-block tracking,
+// --router-track-output-blocks: a no-op without it). Dynamo's optional
+// decay_fraction must lie in [0, 1]; the decay itself follows the router's
+// rule (the expected output the request was booked with), as for a proxied
+// request. Announced to the other replicas once per block, as the proxy's
+// output progress is (Dynamo keeps it local).
+func (s *Server) outputBlock(c *gin.Context) {
+	var in struct {
+		DecayFraction *float64 `json:"decay_fraction"`
+	}
+	if body, err := io.ReadAll(c.Request.Body); err != nil || (len(body) > 0 && json.Unmarshal(body, &in) != nil) {
+		selectionError(c, http.StatusBadRequest, "invalid JSON body")
+		return
+	}
+	if f := in.DecayFraction; f != nil && !(*f >= 0 && *f <= 1) {
+		selectionError(c, http.StatusBadRequest, "decay_fraction must be within [0, 1]")
+		return
+	}
+	p, ok := s.resv.get(bookingID(c.Param("id")))
+	if !ok {
+		selectionError(c, http.StatusNotFound, "no reservation "+c.Param("id"))
+		return
+	}
+	s.resv.mu.Lock() // p.generated: one reservation's blocks may be reported concurrently
+	s.generated(p, p.rt.Config().BlockSize)
+	tokens := p.generated
+	s.resv.mu.Unlock()
+	c.JSON(http.StatusOK, gin.H{"selection_id": c.Param("id"), "output_tokens": tokens})
 }
 
 // release answers DELETE /reservations/{id}: the booking freed here and on

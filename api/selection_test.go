@@ -67,6 +67,7 @@ func selectionServer(t *testing.T, ttl time.Duration) (*Server, *fakeReplica) {
 	t.Helper()
 	cfg := router.DefaultConfig()
 	cfg.BlockSize = 16
+	cfg.TrackOutputBlocks = true
 	rep := newFakeReplica("model", cfg)
 	rep.ranks = map[router.WorkerID]int{"1#0": 0, "1#1": 1}
 	rep.addWorker("model", "1#0", "http://worker:8000")
@@ -181,8 +182,25 @@ func TestAPISelectionReserveRelease(t *testing.T) {
 	if rec := do(s, "POST", "/reservations/select-123/prefill_complete", ""); rec.Code != 200 {
 		t.Fatalf("prefill_complete: %d %s", rec.Code, rec.Body)
 	}
-	if l := load(); l.Requests != 1 || l.ActivePrefillTokens != 0 {
-		t.Fatalf("load after prefill_complete %+v, want one request, no prefill", l)
+	before := load()
+	if before.Requests != 1 || before.ActivePrefillTokens != 0 {
+		t.Fatalf("load after prefill_complete %+v, want one request, no prefill", before)
+	}
+	for _, body := range []string{"", `{"decay_fraction":0.5}`} {
+		if rec := do(s, "POST", "/reservations/select-123/output_block", body); rec.Code != 200 {
+			t.Fatalf("output_block %q: %d %s", body, rec.Code, rec.Body)
+		}
+	}
+	if l := load(); l.ActiveBlocks != before.ActiveBlocks+2 {
+		t.Fatalf("active blocks %d after two output blocks, want %d", l.ActiveBlocks, before.ActiveBlocks+2)
+	}
+	for body, want := range map[string]int{`{"decay_fraction":1.5}`: 400, `{"decay_fraction":`: 400} {
+		if rec := do(s, "POST", "/reservations/select-123/output_block", body); rec.Code != want {
+			t.Fatalf("output_block %q: %d, want %d", body, rec.Code, want)
+		}
+	}
+	if rec := do(s, "POST", "/reservations/nope/output_block", ""); rec.Code != http.StatusNotFound {
+		t.Fatalf("output_block of an unknown id: %d", rec.Code)
 	}
 	if rec := do(s, "DELETE", "/reservations/select-123", ""); rec.Code != 200 {
 		t.Fatalf("release: %d %s", rec.Code, rec.Body)

@@ -316,6 +316,7 @@ func (s *Server) routes() *gin.Engine {
 	tok.POST("/select_and_reserve", s.selectAndReserve)
 	tok.POST("/reservations", s.reserve)
 	tok.POST("/reservations/:id/prefill_complete", s.prefillComplete)
+	tok.POST("/reservations/:id/output_block", s.outputBlock)
 	tok.DELETE("/reservations/:id", s.release)
 
 	e.GET("/health", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok", "node_id": s.rep.NodeID()}) })
