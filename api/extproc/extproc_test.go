@@ -187,8 +187,21 @@ func TestExtProcSameChoiceAsProxy(t *testing.T) {
 			}
 			e.answer(d.endpoints()[0], ct, []byte(answer), 16)
 			waitFor(t, "the booking freed at end of stream", func() bool { return slices.Contains(f.picker.rep.noted(), "free "+id) })
-			if ev := f.picker.rep.noted(); !slices.Contains(ev, "prefill "+id) {
+			ev := f.picker.rep.noted()
+			if !slices.Contains(ev, "prefill "+id) {
 				t.Fatalf("first byte not reported: %v", ev)
+			}
+			// The cache audit gets the engine's cached tokens from the usage
+			// relayed through the response phase, as from a proxied answer.
+			cached := 0
+			if tc.stream {
+				cached = 16
+			}
+			booked := slices.IndexFunc(ev, func(e string) bool { return strings.HasPrefix(e, "add "+id+" ") })
+			if !slices.ContainsFunc(ev[booked:], func(e string) bool {
+				return strings.HasPrefix(e, "audit "+got[0]+" ") && strings.HasSuffix(e, fmt.Sprintf("/%d", cached))
+			}) {
+				t.Fatalf("no cache audit of %s reporting %d cached tokens: %v", got[0], cached, ev)
 			}
 		})
 	}

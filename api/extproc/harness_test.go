@@ -82,7 +82,9 @@ func (f *testReplica) RegisterWorker(context.Context, api.WorkerSpec) error { re
 func (f *testReplica) DeregisterWorker(context.Context, string) error       { return nil }
 func (f *testReplica) Ready() (bool, string)                                { return true, "" }
 func (f *testReplica) Status(bool) map[string]any                           { return map[string]any{"node_id": "r1"} }
-func (f *testReplica) Audit(router.WorkerID, int, int, int)                 {}
+func (f *testReplica) Audit(w router.WorkerID, predicted, reported, _ int) {
+	f.note(fmt.Sprintf("audit %s %d/%d", w, predicted, reported))
+}
 func (f *testReplica) Booked(_ string, b router.Booking) {
 	f.note("add " + b.ID + " " + string(b.Worker))
 }
