@@ -27,10 +27,10 @@ type IndexView interface {
 
 // recordDecision logs one routing decision of p (nothing when the log is
 // off) and remembers its sequence for the outcome.
-func (s *Server) recordDecision(c *gin.Context, p *prepared, d router.Decision, routeErr error, now time.Time) {
+func (s *Server) recordDecision(p *prepared, d router.Decision, routeErr error, now time.Time) {
 	s.hitRouted(p, d, routeErr, now) // hit rates are kept with the decision log off too
 	p.worker = string(d.Worker)
-	s.addDecision(c, p, d, nil, routeErr, now)
+	s.addDecision(p, d, nil, routeErr, now)
 }
 
 // recordDisaggDecision logs a two-stage request's decision: the prefill
@@ -38,7 +38,7 @@ func (s *Server) recordDecision(c *gin.Context, p *prepared, d router.Decision, 
 // prefill worker's), the aggregated one otherwise, and the plan. Hit rates
 // are not kept for it: the decode worker's cached tokens include the KV it
 // pulled, not what its own cache held.
-func (s *Server) recordDisaggDecision(c *gin.Context, p *prepared, dd router.DisaggDecision, routeErr error, now time.Time) {
+func (s *Server) recordDisaggDecision(p *prepared, dd router.DisaggDecision, routeErr error, now time.Time) {
 	plan := dd.DisaggPlan
 	p.worker, p.disagg = string(plan.DecodeWorker), true
 	d := dd.Aggregated
@@ -57,18 +57,18 @@ func (s *Server) recordDisaggDecision(c *gin.Context, p *prepared, dd router.Dis
 	if routeErr != nil {
 		info = nil
 	}
-	s.addDecision(c, p, d, info, routeErr, now)
+	s.addDecision(p, d, info, routeErr, now)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // addDecision puts one decision into the log (nothing when it is off).
-func (s *Server) addDecision(c *gin.Context, p *prepared, d router.Decision, disagg *decisionlog.Disagg, routeErr error, now time.Time) {
+func (s *Server) addDecision(p *prepared, d router.Decision, disagg *decisionlog.Disagg, routeErr error, now time.Time) {
 	l := s.cfg.Decisions
 	if l == nil {
 		return
 	}
-	e := decisionlog.Entry{Time: now, RequestID: c.GetString(requestIDKey), Model: p.model, Mode: string(d.Mode),
+	e := decisionlog.Entry{Time: now, RequestID: p.requestID, Model: p.model, Mode: string(d.Mode),
 		Attempt: p.attempts, PromptTokens: p.req.Tokens, PromptBlocks: len(p.req.Hashes), Worker: string(d.Worker),
 		CachedBlocks: d.Overlap, SyncAge: -1, Rows: d.Rows, Disagg: disagg}
 	if routeErr != nil {

@@ -63,7 +63,7 @@ func (s *Server) attemptDisagg(c *gin.Context, p *prepared, dr *router.DisaggRou
 	dd, err := dr.Route(p.req, now)
 	p.settled() // both stages booked by Route, or never to be
 	p.attempts++
-	s.recordDisaggDecision(c, p, dd, err, now)
+	s.recordDisaggDecision(p, dd, err, now)
 	if err != nil {
 		s.completeDecision(p, decisionlog.Outcome{Error: "routing: " + err.Error()})
 		return fmt.Errorf("routing: %w", err)

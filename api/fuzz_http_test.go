@@ -921,6 +921,13 @@ func FuzzHTTPRequest(f *testing.F) {
 		{"OPTIONS", "*", "", ""},
 		{"GET", "/nope", "", ""},
 		{"GET", "http://replica.fuzz/health", "", ""},
+		{"POST", "/select", key, `{"model_name":"m","sequence_hashes":[1,2],"isl_tokens":40}`},
+		{"POST", "/select_and_reserve", key, `{"model_name":"m","selection_id":"s1","block_hashes":[1,2]}`},
+		{"POST", "/select_and_reserve", "", `{"model_name":"m"}`},
+		{"POST", "/reservations", key, `{"model_name":"m","selection_id":"s2","worker_id":"w1","isl_tokens":16,"effective_prefill_tokens":8}`},
+		{"POST", "/reservations/s1/prefill_complete", key, ""},
+		{"POST", "/reservations/s1/output_block", key, `{"decay_fraction":0.5}`},
+		{"DELETE", "/reservations/s1", key, ""},
 	}
 	for _, s := range seeds {
 		f.Add(s.method, s.target, s.auth, []byte(s.body), uint8(0))
@@ -956,6 +963,11 @@ func FuzzHTTPRequest(f *testing.F) {
 		if strings.HasPrefix(path, "/v1/") || !knownRoute(method, path) {
 			shape = openAIShape
 		}
+		reserved := false // a reservation made (selection.go) holds its booking until released
+		if selectionRoute(method, path) {
+			shape = adminShape
+			reserved = rec.Code == http.StatusCreated || (rec.Code == http.StatusOK && path == "/select_and_reserve")
+		}
 		switch rec.Code {
 		case http.StatusMovedPermanently, http.StatusTemporaryRedirect:
 			// gin's RedirectTrailingSlash: only to the same path without
@@ -983,12 +995,14 @@ func FuzzHTTPRequest(f *testing.F) {
 				t.Fatalf("%s (state %d): /ready answered %d, want %d with ready false and a reason: %s", what, state, rec.Code, want, snippet(rec.Body.Bytes()))
 			}
 		default:
-			checkStatus(t, what, rec, shape, 200, 400, 401, 404, 413)
+			checkStatus(t, what, rec, shape, 200, 201, 400, 401, 404, 409, 413)
 			if method+" "+path == "GET /ready" && (rec.Code == 200) != (state&1 == 0) {
 				t.Fatalf("%s (state %d): /ready answered %d", what, state, rec.Code)
 			}
 		}
-		checkNoLoad(t, what, fs)
+		if !reserved {
+			checkNoLoad(t, what, fs)
+		}
 		adminOK := authorized(auth, fuzzAdminToken)
 		keyOK := authorized(auth, fuzzAPIKey)
 		if n := len(fs.rep.calls()); n > 0 && !adminOK {
@@ -1004,7 +1018,7 @@ func FuzzHTTPRequest(f *testing.F) {
 		// but the body limit.
 		if known := knownRoute(method, path); known && rec.Code != http.StatusRequestEntityTooLarge {
 			need := adminOK
-			if strings.HasPrefix(path, "/v1/") {
+			if strings.HasPrefix(path, "/v1/") || selectionRoute(method, path) {
 				need = keyOK
 			} else if !adminRoute(path) {
 				need = true
@@ -1043,5 +1057,26 @@ func knownRoute(method, path string) bool {
 		"POST /cluster/remove", "POST /cluster/apply", "GET /cluster/commit":
 		return true
 	}
-	return false
+	return selectionRoute(method, path)
+}
+
+// selectionRoute: Dynamo's selection API (selection.go), behind the API
+// keys, answering {"error": "…"}.
+func selectionRoute(method, path string) bool {
+	switch method + " " + path {
+	case "POST /select", "POST /select_and_reserve", "POST /reservations":
+		return true
+	}
+	rest, ok := strings.CutPrefix(path, "/reservations/")
+	if !ok || rest == "" {
+		return false
+	}
+	if method == "DELETE" {
+		return !strings.Contains(rest, "/")
+	}
+	id, ok := strings.CutSuffix(rest, "/prefill_complete")
+	if !ok {
+		id, ok = strings.CutSuffix(rest, "/output_block")
+	}
+	return method == "POST" && ok && id != "" && !strings.Contains(id, "/")
 }

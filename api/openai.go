@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -81,6 +82,9 @@ type prepared struct {
 	tenant  string
 	charged int
 	begun   bool
+	// requestID is the client's X-Request-Id (made when absent), named in
+	// the decision log.
+	requestID string
 }
 
 // settled reports the request's booking in place (or abandoned) to the
@@ -141,19 +145,46 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", "reading body: "+err.Error())
 		return nil, false
 	}
+	p, ref := s.prepareBody(body, c.Request.URL.Path, ep, bearer(c), c.Request.Header, start)
+	if ref != nil {
+		ref.answer(c)
+		return nil, false
+	}
+	p.requestID = c.GetString(requestIDKey)
+	return p, true
+}
+
+// refusal is a request turned away before any worker saw it: the status,
+// OpenAI error type and message its client gets, from the proxy as JSON
+// (answer) or from the endpoint picker as an immediate response.
+type refusal struct {
+	status     int
+	kind, msg  string
+	retryAfter int // Retry-After in seconds (a full queue, a tenant over budget); 0: none
+}
+
+func (r *refusal) answer(c *gin.Context) {
+	if r.retryAfter > 0 {
+		c.Header("Retry-After", strconv.Itoa(r.retryAfter))
+	}
+	openAIError(c, r.status, r.kind, r.msg)
+}
+
+// prepareBody parses and tokenizes a request body that arrived on path
+// (the endpoint ep) with the client's bearer key: everything prepareFor
+// does but reading the body, for the proxy and the endpoint picker alike.
+func (s *Server) prepareBody(body []byte, path string, ep endpoint, key string, header http.Header, start time.Time) (*prepared, *refusal) {
 	var in inferenceRequest
 	if err := json.Unmarshal(body, &in); err != nil {
 		s.metrics.rejected.WithLabelValues("invalid_json").Inc()
-		openAIError(c, http.StatusBadRequest, "invalid_request_error", "invalid JSON body: "+err.Error())
-		return nil, false
+		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: "invalid JSON body: " + err.Error()}
 	}
 	if in.Model == "" {
-		openAIError(c, http.StatusBadRequest, "invalid_request_error", "model is required")
-		return nil, false
+		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: "model is required"}
 	}
-	sess, ok := s.readSession(c, body)
-	if !ok {
-		return nil, false
+	sess, ref := s.readSession(header, body)
+	if ref != nil {
+		return nil, ref
 	}
 	model, lora := in.Model, ""
 	rt, ok := s.rep.Router(model)
@@ -166,23 +197,19 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 	}
 	if !ok {
 		s.metrics.rejected.WithLabelValues("unknown_model").Inc()
-		openAIError(c, http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q is not served here", in.Model))
-		return nil, false
+		return nil, &refusal{status: http.StatusNotFound, kind: "model_not_found", msg: fmt.Sprintf("model %q is not served here", in.Model)}
 	}
 	if ep == epChat && len(in.Messages) == 0 {
-		openAIError(c, http.StatusBadRequest, "invalid_request_error", "messages must not be empty")
-		return nil, false
+		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: "messages must not be empty"}
 	}
-	prio, err := readPriority(c.Request.Header, in.Nvext.AgentHints.agentHintPriorities)
+	prio, err := readPriority(header, in.Nvext.AgentHints.agentHintPriorities)
 	if err != nil {
 		s.metrics.rejected.WithLabelValues("invalid_priority").Inc()
-		openAIError(c, http.StatusBadRequest, "invalid_request_error", err.Error())
-		return nil, false
+		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: err.Error()}
 	}
 	tokens, isl, prompts, hashable, err := s.requestTokens(model, body, ep)
 	if err != nil {
-		openAIError(c, http.StatusBadRequest, "invalid_request_error", err.Error())
-		return nil, false
+		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: err.Error()}
 	}
 	bs := rt.Config().BlockSize
 	id := fmt.Sprintf("%s-%d-%d", s.rep.NodeID(), start.UnixNano(), s.reqSeq.Add(1))
@@ -192,14 +219,13 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 		// n sequences of each prompt of a batch, all decoding on the worker.
 		seqs = min(max(in.N, 1)*max(prompts, 1), maxSequences)
 	}
-	key := bearer(c)
 	return &prepared{
-		body: body, path: c.Request.URL.Path, model: model, stream: in.Stream, rt: rt, start: start, sess: sess,
+		body: body, path: path, model: model, stream: in.Stream, rt: rt, start: start, sess: sess,
 		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora, in.CacheSalt), Tokens: isl, Sequences: seqs,
 			Priority: s.capPriority(key, prio.Soft), Exclude: notServing(rt.Workers(), only),
 			ExpectedOutputTokens: max(in.Nvext.AgentHints.Osl, 0)},
-		class: s.capStrictPriority(key, prio.Strict), tenant: s.tenantOf(c, key, model),
-	}, true
+		class: s.capStrictPriority(key, prio.Strict), tenant: s.tenantOf(header, key, model),
+	}, nil
 }
 
 // notServing lists the workers of ws outside only (nil only: none), so a

@@ -61,28 +61,10 @@ func (s *Server) proxyLoop(c *gin.Context, p *prepared, try func() error) {
 
 // attempt is one try of an aggregated request: route, book, send, relay.
 func (s *Server) attempt(c *gin.Context, p *prepared) error {
-	now := time.Now()
-	d, err := s.route(c, p, now) // by the session's binding, if any (sessions.go)
-	if err == nil && s.warm != nil && p.sess == nil {
-		// warmup.go: a joining worker's share, on purpose; not for a
-		// session's turn, whose worker the binding decided (a first turn
-		// is bound to the pick before this point)
-		d, err = s.warmUp(p, d, now)
-	}
-	p.settled() // booked in the load view by Route, or never to be
-	p.attempts++
-	s.recordDecision(c, p, d, err, now)
+	d, err := s.routeAndBook(c.Request.Context(), p)
 	if err != nil {
-		s.completeDecision(p, decisionlog.Outcome{Error: "routing: " + err.Error()})
-		return fmt.Errorf("routing: %w", err)
+		return err
 	}
-	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
-	// The tenant pays for the prompt tokens the worker must compute.
-	s.chargeTenant(p, p.req.Tokens-d.Overlap*p.rt.Config().BlockSize, "prompt")
-	// The hashes Route booked (distinct ones under --no-router-assume-kv-reuse),
-	// so peers book what this replica booked.
-	s.rep.Booked(p.model, router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: d.ActiveHashes,
-		PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Sequences: p.req.Sequences, Added: p.start})
 	resp, err := s.send(c, d.Worker, p.path, p.body)
 	if err != nil {
 		s.free(p)
@@ -105,6 +87,36 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 			s.completeDecision(p, decisionlog.Outcome{Status: resp.StatusCode, PromptTokens: p.usagePrompt, CachedTokens: p.usageCached})
 		},
 	})
+}
+
+// routeAndBook is the routing step of an aggregated request, proxied
+// (attempt) or picked for a gateway (Pick): route and book here, record
+// the decision, announce the booking to the other replicas. On error
+// nothing is booked and the decision is completed as failed.
+func (s *Server) routeAndBook(ctx context.Context, p *prepared) (router.Decision, error) {
+	now := time.Now()
+	d, err := s.route(ctx, p, now) // by the session's binding, if any (sessions.go)
+	if err == nil && s.warm != nil && p.sess == nil {
+		// warmup.go: a joining worker's share, on purpose; not for a
+		// session's turn, whose worker the binding decided (a first turn
+		// is bound to the pick before this point)
+		d, err = s.warmUp(p, d, now)
+	}
+	p.settled() // booked in the load view by Route, or never to be
+	p.attempts++
+	s.recordDecision(p, d, err, now)
+	if err != nil {
+		s.completeDecision(p, decisionlog.Outcome{Error: "routing: " + err.Error()})
+		return d, fmt.Errorf("routing: %w", err)
+	}
+	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
+	// The tenant pays for the prompt tokens the worker must compute.
+	s.chargeTenant(p, p.req.Tokens-d.Overlap*p.rt.Config().BlockSize, "prompt")
+	// The hashes Route booked (distinct ones under --no-router-assume-kv-reuse),
+	// so peers book what this replica booked.
+	s.rep.Booked(p.model, router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: d.ActiveHashes,
+		PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Sequences: p.req.Sequences, Added: p.start})
+	return d, nil
 }
 
 // recordFailure does what every failed attempt needs whether or not it is

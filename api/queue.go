@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sync"
@@ -72,18 +73,33 @@ func (g *gates) wake(string) {
 
 const gateTick = 10 * time.Millisecond
 
-// admit checks the tenant's budgets, then waits while the model's workers
-// are all above the queue threshold. It returns false when it answered the
-// client (over budget, queue full, gave up or timed out).
+// admit waits for the request's turn (wait) and answers the client itself
+// when it does not go on. It returns false when the request does not go on
+// (the client left, or it was answered: over budget, queue full, gave up or
+// timed out).
+func (s *Server) admit(c *gin.Context, p *prepared) bool {
+	ok, ref := s.wait(c.Request.Context(), p)
+	if ref != nil {
+		ref.answer(c)
+	}
+	return ok
+}
+
+// wait is admit for any caller (the proxy, the endpoint picker, the
+// selection API): it checks the tenant's budgets, then waits while the
+// model's workers are all above the queue threshold. True once the request
+// may be routed (counted in its tenant's requests in flight until
+// tenantEnd); false with the refusal to answer, or with none when ctx ended
+// (the client left).
 //
 // The queue's order is strict class, then the tenants' fair shares, then
 // the model's policy (router.Queue). With tenant fairness on, a replica also
 // holds its next request back while another replica has a request waiting
 // of a higher class, or of a tenant further below its share
 // (TenantLedger.YieldTo): the queue is per replica, the order fleet-wide.
-func (s *Server) admit(c *gin.Context, p *prepared) bool {
-	if !s.tenantBegin(c, p) {
-		return false
+func (s *Server) wait(ctx context.Context, p *prepared) (bool, *refusal) {
+	if ref := s.tenantBegin(p); ref != nil {
+		return false, ref
 	}
 	g := s.gates
 	g.mu.Lock()
@@ -92,7 +108,7 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 	// backlog").
 	if g.waiting[p.model] == 0 && !p.rt.ShouldQueue() {
 		g.mu.Unlock()
-		return true
+		return true, nil
 	}
 	me := &waiter{displaced: make(chan struct{})}
 	if n := g.waiting[p.model]; n >= s.cfg.MaxQueue && !(s.tenants != nil && g.pushOutLocked(p.model, p.tenant)) {
@@ -102,11 +118,9 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 		// we (--busy-status).
 		g.mu.Unlock()
 		s.metrics.rejected.WithLabelValues("queue_full").Inc()
-		c.Header("Retry-After", "1")
-		openAIError(c, s.cfg.BusyStatus, "service_overloaded",
-			fmt.Sprintf("%d requests already wait for a worker of model %q (the queue cap): retry later", n, p.model))
 		s.tenantEnd(p)
-		return false
+		return false, &refusal{status: s.cfg.BusyStatus, kind: "service_overloaded", retryAfter: 1,
+			msg: fmt.Sprintf("%d requests already wait for a worker of model %q (the queue cap): retry later", n, p.model)}
 	}
 	q := g.queues[p.model]
 	if q == nil {
@@ -159,28 +173,25 @@ func (s *Server) admit(c *gin.Context, p *prepared) bool {
 		if admitted {
 			dequeue()
 			s.tenantQueued(p, time.Since(arrived))
-			return true
+			return true, nil
 		}
 		select {
 		case <-wake:
 		case <-tick.C:
-		case <-c.Request.Context().Done():
+		case <-ctx.Done():
 			g.leave(me)
 			s.tenantEnd(p)
-			return false
+			return false, nil
 		case <-me.displaced:
 			s.tenantEnd(p)
 			s.metrics.rejected.WithLabelValues("queue_full").Inc()
-			c.Header("Retry-After", "1")
-			openAIError(c, s.cfg.BusyStatus, "service_overloaded",
-				fmt.Sprintf("the queue of model %q is full and this request's place went to a tenant below its share of it: retry later", p.model))
-			return false
+			return false, &refusal{status: s.cfg.BusyStatus, kind: "service_overloaded", retryAfter: 1,
+				msg: fmt.Sprintf("the queue of model %q is full and this request's place went to a tenant below its share of it: retry later", p.model)}
 		case <-deadline.C:
 			g.leave(me)
 			s.tenantEnd(p)
 			s.metrics.rejected.WithLabelValues("queue_timeout").Inc()
-			openAIError(c, s.cfg.BusyStatus, "service_overloaded", "timed out waiting for a worker below the queue threshold")
-			return false
+			return false, &refusal{status: s.cfg.BusyStatus, kind: "service_overloaded", msg: "timed out waiting for a worker below the queue threshold"}
 		}
 	}
 }

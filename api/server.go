@@ -136,6 +136,9 @@ type Config struct {
 	// sync so its counters are the fleet's. nil: every request is one
 	// tenant.
 	Tenants *TenantLedger
+	// ReservationTTL frees a selection API reservation nobody released
+	// (selection.go; default 10 min).
+	ReservationTTL time.Duration
 }
 
 // LogValue prints the configuration without its credentials, so a
@@ -192,6 +195,8 @@ type Server struct {
 	// tenants is Config.Tenants; tenantMetrics its series (nil: off).
 	tenants       *TenantLedger
 	tenantMetrics *tenantMetrics
+	// resv are the selection API's reservations (selection.go).
+	resv *reservations
 }
 
 // Drainer is implemented by a replica that can be draining (SIGTERM
@@ -283,6 +288,9 @@ func New(cfg Config, rep Replica) *Server {
 	if cfg.WorkerIdleTimeout == 0 {
 		cfg.WorkerIdleTimeout = 2 * time.Minute
 	}
+	if cfg.ReservationTTL <= 0 {
+		cfg.ReservationTTL = 10 * time.Minute
+	}
 	s := &Server{
 		cfg:     cfg,
 		rep:     rep,
@@ -301,6 +309,7 @@ func New(cfg Config, rep Replica) *Server {
 	if cfg.Tenants != nil {
 		s.tenants, s.tenantMetrics = cfg.Tenants, newTenantMetrics(cfg.Registry)
 	}
+	s.resv = newReservations(cfg.Registry)
 	if cfg.AdminToken != "" {
 		s.exempt = newLoopbackExemption(cfg.AdminOpenToLoopback, cfg.Logger, cfg.Registry)
 	}
@@ -327,6 +336,14 @@ func (s *Server) routes() *gin.Engine {
 	tok := e.Group("/", s.requireClientCert, s.requireKey)
 	tok.POST("/tokenize", s.tokenize)
 	tok.POST("/detokenize", s.detokenize)
+	// Dynamo's standalone selection API (selection.go): inference callers
+	// with their own proxy, so the inference endpoints' credentials.
+	tok.POST("/select", s.selectWorker)
+	tok.POST("/select_and_reserve", s.selectAndReserve)
+	tok.POST("/reservations", s.reserve)
+	tok.POST("/reservations/:id/prefill_complete", s.prefillComplete)
+	tok.POST("/reservations/:id/output_block", s.outputBlock)
+	tok.DELETE("/reservations/:id", s.release)
 
 	e.GET("/health", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok", "node_id": s.rep.NodeID()}) })
 	e.GET("/ready", s.ready)

@@ -118,25 +118,24 @@ func (s *Server) sessionReplica() (SessionReplica, SessionPolicy, bool) {
 
 // readSession parses the request's session when affinity is on, answering
 // 400 itself on malformed input (nothing bound, nothing proposed).
-func (s *Server) readSession(c *gin.Context, body []byte) (*sessionTurn, bool) {
+func (s *Server) readSession(header http.Header, body []byte) (*sessionTurn, *refusal) {
 	if _, _, on := s.sessionReplica(); !on {
-		return nil, true // Dynamo: without the TTL, session ids are passive metadata
+		return nil, nil // Dynamo: without the TTL, session ids are passive metadata
 	}
-	k, err := session.FromRequest(c.Request.Header, body)
+	k, err := session.FromRequest(header, body)
 	if err != nil {
 		s.metrics.rejected.WithLabelValues("invalid_session").Inc()
-		openAIError(c, http.StatusBadRequest, "invalid_request_error", err.Error())
-		return nil, false
+		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: err.Error()}
 	}
 	if k.ID == "" {
-		return nil, true
+		return nil, nil
 	}
-	return &sessionTurn{key: k}, true
+	return &sessionTurn{key: k}, nil
 }
 
 // route decides and books one attempt: by the session's binding when the
 // request has one, else as the router decides.
-func (s *Server) route(c *gin.Context, p *prepared, now time.Time) (router.Decision, error) {
+func (s *Server) route(ctx context.Context, p *prepared, now time.Time) (router.Decision, error) {
 	if p.sess == nil {
 		return p.rt.Route(p.req, now)
 	}
@@ -144,7 +143,7 @@ func (s *Server) route(c *gin.Context, p *prepared, now time.Time) (router.Decis
 	if !on {
 		return p.rt.Route(p.req, now)
 	}
-	return s.routeSession(c.Request.Context(), sr, pol, p, now)
+	return s.routeSession(ctx, sr, pol, p, now)
 }
 
 // routeSession routes a session's turn:

@@ -4,10 +4,8 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"strconv"
 	"time"
 
-	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -17,11 +15,11 @@ import (
 
 // tenantOf is the tenant a request is served for, resolved to the id its
 // share is kept under ("" when fairness is off).
-func (s *Server) tenantOf(c *gin.Context, key, model string) string {
+func (s *Server) tenantOf(header http.Header, key, model string) string {
 	if s.tenants == nil {
 		return ""
 	}
-	return s.tenants.Resolve(model, s.tenants.Identify(key, c.GetHeader))
+	return s.tenants.Resolve(model, s.tenants.Identify(key, header.Get))
 }
 
 // capStrictPriority bounds a client's strict_priority by the same cap as its
@@ -37,23 +35,21 @@ func (s *Server) capStrictPriority(key string, strict uint32) uint32 {
 }
 
 // tenantBegin checks the tenant's budgets and counts the request in flight;
-// false when it answered 429 with Retry-After.
-func (s *Server) tenantBegin(c *gin.Context, p *prepared) bool {
+// the 429 (with Retry-After) to answer when it is over a budget.
+func (s *Server) tenantBegin(p *prepared) *refusal {
 	if s.tenants == nil || p.begun {
-		return true
+		return nil
 	}
 	retry, ok := s.tenants.Begin(p.model, p.tenant)
 	if !ok {
 		secs := max(int(math.Ceil(retry.Seconds())), 1)
 		s.metrics.rejected.WithLabelValues("tenant_budget").Inc()
 		s.tenantMetrics.rejected.WithLabelValues(p.model, s.tenants.seriesOf(p.model, p.tenant)).Inc()
-		c.Header("Retry-After", strconv.Itoa(secs))
-		openAIError(c, http.StatusTooManyRequests, "rate_limit_exceeded",
-			fmt.Sprintf("tenant %q is over its budget for model %q (tokens per minute or concurrent requests): retry in %d s", p.tenant, p.model, secs))
-		return false
+		return &refusal{status: http.StatusTooManyRequests, kind: "rate_limit_exceeded", retryAfter: secs,
+			msg: fmt.Sprintf("tenant %q is over its budget for model %q (tokens per minute or concurrent requests): retry in %d s", p.tenant, p.model, secs)}
 	}
 	p.begun = true
-	return true
+	return nil
 }
 
 // tenantEnd counts the request out of its tenant's requests in flight.

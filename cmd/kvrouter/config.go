@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -27,6 +28,9 @@ type serveConfig struct {
 	replica.Config
 	LogLevel string
 	Warnings []string // options that change nothing as given (Dynamo names without effect here, dynamo.go), logged at start
+	// poolWorkers are --workers-file's entries, joined to --workers' in
+	// finish (either flag may come first).
+	poolWorkers []replica.StaticWorker
 }
 
 // flagSpec binds one flag, its environment variable(s), and Dynamo's
@@ -135,6 +139,11 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 			c.StaticWorkers = ws
 			return err
 		}},
+		{names: []string{"workers-file"}, env: []string{"KVROUTER_WORKERS_FILE"}, usage: "a static pool: a file of workers, one --workers entry per line (id=URL[;total_kv_blocks=N][;max_num_batched_tokens=M]; blank lines and # comments skipped), registered with --workers' for a gateway without Kubernetes", set: func(v string) error {
+			ws, err := readWorkersFile(v)
+			c.poolWorkers = ws
+			return err
+		}},
 		{names: []string{"retries"}, env: []string{"KVROUTER_RETRIES"}, def: "2", usage: "other workers tried when a worker could not have started the request (connection refused, dial or TLS failure, 503/529 before any byte); never after the request reached it", set: intp(&c.Retries)},
 		{names: []string{"events-missing-after"}, env: []string{"KVROUTER_EVENTS_MISSING_AFTER"}, def: "60s", usage: "warn when a routed worker has published no KV events this long", set: dur(&c.EventsMissing)},
 		{names: []string{"tokenizer-check-interval"}, env: []string{"KVROUTER_TOKENIZER_CHECK_INTERVAL"}, def: "10m", usage: "self-check: send canary requests to each worker's /tokenize when it registers and about this often after (jittered), and warn when its ids differ from ours (0: never)", set: dur(&c.TokenizerCheck)},
@@ -182,6 +191,16 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"max-entry-bytes"}, env: []string{"KVROUTER_MAX_ENTRY_BYTES"}, def: strconv.Itoa(replica.DefaultMaxEntryBytes), usage: fmt.Sprintf("bytes one Raft entry of KV events may encode to, %d to %d (4 MiB by default): a larger ingest batch is committed as several entries, in order, each acked once committed; a single event larger than this is refused (kvrouter_eventbus_events_rejected_total{reason=\"too_large\"})", replica.MinMaxEntryBytes, replica.MaxMaxEntryBytes), set: intp(&c.MaxEntryBytes)},
 		{names: []string{"worker-header-timeout"}, env: []string{"KVROUTER_WORKER_HEADER_TIMEOUT"}, usage: "longest wait for a worker's answer headers (default 10m)", set: dur(&c.WorkerHeaderTimeout)},
 		{names: []string{"worker-idle-timeout"}, env: []string{"KVROUTER_WORKER_IDLE_TIMEOUT"}, usage: "longest silence inside a worker's answer body before it is cut and its booking freed (default 2m)", set: dur(&c.WorkerIdleTimeout)},
+		{names: []string{"ext-proc-listen"}, env: []string{"KVROUTER_EXT_PROC_LISTEN"}, usage: "also serve the Gateway API endpoint picker (Envoy ext_proc gRPC, GAIE's protocol) on this address; TLS with the cluster's material as every port (empty: off)", set: str(&c.ExtProcAddr)},
+		{names: []string{"ext-proc-fallbacks"}, env: []string{"KVROUTER_EXT_PROC_FALLBACKS"}, def: "0", usage: "endpoints the picker lists after its choice, cheapest first, for a gateway that tries them in order when it cannot connect (0: the choice alone, as GAIE's reference picker; a plain ORIGINAL_DST cluster reads one ip:port)", set: func(v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || n > 16 {
+				return fmt.Errorf("--ext-proc-fallbacks %q: an integer in [0, 16]", v)
+			}
+			c.ExtProcFallbacks = n
+			return nil
+		}},
+		{names: []string{"reservation-ttl"}, env: []string{"KVROUTER_RESERVATION_TTL"}, usage: "frees a selection API reservation (/select_and_reserve, /reservations) never released after this long (default 10m)", set: dur(&c.ReservationTTL)},
 		{names: []string{"protect-status"}, env: []string{"KVROUTER_PROTECT_STATUS"}, usage: "require the admin token for /cluster/status and /metrics", set: boolp(&c.ProtectStatus), bool: true},
 		{names: []string{"decision-log-size"}, env: []string{"KVROUTER_DECISION_LOG_SIZE"}, def: "4096", usage: "routing decisions kept in memory for GET /debug/decisions (cost table, index epoch, outcome); 0 turns the log off", set: intp(&c.DecisionLogSize)},
 		{names: []string{"decision-log-file"}, env: []string{"KVROUTER_DECISION_LOG_FILE"}, usage: "also append every completed decision to this JSON-lines file, rotated by size (3 old files kept)", set: str(&c.DecisionLogFile)},
@@ -335,6 +354,18 @@ func (c *serveConfig) finish() error {
 	if err := c.Router.Validate(); err != nil {
 		return err
 	}
+	static := map[string]bool{}
+	for _, w := range c.StaticWorkers {
+		static[w.ID] = true
+	}
+	for _, w := range c.poolWorkers {
+		if static[w.ID] {
+			return fmt.Errorf("--workers-file: worker %q is also in --workers (or twice in the file)", w.ID)
+		}
+		static[w.ID] = true
+		c.StaticWorkers = append(c.StaticWorkers, w)
+	}
+	c.poolWorkers = nil
 	if c.DataDir == "" {
 		c.DataDir = filepath.Join("data", c.NodeID)
 	}
@@ -436,6 +467,9 @@ func (c *serveConfig) checkSecurity() error {
 		if !netaddr.LoopbackListen(a.addr) {
 			open = append(open, a.flag+" "+a.addr)
 		}
+	}
+	if c.ExtProcAddr != "" && !netaddr.LoopbackListen(c.ExtProcAddr) {
+		open = append(open, "--ext-proc-listen "+c.ExtProcAddr)
 	}
 	var missing []string
 	if c.TLS.IsZero() {
@@ -592,6 +626,30 @@ func parseStatic(v string) ([]replica.StaticWorker, error) {
 			}
 		}
 		out = append(out, w)
+	}
+	return out, nil
+}
+
+// readWorkersFile reads --workers-file: one --workers entry per line.
+func readWorkersFile(path string) ([]replica.StaticWorker, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--workers-file: %w", err)
+	}
+	var out []replica.StaticWorker
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if strings.Contains(line, ",") {
+			return nil, fmt.Errorf("--workers-file %s:%d: one worker per line (no commas)", path, i+1)
+		}
+		ws, err := parseStatic(line)
+		if err != nil {
+			return nil, fmt.Errorf("--workers-file %s:%d: %w", path, i+1, err)
+		}
+		out = append(out, ws...)
 	}
 	return out, nil
 }

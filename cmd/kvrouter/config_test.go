@@ -1,9 +1,14 @@
 package main
 
 import (
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/cmd/kvrouter/internal/replica"
 	"github.com/kvrouter/kvrouter/router"
@@ -81,6 +86,17 @@ func TestServeConfig(t *testing.T) {
 		{"disagg zero link", []string{"--single-node", "--disagg", "always", "--disagg-link-mbps", "0"}, nil, false, nil},
 		{"disagg bad shape", []string{"--single-node", "--disagg", "auto", "--disagg-model-shape", "28,8"}, nil, false, nil},
 		{"disagg unknown profile", []string{"--single-node", "--disagg", "auto", "--disagg-profile", "h100"}, nil, false, nil},
+		{"endpoint picker off by default", []string{"--single-node"}, nil, true, func(c serveConfig) bool {
+			return c.ExtProcAddr == "" && c.ExtProcFallbacks == 0 && c.ReservationTTL == 0
+		}},
+		{"endpoint picker on loopback", []string{"--single-node", "--ext-proc-listen", "127.0.0.1:9002", "--ext-proc-fallbacks", "3",
+			"--reservation-ttl", "90s"}, nil, true, func(c serveConfig) bool {
+			return c.ExtProcAddr == "127.0.0.1:9002" && c.ExtProcFallbacks == 3 && c.ReservationTTL == 90*time.Second
+		}},
+		{"endpoint picker from env", []string{"--single-node"}, map[string]string{"KVROUTER_EXT_PROC_LISTEN": "127.0.0.1:9002"}, true,
+			func(c serveConfig) bool { return c.ExtProcAddr == "127.0.0.1:9002" }},
+		{"endpoint picker off loopback without TLS", []string{"--single-node", "--ext-proc-listen", "0.0.0.0:9002"}, nil, false, nil},
+		{"too many fallbacks", []string{"--single-node", "--ext-proc-fallbacks", "17"}, nil, false, nil},
 	}
 	for _, tc := range tests {
 		c, err := parseServe(tc.args, env(tc.env), io.Discard)
@@ -126,6 +142,50 @@ func TestParseStaticWorkers(t *testing.T) {
 		}
 		if tc.ok && !slices.Equal(got, tc.want) {
 			t.Errorf("%q: %+v, want %+v", tc.in, got, tc.want)
+		}
+	}
+}
+
+// --workers-file is a static pool: one --workers entry per line, joined to
+// --workers' whichever flag comes first; a worker in both, a line with two
+// workers, a bad entry (named by its line) or a missing file is an error.
+func TestServeWorkersFile(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	pool := file("pool", "# the gateway's pool\nw1=http://10.0.0.1:8000;total_kv_blocks=4096\n\n  w2=http://10.0.0.2:8000  \n")
+	none := func(string) string { return "" }
+	for _, args := range [][]string{
+		{"--single-node", "--workers", "w0=http://10.0.0.9:8000", "--workers-file", pool},
+		{"--single-node", "--workers-file", pool, "--workers", "w0=http://10.0.0.9:8000"},
+	} {
+		c, err := parseServe(args, none, io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		var got []string
+		for _, w := range c.StaticWorkers {
+			got = append(got, fmt.Sprintf("%s=%s/%d", w.ID, w.URL, w.TotalBlocks))
+		}
+		if want := "w0=http://10.0.0.9:8000/0 w1=http://10.0.0.1:8000/4096 w2=http://10.0.0.2:8000/0"; strings.Join(got, " ") != want {
+			t.Fatalf("%v: workers %v, want %s", args, got, want)
+		}
+	}
+	for name, args := range map[string][]string{
+		"in both":       {"--workers", "w1=http://10.0.0.9:8000", "--workers-file", pool},
+		"twice in file": {"--workers-file", file("twice", "w1=http://a:1\nw1=http://b:1\n")},
+		"two per line":  {"--workers-file", file("commas", "w1=http://a:1,w2=http://b:1\n")},
+		"bad entry":     {"--workers-file", file("bad", "w1=http://a:1\nw2\n")},
+		"missing file":  {"--workers-file", filepath.Join(dir, "nope")},
+	} {
+		_, err := parseServe(append([]string{"--single-node"}, args...), none, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--workers-file") {
+			t.Errorf("%s: err = %v, want a --workers-file error", name, err)
 		}
 	}
 }

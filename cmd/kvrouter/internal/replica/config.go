@@ -84,7 +84,13 @@ type Config struct {
 	WorkerHeaderTimeout  time.Duration
 	WorkerIdleTimeout    time.Duration
 	ProtectStatus        bool
-	APIClientCerts       bool // a verified pki.RoleClient certificate on the inference endpoints (needs TLS)
+	// ExtProcAddr serves the endpoint picker (api/extproc) when set, with
+	// ExtProcFallbacks endpoints after the choice; ReservationTTL is
+	// api.Config.ReservationTTL (the selection API).
+	ExtProcAddr      string
+	ExtProcFallbacks int
+	ReservationTTL   time.Duration
+	APIClientCerts   bool // a verified pki.RoleClient certificate on the inference endpoints (needs TLS)
 	// MetricsCompat is api.Config.MetricsCompat (--metrics-compat).
 	MetricsCompat string
 	// Tenants configures tenant fairness and budgets (api.TenantConfig:

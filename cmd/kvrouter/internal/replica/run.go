@@ -104,7 +104,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		MaxPriorityByKey: cfg.MaxPriorityByKey, MaxWorkers: cfg.MaxWorkers, MaxQueue: cfg.MaxQueue,
 		WorkerHeaderTimeout: cfg.WorkerHeaderTimeout, WorkerIdleTimeout: cfg.WorkerIdleTimeout, ProtectStatus: cfg.ProtectStatus, MetricsCompat: cfg.MetricsCompat, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,
 		Registry: reg, Decisions: decisions, Capture: capt, HitRateMaxBlocks: cfg.HitRateMaxBlocks, Tenants: r.tenants,
-		WarmUpShare: cfg.WarmUpShare,
+		WarmUpShare: cfg.WarmUpShare, ReservationTTL: cfg.ReservationTTL,
 	}
 	if bundle == nil {
 		// Without TLS the admin token is the cluster endpoints' only
@@ -128,6 +128,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	httpSrv := api.NewHTTPServer(closeWhileDraining(handler, &r.draining), api.ServerOptions{Logger: log})
 	httpErr := make(chan error, 1)
 	go func() { httpErr <- httpSrv.Serve(ln) }()
+	var picker *extProcServer
+	if cfg.ExtProcAddr != "" {
+		ready := func() bool { ok, _ := r.Ready(); return ok }
+		if picker, err = serveExtProc(cfg, bundle, srv, ready, log.With("component", "ext_proc")); err != nil {
+			return err
+		}
+	}
 	log.Info("replica serving", "http", cfg.HTTPAddr, "advertise", cfg.AdvertiseHTTP, "raft", cfg.RaftAddr, "nats", bus.ClientURL(), "mode", cfg.Router.Mode,
 		"tls", bundle != nil, "plain_http", bundle == nil || cfg.AllowPlainHTTP, "admin_token", cfg.AdminToken != "", "worker_api_key", !cfg.WorkerAPIKey.IsZero(), "per_worker_api_keys", len(cfg.WorkerAPIKeys))
 
@@ -173,6 +180,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := httpSrv.Shutdown(stopCtx); err != nil {
 		log.Warn("http shutdown: in-flight requests cut", "err", err)
 	}
+	picker.stop(cfg.DrainTimeout)
 	log.Info("shutting down: leadership transfer first")
 	cancel()
 	if err := node.Shutdown(stopCtx); err != nil {
