@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,13 +12,17 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/kvrouter/kvrouter/api/jsonscan"
+	"github.com/kvrouter/kvrouter/api/prompt"
 	"github.com/kvrouter/kvrouter/router"
 )
 
 // inferenceRequest is the part of an OpenAI request body the router reads.
 // The body itself is forwarded to the worker unchanged.
 type inferenceRequest struct {
-	Model    string            `json:"model"`
+	Model string `json:"model"`
+	// Messages is decoded by encoding/json's path only (its type is
+	// checked there); parseInference's hasMessages is what the proxy reads.
 	Messages []json.RawMessage `json:"messages"`
 	Stream   bool              `json:"stream"`
 	// CacheSalt is vLLM's prefix-cache salt: blocks hashed under it match
@@ -35,6 +40,55 @@ type inferenceRequest struct {
 			Osl int `json:"osl"`
 		} `json:"agent_hints"`
 	} `json:"nvext"`
+}
+
+// inferenceKeys are the top-level keys parseInference takes out of a body:
+// inferenceRequest's, then the prompt's (prompt.Fields).
+var inferenceKeys = []string{"model", "messages", "stream", "cache_salt", "n", "nvext", "prompt", "add_special_tokens"}
+
+// parseInference is json.Unmarshal of body into inferenceRequest, error
+// included, plus whether it has messages (a non-empty array) and the
+// prompt's values for tokenizing. A body jsonscan vouches for is read in
+// one pass (its long prompt is the bulk of a request and was scanned four
+// times before); anything else, or a field of an unexpected type, goes
+// through encoding/json, whose answer is the contract. The fast path leaves
+// in.Messages nil (hasMessages says what the proxy needs of it).
+func parseInference(body []byte) (in inferenceRequest, hasMessages bool, f prompt.Fields, err error) {
+	if vals, ok := jsonscan.Top(body, inferenceKeys); ok {
+		if in, hasMessages, ok = decodeInference(vals); ok {
+			return in, hasMessages, prompt.Fields{Known: true, Prompt: vals[6], AddSpecialTokens: vals[7]}, nil
+		}
+	}
+	in = inferenceRequest{}
+	if err := json.Unmarshal(body, &in); err != nil {
+		return in, false, f, err
+	}
+	return in, len(in.Messages) > 0, f, nil
+}
+
+// decodeInference fills inferenceRequest from the raw values of
+// inferenceKeys; false when one is of a type encoding/json would refuse
+// (its error message is the slow path's).
+func decodeInference(vals [][]byte) (in inferenceRequest, hasMessages, ok bool) {
+	small := func(raw []byte, v any) bool { return raw == nil || json.Unmarshal(raw, v) == nil }
+	if !small(vals[0], &in.Model) || !small(vals[3], &in.CacheSalt) || !small(vals[4], &in.N) || !small(vals[5], &in.Nvext) {
+		return in, false, false
+	}
+	switch string(vals[2]) {
+	case "", "null", "false":
+	case "true":
+		in.Stream = true
+	default:
+		return in, false, false
+	}
+	switch m := vals[1]; {
+	case m == nil || string(m) == "null":
+	case m[0] == '[':
+		hasMessages = bytes.TrimLeft(m[1:], " \t\r\n")[0] != ']'
+	default:
+		return in, false, false
+	}
+	return in, hasMessages, true
 }
 
 // prepared is a parsed, tokenized request ready to route.
@@ -125,8 +179,8 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", "reading body: "+err.Error())
 		return nil, false
 	}
-	var in inferenceRequest
-	if err := json.Unmarshal(body, &in); err != nil {
+	in, hasMessages, fields, err := parseInference(body)
+	if err != nil {
 		s.metrics.rejected.WithLabelValues("invalid_json").Inc()
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", "invalid JSON body: "+err.Error())
 		return nil, false
@@ -149,11 +203,11 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 		openAIError(c, http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q is not served here", in.Model))
 		return nil, false
 	}
-	if ep == epChat && len(in.Messages) == 0 {
+	if ep == epChat && !hasMessages {
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", "messages must not be empty")
 		return nil, false
 	}
-	tokens, isl, prompts, hashable, err := s.requestTokens(model, body, ep)
+	tokens, isl, prompts, hashable, err := s.requestTokens(model, body, ep, fields)
 	if err != nil {
 		openAIError(c, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return nil, false
@@ -199,7 +253,8 @@ func notServing(ws []router.WorkerInfo, only []router.WorkerID) []router.WorkerI
 // has no tokenizer for, isl is then a length estimate only, the request is
 // routed by load alone, and that is counted and logged (a router that
 // silently routes blind is the failure operators never see).
-func (s *Server) requestTokens(model string, body []byte, ep endpoint) (tokens []uint32, isl, prompts int, hashable bool, err error) {
+// fields are the body's prompt values when parseInference took them out.
+func (s *Server) requestTokens(model string, body []byte, ep endpoint, fields prompt.Fields) (tokens []uint32, isl, prompts int, hashable bool, err error) {
 	m, ok := s.cfg.Prompts.Lookup(model)
 	if !ok {
 		s.noTokenizer(model)
@@ -207,10 +262,10 @@ func (s *Server) requestTokens(model string, body []byte, ep endpoint) (tokens [
 	}
 	switch ep {
 	case epChat:
-		tokens, err = m.Chat(body)
+		tokens, err = m.ChatFields(body, fields)
 		return tokens, len(tokens), 1, err == nil, err
 	case epCompletions:
-		batch, err := m.Completion(body)
+		batch, err := m.CompletionFields(body, fields)
 		if err != nil {
 			return nil, 0, 0, false, err
 		}
