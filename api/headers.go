@@ -44,17 +44,61 @@ func removeHopByHop(h http.Header) {
 	}
 }
 
+// connectionNamed reports whether canonical header name is listed in h's
+// Connection header (which makes it hop-by-hop: removeHopByHop's rule,
+// without copying h to delete from).
+func connectionNamed(h http.Header, name string) bool {
+	for _, v := range h["Connection"] {
+		for listed := range strings.SplitSeq(v, ",") {
+			if listed = textproto.TrimString(listed); listed != "" && textproto.CanonicalMIMEHeaderKey(listed) == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// crossing reports whether src's header name crosses the proxy: not
+// hop-by-hop, by its name or by src's Connection header.
+func crossing(src http.Header, name string) bool {
+	if isHopByHop(name) {
+		return false
+	}
+	return len(src["Connection"]) == 0 || !connectionNamed(src, name)
+}
+
+// copyHeaders sets dst[name] for every name of src that keep accepts,
+// values copied into one backing array (one allocation whatever the number
+// of headers; http.Header.Clone's way). Values dst has for a name already
+// are kept in front, as Add would.
+func copyHeaders(dst, src http.Header, keep func(name string) bool) {
+	n := 0
+	for name, vs := range src {
+		if keep(name) {
+			n += len(vs)
+		}
+	}
+	if n == 0 {
+		return
+	}
+	backing := make([]string, 0, n)
+	for name, vs := range src {
+		if !keep(name) {
+			continue
+		}
+		if old := dst[name]; len(old) > 0 {
+			dst[name] = append(old[:len(old):len(old)], vs...)
+			continue
+		}
+		backing = append(backing, vs...)
+		dst[name] = backing[len(backing)-len(vs) : len(backing) : len(backing)]
+	}
+}
+
 // copyEndToEnd adds src's end-to-end headers to dst. Content-Length stays
 // behind too: the relayed body is streamed, and may be cut short.
 func copyEndToEnd(dst, src http.Header) {
-	h := src.Clone()
-	removeHopByHop(h)
-	h.Del("Content-Length")
-	for name, vs := range h {
-		for _, v := range vs {
-			dst.Add(name, v)
-		}
-	}
+	copyHeaders(dst, src, func(name string) bool { return name != "Content-Length" && crossing(src, name) })
 }
 
 // Which client headers reach a worker: every end-to-end header except
@@ -88,15 +132,9 @@ func denied(name string) bool {
 // client's: its end-to-end headers minus the denied ones, plus our
 // Content-Type.
 func outboundHeader(client http.Header) http.Header {
-	in := client.Clone()
-	removeHopByHop(in)
-	out := http.Header{"Content-Type": {"application/json"}}
-	for name, vs := range in {
-		if denied(name) {
-			continue
-		}
-		out[name] = vs
-	}
+	out := make(http.Header, len(client)+3) // + Content-Type, Authorization, X-Data-Parallel-Rank
+	out["Content-Type"] = []string{"application/json"}
+	copyHeaders(out, client, func(name string) bool { return !denied(name) && crossing(client, name) })
 	return out
 }
 

@@ -250,15 +250,27 @@ func (s *Server) relay(c *gin.Context, p *prepared, worker router.WorkerID, over
 	}
 	dyn := dynamoOf(c)
 	var lastToken time.Time
-	buf := make([]byte, 32<<10)
+	bufp := s.relayBufs.Get().(*[]byte)
+	defer s.relayBufs.Put(bufp)
+	buf := *bufp
 	started := false
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
 			now := time.Now()
-			if !started {
+			first := !started
+			if first {
 				started = true
 				s.writeHead(c, resp, worker, overlap)
+			}
+			// The client gets the bytes before the bookkeeping runs: it
+			// is on their way (the first read is the time to first
+			// token), and what it records does not depend on the write.
+			_, werr := c.Writer.Write(buf[:n])
+			if werr == nil {
+				c.Writer.Flush()
+			}
+			if first {
 				hooks.firstByte()
 				dyn.firstByte(overlap * p.rt.Config().BlockSize)
 			}
@@ -270,12 +282,11 @@ func (s *Server) relay(c *gin.Context, p *prepared, worker router.WorkerID, over
 				}
 			}
 			audit.write(buf[:n])
-			if _, werr := c.Writer.Write(buf[:n]); werr != nil {
+			if werr != nil {
 				s.metrics.requests.WithLabelValues(p.model, "client_gone").Inc()
 				dyn.broke(true)
 				return nil
 			}
-			c.Writer.Flush()
 		}
 		if err == io.EOF {
 			break

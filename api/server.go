@@ -174,7 +174,14 @@ type Server struct {
 	hits *hitrate.Tracker
 	// exempt is Config.AdminOpenToLoopback (adminexempt.go); nil: none.
 	exempt *loopbackExemption
+	// relayBufs holds relay's read buffers (*[]byte of relayBufSize):
+	// one per answer being relayed instead of one allocated per request.
+	relayBufs sync.Pool
 }
+
+// relayBufSize is relay's read size: a whole non-streamed answer of
+// ordinary size, many stream chunks.
+const relayBufSize = 32 << 10
 
 // Drainer is implemented by a replica that can be draining (SIGTERM
 // received): /ready?draining=404 then answers 404 instead of 503, which
@@ -274,6 +281,7 @@ func New(cfg Config, rep Replica) *Server {
 		gates:   newGates(),
 		cool:    newCooldown(cfg.WorkerCooldown),
 	}
+	s.relayBufs.New = func() any { b := make([]byte, relayBufSize); return &b }
 	s.hits = newHitTracker(cfg, rep)
 	if cfg.AdminToken != "" {
 		s.exempt = newLoopbackExemption(cfg.AdminOpenToLoopback, cfg.Logger, cfg.Registry)
