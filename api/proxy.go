@@ -71,10 +71,20 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 	}
 	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
 	// The hashes Route booked (distinct ones under --no-router-assume-kv-reuse),
-	// so peers book what this replica booked.
-	s.rep.Booked(p.model, router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: d.ActiveHashes,
-		PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Sequences: p.req.Sequences, Added: p.start})
+	// so peers book what this replica booked. Announcing it (encoding and
+	// publishing on the bus) runs while the request goes out and the
+	// worker reads it, off the way to the first token; it is waited for
+	// before anything later about the request is announced (PrefillDone,
+	// Freed), so peers see the same order as before.
+	booking := router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: d.ActiveHashes,
+		PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Sequences: p.req.Sequences, Added: p.start}
+	booked := make(chan struct{})
+	go func() {
+		defer close(booked)
+		s.rep.Booked(p.model, booking)
+	}()
 	resp, err := s.send(c, d.Worker, p.path, p.body)
+	<-booked
 	if err != nil {
 		s.free(p)
 		s.completeDecision(p, decisionlog.Outcome{Error: s.redact(err.Error())})
