@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 
 	"github.com/gin-gonic/gin"
@@ -25,46 +26,27 @@ func isHopByHop(name string) bool {
 	return strings.HasPrefix(name, "Proxy-")
 }
 
-// removeHopByHop deletes h's hop-by-hop headers, those its Connection
-// header names included. (Go's client deletes a response's Connection
-// header when it says "close", and with it the names it listed, which
-// then cross: a limit of what net/http hands us.)
-func removeHopByHop(h http.Header) {
-	for _, v := range h.Values("Connection") {
+// connectionListed is the canonical names h's Connection header lists,
+// which are hop-by-hop too. (Go's client deletes a response's Connection
+// header when it says "close", and with it the names it listed, which then
+// cross: a limit of what net/http hands us.) nil when there is none, as on
+// most requests and answers: nothing to allocate.
+func connectionListed(h http.Header) []string {
+	var out []string
+	for _, v := range h["Connection"] {
 		for name := range strings.SplitSeq(v, ",") {
 			if name = textproto.TrimString(name); name != "" {
-				h.Del(name)
+				out = append(out, textproto.CanonicalMIMEHeaderKey(name))
 			}
 		}
 	}
-	for name := range h {
-		if isHopByHop(name) {
-			delete(h, name)
-		}
-	}
+	return out
 }
 
-// connectionNamed reports whether canonical header name is listed in h's
-// Connection header (which makes it hop-by-hop: removeHopByHop's rule,
-// without copying h to delete from).
-func connectionNamed(h http.Header, name string) bool {
-	for _, v := range h["Connection"] {
-		for listed := range strings.SplitSeq(v, ",") {
-			if listed = textproto.TrimString(listed); listed != "" && textproto.CanonicalMIMEHeaderKey(listed) == name {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// crossing reports whether src's header name crosses the proxy: not
-// hop-by-hop, by its name or by src's Connection header.
-func crossing(src http.Header, name string) bool {
-	if isHopByHop(name) {
-		return false
-	}
-	return len(src["Connection"]) == 0 || !connectionNamed(src, name)
+// crossing reports whether header name crosses the proxy: not hop-by-hop
+// by its name nor listed in its message's Connection header (listed).
+func crossing(name string, listed []string) bool {
+	return !isHopByHop(name) && !slices.Contains(listed, name)
 }
 
 // copyHeaders sets dst[name] for every name of src that keep accepts,
@@ -98,7 +80,8 @@ func copyHeaders(dst, src http.Header, keep func(name string) bool) {
 // copyEndToEnd adds src's end-to-end headers to dst. Content-Length stays
 // behind too: the relayed body is streamed, and may be cut short.
 func copyEndToEnd(dst, src http.Header) {
-	copyHeaders(dst, src, func(name string) bool { return name != "Content-Length" && crossing(src, name) })
+	listed := connectionListed(src)
+	copyHeaders(dst, src, func(name string) bool { return name != "Content-Length" && crossing(name, listed) })
 }
 
 // Which client headers reach a worker: every end-to-end header except
@@ -134,7 +117,8 @@ func denied(name string) bool {
 func outboundHeader(client http.Header) http.Header {
 	out := make(http.Header, len(client)+3) // + Content-Type, Authorization, X-Data-Parallel-Rank
 	out["Content-Type"] = []string{"application/json"}
-	copyHeaders(out, client, func(name string) bool { return !denied(name) && crossing(client, name) })
+	listed := connectionListed(client)
+	copyHeaders(out, client, func(name string) bool { return !denied(name) && crossing(name, listed) })
 	return out
 }
 
