@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -62,6 +63,9 @@ type Config struct {
 	// from a registration: a key in a registration would sit in the Raft
 	// log and snapshots of every replica.
 	WorkerAPIKeys map[string]string
+	// WorkerTLS checks the certificates of workers registered with
+	// https:// URLs; nil: the system roots (Go's default).
+	WorkerTLS *tls.Config
 	Tokenizer     tokenize.Tokenizer // must match the workers'
 	ChatTemplate  tokenize.Template
 	// Prompts tokenizes requests per model; nil = every model uses
@@ -276,7 +280,7 @@ func New(cfg Config, rep Replica) *Server {
 		cfg:     cfg,
 		rep:     rep,
 		metrics: newMetrics(cfg.Registry, rep, cfg.MetricsCompat),
-		client:  newWorkerClient(cfg.ConnectTimeout, cfg.WorkerHeaderTimeout, cfg.AllowLoopbackWorkers),
+		client:  newWorkerClient(cfg.ConnectTimeout, cfg.WorkerHeaderTimeout, cfg.AllowLoopbackWorkers, cfg.WorkerTLS),
 		log:     cfg.Logger,
 		gates:   newGates(),
 		cool:    newCooldown(cfg.WorkerCooldown),

@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -28,10 +29,12 @@ const idleConnTimeout = 4 * time.Second
 // is written (a non-streamed answer's headers come with the whole
 // generation, so it is long; 0 = none); a timeout there is a dropped
 // request, never retried (failure.go). The dialer refuses local addresses
-// unless allowLocal (dialGuard).
-func newWorkerClient(connect, headerTimeout time.Duration, allowLocal bool) *http.Client {
+// unless allowLocal (dialGuard). tlsConf checks https:// workers (nil: the
+// system roots).
+func newWorkerClient(connect, headerTimeout time.Duration, allowLocal bool, tlsConf *tls.Config) *http.Client {
 	d := &net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second, Control: dialGuard(allowLocal)}
 	return &http.Client{Transport: &http.Transport{
+		TLSClientConfig:       tlsConf,
 		DialContext:           d.DialContext,
 		MaxIdleConnsPerHost:   256,
 		IdleConnTimeout:       idleConnTimeout,
