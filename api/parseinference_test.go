@@ -89,4 +89,3 @@ func FuzzAPIParseInference(f *testing.F) {
 		checkParseInference(t, m, body)
 	})
 }
-

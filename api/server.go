@@ -65,9 +65,9 @@ type Config struct {
 	WorkerAPIKeys map[string]string
 	// WorkerTLS checks the certificates of workers registered with
 	// https:// URLs; nil: the system roots (Go's default).
-	WorkerTLS *tls.Config
-	Tokenizer     tokenize.Tokenizer // must match the workers'
-	ChatTemplate  tokenize.Template
+	WorkerTLS    *tls.Config
+	Tokenizer    tokenize.Tokenizer // must match the workers'
+	ChatTemplate tokenize.Template
 	// Prompts tokenizes requests per model; nil = every model uses
 	// Tokenizer and ChatTemplate.
 	Prompts        *prompt.Set
