@@ -220,10 +220,14 @@ func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 		// n sequences of each prompt of a batch, all decoding on the worker.
 		seqs = min(max(in.N, 1)*max(prompts, 1), maxSequences)
 	}
+	var exclude []router.WorkerID
+	if only != nil { // a LoRA adapter; otherwise no copy of the worker list
+		exclude = notServing(rt.Workers(), only)
+	}
 	return &prepared{
 		body: body, path: c.Request.URL.Path, model: model, stream: in.Stream, rt: rt, start: start,
 		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora, in.CacheSalt), Tokens: isl, Sequences: seqs,
-			Priority: s.capPriority(bearer(c), in.Nvext.AgentHints.Priority), Exclude: notServing(rt.Workers(), only),
+			Priority: s.capPriority(bearer(c), in.Nvext.AgentHints.Priority), Exclude: exclude,
 			ExpectedOutputTokens: max(in.Nvext.AgentHints.Osl, 0)},
 	}, true
 }

@@ -27,7 +27,9 @@ import (
 
 // forward serves the request aggregated on one worker.
 func (s *Server) forward(c *gin.Context, p *prepared) {
-	p.req.Exclude = append(p.req.Exclude, s.cool.exclude(workerIDs(p.rt.Workers()), time.Now())...)
+	if s.cool.cooling() {
+		p.req.Exclude = append(p.req.Exclude, s.cool.exclude(workerIDs(p.rt.Workers()), time.Now())...)
+	}
 	s.proxyLoop(c, p, func() error { return s.attempt(c, p) })
 }
 
