@@ -11,6 +11,8 @@
 // contract.
 package jsonscan
 
+import "encoding/binary"
+
 // maxDepth is encoding/json's nesting limit: deeper documents are invalid
 // there (an error the fallback reports in encoding/json's words).
 const maxDepth = 10000
@@ -249,6 +251,11 @@ func (s *scanner) str() (plain, ok bool) {
 	i := s.i + 1
 	plain = true
 	for {
+		// Eight bytes at a time while none of them stops the run (a
+		// prompt is mostly such bytes), then byte by byte.
+		for i+8 <= len(b) && !stopsRun(binary.LittleEndian.Uint64(b[i:])) {
+			i += 8
+		}
 		for i < len(b) && !strStop[b[i]] {
 			i++
 		}
@@ -282,6 +289,17 @@ func (s *scanner) str() (plain, ok bool) {
 			i++
 		}
 	}
+}
+
+// stopsRun reports whether any of the eight bytes packed in w is one of
+// strStop's: below 0x20, '"', '\\' or non-ASCII (the classic "has a zero
+// byte" and "has a byte less than n" tests, exact for n ≤ 0x80).
+func stopsRun(w uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	below20 := (w - 0x20*ones) &^ w
+	quote := w ^ ('"' * ones)
+	backslash := w ^ ('\\' * ones)
+	return (below20|(quote-ones)&^quote|(backslash-ones)&^backslash|w)&highs != 0
 }
 
 func isHex(c byte) bool {

@@ -131,3 +131,17 @@ func BenchmarkJSONScanTop(b *testing.B) {
 		}
 	}
 }
+
+// TestJSONScanStopsRun: the eight-byte test agrees with strStop for every
+// byte value in every position.
+func TestJSONScanStopsRun(t *testing.T) {
+	for pos := range 8 {
+		for c := range 256 {
+			w := uint64(0x6161616161616161) // "aaaaaaaa"
+			w = w&^(0xff<<(8*pos)) | uint64(c)<<(8*pos)
+			if got := stopsRun(w); got != strStop[c] {
+				t.Fatalf("byte %#x at %d: stopsRun %v, strStop %v", c, pos, got, strStop[c])
+			}
+		}
+	}
+}
