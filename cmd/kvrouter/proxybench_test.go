@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -38,16 +39,21 @@ import (
 // line, as kvbench load measures TTFT) is the figure the proxy's added
 // latency is read from: replica − direct.
 func BenchmarkServeProxyOverhead(b *testing.B) {
-	env := startProxyBench(b)
+	env := startProxyBench(b, false)
+	// TLS on both legs (issue 31 item 4): the replica reaches an https://
+	// worker whose certificate it checks with --worker-tls-ca.
+	tlsEnv := startProxyBench(b, true)
 	for _, tc := range []struct {
 		name string
 		base string
 		hc   *http.Client
 		key  string
 	}{
-		{"direct", env.worker, env.plainClient, proxyBenchWorkerKey},
+		{"direct", env.worker, env.workerClient, proxyBenchWorkerKey},
 		{"replica-http", env.plain, env.plainClient, ""},
 		{"replica-https", env.https, env.tlsClient, ""},
+		{"direct-https", tlsEnv.worker, tlsEnv.workerClient, proxyBenchWorkerKey},
+		{"replica-https-worker-https", tlsEnv.https, tlsEnv.tlsClient, ""},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			ttfts := make([]time.Duration, 0, b.N)
@@ -62,6 +68,19 @@ func BenchmarkServeProxyOverhead(b *testing.B) {
 	}
 }
 
+// TestServeWorkerTLSCA: with --worker-tls-ca, a replica routes to an
+// https:// worker whose certificate chains to that CA (the proxy, as the
+// benchmark above drives it).
+func TestServeWorkerTLSCA(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a replica with TLS")
+	}
+	env := startProxyBench(t, true)
+	if ttft := env.complete(t, env.tlsClient, env.https, "", 1); ttft <= 0 {
+		t.Fatalf("no first token through the replica to an https worker")
+	}
+}
+
 const (
 	proxyBenchAdminToken = "bench-admin-token"
 	proxyBenchWorkerKey  = "bench-worker-key"
@@ -71,15 +90,15 @@ const (
 )
 
 type proxyBench struct {
-	plain, https, worker   string
-	plainClient, tlsClient *http.Client
-	bodies                 [][]byte
+	plain, https, worker                 string
+	plainClient, tlsClient, workerClient *http.Client
+	bodies                               [][]byte
 }
 
 // complete sends request i (its body cycles through env.bodies) and reads
 // the stream to its end, as kvbench load does; it returns the time to the
 // first data line.
-func (env *proxyBench) complete(b *testing.B, hc *http.Client, base, key string, i int) time.Duration {
+func (env *proxyBench) complete(b testing.TB, hc *http.Client, base, key string, i int) time.Duration {
 	req, err := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(string(env.bodies[i%len(env.bodies)])))
 	if err != nil {
 		b.Fatal(err)
@@ -119,9 +138,10 @@ func (env *proxyBench) complete(b *testing.B, hc *http.Client, base, key string,
 	return ttft
 }
 
-// startProxyBench starts the worker and the replica and waits until the
-// replica routes to the worker.
-func startProxyBench(b *testing.B) *proxyBench {
+// startProxyBench starts the worker (over HTTPS when workerTLS, its
+// certificate given to the replica as --worker-tls-ca) and the replica,
+// and waits until the replica routes to the worker.
+func startProxyBench(b testing.TB, workerTLS bool) *proxyBench {
 	b.Helper()
 	dir := b.TempDir()
 	l := pki.Layout{Dir: filepath.Join(dir, "certs")}
@@ -136,8 +156,21 @@ func startProxyBench(b *testing.B) *proxyBench {
 		}
 		return p
 	}
-	worker := httptest.NewServer(http.HandlerFunc(proxyBenchWorker))
+	worker := httptest.NewUnstartedServer(http.HandlerFunc(proxyBenchWorker))
+	var workerCA []string
+	if workerTLS {
+		worker.StartTLS()
+		ca := filepath.Join(dir, "worker-ca.pem")
+		if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: worker.Certificate().Raw}), 0o600); err != nil {
+			b.Fatal(err)
+		}
+		workerCA = []string{"--worker-tls-ca", ca}
+	} else {
+		worker.Start()
+	}
 	b.Cleanup(worker.Close)
+	workerClient := worker.Client()
+	workerClient.Transport.(*http.Transport).DisableCompression = true
 
 	var ports []int
 	var held []net.Listener
@@ -160,6 +193,7 @@ func startProxyBench(b *testing.B) *proxyBench {
 		"--admin-token-file", secret("admin-token", proxyBenchAdminToken),
 		"--worker-api-key-file", secret("worker-api-key", proxyBenchWorkerKey),
 		"--admin-open-to-loopback", "/busy_threshold"}
+	args = append(args, workerCA...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int)
 	go func() { done <- runServe(ctx, args, nil, io.Discard) }()
@@ -174,7 +208,8 @@ func startProxyBench(b *testing.B) *proxyBench {
 		plainClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}},
 		tlsClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true,
 			TLSClientConfig: pki.TrustOnlyTLS(pool, pki.AllowRoles(pki.RoleNode))}},
-		bodies: proxyBenchBodies(),
+		workerClient: workerClient,
+		bodies:       proxyBenchBodies(),
 	}
 	reg := fmt.Sprintf(`{"id":"w1","url":%q,"model":"m","block_size":16,"total_kv_blocks":100000}`, worker.URL)
 	poll.Until(b, 60*time.Second, 50*time.Millisecond, func() error {
