@@ -32,6 +32,15 @@ func (c *cooldown) fail(w router.WorkerID, now time.Time) {
 	c.until[w] = now.Add(c.period)
 }
 
+// cooling reports whether any worker may be cooling down: when none is,
+// exclude would return nil whatever the candidates, and the caller need
+// not list them (a copy of the model's worker list per request).
+func (c *cooldown) cooling() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.until) > 0
+}
+
 // exclude returns the cooling workers among candidates, unless that would
 // leave none: with every worker failing, trying one again beats refusing.
 func (c *cooldown) exclude(candidates []router.WorkerID, now time.Time) []router.WorkerID {

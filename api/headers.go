@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 
 	"github.com/gin-gonic/gin"
@@ -25,36 +26,62 @@ func isHopByHop(name string) bool {
 	return strings.HasPrefix(name, "Proxy-")
 }
 
-// removeHopByHop deletes h's hop-by-hop headers, those its Connection
-// header names included. (Go's client deletes a response's Connection
-// header when it says "close", and with it the names it listed, which
-// then cross: a limit of what net/http hands us.)
-func removeHopByHop(h http.Header) {
-	for _, v := range h.Values("Connection") {
+// connectionListed is the canonical names h's Connection header lists,
+// which are hop-by-hop too. (Go's client deletes a response's Connection
+// header when it says "close", and with it the names it listed, which then
+// cross: a limit of what net/http hands us.) nil when there is none, as on
+// most requests and answers: nothing to allocate.
+func connectionListed(h http.Header) []string {
+	var out []string
+	for _, v := range h["Connection"] {
 		for name := range strings.SplitSeq(v, ",") {
 			if name = textproto.TrimString(name); name != "" {
-				h.Del(name)
+				out = append(out, textproto.CanonicalMIMEHeaderKey(name))
 			}
 		}
 	}
-	for name := range h {
-		if isHopByHop(name) {
-			delete(h, name)
+	return out
+}
+
+// crossing reports whether header name crosses the proxy: not hop-by-hop
+// by its name nor listed in its message's Connection header (listed).
+func crossing(name string, listed []string) bool {
+	return !isHopByHop(name) && !slices.Contains(listed, name)
+}
+
+// copyHeaders sets dst[name] for every name of src that keep accepts,
+// values copied into one backing array (one allocation whatever the number
+// of headers; http.Header.Clone's way). Values dst has for a name already
+// are kept in front, as Add would.
+func copyHeaders(dst, src http.Header, keep func(name string) bool) {
+	n := 0
+	for name, vs := range src {
+		if keep(name) {
+			n += len(vs)
 		}
+	}
+	if n == 0 {
+		return
+	}
+	backing := make([]string, 0, n)
+	for name, vs := range src {
+		if !keep(name) {
+			continue
+		}
+		if old := dst[name]; len(old) > 0 {
+			dst[name] = append(old[:len(old):len(old)], vs...)
+			continue
+		}
+		backing = append(backing, vs...)
+		dst[name] = backing[len(backing)-len(vs) : len(backing) : len(backing)]
 	}
 }
 
 // copyEndToEnd adds src's end-to-end headers to dst. Content-Length stays
 // behind too: the relayed body is streamed, and may be cut short.
 func copyEndToEnd(dst, src http.Header) {
-	h := src.Clone()
-	removeHopByHop(h)
-	h.Del("Content-Length")
-	for name, vs := range h {
-		for _, v := range vs {
-			dst.Add(name, v)
-		}
-	}
+	listed := connectionListed(src)
+	copyHeaders(dst, src, func(name string) bool { return name != "Content-Length" && crossing(name, listed) })
 }
 
 // Which client headers reach a worker: every end-to-end header except
@@ -88,15 +115,10 @@ func denied(name string) bool {
 // client's: its end-to-end headers minus the denied ones, plus our
 // Content-Type.
 func outboundHeader(client http.Header) http.Header {
-	in := client.Clone()
-	removeHopByHop(in)
-	out := http.Header{"Content-Type": {"application/json"}}
-	for name, vs := range in {
-		if denied(name) {
-			continue
-		}
-		out[name] = vs
-	}
+	out := make(http.Header, len(client)+3) // + Content-Type, Authorization, X-Data-Parallel-Rank
+	out["Content-Type"] = []string{"application/json"}
+	listed := connectionListed(client)
+	copyHeaders(out, client, func(name string) bool { return !denied(name) && crossing(name, listed) })
 	return out
 }
 

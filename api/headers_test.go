@@ -1,6 +1,7 @@
 package api
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -182,5 +183,45 @@ func TestAPIDataParallelRankHeader(t *testing.T) {
 	}
 	if ranks["dp"] != "0" || ranks["dp#1"] != "1" || ranks["solo"] != "" {
 		t.Errorf("rank headers by worker: %v", ranks)
+	}
+}
+
+// TestAPIHeaderCopyAllocations: the headers to a worker and back to the
+// client are copied into one backing array, so the allocations do not grow
+// with the number of headers (issue 31: no allocation per header; at
+// 097d470 the answer's 40 headers took 49 allocations, 2 took 8).
+func TestAPIHeaderCopyAllocations(t *testing.T) {
+	headers := func(n int) http.Header {
+		h := http.Header{"Connection": {"keep-alive"}, "Content-Length": {"12"}, "Authorization": {"Bearer k"}}
+		for i := range n {
+			h[fmt.Sprintf("X-Custom-%d", i)] = []string{"v"}
+		}
+		return h
+	}
+	allocs := func(n int, copyOne func(http.Header)) float64 {
+		h := headers(n)
+		return testing.AllocsPerRun(50, func() { copyOne(h) })
+	}
+	out := func(h http.Header) { outboundHeader(h) }
+	back := func(h http.Header) { copyEndToEnd(make(http.Header, 64), h) }
+	for name, f := range map[string]func(http.Header){"to the worker": out, "to the client": back} {
+		// The map's own storage may take a table or two more; 38 more
+		// headers must not take 38 more allocations.
+		if few, many := allocs(2, f), allocs(40, f); many > few+2 {
+			t.Errorf("%s: %v allocations for 2 headers, %v for 40", name, few, many)
+		}
+	}
+	// Values are copies: the client's slices are not shared.
+	in := headers(1)
+	o := outboundHeader(in)
+	o["X-Custom-0"][0] = "changed"
+	if in.Get("X-Custom-0") != "v" {
+		t.Error("outboundHeader shares the client's value slices")
+	}
+	// An answer header the client side has already keeps its values first.
+	dst := http.Header{"X-Request-Id": {"ours"}}
+	copyEndToEnd(dst, http.Header{"X-Request-Id": {"theirs"}, "Content-Length": {"3"}, "Connection": {"X-Gone"}, "X-Gone": {"1"}})
+	if got := dst["X-Request-Id"]; len(got) != 2 || got[0] != "ours" || got[1] != "theirs" || dst.Get("Content-Length") != "" || dst.Get("X-Gone") != "" {
+		t.Errorf("copyEndToEnd: %v", dst)
 	}
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,13 +13,17 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/kvrouter/kvrouter/api/jsonscan"
+	"github.com/kvrouter/kvrouter/api/prompt"
 	"github.com/kvrouter/kvrouter/router"
 )
 
 // inferenceRequest is the part of an OpenAI request body the router reads.
 // The body itself is forwarded to the worker unchanged.
 type inferenceRequest struct {
-	Model    string            `json:"model"`
+	Model string `json:"model"`
+	// Messages is decoded by encoding/json's path only (its type is
+	// checked there); parseInference's hasMessages is what the proxy reads.
 	Messages []json.RawMessage `json:"messages"`
 	Stream   bool              `json:"stream"`
 	// CacheSalt is vLLM's prefix-cache salt: blocks hashed under it match
@@ -37,6 +42,55 @@ type inferenceRequest struct {
 			Osl int `json:"osl"`
 		} `json:"agent_hints"`
 	} `json:"nvext"`
+}
+
+// inferenceKeys are the top-level keys parseInference takes out of a body:
+// inferenceRequest's, then the prompt's (prompt.Fields).
+var inferenceKeys = []string{"model", "messages", "stream", "cache_salt", "n", "nvext", "prompt", "add_special_tokens"}
+
+// parseInference is json.Unmarshal of body into inferenceRequest, error
+// included, plus whether it has messages (a non-empty array) and the
+// prompt's values for tokenizing. A body jsonscan vouches for is read in
+// one pass (its long prompt is the bulk of a request and was scanned four
+// times before); anything else, or a field of an unexpected type, goes
+// through encoding/json, whose answer is the contract. The fast path leaves
+// in.Messages nil (hasMessages says what the proxy needs of it).
+func parseInference(body []byte) (in inferenceRequest, hasMessages bool, f prompt.Fields, err error) {
+	if vals, ok := jsonscan.Top(body, inferenceKeys); ok {
+		if in, hasMessages, ok = decodeInference(vals); ok {
+			return in, hasMessages, prompt.Fields{Known: true, Prompt: vals[6], AddSpecialTokens: vals[7]}, nil
+		}
+	}
+	in = inferenceRequest{}
+	if err := json.Unmarshal(body, &in); err != nil {
+		return in, false, f, err
+	}
+	return in, len(in.Messages) > 0, f, nil
+}
+
+// decodeInference fills inferenceRequest from the raw values of
+// inferenceKeys; false when one is of a type encoding/json would refuse
+// (its error message is the slow path's).
+func decodeInference(vals [][]byte) (in inferenceRequest, hasMessages, ok bool) {
+	small := func(raw []byte, v any) bool { return raw == nil || json.Unmarshal(raw, v) == nil }
+	if !small(vals[0], &in.Model) || !small(vals[3], &in.CacheSalt) || !small(vals[4], &in.N) || !small(vals[5], &in.Nvext) {
+		return in, false, false
+	}
+	switch string(vals[2]) {
+	case "", "null", "false":
+	case "true":
+		in.Stream = true
+	default:
+		return in, false, false
+	}
+	switch m := vals[1]; {
+	case m == nil || string(m) == "null":
+	case m[0] == '[':
+		hasMessages = bytes.TrimLeft(m[1:], " \t\r\n")[0] != ']'
+	default:
+		return in, false, false
+	}
+	return in, hasMessages, true
 }
 
 // prepared is a parsed, tokenized request ready to route.
@@ -134,7 +188,7 @@ func (s *Server) prepare(c *gin.Context, chat bool) (*prepared, bool) {
 // prepareFor is prepare for any endpoint (endpoints.go).
 func (s *Server) prepareFor(c *gin.Context, ep endpoint) (*prepared, bool) {
 	start := time.Now()
-	body, err := io.ReadAll(c.Request.Body)
+	body, err := readBody(c.Request)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -174,8 +228,8 @@ func (r *refusal) answer(c *gin.Context) {
 // (the endpoint ep) with the client's bearer key: everything prepareFor
 // does but reading the body, for the proxy and the endpoint picker alike.
 func (s *Server) prepareBody(body []byte, path string, ep endpoint, key string, header http.Header, start time.Time) (*prepared, *refusal) {
-	var in inferenceRequest
-	if err := json.Unmarshal(body, &in); err != nil {
+	in, hasMessages, fields, err := parseInference(body)
+	if err != nil {
 		s.metrics.rejected.WithLabelValues("invalid_json").Inc()
 		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: "invalid JSON body: " + err.Error()}
 	}
@@ -199,7 +253,7 @@ func (s *Server) prepareBody(body []byte, path string, ep endpoint, key string, 
 		s.metrics.rejected.WithLabelValues("unknown_model").Inc()
 		return nil, &refusal{status: http.StatusNotFound, kind: "model_not_found", msg: fmt.Sprintf("model %q is not served here", in.Model)}
 	}
-	if ep == epChat && len(in.Messages) == 0 {
+	if ep == epChat && !hasMessages {
 		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: "messages must not be empty"}
 	}
 	prio, err := readPriority(header, in.Nvext.AgentHints.agentHintPriorities)
@@ -207,7 +261,7 @@ func (s *Server) prepareBody(body []byte, path string, ep endpoint, key string, 
 		s.metrics.rejected.WithLabelValues("invalid_priority").Inc()
 		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: err.Error()}
 	}
-	tokens, isl, prompts, hashable, err := s.requestTokens(model, body, ep)
+	tokens, isl, prompts, hashable, err := s.requestTokens(model, body, ep, fields)
 	if err != nil {
 		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: err.Error()}
 	}
@@ -219,13 +273,34 @@ func (s *Server) prepareBody(body []byte, path string, ep endpoint, key string, 
 		// n sequences of each prompt of a batch, all decoding on the worker.
 		seqs = min(max(in.N, 1)*max(prompts, 1), maxSequences)
 	}
+	var exclude []router.WorkerID
+	if only != nil { // a LoRA adapter; otherwise no copy of the worker list
+		exclude = notServing(rt.Workers(), only)
+	}
 	return &prepared{
 		body: body, path: path, model: model, stream: in.Stream, rt: rt, start: start, sess: sess,
 		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora, in.CacheSalt), Tokens: isl, Sequences: seqs,
-			Priority: s.capPriority(key, prio.Soft), Exclude: notServing(rt.Workers(), only),
+			Priority: s.capPriority(key, prio.Soft), Exclude: exclude,
 			ExpectedOutputTokens: max(in.Nvext.AgentHints.Osl, 0)},
 		class: s.capStrictPriority(key, prio.Strict), tenant: s.tenantOf(header, key, model),
 	}, nil
+}
+
+// maxPresizedBody bounds the buffer readBody allocates on the strength of
+// a Content-Length alone, before the bytes arrive: a client announcing the
+// limit and sending nothing must not make the replica hold the limit.
+const maxPresizedBody = 1 << 20
+
+// readBody is io.ReadAll of the request's body, read into one buffer of
+// the announced length (and bytes.MinRead to see EOF) instead of one grown
+// by doubling, copy after copy: a 15 kB prompt took five allocations.
+func readBody(r *http.Request) ([]byte, error) {
+	if r.ContentLength <= 0 || r.ContentLength > maxPresizedBody {
+		return io.ReadAll(r.Body)
+	}
+	b := bytes.NewBuffer(make([]byte, 0, r.ContentLength+bytes.MinRead))
+	_, err := b.ReadFrom(r.Body)
+	return b.Bytes(), err
 }
 
 // notServing lists the workers of ws outside only (nil only: none), so a
@@ -253,7 +328,8 @@ func notServing(ws []router.WorkerInfo, only []router.WorkerID) []router.WorkerI
 // has no tokenizer for, isl is then a length estimate only, the request is
 // routed by load alone, and that is counted and logged (a router that
 // silently routes blind is the failure operators never see).
-func (s *Server) requestTokens(model string, body []byte, ep endpoint) (tokens []uint32, isl, prompts int, hashable bool, err error) {
+// fields are the body's prompt values when parseInference took them out.
+func (s *Server) requestTokens(model string, body []byte, ep endpoint, fields prompt.Fields) (tokens []uint32, isl, prompts int, hashable bool, err error) {
 	m, ok := s.cfg.Prompts.Lookup(model)
 	if !ok {
 		s.noTokenizer(model)
@@ -261,10 +337,10 @@ func (s *Server) requestTokens(model string, body []byte, ep endpoint) (tokens [
 	}
 	switch ep {
 	case epChat:
-		tokens, err = m.Chat(body)
+		tokens, err = m.ChatFields(body, fields)
 		return tokens, len(tokens), 1, err == nil, err
 	case epCompletions:
-		batch, err := m.Completion(body)
+		batch, err := m.CompletionFields(body, fields)
 		if err != nil {
 			return nil, 0, 0, false, err
 		}

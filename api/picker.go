@@ -139,10 +139,11 @@ func (s *Server) Pick(ctx context.Context, r PickRequest) (*Pick, error) {
 		return nil, fmt.Errorf("waiting for admission: %w", context.Cause(ctx))
 	}
 	defer p.settled()
-	d, err := s.routeAndBook(ctx, p)
+	d, booked, err := s.routeAndBook(ctx, p)
 	if err != nil {
 		return nil, pickError(s.pickRefusal(err))
 	}
+	<-booked // the other replicas hear of the booking before anything later about it (release, Freed)
 	pk.d, pk.served = d, d.Worker
 	pk.Endpoints = s.rankEndpoints(d, r.Fallbacks)
 	if len(pk.Endpoints) == 0 {

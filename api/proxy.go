@@ -28,7 +28,9 @@ import (
 // forward serves the request aggregated on one worker.
 func (s *Server) forward(c *gin.Context, p *prepared) {
 	defer s.endSession(p)
-	p.req.Exclude = append(p.req.Exclude, s.cool.exclude(workerIDs(p.rt.Workers()), time.Now())...)
+	if s.cool.cooling() {
+		p.req.Exclude = append(p.req.Exclude, s.cool.exclude(workerIDs(p.rt.Workers()), time.Now())...)
+	}
 	s.proxyLoop(c, p, func() error { return s.attempt(c, p) })
 }
 
@@ -61,11 +63,12 @@ func (s *Server) proxyLoop(c *gin.Context, p *prepared, try func() error) {
 
 // attempt is one try of an aggregated request: route, book, send, relay.
 func (s *Server) attempt(c *gin.Context, p *prepared) error {
-	d, err := s.routeAndBook(c.Request.Context(), p)
+	d, booked, err := s.routeAndBook(c.Request.Context(), p)
 	if err != nil {
 		return err
 	}
 	resp, err := s.send(c, d.Worker, p.path, p.body)
+	<-booked
 	if err != nil {
 		s.free(p)
 		s.completeDecision(p, decisionlog.Outcome{Error: s.redact(err.Error())})
@@ -90,12 +93,17 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 }
 
 // routeAndBook is the routing step of an aggregated request, proxied
-// (attempt) or picked for a gateway (Pick): route and book here, record
-// the decision, announce the booking to the other replicas. On error
-// nothing is booked and the decision is completed as failed.
-func (s *Server) routeAndBook(ctx context.Context, p *prepared) (router.Decision, error) {
+// (attempt) or picked for a gateway (Pick, the selection API): route and
+// book here, record the decision, announce the booking to the other
+// replicas. On error nothing is booked and the decision is completed as
+// failed. The announcement (encoding and publishing on the bus) runs on its
+// own goroutine, so the proxy sends the request meanwhile, off the way to
+// the first token; booked is closed once it is done, and a caller waits for
+// it before announcing anything later about the request (PrefillDone,
+// Freed), so peers see the same order as before.
+func (s *Server) routeAndBook(ctx context.Context, p *prepared) (d router.Decision, booked <-chan struct{}, err error) {
 	now := time.Now()
-	d, err := s.route(ctx, p, now) // by the session's binding, if any (sessions.go)
+	d, err = s.route(ctx, p, now) // by the session's binding, if any (sessions.go)
 	if err == nil && s.warm != nil && p.sess == nil {
 		// warmup.go: a joining worker's share, on purpose; not for a
 		// session's turn, whose worker the binding decided (a first turn
@@ -107,16 +115,21 @@ func (s *Server) routeAndBook(ctx context.Context, p *prepared) (router.Decision
 	s.recordDecision(p, d, err, now)
 	if err != nil {
 		s.completeDecision(p, decisionlog.Outcome{Error: "routing: " + err.Error()})
-		return d, fmt.Errorf("routing: %w", err)
+		return d, nil, fmt.Errorf("routing: %w", err)
 	}
 	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
 	// The tenant pays for the prompt tokens the worker must compute.
 	s.chargeTenant(p, p.req.Tokens-d.Overlap*p.rt.Config().BlockSize, "prompt")
 	// The hashes Route booked (distinct ones under --no-router-assume-kv-reuse),
 	// so peers book what this replica booked.
-	s.rep.Booked(p.model, router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: d.ActiveHashes,
-		PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Sequences: p.req.Sequences, Added: p.start})
-	return d, nil
+	booking := router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: d.ActiveHashes,
+		PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Sequences: p.req.Sequences, Added: p.start}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.rep.Booked(p.model, booking)
+	}()
+	return d, done, nil
 }
 
 // recordFailure does what every failed attempt needs whether or not it is
@@ -276,15 +289,27 @@ func (s *Server) relay(c *gin.Context, p *prepared, worker router.WorkerID, over
 	}
 	dyn := dynamoOf(c)
 	var lastToken time.Time
-	buf := make([]byte, 32<<10)
+	bufp := s.relayBufs.Get().(*[]byte)
+	defer s.relayBufs.Put(bufp)
+	buf := *bufp
 	started := false
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
 			now := time.Now()
-			if !started {
+			first := !started
+			if first {
 				started = true
 				s.writeHead(c, resp, worker, overlap)
+			}
+			// The client gets the bytes before the bookkeeping runs: it
+			// is on their way (the first read is the time to first
+			// token), and what it records does not depend on the write.
+			_, werr := c.Writer.Write(buf[:n])
+			if werr == nil {
+				c.Writer.Flush()
+			}
+			if first {
 				hooks.firstByte()
 				dyn.firstByte(overlap * p.rt.Config().BlockSize)
 			}
@@ -296,12 +321,11 @@ func (s *Server) relay(c *gin.Context, p *prepared, worker router.WorkerID, over
 				}
 			}
 			audit.write(buf[:n])
-			if _, werr := c.Writer.Write(buf[:n]); werr != nil {
+			if werr != nil {
 				s.metrics.requests.WithLabelValues(p.model, "client_gone").Inc()
 				dyn.broke(true)
 				return nil
 			}
-			c.Writer.Flush()
 		}
 		if err == io.EOF {
 			break

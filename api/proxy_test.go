@@ -404,8 +404,8 @@ func TestProxyRemoveHopByHop(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			out := outboundHeader(tc.in)
-			h := tc.in.Clone()
-			removeHopByHop(h)
+			h := http.Header{}
+			copyEndToEnd(h, tc.in) // the answer's direction: the same rule
 			for _, k := range tc.kept {
 				if h.Get(k) == "" {
 					t.Errorf("%s stripped", k)

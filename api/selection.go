@@ -230,12 +230,13 @@ func (s *Server) selectAndReserve(c *gin.Context) {
 		return
 	}
 	defer p.settled()
-	d, err := s.routeAndBook(c.Request.Context(), p)
+	d, booked, err := s.routeAndBook(c.Request.Context(), p)
 	if err != nil {
 		s.resv.unclaim(p.req.ID)
 		s.selectionRefused(c, err)
 		return
 	}
+	<-booked // the other replicas hear of the booking before anything later about it (release, Freed)
 	s.resv.add(p, s.cfg.ReservationTTL, s.expireReservation)
 	s.answerSelection(c, in, p, d, d.Worker)
 }

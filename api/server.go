@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -62,8 +63,11 @@ type Config struct {
 	// from a registration: a key in a registration would sit in the Raft
 	// log and snapshots of every replica.
 	WorkerAPIKeys map[string]string
-	Tokenizer     tokenize.Tokenizer // must match the workers'
-	ChatTemplate  tokenize.Template
+	// WorkerTLS checks the certificates of workers registered with
+	// https:// URLs; nil: the system roots (Go's default).
+	WorkerTLS    *tls.Config
+	Tokenizer    tokenize.Tokenizer // must match the workers'
+	ChatTemplate tokenize.Template
 	// Prompts tokenizes requests per model; nil = every model uses
 	// Tokenizer and ChatTemplate.
 	Prompts        *prompt.Set
@@ -197,7 +201,14 @@ type Server struct {
 	tenantMetrics *tenantMetrics
 	// resv are the selection API's reservations (selection.go).
 	resv *reservations
+	// relayBufs holds relay's read buffers (*[]byte of relayBufSize):
+	// one per answer being relayed instead of one allocated per request.
+	relayBufs sync.Pool
 }
+
+// relayBufSize is relay's read size: a whole non-streamed answer of
+// ordinary size, many stream chunks.
+const relayBufSize = 32 << 10
 
 // Drainer is implemented by a replica that can be draining (SIGTERM
 // received): /ready?draining=404 then answers 404 instead of 503, which
@@ -295,11 +306,12 @@ func New(cfg Config, rep Replica) *Server {
 		cfg:     cfg,
 		rep:     rep,
 		metrics: newMetrics(cfg.Registry, rep, cfg.MetricsCompat),
-		client:  newWorkerClient(cfg.ConnectTimeout, cfg.WorkerHeaderTimeout, cfg.AllowLoopbackWorkers),
+		client:  newWorkerClient(cfg.ConnectTimeout, cfg.WorkerHeaderTimeout, cfg.AllowLoopbackWorkers, cfg.WorkerTLS),
 		log:     cfg.Logger,
 		gates:   newGates(),
 		cool:    newCooldown(cfg.WorkerCooldown),
 	}
+	s.relayBufs.New = func() any { b := make([]byte, relayBufSize); return &b }
 	s.hits = newHitTracker(cfg, rep)
 	registerFleet(s) // fleet.go: kvrouter_worker_removal_cost, kvrouter_worker_drained
 	s.warm = newWarmUps(cfg, s)

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"unicode/utf8"
 
 	"github.com/kvrouter/kvrouter/api/tokenize"
 )
@@ -70,6 +71,29 @@ type specialFlag struct {
 	AddSpecialTokens *bool `json:"add_special_tokens"`
 }
 
+// Fields are the top-level values of a request body that tokenizing reads,
+// taken out by the caller in its own single pass over a body it checked is
+// valid JSON (api/jsonscan vouches that encoding/json would read the same):
+// raw JSON values, nil when absent. Without Known the body is read here.
+type Fields struct {
+	Known                    bool
+	Prompt, AddSpecialTokens json.RawMessage
+}
+
+// special is addSpecial from the raw value: ok false when the value is not
+// a boolean or null, whose error encoding/json words (addSpecial).
+func (f Fields) special(def bool) (v, ok bool) {
+	switch string(f.AddSpecialTokens) {
+	case "", "null":
+		return def, true
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	}
+	return false, false
+}
+
 func addSpecial(body []byte, def bool) (bool, error) {
 	var f specialFlag
 	if err := json.Unmarshal(body, &f); err != nil {
@@ -107,6 +131,30 @@ func (m *Model) Chat(body []byte) ([]uint32, error) {
 	return m.encode(text, special), nil
 }
 
+// ChatFields is Chat with the body's add_special_tokens already taken out
+// (f), saving a pass over the body.
+func (m *Model) ChatFields(body []byte, f Fields) ([]uint32, error) {
+	special, ok := f.special(false)
+	if !f.Known || !ok || m.chat == nil {
+		return m.Chat(body)
+	}
+	text, err := m.chat.render(body)
+	if err != nil {
+		return nil, err
+	}
+	return m.encode(text, special), nil
+}
+
+// CompletionFields is Completion with the body's prompt and
+// add_special_tokens already taken out (f): the body is not read again.
+func (m *Model) CompletionFields(body []byte, f Fields) ([][]uint32, error) {
+	special, ok := f.special(true)
+	if !f.Known || !ok {
+		return m.Completion(body)
+	}
+	return m.prompts(f.Prompt, special)
+}
+
 // Completion returns the token ids of each prompt of a completions body: a
 // string, a list of strings, a list of token ids, or a list of those.
 // Strings are encoded with add_special_tokens defaulting to true, as vLLM
@@ -129,6 +177,9 @@ func (m *Model) prompts(raw json.RawMessage, special bool) ([][]uint32, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, badRequest("prompt is required")
+	}
+	if text, ok := plainString(raw); ok {
+		return [][]uint32{m.encode(text, special)}, nil
 	}
 	var text string
 	if err := json.Unmarshal(raw, &text); err == nil {
@@ -214,4 +265,19 @@ func Legacy(name string, tok tokenize.Tokenizer, tmpl tokenize.Template, source 
 		name: name, tok: tok, chat: legacyChat{tmpl}, encodeSpecial: tok.EncodeSpecial,
 		fingerprint: "legacy:" + tok.Name() + "/" + tmpl.String(), source: source,
 	}
+}
+
+// plainString is the value of raw, a valid JSON value, when it is a string
+// whose bytes are its value: no escapes, valid UTF-8 (encoding/json
+// replaces invalid bytes). A long prompt is then not scanned twice more by
+// encoding/json; anything else is left to it.
+func plainString(raw []byte) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return "", false
+	}
+	in := raw[1 : len(raw)-1]
+	if bytes.IndexByte(in, '\\') >= 0 || !utf8.Valid(in) {
+		return "", false
+	}
+	return string(in), true
 }

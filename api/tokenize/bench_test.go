@@ -81,3 +81,20 @@ func BenchmarkEncodeBuiltin(b *testing.B) {
 		tok.Encode(text)
 	}
 }
+
+// BenchmarkEncodeBuiltinWords encodes kvbench load's default prompt: 2,371
+// builtin words (canonical spellings, one token each) as one text.
+func BenchmarkEncodeBuiltinWords(b *testing.B) {
+	tok := Builtin()
+	rng := rand.New(rand.NewPCG(31, 4))
+	ids := make([]uint32, 2371)
+	for i := range ids {
+		ids[i] = builtinWordBase + uint32(rng.IntN(builtinWordCount))
+	}
+	text := tok.Decode(ids)
+	b.SetBytes(int64(len(text)))
+	b.ReportAllocs()
+	for b.Loop() {
+		tok.Encode(text)
+	}
+}

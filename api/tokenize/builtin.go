@@ -1,7 +1,6 @@
 package tokenize
 
 import (
-	"hash/fnv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -71,7 +70,8 @@ func (builtin) Name() string { return "builtin" }
 
 func (t builtin) Encode(text string) []uint32 {
 	text = sanitizeUTF8(text)
-	var ids []uint32
+	// About one id per word and its space: one allocation for most prompts.
+	ids := make([]uint32, 0, len(text)/4+4)
 	for _, seg := range t.specials.split(nil, text) {
 		if seg.added {
 			ids = append(ids, seg.id)
@@ -79,32 +79,85 @@ func (t builtin) Encode(text string) []uint32 {
 		}
 		s := seg.text
 		for len(s) > 0 {
-			r, w := utf8.DecodeRuneInString(s)
-			switch {
-			case r == '\n':
+			var class byte
+			w := 1
+			if c := s[0]; c < utf8.RuneSelf {
+				class = builtinASCIIClass[c]
+			} else {
+				var r rune
+				r, w = utf8.DecodeRuneInString(s)
+				class = builtinClassOf(r)
+			}
+			switch class {
+			case builtinNewline:
 				ids = append(ids, builtinASCIIBase+'\n')
-			case unicode.IsSpace(r):
-			case unicode.IsPunct(r) || unicode.IsSymbol(r):
-				if r < utf8.RuneSelf {
-					ids = append(ids, builtinASCIIBase+uint32(r))
+			case builtinSpace:
+			case builtinPunct:
+				if w == 1 {
+					ids = append(ids, builtinASCIIBase+uint32(s[0]))
 				} else {
 					ids = append(ids, builtinWordID(s[:w]))
 				}
 			default:
-				w = 0
-				for w < len(s) {
-					r, rw := utf8.DecodeRuneInString(s[w:])
-					if unicode.IsSpace(r) || unicode.IsPunct(r) || unicode.IsSymbol(r) {
-						break
-					}
-					w += rw
-				}
+				w = builtinWordLen(s)
 				ids = append(ids, builtinWordID(s[:w]))
 			}
 			s = s[w:]
 		}
 	}
 	return ids
+}
+
+// Rune classes of the builtin tokenizer: a word rune, '\n', other
+// whitespace (separates words), punctuation or symbol (a token of its own).
+const (
+	builtinWord byte = iota
+	builtinNewline
+	builtinSpace
+	builtinPunct
+)
+
+// builtinClassOf is the class of r, by Unicode's tables (the contract).
+func builtinClassOf(r rune) byte {
+	switch {
+	case r == '\n':
+		return builtinNewline
+	case unicode.IsSpace(r):
+		return builtinSpace
+	case unicode.IsPunct(r) || unicode.IsSymbol(r):
+		return builtinPunct
+	}
+	return builtinWord
+}
+
+// builtinASCIIClass is builtinClassOf for ASCII, looked up instead of
+// asking Unicode's tables for every byte of a prompt.
+var builtinASCIIClass = func() (t [utf8.RuneSelf]byte) {
+	for c := range t {
+		t[c] = builtinClassOf(rune(c))
+	}
+	return t
+}()
+
+// builtinWordLen is the length of the word s starts with: its runes up to
+// the first whitespace, punctuation or symbol.
+func builtinWordLen(s string) int {
+	w := 0
+	for w < len(s) {
+		if c := s[w]; c < utf8.RuneSelf {
+			if builtinASCIIClass[c] != builtinWord {
+				break
+			}
+			w++
+			continue
+		}
+		r, rw := utf8.DecodeRuneInString(s[w:])
+		if builtinClassOf(r) != builtinWord {
+			break
+		}
+		w += rw
+	}
+	return w
 }
 
 // EncodeSpecial is Encode: the builtin tokenizer adds no BOS/EOS.
@@ -116,9 +169,14 @@ func builtinWordID(word string) uint32 {
 	if idx, ok := parseCanonical(word); ok {
 		return builtinWordBase + idx
 	}
-	h := fnv.New32a()
-	h.Write([]byte(word))
-	return builtinWordBase + h.Sum32()%builtinWordCount
+	// FNV-1a 32 (hash/fnv's), inline: no hasher to allocate per word.
+	const offset32, prime32 = 2166136261, 16777619
+	h := uint32(offset32)
+	for i := 0; i < len(word); i++ {
+		h ^= uint32(word[i])
+		h *= prime32
+	}
+	return builtinWordBase + h%builtinWordCount
 }
 
 // canonicalWord spells word index idx (0 <= idx < builtinWordCount).
@@ -139,14 +197,24 @@ func parseCanonical(word string) (uint32, bool) {
 	}
 	var idx uint32
 	for i := 0; i < 6; i += 2 {
-		c := strings.IndexByte(syllableConsonants, word[i])
-		v := strings.IndexByte(syllableVowels, word[i+1])
+		c, v := syllableConsonantIndex[word[i]], syllableVowelIndex[word[i+1]]
 		if c < 0 || v < 0 {
 			return 0, false
 		}
-		idx = idx*syllables + uint32(c*len(syllableVowels)+v)
+		idx = idx*syllables + uint32(int(c)*len(syllableVowels)+int(v))
 	}
 	return idx, idx < builtinWordCount
+}
+
+// syllableConsonantIndex and syllableVowelIndex are the positions of each
+// byte in syllableConsonants and syllableVowels, -1 for the others.
+var syllableConsonantIndex, syllableVowelIndex = letterIndex(syllableConsonants), letterIndex(syllableVowels)
+
+func letterIndex(letters string) (t [256]int8) {
+	for i := range t {
+		t[i] = int8(strings.IndexByte(letters, byte(i)))
+	}
+	return t
 }
 
 // Decode renders specials and ASCII ids as themselves and word ids as their

@@ -1,9 +1,13 @@
 package tokenize
 
 import (
+	"hash/fnv"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 )
 
 // TestBuiltinPinned pins ids: they are a cross-process contract between
@@ -139,6 +143,100 @@ func FuzzBuiltin(f *testing.F) {
 		}
 		if got := tok.Encode(tok.Decode(ids)); !slices.Equal(got, ids) {
 			t.Fatalf("Encode(Decode(%v)) = %v", ids, got)
+		}
+	})
+}
+
+// builtinEncodeReference is the builtin tokenizer as first written (one
+// rune at a time through Unicode's tables, hash/fnv): the faster Encode
+// must give the same ids for every text, since its ids are a contract.
+func builtinEncodeReference(t builtin, text string) []uint32 {
+	text = sanitizeUTF8(text)
+	var ids []uint32
+	for _, seg := range t.specials.split(nil, text) {
+		if seg.added {
+			ids = append(ids, seg.id)
+			continue
+		}
+		s := seg.text
+		for len(s) > 0 {
+			r, w := utf8.DecodeRuneInString(s)
+			switch {
+			case r == '\n':
+				ids = append(ids, builtinASCIIBase+'\n')
+			case unicode.IsSpace(r):
+			case unicode.IsPunct(r) || unicode.IsSymbol(r):
+				if r < utf8.RuneSelf {
+					ids = append(ids, builtinASCIIBase+uint32(r))
+				} else {
+					ids = append(ids, builtinWordIDReference(s[:w]))
+				}
+			default:
+				w = 0
+				for w < len(s) {
+					r, rw := utf8.DecodeRuneInString(s[w:])
+					if unicode.IsSpace(r) || unicode.IsPunct(r) || unicode.IsSymbol(r) {
+						break
+					}
+					w += rw
+				}
+				ids = append(ids, builtinWordIDReference(s[:w]))
+			}
+			s = s[w:]
+		}
+	}
+	return ids
+}
+
+func builtinWordIDReference(word string) uint32 {
+	if len(word) == 6 {
+		var idx uint32
+		ok := true
+		for i := 0; i < 6; i += 2 {
+			c := strings.IndexByte(syllableConsonants, word[i])
+			v := strings.IndexByte(syllableVowels, word[i+1])
+			if c < 0 || v < 0 {
+				ok = false
+				break
+			}
+			idx = idx*syllables + uint32(c*len(syllableVowels)+v)
+		}
+		if ok && idx < builtinWordCount {
+			return builtinWordBase + idx
+		}
+	}
+	h := fnv.New32a()
+	h.Write([]byte(word))
+	return builtinWordBase + h.Sum32()%builtinWordCount
+}
+
+// TestBuiltinMatchesReference: every ASCII byte and a few non-ASCII runes
+// of each class, alone and inside words, tokenize as the reference does.
+func TestBuiltinMatchesReference(t *testing.T) {
+	tok := Builtin().(builtin)
+	var texts []string
+	for c := range 128 {
+		texts = append(texts, string(rune(c)), "ab"+string(rune(c))+"cd", string(rune(c))+"bakemo", "bakemo"+string(rune(c)))
+	}
+	for _, r := range []rune{0x85, 0xa0, 0x2003, 0x3000, '—', '«', '€', '😀', 'é', '你', 0xfffd, 0x1680, 0x2028} {
+		texts = append(texts, string(r), "ab"+string(r)+"cd", "bakemo"+string(r)+" dubiza")
+	}
+	texts = append(texts, "\xff\xfe abc", "<|im_start|>user\nbakemo dubiza, kabuto!<|im_end|>", strings.Repeat("bakemo ", 50))
+	for _, s := range texts {
+		if got, want := tok.Encode(s), builtinEncodeReference(tok, s); !slices.Equal(got, want) {
+			t.Errorf("Encode(%q) = %v, reference %v", s, got, want)
+		}
+	}
+}
+
+func FuzzBuiltinMatchesReference(f *testing.F) {
+	for _, s := range []string{"", "Hello, world!", "<|im_start|>a\nb", "\xff\xfe", "naïve — 😀", "bakemo dubiza\tkabuto\u00a0x"} {
+		f.Add(s)
+	}
+	tok := Builtin().(builtin)
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := tok.Encode(s), builtinEncodeReference(tok, s); !slices.Equal(got, want) {
+			t.Fatalf("Encode(%q) = %v, reference %v", s, got, want)
 		}
 	})
 }

@@ -153,6 +153,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"tls-ca"}, env: []string{"KVROUTER_TLS_CA"}, usage: "PEM CA certificate of the cluster (kvrouter certs makes one)", set: str(&c.TLS.CAFile)},
 		{names: []string{"tls-cert"}, env: []string{"KVROUTER_TLS_CERT"}, usage: "PEM certificate of this node (identity spiffe://kvrouter/node/<node-id>)", set: str(&c.TLS.CertFile)},
 		{names: []string{"tls-key"}, env: []string{"KVROUTER_TLS_KEY"}, usage: "PEM private key of this node", set: str(&c.TLS.KeyFile)},
+		{names: []string{"worker-tls-ca"}, env: []string{"KVROUTER_WORKER_TLS_CA"}, usage: "PEM CA certificate(s) that the certificates of https:// workers must chain to (instead of the system roots)", set: str(&c.WorkerTLSCA)},
 		{names: []string{"insecure"}, env: []string{"KVROUTER_INSECURE"}, usage: "run without TLS and authentication (Raft, bus, cluster endpoints) on purpose (logged every minute)", set: boolp(&c.Insecure), bool: true},
 		{names: []string{"allow-plain-http"}, env: []string{"KVROUTER_ALLOW_PLAIN_HTTP"}, usage: "with TLS material, also serve plaintext HTTP on the HTTP port (default: true only when --http-addr is loopback); /cluster/* still needs a member certificate", set: func(v string) error {
 			b, err := strconv.ParseBool(v)

@@ -59,6 +59,9 @@ type Config struct {
 	// AllowPlainHTTP also serves plaintext HTTP on the HTTPS port (default
 	// only when --http-addr is loopback). /cluster/* refuses it regardless.
 	AllowPlainHTTP bool
+	// WorkerTLSCA is a PEM file of the CAs https:// workers' certificates
+	// must chain to (--worker-tls-ca), instead of the system roots.
+	WorkerTLSCA string
 	// WorkerAPIKey is sent to workers as their bearer token; ReplicaToken
 	// admits bus clients without a certificate with a replica's rights
 	// (tools such as kvbench ingest). Both print as [redacted].

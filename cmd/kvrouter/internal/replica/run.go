@@ -94,12 +94,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer closeCapture()
 
+	wtls, err := workerTLS(cfg)
+	if err != nil {
+		return err
+	}
 	apiCfg := api.Config{
 		BusyStatus: cfg.BusyStatus, AdminToken: cfg.AdminToken, AdminOpenToLoopback: cfg.AdminOpenToLoopback, APIKeys: cfg.APIKeys, ClientCert: apiClientCheck(cfg), Prompts: prompts,
 		// /cluster/raft_groups: the control group's member certificate
 		// (the admin token without TLS), as every other /cluster/ write.
 		ClusterAuth:  node.CheckRequest,
-		WorkerAPIKey: cfg.WorkerAPIKey.Reveal(), WorkerAPIKeys: revealAll(cfg.WorkerAPIKeys),
+		WorkerAPIKey: cfg.WorkerAPIKey.Reveal(), WorkerAPIKeys: revealAll(cfg.WorkerAPIKeys), WorkerTLS: wtls,
 		Retries: cfg.Retries, AllowLoopbackWorkers: cfg.AllowLoopbackWorkers, MaxPriority: cfg.MaxPriority,
 		MaxPriorityByKey: cfg.MaxPriorityByKey, MaxWorkers: cfg.MaxWorkers, MaxQueue: cfg.MaxQueue,
 		WorkerHeaderTimeout: cfg.WorkerHeaderTimeout, WorkerIdleTimeout: cfg.WorkerIdleTimeout, ProtectStatus: cfg.ProtectStatus, MetricsCompat: cfg.MetricsCompat, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -210,4 +211,19 @@ func listenHTTP(cfg Config, bundle *pki.Bundle) (net.Listener, error) {
 		return ln, nil
 	}
 	return newSniffListener(ln, cluster.HTTPServerTLS(bundle), cfg.AllowPlainHTTP, firstByteTimeout), nil
+}
+
+// workerTLS is the proxy's TLS configuration for https:// workers: the CAs
+// of --worker-tls-ca instead of the system roots (nil without the flag:
+// Go's default, the system roots). The tokenizer self-check and LoRA
+// discovery reach workers through the same transport.
+func workerTLS(cfg Config) (*tls.Config, error) {
+	if cfg.WorkerTLSCA == "" {
+		return nil, nil
+	}
+	pool, err := pki.LoadPool(cfg.WorkerTLSCA)
+	if err != nil {
+		return nil, fmt.Errorf("--worker-tls-ca: %w", err)
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }
