@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -28,10 +29,12 @@ import (
 // drains kvmock mock-1 through a follower (POST /workers/drain) and
 // SIGKILLs the leader — unsharded, the leader of the group that owns the
 // worker — either at once (odd rounds: the drain is pending, the next
-// leader must complete it) or 2.8-3.8 s after the drain committed (even
-// rounds: racing the old leader's completion, which it proposes 3.0-3.5 s
-// after the drain applied, once the worker was idle for the replica's
-// 3 s grace). The leader comes back 4 s after the kill. A round ends when
+// leader must complete it) or as soon as a follower has applied the old
+// leader's completion (even rounds, polled every 20 ms: the completion is
+// committed, the old leader may not have applied it or heard its answer,
+// and the next leader must not complete it again). The old leader
+// proposes it 3.0-3.5 s after the drain applied, once the worker was idle
+// for the replica's 3 s grace. The leader comes back 4 s after the kill. A round ends when
 // no replica lists mock-1 any more; the harness then registers it again
 // (with the registration it had) for the next round.
 //
@@ -65,6 +68,7 @@ type d1Round struct {
 	Via       string             `json:"drained_via"`
 	Killed    string             `json:"leader_killed"`
 	KillAfter float64            `json:"kill_after_commit_s"`
+	Raced     bool               `json:"killed_as_completion_committed"` // a racing round's kill came when a follower had applied the completion
 	Commit    time.Time          `json:"commit_at"` // the drain's answer: applied on Via, so committed
 	Drained   map[string]float64 `json:"drained_seen_s"`
 	Gone      map[string]float64 `json:"deregistered_seen_s"`
@@ -130,9 +134,6 @@ func (e *env) d1Round(rd *d1Round, rng *rand.Rand, watch *routedWatch, reg strin
 	fol := e.others(l)
 	via := fol[rng.IntN(len(fol))]
 	rd.Via, rd.Killed = fmt.Sprintf("r%d", via), fmt.Sprintf("r%d", l)
-	if racing {
-		rd.KillAfter = 2.8 + rng.Float64()
-	}
 	watch.begin(rd.N)
 	defer watch.end()
 	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
@@ -142,10 +143,25 @@ func (e *env) d1Round(rd *d1Round, rng *rand.Rand, watch *routedWatch, reg strin
 	if err != nil || code != http.StatusAccepted {
 		return fmt.Errorf("POST /workers/drain via r%d: %d %s %v", via, code, body, err)
 	}
-	e.event("drain", "round %d: %s drained via r%d; leader r%d killed %.2fs after the commit (%s)", rd.N, d1Worker, via, l,
-		rd.KillAfter, map[bool]string{false: "drain pending", true: "racing the completion"}[racing])
+	e.event("drain", "round %d: %s drained via r%d; leader r%d to be killed %s", rd.N, d1Worker, via, l,
+		map[bool]string{false: "at once (drain pending)", true: "as the completion commits"}[racing])
 	seen := e.d1Follow(rd)
-	e.sleepUntil(rd.Commit.Add(time.Duration(rd.KillAfter * float64(time.Second))))
+	if racing {
+		// The old leader proposes the completion 3.0-3.5 s after the
+		// drain applied (its idle grace); a follower that no longer lists
+		// the worker has applied it: kill the leader then, before it
+		// answered its own proposal or applied it, most likely.
+		_, err := e.waitFor("a follower applying the completion", 10*time.Second, 20*time.Millisecond, func() bool {
+			for _, st := range e.statusesOpt(fol, false) {
+				if _, ok := workerIn(st, d1Worker); !ok && st.Ready {
+					return true
+				}
+			}
+			return false
+		})
+		rd.Raced = err == nil
+	}
+	rd.KillAfter = round3(time.Since(rd.Commit).Seconds())
 	t0 := time.Now()
 	e.kill(l)
 	join := e.failover(l, t0, fmt.Sprintf("drain round %d: leader r%d killed", rd.N, l))
@@ -183,7 +199,9 @@ func (e *env) d1Follow(rd *d1Round) func() []string {
 				if _, seen := rd.Drained[name]; !seen && ok && w.Drained {
 					rd.Drained[name] = round3(at)
 				}
-				if _, seen := rd.Gone[name]; !seen && !ok {
+				// Ready: a replica just restarted answers before it
+				// replayed its log, without any worker.
+				if _, seen := rd.Gone[name]; !seen && !ok && st.Ready {
 					rd.Gone[name] = round3(at)
 					rd.GoneAll = math.Max(rd.GoneAll, round3(at))
 				}
@@ -422,13 +440,18 @@ type d1History struct {
 	Err        string `json:"error,omitempty"`
 }
 
-// d1ReadHistory replays the worker's commands from replica i's raft.db
+// d1ReadHistory replays the worker's commands from a replica's raft.db
 // (its process stopped) up to index upTo: registered, drained, removed,
 // with the FSM's rules for them (fsm/DESIGN.md, Draining workers).
 func d1ReadHistory(dir string, replica string, upTo uint64) d1History {
 	h := d1History{Replica: replica}
-	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(dir, "raft.db"),
-		BoltOptions: &bbolt.Options{Timeout: 5 * time.Second, ReadOnly: true}})
+	path := filepath.Join(dir, "raft", "raft.db") // the control group's log (cluster.Config.DataDir = <data dir>/raft)
+	if _, err := os.Stat(path); err != nil {
+		h.Err = err.Error() // New would create an empty one
+		return h
+	}
+	store, err := raftboltdb.New(raftboltdb.Options{Path: path,
+		BoltOptions: &bbolt.Options{Timeout: 5 * time.Second}}) // not ReadOnly: New creates its buckets
 	if err != nil {
 		h.Err = err.Error()
 		return h
@@ -521,7 +544,7 @@ func d1Check(e *env) {
 		if rd.Err == "" {
 			ok++
 			gone = append(gone, rd.GoneAll)
-			if rd.KillAfter > 0 {
+			if rd.Raced {
 				racing++
 			}
 			if rd.WorkerRequestsGone < 0 || rd.WorkerRequestsAfter < 0 {
@@ -536,7 +559,7 @@ func d1Check(e *env) {
 	e.metric("drain_routed", e.d1Routed)
 	e.res.Require("drain_rounds_completed", float64(ok), ">=", 2, "rounds whose worker was deregistered on every replica (one drain pending at the kill, one racing the completion)")
 	e.res.Require("drain_rounds_failed", float64(len(rounds)-ok), "==", 0, "rounds that did not complete (error in drain-rounds.json)")
-	e.res.Require("drain_racing_rounds", float64(racing), ">=", 1, "rounds whose leader was killed 2.8-3.8 s after the commit")
+	e.res.Require("drain_racing_rounds", float64(racing), ">=", 1, "rounds whose leader was killed as soon as a follower had applied its completion")
 	e.res.Require("drain_deregistered_max_s", Percentile(gone, 100), "<=", 20, "drain commit to no replica listing the worker")
 	e.res.Require("drain_routed_while_drained", e.d1Routed.Total, "==", 0, "routing decisions to the worker by a replica that had applied the drain (kvrouter_routed_total)")
 	e.res.Require("drain_routed_series", float64(e.d1Routed.Series), ">=", float64(len(e.members)), "(round, replica process) series sampled while drained")
