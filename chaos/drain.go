@@ -21,8 +21,6 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
-
-	"github.com/kvrouter/kvrouter/fsm"
 )
 
 // D1: a worker drain racing a leader failover (issue 29). Each round
@@ -69,7 +67,7 @@ type d1Round struct {
 	Killed    string             `json:"leader_killed"`
 	KillAfter float64            `json:"kill_after_commit_s"`
 	Raced     bool               `json:"killed_as_completion_committed"` // a racing round's kill came when a follower had applied the completion
-	Commit    time.Time          `json:"commit_at"` // the drain's answer: applied on Via, so committed
+	Commit    time.Time          `json:"commit_at"`                      // the drain's answer: applied on Via, so committed
 	Drained   map[string]float64 `json:"drained_seen_s"`
 	Gone      map[string]float64 `json:"deregistered_seen_s"`
 	GoneAll   float64            `json:"deregistered_everywhere_s"`
@@ -427,24 +425,10 @@ type d1Routed struct {
 
 // --- the Raft-applied history -----------------------------------------------------------
 
-// d1History is what one replica's Raft log says about the worker.
-type d1History struct {
-	Replica    string `json:"replica"`
-	FirstIndex uint64 `json:"first_index"`
-	LastIndex  uint64 `json:"last_index"`
-	Drains     int    `json:"drains"`                // SetWorkerDrain{Drained} that drained it
-	Completed  int    `json:"completions_applied"`   // completions that removed it
-	Refused    int    `json:"completions_refused"`   // completions that found it undrained or gone
-	Proposed   int    `json:"completions_in_log"`    // every completion entry
-	OtherGone  int    `json:"other_deregistrations"` // DeregisterWorker of it
-	Err        string `json:"error,omitempty"`
-}
-
-// d1ReadHistory replays the worker's commands from a replica's raft.db
-// (its process stopped) up to index upTo: registered, drained, removed,
-// with the FSM's rules for them (fsm/DESIGN.md, Draining workers).
-func d1ReadHistory(dir string, replica string, upTo uint64) d1History {
-	h := d1History{Replica: replica}
+// d1ReadHistory reads a replica's raft.db (its process stopped) up to
+// index upTo and replays the worker's commands (drainHistory).
+func d1ReadHistory(dir string, replica string, upTo uint64) drainHistory {
+	h := drainHistory{Replica: replica}
 	path := filepath.Join(dir, "raft", "raft.db") // the control group's log (cluster.Config.DataDir = <data dir>/raft)
 	if _, err := os.Stat(path); err != nil {
 		h.Err = err.Error() // New would create an empty one
@@ -457,72 +441,26 @@ func d1ReadHistory(dir string, replica string, upTo uint64) d1History {
 		return h
 	}
 	defer store.Close()
-	if h.FirstIndex, err = store.FirstIndex(); err == nil {
-		h.LastIndex, err = store.LastIndex()
+	first, err := store.FirstIndex()
+	var last uint64
+	if err == nil {
+		last, err = store.LastIndex()
 	}
 	if err != nil {
 		h.Err = err.Error()
 		return h
 	}
-	// The worker is registered before the first round; a log compacted
-	// past its registration (FirstIndex > 1) starts there.
-	registered, drained := h.FirstIndex > 1, false
-	var l raft.Log
-	for idx := h.FirstIndex; idx <= min(h.LastIndex, upTo) && idx > 0; idx++ {
-		if err := store.GetLog(idx, &l); err != nil {
+	var logs []*raft.Log
+	for idx := first; idx <= min(last, upTo) && idx > 0; idx++ {
+		l := new(raft.Log)
+		if err := store.GetLog(idx, l); err != nil {
 			h.Err = fmt.Sprintf("index %d: %v", idx, err)
 			return h
 		}
-		if l.Type != raft.LogCommand || len(l.Data) == 0 {
-			continue
-		}
-		switch fsm.CommandType(l.Data[0] &^ 0x80) {
-		case fsm.CmdRegisterWorker, fsm.CmdRegisterWorkerRole, fsm.CmdRegisterWorkerBlockSize, fsm.CmdDeregisterWorker, fsm.CmdSetWorkerDrain:
-		default:
-			continue
-		}
-		c, err := fsm.Decode(l.Data)
-		if err != nil {
-			continue
-		}
-		switch c := c.(type) {
-		case fsm.RegisterWorker:
-			if c.ID == d1Worker {
-				if !registered {
-					drained = false // a new registration starts undrained; a renewal keeps the drain
-				}
-				registered = true
-			}
-		case fsm.DeregisterWorker:
-			if c.ID == d1Worker {
-				if registered {
-					h.OtherGone++
-				}
-				registered, drained = false, false
-			}
-		case fsm.SetWorkerDrain:
-			if c.Worker != d1Worker {
-				continue
-			}
-			switch {
-			case c.Deregister:
-				h.Proposed++
-				if registered && drained {
-					h.Completed++
-					registered, drained = false, false
-				} else {
-					h.Refused++
-				}
-			case c.Drained && registered:
-				if !drained {
-					h.Drains++
-				}
-				drained = true
-			case registered:
-				drained = false
-			}
-		}
+		logs = append(logs, l)
 	}
+	h = replayDrains(d1Worker, logs)
+	h.Replica, h.FirstIndex, h.LastIndex = replica, first, last
 	return h
 }
 
@@ -567,12 +505,17 @@ func d1Check(e *env) {
 
 	// The Raft-applied history: stop the replicas (the check has what it
 	// needs from them), then read each one's log up to the index they all
-	// applied.
+	// applied. Every replica's final status must list the worker as the
+	// replayed rules predict (registered again after the last round).
 	sts := e.statusesOpt(e.members, false)
 	upTo := uint64(math.MaxUint64)
+	present := 0
 	for _, i := range e.members {
 		if st, ok := sts[i]; ok {
 			upTo = min(upTo, st.AppliedIndex)
+			if w, ok := workerIn(st, d1Worker); ok && !w.Drained {
+				present++
+			}
 		} else {
 			upTo = 0
 		}
@@ -580,12 +523,12 @@ func d1Check(e *env) {
 	for _, i := range e.members {
 		e.replicas[i].term(10 * time.Second)
 	}
-	var hs []d1History
+	var hs []drainHistory
 	agree := true
 	for _, i := range e.members {
 		h := d1ReadHistory(e.replicas[i].dataDir, e.replicas[i].id, upTo)
 		hs = append(hs, h)
-		if h.Err != "" || h.Drains != hs[0].Drains || h.Completed != hs[0].Completed || h.Proposed != hs[0].Proposed {
+		if h.Err != "" || h.Drains != hs[0].Drains || h.Completed != hs[0].Completed || h.Proposed != hs[0].Proposed || h.Registered != hs[0].Registered {
 			agree = false
 		}
 	}
@@ -603,8 +546,10 @@ func d1Check(e *env) {
 	if len(hs) > 0 {
 		h := hs[0]
 		e.res.Require("drain_history_drains", float64(h.Drains), "==", float64(ok), "drains in the log = completed rounds")
-		e.res.Require("drain_history_completed_once", float64(h.Completed), "==", float64(h.Drains), "completions that removed the worker: exactly one per drain")
+		e.res.Require("drain_history_completed_once", float64(h.Completed), "==", float64(h.Drains), "completions applied while it was drained: exactly one per drain (duplicates are completions_refused)")
 		e.res.Require("drain_history_other_deregistrations", float64(h.OtherGone), "==", 0, "the worker removed by anything but a completion")
+		e.res.RequireTrue("drain_history_matches_status", h.Registered && present == len(e.members),
+			fmt.Sprintf("the log's rules say registered at the end: %v; replicas listing it undrained: %d", h.Registered, present))
 		e.metric("drain_completions_refused", h.Refused)
 	}
 }
