@@ -77,7 +77,7 @@ def token():
         time.sleep(0.2)
     fail("no admin token in " + p)
 
-hdr = {"Authorization": "Bearer " + token()}
+hdr = {}  # the admin token, read once the cluster is up: run.sh writes a new one after wiping the run directory
 S = requests.Session()
 
 def status(u, t=1.0):
@@ -99,6 +99,7 @@ while True:
         fail("cluster not ready with 4 workers in 180 s; run.sh log: " + open(runlog).read()[-600:].replace("\n", " | "))
     time.sleep(0.5)
 out["ready_after_s"] = round(time.time() - t0, 1)
+hdr["Authorization"] = "Bearer " + token()
 
 # --- the poller: status, metrics, status, per replica ---------------------------
 target = None           # the drained worker, once chosen
