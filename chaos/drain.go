@@ -164,7 +164,9 @@ func (e *env) d1Round(rd *d1Round, rng *rand.Rand, watch *routedWatch, reg strin
 	e.kill(l)
 	join := e.failover(l, t0, fmt.Sprintf("drain round %d: leader r%d killed", rd.N, l))
 	e.sleepUntil(t0.Add(4 * time.Second))
-	_ = e.restart(l)
+	if e.restart(l) == nil {
+		watch.started(rd.N, l, e.replicas[l].pid())
+	}
 	join()
 	gone := seen()
 	if len(rd.Gone) < len(e.members) {
@@ -304,13 +306,19 @@ type routedWatch struct {
 	// series: round/replica/pid → the counter's first and last value
 	// while drained.
 	series map[string]*[2]float64
-	cancel context.CancelFunc
-	done   chan struct{}
+	// restarted: series (keys) of replica processes started during a
+	// round, after its drain committed: every routing decision of theirs
+	// to the worker came after the commit, so their counter must still
+	// be 0 when they first show the drain (a replica that routed from
+	// its log before replaying the drain would not be).
+	restarted map[string]bool
+	cancel    context.CancelFunc
+	done      chan struct{}
 }
 
 func newRoutedWatch(e *env, worker string) *routedWatch {
 	ctx, cancel := context.WithCancel(e.ctx)
-	w := &routedWatch{e: e, worker: worker, series: map[string]*[2]float64{}, cancel: cancel, done: make(chan struct{})}
+	w := &routedWatch{e: e, worker: worker, series: map[string]*[2]float64{}, restarted: map[string]bool{}, cancel: cancel, done: make(chan struct{})}
 	go w.run(ctx)
 	return w
 }
@@ -318,6 +326,15 @@ func newRoutedWatch(e *env, worker string) *routedWatch {
 func (w *routedWatch) begin(round int) { w.mu.Lock(); w.round = round; w.mu.Unlock() }
 func (w *routedWatch) end()            { w.mu.Lock(); w.round = 0; w.mu.Unlock() }
 func (w *routedWatch) stop()           { w.cancel(); <-w.done }
+
+// started notes replica i's new process (pid), started during round.
+func (w *routedWatch) started(round, i, pid int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.restarted[seriesKey(round, i, pid)] = true
+}
+
+func seriesKey(round, i, pid int) string { return fmt.Sprintf("round %d r%d pid %d", round, i, pid) }
 
 func (w *routedWatch) run(ctx context.Context) {
 	defer close(w.done)
@@ -367,7 +384,7 @@ func (w *routedWatch) sample(ctx context.Context, round, i int) {
 	if !d2 || s1.PID != s2.PID {
 		return
 	}
-	key := fmt.Sprintf("round %d r%d pid %d", round, i, s1.PID)
+	key := seriesKey(round, i, s1.PID)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if s, ok := w.series[key]; ok {
@@ -413,6 +430,10 @@ func (w *routedWatch) violations() d1Routed {
 		out.Series++
 		out.PerSeries[k] = s[1] - s[0]
 		out.Total += s[1] - s[0]
+		if w.restarted[k] {
+			out.RestartedSeries++
+			out.BeforeReplay += s[0]
+		}
 	}
 	return out
 }
@@ -421,6 +442,11 @@ type d1Routed struct {
 	Series    int                `json:"series"`
 	Total     float64            `json:"routed_while_drained"`
 	PerSeries map[string]float64 `json:"per_series"`
+	// RestartedSeries, BeforeReplay: series of processes started after a
+	// drain committed, and their decisions for the worker before they
+	// first showed the drain.
+	RestartedSeries int     `json:"restarted_series"`
+	BeforeReplay    float64 `json:"routed_by_restarted_before_drain_seen"`
 }
 
 // --- the Raft-applied history -----------------------------------------------------------
@@ -501,6 +527,8 @@ func d1Check(e *env) {
 	e.res.Require("drain_deregistered_max_s", Percentile(gone, 100), "<=", 20, "drain commit to no replica listing the worker")
 	e.res.Require("drain_routed_while_drained", e.d1Routed.Total, "==", 0, "routing decisions to the worker by a replica that had applied the drain (kvrouter_routed_total)")
 	e.res.Require("drain_routed_series", float64(e.d1Routed.Series), ">=", float64(len(e.members)), "(round, replica process) series sampled while drained")
+	e.res.Require("drain_routed_by_restarted_replica", e.d1Routed.BeforeReplay, "==", 0,
+		fmt.Sprintf("decisions for the worker by a replica restarted after the drain committed, before it showed the drain (%d such processes sampled)", e.d1Routed.RestartedSeries))
 	e.res.Require("drain_worker_requests_after_deregistration", float64(atWorker), "==", 0, "requests the worker got while no replica listed it (its /stats)")
 
 	// The Raft-applied history: stop the replicas (the check has what it
