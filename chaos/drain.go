@@ -54,6 +54,11 @@ import (
 
 const d1Worker = "mock-1"
 
+// d2Groups: D2 runs D1 on a sharded index (--raft-groups 3), where the
+// drain lives in the worker's data group and its leader need not lead
+// the control group.
+const d2Groups = 3
+
 // d1MaxDuration: two rounds take ~24 s (a round: the drain, a failover
 // of ~2 s, the next leader's 3 s idle grace, the restart, the worker
 // registered again); 30 s holds two. A longer DURATION is cut to this so
@@ -63,6 +68,7 @@ const d1MaxDuration = 30 * time.Second
 // d1Round is one drain and its failover.
 type d1Round struct {
 	N         int                `json:"round"`
+	Group     int                `json:"group"` // the group that owns the worker (0: the control group, unsharded)
 	Via       string             `json:"drained_via"`
 	Killed    string             `json:"leader_killed"`
 	KillAfter float64            `json:"kill_after_commit_s"`
@@ -125,10 +131,11 @@ func (e *env) d1Round(rd *d1Round, rng *rand.Rand, watch *routedWatch, reg strin
 	}); err != nil {
 		return err
 	}
-	l, err := e.leader()
+	g, l, err := e.d1OwnerLeader()
 	if err != nil {
 		return err
 	}
+	rd.Group = g
 	fol := e.others(l)
 	via := fol[rng.IntN(len(fol))]
 	rd.Via, rd.Killed = fmt.Sprintf("r%d", via), fmt.Sprintf("r%d", l)
@@ -141,7 +148,7 @@ func (e *env) d1Round(rd *d1Round, rng *rand.Rand, watch *routedWatch, reg strin
 	if err != nil || code != http.StatusAccepted {
 		return fmt.Errorf("POST /workers/drain via r%d: %d %s %v", via, code, body, err)
 	}
-	e.event("drain", "round %d: %s drained via r%d; leader r%d to be killed %s", rd.N, d1Worker, via, l,
+	e.event("drain", "round %d: %s (group %d) drained via r%d; the group's leader r%d to be killed %s", rd.N, d1Worker, g, via, l,
 		map[bool]string{false: "at once (drain pending)", true: "as the completion commits"}[racing])
 	seen := e.d1Follow(rd)
 	if racing {
@@ -162,7 +169,13 @@ func (e *env) d1Round(rd *d1Round, rng *rand.Rand, watch *routedWatch, reg strin
 	rd.KillAfter = round3(time.Since(rd.Commit).Seconds())
 	t0 := time.Now()
 	e.kill(l)
-	join := e.failover(l, t0, fmt.Sprintf("drain round %d: leader r%d killed", rd.N, l))
+	var join func()
+	if e.raftGroups > 1 {
+		join = e.groupFailover(l, []int{g}, t0)
+	} else {
+		f := e.failover(l, t0, fmt.Sprintf("drain round %d: leader r%d killed", rd.N, l))
+		join = func() { f() }
+	}
 	e.sleepUntil(t0.Add(4 * time.Second))
 	if e.restart(l) == nil {
 		watch.started(rd.N, l, e.replicas[l].pid())
@@ -179,6 +192,33 @@ func (e *env) d1Round(rd *d1Round, rng *rand.Rand, watch *routedWatch, reg strin
 	e.sleep(time.Second)
 	rd.WorkerRequestsAfter = mockRequests(e.ctx, d1Worker)
 	return e.d1Register(reg)
+}
+
+// d1OwnerLeader is the group that owns the worker (its registration and
+// drain: the control group unsharded, its data group sharded) and the
+// replica leading that group.
+func (e *env) d1OwnerLeader() (group, leader int, err error) {
+	if e.raftGroups <= 1 {
+		l, err := e.leader()
+		return 0, l, err
+	}
+	_, err = e.waitFor("the worker's group and a whole cluster", 15*time.Second, 100*time.Millisecond, func() bool {
+		leads, whole := e.groupLeaders()
+		if !whole {
+			return false
+		}
+		st, ok := e.statusesOpt(e.members, false)[e.members[0]]
+		if !ok {
+			return false
+		}
+		w, ok := workerIn(st, d1Worker)
+		if !ok || w.RaftGroup < 1 {
+			return false
+		}
+		group, leader = w.RaftGroup, leads[w.RaftGroup]
+		return true
+	})
+	return group, leader, err
 }
 
 // d1Follow polls every replica until each has shown the worker drained
@@ -451,11 +491,33 @@ type d1Routed struct {
 
 // --- the Raft-applied history -----------------------------------------------------------
 
-// d1ReadHistory reads a replica's raft.db (its process stopped) up to
-// index upTo and replays the worker's commands (drainHistory).
-func d1ReadHistory(dir string, replica string, upTo uint64) drainHistory {
+// d1ReadHistories is every group's history of the worker on one replica
+// summed: sharded, a registration again may be placed in another data
+// group than the one before (groups: the data groups, 0 unsharded).
+func d1ReadHistories(dir, replica string, groups int, upTo map[int]uint64) drainHistory {
+	h := d1ReadHistory(dir, "raft", replica, upTo[0])
+	h.Group = 0
+	for g := 1; g <= groups; g++ {
+		x := d1ReadHistory(dir, fmt.Sprintf("raft-g%d", g), replica, upTo[g])
+		h.Drains += x.Drains
+		h.Completed += x.Completed
+		h.Refused += x.Refused
+		h.Proposed += x.Proposed
+		h.OtherGone += x.OtherGone
+		h.Registered = h.Registered || x.Registered
+		if x.Err != "" {
+			h.Err = strings.TrimPrefix(h.Err+"; ", "; ") + fmt.Sprintf("group %d: %s", g, x.Err)
+		}
+	}
+	return h
+}
+
+// d1ReadHistory reads one group's raft.db of a replica (its process
+// stopped; sub: "raft" for the control group, "raft-g<g>" for data group
+// g) up to index upTo and replays the worker's commands (drainHistory).
+func d1ReadHistory(dir, sub, replica string, upTo uint64) drainHistory {
 	h := drainHistory{Replica: replica}
-	path := filepath.Join(dir, "raft", "raft.db") // the control group's log (cluster.Config.DataDir = <data dir>/raft)
+	path := filepath.Join(dir, sub, "raft.db") // cluster.Config.DataDir of the group
 	if _, err := os.Stat(path); err != nil {
 		h.Err = err.Error() // New would create an empty one
 		return h
@@ -498,8 +560,12 @@ func d1Check(e *env) {
 	e.tlMu.Unlock()
 	e.publishMeasures()
 	fo := e.measured("failover_s")
+	if e.raftGroups > 1 {
+		fo = e.measured("group_failover_s")
+		e.res.Require("groups_without_new_leader", float64(len(e.measured("groups_without_new_leader"))), "==", 0, "")
+	}
 	e.res.FailoverP99 = Percentile(fo, 99)
-	e.res.Require("failover_p99_s", e.res.FailoverP99, "<=", 5, "kill of the drain group's leader to a ready new leader")
+	e.res.Require("failover_p99_s", e.res.FailoverP99, "<=", 5, "kill of the drain group's leader to a ready new leader of that group")
 	e.requireAvailability(0.995, 0.97)
 	ok, racing := 0, 0
 	var gone []float64
@@ -536,16 +602,23 @@ func d1Check(e *env) {
 	// applied. Every replica's final status must list the worker as the
 	// replayed rules predict (registered again after the last round).
 	sts := e.statusesOpt(e.members, false)
-	upTo := uint64(math.MaxUint64)
+	upTo := map[int]uint64{} // per group: the index every replica applied
 	present := 0
+	for g := 0; g <= max(e.raftGroups, 0); g++ {
+		upTo[g] = math.MaxUint64
+	}
 	for _, i := range e.members {
-		if st, ok := sts[i]; ok {
-			upTo = min(upTo, st.AppliedIndex)
-			if w, ok := workerIn(st, d1Worker); ok && !w.Drained {
-				present++
-			}
-		} else {
-			upTo = 0
+		st, ok := sts[i]
+		if !ok {
+			clear(upTo)
+			break
+		}
+		upTo[0] = min(upTo[0], st.AppliedIndex)
+		for _, gs := range st.RaftGroups {
+			upTo[gs.Group] = min(upTo[gs.Group], gs.AppliedIndex)
+		}
+		if w, ok := workerIn(st, d1Worker); ok && !w.Drained {
+			present++
 		}
 	}
 	for _, i := range e.members {
@@ -554,7 +627,7 @@ func d1Check(e *env) {
 	var hs []drainHistory
 	agree := true
 	for _, i := range e.members {
-		h := d1ReadHistory(e.replicas[i].dataDir, e.replicas[i].id, upTo)
+		h := d1ReadHistories(e.replicas[i].dataDir, e.replicas[i].id, e.raftGroups, upTo)
 		hs = append(hs, h)
 		if h.Err != "" || h.Drains != hs[0].Drains || h.Completed != hs[0].Completed || h.Proposed != hs[0].Proposed || h.Registered != hs[0].Registered {
 			agree = false
@@ -562,14 +635,14 @@ func d1Check(e *env) {
 	}
 	e.writeJSON("drain-history.json", hs)
 	e.metric("drain_history", hs)
-	e.event("verify", "drain history (Raft logs up to %d): %+v", upTo, hs)
+	e.event("verify", "drain history (Raft logs up to %v): %+v", upTo, hs)
 	var errs []string
 	for _, h := range hs {
 		if h.Err != "" {
 			errs = append(errs, h.Replica+": "+h.Err)
 		}
 	}
-	e.res.RequireTrue("drain_history_readable", len(errs) == 0 && upTo > 0, strings.Join(errs, "; "))
+	e.res.RequireTrue("drain_history_readable", len(errs) == 0 && upTo[0] > 0, strings.Join(errs, "; "))
 	e.res.RequireTrue("drain_history_agrees", agree, "every replica's log: the same drains and completions")
 	if len(hs) > 0 {
 		h := hs[0]

@@ -11,6 +11,7 @@ import (
 // history the live observations are checked against.
 type drainHistory struct {
 	Replica    string `json:"replica"`
+	Group      int    `json:"group,omitempty"` // summed over every group when 0 on a sharded replica
 	FirstIndex uint64 `json:"first_index"`
 	LastIndex  uint64 `json:"last_index"`
 	Drains     int    `json:"drains"`                // drains of a registered, undrained worker

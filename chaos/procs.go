@@ -293,6 +293,7 @@ type statusWorker struct {
 	TotalBlocks      int    `json:"total_kv_blocks"`
 	MaxBatchedTokens int    `json:"max_num_batched_tokens"`
 	Drained          bool   `json:"drained"`
+	RaftGroup        int    `json:"raft_group"` // sharded: the data group that registers it
 	Ranks            []struct {
 		Rank        uint32 `json:"rank"`
 		Blocks      int    `json:"blocks"`
