@@ -71,6 +71,10 @@ type env struct {
 	tlFile   *os.File
 
 	res *Result
+	// d1, d1Routed: D1's drain rounds and its routing decisions while
+	// drained (drain.go), from its nemesis to its check.
+	d1       []*d1Round
+	d1Routed d1Routed
 	// groupsEqual: per data group, whether every replica reported the same
 	// digest at the end (compare; empty when not sharded).
 	groupsEqual map[int]bool

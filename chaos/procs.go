@@ -271,18 +271,9 @@ type status struct {
 	Peers             []peerS `json:"peers"`
 	// RaftGroups: the data groups of a sharded replica (--raft-groups > 1);
 	// the fields above are then the control group's.
-	RaftGroups []groupS `json:"raft_groups"`
-	Workers    []struct {
-		ID    string `json:"id"`
-		Model string `json:"model"`
-		Ranks []struct {
-			Rank        uint32 `json:"rank"`
-			Blocks      int    `json:"blocks"`
-			LastEventID uint64 `json:"last_event_id"`
-			Stale       string `json:"stale"`
-		} `json:"ranks"`
-	} `json:"workers"`
-	FSM struct {
+	RaftGroups []groupS       `json:"raft_groups"`
+	Workers    []statusWorker `json:"workers"`
+	FSM        struct {
 		Events     uint64            `json:"Events"`
 		Applied    uint64            `json:"Applied"`
 		Duplicates uint64            `json:"Duplicates"`
@@ -291,6 +282,24 @@ type status struct {
 		Commands   uint64            `json:"Commands"`
 	} `json:"fsm"`
 	raw json.RawMessage
+}
+
+// statusWorker is one worker in /cluster/status.
+type statusWorker struct {
+	ID               string `json:"id"`
+	Model            string `json:"model"`
+	URL              string `json:"url"`
+	BlockSize        int    `json:"block_size"`
+	TotalBlocks      int    `json:"total_kv_blocks"`
+	MaxBatchedTokens int    `json:"max_num_batched_tokens"`
+	Drained          bool   `json:"drained"`
+	RaftGroup        int    `json:"raft_group"` // sharded: the data group that registers it
+	Ranks            []struct {
+		Rank        uint32 `json:"rank"`
+		Blocks      int    `json:"blocks"`
+		LastEventID uint64 `json:"last_event_id"`
+		Stale       string `json:"stale"`
+	} `json:"ranks"`
 }
 
 // groupS is one data group in /cluster/status's raft_groups.

@@ -215,6 +215,12 @@ var Catalog = []Scenario{
 	// G1 runs the replicas with --raft-groups 3 (issue 19). Named G1
 	// because S1 was already the checker's self-test.
 	{ID: "G1", Title: "sharded index (--raft-groups 3): the replica leading the most Raft groups SIGKILLed every 10 s, restarted 5 s later", Short: true},
+	// D1 drains a worker while the leader of its group is killed (issue
+	// 29): the drain completes once, exactly.
+	{ID: "D1", Title: "worker drain racing a leader failover: deregistered once, nothing routed to it after the drain", Short: true},
+	// D2 is D1 with --raft-groups 3 (the drain in the worker's data group);
+	// not in the short tier, which D1 already grows by ~40 s.
+	{ID: "D2", Title: "D1 on a sharded index (--raft-groups 3): the worker's data group leader killed while its drain is pending or completing"},
 	// A1 replays issue 16's attacks against the secure defaults (probes.go,
 	// SECURITY.md): every probe refused, nothing changed.
 	{ID: "A1", Title: "security probes: every attack of issue 16 refused, state unchanged", Short: true},

@@ -237,6 +237,9 @@ func runScenario(parent context.Context, o Options, runDir, id string, cred *cre
 	if impl.quiet {
 		e.routeClients, e.adminClients, e.registerEvery = 0, 0, quietRenewal
 	}
+	if impl.registerEvery > 0 {
+		e.registerEvery = impl.registerEvery
+	}
 	insecure := impl.insecure
 	if insecure == "" && len(impl.prev) > 0 && !hasTLSFlags(ctx, o.PrevBin) {
 		insecure = fmt.Sprintf("the previous release (%s) has no TLS flags, and a replica without TLS cannot speak to members "+
@@ -256,6 +259,10 @@ func runScenario(parent context.Context, o Options, runDir, id string, cred *cre
 	e.tlFile, _ = os.Create(filepath.Join(dir, "timeline.jsonl"))
 	if impl.ledgerEvery > 0 {
 		e.opts.LedgerEvery = impl.ledgerEvery
+	}
+	if impl.maxDuration > 0 && e.opts.Duration > impl.maxDuration {
+		e.opts.Duration = impl.maxDuration
+		e.metric("duration_cut_to_s", impl.maxDuration.Seconds())
 	}
 	if e.opts.Duration < impl.minDuration {
 		e.opts.Duration = impl.minDuration
@@ -315,6 +322,10 @@ type scenario struct {
 	check       func(e *env)
 	ledgerEvery time.Duration // 0: Options.LedgerEvery
 	minDuration time.Duration // a shorter DURATION is extended to this
+	maxDuration time.Duration // a longer DURATION is cut to this (0: none)
+	// registerEvery: the workers' lease renewal (0: Options' 20 s, or
+	// quietRenewal for a quiet scenario).
+	registerEvery time.Duration
 	// selfTest: the scenario injects anomalies; its checks replace the
 	// common ones (which must fail there).
 	selfTest bool

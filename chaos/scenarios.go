@@ -34,6 +34,12 @@ var scenarios = map[string]scenario{
 	"G1": {nemesis: g1Nemesis, check: g1Check, raftGroups: g1Groups},
 	"S1": {nemesis: s1Nemesis, check: s1Check, selfTest: true},
 	"U1": {nemesis: u1Nemesis, check: u1Check, prev: []int{3}, minDuration: 40 * time.Second},
+	// D1: a worker drain racing a leader failover (drain.go, issue 29).
+	// Renewals every 100 s: a kvmock renewing after its drain completed
+	// would register again; the harness re-registers it between rounds.
+	"D1": {nemesis: d1Nemesis, check: d1Check, maxDuration: d1MaxDuration, registerEvery: quietRenewal},
+	// D2: D1 on a sharded index; the worker's data group leader is killed.
+	"D2": {nemesis: d1Nemesis, check: d1Check, maxDuration: d1MaxDuration, registerEvery: quietRenewal, raftGroups: d2Groups},
 	// A1: the security probes (probes.go), in a quiet window.
 	"A1": {nemesis: a1Nemesis, check: a1Check, quiet: true},
 }
