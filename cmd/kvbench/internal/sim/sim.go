@@ -60,6 +60,21 @@ type Config struct {
 	// ScrapeInterval (0: read at every decision).
 	Peer           PeerPicker
 	ScrapeInterval time.Duration
+
+	// Affinity binds sessions to workers (affinity.go); the zero value is off.
+	Affinity Affinity
+	// Events change the fleet during the run (fleet.go), in time order.
+	Events []FleetEvent
+	// Ranker orders workers for the plan chooser (nil: RankByUniqueHits).
+	Ranker RemovalRanker
+	// HitWindow is how far back the plan chooser's hit counts reach
+	// (0: DefaultHitWindow).
+	HitWindow time.Duration
+	// IDSlots is the number of worker ids the width of WorkerID is sized
+	// for (0: Workers plus the workers Events add). A run without events
+	// compared with one with them gives the same value, so both name the
+	// workers alike.
+	IDSlots int
 }
 
 // ErrConfig marks an impossible simulation.
@@ -89,6 +104,10 @@ type Result struct {
 	EventsDelivered int
 	// End is the virtual time the last request finished.
 	End time.Duration
+	// Events are the fleet events as they happened (Config.Events).
+	Events []EventRecord
+	// Workers are the worker ids by index, added workers included.
+	Workers []router.WorkerID
 }
 
 // usesIndex reports whether a mode reads the event-fed index. Modes this
@@ -115,6 +134,9 @@ func WorkerID(i, n int) string {
 func Run(w *workload.Workload, cfg Config) (*Result, error) {
 	if cfg.Workers <= 0 || len(cfg.KVBlocks) != cfg.Workers {
 		return nil, fmt.Errorf("%d workers with %d capacities: %w", cfg.Workers, len(cfg.KVBlocks), ErrConfig)
+	}
+	if err := cfg.checkFleet(); err != nil {
+		return nil, err
 	}
 	if cfg.Routers < 0 || cfg.SyncDelay < 0 || cfg.SyncFreeExtra < 0 {
 		return nil, fmt.Errorf("%d routers, sync delay %v + %v: %w", cfg.Routers, cfg.SyncDelay, cfg.SyncFreeExtra, ErrConfig)
@@ -162,6 +184,9 @@ type state struct {
 	pods       []peerpolicy.Pod // a peer's view of the workers, as last scraped
 	nextScrape time.Duration
 
+	aff   affinityState // session bindings (affinity.go)
+	fleet fleetState    // fleet events (fleet.go)
+
 	issued    int // closed loop: next request to send
 	finished  int
 	preempts  uint64
@@ -171,7 +196,7 @@ type state struct {
 }
 
 func (s *state) build() error {
-	n := s.cfg.Workers
+	n := s.cfg.Workers + s.cfg.added()
 	s.engines = make([]*engine.Engine, n)
 	s.ids = make([]router.WorkerID, n)
 	s.byWorker = make(map[router.WorkerID]int, n)
@@ -179,26 +204,20 @@ func (s *state) build() error {
 	s.busy = make([]bool, n)
 	s.dirty = make([]bool, n)
 	s.index = router.NewIndex(s.w.BlockSize)
-	infos := make([]router.WorkerInfo, n)
+	s.fleet.init(s, n)
+	infos := make([]router.WorkerInfo, s.cfg.Workers)
 	for i := range n {
-		id := WorkerID(i, n)
-		ec := s.cfg.Engine
-		ec.CapacityBlocks = s.cfg.KVBlocks[i]
-		ec.ReportOutputBlocks = s.cfg.Router.TrackOutputBlocks
-		if ec.EngineHashSeed != 0 {
-			// Distinct opaque names per worker, like engines without a
-			// shared PYTHONHASHSEED.
-			ec.EngineHashSeed += uint64(i)
-		}
-		e, err := engine.New(id, ec)
-		if err != nil {
-			return fmt.Errorf("worker %s: %w", id, err)
-		}
-		s.engines[i] = e
-		s.ids[i] = router.WorkerID(id)
+		s.ids[i] = router.WorkerID(WorkerID(i, max(n, s.cfg.IDSlots)))
 		s.byWorker[s.ids[i]] = i
+		if i >= s.cfg.Workers {
+			continue // added by an event (fleet.go)
+		}
+		e, err := s.newEngine(i)
+		if err != nil {
+			return err
+		}
 		s.index.AddWorker(s.ids[i])
-		infos[i] = router.WorkerInfo{ID: s.ids[i], TotalBlocks: s.cfg.KVBlocks[i], MaxBatchedTokens: e.Config().MaxBatchedTokens}
+		infos[i] = router.WorkerInfo{ID: s.ids[i], TotalBlocks: s.capacity(i), MaxBatchedTokens: e.Config().MaxBatchedTokens}
 	}
 	s.rts = make([]*router.Router, max(s.cfg.Routers, 1))
 	for k := range s.rts {
@@ -219,7 +238,35 @@ func (s *state) build() error {
 		s.byID[r.ID] = i
 		s.res[i].Worker = -1
 	}
+	s.aff.init(s)
 	return nil
+}
+
+// newEngine builds worker i's engine.
+func (s *state) newEngine(i int) (*engine.Engine, error) {
+	ec := s.cfg.Engine
+	ec.CapacityBlocks = s.capacity(i)
+	ec.ReportOutputBlocks = s.cfg.Router.TrackOutputBlocks
+	if ec.EngineHashSeed != 0 {
+		// Distinct opaque names per worker, like engines without a
+		// shared PYTHONHASHSEED.
+		ec.EngineHashSeed += uint64(i)
+	}
+	e, err := engine.New(string(s.ids[i]), ec)
+	if err != nil {
+		return nil, fmt.Errorf("worker %s: %w", s.ids[i], err)
+	}
+	s.engines[i] = e
+	return e, nil
+}
+
+// capacity is worker i's KV blocks; a worker an event adds has the first
+// worker's.
+func (s *state) capacity(i int) int {
+	if i < len(s.cfg.KVBlocks) {
+		return s.cfg.KVBlocks[i]
+	}
+	return s.cfg.KVBlocks[0]
 }
 
 // start queues the first arrivals: C clients' first requests, or every
@@ -227,6 +274,17 @@ func (s *state) build() error {
 // session's first turn.
 func (s *state) start() {
 	switch {
+	case s.w.Agent && s.w.OpenLoop:
+		for _, root := range s.w.Roots {
+			first := s.w.Sessions[root][0]
+			s.push(s.w.Requests[first].At, first)
+		}
+		s.issued = len(s.w.Roots)
+	case s.w.Agent:
+		for s.issued < s.w.Concurrency && s.issued < len(s.w.Roots) {
+			s.push(0, s.w.Sessions[s.w.Roots[s.issued]][0])
+			s.issued++
+		}
 	case s.w.Kind == workload.Synthetic && s.w.OpenLoop:
 		for i, r := range s.w.Requests {
 			s.push(r.At, i)
@@ -274,6 +332,9 @@ func (s *state) step() bool {
 		}
 		for len(s.deliver) > 0 && s.deliver[0].at <= t {
 			d := heap.Pop(&s.deliver).(delivery)
+			if s.fleet.gone[d.worker] {
+				continue // its worker left: the index forgot it
+			}
 			s.delivered++
 			if err := s.index.Apply(s.ids[d.worker], d.kv); err != nil {
 				s.idxErrs++
@@ -285,6 +346,7 @@ func (s *state) step() bool {
 				s.dirty[i] = true
 			}
 		}
+		s.fleet.due(s, t)
 		for len(s.arrivals) > 0 && s.arrivals[0].at <= t {
 			a := heap.Pop(&s.arrivals).(timed)
 			s.send(a.i)
@@ -297,6 +359,7 @@ func (s *state) step() bool {
 			s.next[i], s.busy[i] = e.NextEventTime()
 			s.drain(i)
 		}
+		s.fleet.leaveIdle(s)
 		s.afterStep()
 	}
 	return true
@@ -324,6 +387,10 @@ func (s *state) nextTime() (time.Duration, bool) {
 	if sc, due := s.peerScrapeDue(); ok && due && sc < t {
 		t = sc
 	}
+	// Fleet events too: one due after the last request is not waited for.
+	if ev, due := s.fleet.next(); ok && due && ev < t {
+		t = ev
+	}
 	return t, ok
 }
 
@@ -344,7 +411,9 @@ func (s *state) drain(i int) {
 func (s *state) send(i int) {
 	r := &s.w.Requests[i]
 	rr := &s.res[i]
-	rr.Sent = s.now
+	if !s.fleet.resent[i] {
+		rr.Sent = s.now // a re-sent request keeps its first send
+	}
 	if s.cfg.Peer != nil {
 		s.sendByPeer(i)
 		return
@@ -356,7 +425,7 @@ func (s *state) send(i int) {
 	if s.cfg.OSLHint {
 		req.ExpectedOutputTokens = r.OutputTokens
 	}
-	d, err := s.rts[k].Route(req, epoch.Add(s.now))
+	d, err := s.route(k, i, req)
 	if err != nil {
 		s.fail(i, fmt.Sprintf("route: %v", err))
 		return
@@ -377,7 +446,17 @@ func (s *state) send(i int) {
 		s.fail(i, fmt.Sprintf("submit: %v", err))
 		return
 	}
+	s.fleet.submitted(s, i, wi)
 	s.dirty[wi] = true
+}
+
+// route is router k's decision for request i: the policy's, or the
+// session's bound worker (affinity.go).
+func (s *state) route(k, i int, req router.Request) (router.Decision, error) {
+	if s.cfg.Affinity.Mode != AffinityOff && s.w.Requests[i].Session != workload.NoSession {
+		return s.aff.route(s, k, i, req)
+	}
+	return s.rts[k].Route(req, epoch.Add(s.now))
 }
 
 // sendByPeer routes request i by the peer and submits it.
@@ -416,6 +495,7 @@ func (s *state) handle(wi int, outs []engine.Output) {
 		case engine.FirstToken:
 			rr.FirstToken = o.At
 			rr.CachedTokens = o.CachedTokens
+			s.fleet.hit(s, i, o.CachedTokens)
 			if s.cfg.Peer != nil {
 				continue
 			}
@@ -439,6 +519,7 @@ func (s *state) handle(wi int, outs []engine.Output) {
 			}
 			rr.Finished = o.At
 			rr.Done = true
+			s.fleet.finished(wi)
 			if s.cfg.Peer != nil {
 				s.complete(i)
 				continue
@@ -459,16 +540,38 @@ func (s *state) complete(i int) {
 	if s.cfg.Progress != nil {
 		s.cfg.Progress()
 	}
-	switch s.w.Kind {
-	case workload.Synthetic:
+	switch {
+	case s.w.Agent:
+		s.nextTurns(i)
+	case s.w.Kind == workload.Synthetic:
 		if s.issued < len(s.w.Requests) {
 			s.push(s.now, s.issued)
 			s.issued++
 		}
-	case workload.Trace:
+	case s.w.Kind == workload.Trace:
 		if nxt := s.w.Requests[i].NextTurn; nxt >= 0 {
 			s.push(max(s.w.Requests[nxt].At, s.now), nxt)
 		}
+	}
+}
+
+// nextTurns sends what request i's end lets go in an agent workload: its
+// session's next turn and its subagents, its Think later; and, closed
+// loop, the next top-level session when i ends one (its client is free).
+func (s *state) nextTurns(i int) {
+	r := &s.w.Requests[i]
+	if r.NextTurn >= 0 {
+		s.push(s.now+r.Think, r.NextTurn)
+	}
+	for _, c := range r.Children {
+		s.push(s.now+r.Think, c)
+	}
+	if s.w.OpenLoop || r.NextTurn >= 0 || s.w.SessionRoot[r.Session] != r.Session {
+		return
+	}
+	if s.issued < len(s.w.Roots) {
+		s.push(s.now, s.w.Sessions[s.w.Roots[s.issued]][0])
+		s.issued++
 	}
 }
 
@@ -479,6 +582,8 @@ func (s *state) finish() *Result {
 		Preemptions:     s.preempts,
 		IndexErrors:     s.idxErrs,
 		EventsDelivered: s.delivered,
+		Events:          s.fleet.records,
+		Workers:         s.ids,
 	}
 	for i := range s.res {
 		rr := &s.res[i]

@@ -1,0 +1,429 @@
+package sim
+
+import (
+	"cmp"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// Fleet events (issue 29 item 5): a worker removed, drained or added at a
+// virtual time.
+//
+//   - remove: the worker leaves at once with its cache. Its running and
+//     queued requests are re-sent at that instant through the routers (the
+//     client's retry, or a proxy's), keeping their first send time, so the
+//     loss shows in their TTFT; the routers forget their bookings there and
+//     the index forgets its blocks.
+//   - drain: the worker takes no new request from that instant (the
+//     routers drop it from their candidates), its running and queued
+//     requests finish there, and it leaves (cache and index entries gone)
+//     when it is idle.
+//   - add: a worker with the first worker's capacity joins, cold.
+//
+// Sessions bound to a worker that leaves or drains rebind at their next
+// turn (affinity.go). Which worker a remove or drain takes is a Chooser's.
+
+// EventKind is what a fleet event does.
+type EventKind string
+
+// Fleet event kinds.
+const (
+	EventRemove EventKind = "remove"
+	EventDrain  EventKind = "drain"
+	EventAdd    EventKind = "add"
+)
+
+// Chooser picks the worker a remove or drain takes.
+type Chooser string
+
+// Choosers.
+const (
+	// ChooserPlan takes the cheapest worker by the removal ranking
+	// (Config.Ranker, by default RankByUniqueHits).
+	ChooserPlan Chooser = "plan"
+	// ChooserRandom takes a worker uniformly at random (seeded by the run).
+	ChooserRandom Chooser = "random"
+	// ChooserLeastLoaded takes the worker with the fewest running and
+	// waiting requests (the lowest index among equals).
+	ChooserLeastLoaded Chooser = "least-loaded"
+)
+
+// Choosers lists the choosers by name.
+var Choosers = []Chooser{ChooserPlan, ChooserRandom, ChooserLeastLoaded}
+
+// FleetEvent is one change of the fleet at At.
+type FleetEvent struct {
+	At      time.Duration
+	Kind    EventKind
+	Chooser Chooser // remove and drain
+}
+
+// EventRecord is what a fleet event did.
+type EventRecord struct {
+	FleetEvent
+	// Worker is the worker removed, drained or added (-1: none, when only
+	// one worker was left to route to).
+	Worker int
+	// Resent counts the requests a removal re-sent.
+	Resent int
+	// Sessions are the sessions whose latest turn before the event ran on
+	// the worker (remove and drain).
+	Sessions []int
+	// Left is when a drained worker left (-1: still draining at the end).
+	Left time.Duration
+}
+
+// DefaultHitWindow is how far back the plan chooser counts block hits.
+const DefaultHitWindow = time.Minute
+
+// FleetView is what a removal ranking reads: the fleet's index, the
+// workers it may remove, and each block's hits in the recent window.
+type FleetView struct {
+	Index   *router.Index
+	Workers []router.WorkerID
+	Hits    map[uint64]int // content hash → prompt hits within the hit window
+}
+
+// RemovalRanker orders fleet.Workers from cheapest to dearest to remove.
+type RemovalRanker func(fleet FleetView) []router.WorkerID
+
+// RankByUniqueHits ranks workers by the expected loss if each left now:
+// the recent hits of the blocks it alone holds (a block another worker
+// holds survives its removal), then the number of those blocks, then id.
+//
+// STAND-IN: the router's own ranking for GET /fleet/plan (issue 29 item 1)
+// is written in another branch; once merged, set Config.Ranker to a
+// RemovalRanker over it and delete this one.
+func RankByUniqueHits(f FleetView) []router.WorkerID {
+	type cost struct {
+		id           router.WorkerID
+		hits, unique int
+	}
+	costs := make([]cost, 0, len(f.Workers))
+	for _, w := range f.Workers {
+		c := cost{id: w}
+		for _, b := range f.Index.WorkerBlocks(w) {
+			if f.Index.Holders(b.ContentHash) == 1 {
+				c.unique++
+				c.hits += f.Hits[b.ContentHash]
+			}
+		}
+		costs = append(costs, c)
+	}
+	slices.SortFunc(costs, func(a, b cost) int {
+		return cmp.Or(cmp.Compare(a.hits, b.hits), cmp.Compare(a.unique, b.unique), cmp.Compare(a.id, b.id))
+	})
+	out := make([]router.WorkerID, len(costs))
+	for i, c := range costs {
+		out[i] = c.id
+	}
+	return out
+}
+
+// added is how many workers the events add.
+func (c *Config) added() int {
+	n := 0
+	for _, e := range c.Events {
+		if e.Kind == EventAdd {
+			n++
+		}
+	}
+	return n
+}
+
+// checkFleet refuses impossible events and affinity settings.
+func (c *Config) checkFleet() error {
+	if err := c.Affinity.check(); err != nil {
+		return err
+	}
+	if c.HitWindow < 0 {
+		return fmt.Errorf("hit window %v: %w", c.HitWindow, ErrConfig)
+	}
+	if c.Peer != nil && (len(c.Events) > 0 || c.Affinity.Mode != AffinityOff) {
+		return fmt.Errorf("fleet events and session affinity act on our routers, not on a peer's: %w", ErrConfig)
+	}
+	for k, e := range c.Events {
+		if e.At < 0 || (k > 0 && e.At < c.Events[k-1].At) {
+			return fmt.Errorf("fleet event %d at %v: events go in time order from 0: %w", k, e.At, ErrConfig)
+		}
+		switch e.Kind {
+		case EventAdd:
+		case EventRemove, EventDrain:
+			if !slices.Contains(Choosers, e.Chooser) {
+				return fmt.Errorf("fleet event %d: chooser %q: %w", k, e.Chooser, ErrConfig)
+			}
+		default:
+			return fmt.Errorf("fleet event %d: kind %q: %w", k, e.Kind, ErrConfig)
+		}
+	}
+	return nil
+}
+
+// fleetState is the fleet's changes during a run. Without events it only
+// keeps every worker present and counts nothing.
+type fleetState struct {
+	events     []FleetEvent
+	nextEvent  int
+	records    []EventRecord
+	present    []bool // in the fleet (added workers: from their event)
+	gone       []bool // left
+	draining   []bool
+	inflight   []int  // requests submitted to the worker and not finished
+	resent     []bool // per request: re-sent after its worker was removed
+	lastWorker map[int]int
+	nextSlot   int // the slot the next add takes
+	rng        *rand.Rand
+	hits       hitCounter
+	ids        []router.WorkerID // scratch: routable ids
+}
+
+func (f *fleetState) init(s *state, n int) {
+	f.events = s.cfg.Events
+	f.present = make([]bool, n)
+	f.gone = make([]bool, n)
+	f.draining = make([]bool, n)
+	f.inflight = make([]int, n)
+	f.resent = make([]bool, len(s.w.Requests))
+	for i := range s.cfg.Workers {
+		f.present[i] = true
+	}
+	f.nextSlot = s.cfg.Workers
+	if len(f.events) == 0 {
+		return
+	}
+	f.lastWorker = map[int]int{}
+	f.rng = rand.New(rand.NewPCG(s.cfg.Seed, 0x666c656574))
+	for _, e := range f.events {
+		if e.Chooser == ChooserPlan {
+			f.hits = hitCounter{on: true, window: cmp.Or(s.cfg.HitWindow, DefaultHitWindow), counts: map[uint64]int{}}
+		}
+	}
+}
+
+// routable reports whether worker wi takes new requests.
+func (f *fleetState) routable(wi int) bool { return f.present[wi] && !f.gone[wi] && !f.draining[wi] }
+
+// routableIDs are the ids of the workers that take new requests (scratch:
+// valid until the next call).
+func (f *fleetState) routableIDs(s *state) []router.WorkerID {
+	f.ids = f.ids[:0]
+	for wi, id := range s.ids {
+		if f.routable(wi) {
+			f.ids = append(f.ids, id)
+		}
+	}
+	return f.ids
+}
+
+// next is the next event's time; false when none is left.
+func (f *fleetState) next() (time.Duration, bool) {
+	if f.nextEvent < len(f.events) {
+		return f.events[f.nextEvent].At, true
+	}
+	return 0, false
+}
+
+// due applies the events due by t.
+func (f *fleetState) due(s *state, t time.Duration) {
+	for f.nextEvent < len(f.events) && f.events[f.nextEvent].At <= t {
+		e := f.events[f.nextEvent]
+		f.nextEvent++
+		rec := EventRecord{FleetEvent: e, Worker: -1, Left: -1}
+		switch e.Kind {
+		case EventAdd:
+			rec.Worker = f.add(s)
+		case EventRemove, EventDrain:
+			wi := f.choose(s, e.Chooser)
+			if wi < 0 {
+				break
+			}
+			rec.Worker = wi
+			for sess, w := range f.lastWorker {
+				if w == wi {
+					rec.Sessions = append(rec.Sessions, sess)
+				}
+			}
+			slices.Sort(rec.Sessions)
+			if e.Kind == EventDrain {
+				f.draining[wi] = true
+				f.setWorkers(s)
+			} else {
+				rec.Resent = f.remove(s, wi)
+			}
+		}
+		f.records = append(f.records, rec)
+	}
+}
+
+// choose is the worker chooser c takes; -1 when fewer than two workers
+// take requests (the fleet is not emptied).
+func (f *fleetState) choose(s *state, c Chooser) int {
+	cands := slices.Clone(f.routableIDs(s))
+	if len(cands) < 2 {
+		return -1
+	}
+	switch c {
+	case ChooserRandom:
+		return s.byWorker[cands[f.rng.IntN(len(cands))]]
+	case ChooserLeastLoaded:
+		best, load := -1, 0
+		for _, id := range cands {
+			wi := s.byWorker[id]
+			st := s.engines[wi].Stats()
+			if l := st.Running + st.Waiting; best < 0 || l < load {
+				best, load = wi, l
+			}
+		}
+		return best
+	}
+	rank := s.cfg.Ranker
+	if rank == nil {
+		rank = RankByUniqueHits
+	}
+	f.hits.expire(s.now)
+	for _, id := range rank(FleetView{Index: s.index, Workers: cands, Hits: f.hits.counts}) {
+		if wi, ok := s.byWorker[id]; ok && slices.Contains(cands, id) {
+			return wi
+		}
+	}
+	return s.byWorker[cands[0]]
+}
+
+// remove takes worker wi out at once and re-sends what ran or waited there.
+func (f *fleetState) remove(s *state, wi int) int {
+	resent := 0
+	for j := range s.res {
+		rr := &s.res[j]
+		if rr.Worker != wi || rr.Done || rr.Err != "" {
+			continue
+		}
+		id := s.w.Requests[j].ID
+		s.rts[s.owner[j]].Free(id)
+		s.announce(s.owner[j], syncMsg{kind: syncFree, id: id})
+		rr.Worker, rr.FirstToken, rr.CachedTokens = -1, 0, 0
+		f.resent[j] = true
+		s.push(s.now, j)
+		resent++
+	}
+	f.inflight[wi] = 0
+	f.leave(s, wi)
+	return resent
+}
+
+// leave drops worker wi: its engine, its index entries, its candidacy.
+func (f *fleetState) leave(s *state, wi int) {
+	f.gone[wi] = true
+	s.engines[wi] = nil
+	s.busy[wi], s.dirty[wi] = false, false
+	s.index.RemoveWorker(s.ids[wi])
+	f.setWorkers(s)
+}
+
+// leaveIdle lets drained workers with nothing left to run leave.
+func (f *fleetState) leaveIdle(s *state) {
+	for k := range f.records {
+		rec := &f.records[k]
+		if rec.Kind != EventDrain || rec.Worker < 0 || f.gone[rec.Worker] || f.inflight[rec.Worker] > 0 {
+			continue
+		}
+		rec.Left = s.now
+		f.leave(s, rec.Worker)
+	}
+}
+
+// add brings the next added worker in, cold.
+func (f *fleetState) add(s *state) int {
+	wi := f.nextSlot
+	f.nextSlot++
+	if _, err := s.newEngine(wi); err != nil {
+		return -1 // the template built every other worker: cannot happen
+	}
+	f.present[wi] = true
+	s.index.AddWorker(s.ids[wi])
+	f.setWorkers(s)
+	return wi
+}
+
+// setWorkers gives every router the workers that take requests, as the
+// registry's change reaches every replica.
+func (f *fleetState) setWorkers(s *state) {
+	var infos []router.WorkerInfo
+	for wi, id := range s.ids {
+		if f.routable(wi) {
+			infos = append(infos, router.WorkerInfo{ID: id, TotalBlocks: s.capacity(wi), MaxBatchedTokens: s.engines[wi].Config().MaxBatchedTokens})
+		}
+	}
+	for _, rt := range s.rts {
+		rt.SetWorkers(infos)
+	}
+}
+
+// submitted notes request i running on worker wi.
+func (f *fleetState) submitted(s *state, i, wi int) {
+	f.inflight[wi]++
+	if f.lastWorker != nil {
+		if sess := s.w.Requests[i].Session; sess != workload.NoSession {
+			f.lastWorker[sess] = wi
+		}
+	}
+}
+
+// finished notes a request's end on worker wi.
+func (f *fleetState) finished(wi int) { f.inflight[wi]-- }
+
+// hit counts request i's cached blocks for the plan chooser.
+func (f *fleetState) hit(s *state, i, cachedTokens int) {
+	if !f.hits.on {
+		return
+	}
+	r := &s.w.Requests[i]
+	m := min(cachedTokens/s.w.BlockSize, len(r.Hashes))
+	f.hits.add(s.now, r.Hashes[:m])
+}
+
+// hitCounter counts prompt-block hits within a sliding window.
+type hitCounter struct {
+	on     bool
+	window time.Duration
+	counts map[uint64]int
+	log    []hitEntry // oldest first; log[head:] is live
+	head   int
+}
+
+type hitEntry struct {
+	at     time.Duration
+	hashes []uint64
+}
+
+func (h *hitCounter) add(now time.Duration, hashes []uint64) {
+	h.expire(now)
+	if len(hashes) == 0 {
+		return
+	}
+	for _, x := range hashes {
+		h.counts[x]++
+	}
+	h.log = append(h.log, hitEntry{at: now, hashes: hashes})
+}
+
+// expire forgets the hits older than the window.
+func (h *hitCounter) expire(now time.Duration) {
+	for h.head < len(h.log) && h.log[h.head].at < now-h.window {
+		for _, x := range h.log[h.head].hashes {
+			if h.counts[x]--; h.counts[x] <= 0 {
+				delete(h.counts, x)
+			}
+		}
+		h.log[h.head] = hitEntry{}
+		h.head++
+	}
+	if h.head > 1024 && h.head*2 > len(h.log) {
+		h.log = append(h.log[:0], h.log[h.head:]...)
+		h.head = 0
+	}
+}
