@@ -58,6 +58,11 @@ type simOptions struct {
 	Popularity string
 	HotShift   int
 
+	// Agent sessions (synthetic) and session affinity (sessions.go).
+	Sessions sessionOptions
+	// Fleet events (fleetflags.go).
+	Fleet fleetOptions
+
 	// Trace workload.
 	Trace       string
 	MaxRequests int
@@ -70,7 +75,7 @@ type simOptions struct {
 
 // syntheticFlags configure the synthetic workload; sim refuses them with --trace.
 func syntheticFlags() []string {
-	return append(cli.WorkloadFlags(), "popularity", "hot-shift", "repeat")
+	return append(cli.WorkloadFlags(), "popularity", "hot-shift", "repeat", "session-turns", "think-time-ms", "subagents")
 }
 
 // parseSimFlags parses and validates kvbench sim's arguments. Every error it
@@ -124,6 +129,8 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.StringVar(&o.JSON, "json", "", "write the JSON report to this file")
 	fs.StringVar(&o.Plot, "plot", "", "write a PNG chart (hit rate, TTFT p50/p99 per policy) to this file")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile to this file")
+	o.Sessions.register(fs)
+	o.Fleet.register(fs)
 	o.Progress.Register(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return nil, err
@@ -232,6 +239,12 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	if o.Parallel == 0 {
 		o.Parallel = runtime.GOMAXPROCS(0)
 	}
+	if err := o.Sessions.check(set, o); err != nil {
+		return nil, err
+	}
+	if err := o.Fleet.check(o); err != nil {
+		return nil, err
+	}
 
 	if o.Trace != "" {
 		for _, name := range syntheticFlags() {
@@ -271,6 +284,14 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	}
 	// A request must fit in every worker's cache, or it could never run there.
 	need := o.PrefixTokens + o.TailTokens + o.OutputTokens
+	if t := o.Sessions.Turns; t > 0 {
+		// The last turn carries every earlier answer and message (a
+		// subagent's also the parent's first).
+		if o.Sessions.Subagents == 0 {
+			t--
+		}
+		need += t * (o.TailTokens + o.OutputTokens)
+	}
 	for i, b := range o.KVBlocks {
 		if need > b*o.BlockSize {
 			return nil, cli.Usagef("a request needs %d tokens (%d prompt + %d output) but worker %d holds only %d blocks of %d tokens (%d): raise --kv-blocks",

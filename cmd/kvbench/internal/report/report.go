@@ -58,6 +58,23 @@ type Result struct {
 	WallSeconds      float64 `json:"wall_seconds"` // summed over reps
 	// Reps are the per-rep figures the medians come from.
 	Reps []RepFigures `json:"reps,omitempty"`
+
+	// Sessions and fleet changes (issues 28 and 29): the mean over
+	// sessions of each session's cached fraction (median over reps;
+	// absent without sessions), and each fleet event's dip (means over
+	// reps, each rep's figures in its reps).
+	SessionCachedFraction stats.Optional `json:"session_cached_fraction,omitzero"`
+	FleetEvents           []EventResult  `json:"fleet_events,omitempty"`
+}
+
+// EventResult is one fleet event over the reps: the mean of each figure
+// (an optional figure only over the reps that have it, Have of them), the
+// workers the reps took, and every rep's own figures.
+type EventResult struct {
+	sim.EventFigures
+	Workers []string           `json:"workers"`
+	Have    map[string]int     `json:"reps_with,omitempty"`
+	Reps    []sim.EventFigures `json:"reps,omitempty"`
 }
 
 // RepFigures are one rep's headline figures.
@@ -118,6 +135,10 @@ func Median(policy string, runs []Run) Result {
 		WorkersPerPrefix: med(func(s sim.Summary) float64 { return s.WorkersPerPrefix }),
 		VirtualSeconds:   med(func(s sim.Summary) float64 { return s.VirtualSeconds }),
 	}
+	if optionalInAll(runs, func(s sim.Summary) stats.Optional { return s.SessionCachedFraction }) {
+		res.SessionCachedFraction = stats.Optional{Value: med(func(s sim.Summary) float64 { return s.SessionCachedFraction.Value }), Valid: true}
+	}
+	res.FleetEvents = MeanEvents(runs)
 	if optionalInAll(runs, func(s sim.Summary) stats.Optional { return s.SLOAttainment }) {
 		res.SLOAttainment = stats.Optional{Value: med(func(s sim.Summary) float64 { return s.SLOAttainment.Value }), Valid: true}
 	}
@@ -205,6 +226,7 @@ func WriteTable(w io.Writer, header string, r *Report) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	writeSessionsAndEvents(&b, r.Results)
 	if note := PolicyNote(r.Results); note != "" {
 		b.WriteString(note)
 		b.WriteByte('\n')

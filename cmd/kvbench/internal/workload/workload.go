@@ -113,7 +113,7 @@ type Workload struct {
 	prefixes [][]uint32
 	tails    [][]uint32
 	hashIDs  [][]uint64
-	idTokens []int // trace rows: tokens per hash id
+	idTokens []int      // trace rows: tokens per hash id
 	prompts  [][]uint32 // agent sessions: each request's whole prompt
 }
 
