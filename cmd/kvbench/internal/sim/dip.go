@@ -72,8 +72,8 @@ type EventFigures struct {
 	LeftS stats.Optional `json:"left_s,omitzero"`
 	// WarmS (add): from the event to the end of the first window in which
 	// the new worker's cached-token ratio came within the tolerance of the
-	// fleet's in that window; NewWorkerShare: its share of the requests
-	// sent within the horizon.
+	// fleet's steady state; NewWorkerShare: its share of the requests sent
+	// within the horizon.
 	WarmS          stats.Optional  `json:"warm_s,omitzero"`
 	NewWorkerShare stats.Optional  `json:"new_worker_share,omitzero"`
 	Windows        []WindowFigures `json:"windows,omitempty"`
@@ -154,7 +154,7 @@ func measureEvent(w *workload.Workload, res, base *Result, ev EventRecord, o Dip
 		}
 		if ev.Kind == EventAdd && ev.Worker >= 0 && !f.WarmS.Valid {
 			nw := window(w, res, from, min(from+o.Window, end), o.Timeout, func(i int) bool { return res.Requests[i].Worker == ev.Worker })
-			if nw.Requests > 0 && nw.CachedTokenRatio >= wf.CachedTokenRatio-o.Tolerance {
+			if nw.Requests > 0 && nw.CachedTokenRatio >= f.Steady.CachedTokenRatio-o.Tolerance {
 				f.WarmS = stats.Optional{Value: stop.Seconds(), Valid: true}
 			}
 		}

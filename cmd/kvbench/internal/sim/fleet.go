@@ -71,8 +71,8 @@ type EventRecord struct {
 	Worker int
 	// Resent counts the requests a removal re-sent.
 	Resent int
-	// Sessions are the sessions whose latest turn before the event ran on
-	// the worker (remove and drain).
+	// Sessions are the sessions with turns still to come whose latest
+	// turn before the event ran on the worker (remove and drain).
 	Sessions []int
 	// Left is when a drained worker left (-1: still draining at the end).
 	Left time.Duration
@@ -175,7 +175,7 @@ type fleetState struct {
 	draining   []bool
 	inflight   []int  // requests submitted to the worker and not finished
 	resent     []bool // per request: re-sent after its worker was removed
-	lastWorker map[int]int
+	lastTurn   map[int]int // session → its latest turn routed
 	nextSlot   int // the slot the next add takes
 	rng        *rand.Rand
 	hits       hitCounter
@@ -196,7 +196,7 @@ func (f *fleetState) init(s *state, n int) {
 	if len(f.events) == 0 {
 		return
 	}
-	f.lastWorker = map[int]int{}
+	f.lastTurn = map[int]int{}
 	f.rng = rand.New(rand.NewPCG(s.cfg.Seed, 0x666c656574))
 	for _, e := range f.events {
 		if e.Chooser == ChooserPlan {
@@ -243,8 +243,8 @@ func (f *fleetState) due(s *state, t time.Duration) {
 				break
 			}
 			rec.Worker = wi
-			for sess, w := range f.lastWorker {
-				if w == wi {
+			for sess, last := range f.lastTurn {
+				if s.res[last].Worker == wi && s.w.Requests[last].NextTurn >= 0 {
 					rec.Sessions = append(rec.Sessions, sess)
 				}
 			}
@@ -366,9 +366,9 @@ func (f *fleetState) setWorkers(s *state) {
 // submitted notes request i running on worker wi.
 func (f *fleetState) submitted(s *state, i, wi int) {
 	f.inflight[wi]++
-	if f.lastWorker != nil {
+	if f.lastTurn != nil {
 		if sess := s.w.Requests[i].Session; sess != workload.NoSession {
-			f.lastWorker[sess] = wi
+			f.lastTurn[sess] = i
 		}
 	}
 }
