@@ -167,19 +167,19 @@ func (c *Config) checkFleet() error {
 // fleetState is the fleet's changes during a run. Without events it only
 // keeps every worker present and counts nothing.
 type fleetState struct {
-	events     []FleetEvent
-	nextEvent  int
-	records    []EventRecord
-	present    []bool // in the fleet (added workers: from their event)
-	gone       []bool // left
-	draining   []bool
-	inflight   []int  // requests submitted to the worker and not finished
-	resent     []bool // per request: re-sent after its worker was removed
-	lastTurn   map[int]int // session → its latest turn routed
-	nextSlot   int // the slot the next add takes
-	rng        *rand.Rand
-	hits       hitCounter
-	ids        []router.WorkerID // scratch: routable ids
+	events    []FleetEvent
+	nextEvent int
+	records   []EventRecord
+	present   []bool // in the fleet (added workers: from their event)
+	gone      []bool // left
+	draining  []bool
+	inflight  []int       // requests submitted to the worker and not finished
+	resent    []bool      // per request: re-sent after its worker was removed
+	lastTurn  map[int]int // session → its latest turn routed
+	nextSlot  int         // the slot the next add takes
+	rng       *rand.Rand
+	hits      hitCounter
+	ids       []router.WorkerID // scratch: routable ids
 }
 
 func (f *fleetState) init(s *state, n int) {
