@@ -25,6 +25,7 @@ func TestSimSessionAndFleetFlagValidation(t *testing.T) {
 		{"--remove-worker-at", "30s,1m", "--remove-chooser", "random", "--remove-mode", "drain"},
 		{"--add-worker-at", "10s", "--event-window", "5s", "--event-horizon", "1m", "--event-tolerance", "0.05", "--event-ttft-factor", "1.5"},
 		{"--remove-worker-at", "", "--add-worker-at", " "},
+		{"--remove-worker-at", "1s", "--remove-chooser", "id:w2"},
 	}
 	for _, args := range good {
 		if _, err := parseSimFlags(args, io.Discard); err != nil {
@@ -51,6 +52,7 @@ func TestSimSessionAndFleetFlagValidation(t *testing.T) {
 		"negative event time":       {"--add-worker-at", "-1s"},
 		"event time without unit":   {"--remove-worker-at", "30"},
 		"unknown chooser":           {"--remove-worker-at", "1s", "--remove-chooser", "cheapest"},
+		"empty worker id":           {"--remove-worker-at", "1s", "--remove-chooser", "id:"},
 		"unknown mode":              {"--remove-worker-at", "1s", "--remove-mode", "evict"},
 		"every worker removed":      {"--workers", "2", "--remove-worker-at", "1s,2s"},
 		"events with a peer":        {"--add-worker-at", "1s", "--policies", "kv,gaie"},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
@@ -55,6 +56,19 @@ const (
 
 // Choosers lists the choosers by name.
 var Choosers = []Chooser{ChooserPlan, ChooserRandom, ChooserLeastLoaded}
+
+// ChooserIDPrefix names one worker: "id:w3" takes w3 (when it still takes
+// requests), so a sweep over every worker finds what the best choice would
+// have lost (the bound any ranking is measured against).
+const ChooserIDPrefix = "id:"
+
+// Valid reports whether c is a known chooser or names a worker.
+func (c Chooser) Valid() bool {
+	if name, ok := strings.CutPrefix(string(c), ChooserIDPrefix); ok {
+		return name != ""
+	}
+	return slices.Contains(Choosers, c)
+}
 
 // FleetEvent is one change of the fleet at At.
 type FleetEvent struct {
@@ -154,7 +168,7 @@ func (c *Config) checkFleet() error {
 		switch e.Kind {
 		case EventAdd:
 		case EventRemove, EventDrain:
-			if !slices.Contains(Choosers, e.Chooser) {
+			if !e.Chooser.Valid() {
 				return fmt.Errorf("fleet event %d: chooser %q: %w", k, e.Chooser, ErrConfig)
 			}
 		default:
@@ -265,6 +279,12 @@ func (f *fleetState) due(s *state, t time.Duration) {
 func (f *fleetState) choose(s *state, c Chooser) int {
 	cands := slices.Clone(f.routableIDs(s))
 	if len(cands) < 2 {
+		return -1
+	}
+	if name, ok := strings.CutPrefix(string(c), ChooserIDPrefix); ok {
+		if wi, ok := s.byWorker[router.WorkerID(name)]; ok && f.routable(wi) {
+			return wi
+		}
 		return -1
 	}
 	switch c {

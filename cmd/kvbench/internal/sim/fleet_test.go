@@ -92,6 +92,10 @@ func TestSimChoosers(t *testing.T) {
 	if res.Events[0].Worker != 3 {
 		t.Fatalf("plan with a ranker naming w3 removed %d", res.Events[0].Worker)
 	}
+	named, _ := runEvents(t, w, router.ModeKV, FleetEvent{At: at, Kind: EventRemove, Chooser: "id:w2"}, nil)
+	if named.Events[0].Worker != 2 {
+		t.Fatalf("id:w2 removed %d", named.Events[0].Worker)
+	}
 	a, _ := runEvents(t, w, router.ModeKV, FleetEvent{At: at, Kind: EventRemove, Chooser: ChooserRandom}, nil)
 	b, _ := runEvents(t, w, router.ModeKV, FleetEvent{At: at, Kind: EventRemove, Chooser: ChooserRandom}, nil)
 	if a.Events[0].Worker != b.Events[0].Worker || a.Events[0].Worker < 0 {
