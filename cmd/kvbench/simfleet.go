@@ -35,7 +35,7 @@ func (o *fleetOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.removeAt, "remove-worker-at", "", "fleet events: remove a worker at these virtual times (comma list of durations, e.g. 30s,2m), chosen by --remove-chooser; the run is also simulated without the events, and each event's dip reported against it")
 	fs.StringVar(&o.addAt, "add-worker-at", "", "fleet events: add a cold worker (the first worker's --kv-blocks) at these virtual times (comma list of durations)")
 	fs.StringVar(&o.Chooser, "remove-chooser", string(sim.ChooserPlan), "which worker --remove-worker-at takes: plan (the cheapest by removal cost: its unique blocks weighted by their recent hits), random, least-loaded, or id:WORKER (that worker: a sweep over every worker bounds what any choice could save)")
-	fs.StringVar(&o.Mode, "remove-mode", string(sim.EventRemove), "remove (at once: its cache gone, its running and queued requests re-sent) or drain (no new requests; it finishes what it has and leaves when idle)")
+	fs.StringVar(&o.Mode, "remove-mode", string(sim.EventRemove), "remove (at once: its cache gone, its running and queued requests re-sent), drain (no new requests; it finishes what it has and leaves when idle; its bound sessions rebind) or drain-sessions (a drain that keeps serving the sessions bound there until they end)")
 	fs.DurationVar(&o.Window, "event-window", 10*time.Second, "fleet events: width of the windows the dip is measured in (by send time; the steady state is the window before the event)")
 	fs.DurationVar(&o.Horizon, "event-horizon", 5*time.Minute, "fleet events: how long after an event cached tokens lost are counted and windows judged")
 	fs.Float64Var(&o.Tolerance, "event-tolerance", 0.02, "fleet events: a window's cached-token ratio this close below the steady state counts as recovered (a new worker's, as warm against the fleet's)")
@@ -78,8 +78,8 @@ func (o *fleetOptions) check(so *simOptions) error {
 	if !sim.Chooser(o.Chooser).Valid() {
 		return cli.Usagef("--remove-chooser %q: want plan, random, least-loaded or id:WORKER", o.Chooser)
 	}
-	if o.Mode != string(sim.EventRemove) && o.Mode != string(sim.EventDrain) {
-		return cli.Usagef("--remove-mode %q: want remove or drain", o.Mode)
+	if o.Mode != string(sim.EventRemove) && o.Mode != string(sim.EventDrain) && o.Mode != string(sim.EventDrainSessions) {
+		return cli.Usagef("--remove-mode %q: want remove, drain or drain-sessions", o.Mode)
 	}
 	switch {
 	case o.Window <= 0:

@@ -26,6 +26,7 @@ func TestSimSessionAndFleetFlagValidation(t *testing.T) {
 		{"--add-worker-at", "10s", "--event-window", "5s", "--event-horizon", "1m", "--event-tolerance", "0.05", "--event-ttft-factor", "1.5"},
 		{"--remove-worker-at", "", "--add-worker-at", " "},
 		{"--remove-worker-at", "1s", "--remove-chooser", "id:w2"},
+		{"--remove-worker-at", "1s", "--remove-mode", "drain-sessions"},
 	}
 	for _, args := range good {
 		if _, err := parseSimFlags(args, io.Discard); err != nil {

@@ -120,6 +120,12 @@ func (a *affinityState) route(s *state, k, i int, req router.Request) (router.De
 			}
 			return rt.Route(req, epoch.Add(s.now)) // soft and busy: the binding stays
 		}
+		if wi := s.byWorker[bound]; s.fleet.keeping[wi] && !s.fleet.gone[wi] {
+			// Draining with its sessions kept: the bound turn still goes there.
+			if d, err := routeTo(s, k, bound, req); err == nil {
+				return d, nil
+			}
+		}
 		// Its worker left or drains: the holder of most of the prefix.
 		if h, found := a.bestHolder(s, req.Hashes); found {
 			if d, err := routeTo(s, k, h, req); err == nil {
@@ -138,14 +144,21 @@ func (a *affinityState) route(s *state, k, i int, req router.Request) (router.De
 // routeTo routes req through router k to worker w only (every other worker
 // excluded), so the router books it as any decision of its own.
 func routeTo(s *state, k int, w router.WorkerID, req router.Request) (router.Decision, error) {
-	req.Exclude = slices.DeleteFunc(s.fleet.routableIDs(s), func(id router.WorkerID) bool { return id == w })
+	req.Exclude = othersThan(s, w)
 	return s.rts[k].Route(req, epoch.Add(s.now))
+}
+
+// othersThan are the routers' candidates other than w: the workers that
+// take requests and those draining with their sessions kept.
+func othersThan(s *state, w router.WorkerID) []router.WorkerID {
+	ids := append(slices.Clone(s.fleet.routableIDs(s)), s.fleet.keepingIDs(s)...)
+	return slices.DeleteFunc(ids, func(id router.WorkerID) bool { return id == w })
 }
 
 // busy reports whether worker w is over the soft-mode share in router k's
 // view (or busy by the router's own thresholds).
 func (a *affinityState) busy(s *state, k int, w router.WorkerID, req router.Request) bool {
-	req.Exclude = slices.DeleteFunc(s.fleet.routableIDs(s), func(id router.WorkerID) bool { return id == w })
+	req.Exclude = othersThan(s, w)
 	d, err := s.rts[k].Decide(req, epoch.Add(s.now))
 	if errors.Is(err, router.ErrAllBusy) {
 		return true

@@ -169,7 +169,7 @@ func measureEvent(w *workload.Workload, res, base *Result, ev EventRecord, o Dip
 		on := window(w, res, t, end, o.Timeout, func(i int) bool { return res.Requests[i].Worker == ev.Worker })
 		f.NewWorkerShare = stats.Optional{Value: float64(on.Requests) / float64(f.After.Requests), Valid: true}
 	}
-	if ev.Kind == EventDrain && ev.Left >= 0 {
+	if (ev.Kind == EventDrain || ev.Kind == EventDrainSessions) && ev.Left >= 0 {
 		f.LeftS = stats.Optional{Value: (ev.Left - t).Seconds(), Valid: true}
 	}
 	var lost, baseCached int64

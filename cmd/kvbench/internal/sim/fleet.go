@@ -24,6 +24,9 @@ import (
 //     routers drop it from their candidates), its running and queued
 //     requests finish there, and it leaves (cache and index entries gone)
 //     when it is idle.
+//   - drain-sessions: a drain that keeps the worker's bound sessions
+//     (session affinity) there until they end; it leaves when idle and no
+//     session bound there has a turn to come.
 //   - add: a worker with the first worker's capacity joins, cold.
 //
 // Sessions bound to a worker that leaves or drains rebind at their next
@@ -36,7 +39,12 @@ type EventKind string
 const (
 	EventRemove EventKind = "remove"
 	EventDrain  EventKind = "drain"
-	EventAdd    EventKind = "add"
+	// EventDrainSessions drains but keeps serving the sessions bound to
+	// the worker (session affinity) until they end: no new session and no
+	// unbound request goes there; it leaves when idle with no bound
+	// session left to come back.
+	EventDrainSessions EventKind = "drain-sessions"
+	EventAdd           EventKind = "add"
 )
 
 // Chooser picks the worker a remove or drain takes.
@@ -167,7 +175,7 @@ func (c *Config) checkFleet() error {
 		}
 		switch e.Kind {
 		case EventAdd:
-		case EventRemove, EventDrain:
+		case EventRemove, EventDrain, EventDrainSessions:
 			if !e.Chooser.Valid() {
 				return fmt.Errorf("fleet event %d: chooser %q: %w", k, e.Chooser, ErrConfig)
 			}
@@ -187,13 +195,16 @@ type fleetState struct {
 	present   []bool // in the fleet (added workers: from their event)
 	gone      []bool // left
 	draining  []bool
-	inflight  []int       // requests submitted to the worker and not finished
-	resent    []bool      // per request: re-sent after its worker was removed
-	lastTurn  map[int]int // session → its latest turn routed
-	nextSlot  int         // the slot the next add takes
-	rng       *rand.Rand
-	hits      hitCounter
-	ids       []router.WorkerID // scratch: routable ids
+	// keeping: a drain-sessions worker: still a router candidate (bound
+	// turns go there), excluded from every other decision.
+	keeping  []bool
+	inflight []int       // requests submitted to the worker and not finished
+	resent   []bool      // per request: re-sent after its worker was removed
+	lastTurn map[int]int // session → its latest turn routed
+	nextSlot int         // the slot the next add takes
+	rng      *rand.Rand
+	hits     hitCounter
+	ids      []router.WorkerID // scratch: routable ids
 }
 
 func (f *fleetState) init(s *state, n int) {
@@ -201,6 +212,7 @@ func (f *fleetState) init(s *state, n int) {
 	f.present = make([]bool, n)
 	f.gone = make([]bool, n)
 	f.draining = make([]bool, n)
+	f.keeping = make([]bool, n)
 	f.inflight = make([]int, n)
 	f.resent = make([]bool, len(s.w.Requests))
 	for i := range s.cfg.Workers {
@@ -251,7 +263,7 @@ func (f *fleetState) due(s *state, t time.Duration) {
 		switch e.Kind {
 		case EventAdd:
 			rec.Worker = f.add(s)
-		case EventRemove, EventDrain:
+		case EventRemove, EventDrain, EventDrainSessions:
 			wi := f.choose(s, e.Chooser)
 			if wi < 0 {
 				break
@@ -263,10 +275,14 @@ func (f *fleetState) due(s *state, t time.Duration) {
 				}
 			}
 			slices.Sort(rec.Sessions)
-			if e.Kind == EventDrain {
+			switch e.Kind {
+			case EventDrain:
 				f.draining[wi] = true
 				f.setWorkers(s)
-			} else {
+			case EventDrainSessions:
+				f.draining[wi], f.keeping[wi] = true, true
+				f.setWorkers(s)
+			default:
 				rec.Resent = f.remove(s, wi)
 			}
 		}
@@ -348,12 +364,40 @@ func (f *fleetState) leave(s *state, wi int) {
 func (f *fleetState) leaveIdle(s *state) {
 	for k := range f.records {
 		rec := &f.records[k]
-		if rec.Kind != EventDrain || rec.Worker < 0 || f.gone[rec.Worker] || f.inflight[rec.Worker] > 0 {
+		if (rec.Kind != EventDrain && rec.Kind != EventDrainSessions) || rec.Worker < 0 || f.gone[rec.Worker] || f.inflight[rec.Worker] > 0 {
+			continue
+		}
+		if rec.Kind == EventDrainSessions && f.sessionsToCome(s, rec.Worker) {
 			continue
 		}
 		rec.Left = s.now
 		f.leave(s, rec.Worker)
 	}
+}
+
+// sessionsToCome reports whether a session bound to worker wi (its latest
+// turn ran there) has a turn still to come.
+func (f *fleetState) sessionsToCome(s *state, wi int) bool {
+	if s.cfg.Affinity.Mode == AffinityOff {
+		return false
+	}
+	for _, last := range f.lastTurn {
+		if s.res[last].Worker == wi && s.w.Requests[last].NextTurn >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// keepingIDs are the drain-sessions workers still in the fleet (scratch).
+func (f *fleetState) keepingIDs(s *state) []router.WorkerID {
+	var ids []router.WorkerID
+	for wi, k := range f.keeping {
+		if k && !f.gone[wi] {
+			ids = append(ids, s.ids[wi])
+		}
+	}
+	return ids
 }
 
 // add brings the next added worker in, cold.
@@ -374,7 +418,7 @@ func (f *fleetState) add(s *state) int {
 func (f *fleetState) setWorkers(s *state) {
 	var infos []router.WorkerInfo
 	for wi, id := range s.ids {
-		if f.routable(wi) {
+		if f.routable(wi) || (f.keeping[wi] && !f.gone[wi]) {
 			infos = append(infos, router.WorkerInfo{ID: id, TotalBlocks: s.capacity(wi), MaxBatchedTokens: s.engines[wi].Config().MaxBatchedTokens})
 		}
 	}

@@ -259,8 +259,28 @@ func TestSimDrainRebindsSessions(t *testing.T) {
 	base, _ := run(t, w, cfg)
 	cfg.Events = []FleetEvent{{At: 2 * time.Second, Kind: EventDrain, Chooser: ChooserRandom}}
 	res, _ := run(t, w, cfg)
-	f := MeasureEvents(w, res, base, DipOptions{Window: time.Second, Horizon: time.Minute, Tolerance: 0.02, TTFTFactor: 1.2, Timeout: time.Minute})
+	o := DipOptions{Window: time.Second, Horizon: time.Minute, Tolerance: 0.02, TTFTFactor: 1.2, Timeout: time.Minute}
+	f := MeasureEvents(w, res, base, o)
 	if len(res.Events[0].Sessions) == 0 || !f[0].SessionsKept.Valid || f[0].SessionsKept.Value < 0.5 {
 		t.Fatalf("sessions %v kept %+v", res.Events[0].Sessions, f[0].SessionsKept)
+	}
+	// Keeping the sessions there until they end keeps all their cache;
+	// nothing else is sent there after the drain; it leaves later.
+	cfg.Events[0].Kind = EventDrainSessions
+	keep, sum := run(t, w, cfg)
+	fk := MeasureEvents(w, keep, base, o)
+	rec := keep.Events[0]
+	if sum.Errors != 0 || rec.Worker != res.Events[0].Worker || rec.Left < 0 || rec.Left <= res.Events[0].Left ||
+		!fk[0].SessionsKept.Valid || fk[0].SessionsKept.Value < 0.99 {
+		t.Fatalf("drain-sessions: %d errors, worker %d, left %v (drain: %v), kept %+v", sum.Errors, rec.Worker, rec.Left, res.Events[0].Left, fk[0].SessionsKept)
+	}
+	bound := map[int]bool{}
+	for _, sess := range rec.Sessions {
+		bound[sess] = true
+	}
+	for i, rr := range keep.Requests {
+		if rr.Worker == rec.Worker && rr.Sent >= rec.At && !bound[w.Requests[i].Session] {
+			t.Fatalf("request %d of session %d (not bound there) sent to the draining worker", i, w.Requests[i].Session)
+		}
 	}
 }

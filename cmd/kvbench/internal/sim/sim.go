@@ -453,6 +453,8 @@ func (s *state) send(i int) {
 // route is router k's decision for request i: the policy's, or the
 // session's bound worker (affinity.go).
 func (s *state) route(k, i int, req router.Request) (router.Decision, error) {
+	// Workers draining with their sessions kept take no other request.
+	req.Exclude = s.fleet.keepingIDs(s)
 	if s.cfg.Affinity.Mode != AffinityOff && s.w.Requests[i].Session != workload.NoSession {
 		return s.aff.route(s, k, i, req)
 	}
