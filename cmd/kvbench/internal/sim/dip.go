@@ -8,10 +8,12 @@ import (
 )
 
 // The dip a fleet event leaves: the cached-token ratio and TTFT of the
-// requests sent in windows after it, against the window before it (the
-// steady state), and the cached tokens lost against the same run without
-// the event (paired request by request: the workload is the same, and the
-// two runs are the same up to the event).
+// requests sent in windows after it, against the window before it in the
+// same run without the event (the steady state: the two runs are the same
+// up to the event but for the requests the event re-sends), and the cached
+// tokens lost against that run (paired request by request: the workload is
+// the same). A request a removal re-sent counts at its re-send, in the
+// windows after the event, with its TTFT from its first send.
 
 // DipOptions say how a dip is measured.
 type DipOptions struct {
@@ -45,8 +47,8 @@ type EventFigures struct {
 	Chooser string  `json:"chooser,omitempty"`
 	Worker  string  `json:"worker"` // "" when the event took no worker
 	AtS     float64 `json:"at_s"`
-	// Steady is the window before the event; After is the whole horizon
-	// after it.
+	// Steady is the window before the event in the run without it; After
+	// is the whole horizon after it.
 	Steady WindowFigures `json:"steady"`
 	After  WindowFigures `json:"after"`
 	// The dip's depth: the lowest window ratio and the highest window p99
@@ -95,7 +97,7 @@ func window(w *workload.Workload, res *Result, from, to time.Duration, timeout t
 	var ttft []float64
 	n := 0
 	for i, rr := range res.Requests {
-		if rr.Sent < from || rr.Sent >= to || (keep != nil && !keep(i)) {
+		if at := sentKey(rr); at < from || at >= to || (keep != nil && !keep(i)) {
 			continue
 		}
 		n++
@@ -123,12 +125,12 @@ func measureEvent(w *workload.Workload, res, base *Result, ev EventRecord, o Dip
 	if ev.Worker >= 0 {
 		f.Worker = string(res.Workers[ev.Worker])
 	}
-	f.Steady = window(w, res, max(t-o.Window, 0), t, o.Timeout, nil)
+	f.Steady = window(w, base, max(t-o.Window, 0), t, o.Timeout, nil)
 	f.Steady.StartS = -min(o.Window, t).Seconds()
 	end := t + o.Horizon
 	lastSent := time.Duration(0)
 	for _, rr := range res.Requests {
-		lastSent = max(lastSent, rr.Sent)
+		lastSent = max(lastSent, sentKey(rr))
 	}
 	f.After = window(w, res, t, end, o.Timeout, nil)
 	ratioOut, ttftOut := time.Duration(0), time.Duration(0)
@@ -174,7 +176,7 @@ func measureEvent(w *workload.Workload, res, base *Result, ev EventRecord, o Dip
 	}
 	var lost, baseCached int64
 	for i, rr := range res.Requests {
-		if rr.Sent < t || rr.Sent >= end {
+		if at := sentKey(rr); at < t || at >= end {
 			continue
 		}
 		b := cachedOf(base.Requests[i])
@@ -189,7 +191,7 @@ func measureEvent(w *workload.Workload, res, base *Result, ev EventRecord, o Dip
 		var kept, was int64
 		for _, sess := range ev.Sessions {
 			for _, i := range w.Sessions[sess] {
-				if res.Requests[i].Sent < t {
+				if sentKey(res.Requests[i]) < t {
 					continue
 				}
 				kept += cachedOf(res.Requests[i])
@@ -201,6 +203,15 @@ func measureEvent(w *workload.Workload, res, base *Result, ev EventRecord, o Dip
 		}
 	}
 	return f
+}
+
+// sentKey is when a request counts as sent for the windows: its re-send,
+// when a removal re-sent it.
+func sentKey(rr RequestResult) time.Duration {
+	if rr.ResentAt > 0 {
+		return rr.ResentAt
+	}
+	return rr.Sent
 }
 
 // cachedOf is a request's cached tokens, 0 when it did not complete.

@@ -341,7 +341,7 @@ func (f *fleetState) remove(s *state, wi int) int {
 		id := s.w.Requests[j].ID
 		s.rts[s.owner[j]].Free(id)
 		s.announce(s.owner[j], syncMsg{kind: syncFree, id: id})
-		rr.Worker, rr.FirstToken, rr.CachedTokens = -1, 0, 0
+		rr.Worker, rr.FirstToken, rr.CachedTokens, rr.ResentAt = -1, 0, 0, s.now
 		f.resent[j] = true
 		s.push(s.now, j)
 		resent++

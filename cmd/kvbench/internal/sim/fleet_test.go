@@ -240,6 +240,16 @@ func TestSimMeasureDip(t *testing.T) {
 			}
 		})
 	}
+	// A request sent at 15 s and re-sent at 20 s counts after the event:
+	// its TTFT from its first send, its lost cache too; the steady state
+	// is the run without the event's.
+	resent := mk([]req{{s(10), 10 * ms, 80, 0}, {s(15), 5010 * ms, 0, 0}, {s(20), 10 * ms, 80, 0}})
+	resent.Requests[1].ResentAt = s(20)
+	f := measureEvent(w, resent, mk([]req{{s(10), 10 * ms, 80, 0}, {s(15), 10 * ms, 80, 0}, {s(20), 10 * ms, 80, 0}}),
+		EventRecord{FleetEvent: FleetEvent{At: s(20), Kind: EventRemove}, Worker: 1}, o)
+	if f.Steady.Requests != 2 || f.Steady.TTFT.P99 != 10 || f.After.Requests != 2 || f.LostCachedTokens != 80 || f.MaxTTFTP99Ms < 4900 {
+		t.Fatalf("with a re-sent request: %+v", f)
+	}
 	// A horizon ending inside the dip: not recovered.
 	o.Horizon = s(20)
 	if f := measureEvent(w, got, base, EventRecord{FleetEvent: FleetEvent{At: s(20), Kind: EventRemove}, Worker: 1}, o); f.RecoveredS.Valid {

@@ -90,6 +90,9 @@ type RequestResult struct {
 	Done         bool
 	Err          string // routing or engine rejection; "" when fine
 	Preemptions  int
+	// ResentAt is when the request was last re-sent because its worker
+	// was removed (fleet.go); 0 when never.
+	ResentAt time.Duration
 }
 
 // Result is one run's outcome.
