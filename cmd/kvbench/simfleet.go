@@ -38,8 +38,8 @@ func (o *fleetOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Mode, "remove-mode", string(sim.EventRemove), "remove (at once: its cache gone, its running and queued requests re-sent), drain (no new requests; it finishes what it has and leaves when idle; its bound sessions rebind) or drain-sessions (a drain that keeps serving the sessions bound there until they end)")
 	fs.DurationVar(&o.Window, "event-window", 10*time.Second, "fleet events: width of the windows the dip is measured in (by send time; the steady state is the window before the event)")
 	fs.DurationVar(&o.Horizon, "event-horizon", 5*time.Minute, "fleet events: how long after an event cached tokens lost are counted and windows judged")
-	fs.Float64Var(&o.Tolerance, "event-tolerance", 0.02, "fleet events: a window's cached-token ratio this close below the steady state counts as recovered (a new worker's, as warm against the fleet's)")
-	fs.Float64Var(&o.TTFTFactor, "event-ttft-factor", 1.2, "fleet events: a window's p99 TTFT up to this multiple of the steady state's counts as recovered")
+	fs.Float64Var(&o.Tolerance, "event-tolerance", 0.02, "fleet events: a window's cached-token ratio this close below the same window without the event counts as recovered (a new worker's this close below the steady state, as warm)")
+	fs.Float64Var(&o.TTFTFactor, "event-ttft-factor", 1.2, "fleet events: a window's p99 TTFT up to this multiple of the same window's without the event (or of the steady state's, when higher) counts as recovered")
 }
 
 // parseEventTimes parses a comma list of non-negative durations (at most
