@@ -45,7 +45,7 @@ type WindowFigures struct {
 type EventFigures struct {
 	Kind    string  `json:"kind"`
 	Chooser string  `json:"chooser,omitempty"`
-	Worker  string  `json:"worker"` // "" when the event took no worker
+	Worker  string  `json:"worker,omitempty"` // "" when the event took no worker (and in a mean over reps: see workers)
 	AtS     float64 `json:"at_s"`
 	// Steady is the window before the event in the run without it; After
 	// is the whole horizon after it.
