@@ -116,23 +116,21 @@ func writeSessionsAndEvents(b *strings.Builder, results []Result) {
 			} else {
 				b.WriteString("; not recovered")
 			}
-			if e.SessionsKept.Valid {
-				fmt.Fprintf(b, "; its sessions kept %.1f%%", 100*e.SessionsKept.Value)
-			}
-			if e.LeftS.Valid {
-				fmt.Fprintf(b, "; left after %.1fs", e.LeftS.Value)
-			}
-			if e.WarmS.Valid {
-				fmt.Fprintf(b, "; warm in %.0fs", e.WarmS.Value)
-			}
-			if e.NewWorkerShare.Valid {
-				fmt.Fprintf(b, "; new worker's share %.1f%%", 100*e.NewWorkerShare.Value)
-			}
-			if e.Steered.Valid {
-				fmt.Fprintf(b, "; warm-up steered %.0f", e.Steered.Value)
-			}
-			if e.WarmUpEndS.Valid {
-				fmt.Fprintf(b, ", ended after %.0fs", e.WarmUpEndS.Value)
+			for _, o := range []struct {
+				format string
+				v      stats.Optional
+				scale  float64
+			}{
+				{"; its sessions kept %.1f%%", e.SessionsKept, 100},
+				{"; left after %.1fs", e.LeftS, 1},
+				{"; warm in %.0fs", e.WarmS, 1},
+				{"; new worker's share %.1f%%", e.NewWorkerShare, 100},
+				{"; warm-up steered %.0f", e.Steered, 1},
+				{", ended after %.0fs", e.WarmUpEndS, 1},
+			} {
+				if o.v.Valid {
+					fmt.Fprintf(b, o.format, o.scale*o.v.Value)
+				}
 			}
 			b.WriteByte('\n')
 		}
