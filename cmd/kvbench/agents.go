@@ -20,7 +20,7 @@ import (
 func runAgents(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kvbench agents", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var a workload.AgentSpec
+	var a workload.AgentTraceSpec
 	var out string
 	fs.IntVar(&a.Sessions, "sessions", 40, "root agent sessions")
 	fs.IntVar(&a.Turns, "turns", 8, "turns per root session")

@@ -5,7 +5,6 @@ import (
 	"io"
 	"math"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,7 +14,6 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
 	"github.com/kvrouter/kvrouter/engine"
-	"github.com/kvrouter/kvrouter/internal/warmup"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -50,8 +48,6 @@ type simOptions struct {
 	// length as its expected output (nvext.agent_hints.osl).
 	TrackOutputBlocks bool
 	OSLHint           bool
-	// SessionAffinity is sim.Config.SessionAffinity (--session-affinity).
-	SessionAffinity bool
 
 	Seed     uint64
 	Reps     int
@@ -62,6 +58,11 @@ type simOptions struct {
 	Popularity string
 	HotShift   int
 
+	// Agent sessions (synthetic) and session affinity (sessions.go).
+	Sessions sessionOptions
+	// Fleet events (fleetflags.go).
+	Fleet fleetOptions
+
 	// Trace workload.
 	Trace       string
 	MaxRequests int
@@ -70,18 +71,11 @@ type simOptions struct {
 	Plot       string
 	CPUProfile string
 	Progress   progress.Flags
-
-	// Remove is the fleet event of --remove-at and --remove-choice, Add
-	// that of --add-at (nil: none; at most one of them).
-	Remove *sim.Removal
-	Add    *sim.Addition
-	// WarmUp is --warmup-share's policy for Add's joiner (nil: none).
-	WarmUp *warmup.Policy
 }
 
 // syntheticFlags configure the synthetic workload; sim refuses them with --trace.
 func syntheticFlags() []string {
-	return append(cli.WorkloadFlags(), "popularity", "hot-shift", "repeat")
+	return append(cli.WorkloadFlags(), "popularity", "hot-shift", "repeat", "session-turns", "think-time-ms", "subagents")
 }
 
 // parseSimFlags parses and validates kvbench sim's arguments. Every error it
@@ -104,7 +98,6 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.StringVar(&eventDelay, "event-delay", "5ms", "virtual delay from an engine's KV event to the router's index")
 	fs.IntVar(&o.Routers, "routers", 1, "simulated routers (kvrouter replicas) behind a round-robin balancer; each keeps its own load view, all read the one event-fed index")
 	fs.StringVar(&syncDelay, "sync-delay", "0s", "with --routers > 1: replica sync lag, from one router's booking, first token or free to the others' load views")
-	fs.BoolVar(&o.SessionAffinity, "session-affinity", false, "trace sessions (session_id): bind each to the worker of its first turn and send its later turns there through any router, as kvrouter serve --router-session-affinity-ttl-secs does")
 	fs.StringVar(&syncFreeExtra, "sync-free-extra", "0s", "with --routers > 1: first tokens and frees reach the other routers this much later than bookings do (the phantom load of a late free)")
 	fs.IntVar(&o.Repeat, "repeat", 1, "synthetic: send the request list this many times in a row (back-to-back reps with one seed, caches and router state carried over)")
 	fs.DurationVar(&o.Timeout, "timeout", 60*time.Second, "a request that fails counts in TTFT and E2E as this long (kvbench load's default timeout); the simulator itself enforces none")
@@ -136,13 +129,8 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.StringVar(&o.JSON, "json", "", "write the JSON report to this file")
 	fs.StringVar(&o.Plot, "plot", "", "write a PNG chart (hit rate, TTFT p50/p99 per policy) to this file")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile to this file")
-	var removeAt, removeChoice string
-	fs.StringVar(&removeAt, "remove-at", "", "fleet event: remove a worker at this virtual time (e.g. 10m), as a drain does it: no new requests, running ones finish, its cache is gone; the JSON reports the cached tokens lost over the next 5 minutes and the hit-rate and TTFT dips")
-	var addAt string
-	var warmShare float64
-	fs.Float64Var(&warmShare, "warmup-share", 0, "with --add-at: send this share (0..1] of new and duplicated prefixes to the joining worker on purpose while the fleet is under 0.8 of its busy thresholds, until its hit rate reaches the fleet's (internal/warmup); 0 = off")
-	fs.StringVar(&addAt, "add-at", "", "fleet event: the last worker joins at this virtual time (e.g. 10m), idle and with an empty cache until then; the JSON reports its share of the requests, when it reached the fleet's hit rate, and the hit-rate and TTFT dips")
-	fs.StringVar(&removeChoice, "remove-choice", sim.ChoosePlan, "with --remove-at: which worker — plan (the fleet plan's cheapest to remove), random, least-loaded, or worker:ID")
+	o.Sessions.register(fs)
+	o.Fleet.register(fs)
 	o.Progress.Register(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return nil, err
@@ -161,30 +149,6 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	var err error
 	if o.KVBlocks, err = parseKVBlocks(kvBlocks, o.Workers); err != nil {
 		return nil, err
-	}
-	if o.Remove, err = parseRemoval(removeAt, removeChoice, set["remove-choice"], o.Workers); err != nil {
-		return nil, err
-	}
-	if addAt != "" {
-		d, err := time.ParseDuration(addAt)
-		switch {
-		case err != nil || d < 0:
-			return nil, cli.Usagef("--add-at %q: want a non-negative duration such as 10m", addAt)
-		case o.Remove != nil:
-			return nil, cli.Usagef("--add-at and --remove-at: one fleet event per run")
-		case o.Workers < 2:
-			return nil, cli.Usagef("--add-at: the last of %d workers joins late, so at least two", o.Workers)
-		}
-		o.Add = &sim.Addition{At: d}
-	}
-	if set["warmup-share"] {
-		switch {
-		case o.Add == nil:
-			return nil, cli.Usagef("--warmup-share needs --add-at")
-		case !(warmShare > 0 && warmShare <= 1):
-			return nil, cli.Usagef("--warmup-share %v: want a share in (0,1]", warmShare)
-		}
-		o.WarmUp = &warmup.Policy{Share: warmShare, Headroom: warmup.DefaultHeadroom}
 	}
 	if o.MaxBatchedTokens < 1 {
 		return nil, cli.Usagef("--max-batched-tokens %d: must be positive", o.MaxBatchedTokens)
@@ -275,6 +239,12 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	if o.Parallel == 0 {
 		o.Parallel = runtime.GOMAXPROCS(0)
 	}
+	if err := o.Sessions.check(set, o); err != nil {
+		return nil, err
+	}
+	if err := o.Fleet.check(o); err != nil {
+		return nil, err
+	}
 
 	if o.Trace != "" {
 		for _, name := range syntheticFlags() {
@@ -314,6 +284,14 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	}
 	// A request must fit in every worker's cache, or it could never run there.
 	need := o.PrefixTokens + o.TailTokens + o.OutputTokens
+	if t := o.Sessions.Turns; t > 0 {
+		// The last turn carries every earlier answer and message (a
+		// subagent's also the parent's first).
+		if o.Sessions.Subagents == 0 {
+			t--
+		}
+		need += t * (o.TailTokens + o.OutputTokens)
+	}
 	for i, b := range o.KVBlocks {
 		if need > b*o.BlockSize {
 			return nil, cli.Usagef("a request needs %d tokens (%d prompt + %d output) but worker %d holds only %d blocks of %d tokens (%d): raise --kv-blocks",
@@ -436,35 +414,4 @@ func (o *simOptions) engineConfig() engine.Config {
 		Speedup:          o.Speedup,
 		EngineHashSeed:   o.EngineHashSeed,
 	}
-}
-
-// parseRemoval reads --remove-at and --remove-choice (nil without a time).
-func parseRemoval(at, choice string, choiceSet bool, workers int) (*sim.Removal, error) {
-	if at == "" {
-		if choiceSet {
-			return nil, cli.Usagef("--remove-choice needs --remove-at")
-		}
-		return nil, nil
-	}
-	d, err := time.ParseDuration(at)
-	if err != nil || d < 0 {
-		return nil, cli.Usagef("--remove-at %q: want a non-negative duration such as 10m", at)
-	}
-	if workers < 2 {
-		return nil, cli.Usagef("--remove-at: removing one of %d workers leaves none", workers)
-	}
-	r := &sim.Removal{At: d, Choose: choice}
-	if id, ok := strings.CutPrefix(choice, sim.ChooseWorker+":"); ok {
-		r.Choose, r.Worker = sim.ChooseWorker, id
-		for i := range workers {
-			if sim.WorkerID(i, workers) == id {
-				return r, nil
-			}
-		}
-		return nil, cli.Usagef("--remove-choice %q: no such worker (w0 … %s)", choice, sim.WorkerID(workers-1, workers))
-	}
-	if !slices.Contains(sim.Choices, choice) {
-		return nil, cli.Usagef("--remove-choice %q: want %s or worker:ID", choice, strings.Join(sim.Choices, ", "))
-	}
-	return r, nil
 }

@@ -107,10 +107,14 @@ type simConfig struct {
 	Seed             uint64    `json:"seed"`
 	Reps             int       `json:"reps"`
 	Synthetic        *synthCfg `json:"synthetic,omitempty"`
-	Trace            *traceCfg `json:"trace,omitempty"`
-	Requests         int       `json:"requests"`
-	HitRule          string    `json:"hit_rule"`
-	WallSeconds      float64   `json:"wall_seconds"`
+	// Agent sessions, session affinity and fleet events (issues 28, 29).
+	Sessions        *sessionsCfg `json:"sessions,omitempty"`
+	SessionAffinity *affinityCfg `json:"session_affinity,omitempty"`
+	FleetEvents     *fleetCfg    `json:"fleet_events,omitempty"`
+	Trace           *traceCfg    `json:"trace,omitempty"`
+	Requests        int          `json:"requests"`
+	HitRule         string       `json:"hit_rule"`
+	WallSeconds     float64      `json:"wall_seconds"`
 
 	// --track-output-blocks and --sim-osl-hint.
 	TrackOutputBlocks bool `json:"track_output_blocks,omitempty"`
@@ -185,6 +189,9 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 
 	var done atomic.Int64
 	total := int64(np * o.Reps * len(loads[0].Requests))
+	if len(o.Fleet.events()) > 0 {
+		total *= 2 // each run again without the events
+	}
 	stop := progress.Start(stderr, progress.Meter{Name: "kvbench sim", Unit: "requests", Total: total, Count: done.Load},
 		o.Progress.Options(stderr))
 
@@ -218,8 +225,16 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 					errs[(j.p+1)*o.Reps+j.r] = fmt.Errorf("policy %s, rep %d: %w", o.Policies[j.p], j.r, err)
 					continue
 				}
-				runs[j.p][j.r] = report.Run{Seed: seed, Summary: sim.SummarizeSLO(loads[j.r], res, o.Timeout, o.slo()), WallSeconds: time.Since(t0).Seconds(),
-					Removal: res.Removal, Addition: res.Addition}
+				sum := sim.SummarizeSLO(loads[j.r], res, o.Timeout, o.slo())
+				if evs := o.Fleet.events(); len(evs) > 0 {
+					base, err := o.runBaseline(loads[j.r], o.Policies[j.p], seed, func() { done.Add(1) })
+					if err != nil {
+						errs[(j.p+1)*o.Reps+j.r] = fmt.Errorf("policy %s, rep %d, without fleet events: %w", o.Policies[j.p], j.r, err)
+						continue
+					}
+					sum.Events = sim.MeasureEvents(loads[j.r], res, base, o.Fleet.dip(o.Timeout))
+				}
+				runs[j.p][j.r] = report.Run{Seed: seed, Summary: sum, WallSeconds: time.Since(t0).Seconds()}
 			}
 		}()
 	}
@@ -262,13 +277,16 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 	} else if o.OSLHint {
 		header += ", osl hint"
 	}
-	if o.Remove != nil {
-		header += fmt.Sprintf(", a worker removed at %v (%s)", o.Remove.At, o.Remove.Choose)
+	if a := o.Sessions.affinity(); a.Mode != sim.AffinityOff {
+		header += fmt.Sprintf(", %s session affinity", a.Mode)
+		if o.Routers > 1 {
+			header += " (" + o.Sessions.Table + " bindings)"
+		}
 	}
-	if o.Add != nil {
-		header += fmt.Sprintf(", the last worker joining at %v", o.Add.At)
-		if o.WarmUp != nil {
-			header += fmt.Sprintf(" (warm-up share %.2f)", o.WarmUp.Share)
+	if n := len(o.Fleet.events()); n > 0 {
+		header += fmt.Sprintf(", %d fleet events", n)
+		if w := o.Fleet.warmUp(); w != nil {
+			header += fmt.Sprintf(" (warm-up share %.2f)", w.Share)
 		}
 	}
 	if o.Reps > 1 {
@@ -295,6 +313,8 @@ func (o *simOptions) runPolicy(w *workload.Workload, m router.Mode, seed uint64,
 	if !peer {
 		cfg := o.simConfig(o.routerConfig(m), seed)
 		cfg.Progress = progress
+		cfg.Events = o.Fleet.events()
+		cfg.WarmUp = o.Fleet.warmUp()
 		return sim.Run(w, cfg)
 	}
 	cfg := o.simConfig(o.routerConfig(router.ModeRoundRobin), seed) // the router is not consulted
@@ -313,6 +333,15 @@ func (o *simOptions) runPolicy(w *workload.Workload, m router.Mode, seed uint64,
 		res.Policy = string(m)
 	}
 	return res, err
+}
+
+// runBaseline is runPolicy's run of our router in mode m without the
+// fleet events, its workers named as in the run with them.
+func (o *simOptions) runBaseline(w *workload.Workload, m router.Mode, seed uint64, progress func()) (*sim.Result, error) {
+	cfg := o.simConfig(o.routerConfig(m), seed)
+	cfg.Progress = progress
+	cfg.IDSlots = o.Workers + len(o.Fleet.Add)
+	return sim.Run(w, cfg)
 }
 
 // peerPath is where a peer binary is: $KVBENCH_PEER_DIR, else beside this
@@ -335,8 +364,8 @@ func peerPath(bin string) string {
 func (o *simOptions) simConfig(rc router.Config, seed uint64) sim.Config {
 	return sim.Config{
 		Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(), Router: rc, EventDelay: o.EventDelay, Seed: seed,
-		Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra, OSLHint: o.OSLHint, Remove: o.Remove, Add: o.Add, WarmUp: o.WarmUp,
-		SessionAffinity: o.SessionAffinity,
+		Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra, OSLHint: o.OSLHint,
+		Affinity: o.Sessions.affinity(),
 	}
 }
 
@@ -360,6 +389,7 @@ func (o *simOptions) workloads(stderr io.Writer) ([]*workload.Workload, error) {
 	for r := range loads {
 		spec := o.Workload.Spec(o.BlockSize, o.Seed+uint64(r))
 		spec.Popularity, spec.HotShift = o.Popularity, o.HotShift
+		spec.Agent = o.Sessions.agent()
 		w, err := workload.NewSynthetic(spec)
 		if err != nil {
 			return nil, err
@@ -432,6 +462,8 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 	for _, m := range o.Policies {
 		c.Policies = append(c.Policies, string(m))
 	}
+	c.Sessions, c.SessionAffinity = o.Sessions.config()
+	c.FleetEvents = o.Fleet.config()
 	if w.Kind == workload.Trace {
 		c.Trace = &traceCfg{Path: o.Trace, MaxRequests: o.MaxRequests, Sessions: len(w.Sessions)}
 		c.HitRule = fmt.Sprintf("cached prompt tokens >= one block (%d tokens)", o.BlockSize)

@@ -59,11 +59,22 @@ type Result struct {
 	// Reps are the per-rep figures the medians come from.
 	Reps []RepFigures `json:"reps,omitempty"`
 
-	// FleetEvents are the worker removals of kvbench sim --remove-at, one
-	// per rep (not folded: each rep removes its own worker).
-	FleetEvents []*sim.RemovalResult `json:"fleet_events,omitempty"`
-	// FleetAdditions: likewise for --add-at.
-	FleetAdditions []*sim.AdditionResult `json:"fleet_additions,omitempty"`
+	// Sessions and fleet changes (issues 28 and 29): the mean over
+	// sessions of each session's cached fraction (median over reps;
+	// absent without sessions), and each fleet event's dip (means over
+	// reps, each rep's figures in its reps).
+	SessionCachedFraction stats.Optional `json:"session_cached_fraction,omitzero"`
+	FleetEvents           []EventResult  `json:"fleet_events,omitempty"`
+}
+
+// EventResult is one fleet event over the reps: the mean of each figure
+// (an optional figure only over the reps that have it, Have of them), the
+// workers the reps took, and every rep's own figures.
+type EventResult struct {
+	sim.EventFigures
+	Workers []string           `json:"workers"`
+	Have    map[string]int     `json:"reps_with,omitempty"`
+	Reps    []sim.EventFigures `json:"reps,omitempty"`
 }
 
 // RepFigures are one rep's headline figures.
@@ -81,10 +92,6 @@ type Run struct {
 	Seed        uint64
 	Summary     sim.Summary
 	WallSeconds float64
-	// Removal and Addition are the rep's fleet event (kvbench sim
-	// --remove-at, --add-at), if any.
-	Removal  *sim.RemovalResult
-	Addition *sim.AdditionResult
 }
 
 // Median folds a policy's reps into one Result: every figure is the median
@@ -128,18 +135,16 @@ func Median(policy string, runs []Run) Result {
 		WorkersPerPrefix: med(func(s sim.Summary) float64 { return s.WorkersPerPrefix }),
 		VirtualSeconds:   med(func(s sim.Summary) float64 { return s.VirtualSeconds }),
 	}
+	if optionalInAll(runs, func(s sim.Summary) stats.Optional { return s.SessionCachedFraction }) {
+		res.SessionCachedFraction = stats.Optional{Value: med(func(s sim.Summary) float64 { return s.SessionCachedFraction.Value }), Valid: true}
+	}
+	res.FleetEvents = MeanEvents(runs)
 	if optionalInAll(runs, func(s sim.Summary) stats.Optional { return s.SLOAttainment }) {
 		res.SLOAttainment = stats.Optional{Value: med(func(s sim.Summary) float64 { return s.SLOAttainment.Value }), Valid: true}
 	}
 	for _, r := range runs {
 		res.ErrorsAllReps += r.Summary.Errors
 		res.WallSeconds += r.WallSeconds
-		if r.Removal != nil {
-			res.FleetEvents = append(res.FleetEvents, r.Removal)
-		}
-		if r.Addition != nil {
-			res.FleetAdditions = append(res.FleetAdditions, r.Addition)
-		}
 		if len(runs) > 1 {
 			res.Reps = append(res.Reps, RepFigures{
 				Seed: r.Seed, RequestHitRate: r.Summary.RequestHitRate, CachedTokenRatio: r.Summary.CachedTokenRatio,
@@ -221,6 +226,7 @@ func WriteTable(w io.Writer, header string, r *Report) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	writeSessionsAndEvents(&b, r.Results)
 	if note := PolicyNote(r.Results); note != "" {
 		b.WriteString(note)
 		b.WriteByte('\n')

@@ -8,13 +8,14 @@ import (
 	"github.com/kvrouter/kvrouter/router"
 )
 
-// TestSimSessionAffinity: agent sessions through three routers with a
-// replica sync lag. With affinity every session's turns run on one worker
+// TestSimSessionAffinity: agent sessions of a kvbench agents trace (their
+// session_id) through three routers with a replica sync lag, under hard
+// affinity (one shared table). With affinity every session's turns run on one worker
 // and its cached fraction is no lower than without; without it some
 // session moves between workers (what affinity is for). A turn never
 // starts before its previous turn's end plus the think time.
 func TestSimSessionAffinity(t *testing.T) {
-	w, err := workload.NewAgents(workload.AgentSpec{Sessions: 12, Turns: 6, Kinds: 2, SystemTokens: 2048, TurnTokens: 1024,
+	w, err := workload.NewAgents(workload.AgentTraceSpec{Sessions: 12, Turns: 6, Kinds: 2, SystemTokens: 2048, TurnTokens: 1024,
 		OutputTokens: 64, ThinkMs: 500, StaggerMs: 100, Subagents: 1, SubTurns: 3, BlockTokens: 512, Seed: 3}, 16)
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +35,7 @@ func TestSimSessionAffinity(t *testing.T) {
 	cfg := config(router.ModeKV, 4, 16384)
 	cfg.Routers, cfg.SyncDelay = 3, 200*time.Millisecond
 	free, freeSum := run(t, w, cfg)
-	cfg.SessionAffinity = true
+	cfg.Affinity = Affinity{Mode: AffinityHard}
 	bound, boundSum := run(t, w, cfg)
 	if n := moved(bound); n != 0 {
 		t.Errorf("with affinity %d sessions moved between workers", n)
@@ -48,8 +49,8 @@ func TestSimSessionAffinity(t *testing.T) {
 	for _, turns := range w.Sessions {
 		for k := 1; k < len(turns); k++ {
 			prev, cur := bound.Requests[turns[k-1]], bound.Requests[turns[k]]
-			if cur.Sent < prev.Finished+w.Requests[turns[k]].Think {
-				t.Fatalf("turn %d sent at %v, its previous turn ended at %v (think %v)", turns[k], cur.Sent, prev.Finished, w.Requests[turns[k]].Think)
+			if think := w.Requests[turns[k-1]].Think; cur.Sent < prev.Finished+think {
+				t.Fatalf("turn %d sent at %v, its previous turn ended at %v (think %v)", turns[k], cur.Sent, prev.Finished, think)
 			}
 		}
 	}

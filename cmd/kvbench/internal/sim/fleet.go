@@ -2,432 +2,413 @@ package sim
 
 import (
 	"fmt"
-	"math"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
 	"github.com/kvrouter/kvrouter/internal/fleetplan"
-	"github.com/kvrouter/kvrouter/internal/warmup"
 	"github.com/kvrouter/kvrouter/router"
 )
 
-// Fleet events (issue 29 item 5): a worker leaves the fleet mid-run, as a
-// drain does it live — no new request goes there from the removal on,
-// requests running there finish, and its cache is gone (its blocks leave
-// the index at once; the events it still emits are dropped). The worker is
-// chosen by the fleet plan (the cheapest to remove, internal/fleetplan, on
-// the index and the hits the routers captured within PlanWindow), at
-// random, or as the least loaded. What the fleet lost is measured on the
-// requests sent within fleetplan.Horizon after the removal.
+// Fleet events (issue 29 item 5): a worker removed, drained or added at a
+// virtual time.
+//
+//   - remove: the worker leaves at once with its cache. Its running and
+//     queued requests are re-sent at that instant through the routers (the
+//     client's retry, or a proxy's), keeping their first send time, so the
+//     loss shows in their TTFT; the routers forget their bookings there and
+//     the index forgets its blocks.
+//   - drain: the worker takes no new request from that instant (the
+//     routers drop it from their candidates), its running and queued
+//     requests finish there, and it leaves (cache and index entries gone)
+//     when it is idle.
+//   - drain-sessions: a drain that keeps the worker's bound sessions
+//     (session affinity) there until they end; it leaves when idle and no
+//     session bound there has a turn to come.
+//   - add: a worker with the first worker's capacity joins, cold.
+//
+// Sessions bound to a worker that leaves or drains rebind at their next
+// turn (affinity.go). Which worker a remove or drain takes is a Chooser's.
 
-// Removal choices.
+// EventKind is what a fleet event does.
+type EventKind string
+
+// Fleet event kinds.
 const (
-	ChoosePlan        = "plan"
-	ChooseRandom      = "random"
-	ChooseLeastLoaded = "least-loaded"
+	EventRemove EventKind = "remove"
+	EventDrain  EventKind = "drain"
+	// EventDrainSessions drains but keeps serving the sessions bound to
+	// the worker (session affinity) until they end: no new session and no
+	// unbound request goes there; it leaves when idle with no bound
+	// session left to come back.
+	EventDrainSessions EventKind = "drain-sessions"
+	EventAdd           EventKind = "add"
 )
 
-// Choices lists the removal choices.
-var Choices = []string{ChoosePlan, ChooseRandom, ChooseLeastLoaded}
+// Chooser picks the worker a remove or drain takes.
+type Chooser string
 
-// PlanWindow is how far back the plan's hits are counted (the replica's
-// longest hit-rate window).
+// Choosers.
+const (
+	// ChooserPlan takes the cheapest worker to remove by the fleet
+	// plan's cost model (internal/fleetplan, what GET /fleet/plan ranks
+	// by): its recent cached tokens times the share of its blocks no
+	// other worker holds, plus a little for its unique cold blocks.
+	ChooserPlan Chooser = "plan"
+	// ChooserRandom takes a worker uniformly at random (seeded by the run).
+	ChooserRandom Chooser = "random"
+	// ChooserLeastLoaded takes the worker with the fewest running and
+	// waiting requests (the lowest index among equals).
+	ChooserLeastLoaded Chooser = "least-loaded"
+)
+
+// Choosers lists the choosers by name.
+var Choosers = []Chooser{ChooserPlan, ChooserRandom, ChooserLeastLoaded}
+
+// ChooserIDPrefix names one worker: "id:w3" takes w3 (when it still takes
+// requests), so a sweep over every worker finds what the best choice would
+// have lost (the bound any ranking is measured against).
+const ChooserIDPrefix = "id:"
+
+// Valid reports whether c is a known chooser or names a worker.
+func (c Chooser) Valid() bool {
+	if name, ok := strings.CutPrefix(string(c), ChooserIDPrefix); ok {
+		return name != ""
+	}
+	return slices.Contains(Choosers, c)
+}
+
+// FleetEvent is one change of the fleet at At.
+type FleetEvent struct {
+	At      time.Duration
+	Kind    EventKind
+	Chooser Chooser // remove and drain
+}
+
+// EventRecord is what a fleet event did.
+type EventRecord struct {
+	FleetEvent
+	// Worker is the worker removed, drained or added (-1: none, when only
+	// one worker was left to route to).
+	Worker int
+	// Resent counts the requests a removal re-sent.
+	Resent int
+	// Sessions are the sessions with turns still to come whose latest
+	// turn before the event ran on the worker (remove and drain).
+	Sessions []int
+	// Left is when a drained worker left (-1: still draining at the end).
+	Left time.Duration
+	// Steered (add, with Config.WarmUp) counts the requests the warm-up
+	// sent to the worker on purpose; WarmUpEnd is when it found the
+	// worker warm and stopped (-1: it never did).
+	Steered   int
+	WarmUpEnd time.Duration
+}
+
+// PlanWindow is how far back the plan chooser counts each worker's cached
+// tokens (the replica's longest hit-rate window, which GET /fleet/plan
+// reads its hits per second from).
 const PlanWindow = 10 * time.Minute
 
-// dipBucket is the resolution of the dip's depth and duration.
-const dipBucket = 10 * time.Second
-
-// Removal removes a worker at At, chosen by Choose, or the one named
-// Worker (Choose "worker").
-type Removal struct {
-	At     time.Duration
-	Choose string
-	Worker string
-}
-
-// ChooseWorker removes Removal.Worker.
-const ChooseWorker = "worker"
-
-// RemovalResult is what a removal cost.
-type RemovalResult struct {
-	Choose string        `json:"choose"`
-	Worker string        `json:"worker"`
-	At     time.Duration `json:"-"`
-	AtS    float64       `json:"at_s"`
-	// CachedTokensAfter and PromptTokensAfter sum the requests sent
-	// within the horizon after the removal (their cached tokens as the
-	// engines reported them).
-	CachedTokensAfter int64   `json:"cached_tokens_after"`
-	PromptTokensAfter int64   `json:"prompt_tokens_after"`
-	HorizonS          float64 `json:"horizon_s"`
-	// HitRateBefore is the cached fraction of the requests sent within
-	// PlanWindow before the removal; HitRateDip the largest drop below it
-	// over 10 s buckets after (percentage points as a fraction), and
-	// HitRateDipS how long until a bucket is back at 95 % of it (the
-	// horizon when none is).
-	HitRateBefore float64 `json:"hit_rate_before"`
-	HitRateDip    float64 `json:"hit_rate_dip"`
-	HitRateDipS   float64 `json:"hit_rate_dip_s"`
-	// TTFTBeforeMs is the mean TTFT before; TTFTPeakRatio the worst 10 s
-	// bucket's mean over it after, TTFTDipS how long until a bucket is
-	// back within 1.2× it.
-	TTFTBeforeMs  float64 `json:"ttft_before_ms"`
-	TTFTPeakRatio float64 `json:"ttft_peak_ratio"`
-	TTFTDipS      float64 `json:"ttft_dip_s"`
-}
-
-// removalDue performs the removal once its time has come (from send,
-// before the first request routed at or after it: only routing sees it).
-func (s *state) removalDue() {
-	r := s.cfg.Remove
-	if r == nil || s.removed >= 0 || s.now < r.At {
-		return
-	}
-	wi := s.chooseRemoval(r.Choose)
-	s.removed = wi
-	s.removedAt = s.now
-	// Every router stops choosing it; bookings already there end with
-	// their requests.
-	var infos []router.WorkerInfo
-	for _, w := range s.rts[0].Workers() {
-		if w.ID != s.ids[wi] {
-			infos = append(infos, w)
+// added is how many workers the events add.
+func (c *Config) added() int {
+	n := 0
+	for _, e := range c.Events {
+		if e.Kind == EventAdd {
+			n++
 		}
 	}
-	for _, rt := range s.rts {
-		rt.SetWorkers(infos)
-	}
-	s.index.RemoveWorker(s.ids[wi])
+	return n
 }
 
-// chooseRemoval picks the worker to remove.
-func (s *state) chooseRemoval(choose string) int {
-	n := len(s.engines)
-	switch choose {
-	case ChooseWorker:
-		return s.byWorker[router.WorkerID(s.cfg.Remove.Worker)]
-	case ChooseRandom:
-		rng := rand.New(rand.NewPCG(s.cfg.Seed, 0x5eed0f1ee7))
-		return rng.IntN(n)
-	case ChooseLeastLoaded:
-		best, least := 0, math.MaxInt
-		for i, id := range s.ids {
-			if l := s.rts[0].Load().Load(id).Requests; l < least {
-				best, least = i, l
+// checkFleet refuses impossible events and affinity settings.
+func (c *Config) checkFleet() error {
+	if err := c.Affinity.check(); err != nil {
+		return err
+	}
+	if w := c.WarmUp; w != nil && (c.added() == 0 || !(w.Share > 0 && w.Share <= 1) || !(w.Headroom > 0)) {
+		return fmt.Errorf("warm-up %+v needs an add event, a share in (0,1] and a positive headroom: %w", *w, ErrConfig)
+	}
+	if c.Peer != nil && (len(c.Events) > 0 || c.Affinity.Mode != AffinityOff) {
+		return fmt.Errorf("fleet events and session affinity act on our routers, not on a peer's: %w", ErrConfig)
+	}
+	for k, e := range c.Events {
+		if e.At < 0 || (k > 0 && e.At < c.Events[k-1].At) {
+			return fmt.Errorf("fleet event %d at %v: events go in time order from 0: %w", k, e.At, ErrConfig)
+		}
+		switch e.Kind {
+		case EventAdd:
+		case EventRemove, EventDrain, EventDrainSessions:
+			if !e.Chooser.Valid() {
+				return fmt.Errorf("fleet event %d: chooser %q: %w", k, e.Chooser, ErrConfig)
+			}
+		default:
+			return fmt.Errorf("fleet event %d: kind %q: %w", k, e.Kind, ErrConfig)
+		}
+	}
+	return nil
+}
+
+// fleetState is the fleet's changes during a run. Without events it only
+// keeps every worker present and counts nothing.
+type fleetState struct {
+	events    []FleetEvent
+	nextEvent int
+	records   []EventRecord
+	present   []bool // in the fleet (added workers: from their event)
+	gone      []bool // left
+	draining  []bool
+	// keeping: a drain-sessions worker: still a router candidate (bound
+	// turns go there), excluded from every other decision.
+	keeping  []bool
+	inflight []int       // requests submitted to the worker and not finished
+	resent   []bool      // per request: re-sent after its worker was removed
+	lastTurn map[int]int // session → its latest turn routed
+	nextSlot int         // the slot the next add takes
+	rng      *rand.Rand
+	ids      []router.WorkerID // scratch: routable ids
+}
+
+func (f *fleetState) init(s *state, n int) {
+	f.events = s.cfg.Events
+	f.present = make([]bool, n)
+	f.gone = make([]bool, n)
+	f.draining = make([]bool, n)
+	f.keeping = make([]bool, n)
+	f.inflight = make([]int, n)
+	f.resent = make([]bool, len(s.w.Requests))
+	for i := range s.cfg.Workers {
+		f.present[i] = true
+	}
+	f.nextSlot = s.cfg.Workers
+	if len(f.events) == 0 {
+		return
+	}
+	f.lastTurn = map[int]int{}
+	f.rng = rand.New(rand.NewPCG(s.cfg.Seed, 0x666c656574))
+}
+
+// routable reports whether worker wi takes new requests.
+func (f *fleetState) routable(wi int) bool { return f.present[wi] && !f.gone[wi] && !f.draining[wi] }
+
+// routableIDs are the ids of the workers that take new requests (scratch:
+// valid until the next call).
+func (f *fleetState) routableIDs(s *state) []router.WorkerID {
+	f.ids = f.ids[:0]
+	for wi, id := range s.ids {
+		if f.routable(wi) {
+			f.ids = append(f.ids, id)
+		}
+	}
+	return f.ids
+}
+
+// next is the next event's time; false when none is left.
+func (f *fleetState) next() (time.Duration, bool) {
+	if f.nextEvent < len(f.events) {
+		return f.events[f.nextEvent].At, true
+	}
+	return 0, false
+}
+
+// due applies the events due by t.
+func (f *fleetState) due(s *state, t time.Duration) {
+	for f.nextEvent < len(f.events) && f.events[f.nextEvent].At <= t {
+		e := f.events[f.nextEvent]
+		f.nextEvent++
+		rec := EventRecord{FleetEvent: e, Worker: -1, Left: -1, WarmUpEnd: -1}
+		switch e.Kind {
+		case EventAdd:
+			rec.Worker = f.add(s)
+			s.warm.start(s, rec.Worker, len(f.records))
+		case EventRemove, EventDrain, EventDrainSessions:
+			wi := f.choose(s, e.Chooser)
+			if wi < 0 {
+				break
+			}
+			rec.Worker = wi
+			for sess, last := range f.lastTurn {
+				if s.res[last].Worker == wi && s.w.Requests[last].NextTurn >= 0 {
+					rec.Sessions = append(rec.Sessions, sess)
+				}
+			}
+			slices.Sort(rec.Sessions)
+			switch e.Kind {
+			case EventDrain:
+				f.draining[wi] = true
+				f.setWorkers(s)
+			case EventDrainSessions:
+				f.draining[wi], f.keeping[wi] = true, true
+				f.setWorkers(s)
+			default:
+				rec.Resent = f.remove(s, wi)
+			}
+		}
+		f.records = append(f.records, rec)
+	}
+}
+
+// choose is the worker chooser c takes; -1 when fewer than two workers
+// take requests (the fleet is not emptied).
+func (f *fleetState) choose(s *state, c Chooser) int {
+	cands := slices.Clone(f.routableIDs(s))
+	if len(cands) < 2 {
+		return -1
+	}
+	if name, ok := strings.CutPrefix(string(c), ChooserIDPrefix); ok {
+		if wi, ok := s.byWorker[router.WorkerID(name)]; ok && f.routable(wi) {
+			return wi
+		}
+		return -1
+	}
+	switch c {
+	case ChooserRandom:
+		return s.byWorker[cands[f.rng.IntN(len(cands))]]
+	case ChooserLeastLoaded:
+		best, load := -1, 0
+		for _, id := range cands {
+			wi := s.byWorker[id]
+			st := s.engines[wi].Stats()
+			if l := st.Running + st.Waiting; best < 0 || l < load {
+				best, load = wi, l
 			}
 		}
 		return best
 	}
-	// The plan: the cheapest to remove on what the index holds and the
-	// hits the routers placed within the window.
+	return s.byWorker[cands[planCheapest(s, cands)]]
+}
+
+// planCheapest is the index in cands of the worker the fleet plan ranks
+// cheapest to remove: fleetplan's cost on what the index holds (held and
+// unique blocks) and the cached tokens each served per second over the
+// last PlanWindow, as the router's replicas measure them.
+func planCheapest(s *state, cands []router.WorkerID) int {
 	from := max(s.now-PlanWindow, 0)
-	secs := (s.now - from).Seconds()
-	cached := make([]float64, n)
+	cached := make(map[int]float64, len(cands))
 	for _, rr := range s.res {
 		if rr.Worker >= 0 && rr.FirstToken > 0 && rr.Sent >= from && rr.Sent < s.now {
 			cached[rr.Worker] += float64(rr.CachedTokens)
 		}
 	}
-	ws := make([]fleetplan.Worker, n)
-	for i, id := range s.ids {
+	ws := make([]fleetplan.Worker, len(cands))
+	for k, id := range cands {
 		held, unique := s.index.CacheCounts(id)
-		ws[i] = fleetplan.Worker{ID: string(id), BlockSize: s.w.BlockSize, HeldBlocks: held, UniqueBlocks: unique}
-		if secs > 0 {
-			ws[i].CachedTokensPerS = cached[i] / secs
+		ws[k] = fleetplan.Worker{ID: string(id), BlockSize: s.w.BlockSize, HeldBlocks: held, UniqueBlocks: unique}
+		if secs := (s.now - from).Seconds(); secs > 0 {
+			ws[k].CachedTokensPerS = cached[s.byWorker[id]] / secs
 		}
 	}
 	return fleetplan.Rank(ws)[0]
 }
 
-// removalResult measures the removal on the finished run.
-func (s *state) removalResult() *RemovalResult {
-	if s.cfg.Remove == nil || s.removed < 0 {
-		return nil
-	}
-	out := &RemovalResult{Choose: s.cfg.Remove.Choose, Worker: string(s.ids[s.removed]), At: s.removedAt, AtS: s.removedAt.Seconds(),
-		HorizonS: fleetplan.Horizon.Seconds()}
-	d := s.measureDips(s.removedAt, -1)
-	out.CachedTokensAfter, out.PromptTokensAfter = d.cachedAfter, d.promptAfter
-	out.HitRateBefore, out.HitRateDip, out.HitRateDipS = d.hitBefore, d.hitDip, d.hitDipS
-	out.TTFTBeforeMs, out.TTFTPeakRatio, out.TTFTDipS = d.ttftBefore, d.ttftPeak, d.ttftDipS
-	return out
-}
-
-// dips are the fleet's figures around an event at at: before it (within
-// PlanWindow), and over the horizon after it in 10 s buckets.
-type dips struct {
-	cachedAfter, promptAfter   int64
-	hitBefore, hitDip, hitDipS float64
-	ttftBefore, ttftPeak       float64
-	ttftDipS                   float64
-	// Of the worker given to measureDips (-1: none): the share of the
-	// requests after at sent to it, and when its own bucket hit rate first
-	// reached the fleet's rate before at (the horizon if never).
-	share, warmS float64
-}
-
-// measureDips measures the requests around at; worker, when ≥ 0, is the
-// worker whose share and warm-up time to report.
-func (s *state) measureDips(at time.Duration, worker int) dips {
-	h := fleetplan.Horizon
-	type sums struct {
-		cached, prompt int64
-		ttft           time.Duration
-		n              int
-	}
-	var before, mine sums
-	after := 0
-	buckets := make([]sums, int(h/dipBucket))
-	own := make([]sums, len(buckets))
-	for i, rr := range s.res {
-		if !rr.Done {
+// remove takes worker wi out at once and re-sends what ran or waited there.
+func (f *fleetState) remove(s *state, wi int) int {
+	resent := 0
+	for j := range s.res {
+		rr := &s.res[j]
+		if rr.Worker != wi || rr.Done || rr.Err != "" {
 			continue
 		}
-		p := int64(s.w.Requests[i].PromptTokens)
-		switch {
-		case rr.Sent >= max(at-PlanWindow, 0) && rr.Sent < at:
-			before.cached += int64(rr.CachedTokens)
-			before.prompt += p
-			before.ttft += rr.FirstToken - rr.Sent
-			before.n++
-		case rr.Sent >= at && rr.Sent < at+h:
-			k := int((rr.Sent - at) / dipBucket)
-			for _, b := range []*sums{&buckets[k], &mine} {
-				if b == &mine && rr.Worker != worker {
-					continue
-				}
-				b.cached += int64(rr.CachedTokens)
-				b.prompt += p
-				b.ttft += rr.FirstToken - rr.Sent
-				b.n++
-			}
-			if rr.Worker == worker {
-				o := &own[k]
-				o.cached += int64(rr.CachedTokens)
-				o.prompt += p
-				o.n++
-			}
-			after++
-		}
+		id := s.w.Requests[j].ID
+		s.rts[s.owner[j]].Free(id)
+		s.announce(s.owner[j], syncMsg{kind: syncFree, id: id})
+		rr.Worker, rr.FirstToken, rr.CachedTokens, rr.ResentAt = -1, 0, 0, s.now
+		f.resent[j] = true
+		s.push(s.now, j)
+		resent++
 	}
-	var d dips
-	for _, b := range buckets {
-		d.cachedAfter += b.cached
-		d.promptAfter += b.prompt
-	}
-	if before.prompt > 0 {
-		d.hitBefore = float64(before.cached) / float64(before.prompt)
-	}
-	if before.n > 0 {
-		d.ttftBefore = float64(before.ttft.Microseconds()) / 1e3 / float64(before.n)
-	}
-	d.hitDipS, d.ttftDipS, d.warmS = h.Seconds(), h.Seconds(), h.Seconds()
-	hitBack, ttftBack, warm := false, false, false
-	for k, b := range buckets {
-		if b.n == 0 || b.prompt == 0 {
+	f.inflight[wi] = 0
+	f.leave(s, wi)
+	return resent
+}
+
+// leave drops worker wi: its engine, its index entries, its candidacy.
+func (f *fleetState) leave(s *state, wi int) {
+	f.gone[wi] = true
+	s.engines[wi] = nil
+	s.busy[wi], s.dirty[wi] = false, false
+	s.index.RemoveWorker(s.ids[wi])
+	f.setWorkers(s)
+}
+
+// leaveIdle lets drained workers with nothing left to run leave.
+func (f *fleetState) leaveIdle(s *state) {
+	for k := range f.records {
+		rec := &f.records[k]
+		if (rec.Kind != EventDrain && rec.Kind != EventDrainSessions) || rec.Worker < 0 || f.gone[rec.Worker] || f.inflight[rec.Worker] > 0 {
 			continue
 		}
-		rate := float64(b.cached) / float64(b.prompt)
-		d.hitDip = max(d.hitDip, d.hitBefore-rate)
-		if !hitBack && rate >= 0.95*d.hitBefore {
-			hitBack, d.hitDipS = true, (time.Duration(k) * dipBucket).Seconds()
+		if rec.Kind == EventDrainSessions && f.sessionsToCome(s, rec.Worker) {
+			continue
 		}
-		if d.ttftBefore > 0 {
-			ttft := float64(b.ttft.Microseconds()) / 1e3 / float64(b.n)
-			d.ttftPeak = max(d.ttftPeak, ttft/d.ttftBefore)
-			if !ttftBack && ttft <= 1.2*d.ttftBefore {
-				ttftBack, d.ttftDipS = true, (time.Duration(k) * dipBucket).Seconds()
-			}
+		rec.Left = s.now
+		f.leave(s, rec.Worker)
+	}
+}
+
+// sessionsToCome reports whether a session bound to worker wi (its latest
+// turn ran there) has a turn still to come.
+func (f *fleetState) sessionsToCome(s *state, wi int) bool {
+	if s.cfg.Affinity.Mode == AffinityOff {
+		return false
+	}
+	for _, last := range f.lastTurn {
+		if s.res[last].Worker == wi && s.w.Requests[last].NextTurn >= 0 {
+			return true
 		}
-		if o := own[k]; !warm && o.prompt > 0 && float64(o.cached)/float64(o.prompt) >= d.hitBefore {
-			warm, d.warmS = true, (time.Duration(k) * dipBucket).Seconds()
+	}
+	return false
+}
+
+// keepingIDs are the drain-sessions workers still in the fleet (scratch).
+func (f *fleetState) keepingIDs(s *state) []router.WorkerID {
+	var ids []router.WorkerID
+	for wi, k := range f.keeping {
+		if k && !f.gone[wi] {
+			ids = append(ids, s.ids[wi])
 		}
 	}
-	if after > 0 {
-		d.share = float64(mine.n) / float64(after)
+	return ids
+}
+
+// add brings the next added worker in, cold.
+func (f *fleetState) add(s *state) int {
+	wi := f.nextSlot
+	f.nextSlot++
+	if _, err := s.newEngine(wi); err != nil {
+		return -1 // the template built every other worker: cannot happen
 	}
-	return d
+	f.present[wi] = true
+	s.index.AddWorker(s.ids[wi])
+	f.setWorkers(s)
+	return wi
 }
 
-// Addition adds a worker at At: the fleet's last worker is not routed to
-// before (an idle engine with an empty cache), and every router takes it
-// into its candidates from the first request routed at or after At.
-type Addition struct {
-	At time.Duration
-}
-
-// AdditionResult is how the fleet took the new worker.
-type AdditionResult struct {
-	Worker string  `json:"worker"`
-	AtS    float64 `json:"at_s"`
-	// Share is the fraction of the requests sent within the horizon after
-	// the addition that went to it; WarmS when its own hit rate (10 s
-	// buckets) first reached the fleet's before the addition (the horizon
-	// when it never did).
-	Share float64 `json:"share"`
-	WarmS float64 `json:"warm_s"`
-	// The fleet's hit rate and mean TTFT around the addition, as for a
-	// removal.
-	HitRateBefore float64 `json:"hit_rate_before"`
-	HitRateDip    float64 `json:"hit_rate_dip"`
-	HitRateDipS   float64 `json:"hit_rate_dip_s"`
-	TTFTBeforeMs  float64 `json:"ttft_before_ms"`
-	TTFTPeakRatio float64 `json:"ttft_peak_ratio"`
-	TTFTDipS      float64 `json:"ttft_dip_s"`
-	HorizonS      float64 `json:"horizon_s"`
-	// Steered is how many requests the warm-up sent to it on purpose
-	// (Config.WarmUp), and WarmUpEndS when it stopped (the joiner warm;
-	// absent while it never was).
-	Steered    int      `json:"steered,omitempty"`
-	WarmUpEndS *float64 `json:"warm_up_end_s,omitempty"`
-}
-
-// withoutJoiner leaves the joining worker out of infos until it joins.
-func (s *state) withoutJoiner(infos []router.WorkerInfo) []router.WorkerInfo {
-	if s.cfg.Add == nil {
-		return infos
+// setWorkers gives every router the workers that take requests, as the
+// registry's change reaches every replica.
+func (f *fleetState) setWorkers(s *state) {
+	var infos []router.WorkerInfo
+	for wi, id := range s.ids {
+		if f.routable(wi) || (f.keeping[wi] && !f.gone[wi]) {
+			infos = append(infos, router.WorkerInfo{ID: id, TotalBlocks: s.capacity(wi), MaxBatchedTokens: s.engines[wi].Config().MaxBatchedTokens})
+		}
 	}
-	return infos[:len(infos)-1]
-}
-
-// additionDue adds the joining worker once its time has come (from send).
-func (s *state) additionDue() {
-	a := s.cfg.Add
-	if a == nil || s.addedAt >= 0 || s.now < a.At {
-		return
-	}
-	s.addedAt = s.now
 	for _, rt := range s.rts {
-		rt.SetWorkers(s.infos)
+		rt.SetWorkers(infos)
 	}
 }
 
-// additionResult measures the addition on the finished run.
-func (s *state) additionResult() *AdditionResult {
-	if s.cfg.Add == nil || s.addedAt < 0 {
-		return nil
-	}
-	wi := len(s.engines) - 1
-	d := s.measureDips(s.addedAt, wi)
-	out := &AdditionResult{Worker: string(s.ids[wi]), AtS: s.addedAt.Seconds(), Share: d.share, WarmS: d.warmS,
-		HitRateBefore: d.hitBefore, HitRateDip: d.hitDip, HitRateDipS: d.hitDipS,
-		TTFTBeforeMs: d.ttftBefore, TTFTPeakRatio: d.ttftPeak, TTFTDipS: d.ttftDipS, HorizonS: fleetplan.Horizon.Seconds(),
-		Steered: s.warm.steered}
-	if s.warm.at >= 0 {
-		end := (s.warm.at - s.addedAt).Seconds()
-		out.WarmUpEndS = &end
-	}
-	return out
-}
-
-// checkRemoval refuses a removal the run cannot do.
-func checkRemoval(cfg Config) error {
-	if a := cfg.Add; a != nil {
-		switch {
-		case cfg.Remove != nil:
-			return fmt.Errorf("one fleet event per run: a removal or an addition: %w", ErrConfig)
-		case cfg.Peer != nil:
-			return fmt.Errorf("fleet events need the router, not a peer: %w", ErrConfig)
-		case cfg.Workers < 2:
-			return fmt.Errorf("adding the only worker leaves none before it: %w", ErrConfig)
-		case a.At < 0:
-			return fmt.Errorf("addition at %v: %w", a.At, ErrConfig)
+// submitted notes request i running on worker wi.
+func (f *fleetState) submitted(s *state, i, wi int) {
+	f.inflight[wi]++
+	if f.lastTurn != nil {
+		if sess := s.w.Requests[i].Session; sess != workload.NoSession {
+			f.lastTurn[sess] = i
 		}
 	}
-	if w := cfg.WarmUp; w != nil && (cfg.Add == nil || !(w.Share > 0 && w.Share <= 1) || !(w.Headroom > 0)) {
-		return fmt.Errorf("warm-up %+v needs an addition, a share in (0,1] and a positive headroom: %w", *w, ErrConfig)
-	}
-	r := cfg.Remove
-	if r == nil {
-		return nil
-	}
-	switch {
-	case cfg.Peer != nil:
-		return fmt.Errorf("fleet events need the router, not a peer: %w", ErrConfig)
-	case cfg.Workers < 2:
-		return fmt.Errorf("removing one of %d workers leaves none: %w", cfg.Workers, ErrConfig)
-	case r.At < 0:
-		return fmt.Errorf("removal at %v: %w", r.At, ErrConfig)
-	}
-	for _, c := range Choices {
-		if r.Choose == c {
-			return nil
-		}
-	}
-	if r.Choose == ChooseWorker {
-		for i := range cfg.Workers {
-			if WorkerID(i, cfg.Workers) == r.Worker {
-				return nil
-			}
-		}
-		return fmt.Errorf("no worker %q to remove: %w", r.Worker, ErrConfig)
-	}
-	return fmt.Errorf("removal choice %q: want one of %v: %w", r.Choose, Choices, ErrConfig)
 }
 
-// warmState is the warm-up's progress (Config.WarmUp).
-type warmState struct {
-	baseline float64       // the fleet's hit rate before the addition (-1: not measured yet)
-	at       time.Duration // when the joiner was first found warm; -1 before
-	steered  int           // requests sent to the joiner on purpose
-	rng      *rand.Rand
-}
-
-// warmWindow is how far back the joiner's own hit rate is read to decide
-// it is warm, and warmMinRequests how many of its requests that needs.
-const (
-	warmWindow      = time.Minute
-	warmMinRequests = 5
-)
-
-// warmUp applies Config.WarmUp to a decision router k made for req: a
-// share of new and duplicated prefixes goes to the joining worker while
-// the fleet has headroom, until the joiner's own hit rate over the last
-// minute reaches the fleet's before it joined.
-func (s *state) warmUp(k int, req router.Request, d router.Decision) (router.Decision, error) {
-	p := s.cfg.WarmUp
-	if p == nil || s.addedAt < 0 || s.warm.at >= 0 {
-		return d, nil
-	}
-	jw := len(s.ids) - 1
-	if s.warm.rng == nil {
-		s.warm.rng = rand.New(rand.NewPCG(s.cfg.Seed, 0x3a4e0f))
-		s.warm.baseline = s.measureDips(s.addedAt, -1).hitBefore
-	}
-	if s.joinerWarm(jw) {
-		s.warm.at = s.now
-		return d, nil
-	}
-	rt := s.rts[k]
-	util := warmup.Utilization(rt.Config().Thresholds, rt.Workers(), rt.Load().Load)
-	if !warmup.Steer(d.Rows, d.Worker, s.ids[jw], util, s.warm.rng.Float64(), *p) {
-		return d, nil
-	}
-	rt.Free(req.ID)
-	steered := req
-	steered.Exclude = nil
-	for _, id := range s.ids[:jw] {
-		steered.Exclude = append(steered.Exclude, id)
-	}
-	if d2, err := rt.Route(steered, epoch.Add(s.now)); err == nil {
-		s.warm.steered++
-		return d2, nil
-	}
-	return rt.Route(req, epoch.Add(s.now)) // the joiner refused it after all: as decided first
-}
-
-// joinerWarm: the joiner's requests whose first token came within the
-// last warmWindow were served from its cache at least as well as the
-// fleet's were before it joined.
-func (s *state) joinerWarm(jw int) bool {
-	var cached, prompt int64
-	n := 0
-	for i, rr := range s.res {
-		if rr.Worker == jw && rr.FirstToken > 0 && rr.FirstToken >= s.now-warmWindow {
-			cached += int64(rr.CachedTokens)
-			prompt += int64(s.w.Requests[i].PromptTokens)
-			n++
-		}
-	}
-	return n >= warmMinRequests && prompt > 0 && float64(cached)/float64(prompt) >= s.warm.baseline
-}
+// finished notes a request's end on worker wi.
+func (f *fleetState) finished(wi int) { f.inflight[wi]-- }

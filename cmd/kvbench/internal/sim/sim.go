@@ -54,14 +54,6 @@ type Config struct {
 	// (nvext.agent_hints.osl, router.Request.ExpectedOutputTokens), as a
 	// client that knows it would; off, the router is told nothing.
 	OSLHint bool
-	// SessionAffinity binds a session (a trace's session_id) to the worker
-	// its first turn went to, and sends its later turns there through any
-	// router, as kvrouter's --router-session-affinity-ttl-secs does (hard
-	// mode): the binding is shared by every router at once (replicated
-	// state, not replica sync), so it has no lag; its commit (~3 ms on a
-	// first turn, BENCHMARKS.md) is not simulated. A turn whose bound
-	// worker refuses it (busy) is routed as usual and the session rebound.
-	SessionAffinity bool
 	// Progress, when set, is called after every finished request.
 	Progress func()
 	// Peer, when set, routes instead of the router (peer.go): another
@@ -69,13 +61,20 @@ type Config struct {
 	// ScrapeInterval (0: read at every decision).
 	Peer           PeerPicker
 	ScrapeInterval time.Duration
-	// Remove, when set, removes a worker mid-run; Add adds the last one
-	// mid-run (fleet.go). At most one of them.
-	Remove *Removal
-	Add    *Addition
-	// WarmUp, with Add, steers a share of new and duplicated prefixes to
-	// the joining worker until it is warm (internal/warmup; fleet.go).
+
+	// Affinity binds sessions to workers (affinity.go); the zero value is off.
+	Affinity Affinity
+	// Events change the fleet during the run (fleet.go), in time order.
+	Events []FleetEvent
+	// WarmUp steers a share of new and duplicated prefixes to a worker
+	// an event added until it is warm (internal/warmup; warmup.go); nil:
+	// off.
 	WarmUp *warmup.Policy
+	// IDSlots is the number of worker ids the width of WorkerID is sized
+	// for (0: Workers plus the workers Events add). A run without events
+	// compared with one with them gives the same value, so both name the
+	// workers alike.
+	IDSlots int
 }
 
 // ErrConfig marks an impossible simulation.
@@ -91,6 +90,9 @@ type RequestResult struct {
 	Done         bool
 	Err          string // routing or engine rejection; "" when fine
 	Preemptions  int
+	// ResentAt is when the request was last re-sent because its worker
+	// was removed (fleet.go); 0 when never.
+	ResentAt time.Duration
 }
 
 // Result is one run's outcome.
@@ -105,11 +107,10 @@ type Result struct {
 	EventsDelivered int
 	// End is the virtual time the last request finished.
 	End time.Duration
-	// Removal is what Config.Remove cost (nil without one, or when no
-	// request arrived after its time).
-	Removal *RemovalResult
-	// Addition is how the fleet took Config.Add's worker (nil without).
-	Addition *AdditionResult
+	// Events are the fleet events as they happened (Config.Events).
+	Events []EventRecord
+	// Workers are the worker ids by index, added workers included.
+	Workers []router.WorkerID
 }
 
 // usesIndex reports whether a mode reads the event-fed index. Modes this
@@ -137,6 +138,9 @@ func Run(w *workload.Workload, cfg Config) (*Result, error) {
 	if cfg.Workers <= 0 || len(cfg.KVBlocks) != cfg.Workers {
 		return nil, fmt.Errorf("%d workers with %d capacities: %w", cfg.Workers, len(cfg.KVBlocks), ErrConfig)
 	}
+	if err := cfg.checkFleet(); err != nil {
+		return nil, err
+	}
 	if cfg.Routers < 0 || cfg.SyncDelay < 0 || cfg.SyncFreeExtra < 0 {
 		return nil, fmt.Errorf("%d routers, sync delay %v + %v: %w", cfg.Routers, cfg.SyncDelay, cfg.SyncFreeExtra, ErrConfig)
 	}
@@ -144,13 +148,7 @@ func Run(w *workload.Workload, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("block sizes differ: workload %d, router %d, engine %d: %w",
 			w.BlockSize, cfg.Router.BlockSize, cfg.Engine.BlockSize, ErrConfig)
 	}
-	if err := checkRemoval(cfg); err != nil {
-		return nil, err
-	}
-	// The plan reads the index whatever the policy, as kvrouter's replicas
-	// index every worker's events in every mode.
-	planIndex := cfg.Remove != nil && cfg.Remove.Choose == ChoosePlan
-	s := &state{w: w, cfg: cfg, feed: cfg.Peer == nil && (usesIndex(cfg.Router.Mode) || planIndex), removed: -1, addedAt: -1, warm: warmState{at: -1}}
+	s := &state{w: w, cfg: cfg, feed: cfg.Peer == nil && usesIndex(cfg.Router.Mode)}
 	if err := s.build(); err != nil {
 		return nil, err
 	}
@@ -189,12 +187,9 @@ type state struct {
 	pods       []peerpolicy.Pod // a peer's view of the workers, as last scraped
 	nextScrape time.Duration
 
-	removed   int // the removed worker (Config.Remove), -1 before
-	removedAt time.Duration
-	addedAt   time.Duration // when Config.Add's worker joined; -1 before
-	infos     []router.WorkerInfo
-	warm      warmState               // Config.WarmUp
-	bound     map[int]router.WorkerID // session → its worker (SessionAffinity)
+	aff   affinityState // session bindings (affinity.go)
+	fleet fleetState    // fleet events (fleet.go)
+	warm  warmState     // warm-up of added workers (warmup.go)
 
 	issued    int // closed loop: next request to send
 	finished  int
@@ -205,7 +200,7 @@ type state struct {
 }
 
 func (s *state) build() error {
-	n := s.cfg.Workers
+	n := s.cfg.Workers + s.cfg.added()
 	s.engines = make([]*engine.Engine, n)
 	s.ids = make([]router.WorkerID, n)
 	s.byWorker = make(map[router.WorkerID]int, n)
@@ -213,28 +208,21 @@ func (s *state) build() error {
 	s.busy = make([]bool, n)
 	s.dirty = make([]bool, n)
 	s.index = router.NewIndex(s.w.BlockSize)
-	infos := make([]router.WorkerInfo, n)
+	s.fleet.init(s, n)
+	infos := make([]router.WorkerInfo, s.cfg.Workers)
 	for i := range n {
-		id := WorkerID(i, n)
-		ec := s.cfg.Engine
-		ec.CapacityBlocks = s.cfg.KVBlocks[i]
-		ec.ReportOutputBlocks = s.cfg.Router.TrackOutputBlocks
-		if ec.EngineHashSeed != 0 {
-			// Distinct opaque names per worker, like engines without a
-			// shared PYTHONHASHSEED.
-			ec.EngineHashSeed += uint64(i)
-		}
-		e, err := engine.New(id, ec)
-		if err != nil {
-			return fmt.Errorf("worker %s: %w", id, err)
-		}
-		s.engines[i] = e
-		s.ids[i] = router.WorkerID(id)
+		s.ids[i] = router.WorkerID(WorkerID(i, max(n, s.cfg.IDSlots)))
 		s.byWorker[s.ids[i]] = i
+		if i >= s.cfg.Workers {
+			continue // added by an event (fleet.go)
+		}
+		e, err := s.newEngine(i)
+		if err != nil {
+			return err
+		}
 		s.index.AddWorker(s.ids[i])
-		infos[i] = router.WorkerInfo{ID: s.ids[i], TotalBlocks: s.cfg.KVBlocks[i], MaxBatchedTokens: e.Config().MaxBatchedTokens}
+		infos[i] = router.WorkerInfo{ID: s.ids[i], TotalBlocks: s.capacity(i), MaxBatchedTokens: e.Config().MaxBatchedTokens}
 	}
-	s.infos = infos
 	s.rts = make([]*router.Router, max(s.cfg.Routers, 1))
 	for k := range s.rts {
 		// Router 0 keeps the single-router seed, so one router is exactly
@@ -244,7 +232,7 @@ func (s *state) build() error {
 		if err != nil {
 			return err
 		}
-		rt.SetWorkers(s.withoutJoiner(infos))
+		rt.SetWorkers(infos)
 		s.rts[k] = rt
 	}
 	s.byID = make(map[string]int, len(s.w.Requests))
@@ -254,7 +242,36 @@ func (s *state) build() error {
 		s.byID[r.ID] = i
 		s.res[i].Worker = -1
 	}
+	s.aff.init(s)
+	s.warm.worker = -1
 	return nil
+}
+
+// newEngine builds worker i's engine.
+func (s *state) newEngine(i int) (*engine.Engine, error) {
+	ec := s.cfg.Engine
+	ec.CapacityBlocks = s.capacity(i)
+	ec.ReportOutputBlocks = s.cfg.Router.TrackOutputBlocks
+	if ec.EngineHashSeed != 0 {
+		// Distinct opaque names per worker, like engines without a
+		// shared PYTHONHASHSEED.
+		ec.EngineHashSeed += uint64(i)
+	}
+	e, err := engine.New(string(s.ids[i]), ec)
+	if err != nil {
+		return nil, fmt.Errorf("worker %s: %w", s.ids[i], err)
+	}
+	s.engines[i] = e
+	return e, nil
+}
+
+// capacity is worker i's KV blocks; a worker an event adds has the first
+// worker's.
+func (s *state) capacity(i int) int {
+	if i < len(s.cfg.KVBlocks) {
+		return s.cfg.KVBlocks[i]
+	}
+	return s.cfg.KVBlocks[0]
 }
 
 // start queues the first arrivals: C clients' first requests, or every
@@ -262,6 +279,17 @@ func (s *state) build() error {
 // session's first turn.
 func (s *state) start() {
 	switch {
+	case s.w.Agent && s.w.OpenLoop:
+		for _, root := range s.w.Roots {
+			first := s.w.Sessions[root][0]
+			s.push(s.w.Requests[first].At, first)
+		}
+		s.issued = len(s.w.Roots)
+	case s.w.Agent:
+		for s.issued < s.w.Concurrency && s.issued < len(s.w.Roots) {
+			s.push(0, s.w.Sessions[s.w.Roots[s.issued]][0])
+			s.issued++
+		}
 	case s.w.Kind == workload.Synthetic && s.w.OpenLoop:
 		for i, r := range s.w.Requests {
 			s.push(r.At, i)
@@ -309,8 +337,8 @@ func (s *state) step() bool {
 		}
 		for len(s.deliver) > 0 && s.deliver[0].at <= t {
 			d := heap.Pop(&s.deliver).(delivery)
-			if d.worker == s.removed {
-				continue // its cache left with it
+			if s.fleet.gone[d.worker] {
+				continue // its worker left: the index forgot it
 			}
 			s.delivered++
 			if err := s.index.Apply(s.ids[d.worker], d.kv); err != nil {
@@ -323,6 +351,7 @@ func (s *state) step() bool {
 				s.dirty[i] = true
 			}
 		}
+		s.fleet.due(s, t)
 		for len(s.arrivals) > 0 && s.arrivals[0].at <= t {
 			a := heap.Pop(&s.arrivals).(timed)
 			s.send(a.i)
@@ -335,6 +364,7 @@ func (s *state) step() bool {
 			s.next[i], s.busy[i] = e.NextEventTime()
 			s.drain(i)
 		}
+		s.fleet.leaveIdle(s)
 		s.afterStep()
 	}
 	return true
@@ -362,6 +392,10 @@ func (s *state) nextTime() (time.Duration, bool) {
 	if sc, due := s.peerScrapeDue(); ok && due && sc < t {
 		t = sc
 	}
+	// Fleet events too: one due after the last request is not waited for.
+	if ev, due := s.fleet.next(); ok && due && ev < t {
+		t = ev
+	}
 	return t, ok
 }
 
@@ -382,9 +416,9 @@ func (s *state) drain(i int) {
 func (s *state) send(i int) {
 	r := &s.w.Requests[i]
 	rr := &s.res[i]
-	rr.Sent = s.now
-	s.removalDue()
-	s.additionDue()
+	if !s.fleet.resent[i] {
+		rr.Sent = s.now // a re-sent request keeps its first send
+	}
 	if s.cfg.Peer != nil {
 		s.sendByPeer(i)
 		return
@@ -396,10 +430,7 @@ func (s *state) send(i int) {
 	if s.cfg.OSLHint {
 		req.ExpectedOutputTokens = r.OutputTokens
 	}
-	d, err := s.route(k, r, req)
-	if err == nil && (!s.cfg.SessionAffinity || r.Session == workload.NoSession) {
-		d, err = s.warmUp(k, req, d) // a session's turn goes where its binding says
-	}
+	d, err := s.route(k, i, req)
 	if err != nil {
 		s.fail(i, fmt.Sprintf("route: %v", err))
 		return
@@ -420,37 +451,23 @@ func (s *state) send(i int) {
 		s.fail(i, fmt.Sprintf("submit: %v", err))
 		return
 	}
+	s.fleet.submitted(s, i, wi)
 	s.dirty[wi] = true
 }
 
-// route decides request r on router k: by its session's binding when
-// SessionAffinity is on and the session is bound (only the bound worker
-// is a candidate), else as the router decides; a session's turn then
-// binds (or rebinds) it to the worker chosen.
-func (s *state) route(k int, r *workload.Request, req router.Request) (router.Decision, error) {
-	now := epoch.Add(s.now)
-	if !s.cfg.SessionAffinity || r.Session == workload.NoSession {
-		return s.rts[k].Route(req, now)
+// route is router k's decision for request i: the policy's, or the
+// session's bound worker (affinity.go).
+func (s *state) route(k, i int, req router.Request) (router.Decision, error) {
+	// Workers draining with their sessions kept take no other request.
+	req.Exclude = s.fleet.keepingIDs(s)
+	if s.cfg.Affinity.Mode != AffinityOff && s.w.Requests[i].Session != workload.NoSession {
+		return s.aff.route(s, k, i, req) // a session's turn goes where its binding says
 	}
-	if w, ok := s.bound[r.Session]; ok {
-		pinned := req
-		for _, id := range s.ids {
-			if id != w {
-				pinned.Exclude = append(pinned.Exclude, id)
-			}
-		}
-		if d, err := s.rts[k].Route(pinned, now); err == nil {
-			return d, nil
-		}
+	d, err := s.rts[k].Route(req, epoch.Add(s.now))
+	if err != nil {
+		return d, err
 	}
-	d, err := s.rts[k].Route(req, now)
-	if err == nil {
-		if s.bound == nil {
-			s.bound = make(map[int]router.WorkerID)
-		}
-		s.bound[r.Session] = d.Worker
-	}
-	return d, err
+	return s.warm.steer(s, k, req, d)
 }
 
 // sendByPeer routes request i by the peer and submits it.
@@ -512,6 +529,7 @@ func (s *state) handle(wi int, outs []engine.Output) {
 			}
 			rr.Finished = o.At
 			rr.Done = true
+			s.fleet.finished(wi)
 			if s.cfg.Peer != nil {
 				s.complete(i)
 				continue
@@ -532,16 +550,38 @@ func (s *state) complete(i int) {
 	if s.cfg.Progress != nil {
 		s.cfg.Progress()
 	}
-	switch s.w.Kind {
-	case workload.Synthetic:
+	switch {
+	case s.w.Agent:
+		s.nextTurns(i)
+	case s.w.Kind == workload.Synthetic:
 		if s.issued < len(s.w.Requests) {
 			s.push(s.now, s.issued)
 			s.issued++
 		}
-	case workload.Trace:
+	case s.w.Kind == workload.Trace:
 		if nxt := s.w.Requests[i].NextTurn; nxt >= 0 {
-			s.push(max(s.w.Requests[nxt].At, s.now+s.w.Requests[nxt].Think), nxt)
+			s.push(max(s.w.Requests[nxt].At, s.now+s.w.Requests[i].Think), nxt)
 		}
+	}
+}
+
+// nextTurns sends what request i's end lets go in an agent workload: its
+// session's next turn and its subagents, its Think later; and, closed
+// loop, the next top-level session when i ends one (its client is free).
+func (s *state) nextTurns(i int) {
+	r := &s.w.Requests[i]
+	if r.NextTurn >= 0 {
+		s.push(s.now+r.Think, r.NextTurn)
+	}
+	for _, c := range r.Children {
+		s.push(s.now+r.Think, c)
+	}
+	if s.w.OpenLoop || r.NextTurn >= 0 || s.w.SessionRoot[r.Session] != r.Session {
+		return
+	}
+	if s.issued < len(s.w.Roots) {
+		s.push(s.now, s.w.Sessions[s.w.Roots[s.issued]][0])
+		s.issued++
 	}
 }
 
@@ -552,8 +592,8 @@ func (s *state) finish() *Result {
 		Preemptions:     s.preempts,
 		IndexErrors:     s.idxErrs,
 		EventsDelivered: s.delivered,
-		Removal:         s.removalResult(),
-		Addition:        s.additionResult(),
+		Events:          s.fleet.records,
+		Workers:         s.ids,
 	}
 	for i := range s.res {
 		rr := &s.res[i]

@@ -47,6 +47,13 @@ type Summary struct {
 	// VirtualSeconds is the span from the first request sent to the last
 	// one finished.
 	VirtualSeconds float64
+	// SessionCachedFraction is the mean over sessions of each session's
+	// cached over prompt tokens (SessionCachedFraction); valid when the
+	// workload has sessions.
+	SessionCachedFraction stats.Optional
+	// Events are the fleet events' dips (MeasureEvents; the caller fills
+	// them in, it needs the run without events).
+	Events []EventFigures
 }
 
 // SLO is a latency objective a request meets when its TTFT and its TPOT
@@ -139,6 +146,9 @@ func SummarizeSLO(w *workload.Workload, res *Result, timeout time.Duration, slo 
 		s.VirtualSeconds = (last - first).Seconds()
 		s.ThroughputRPS = float64(s.Completed) / s.VirtualSeconds
 		s.OutputTokensPerS = float64(output) / s.VirtualSeconds
+	}
+	if f, ok := SessionCachedFraction(w, res); ok {
+		s.SessionCachedFraction = stats.Optional{Value: f, Valid: true}
 	}
 	if len(perPrefix) > 0 {
 		n := 0

@@ -18,6 +18,7 @@ const (
 	syncPrefillDone
 	syncFree
 	syncOutput // output-block tracking: a new output block (Syncer.Output)
+	syncBind   // per-router session affinity: a binding made (affinity.go)
 )
 
 // syncMsg is one load-view update from router `from` to router `to`.
@@ -29,6 +30,8 @@ type syncMsg struct {
 	booking  router.Booking        // syncBook
 	id       string                // syncPrefillDone, syncFree, syncOutput
 	output   router.OutputProgress // syncOutput: absolute progress
+	session  int                   // syncBind: the session key
+	worker   router.WorkerID       // syncBind: its worker
 }
 
 // announce sends msg from router k to every other router, SyncDelay from
@@ -43,7 +46,7 @@ func (s *state) announce(k int, msg syncMsg) {
 	}
 	msg.from = k
 	delay := s.cfg.SyncDelay
-	if msg.kind != syncBook {
+	if msg.kind != syncBook && msg.kind != syncBind {
 		// Output progress rides on the prefill-done message (SyncPrefillDone
 		// with the ob/g/x keys), so it lags as first tokens do.
 		delay += s.cfg.SyncFreeExtra
@@ -69,6 +72,10 @@ func (s *state) announce(k int, msg syncMsg) {
 // nothing is harmless; a booking arriving after its own free cannot happen
 // (one publisher's order is kept).
 func (s *state) applySync(m syncMsg) {
+	if m.kind == syncBind {
+		s.aff.tables[m.to][m.session] = m.worker // last writer wins
+		return
+	}
 	load := s.rts[m.to].Load()
 	switch m.kind {
 	case syncBook:

@@ -5,13 +5,13 @@ import (
 	"math/rand/v2"
 )
 
-// AgentSpec shapes a synthetic agent workload (issue 28 item 4): coding
+// AgentTraceSpec shapes a synthetic agent workload (issue 28 item 4): coding
 // agents' sessions, each turn repeating the whole conversation so far plus
 // what the last turn added (a tool result, the model's answer), after a
 // think time; some sessions fan out subagents that start from their
 // parent's context. All sizes are in tokens; a hash id stands for
 // BlockTokens of them, as in a Mooncake trace.
-type AgentSpec struct {
+type AgentTraceSpec struct {
 	Sessions     int     // root agent sessions
 	Turns        int     // turns per root session
 	Kinds        int     // distinct system prompts (agent kinds) the sessions share
@@ -27,7 +27,7 @@ type AgentSpec struct {
 }
 
 // Check refuses a spec that cannot make a workload.
-func (a AgentSpec) Check() error {
+func (a AgentTraceSpec) Check() error {
 	switch {
 	case a.Sessions < 1 || a.Turns < 1:
 		return fmt.Errorf("agents: %d sessions of %d turns: need at least one of each: %w", a.Sessions, a.Turns, ErrSpec)
@@ -53,7 +53,7 @@ func (a AgentSpec) Check() error {
 // system prompt, then every earlier turn's added context and answer, then
 // its own added context; a subagent's starts with its parent's context as
 // of half the parent's turns.
-func AgentRows(a AgentSpec) ([]TraceRow, error) {
+func AgentRows(a AgentTraceSpec) ([]TraceRow, error) {
 	if err := a.Check(); err != nil {
 		return nil, err
 	}
@@ -117,7 +117,7 @@ func AgentRows(a AgentSpec) ([]TraceRow, error) {
 
 // NewAgents is the agent workload as the simulator replays it: AgentRows
 // read as a trace with the router's block size.
-func NewAgents(a AgentSpec, blockSize int) (*Workload, error) {
+func NewAgents(a AgentTraceSpec, blockSize int) (*Workload, error) {
 	rows, err := AgentRows(a)
 	if err != nil {
 		return nil, err

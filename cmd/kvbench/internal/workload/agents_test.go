@@ -7,8 +7,8 @@ import (
 	"testing"
 )
 
-func agentSpec() AgentSpec {
-	return AgentSpec{Sessions: 3, Turns: 4, Kinds: 2, SystemTokens: 1000, TurnTokens: 700, OutputTokens: 100,
+func agentTraceSpec() AgentTraceSpec {
+	return AgentTraceSpec{Sessions: 3, Turns: 4, Kinds: 2, SystemTokens: 1000, TurnTokens: 700, OutputTokens: 100,
 		ThinkMs: 1500, StaggerMs: 200, Subagents: 2, SubTurns: 2, BlockTokens: 512, Seed: 7}
 }
 
@@ -17,7 +17,7 @@ func agentSpec() AgentSpec {
 // across turns); a kind's sessions share their system prompt; subagents
 // start from their parent's context; later turns carry the think time.
 func TestSimAgentRows(t *testing.T) {
-	a := agentSpec()
+	a := agentTraceSpec()
 	rows, err := AgentRows(a)
 	if err != nil {
 		t.Fatal(err)
@@ -60,22 +60,22 @@ func TestSimAgentRows(t *testing.T) {
 		t.Error("sessions of one kind should share the system prompt, of two kinds not")
 	}
 	w, err := NewAgents(a, 16)
-	if err != nil || len(w.Sessions) != len(bySession) || w.Requests[w.Sessions[0][1]].Think == 0 {
+	if err != nil || len(w.Sessions) != len(bySession) || w.Requests[w.Sessions[0][0]].Think == 0 {
 		t.Fatalf("as a workload: %v, %d sessions", err, len(w.Sessions))
 	}
 }
 
 func TestSimAgentSpecErrors(t *testing.T) {
-	for name, mutate := range map[string]func(*AgentSpec){
-		"no sessions":       func(a *AgentSpec) { a.Sessions = 0 },
-		"no turns":          func(a *AgentSpec) { a.Turns = 0 },
-		"no kinds":          func(a *AgentSpec) { a.Kinds = 0 },
-		"negative think":    func(a *AgentSpec) { a.ThinkMs = -1 },
-		"zero turn tokens":  func(a *AgentSpec) { a.TurnTokens = 0 },
-		"subagents no turn": func(a *AgentSpec) { a.SubTurns = 0 },
-		"too long":          func(a *AgentSpec) { a.TurnTokens = MaxTraceTokens },
+	for name, mutate := range map[string]func(*AgentTraceSpec){
+		"no sessions":       func(a *AgentTraceSpec) { a.Sessions = 0 },
+		"no turns":          func(a *AgentTraceSpec) { a.Turns = 0 },
+		"no kinds":          func(a *AgentTraceSpec) { a.Kinds = 0 },
+		"negative think":    func(a *AgentTraceSpec) { a.ThinkMs = -1 },
+		"zero turn tokens":  func(a *AgentTraceSpec) { a.TurnTokens = 0 },
+		"subagents no turn": func(a *AgentTraceSpec) { a.SubTurns = 0 },
+		"too long":          func(a *AgentTraceSpec) { a.TurnTokens = MaxTraceTokens },
 	} {
-		a := agentSpec()
+		a := agentTraceSpec()
 		mutate(&a)
 		if _, err := AgentRows(a); !errors.Is(err, ErrSpec) {
 			t.Errorf("%s: %v", name, err)

@@ -278,7 +278,10 @@ func fromRows(rows []TraceRow, s TraceSpec, name string) *Workload {
 				w.Sessions = append(w.Sessions, nil)
 			}
 			if turns := w.Sessions[k]; len(turns) > 0 {
-				w.Requests[turns[len(turns)-1]].NextTurn = i
+				prev := &w.Requests[turns[len(turns)-1]]
+				prev.NextTurn = i
+				// The row's think_ms is the pause after the previous turn.
+				prev.Think = time.Duration(row.ThinkMs / s.Speedup * float64(time.Millisecond))
 			}
 			w.Sessions[k] = append(w.Sessions[k], i)
 			sess = k
@@ -291,7 +294,6 @@ func fromRows(rows []TraceRow, s TraceSpec, name string) *Workload {
 			PromptTokens: row.InputLength,
 			OutputTokens: max(row.OutputLength, 1), // an engine emits at least one token
 			At:           time.Duration(row.TimestampMs / s.Speedup * float64(time.Millisecond)),
-			Think:        time.Duration(row.ThinkMs / s.Speedup * float64(time.Millisecond)),
 			Session:      sess,
 			HitTokens:    s.BlockSize,
 			Prefix:       -1,

@@ -64,9 +64,6 @@ type Request struct {
 	Session int
 	// NextTurn is the index of the session's next turn, or -1.
 	NextTurn int
-	// Think is a session turn's pause after its previous turn ended
-	// (trace think_ms): it is sent at max(At, previous end + Think).
-	Think time.Duration
 	// HitTokens is how many cached prompt tokens make this request a hit:
 	// half its shared prefix (synthetic) or one block (traces).
 	HitTokens int
@@ -75,6 +72,14 @@ type Request struct {
 	// SharedTokens is the length of the prefix shared with other requests
 	// (synthetic only).
 	SharedTokens int
+	// Think is how long after this request finishes its session's next
+	// turn and its Children are sent (agent sessions, sessions.go; a
+	// trace's next row's think_ms: that turn goes at max(its At, this
+	// turn's end + Think)).
+	Think time.Duration
+	// Children are the first turns of the subagent sessions this request
+	// spawns when it finishes (agent sessions).
+	Children []int
 }
 
 // Workload is an immutable request sequence. It is safe to replay it from
@@ -95,12 +100,23 @@ type Workload struct {
 	Live *Live
 	// Sessions lists, per session, the indices of its turns in order.
 	Sessions [][]int
+	// Agent: a synthetic workload of agent sessions (sessions.go): the
+	// sessions in Roots start at their first turn's At (OpenLoop) or as
+	// Concurrency clients free up, every other turn when the turn before
+	// it (or the parent turn that spawned it) finished, Think later.
+	Agent bool
+	// Roots are the top-level sessions (not subagents), in start order.
+	Roots []int
+	// SessionRoot is, per session, the top-level session it belongs to
+	// (itself for a top-level one): subagents are grouped under it.
+	SessionRoot []int
 
 	// token sources: synthetic prefixes and tails, or trace hash ids.
 	prefixes [][]uint32
 	tails    [][]uint32
 	hashIDs  [][]uint64
-	idTokens []int // trace rows: tokens per hash id
+	idTokens []int      // trace rows: tokens per hash id
+	prompts  [][]uint32 // agent sessions: each request's whole prompt
 }
 
 // Live is a captured trace's engine-reported figures, over all its rows,
@@ -143,6 +159,10 @@ type SyntheticSpec struct {
 	// are dealt to the prefixes again by a fresh random permutation, so the
 	// hot set moves to other prefixes.
 	HotShift int
+	// Agent, when its Turns > 0, makes the requests agent sessions
+	// (sessions.go): Requests counts every turn of every session, and
+	// ArrivalRate and Concurrency apply to top-level sessions.
+	Agent AgentSpec
 	// ArrivalRate > 0 makes the workload open loop: requests arrive at
 	// this mean rate (per second), Concurrency is ignored. The gaps are
 	// gamma-distributed with coefficient of variation ArrivalCV (0 means
@@ -198,6 +218,9 @@ func NewSynthetic(s SyntheticSpec) (*Workload, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := s.Agent.Check(); err != nil {
+		return nil, err
+	}
 	if s.Order == PrefixShuffled && (zipf > 0 || s.HotShift > 0) {
 		return nil, fmt.Errorf("prefix order %q sends every prefix equally often: it takes no popularity or hot shift: %w", s.Order, ErrSpec)
 	}
@@ -214,12 +237,45 @@ func NewSynthetic(s SyntheticSpec) (*Workload, error) {
 	// Separate streams: the prefixes do not change with the request count,
 	// and the draws do not change with the token lengths.
 	prefixRng := rand.New(rand.NewPCG(s.Seed, 0x7072656669786573))
-	drawRng := rand.New(rand.NewPCG(s.Seed, 0x6472617773))
 	tailRng := rand.New(rand.NewPCG(s.Seed, 0x7461696c73))
 	for k := range w.prefixes {
 		w.prefixes[k] = randomTokens(prefixRng, s.PrefixTokens)
 	}
-	order := make([]int, s.Requests)
+	if s.Agent.Turns > 0 {
+		return newAgentSessions(w, s, zipf, tailRng)
+	}
+	order := prefixOrder(s, zipf, s.Requests)
+	for i := range w.Requests {
+		k := order[i]
+		w.tails[i] = randomTokens(tailRng, s.TailTokens)
+		w.Requests[i] = Request{
+			ID:           fmt.Sprintf("r%d", i),
+			PromptTokens: s.PrefixTokens + s.TailTokens,
+			OutputTokens: s.OutputTokens,
+			Session:      NoSession,
+			NextTurn:     -1,
+			// "covers at least half of the shared prefix"; a prefix-less
+			// workload counts any cached block.
+			HitTokens:    max((s.PrefixTokens+1)/2, 1),
+			Prefix:       k,
+			SharedTokens: s.PrefixTokens,
+		}
+	}
+	if s.ArrivalRate > 0 {
+		w.OpenLoop, w.ArrivalRate = true, s.ArrivalRate
+		for i, at := range Arrivals(s.Requests, s.ArrivalRate, s.ArrivalCV, s.Seed) {
+			w.Requests[i].At = at
+		}
+	}
+	w.hashAll()
+	return w, nil
+}
+
+// prefixOrder draws the prefix of each of n requests (or sessions) by the
+// spec's order and popularity, from the spec's seed.
+func prefixOrder(s SyntheticSpec, zipf float64, n int) []int {
+	drawRng := rand.New(rand.NewPCG(s.Seed, 0x6472617773))
+	order := make([]int, n)
 	var cdf []float64 // Zipf: cumulative probability of ranks 0…K−1
 	if zipf > 0 {
 		cdf = make([]float64, s.Prefixes)
@@ -255,30 +311,7 @@ func NewSynthetic(s SyntheticSpec) (*Workload, error) {
 	if s.Order == PrefixShuffled {
 		drawRng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 	}
-	for i := range w.Requests {
-		k := order[i]
-		w.tails[i] = randomTokens(tailRng, s.TailTokens)
-		w.Requests[i] = Request{
-			ID:           fmt.Sprintf("r%d", i),
-			PromptTokens: s.PrefixTokens + s.TailTokens,
-			OutputTokens: s.OutputTokens,
-			Session:      NoSession,
-			NextTurn:     -1,
-			// "covers at least half of the shared prefix"; a prefix-less
-			// workload counts any cached block.
-			HitTokens:    max((s.PrefixTokens+1)/2, 1),
-			Prefix:       k,
-			SharedTokens: s.PrefixTokens,
-		}
-	}
-	if s.ArrivalRate > 0 {
-		w.OpenLoop, w.ArrivalRate = true, s.ArrivalRate
-		for i, at := range Arrivals(s.Requests, s.ArrivalRate, s.ArrivalCV, s.Seed) {
-			w.Requests[i].At = at
-		}
-	}
-	w.hashAll()
-	return w, nil
+	return order
 }
 
 // Arrivals are the send times of n requests arriving at rate per second,
@@ -318,11 +351,13 @@ func randomTokens(rng *rand.Rand, n int) []uint32 {
 // Traces store hash ids, not tokens, so prompts are materialised on demand.
 func (w *Workload) Tokens(i int, dst []uint32) []uint32 {
 	dst = dst[:0]
-	switch w.Kind {
-	case Synthetic:
+	switch {
+	case w.prompts != nil:
+		dst = append(dst, w.prompts[i]...)
+	case w.Kind == Synthetic:
 		dst = append(dst, w.prefixes[w.Requests[i].Prefix]...)
 		dst = append(dst, w.tails[i]...)
-	case Trace:
+	case w.Kind == Trace:
 		dst = traceTokens(w.hashIDs[i], w.idTokens[i], w.Requests[i].PromptTokens, dst)
 	}
 	return dst
@@ -379,6 +414,9 @@ func syntheticName(s SyntheticSpec) string {
 	}
 	if s.HotShift > 0 {
 		name += fmt.Sprintf(" hot_shift=%d", s.HotShift)
+	}
+	if a := s.Agent; a.Turns > 0 {
+		name += fmt.Sprintf(" session_turns=%d think_time_ms=%g subagents=%d", a.Turns, float64(a.Think)/float64(time.Millisecond), a.Subagents)
 	}
 	if s.ArrivalRate > 0 {
 		name += fmt.Sprintf(" arrival_rate=%g", s.ArrivalRate)

@@ -1,0 +1,138 @@
+package report
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
+)
+
+// MeanEvents folds the reps' fleet events, event by event (every rep has
+// the same events): nil when the runs had none.
+func MeanEvents(runs []Run) []EventResult {
+	if len(runs) == 0 || len(runs[0].Summary.Events) == 0 {
+		return nil
+	}
+	out := make([]EventResult, len(runs[0].Summary.Events))
+	for k := range out {
+		reps := make([]sim.EventFigures, 0, len(runs))
+		for _, r := range runs {
+			if k < len(r.Summary.Events) {
+				reps = append(reps, r.Summary.Events[k])
+			}
+		}
+		out[k] = meanEvent(reps)
+	}
+	return out
+}
+
+func meanEvent(reps []sim.EventFigures) EventResult {
+	first := reps[0]
+	e := EventResult{EventFigures: sim.EventFigures{Kind: first.Kind, Chooser: first.Chooser, AtS: first.AtS}, Have: map[string]int{}}
+	n := float64(len(reps))
+	mean := func(f func(x *sim.EventFigures) float64) float64 {
+		sum := 0.0
+		for i := range reps {
+			sum += f(&reps[i])
+		}
+		return sum / n
+	}
+	opt := func(name string, f func(x *sim.EventFigures) stats.Optional) stats.Optional {
+		sum, have := 0.0, 0
+		for i := range reps {
+			if o := f(&reps[i]); o.Valid {
+				sum += o.Value
+				have++
+			}
+		}
+		if have == 0 {
+			return stats.Optional{}
+		}
+		if have < len(reps) {
+			e.Have[name] = have
+		}
+		return stats.Optional{Value: sum / float64(have), Valid: true}
+	}
+	win := func(f func(x *sim.EventFigures) *sim.WindowFigures) sim.WindowFigures {
+		return sim.WindowFigures{
+			StartS:           mean(func(x *sim.EventFigures) float64 { return f(x).StartS }),
+			Requests:         int(mean(func(x *sim.EventFigures) float64 { return float64(f(x).Requests) }) + 0.5),
+			CachedTokenRatio: mean(func(x *sim.EventFigures) float64 { return f(x).CachedTokenRatio }),
+			TTFT: stats.Quantiles{
+				P50: mean(func(x *sim.EventFigures) float64 { return f(x).TTFT.P50 }),
+				P99: mean(func(x *sim.EventFigures) float64 { return f(x).TTFT.P99 }),
+			},
+		}
+	}
+	e.Steady = win(func(x *sim.EventFigures) *sim.WindowFigures { return &x.Steady })
+	e.After = win(func(x *sim.EventFigures) *sim.WindowFigures { return &x.After })
+	e.MinCachedTokenRatio = mean(func(x *sim.EventFigures) float64 { return x.MinCachedTokenRatio })
+	e.MaxTTFTP99Ms = mean(func(x *sim.EventFigures) float64 { return x.MaxTTFTP99Ms })
+	e.LostCachedTokens = mean(func(x *sim.EventFigures) float64 { return x.LostCachedTokens })
+	e.BaselineCachedTokens = mean(func(x *sim.EventFigures) float64 { return x.BaselineCachedTokens })
+	e.LostFraction = mean(func(x *sim.EventFigures) float64 { return x.LostFraction })
+	e.Resent = mean(func(x *sim.EventFigures) float64 { return x.Resent })
+	e.RecoveredS = opt("recovered_s", func(x *sim.EventFigures) stats.Optional { return x.RecoveredS })
+	e.TTFTRecoveredS = opt("ttft_recovered_s", func(x *sim.EventFigures) stats.Optional { return x.TTFTRecoveredS })
+	e.SessionsKept = opt("sessions_kept", func(x *sim.EventFigures) stats.Optional { return x.SessionsKept })
+	e.LeftS = opt("left_s", func(x *sim.EventFigures) stats.Optional { return x.LeftS })
+	e.WarmS = opt("warm_s", func(x *sim.EventFigures) stats.Optional { return x.WarmS })
+	e.NewWorkerShare = opt("new_worker_share", func(x *sim.EventFigures) stats.Optional { return x.NewWorkerShare })
+	e.Steered = opt("steered", func(x *sim.EventFigures) stats.Optional { return x.Steered })
+	e.WarmUpEndS = opt("warm_up_end_s", func(x *sim.EventFigures) stats.Optional { return x.WarmUpEndS })
+	for _, r := range reps {
+		e.Workers = append(e.Workers, r.Worker)
+	}
+	if len(reps) > 1 {
+		e.Reps = reps
+	}
+	if len(e.Have) == 0 {
+		e.Have = nil
+	}
+	return e
+}
+
+// writeSessionsAndEvents adds, under the table, each policy's session
+// cached fraction and each fleet event's dip (nothing without them).
+func writeSessionsAndEvents(b *strings.Builder, results []Result) {
+	for _, x := range results {
+		if x.SessionCachedFraction.Valid {
+			fmt.Fprintf(b, "%s: session cached fraction %.3f\n", x.Policy, x.SessionCachedFraction.Value)
+		}
+	}
+	for _, x := range results {
+		for _, e := range x.FleetEvents {
+			what := e.Kind
+			if e.Chooser != "" {
+				what += " (" + e.Chooser + ")"
+			}
+			fmt.Fprintf(b, "%s: %s at %.0fs, worker %s: steady %.3f cached, TTFT p50/p99 %.0f/%.0f ms; after %.3f, %.0f/%.0f ms; min window %.3f, max window p99 %.0f ms; lost %.0f cached tokens (%.1f%% of the run without it)",
+				x.Policy, what, e.AtS, strings.Join(e.Workers, ","), e.Steady.CachedTokenRatio, e.Steady.TTFT.P50, e.Steady.TTFT.P99,
+				e.After.CachedTokenRatio, e.After.TTFT.P50, e.After.TTFT.P99, e.MinCachedTokenRatio, e.MaxTTFTP99Ms,
+				e.LostCachedTokens, 100*e.LostFraction)
+			if e.RecoveredS.Valid {
+				fmt.Fprintf(b, "; recovered in %.0fs", e.RecoveredS.Value)
+			} else {
+				b.WriteString("; not recovered")
+			}
+			for _, o := range []struct {
+				format string
+				v      stats.Optional
+				scale  float64
+			}{
+				{"; its sessions kept %.1f%%", e.SessionsKept, 100},
+				{"; left after %.1fs", e.LeftS, 1},
+				{"; warm in %.0fs", e.WarmS, 1},
+				{"; new worker's share %.1f%%", e.NewWorkerShare, 100},
+				{"; warm-up steered %.0f", e.Steered, 1},
+				{", ended after %.0fs", e.WarmUpEndS, 1},
+			} {
+				if o.v.Valid {
+					fmt.Fprintf(b, o.format, o.scale*o.v.Value)
+				}
+			}
+			b.WriteByte('\n')
+		}
+	}
+}

@@ -1,0 +1,261 @@
+package sim
+
+import (
+	"time"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+)
+
+// The dip a fleet event leaves: the cached-token ratio and TTFT of the
+// requests sent in windows after it, against the window before it in the
+// same run without the event (the steady state: the two runs are the same
+// up to the event but for the requests the event re-sends), and the cached
+// tokens lost against that run (paired request by request: the workload is
+// the same). A request a removal re-sent counts at its re-send, in the
+// windows after the event, with its TTFT from its first send.
+
+// DipOptions say how a dip is measured.
+type DipOptions struct {
+	// Window is the width of the windows requests are grouped in by
+	// send time; the steady state is the window before the event.
+	Window time.Duration
+	// Horizon is how long after the event the loss is counted (issue 29:
+	// 5 simulated minutes) and windows are judged.
+	Horizon time.Duration
+	// Tolerance is how far below the steady cached-token ratio a window
+	// may be and count as recovered (and a new worker as warm).
+	Tolerance float64
+	// TTFTFactor is how far above the steady p99 TTFT a window may be
+	// and count as recovered.
+	TTFTFactor float64
+	// Timeout is a failed request's TTFT.
+	Timeout time.Duration
+}
+
+// WindowFigures are the requests sent in one window.
+type WindowFigures struct {
+	StartS           float64         `json:"start_s"` // from the event (negative: before it)
+	Requests         int             `json:"requests"`
+	CachedTokenRatio float64         `json:"cached_token_ratio"`
+	TTFT             stats.Quantiles `json:"ttft_ms"`
+}
+
+// EventFigures are one fleet event's dip.
+type EventFigures struct {
+	Kind    string  `json:"kind"`
+	Chooser string  `json:"chooser,omitempty"`
+	Worker  string  `json:"worker,omitempty"` // "" when the event took no worker (and in a mean over reps: see workers)
+	AtS     float64 `json:"at_s"`
+	// Steady is the window before the event in the run without it; After
+	// is the whole horizon after it.
+	Steady WindowFigures `json:"steady"`
+	After  WindowFigures `json:"after"`
+	// The dip's depth: the lowest window ratio and the highest window p99
+	// TTFT within the horizon.
+	MinCachedTokenRatio float64 `json:"min_cached_token_ratio"`
+	MaxTTFTP99Ms        float64 `json:"max_ttft_p99_ms"`
+	// Its duration: from the event to the end of the last window outside
+	// the tolerance (0: none was); absent when the horizon's last window
+	// is still outside. A window is judged against the same window of the
+	// run without the event (its cached ratio minus Tolerance; TTFTFactor
+	// times its p99, or the steady p99 when higher).
+	RecoveredS     stats.Optional `json:"recovered_s,omitzero"`
+	TTFTRecoveredS stats.Optional `json:"ttft_recovered_s,omitzero"`
+	// LostCachedTokens is the baseline run's cached tokens minus this
+	// run's, over the requests sent within the horizon after the event;
+	// LostFraction divides it by the baseline's.
+	LostCachedTokens     float64 `json:"lost_cached_tokens"`
+	BaselineCachedTokens float64 `json:"baseline_cached_tokens"`
+	LostFraction         float64 `json:"lost_fraction"`
+	Resent               float64 `json:"resent"`
+	// SessionsKept (remove, drain): the cached tokens of the worker's
+	// sessions' later turns over the baseline's (absent without sessions).
+	SessionsKept stats.Optional `json:"sessions_kept,omitzero"`
+	// LeftS (drain): from the event to the worker leaving, idle.
+	LeftS stats.Optional `json:"left_s,omitzero"`
+	// WarmS (add): from the event to the end of the first window in which
+	// the new worker's cached-token ratio came within the tolerance of the
+	// fleet's steady state; NewWorkerShare: its share of the requests sent
+	// within the horizon.
+	WarmS          stats.Optional `json:"warm_s,omitzero"`
+	NewWorkerShare stats.Optional `json:"new_worker_share,omitzero"`
+	// Steered (add, with --warmup-share): the requests the warm-up sent
+	// to the new worker on purpose; WarmUpEndS: from the event to when
+	// the warm-up found it warm and stopped (absent when it never did).
+	Steered    stats.Optional  `json:"steered,omitzero"`
+	WarmUpEndS stats.Optional  `json:"warm_up_end_s,omitzero"`
+	Windows    []WindowFigures `json:"windows,omitempty"`
+}
+
+// MeasureEvents measures every event of res against base, the same run
+// without events.
+func MeasureEvents(w *workload.Workload, res, base *Result, o DipOptions) []EventFigures {
+	out := make([]EventFigures, 0, len(res.Events))
+	for _, ev := range res.Events {
+		out = append(out, measureEvent(w, res, base, ev, o))
+	}
+	return out
+}
+
+// window sums the requests sent in [from, to) that keep(i) accepts.
+func window(w *workload.Workload, res *Result, from, to time.Duration, timeout time.Duration, keep func(i int) bool) WindowFigures {
+	var cached, prompt int64
+	var ttft []float64
+	n := 0
+	for i, rr := range res.Requests {
+		if at := sentKey(rr); at < from || at >= to || (keep != nil && !keep(i)) {
+			continue
+		}
+		n++
+		prompt += int64(w.Requests[i].PromptTokens)
+		if rr.Done {
+			cached += int64(rr.CachedTokens)
+			ttft = append(ttft, ms(rr.FirstToken-rr.Sent))
+		} else {
+			ttft = append(ttft, ms(timeout))
+		}
+	}
+	f := WindowFigures{Requests: n, TTFT: stats.Of(ttft)}
+	if prompt > 0 {
+		f.CachedTokenRatio = float64(cached) / float64(prompt)
+	}
+	return f
+}
+
+func measureEvent(w *workload.Workload, res, base *Result, ev EventRecord, o DipOptions) EventFigures {
+	t := ev.At
+	f := EventFigures{Kind: string(ev.Kind), AtS: t.Seconds(), Resent: float64(ev.Resent)}
+	if ev.Kind != EventAdd {
+		f.Chooser = string(ev.Chooser)
+	}
+	if ev.Worker >= 0 {
+		f.Worker = string(res.Workers[ev.Worker])
+	}
+	f.Steady = window(w, base, max(t-o.Window, 0), t, o.Timeout, nil)
+	f.Steady.StartS = -min(o.Window, t).Seconds()
+	end := t + o.Horizon
+	lastSent := time.Duration(0)
+	for _, rr := range res.Requests {
+		lastSent = max(lastSent, sentKey(rr))
+	}
+	f.After = window(w, res, t, end, o.Timeout, nil)
+	ratioOut, ttftOut := time.Duration(0), time.Duration(0)
+	ratioLast, ttftLast := true, true
+	f.MinCachedTokenRatio = f.Steady.CachedTokenRatio
+	for from := t; from < end && from <= lastSent; from += o.Window {
+		wf := window(w, res, from, min(from+o.Window, end), o.Timeout, nil)
+		wf.StartS = (from - t).Seconds()
+		f.Windows = append(f.Windows, wf)
+		if wf.Requests == 0 {
+			continue
+		}
+		f.MinCachedTokenRatio = min(f.MinCachedTokenRatio, wf.CachedTokenRatio)
+		f.MaxTTFTP99Ms = max(f.MaxTTFTP99Ms, wf.TTFT.P99)
+		stop := min(from+o.Window, end) - t
+		// Judged against the same window without the event, so that
+		// what the workload does anyway (a 10-s p99 is nearly a
+		// maximum) is not taken for the event's dip.
+		bw := window(w, base, from, min(from+o.Window, end), o.Timeout, nil)
+		ratioLast = wf.CachedTokenRatio >= bw.CachedTokenRatio-o.Tolerance
+		if !ratioLast {
+			ratioOut = stop
+		}
+		ttftLast = wf.TTFT.P99 <= o.TTFTFactor*max(bw.TTFT.P99, f.Steady.TTFT.P99)
+		if !ttftLast {
+			ttftOut = stop
+		}
+		if ev.Kind == EventAdd && ev.Worker >= 0 && !f.WarmS.Valid {
+			nw := window(w, res, from, min(from+o.Window, end), o.Timeout, func(i int) bool { return res.Requests[i].Worker == ev.Worker })
+			if nw.Requests > 0 && nw.CachedTokenRatio >= f.Steady.CachedTokenRatio-o.Tolerance {
+				f.WarmS = stats.Optional{Value: stop.Seconds(), Valid: true}
+			}
+		}
+	}
+	if ratioLast {
+		f.RecoveredS = stats.Optional{Value: ratioOut.Seconds(), Valid: true}
+	}
+	if ttftLast {
+		f.TTFTRecoveredS = stats.Optional{Value: ttftOut.Seconds(), Valid: true}
+	}
+	if ev.Kind == EventAdd && ev.Worker >= 0 && f.After.Requests > 0 {
+		on := window(w, res, t, end, o.Timeout, func(i int) bool { return res.Requests[i].Worker == ev.Worker })
+		f.NewWorkerShare = stats.Optional{Value: float64(on.Requests) / float64(f.After.Requests), Valid: true}
+	}
+	if ev.Kind == EventAdd && (ev.Steered > 0 || ev.WarmUpEnd >= 0) {
+		f.Steered = stats.Optional{Value: float64(ev.Steered), Valid: true}
+	}
+	if ev.Kind == EventAdd && ev.WarmUpEnd >= 0 {
+		f.WarmUpEndS = stats.Optional{Value: (ev.WarmUpEnd - t).Seconds(), Valid: true}
+	}
+	if (ev.Kind == EventDrain || ev.Kind == EventDrainSessions) && ev.Left >= 0 {
+		f.LeftS = stats.Optional{Value: (ev.Left - t).Seconds(), Valid: true}
+	}
+	var lost, baseCached int64
+	for i, rr := range res.Requests {
+		if at := sentKey(rr); at < t || at >= end {
+			continue
+		}
+		b := cachedOf(base.Requests[i])
+		baseCached += b
+		lost += b - cachedOf(rr)
+	}
+	f.LostCachedTokens, f.BaselineCachedTokens = float64(lost), float64(baseCached)
+	if baseCached > 0 {
+		f.LostFraction = float64(lost) / float64(baseCached)
+	}
+	if len(ev.Sessions) > 0 {
+		var kept, was int64
+		for _, sess := range ev.Sessions {
+			for _, i := range w.Sessions[sess] {
+				if sentKey(res.Requests[i]) < t {
+					continue
+				}
+				kept += cachedOf(res.Requests[i])
+				was += cachedOf(base.Requests[i])
+			}
+		}
+		if was > 0 {
+			f.SessionsKept = stats.Optional{Value: float64(kept) / float64(was), Valid: true}
+		}
+	}
+	return f
+}
+
+// sentKey is when a request counts as sent for the windows: its re-send,
+// when a removal re-sent it.
+func sentKey(rr RequestResult) time.Duration {
+	if rr.ResentAt > 0 {
+		return rr.ResentAt
+	}
+	return rr.Sent
+}
+
+// cachedOf is a request's cached tokens, 0 when it did not complete.
+func cachedOf(rr RequestResult) int64 {
+	if !rr.Done {
+		return 0
+	}
+	return int64(rr.CachedTokens)
+}
+
+// SessionCachedFraction is the mean over sessions of each session's cached
+// tokens over its prompt tokens (a failed turn counts 0 cached); false
+// when the workload has no sessions.
+func SessionCachedFraction(w *workload.Workload, res *Result) (float64, bool) {
+	if len(w.Sessions) == 0 {
+		return 0, false
+	}
+	sum := 0.0
+	for _, turns := range w.Sessions {
+		var cached, prompt int64
+		for _, i := range turns {
+			prompt += int64(w.Requests[i].PromptTokens)
+			cached += cachedOf(res.Requests[i])
+		}
+		if prompt > 0 {
+			sum += float64(cached) / float64(prompt)
+		}
+	}
+	return sum / float64(len(w.Sessions)), true
+}

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"cmp"
+	"flag"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
+	"github.com/kvrouter/kvrouter/internal/warmup"
+)
+
+// fleetOptions are sim's fleet-event flags (issue 29 item 5).
+type fleetOptions struct {
+	removeAt, addAt string
+	Remove, Add     []time.Duration
+	Chooser         string // --remove-chooser
+	Mode            string // --remove-mode: remove, drain
+	Window          time.Duration
+	Horizon         time.Duration
+	Tolerance       float64
+	TTFTFactor      float64
+	// WarmUpShare is --warmup-share (0: off).
+	WarmUpShare float64
+}
+
+// Limits of --remove-worker-at and --add-worker-at.
+const (
+	maxFleetEvents = 64
+	maxEventTime   = 1000 * time.Hour
+)
+
+func (o *fleetOptions) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.removeAt, "remove-worker-at", "", "fleet events: remove a worker at these virtual times (comma list of durations, e.g. 30s,2m), chosen by --remove-chooser; the run is also simulated without the events, and each event's dip reported against it")
+	fs.StringVar(&o.addAt, "add-worker-at", "", "fleet events: add a cold worker (the first worker's --kv-blocks) at these virtual times (comma list of durations)")
+	fs.StringVar(&o.Chooser, "remove-chooser", string(sim.ChooserPlan), "which worker --remove-worker-at takes: plan (the cheapest by removal cost: its unique blocks weighted by their recent hits), random, least-loaded, or id:WORKER (that worker: a sweep over every worker bounds what any choice could save)")
+	fs.StringVar(&o.Mode, "remove-mode", string(sim.EventRemove), "remove (at once: its cache gone, its running and queued requests re-sent), drain (no new requests; it finishes what it has and leaves when idle; its bound sessions rebind) or drain-sessions (a drain that keeps serving the sessions bound there until they end)")
+	fs.Float64Var(&o.WarmUpShare, "warmup-share", 0, "with --add-worker-at: send this share (0..1] of new and duplicated prefixes to the added worker on purpose while the fleet is under 0.8 of its busy thresholds, until its hit rate reaches the fleet's (internal/warmup, the rule of kvrouter's --router-warmup-share); 0 = off")
+	fs.DurationVar(&o.Window, "event-window", 10*time.Second, "fleet events: width of the windows the dip is measured in (by send time; the steady state is the window before the event)")
+	fs.DurationVar(&o.Horizon, "event-horizon", 5*time.Minute, "fleet events: how long after an event cached tokens lost are counted and windows judged")
+	fs.Float64Var(&o.Tolerance, "event-tolerance", 0.02, "fleet events: a window's cached-token ratio this close below the same window without the event counts as recovered (a new worker's this close below the steady state, as warm)")
+	fs.Float64Var(&o.TTFTFactor, "event-ttft-factor", 1.2, "fleet events: a window's p99 TTFT up to this multiple of the same window's without the event (or of the steady state's, when higher) counts as recovered")
+}
+
+// parseEventTimes parses a comma list of non-negative durations (at most
+// maxFleetEvents, each at most maxEventTime); "" is none.
+func parseEventTimes(s string) ([]time.Duration, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	parts := strings.Split(s, ",")
+	if len(parts) > maxFleetEvents {
+		return nil, fmt.Errorf("%d times: at most %d", len(parts), maxFleetEvents)
+	}
+	out := make([]time.Duration, 0, len(parts))
+	for _, p := range parts {
+		d, err := time.ParseDuration(strings.TrimSpace(p))
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a duration such as 30s or 2m", p)
+		}
+		if d < 0 || d > maxEventTime {
+			return nil, fmt.Errorf("%v outside [0, %v]", d, maxEventTime)
+		}
+		out = append(out, d)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func (o *fleetOptions) check(so *simOptions) error {
+	var err error
+	if o.Remove, err = parseEventTimes(o.removeAt); err != nil {
+		return cli.Usagef("--remove-worker-at %q: %v", o.removeAt, err)
+	}
+	if o.Add, err = parseEventTimes(o.addAt); err != nil {
+		return cli.Usagef("--add-worker-at %q: %v", o.addAt, err)
+	}
+	if !sim.Chooser(o.Chooser).Valid() {
+		return cli.Usagef("--remove-chooser %q: want plan, random, least-loaded or id:WORKER", o.Chooser)
+	}
+	if o.Mode != string(sim.EventRemove) && o.Mode != string(sim.EventDrain) && o.Mode != string(sim.EventDrainSessions) {
+		return cli.Usagef("--remove-mode %q: want remove, drain or drain-sessions", o.Mode)
+	}
+	switch {
+	case o.Window <= 0:
+		return cli.Usagef("--event-window %v: must be positive", o.Window)
+	case o.Horizon <= 0:
+		return cli.Usagef("--event-horizon %v: must be positive", o.Horizon)
+	case math.IsNaN(o.Tolerance) || o.Tolerance < 0 || o.Tolerance > 1:
+		return cli.Usagef("--event-tolerance %v: want a ratio in [0, 1]", o.Tolerance)
+	case math.IsNaN(o.TTFTFactor) || math.IsInf(o.TTFTFactor, 0) || o.TTFTFactor < 1:
+		return cli.Usagef("--event-ttft-factor %v: want a finite factor >= 1", o.TTFTFactor)
+	}
+	if o.WarmUpShare != 0 {
+		switch {
+		case len(o.Add) == 0:
+			return cli.Usagef("--warmup-share warms an added worker: give --add-worker-at")
+		case !(o.WarmUpShare > 0 && o.WarmUpShare <= 1):
+			return cli.Usagef("--warmup-share %v: want a share in (0,1]", o.WarmUpShare)
+		}
+	}
+	if len(o.Remove) >= so.Workers && so.Workers > 0 {
+		return cli.Usagef("--remove-worker-at removes %d of %d workers: leave at least one", len(o.Remove), so.Workers)
+	}
+	if len(o.events()) > 0 {
+		for _, m := range so.Policies {
+			if _, peer := peerPolicies[m]; peer {
+				return cli.Usagef("policy %s routes by its own scheduler: fleet events act on our routers", m)
+			}
+		}
+	}
+	return nil
+}
+
+// events are the fleet events in time order (removals before additions
+// at the same instant).
+func (o *fleetOptions) events() []sim.FleetEvent {
+	var evs []sim.FleetEvent
+	for _, t := range o.Remove {
+		evs = append(evs, sim.FleetEvent{At: t, Kind: sim.EventKind(o.Mode), Chooser: sim.Chooser(o.Chooser)})
+	}
+	for _, t := range o.Add {
+		evs = append(evs, sim.FleetEvent{At: t, Kind: sim.EventAdd})
+	}
+	slices.SortStableFunc(evs, func(a, b sim.FleetEvent) int { return cmp.Compare(a.At, b.At) })
+	return evs
+}
+
+// warmUp is --warmup-share's policy (nil: off).
+func (o *fleetOptions) warmUp() *warmup.Policy {
+	if o.WarmUpShare == 0 {
+		return nil
+	}
+	return &warmup.Policy{Share: o.WarmUpShare, Headroom: warmup.DefaultHeadroom}
+}
+
+// dip is how the events' dips are measured.
+func (o *fleetOptions) dip(timeout time.Duration) sim.DipOptions {
+	return sim.DipOptions{Window: o.Window, Horizon: o.Horizon, Tolerance: o.Tolerance, TTFTFactor: o.TTFTFactor, Timeout: timeout}
+}
+
+// fleetCfg is the report's config.fleet_events (absent without events).
+type fleetCfg struct {
+	RemoveAtS  []float64 `json:"remove_at_s,omitempty"`
+	Chooser    string    `json:"remove_chooser,omitempty"`
+	Mode       string    `json:"remove_mode,omitempty"`
+	AddAtS     []float64 `json:"add_at_s,omitempty"`
+	WindowS    float64   `json:"window_s"`
+	HorizonS   float64   `json:"horizon_s"`
+	Tolerance  float64   `json:"tolerance"`
+	TTFTFactor float64   `json:"ttft_factor"`
+	// WarmUpShare is --warmup-share (absent: off).
+	WarmUpShare float64 `json:"warmup_share,omitempty"`
+}
+
+func (o *fleetOptions) config() *fleetCfg {
+	if len(o.Remove)+len(o.Add) == 0 {
+		return nil
+	}
+	c := &fleetCfg{WindowS: o.Window.Seconds(), HorizonS: o.Horizon.Seconds(), Tolerance: o.Tolerance, TTFTFactor: o.TTFTFactor, WarmUpShare: o.WarmUpShare}
+	for _, t := range o.Remove {
+		c.RemoveAtS = append(c.RemoveAtS, t.Seconds())
+	}
+	if len(o.Remove) > 0 {
+		c.Chooser, c.Mode = o.Chooser, o.Mode
+	}
+	for _, t := range o.Add {
+		c.AddAtS = append(c.AddAtS, t.Seconds())
+	}
+	return c
+}
