@@ -134,6 +134,11 @@ func (c *Client) Pick(req Request) (string, error) {
 	if c.closed {
 		return "", fmt.Errorf("peer %s: Pick after Close", c.path)
 	}
+	if err := c.ctx.Err(); err != nil {
+		// Cancelled: the kill runs asynchronously, and a Pick racing it
+		// could still be answered by a peer its owner has let go.
+		return "", c.fail("sending request "+req.ID, err)
+	}
 	c.enc.Reset()
 	enc := json.NewEncoder(&c.enc)
 	enc.SetEscapeHTML(false)
