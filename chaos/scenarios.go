@@ -44,7 +44,7 @@ var scenarios = map[string]scenario{
 	"A1": {nemesis: a1Nemesis, check: a1Check, quiet: true},
 	// AF1: sessions through HAProxy while the leader holding their
 	// bindings is killed every 10 s (sessions.go, issue 28).
-	"AF1": {nemesis: af1Nemesis, check: af1Check, serveArgs: afServeArgs},
+	"AF1": {nemesis: af1Nemesis, check: af1Check, serveArgs: afServeArgs, minDuration: afMinDuration},
 }
 
 func (e *env) measure(name string, v float64) {

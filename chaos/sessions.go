@@ -38,8 +38,16 @@ import (
 //     that had a turn answered;
 //   - session turns available (one retry) as the route clients are in T1.
 
-// afServeArgs turns session affinity on for every AF1 replica.
-var afServeArgs = []string{"--router-session-affinity-ttl-secs", "300"}
+// afServeArgs turns session affinity on for every AF1 replica, and
+// snapshots after 256 entries (instead of 2048, which AF1's log does not
+// reach in a minute): raft checks every 30-60 s, so the replicas killed
+// after that restart from a snapshot holding bindings, not from the log
+// alone.
+var afServeArgs = []string{"--router-session-affinity-ttl-secs", "300", "--router-snapshot-threshold", "256"}
+
+// afMinDuration: kills at 10, 20, ... 50 s, the later ones after the
+// replicas' first snapshot check (30-60 s).
+const afMinDuration = 60 * time.Second
 
 const (
 	afSessionClients = 6
@@ -112,7 +120,36 @@ func af1Nemesis(e *env) error {
 		_ = e.restart(l)
 		join()
 	}
+	e.restartFromSnapshot()
 	return nil
+}
+
+// restartFromSnapshot kills, 3 s before the end, the follower with the
+// newest snapshot and restarts it 1 s later: it restores the snapshot
+// (holding bindings) before replaying the log. The leader kills alone
+// never do that: a replica killed every 10-20 s does not live through raft's
+// first snapshot check (30-60 s after start).
+func (e *env) restartFromSnapshot() {
+	if !e.sleepUntil(e.end.Add(-3 * time.Second)) {
+		return
+	}
+	best, idx := 0, uint64(0)
+	for i, st := range e.statusesOpt(e.members, false) {
+		if st != nil && st.State != "leader" && st.LastSnapshotIndex > idx {
+			best, idx = i, st.LastSnapshotIndex
+		}
+	}
+	if best == 0 {
+		e.event("snapshot", "no follower has a snapshot yet: no restart from one")
+		e.metric("snapshot_restart", "none")
+		return
+	}
+	e.kill(best)
+	e.sleep(time.Second)
+	if e.restart(best) == nil {
+		e.event("snapshot", "r%d restarted from its snapshot at index %d", best, idx)
+		e.metric("snapshot_restart", map[string]any{"replica": fmt.Sprintf("r%d", best), "snapshot_index": idx})
+	}
 }
 
 // sessionClient runs sessions one after another until ctx ends: client n's
@@ -241,6 +278,36 @@ func (e *env) sessionBinding(i int, id string) (worker, why string) {
 	return b.Worker, ""
 }
 
+// sessionTurnsOf reads replica i's kvrouter_session_turns_total by outcome
+// (since that process started): which replicas the turns went through.
+func (e *env) sessionTurnsOf(i int) map[string]float64 {
+	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.acc.url(i)+"/metrics", nil)
+	if err != nil {
+		return nil
+	}
+	resp, err := e.acc.adminDo(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(data), "\n") {
+		rest, ok := strings.CutPrefix(line, `kvrouter_session_turns_total{outcome="`)
+		if !ok {
+			continue
+		}
+		outcome, val, ok := strings.Cut(rest, `"} `)
+		var v float64
+		if _, err := fmt.Sscan(val, &v); ok && err == nil {
+			out[outcome] += v
+		}
+	}
+	return out
+}
+
 // afSession is one session's account at the end.
 type afSession struct {
 	ID        string            `json:"session"`
@@ -364,6 +431,20 @@ func af1Check(e *env) {
 	e.metric("session_bindings_lost", lost)
 	e.metric("sessions_per_worker", perWorker)
 	e.metric("split_sessions", split)
+	byReplica := map[string]map[string]float64{}
+	for _, i := range e.members {
+		byReplica[fmt.Sprintf("r%d", i)] = e.sessionTurnsOf(i)
+	}
+	e.metric("session_turns_by_replica_since_start", byReplica)
+	// Which replicas restarted from a snapshot holding bindings: a binding
+	// lost on restore shows in session_bindings_lost.
+	restored := map[string]any{}
+	for i, st := range e.statuses(e.members) {
+		if st != nil {
+			restored[fmt.Sprintf("r%d", i)] = map[string]uint64{"last_snapshot_index": st.LastSnapshotIndex, "snapshots_restored": st.SnapshotsRestored}
+		}
+	}
+	e.metric("snapshots_at_end", restored)
 	e.event("sessions", "%d sessions, %d turns (%d answered, %d failed, %d retried): %d answered elsewhere than the session's worker, %d of %d sessions on one worker, %d bindings lost; per worker %v",
 		len(order), len(turns), answered, failed, retried, elsewhere, oneWorker, withAnswer, lost, perWorker)
 
