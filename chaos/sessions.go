@@ -279,7 +279,9 @@ func (e *env) sessionBinding(i int, id string) (worker, why string) {
 }
 
 // sessionTurnsOf reads replica i's kvrouter_session_turns_total by outcome
-// (since that process started): which replicas the turns went through.
+// and kvrouter_session_misses_total by reason ("miss_<reason>"), since that
+// process started: which replicas the turns went through, and why a turn
+// was served unbound.
 func (e *env) sessionTurnsOf(i int) map[string]float64 {
 	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
 	defer cancel()
@@ -295,11 +297,16 @@ func (e *env) sessionTurnsOf(i int) map[string]float64 {
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	out := map[string]float64{}
 	for _, line := range strings.Split(string(data), "\n") {
+		pre := ""
 		rest, ok := strings.CutPrefix(line, `kvrouter_session_turns_total{outcome="`)
 		if !ok {
-			continue
+			if rest, ok = strings.CutPrefix(line, `kvrouter_session_misses_total{reason="`); !ok {
+				continue
+			}
+			pre = "miss_"
 		}
 		outcome, val, ok := strings.Cut(rest, `"} `)
+		outcome = pre + outcome
 		var v float64
 		if _, err := fmt.Sscan(val, &v); ok && err == nil {
 			out[outcome] += v
