@@ -127,8 +127,8 @@ func af1Nemesis(e *env) error {
 // restartFromSnapshot kills, 3 s before the end, the follower with the
 // newest snapshot and restarts it 1 s later: it restores the snapshot
 // (holding bindings) before replaying the log. The leader kills alone
-// never do that: a replica killed every 10-20 s does not live through raft's
-// first snapshot check (30-60 s after start).
+// seldom do that: a replica killed every 10-20 s rarely lives through
+// raft's first snapshot check (30-60 s after start).
 func (e *env) restartFromSnapshot() {
 	if !e.sleepUntil(e.end.Add(-3 * time.Second)) {
 		return
