@@ -5,7 +5,7 @@ PKGS    := ./...
 # Tests that need a cluster or the network get longer; unit tests stay fast.
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: help build build-core peers test test-peers reference bench figures figures-check run drain-live certs check chaos chaos-short chaos-soak fuzz clean
+.PHONY: help build build-core peers test test-peers reference bench figures figures-check run drain-live sessions-live certs check chaos chaos-short chaos-soak fuzz clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ run: build-core ## local cluster: 3 replicas (127.0.0.1:8001-8003), 4 kvmock wor
 drain-live: build-core ## issue 29 live: make run's cluster (ports +300), drain one of four kvmocks under kvbench load, check it (deploy/local/drain-live.sh)
 	./deploy/local/drain-live.sh
 
+sessions-live: build-core ## issue 28 live: make run's cluster (ports +400) with session affinity, 20 sessions x 8 turns over the three replicas by header and by prompt_cache_key, one worker each (deploy/local/sessions-live.sh)
+	./deploy/local/sessions-live.sh
+
 # Certificates for a deployment: make certs CERTS_DIR=certs NODES=r1=host[,ip],r2=... WORKERS=w1,w2
 CERTS_DIR ?= certs
 NODES     ?= r1=127.0.0.1,r2=127.0.0.1,r3=127.0.0.1
@@ -76,7 +79,7 @@ check: ## gofmt, go vet, and the import-direction rules
 chaos: build-core ## fault-injection suite: make chaos SCENARIOS=T1,T4 DURATION=60s
 	./chaos/run.sh "$(SCENARIOS)" "$(DURATION)"
 
-chaos-short: build-core ## CI tier of the chaos suite: every scenario, 45 s of faults each (~12.5 min with G1, D1 and A1, root)
+chaos-short: build-core ## CI tier of the chaos suite: every scenario, 45 s of faults each (~13.5 min with G1, D1, A1 and AF1, root)
 	./chaos/run.sh short 45s
 
 chaos-soak: build-core ## chaos soak: every scenario, SOAK=10m of faults each (override SOAK=30m)

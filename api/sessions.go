@@ -196,6 +196,11 @@ func (s *Server) routeSession(ctx context.Context, sr SessionReplica, pol Sessio
 	got, err := sr.BindSession(ctx, SessionBind{Session: k.ID, Parent: k.Parent, Worker: d.Worker, Replace: replace, TTL: ttl})
 	m.bindDur.Observe(time.Since(start).Seconds())
 	switch {
+	case err != nil && ctx.Err() != nil:
+		// The client left while the bind waited for a leader (HAProxy
+		// cuts the connections of a replica that lost its leader): no
+		// miss; the attempt finds the client gone and answers 499.
+		return d, nil
 	case err != nil:
 		// Serve the turn anyway, unbound: affinity is an optimisation.
 		why := "unavailable"

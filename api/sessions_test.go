@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -32,6 +33,8 @@ type fakeSessions struct {
 	// beforeBind runs inside BindSession before the commit: another
 	// replica committing first.
 	beforeBind func(b SessionBind)
+	// bindErr, when set, decides BindSession's error (nil: commit).
+	bindErr func(ctx context.Context) error
 }
 
 func newFakeSessions(rep *fakeReplica, pol SessionPolicy) *fakeSessions {
@@ -62,9 +65,14 @@ func (f *fakeSessions) bind(b SessionBind) SessionBinding {
 	f.bindings[b.Session] = nb
 	return nb
 }
-func (f *fakeSessions) BindSession(_ context.Context, b SessionBind) (SessionBinding, error) {
+func (f *fakeSessions) BindSession(ctx context.Context, b SessionBind) (SessionBinding, error) {
 	if f.beforeBind != nil {
 		f.beforeBind(b)
+	}
+	if f.bindErr != nil {
+		if err := f.bindErr(ctx); err != nil {
+			return SessionBinding{}, err
+		}
 	}
 	return f.bind(b), nil
 }
@@ -295,6 +303,56 @@ func TestAPISessionOff(t *testing.T) {
 		map[string]string{"X-Dynamo-Session-ID": strings.Repeat("s", 300)})
 	if rec.Code != 200 || fs.proposals != 0 || fs.SessionCount() != 0 {
 		t.Fatalf("%d, %d proposals", rec.Code, fs.proposals)
+	}
+}
+
+// TestAPISessionMissNeedsAClient: a first turn whose binding cannot be
+// committed is served unbound and counted as a miss, but not when its
+// client left while the bind waited (HAProxy cuts the connections of a
+// replica that lost its leader, so every election produced such "misses":
+// chaos AF1): that turn is answered 499, nothing counted as a miss.
+func TestAPISessionMissNeedsAClient(t *testing.T) {
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	cases := []struct {
+		name       string
+		clientGone bool
+		wantCode   int
+		wantMisses float64
+	}{
+		{"no leader, client waiting", false, http.StatusOK, 1},
+		{"no leader, client gone", true, 499, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, fs := newSessionServer(t, 2, SessionPolicy{TTL: time.Minute})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			fs.bindErr = func(bctx context.Context) error {
+				if tc.clientGone {
+					cancel() // the connection cut while the bind waited for a leader
+					<-bctx.Done()
+					return fmt.Errorf("bind session: %w (last: cluster: no leader)", bctx.Err())
+				}
+				return errors.New("bind session: context deadline exceeded (last: cluster: no leader)")
+			}
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body)).WithContext(ctx)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Dynamo-Session-ID", "s1")
+			s.Handler().ServeHTTP(rec, req)
+			if rec.Code != tc.wantCode {
+				t.Errorf("status %d, want %d: %s", rec.Code, tc.wantCode, rec.Body)
+			}
+			if got := readCounter(s.sessMetrics.misses.WithLabelValues("unavailable")); got != tc.wantMisses {
+				t.Errorf("misses{unavailable} %v, want %v", got, tc.wantMisses)
+			}
+			if got := readCounter(s.sessMetrics.turns.WithLabelValues("miss")); got != tc.wantMisses {
+				t.Errorf("turns{miss} %v, want %v", got, tc.wantMisses)
+			}
+			if fs.SessionCount() != 0 {
+				t.Errorf("%d bindings, want none", fs.SessionCount())
+			}
+		})
 	}
 }
 

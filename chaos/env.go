@@ -41,6 +41,7 @@ type env struct {
 	// shards the index into data groups, which the drain and the final
 	// comparison then check group by group.
 	raftGroups int
+	serveArgs  []string // more flags for every replica (scenario.serveArgs)
 	mocks      []*mock
 	haproxy    *proc
 
@@ -78,6 +79,8 @@ type env struct {
 	// groupsEqual: per data group, whether every replica reported the same
 	// digest at the end (compare; empty when not sharded).
 	groupsEqual map[int]bool
+	// af: AF1's session turns (sessions.go), from its nemesis to its check.
+	af *afRun
 }
 
 type tlEvent struct {
@@ -146,6 +149,7 @@ func (e *env) newReplica(i int, join bool) *replica {
 	r := &replica{idx: i, id: fmt.Sprintf("r%d", i), dataDir: filepath.Join(e.dir, fmt.Sprintf("r%d", i)), join: join}
 	r.name = r.id
 	r.groups = e.raftGroups
+	r.extra = e.serveArgs
 	r.logPath = filepath.Join(e.dir, fmt.Sprintf("r%d.log", i))
 	if slices.Contains(e.prev, i) {
 		r.bin = e.opts.PrevBin

@@ -195,9 +195,10 @@ type replica struct {
 	idx     int
 	id      string
 	dataDir string
-	join    bool   // start with --join (a replica added to a formed cluster)
-	bin     string // kvrouter binary to start; "" = this build's (U1 starts one on the previous release's)
-	groups  int    // --raft-groups (scenario.raftGroups); 0 or 1: the flag is left out, one Raft group
+	join    bool     // start with --join (a replica added to a formed cluster)
+	bin     string   // kvrouter binary to start; "" = this build's (U1 starts one on the previous release's)
+	groups  int      // --raft-groups (scenario.raftGroups); 0 or 1: the flag is left out, one Raft group
+	extra   []string // more serve flags (scenario.serveArgs)
 }
 
 // argv is the replica's command line, always the same (formation resumes
@@ -245,6 +246,7 @@ func (r *replica) argv(bin string, members []int, cred *credentials) []string {
 	if r.groups > 1 {
 		args = append(args, "--raft-groups", fmt.Sprint(r.groups), "--raft-group-port-step", fmt.Sprint(raftGroupPortStep))
 	}
+	args = append(args, r.extra...)
 	if r.join {
 		args = append(args, "--join", strings.Join(join, ","))
 	} else {

@@ -224,6 +224,9 @@ var Catalog = []Scenario{
 	// A1 replays issue 16's attacks against the secure defaults (probes.go,
 	// SECURITY.md): every probe refused, nothing changed.
 	{ID: "A1", Title: "security probes: every attack of issue 16 refused, state unchanged", Short: true},
+	// AF1: session affinity (issue 28) across leader failovers. Named AF1
+	// (affinity) because S1 is the checker's self-test.
+	{ID: "AF1", Title: "agent sessions via HAProxy with affinity while the leader holding their bindings is SIGKILLed every 10 s: each session's turns on its one worker, no binding lost", Short: true},
 	// U1 needs the previous release's binary (chaos/run.sh builds it).
 	{ID: "U1", Title: "rolling upgrade under load: one replica on the previous release, upgraded by SIGTERM + restart"},
 	// S1 checks the checker: it injects a loss and a duplicate, and passes

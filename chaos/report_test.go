@@ -100,7 +100,7 @@ func TestChaosParseScenarios(t *testing.T) {
 		{"", []string{"T1", "T4", "T6"}, false},
 		{"T1,T4,T6", []string{"T1", "T4", "T6"}, false},
 		{" t4 , T1,t4", []string{"T4", "T1"}, false},
-		{"all", []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T11", "G1", "D1", "D2", "A1", "U1"}, false},
+		{"all", []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T11", "G1", "D1", "D2", "A1", "AF1", "U1"}, false},
 		{"d1", []string{"D1"}, false},
 		{"S1", []string{"S1"}, false},
 		{"a1", []string{"A1"}, false},

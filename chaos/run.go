@@ -226,6 +226,7 @@ func runScenario(parent context.Context, o Options, runDir, id string, cred *cre
 		members:    []int{1, 2, 3},
 		prev:       impl.prev,
 		raftGroups: impl.raftGroups,
+		serveArgs:  impl.serveArgs,
 		iso:        newIsolationWatch(),
 		route:      newRouteStats(),
 		admin:      &adminHistory{start: time.Now()},
@@ -345,6 +346,9 @@ type scenario struct {
 	// only every quietRenewal, so nothing but the ledger writes to the
 	// cluster (A1 compares the state before and after its probes).
 	quiet bool
+	// serveArgs: more flags for every replica's `kvrouter serve` (AF1
+	// turns session affinity on).
+	serveArgs []string
 }
 
 // quietRenewal is the workers' lease renewal in a quiet scenario: the

@@ -42,6 +42,9 @@ var scenarios = map[string]scenario{
 	"D2": {nemesis: d1Nemesis, check: d1Check, maxDuration: d1MaxDuration, registerEvery: quietRenewal, raftGroups: d2Groups},
 	// A1: the security probes (probes.go), in a quiet window.
 	"A1": {nemesis: a1Nemesis, check: a1Check, quiet: true},
+	// AF1: sessions through HAProxy while the leader holding their
+	// bindings is killed every 10 s (sessions.go, issue 28).
+	"AF1": {nemesis: af1Nemesis, check: af1Check, serveArgs: afServeArgs, minDuration: afMinDuration},
 }
 
 func (e *env) measure(name string, v float64) {
