@@ -29,6 +29,10 @@ type ActiveLoad struct {
 	// tracked counts the requests with output blocks booked (every
 	// workerLoad.tracked together): 0 lets kv-pooled skip them at once.
 	tracked int
+	// workersGen counts the changes of the workers map's keys (a worker's
+	// first booking, its last one ending): a LoadRowsCache built at this
+	// generation still points at the right workerLoads.
+	workersGen uint64
 }
 
 type blockHolder struct {
@@ -171,6 +175,7 @@ func (a *ActiveLoad) Add(b Booking) {
 	if wl == nil {
 		wl = &workerLoad{reqs: make(map[*activeRequest]struct{})}
 		a.workers[b.Worker] = wl
+		a.workersGen++
 	}
 	wl.reqs[r] = struct{}{}
 	wl.requests += r.seqs
@@ -349,6 +354,7 @@ func (a *ActiveLoad) removeLocked(id string) {
 	}
 	if wl.requests == 0 && wl.blocks == 0 {
 		delete(a.workers, r.worker)
+		a.workersGen++
 	}
 }
 
@@ -420,8 +426,10 @@ func (a *ActiveLoad) Load(w WorkerID) WorkerLoad {
 }
 
 // loadLocked: a.mu must be held.
-func (a *ActiveLoad) loadLocked(w WorkerID) WorkerLoad {
-	wl := a.workers[w]
+func (a *ActiveLoad) loadLocked(w WorkerID) WorkerLoad { return a.workers[w].load() }
+
+// load is the worker's load (nil: none). Its ActiveLoad's mu must be held.
+func (wl *workerLoad) load() WorkerLoad {
 	if wl == nil {
 		return WorkerLoad{}
 	}
@@ -473,13 +481,47 @@ type LoadRow struct {
 
 // Rows fills dst with the load of each of workers and the new blocks hashes
 // would add on each, under one lock and with one holder lookup per block.
-// pos maps each worker to its position in workers.
 func (a *ActiveLoad) Rows(workers []WorkerInfo, pos map[WorkerID]int, hashes []uint64, dst []LoadRow) []LoadRow {
+	return a.RowsCached(workers, pos, hashes, dst, nil)
+}
+
+// LoadRowsCache remembers, for one list of workers, each one's load entry,
+// so RowsCached reads a fleet's loads without a lookup by id while no
+// worker's load appeared or went away. The zero value is empty; Reset it
+// when the list of workers changes. A router owns one (under its lock).
+type LoadRowsCache struct {
+	valid bool
+	gen   uint64        // ActiveLoad.workersGen it was built at
+	wls   []*workerLoad // parallel to the workers; nil: no load
+}
+
+// Reset forgets the cached entries (the workers changed).
+func (c *LoadRowsCache) Reset() { c.valid = false }
+
+// RowsCached is Rows reading the workers' entries through cache (nil: by
+// id, as Rows), rebuilt when stale.
+func (a *ActiveLoad) RowsCached(workers []WorkerInfo, pos map[WorkerID]int, hashes []uint64, dst []LoadRow, cache *LoadRowsCache) []LoadRow {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	dst = dst[:0]
-	for _, w := range workers {
-		dst = append(dst, LoadRow{WorkerLoad: a.loadLocked(w.ID), NewBlocks: len(hashes)})
+	dst = slices.Grow(dst[:0], len(workers))[:len(workers)]
+	if cache != nil {
+		if !cache.valid || cache.gen != a.workersGen || len(cache.wls) != len(workers) {
+			cache.wls = slices.Grow(cache.wls[:0], len(workers))[:len(workers)]
+			for i, w := range workers {
+				cache.wls[i] = a.workers[w.ID]
+			}
+			cache.valid, cache.gen = true, a.workersGen
+		}
+		for i, wl := range cache.wls {
+			dst[i] = LoadRow{WorkerLoad: wl.load(), NewBlocks: len(hashes)}
+		}
+	} else {
+		for i, w := range workers {
+			dst[i] = LoadRow{WorkerLoad: a.loadLocked(w.ID), NewBlocks: len(hashes)}
+		}
+	}
+	if len(a.holders) == 0 {
+		return dst
 	}
 	for _, h := range hashes {
 		for _, hd := range a.holders[h] {
