@@ -132,9 +132,9 @@ type CacheStats interface {
 type pooledScratch struct {
 	eff    []int       // per worker: effective overlap
 	terms  []costTerms // per worker (candidates only): the cost terms at the effective overlap, shared by the price and the admission rules
-	over   []float64 // per candidate: admission overflow in blocks
-	fill   []float64 // per candidate: fill with every expected output, the request placed there (pooledAdmissionLocked)
-	held   []float64 // per candidate: the same before the request
+	over   []float64   // per candidate: admission overflow in blocks
+	fill   []float64   // per candidate: fill with every expected output, the request placed there (pooledAdmissionLocked)
+	held   []float64   // per candidate: the same before the request
 	scores []rendezvousScore
 	ranks  []int // per candidate
 	kept   []int
