@@ -71,12 +71,15 @@ func BenchmarkApplyStored(b *testing.B) {
 	// The same through ApplyCapped with a cap never reached (what fsm
 	// does for every stored event): the cost of the cap check.
 	b.Run("capped/blocks=1M/workers=64", func(b *testing.B) { benchApplyStored(b, 64, 1<<30) })
+	b.Run("blocks=16K/workers=64", func(b *testing.B) { benchApplyStoredN(b, 1<<14, 64, 0) })
 }
 
 // benchApplyStored applies stored events through ApplyCapped with maxHeld
 // (0: no cap, what Apply does), evicting as it goes.
-func benchApplyStored(b *testing.B, workers, maxHeld int) {
-	ix, _ := benchIndex(b, 1<<20, workers, 256)
+func benchApplyStored(b *testing.B, workers, maxHeld int) { benchApplyStoredN(b, 1<<20, workers, maxHeld) }
+
+func benchApplyStoredN(b *testing.B, blocks, workers, maxHeld int) {
+	ix, _ := benchIndex(b, blocks, workers, 256)
 	// 64 chains per worker at 64 workers; fewer per worker in bigger fleets
 	// so the rings add the same 64K blocks whatever the fleet.
 	const chain = 16

@@ -133,7 +133,7 @@ type costTerms struct {
 // divide by zero blocks).
 func computeTerms(cfg *Config, in costInput) costTerms {
 	p := newCostPlan(cfg, in.isl)
-	return p.terms(in.overlap, in.host, in.disk, in.load, in.newBlocks, in.minActivePrefill)
+	return p.terms(in.overlap, in.host, in.disk, &in.load, in.newBlocks, in.minActivePrefill)
 }
 
 // costPlan is what computeTerms derives from the configuration and the
@@ -154,7 +154,7 @@ func newCostPlan(cfg *Config, isl int) costPlan {
 
 // terms is computeTerms for one worker: the same operations in the same
 // order, so the same bits.
-func (p *costPlan) terms(overlap, host, disk int, load WorkerLoad, newBlocks, minActivePrefill int) costTerms {
+func (p *costPlan) terms(overlap, host, disk int, load *WorkerLoad, newBlocks, minActivePrefill int) costTerms {
 	cfg := p.cfg
 	var t costTerms
 	active := 0.0

@@ -371,7 +371,7 @@ func (r *Router) pooledOverlapsLocked(req Request, candidates []int) (lo, hi int
 		ps.eff[i] = max(ps.eff[i], r.overlaps[i])
 		lo, hi = min(lo, ps.eff[i]), max(hi, ps.eff[i])
 		l := &r.loads[i]
-		ps.terms[i] = plan.terms(ps.eff[i], 0, 0, l.WorkerLoad, l.NewBlocks, 0)
+		ps.terms[i] = plan.terms(ps.eff[i], 0, 0, &l.WorkerLoad, l.NewBlocks, 0)
 	}
 	return lo, hi
 }

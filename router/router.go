@@ -330,9 +330,15 @@ func (r *Router) decideLocked(req Request, now time.Time, rows []WorkerCost) (De
 	// Eligibility first: the credit decay's floor is the least loaded
 	// eligible worker's backlog, so costs follow eligibility.
 	candidates := r.cands[:0]
-	for i, w := range r.workers {
-		if r.busyLocked(req, w, r.loads[i].WorkerLoad).kind == notBusy {
+	if t := &cfg.Thresholds; len(req.Exclude) == 0 && t.ActiveDecodeBlocks == nil && t.ActivePrefillTokens == nil && t.ActivePrefillTokensFrac == nil {
+		for i := range r.workers {
 			candidates = append(candidates, i)
+		}
+	} else {
+		for i := range r.workers {
+			if r.busyLocked(req, &r.workers[i], &r.loads[i].WorkerLoad).kind == notBusy {
+				candidates = append(candidates, i)
+			}
 		}
 	}
 	r.cands = candidates
@@ -340,20 +346,20 @@ func (r *Router) decideLocked(req Request, now time.Time, rows []WorkerCost) (De
 	plan := newCostPlan(cfg, req.Tokens)
 	d.Rows = slices.Grow(rows[:0], len(r.workers))[:len(r.workers)]
 	next := 0 // candidates[next] is the next eligible worker
-	for i, w := range r.workers {
-		lr := &r.loads[i]
+	for i := range r.workers {
+		w, lr := &r.workers[i], &r.loads[i]
 		h, k := 0, 0
 		if host != nil {
 			h, k = host[i], disk[i]
 		}
-		t := plan.terms(overlaps[i], h, k, lr.WorkerLoad, lr.NewBlocks, floor)
+		t := plan.terms(overlaps[i], h, k, &lr.WorkerLoad, lr.NewBlocks, floor)
 		d.Rows[i] = WorkerCost{Worker: w.ID, Overlap: overlaps[i], HostOverlap: h, DiskOverlap: k, TierCredit: t.tierCredit,
 			ActivePrefillTokens: lr.ActivePrefillTokens, ActiveBlocks: lr.ActiveBlocks, NewBlocks: lr.NewBlocks, ActiveRequests: lr.Requests,
 			PrefillBlocks: t.prefill, DecodeBlocks: t.decode, RequestBlocks: t.requests, CreditDecay: t.decay, Cost: t.cost}
 		if next < len(candidates) && candidates[next] == i {
 			next++
 		} else {
-			d.Rows[i].setBusy(r.busyLocked(req, w, lr.WorkerLoad))
+			d.Rows[i].setBusy(r.busyLocked(req, w, &lr.WorkerLoad))
 		}
 	}
 	if len(candidates) == 0 {
@@ -369,11 +375,11 @@ func (r *Router) decideLocked(req Request, now time.Time, rows []WorkerCost) (De
 
 // busyLocked says why w is not a candidate for req (kind notBusy when it
 // is): excluded by the caller, or over a busy threshold. r.mu must be held.
-func (r *Router) busyLocked(req Request, w WorkerInfo, load WorkerLoad) busyWhy {
+func (r *Router) busyLocked(req Request, w *WorkerInfo, load *WorkerLoad) busyWhy {
 	if len(req.Exclude) > 0 && slices.Contains(req.Exclude, w.ID) {
 		return busyWhy{kind: busyExcluded}
 	}
-	return busyCheck(&r.cfg.Thresholds, w, load)
+	return busyCheck(&r.cfg.Thresholds, *w, *load)
 }
 
 // overlapsLocked reads cached prefix lengths from the index the mode uses.
