@@ -76,7 +76,9 @@ func BenchmarkApplyStored(b *testing.B) {
 
 // benchApplyStored applies stored events through ApplyCapped with maxHeld
 // (0: no cap, what Apply does), evicting as it goes.
-func benchApplyStored(b *testing.B, workers, maxHeld int) { benchApplyStoredN(b, 1<<20, workers, maxHeld) }
+func benchApplyStored(b *testing.B, workers, maxHeld int) {
+	benchApplyStoredN(b, 1<<20, workers, maxHeld)
+}
 
 func benchApplyStoredN(b *testing.B, blocks, workers, maxHeld int) {
 	ix, _ := benchIndex(b, blocks, workers, 256)

@@ -144,7 +144,7 @@ func (ix *Index) dropLowLocked(ch uint64, slot int) (uint64, bool) {
 // how many of those no other worker holds.
 type workerBlocks struct {
 	id        WorkerID
-	blockSize int // the worker's events' block size: never 0 (the index's when added without one)
+	blockSize int        // the worker's events' block size: never 0 (the index's when added without one)
 	engine    blockTable // engine hash → content hash, where they differ
 	held      int
 	unique    int
