@@ -71,17 +71,12 @@ func BenchmarkApplyStored(b *testing.B) {
 	// The same through ApplyCapped with a cap never reached (what fsm
 	// does for every stored event): the cost of the cap check.
 	b.Run("capped/blocks=1M/workers=64", func(b *testing.B) { benchApplyStored(b, 64, 1<<30) })
-	b.Run("blocks=16K/workers=64", func(b *testing.B) { benchApplyStoredN(b, 1<<14, 64, 0) })
 }
 
 // benchApplyStored applies stored events through ApplyCapped with maxHeld
 // (0: no cap, what Apply does), evicting as it goes.
 func benchApplyStored(b *testing.B, workers, maxHeld int) {
-	benchApplyStoredN(b, 1<<20, workers, maxHeld)
-}
-
-func benchApplyStoredN(b *testing.B, blocks, workers, maxHeld int) {
-	ix, _ := benchIndex(b, blocks, workers, 256)
+	ix, _ := benchIndex(b, 1<<20, workers, 256)
 	// 64 chains per worker at 64 workers; fewer per worker in bigger fleets
 	// so the rings add the same 64K blocks whatever the fleet.
 	const chain = 16
@@ -151,17 +146,18 @@ func selectBench(b *testing.B, workers, promptBlocks int) (*Router, [][]uint64) 
 
 // BenchmarkSelect: one whole routing decision (overlap lookup, load rows,
 // cost of every worker, pick) for a 32-block (512-token) prompt over 64,
-// 256 and 1,024 workers, in every mode ("workers=N" alone is kv). The
+// 256 and 1,024 workers, in every mode ("workers=N" alone is kv, so the
+// pattern BenchmarkSelect/workers=64$ selects kv alone). The
 // rows of one decision are the next one's storage (decideBench), as a
 // caller without a decision log can do: the decision itself allocates
-// nothing ("/new-rows": Decide, a new cost table per decision). Booking
+// nothing ("new-rows/": Decide, a new cost table per decision). Booking
 // the load is measured separately by BenchmarkRoute.
 func BenchmarkSelect(b *testing.B) {
 	for _, workers := range benchFleets {
 		for _, mode := range Modes {
 			name := fmt.Sprintf("workers=%d", workers)
 			if mode != ModeKV {
-				name += "/mode=" + string(mode)
+				name = fmt.Sprintf("mode=%s/workers=%d", mode, workers)
 			}
 			b.Run(name, func(b *testing.B) {
 				r, chains := selectBench(b, workers, 32)
@@ -182,7 +178,7 @@ func BenchmarkSelect(b *testing.B) {
 			})
 		}
 	}
-	b.Run("workers=64/new-rows", func(b *testing.B) {
+	b.Run("new-rows/workers=64", func(b *testing.B) {
 		r, chains := selectBench(b, 64, 32)
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {

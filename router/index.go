@@ -45,6 +45,9 @@ type Index struct {
 	free     []int
 
 	stats indexCounters
+	// pend counts an event's blocks while it applies (under mu), added to
+	// stats once per event: one atomic add per counter, not per block.
+	pend struct{ stored, removed, unknown, dups uint64 }
 	sink  uint64 // the prefetch reads land here, so they are not dropped
 	// gen counts the sections that held mu for writing (bumped inside
 	// them): a reader that saw gen g under mu, and later reads g again,
@@ -325,6 +328,7 @@ func (ix *Index) ApplyCapped(w WorkerID, ev KVEvent, maxHeld int) error {
 		for _, b := range ev.Blocks {
 			ix.storeLocked(slot, wb, b)
 		}
+		ix.flushStatsLocked()
 	case EventRemoved:
 		if slot < 64 {
 			ix.prefetchRemovedLocked(wb, ev.Removed)
@@ -332,6 +336,7 @@ func (ix *Index) ApplyCapped(w WorkerID, ev KVEvent, maxHeld int) error {
 		for _, eh := range ev.Removed {
 			ix.removeLocked(slot, wb, eh)
 		}
+		ix.flushStatsLocked()
 	case EventCleared:
 		ix.stats.clears.Add(1)
 		ix.clearLocked(slot)
@@ -339,6 +344,25 @@ func (ix *Index) ApplyCapped(w WorkerID, ev KVEvent, maxHeld int) error {
 		return fmt.Errorf("apply event of worker %s: kind %d: %w", w, ev.Kind, ErrInvalidEvent)
 	}
 	return nil
+}
+
+// flushStatsLocked adds the event's pending counts to the counters.
+// ix.mu must be held for writing.
+func (ix *Index) flushStatsLocked() {
+	p := &ix.pend
+	if p.stored != 0 {
+		ix.stats.storedBlocks.Add(p.stored)
+	}
+	if p.removed != 0 {
+		ix.stats.removedBlocks.Add(p.removed)
+	}
+	if p.unknown != 0 {
+		ix.stats.unknownRemovals.Add(p.unknown)
+	}
+	if p.dups != 0 {
+		ix.stats.duplicateStores.Add(p.dups)
+	}
+	*p = struct{ stored, removed, unknown, dups uint64 }{}
 }
 
 // prefetchStoredLocked reads, ahead of a stored event's blocks, the table
@@ -409,14 +433,14 @@ func (ix *Index) storeLocked(slot int, wb *workerBlocks, b StoredBlock) {
 		return
 	}
 	if ix.holdsLocked(b.ContentHash, slot) {
-		ix.stats.duplicateStores.Add(1)
+		ix.pend.dups++
 		return
 	}
 	n, sole := ix.holdersLocked(b.ContentHash)
 	ix.countJoinLocked(wb, n, sole)
 	ix.addHolderLocked(b.ContentHash, slot)
 	wb.held++
-	ix.stats.storedBlocks.Add(1)
+	ix.pend.stored++
 }
 
 // storeLowLocked is storeLocked's block for slot < 64: one probe finds
@@ -427,7 +451,7 @@ func (ix *Index) storeLowLocked(slot int, wb *workerBlocks, ch uint64) {
 	p, existed := ix.blocks.ref(ch)
 	lo := *p
 	if lo&bit != 0 {
-		ix.stats.duplicateStores.Add(1)
+		ix.pend.dups++
 		return
 	}
 	n, sole := bits.OnesCount64(lo), bits.TrailingZeros64(lo)
@@ -446,7 +470,7 @@ func (ix *Index) storeLowLocked(slot int, wb *workerBlocks, ch uint64) {
 	ix.countJoinLocked(wb, n, sole)
 	*p = lo | bit // nothing entered the table since ref: p still points at ch's word
 	wb.held++
-	ix.stats.storedBlocks.Add(1)
+	ix.pend.stored++
 }
 
 // countJoinLocked keeps the unique counts right when wb joins a block's
@@ -469,10 +493,10 @@ func (ix *Index) removeLocked(slot int, wb *workerBlocks, eh uint64) {
 		ch = eh
 	}
 	if !ix.dropLocked(slot, wb, ch) {
-		ix.stats.unknownRemovals.Add(1)
+		ix.pend.unknown++
 		return
 	}
-	ix.stats.removedBlocks.Add(1)
+	ix.pend.removed++
 }
 
 // dropLocked clears slot's bit for content hash ch; false if it was not set.
