@@ -48,7 +48,7 @@ type Index struct {
 	// pend counts an event's blocks while it applies (under mu), added to
 	// stats once per event: one atomic add per counter, not per block.
 	pend struct{ stored, removed, unknown, dups uint64 }
-	sink  uint64 // the prefetch reads land here, so they are not dropped
+	sink uint64 // the prefetch reads land here, so they are not dropped
 	// gen counts the sections that held mu for writing (bumped inside
 	// them): a reader that saw gen g under mu, and later reads g again,
 	// knows the index has not changed since (MergedOverlaps' cache).
