@@ -91,7 +91,11 @@ func goldenScenarios() []decisionScenario {
 // scenario on a virtual clock (with events storing what was routed, some
 // requests finishing) and writes one line per decision: the worker, each
 // row's cost bits, and the explanation, which carries every busy reason.
-func runDecisionScenario(t *testing.T, sc decisionScenario, out *bufio.Writer) {
+func runDecisionScenario(t *testing.T, sc decisionScenario, out *bufio.Writer) { runScenario(t, sc, out, false) }
+
+// runScenario is runDecisionScenario; with reuse every decision writes its
+// cost table into the last one's storage (RouteInto).
+func runScenario(t *testing.T, sc decisionScenario, out *bufio.Writer, reuse bool) {
 	rng := rand.New(rand.NewPCG(42, uint64(len(sc.name))))
 	cfg := DefaultConfig()
 	if sc.cfg != nil {
@@ -125,6 +129,7 @@ func runDecisionScenario(t *testing.T, sc decisionScenario, out *bufio.Writer) {
 		out    int
 	}
 	var running []live
+	var rows []WorkerCost
 	now := t0
 	for n := range 300 {
 		now = now.Add(time.Duration(5+rng.IntN(40)) * time.Millisecond)
@@ -140,7 +145,13 @@ func runDecisionScenario(t *testing.T, sc decisionScenario, out *bufio.Writer) {
 		if n%23 == 7 {
 			req.Sequences = 2
 		}
-		d, err := r.Route(req, now)
+		var d Decision
+		if reuse {
+			d, err = r.RouteInto(req, now, rows)
+			rows = d.Rows
+		} else {
+			d, err = r.Route(req, now)
+		}
 		fmt.Fprintf(out, "%s %d %s err=%v\n", sc.name, n, d.Worker, err)
 		for _, row := range d.Rows {
 			fmt.Fprintf(out, "  %s %x %x %x %x %v\n", row.Worker, math.Float64bits(row.Cost), math.Float64bits(row.PrefillBlocks),
@@ -230,6 +241,24 @@ func TestRouterDecisionsGolden(t *testing.T) {
 	for k := range gl {
 		if gl[k] != wl[k] {
 			t.Errorf("decisions differ from %s:\ngot  %s\nwant %s", path, gl[k], wl[k])
+		}
+	}
+}
+
+// TestRouterRouteIntoSameDecisions: writing each cost table into the last
+// one's storage (a busy row followed by a free one, a reason left behind)
+// changes no decision, row or reason.
+func TestRouterRouteIntoSameDecisions(t *testing.T) {
+	for _, sc := range goldenScenarios() {
+		var fresh, reused strings.Builder
+		w := bufio.NewWriter(&fresh)
+		runScenario(t, sc, w, false)
+		w.Flush()
+		w = bufio.NewWriter(&reused)
+		runScenario(t, sc, w, true)
+		w.Flush()
+		if fresh.String() != reused.String() {
+			t.Errorf("%s: RouteInto's decisions differ from Route's", sc.name)
 		}
 	}
 }
