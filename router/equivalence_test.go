@@ -91,7 +91,9 @@ func goldenScenarios() []decisionScenario {
 // scenario on a virtual clock (with events storing what was routed, some
 // requests finishing) and writes one line per decision: the worker, each
 // row's cost bits, and the explanation, which carries every busy reason.
-func runDecisionScenario(t *testing.T, sc decisionScenario, out *bufio.Writer) { runScenario(t, sc, out, false) }
+func runDecisionScenario(t *testing.T, sc decisionScenario, out *bufio.Writer) {
+	runScenario(t, sc, out, false)
+}
 
 // runScenario is runDecisionScenario; with reuse every decision writes its
 // cost table into the last one's storage (RouteInto).
