@@ -353,13 +353,17 @@ func (r *Router) decideLocked(req Request, now time.Time, rows []WorkerCost) (De
 			h, k = host[i], disk[i]
 		}
 		t := plan.terms(overlaps[i], h, k, &lr.WorkerLoad, lr.NewBlocks, floor)
-		d.Rows[i] = WorkerCost{Worker: w.ID, Overlap: overlaps[i], HostOverlap: h, DiskOverlap: k, TierCredit: t.tierCredit,
-			ActivePrefillTokens: lr.ActivePrefillTokens, ActiveBlocks: lr.ActiveBlocks, NewBlocks: lr.NewBlocks, ActiveRequests: lr.Requests,
-			PrefillBlocks: t.prefill, DecodeBlocks: t.decode, RequestBlocks: t.requests, CreditDecay: t.decay, Cost: t.cost}
+		// Field by field into the caller's storage: a composite literal
+		// here is built on the stack and copied, twice the writes.
+		row := &d.Rows[i]
+		row.Worker, row.Overlap, row.HostOverlap, row.DiskOverlap, row.TierCredit = w.ID, overlaps[i], h, k, t.tierCredit
+		row.ActivePrefillTokens, row.ActiveBlocks, row.NewBlocks, row.ActiveRequests = lr.ActivePrefillTokens, lr.ActiveBlocks, lr.NewBlocks, lr.Requests
+		row.PrefillBlocks, row.DecodeBlocks, row.RequestBlocks, row.CreditDecay, row.Cost = t.prefill, t.decode, t.requests, t.decay, t.cost
+		row.Pooled, row.Busy, row.BusyReason, row.why = 0, false, "", busyWhy{}
 		if next < len(candidates) && candidates[next] == i {
 			next++
 		} else {
-			d.Rows[i].setBusy(r.busyLocked(req, w, &lr.WorkerLoad))
+			row.setBusy(r.busyLocked(req, w, &lr.WorkerLoad))
 		}
 	}
 	if len(candidates) == 0 {
