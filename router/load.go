@@ -25,6 +25,12 @@ type ActiveLoad struct {
 	// one lookup per prompt block finds the shared blocks of every worker at
 	// once, instead of one lookup per block per worker.
 	holders map[uint64][]blockHolder
+	// held counts the holders' keys by their hash's low 16 bits (a
+	// counting filter, saturating at 255: a full counter stays full):
+	// 0 says a block has no holder without a map lookup, which is the
+	// answer for most of a prompt's blocks on the decision path. Made
+	// with the first key.
+	held []uint8
 	order   []string // request ids by add time, for expiry (lazily cleaned)
 	// tracked counts the requests with output blocks booked (every
 	// workerLoad.tracked together): 0 lets kv-pooled skip them at once.
@@ -186,6 +192,9 @@ func (a *ActiveLoad) Add(b Booking) {
 		hs := a.holders[h]
 		i := holderIndex(hs, b.Worker)
 		if i < 0 {
+			if len(hs) == 0 {
+				a.holdFilterAdd(h)
+			}
 			a.holders[h] = append(hs, blockHolder{worker: b.Worker, n: 1})
 			wl.blocks++
 		} else {
@@ -347,6 +356,7 @@ func (a *ActiveLoad) removeLocked(id string) {
 		}
 		if len(hs) == 1 {
 			delete(a.holders, h)
+			a.holdFilterDrop(h)
 		} else {
 			hs[i] = hs[len(hs)-1]
 			a.holders[h] = hs[:len(hs)-1]
@@ -445,6 +455,32 @@ func (wl *workerLoad) activeBlocks() int {
 	return max(int(math.Round(float64(wl.blocks+wl.outBlocks)-wl.decayed)), 0)
 }
 
+const holdFilterMask = 1<<16 - 1
+
+// holdFilterAdd counts a new key of holders. a.mu must be held.
+func (a *ActiveLoad) holdFilterAdd(h uint64) {
+	if a.held == nil {
+		a.held = make([]uint8, holdFilterMask+1)
+	}
+	if c := &a.held[h&holdFilterMask]; *c < 255 {
+		*c++
+	}
+}
+
+// holdFilterDrop uncounts a key that left holders; a saturated counter
+// stays (it no longer knows its count). a.mu must be held.
+func (a *ActiveLoad) holdFilterDrop(h uint64) {
+	if c := &a.held[h&holdFilterMask]; *c < 255 {
+		*c--
+	}
+}
+
+// mayHold is false when no in-flight request holds h (true: look it up).
+// a.mu must be held.
+func (a *ActiveLoad) mayHold(h uint64) bool {
+	return a.held != nil && a.held[h&holdFilterMask] != 0
+}
+
 func holderIndex(hs []blockHolder, w WorkerID) int {
 	for i := range hs {
 		if hs[i].worker == w {
@@ -524,6 +560,9 @@ func (a *ActiveLoad) RowsCached(workers []WorkerInfo, pos map[WorkerID]int, hash
 		return dst
 	}
 	for _, h := range hashes {
+		if !a.mayHold(h) {
+			continue
+		}
 		for _, hd := range a.holders[h] {
 			if i, ok := pos[hd.worker]; ok {
 				dst[i].NewBlocks--

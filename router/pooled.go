@@ -474,6 +474,9 @@ func (a *ActiveLoad) inflightPrefix(pos map[WorkerID]int, hashes []uint64, depth
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for j, h := range hashes {
+		if !a.mayHold(h) {
+			return
+		}
 		advanced := false
 		for _, hd := range a.holders[h] {
 			if i, ok := pos[hd.worker]; ok && depth[i] == j {
