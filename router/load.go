@@ -30,8 +30,8 @@ type ActiveLoad struct {
 	// 0 says a block has no holder without a map lookup, which is the
 	// answer for most of a prompt's blocks on the decision path. Made
 	// with the first key.
-	held []uint8
-	order   []string // request ids by add time, for expiry (lazily cleaned)
+	held  []uint8
+	order []string // request ids by add time, for expiry (lazily cleaned)
 	// tracked counts the requests with output blocks booked (every
 	// workerLoad.tracked together): 0 lets kv-pooled skip them at once.
 	tracked int
