@@ -207,7 +207,7 @@ func costRows(d router.Decision, cfg router.Config) []gin.H {
 	for _, r := range d.Rows {
 		rows = append(rows, gin.H{"worker": r.Worker, "cached_blocks": r.Overlap, "active_prefill_tokens": r.ActivePrefillTokens,
 			"active_blocks": r.ActiveBlocks, "active_requests": r.ActiveRequests, "new_blocks": r.NewBlocks, "prefill_blocks": r.PrefillBlocks,
-			"decode_blocks": r.DecodeBlocks, "cost": r.Cost, "busy": r.Busy, "busy_reason": r.BusyReason,
+			"decode_blocks": r.DecodeBlocks, "cost": r.Cost, "busy": r.Busy, "busy_reason": r.Reason(),
 			"host_blocks": r.HostOverlap, "disk_blocks": r.DiskOverlap, "tier_credit": r.TierCredit,
 			"formula": r.Formula(cfg.PrefillLoadScale)})
 	}

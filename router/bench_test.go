@@ -4,9 +4,35 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"syscall"
 	"testing"
 	"time"
 )
+
+// cpuClock reads the process's CPU time (user + system), so a benchmark
+// can report CPU ns per op beside the wall-clock ns/op: on a shared
+// machine the wall clock also counts the time other processes hold the
+// cores, the CPU time only (mostly) this benchmark's own work.
+type cpuClock time.Duration
+
+func startCPU() cpuClock { return cpuClock(processCPU()) }
+
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// report adds the CPU ns per op since c as the metric cpu-ns/op (per n
+// ops; b.N when n is 0).
+func (c cpuClock) report(b *testing.B, n int) {
+	if n == 0 {
+		n = b.N
+	}
+	b.ReportMetric(float64(processCPU()-time.Duration(c))/float64(n), "cpu-ns/op")
+}
 
 // benchIndex builds an index of blocks distinct blocks in chains of chainLen,
 // each chain stored on two of workers workers, with engine hashes that differ
@@ -50,6 +76,7 @@ func BenchmarkFindMatches(b *testing.B) {
 			ix, chains := benchIndex(b, 1<<20, workers, 256)
 			var dst []Overlap
 			b.ResetTimer()
+			defer startCPU().report(b, 0)
 			for i := 0; i < b.N; i++ {
 				dst = ix.FindMatches(chains[(i*4099)%len(chains)], dst)
 				if len(dst) == 0 || dst[0].Blocks != 256 {
@@ -106,6 +133,7 @@ func benchApplyStored(b *testing.B, workers, maxHeld int) {
 	}
 	removal := make([]uint64, chain)
 	b.ResetTimer()
+	defer startCPU().report(b, 0)
 	for e := 0; e*chain < b.N; e++ {
 		w := e % len(ids)
 		slot := (e / len(ids)) % ring
@@ -124,48 +152,65 @@ func benchApplyStored(b *testing.B, workers, maxHeld int) {
 	}
 }
 
-// selectBench is a 64-worker router over a 256K-block index with four
-// in-flight requests per worker, and prompts of promptBlocks blocks.
-func selectBench(b *testing.B, promptBlocks int) (*Router, [][]uint64) {
-	ix, chains := benchIndex(b, 1<<18, 64, promptBlocks)
+// selectBench is a router over workers workers and a 256K-block index
+// with four in-flight requests per worker, and prompts of promptBlocks
+// blocks.
+func selectBench(b *testing.B, workers, promptBlocks int) (*Router, [][]uint64) {
+	ix, chains := benchIndex(b, 1<<18, workers, promptBlocks)
 	r, err := New(DefaultConfig(), ix, 1)
 	if err != nil {
 		b.Fatal(err)
 	}
-	ws := make([]WorkerInfo, 0, 64)
+	ws := make([]WorkerInfo, 0, workers)
 	for _, w := range ix.Workers() {
 		ws = append(ws, WorkerInfo{ID: w, TotalBlocks: 10000, MaxBatchedTokens: 8192})
 	}
 	r.SetWorkers(ws)
-	for i := range 256 {
-		r.Load().Add(Booking{ID: fmt.Sprint("bg", i), Worker: ws[i%64].ID, Hashes: chains[i], PrefillTokens: 512, Added: t0})
+	for i := range 4 * workers {
+		r.Load().Add(Booking{ID: fmt.Sprint("bg", i), Worker: ws[i%workers].ID, Hashes: chains[i], PrefillTokens: 512, Added: t0})
 	}
 	return r, chains
 }
 
 // BenchmarkSelect: one whole routing decision (overlap lookup, load rows,
-// cost of every worker, pick) for a 32-block (512-token) prompt over 64
-// workers. Booking the load is measured separately by BenchmarkRoute.
+// cost of every worker, pick) for a 32-block (512-token) prompt over 64,
+// 256 and 1,024 workers, in every mode ("workers=N" alone is kv, so the
+// pattern BenchmarkSelect/workers=64$ selects kv alone). The
+// rows of one decision are the next one's storage (decideBench), as a
+// caller without a decision log can do: the decision itself allocates
+// nothing ("new-rows/": Decide, a new cost table per decision). Booking
+// the load is measured separately by BenchmarkRoute.
 func BenchmarkSelect(b *testing.B) {
-	b.Run("workers=64", func(b *testing.B) {
-		r, chains := selectBench(b, 32)
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			if _, err := r.Decide(Request{ID: "q", Hashes: chains[(i*31)%len(chains)], Tokens: 32 * 16}, t0); err != nil {
-				b.Fatal(err)
+	for _, workers := range benchFleets {
+		for _, mode := range Modes {
+			name := fmt.Sprintf("workers=%d", workers)
+			if mode != ModeKV {
+				name = fmt.Sprintf("mode=%s/workers=%d", mode, workers)
 			}
+			b.Run(name, func(b *testing.B) {
+				r, chains := selectBench(b, workers, 32)
+				cfg := r.Config()
+				cfg.Mode = mode
+				if err := r.SetConfig(cfg); err != nil {
+					b.Fatal(err)
+				}
+				var rows []WorkerCost
+				b.ResetTimer()
+				defer startCPU().report(b, 0)
+				for i := 0; i < b.N; i++ {
+					d, err := decideBench(r, Request{ID: "q", Hashes: chains[(i*31)%len(chains)], Tokens: 32 * 16}, t0, rows)
+					if err != nil {
+						b.Fatal(err)
+					}
+					rows = d.Rows
+				}
+			})
 		}
-	})
-	// The same decision in kv-pooled mode: adds the in-flight prefix walk,
-	// the per-worker cache counts and the rendezvous ranking.
-	b.Run("workers=64/mode=kv-pooled", func(b *testing.B) {
-		r, chains := selectBench(b, 32)
-		cfg := r.Config()
-		cfg.Mode = ModeKVPooled
-		if err := r.SetConfig(cfg); err != nil {
-			b.Fatal(err)
-		}
+	}
+	b.Run("new-rows/workers=64", func(b *testing.B) {
+		r, chains := selectBench(b, 64, 32)
 		b.ResetTimer()
+		defer startCPU().report(b, 0)
 		for i := 0; i < b.N; i++ {
 			if _, err := r.Decide(Request{ID: "q", Hashes: chains[(i*31)%len(chains)], Tokens: 32 * 16}, t0); err != nil {
 				b.Fatal(err)
@@ -217,11 +262,15 @@ func BenchmarkSelectOverTheLine(b *testing.B) {
 			}
 			r.mu.Unlock()
 			now := t0.Add(500 * time.Millisecond)
+			var rows []WorkerCost
 			b.ResetTimer()
+			defer startCPU().report(b, 0)
 			for i := 0; i < b.N; i++ {
-				if _, err := r.Decide(Request{ID: "q", Hashes: chains[256+(i*31)%(len(chains)-256)], Tokens: 32 * 16}, now); err != nil {
+				d, err := decideBench(r, Request{ID: "q", Hashes: chains[256+(i*31)%(len(chains)-256)], Tokens: 32 * 16}, now, rows)
+				if err != nil {
 					b.Fatal(err)
 				}
+				rows = d.Rows
 			}
 		})
 	}
@@ -230,12 +279,13 @@ func BenchmarkSelectOverTheLine(b *testing.B) {
 // BenchmarkRoute: decide, book the load and free it, for a 64-block prompt.
 func BenchmarkRoute(b *testing.B) {
 	b.Run("workers=64/prompt=64", func(b *testing.B) {
-		r, chains := selectBench(b, 64)
+		r, chains := selectBench(b, 64, 64)
 		ids := make([]string, 1024)
 		for i := range ids {
 			ids[i] = fmt.Sprint("r", i)
 		}
 		b.ResetTimer()
+		defer startCPU().report(b, 0)
 		for i := 0; i < b.N; i++ {
 			id := ids[i%len(ids)]
 			if _, err := r.Route(Request{ID: id, Hashes: chains[(i*31)%len(chains)], Tokens: 64 * 16}, t0); err != nil {

@@ -42,8 +42,8 @@ func (ix *Index) CopyWorkerBlocks() *BlocksCopy {
 		}
 		sc := &c.slots[slot]
 		sc.present, sc.id = true, wb.id
-		sc.aliases = make([]StoredBlock, 0, len(wb.engine))
-		for eh, ch := range wb.engine {
+		sc.aliases = make([]StoredBlock, 0, wb.engine.Len())
+		for eh, ch := range wb.engine.all() {
 			sc.aliases = append(sc.aliases, StoredBlock{EngineHash: eh, ContentHash: ch})
 		}
 		sc.held = make([]uint64, 0, wb.held)
@@ -53,7 +53,7 @@ func (ix *Index) CopyWorkerBlocks() *BlocksCopy {
 			c.slots[slot].held = append(c.slots[slot].held, ch)
 		}
 	}
-	for ch, lo := range ix.blocks {
+	for ch, lo := range ix.blocks.all() {
 		for w := lo; w != 0; w &= w - 1 {
 			add(bits.TrailingZeros64(w), ch)
 		}

@@ -27,7 +27,7 @@ func TestCapacityRelativeSettings(t *testing.T) {
 	queued := func(t *testing.T, r *Router) bool { return r.ShouldQueue() }
 	busy := func(t *testing.T, r *Router) bool { return rowA(t, r).Busy }
 	admissionBusy := func(t *testing.T, r *Router) bool {
-		return strings.Contains(rowA(t, r).BusyReason, "KV admission")
+		return strings.Contains(rowA(t, r).Reason(), "KV admission")
 	}
 	cases := []struct {
 		name    string

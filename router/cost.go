@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
+	"time"
 )
 
 // WorkerInfo is what the router knows of a worker besides its cache.
@@ -31,8 +33,67 @@ type WorkerCost struct {
 	Cost                float64 // scale·prefill + decode + requests (+ Pooled)
 	Pooled              float64 // kv-pooled's placement terms, included in Cost
 	Busy                bool
-	BusyReason          string
+	// BusyReason, when set, says why the row is busy; the router leaves
+	// it empty and records the cause (why) instead, rendered by Reason
+	// only when a decision log or /debug/route asks: a decision over a
+	// fleet of busy workers formats nothing.
+	BusyReason string
+	why        busyWhy
 }
+
+// busyKind is why a row is busy.
+type busyKind uint8
+
+const (
+	notBusy busyKind = iota
+	busyExcluded
+	busyDecodeBlocks  // n active blocks > x of m total
+	busyPrefillTokens // n active prefill tokens > m
+	busyPrefillFrac   // n active prefill tokens > x of m batched
+	busyAdmission     // kv-pooled: x blocks over the admission line
+	busySLO           // kv-pooled: predicted TTFT x s and TPOT y s miss the SLO (m, n ns)
+)
+
+// busyWhy is a busy row's cause with the figures its reason prints,
+// recorded on the decision path without formatting (Reason renders it).
+type busyWhy struct {
+	kind busyKind
+	x, y float64
+	m, n int64
+}
+
+// Reason says why the row is busy ("" when it is not): BusyReason when
+// set, else the recorded cause, rendered now.
+func (c WorkerCost) Reason() string {
+	if c.BusyReason != "" {
+		return c.BusyReason
+	}
+	return c.why.String()
+}
+
+// String renders the cause as the router used to format it on the
+// decision path.
+func (w busyWhy) String() string {
+	switch w.kind {
+	case busyExcluded:
+		return "excluded by the caller"
+	case busyDecodeBlocks:
+		return fmt.Sprintf("active decode blocks %d > %.3f of %d", w.n, w.x, w.m)
+	case busyPrefillTokens:
+		return fmt.Sprintf("active prefill tokens %d > %d", w.n, w.m)
+	case busyPrefillFrac:
+		return fmt.Sprintf("active prefill tokens %d > %.3f of %d batched", w.n, w.x, w.m)
+	case busyAdmission:
+		return fmt.Sprintf("kv-pooled: would wait for KV admission (%.0f blocks over) while another worker can start it now", w.x)
+	case busySLO:
+		return fmt.Sprintf("kv-pooled: predicted TTFT %.0f ms, TPOT %.1f ms miss the SLO (%v, %v) while another worker meets it",
+			w.x*1e3, w.y*1e3, time.Duration(w.m), time.Duration(w.n))
+	}
+	return ""
+}
+
+// setBusy marks the row busy for why.
+func (c *WorkerCost) setBusy(why busyWhy) { c.Busy, c.why = true, why }
 
 // costInput is what the cost of one worker needs.
 type costInput struct {
@@ -71,24 +132,47 @@ type costTerms struct {
 // are tracked; so do we, and also not for an empty prompt (Dynamo would
 // divide by zero blocks).
 func computeTerms(cfg *Config, in costInput) costTerms {
+	p := newCostPlan(cfg, in.isl)
+	return p.terms(in.overlap, in.host, in.disk, &in.load, in.newBlocks, in.minActivePrefill)
+}
+
+// costPlan is what computeTerms derives from the configuration and the
+// prompt alone, once per decision instead of once per worker.
+type costPlan struct {
+	cfg       *Config
+	isl       float64
+	bs        float64
+	reqBlocks float64
+	decay     bool // the overlap credit decays (Config.OverlapCreditDecay, tracked prefill, a non-empty prompt)
+}
+
+func newCostPlan(cfg *Config, isl int) costPlan {
+	reqBlocks := (isl + cfg.BlockSize - 1) / cfg.BlockSize
+	return costPlan{cfg: cfg, isl: float64(isl), bs: float64(cfg.BlockSize), reqBlocks: float64(reqBlocks),
+		decay: cfg.TrackPrefillTokens && cfg.OverlapCreditDecay > 0 && reqBlocks > 0}
+}
+
+// terms is computeTerms for one worker: the same operations in the same
+// order, so the same bits.
+func (p *costPlan) terms(overlap, host, disk int, load *WorkerLoad, newBlocks, minActivePrefill int) costTerms {
+	cfg := p.cfg
 	var t costTerms
-	bs := float64(cfg.BlockSize)
 	active := 0.0
 	if cfg.TrackPrefillTokens {
-		active = float64(in.load.ActivePrefillTokens)
+		active = float64(load.ActivePrefillTokens)
 	}
 	t.decay = 1
-	if reqBlocks := (in.isl + cfg.BlockSize - 1) / cfg.BlockSize; cfg.TrackPrefillTokens && cfg.OverlapCreditDecay > 0 && reqBlocks > 0 {
-		excess := float64(max(in.load.ActivePrefillTokens-in.minActivePrefill, 0)) / bs
-		t.decay = 1 / (1 + cfg.OverlapCreditDecay*excess/float64(reqBlocks))
+	if p.decay {
+		excess := float64(max(load.ActivePrefillTokens-minActivePrefill, 0)) / p.bs
+		t.decay = 1 / (1 + cfg.OverlapCreditDecay*excess/p.reqBlocks)
 	}
-	t.tierCredit = cfg.HostCacheHitWeight*float64(in.host) + cfg.DiskCacheHitWeight*float64(in.disk)
-	t.prefill = (active+float64(in.isl))/bs - (cfg.OverlapCredit*t.decay*float64(in.overlap) + t.tierCredit)
+	t.tierCredit = cfg.HostCacheHitWeight*float64(host) + cfg.DiskCacheHitWeight*float64(disk)
+	t.prefill = (active+p.isl)/p.bs - (cfg.OverlapCredit*t.decay*float64(overlap) + t.tierCredit)
 	if t.prefill < 0 {
 		t.prefill = 0
 	}
-	t.decode = float64(in.load.ActiveBlocks + in.newBlocks)
-	t.requests = cfg.DecodeActiveRequestWeight * float64(in.load.Requests)
+	t.decode = float64(load.ActiveBlocks + newBlocks)
+	t.requests = cfg.DecodeActiveRequestWeight * float64(load.Requests)
 	t.cost = cfg.PrefillLoadScale*t.prefill + t.decode + t.requests
 	return t
 }
@@ -134,44 +218,64 @@ func (c WorkerCost) Formula(scale float64) string {
 	return s
 }
 
-// busyReason says why a worker is busy under t, or "" when it is not. A
-// fraction of a capacity the worker did not register does not apply to it
-// (capacity.go); CapacityGaps reports that, so the skip is never silent.
-func busyReason(t *Thresholds, w WorkerInfo, load WorkerLoad) string {
+// busyCheck says why a worker is busy under t (kind notBusy when it is
+// not), without formatting: Reason renders it. A fraction of a capacity
+// the worker did not register does not apply to it (capacity.go);
+// CapacityGaps reports that, so the skip is never silent.
+func busyCheck(t *Thresholds, w WorkerInfo, load WorkerLoad) busyWhy {
 	if v := t.ActiveDecodeBlocks; v != nil && w.TotalBlocks > 0 &&
 		float64(load.ActiveBlocks) > *v*float64(w.TotalBlocks) {
-		return fmt.Sprintf("active decode blocks %d > %.3f of %d", load.ActiveBlocks, *v, w.TotalBlocks)
+		return busyWhy{kind: busyDecodeBlocks, n: int64(load.ActiveBlocks), x: *v, m: int64(w.TotalBlocks)}
 	}
 	if v := t.ActivePrefillTokens; v != nil && int64(load.ActivePrefillTokens) > *v {
-		return fmt.Sprintf("active prefill tokens %d > %d", load.ActivePrefillTokens, *v)
+		return busyWhy{kind: busyPrefillTokens, n: int64(load.ActivePrefillTokens), m: *v}
 	}
 	if v := t.ActivePrefillTokensFrac; v != nil && w.MaxBatchedTokens > 0 &&
 		float64(load.ActivePrefillTokens) > *v*float64(w.MaxBatchedTokens) {
-		return fmt.Sprintf("active prefill tokens %d > %.3f of %d batched", load.ActivePrefillTokens, *v, w.MaxBatchedTokens)
+		return busyWhy{kind: busyPrefillFrac, n: int64(load.ActivePrefillTokens), x: *v, m: int64(w.MaxBatchedTokens)}
 	}
-	return ""
+	return busyWhy{}
 }
 
 // pickByCost chooses among rows (all non-busy). Temperature 0: lowest cost,
 // ties broken at random. Above 0: softmax over range-normalised costs,
 // p ∝ exp(−(c − cmin)/((cmax − cmin)·T)).
 func pickByCost(rows []WorkerCost, temperature float64, rng *rand.Rand) int {
-	if len(rows) == 0 {
+	return pickCost(rows, nil, temperature, rng, nil)
+}
+
+// pickCost is pickByCost over rows[idx[0]], rows[idx[1]], … (every row
+// when idx is nil), returning a position in idx, with the same draws from
+// rng; weights is scratch for the softmax (grown as needed). It allocates
+// nothing when weights has room.
+func pickCost(rows []WorkerCost, idx []int, temperature float64, rng *rand.Rand, weights *[]float64) int {
+	n := len(rows)
+	if idx != nil {
+		n = len(idx)
+	}
+	if n == 0 {
 		return -1
 	}
+	at := func(k int) float64 {
+		if idx != nil {
+			return rows[idx[k]].Cost
+		}
+		return rows[k].Cost
+	}
 	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, r := range rows {
-		lo = min(lo, r.Cost)
-		hi = max(hi, r.Cost)
+	for k := range n {
+		c := at(k)
+		lo = min(lo, c)
+		hi = max(hi, c)
 	}
 	if temperature <= 0 || hi == lo {
 		// Reservoir-sample among the minima: one pass, uniform tie-break.
-		pick, n := -1, 0
-		for i, r := range rows {
-			if r.Cost == lo {
-				n++
-				if rng.IntN(n) == 0 {
-					pick = i
+		pick, ties := -1, 0
+		for k := range n {
+			if at(k) == lo {
+				ties++
+				if rng.IntN(ties) == 0 {
+					pick = k
 				}
 			}
 		}
@@ -179,17 +283,23 @@ func pickByCost(rows []WorkerCost, temperature float64, rng *rand.Rand) int {
 	}
 	span := (hi - lo) * temperature
 	total := 0.0
-	weights := make([]float64, len(rows))
-	for i, r := range rows {
-		weights[i] = math.Exp(-(r.Cost - lo) / span)
-		total += weights[i]
+	var ws []float64
+	if weights != nil {
+		ws = slices.Grow((*weights)[:0], n)[:n]
+		*weights = ws
+	} else {
+		ws = make([]float64, n)
+	}
+	for k := range n {
+		ws[k] = math.Exp(-(at(k) - lo) / span)
+		total += ws[k]
 	}
 	x := rng.Float64() * total
-	for i, w := range weights {
+	for k, w := range ws {
 		if x < w {
-			return i
+			return k
 		}
 		x -= w
 	}
-	return len(rows) - 1
+	return n - 1
 }

@@ -27,14 +27,15 @@ type Index struct {
 	// writing; the *Locked helpers say which they need.
 	mu sync.RWMutex
 	// blocks maps a content hash to the workers in slots 0–63 holding it,
-	// one word of bits; wide maps it to the workers in slots 64 and up (a
+	// one word of bits, in an open-addressing table (one probe finds the
+	// word and updates it in place); wide maps it to the workers in slots 64 and up (a
 	// wideSet, also one word: a few slots inline, more in the sets arena).
 	// A block is a key of a map only while a worker of that map's slots
 	// holds it, so a lookup reads only the maps its surviving workers sit
 	// in: a fleet of 64 touches one map as a plain map would, and a prompt
 	// cached only by workers past slot 63 reads only wide. wideOnly counts
 	// the blocks that are keys of wide alone (Len is len(blocks)+wideOnly).
-	blocks   map[uint64]uint64
+	blocks   blockTable // content hash → bits of slots 0–63 (blocktable.go)
 	wide     map[uint64]wideSet
 	sets     [][]uint64 // arena bitsets of the wide sets not inline, by index
 	freeSets []uint32   // arena entries free for reuse
@@ -44,6 +45,10 @@ type Index struct {
 	free     []int
 
 	stats indexCounters
+	// pend counts an event's blocks while it applies (under mu), added to
+	// stats once per event: one atomic add per counter, not per block.
+	pend struct{ stored, removed, unknown, dups uint64 }
+	sink uint64 // the prefetch reads land here, so they are not dropped
 	// gen counts the sections that held mu for writing (bumped inside
 	// them): a reader that saw gen g under mu, and later reads g again,
 	// knows the index has not changed since (MergedOverlaps' cache).
@@ -60,7 +65,7 @@ type Index struct {
 // holdsLocked reports whether slot holds the block ch. ix.mu must be held.
 func (ix *Index) holdsLocked(ch uint64, slot int) bool {
 	if slot < 64 {
-		return ix.blocks[ch]&(1<<uint(slot)) != 0
+		return ix.blocks.word(ch)&(1<<uint(slot)) != 0
 	}
 	v, ok := ix.wide[ch]
 	return ok && ix.wideHasLocked(v, slot)
@@ -69,7 +74,7 @@ func (ix *Index) holdsLocked(ch uint64, slot int) bool {
 // holdersLocked is how many workers hold ch and, when that is one, its
 // slot. ix.mu must be held.
 func (ix *Index) holdersLocked(ch uint64) (n, sole int) {
-	lo := ix.blocks[ch]
+	lo := ix.blocks.word(ch)
 	n, sole = bits.OnesCount64(lo), bits.TrailingZeros64(lo)
 	if len(ix.wide) > 0 { // no fleet past 64 workers: skip the second map
 		if v, ok := ix.wide[ch]; ok {
@@ -86,15 +91,18 @@ func (ix *Index) holdersLocked(ch uint64) (n, sole int) {
 // addHolderLocked records that slot (not yet a holder) holds ch. ix.mu must
 // be held for writing.
 func (ix *Index) addHolderLocked(ch uint64, slot int) {
-	lo, inBlocks := ix.blocks[ch]
-	v, inWide := ix.wide[ch]
 	if slot < 64 {
-		if !inBlocks && inWide {
-			ix.wideOnly--
+		p, inBlocks := ix.blocks.ref(ch)
+		if !inBlocks && len(ix.wide) > 0 {
+			if _, inWide := ix.wide[ch]; inWide {
+				ix.wideOnly--
+			}
 		}
-		ix.blocks[ch] = lo | 1<<uint(slot)
+		*p |= 1 << uint(slot)
 		return
 	}
+	_, inBlocks := ix.blocks.get(ch)
+	v, inWide := ix.wide[ch]
 	if !inBlocks && !inWide {
 		ix.wideOnly++
 	}
@@ -104,20 +112,12 @@ func (ix *Index) addHolderLocked(ch uint64, slot int) {
 // dropHolderLocked records that slot (a holder) no longer holds ch. ix.mu
 // must be held for writing.
 func (ix *Index) dropHolderLocked(ch uint64, slot int) {
-	lo, inBlocks := ix.blocks[ch]
-	v, inWide := ix.wide[ch]
 	if slot < 64 {
-		if lo &^= 1 << uint(slot); lo != 0 {
-			ix.blocks[ch] = lo
-			return
-		}
-		delete(ix.blocks, ch)
-		if inWide {
-			ix.wideOnly++
-		}
+		ix.dropLowLocked(ch, slot)
 		return
 	}
-	if v, left := ix.wideRemoveLocked(v, slot); left {
+	_, inBlocks := ix.blocks.get(ch)
+	if v, left := ix.wideRemoveLocked(ix.wide[ch], slot); left {
 		ix.wide[ch] = v
 		return
 	}
@@ -127,14 +127,28 @@ func (ix *Index) dropHolderLocked(ch uint64, slot int) {
 	}
 }
 
+// dropLowLocked clears slot's bit (slot < 64) in ch's word, in one probe,
+// and returns the word left and whether slot held ch (nothing changes when
+// not); a word left empty leaves the table. ix.mu must be held for
+// writing.
+func (ix *Index) dropLowLocked(ch uint64, slot int) (uint64, bool) {
+	lo, had := ix.blocks.clearBits(ch, 1<<uint(slot))
+	if had && lo == 0 && len(ix.wide) > 0 {
+		if _, inWide := ix.wide[ch]; inWide {
+			ix.wideOnly++
+		}
+	}
+	return lo, had
+}
+
 // workerBlocks is one worker's view: engine hash → content hash for blocks
 // whose engine name differs from the content hash (engines that already use
 // our hash, like kvmock, cost nothing here), how many blocks it holds, and
 // how many of those no other worker holds.
 type workerBlocks struct {
 	id        WorkerID
-	blockSize int // the worker's events' block size: never 0 (the index's when added without one)
-	engine    map[uint64]uint64
+	blockSize int        // the worker's events' block size: never 0 (the index's when added without one)
+	engine    blockTable // engine hash → content hash, where they differ
 	held      int
 	unique    int
 }
@@ -168,7 +182,6 @@ type IndexStats struct {
 func NewIndex(blockSize int) *Index {
 	return &Index{
 		blockSize: blockSize,
-		blocks:    make(map[uint64]uint64),
 		wide:      make(map[uint64]wideSet),
 		slotOf:    make(map[WorkerID]int),
 	}
@@ -196,7 +209,7 @@ func (ix *Index) AddWorkerBlockSize(w WorkerID, blockSize int) {
 	if _, ok := ix.slotOf[w]; ok {
 		return
 	}
-	wb := &workerBlocks{id: w, blockSize: blockSize, engine: make(map[uint64]uint64)}
+	wb := &workerBlocks{id: w, blockSize: blockSize}
 	slot := len(ix.slots)
 	if n := len(ix.free); n > 0 {
 		// Reuse the lowest free slot so slots stay dense and below 64.
@@ -309,13 +322,21 @@ func (ix *Index) ApplyCapped(w WorkerID, ev KVEvent, maxHeld int) error {
 				return &CapacityError{Worker: w, Held: wb.held, Adding: adding, Limit: maxHeld}
 			}
 		}
+		if slot < 64 {
+			ix.prefetchStoredLocked(wb, ev.Blocks)
+		}
 		for _, b := range ev.Blocks {
 			ix.storeLocked(slot, wb, b)
 		}
+		ix.flushStatsLocked()
 	case EventRemoved:
+		if slot < 64 {
+			ix.prefetchRemovedLocked(wb, ev.Removed)
+		}
 		for _, eh := range ev.Removed {
 			ix.removeLocked(slot, wb, eh)
 		}
+		ix.flushStatsLocked()
 	case EventCleared:
 		ix.stats.clears.Add(1)
 		ix.clearLocked(slot)
@@ -325,9 +346,72 @@ func (ix *Index) ApplyCapped(w WorkerID, ev KVEvent, maxHeld int) error {
 	return nil
 }
 
+// flushStatsLocked adds the event's pending counts to the counters.
+// ix.mu must be held for writing.
+func (ix *Index) flushStatsLocked() {
+	p := &ix.pend
+	if p.stored != 0 {
+		ix.stats.storedBlocks.Add(p.stored)
+	}
+	if p.removed != 0 {
+		ix.stats.removedBlocks.Add(p.removed)
+	}
+	if p.unknown != 0 {
+		ix.stats.unknownRemovals.Add(p.unknown)
+	}
+	if p.dups != 0 {
+		ix.stats.duplicateStores.Add(p.dups)
+	}
+	*p = struct{ stored, removed, unknown, dups uint64 }{}
+}
+
+// prefetchStoredLocked reads, ahead of a stored event's blocks, the table
+// slots their application will read: each block's engine name in wb's
+// aliases and its content hash in blocks. The reads do not depend on one
+// another, so the cache misses of the whole event overlap instead of
+// coming one after another; the blocks then apply in order, as before,
+// over lines already fetched. Reads only: the state and its order of
+// changes are exactly the unbatched ones. ix.mu must be held.
+func (ix *Index) prefetchStoredLocked(wb *workerBlocks, blocks []StoredBlock) {
+	if len(blocks) < 2 {
+		return
+	}
+	acc := uint64(0)
+	for _, b := range blocks {
+		if b.EngineHash != b.ContentHash {
+			acc ^= wb.engine.peek(b.EngineHash)
+		}
+		acc ^= ix.blocks.peek(b.ContentHash)
+	}
+	ix.sink = acc
+}
+
+// prefetchRemovedLocked is prefetchStoredLocked for a removed event: the
+// engine names first, then (their content hashes known) the blocks' words.
+// ix.mu must be held.
+func (ix *Index) prefetchRemovedLocked(wb *workerBlocks, removed []uint64) {
+	if len(removed) < 2 {
+		return
+	}
+	acc := uint64(0)
+	if wb.engine.Len() > 0 {
+		for _, eh := range removed {
+			acc ^= wb.engine.peek(eh)
+		}
+	}
+	for _, eh := range removed {
+		ch, ok := wb.engine.get(eh)
+		if !ok {
+			ch = eh
+		}
+		acc ^= ix.blocks.peek(ch)
+	}
+	ix.sink = acc
+}
+
 // holdsEngineLocked: ix.mu must be held.
 func (ix *Index) holdsEngineLocked(slot int, wb *workerBlocks, eh uint64) bool {
-	if _, ok := wb.engine[eh]; ok {
+	if _, ok := wb.engine.get(eh); ok {
 		return true
 	}
 	return ix.holdsLocked(eh, slot)
@@ -336,17 +420,63 @@ func (ix *Index) holdsEngineLocked(slot int, wb *workerBlocks, eh uint64) bool {
 // storeLocked: ix.mu must be held for writing.
 func (ix *Index) storeLocked(slot int, wb *workerBlocks, b StoredBlock) {
 	if b.EngineHash != b.ContentHash {
-		if old, ok := wb.engine[b.EngineHash]; ok && old != b.ContentHash {
+		p, existed := wb.engine.ref(b.EngineHash)
+		old := *p
+		*p = b.ContentHash
+		if existed && old != b.ContentHash {
 			// The engine reused a name for other content: the old block is gone.
 			ix.dropLocked(slot, wb, old)
 		}
-		wb.engine[b.EngineHash] = b.ContentHash
 	}
-	if ix.holdsLocked(b.ContentHash, slot) {
-		ix.stats.duplicateStores.Add(1)
+	if slot < 64 {
+		ix.storeLowLocked(slot, wb, b.ContentHash)
 		return
 	}
-	switch n, sole := ix.holdersLocked(b.ContentHash); n {
+	if ix.holdsLocked(b.ContentHash, slot) {
+		ix.pend.dups++
+		return
+	}
+	n, sole := ix.holdersLocked(b.ContentHash)
+	ix.countJoinLocked(wb, n, sole)
+	ix.addHolderLocked(b.ContentHash, slot)
+	wb.held++
+	ix.pend.stored++
+}
+
+// storeLowLocked is storeLocked's block for slot < 64: one probe finds
+// ch's word, tells whether slot holds it and who else does, and takes the
+// new bit. ix.mu must be held for writing.
+func (ix *Index) storeLowLocked(slot int, wb *workerBlocks, ch uint64) {
+	bit := uint64(1) << uint(slot)
+	p, existed := ix.blocks.ref(ch)
+	lo := *p
+	if lo&bit != 0 {
+		ix.pend.dups++
+		return
+	}
+	n, sole := bits.OnesCount64(lo), bits.TrailingZeros64(lo)
+	if len(ix.wide) > 0 {
+		if v, ok := ix.wide[ch]; ok {
+			wn, lowest := ix.wideCountLocked(v)
+			if n == 0 {
+				sole = lowest
+			}
+			n += wn
+			if !existed {
+				ix.wideOnly--
+			}
+		}
+	}
+	ix.countJoinLocked(wb, n, sole)
+	*p = lo | bit // nothing entered the table since ref: p still points at ch's word
+	wb.held++
+	ix.pend.stored++
+}
+
+// countJoinLocked keeps the unique counts right when wb joins a block's
+// n holders (sole: the one when n is 1). ix.mu must be held for writing.
+func (ix *Index) countJoinLocked(wb *workerBlocks, n, sole int) {
+	switch n {
 	case 0:
 		wb.unique++
 	case 1:
@@ -354,28 +484,44 @@ func (ix *Index) storeLocked(slot int, wb *workerBlocks, b StoredBlock) {
 			other.unique--
 		}
 	}
-	ix.addHolderLocked(b.ContentHash, slot)
-	wb.held++
-	ix.stats.storedBlocks.Add(1)
 }
 
 // removeLocked: ix.mu must be held for writing.
 func (ix *Index) removeLocked(slot int, wb *workerBlocks, eh uint64) {
-	ch, ok := wb.engine[eh]
-	if ok {
-		delete(wb.engine, eh)
-	} else {
+	ch, ok := wb.engine.remove(eh)
+	if !ok {
 		ch = eh
 	}
 	if !ix.dropLocked(slot, wb, ch) {
-		ix.stats.unknownRemovals.Add(1)
+		ix.pend.unknown++
 		return
 	}
-	ix.stats.removedBlocks.Add(1)
+	ix.pend.removed++
 }
 
 // dropLocked clears slot's bit for content hash ch; false if it was not set.
 func (ix *Index) dropLocked(slot int, wb *workerBlocks, ch uint64) bool {
+	if slot < 64 {
+		// One probe: the word tells whether slot holds ch, and the
+		// holders left after it.
+		lo, had := ix.dropLowLocked(ch, slot)
+		if !had {
+			return false
+		}
+		n, sole := bits.OnesCount64(lo), bits.TrailingZeros64(lo)
+		if len(ix.wide) > 0 {
+			if v, ok := ix.wide[ch]; ok {
+				wn, lowest := ix.wideCountLocked(v)
+				if n == 0 {
+					sole = lowest
+				}
+				n += wn
+			}
+		}
+		ix.countLeaveLocked(wb, n, sole)
+		wb.held--
+		return true
+	}
 	if !ix.holdsLocked(ch, slot) {
 		return false
 	}
@@ -388,7 +534,15 @@ func (ix *Index) dropLocked(slot int, wb *workerBlocks, ch uint64) bool {
 // and keeps the unique counts right. ix.mu must be held for writing.
 func (ix *Index) leaveLocked(wb *workerBlocks, slot int, ch uint64) {
 	ix.dropHolderLocked(ch, slot)
-	switch n, sole := ix.holdersLocked(ch); n {
+	n, sole := ix.holdersLocked(ch)
+	ix.countLeaveLocked(wb, n, sole)
+}
+
+// countLeaveLocked keeps the unique counts right when wb has left a block
+// that n workers still hold (sole: the one when n is 1). ix.mu must be
+// held for writing.
+func (ix *Index) countLeaveLocked(wb *workerBlocks, n, sole int) {
+	switch n {
 	case 0:
 		wb.unique--
 	case 1:
@@ -402,7 +556,7 @@ func (ix *Index) leaveLocked(wb *workerBlocks, slot int, ch uint64) {
 func (ix *Index) clearLocked(slot int) {
 	wb := ix.slots[slot]
 	if wb.held == 0 {
-		clear(wb.engine)
+		wb.engine.clear()
 		return
 	}
 	mine := ix.slotBlocksLocked(slot, make([]uint64, 0, wb.held))
@@ -410,14 +564,14 @@ func (ix *Index) clearLocked(slot int) {
 		ix.leaveLocked(wb, slot, ch)
 	}
 	wb.held, wb.unique = 0, 0
-	clear(wb.engine)
+	wb.engine.clear()
 }
 
 // slotBlocksLocked appends the content hashes slot holds to dst, walking
 // only the map of its range. ix.mu must be held.
 func (ix *Index) slotBlocksLocked(slot int, dst []uint64) []uint64 {
 	if slot < 64 {
-		for ch, lo := range ix.blocks {
+		for ch, lo := range ix.blocks.all() {
 			if lo&(1<<uint(slot)) != 0 {
 				dst = append(dst, ch)
 			}
@@ -449,21 +603,34 @@ func (ix *Index) FindMatches(seq []uint64, dst []Overlap) []Overlap {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	if len(ix.wide) == 0 {
-		return ix.matchSmallLocked(seq, ix.blocks[seq[0]], dst)
+		return ix.matchSmallLocked(seq, ix.blocks.word(seq[0]), dst)
 	}
 	return ix.matchWideLocked(seq, dst)
 }
 
 // matchSmallLocked walks the prompt while the surviving workers all sit in
-// slots 0–63: one map lookup and two word operations per block.
+// slots 0–63: one table lookup and two word operations per block. The
+// lookups of a few blocks at a time go first, apart from the walk that
+// uses them, so their memory fetches overlap (matchWideLocked does the
+// same); a few lookups past the end of a match are the price.
 // ix.mu must be held.
 func (ix *Index) matchSmallLocked(seq []uint64, cur uint64, dst []Overlap) []Overlap {
-	for i := 1; i < len(seq) && cur != 0; i++ {
-		next := ix.blocks[seq[i]] & cur
-		if dropped := cur &^ next; dropped != 0 {
-			dst = ix.appendSlotsLocked(dst, dropped, 0, i)
+	const ahead = 8
+	var los [ahead]uint64
+	for start := 1; start < len(seq) && cur != 0; start += ahead {
+		end := min(start+ahead, len(seq))
+		for i := start; i < end; i++ {
+			los[i-start] = ix.blocks.word(seq[i])
 		}
-		cur = next
+		for i := start; i < end; i++ {
+			next := los[i-start] & cur
+			if dropped := cur &^ next; dropped != 0 {
+				dst = ix.appendSlotsLocked(dst, dropped, 0, i)
+			}
+			if cur = next; cur == 0 {
+				return dst
+			}
+		}
 	}
 	return ix.appendSlotsLocked(dst, cur, 0, len(seq))
 }
@@ -477,7 +644,7 @@ func (ix *Index) matchSmallLocked(seq []uint64, cur uint64, dst []Overlap) []Ove
 // matchSmallLocked reports them, word 0 first then by word.
 // ix.mu must be held.
 func (ix *Index) matchWideLocked(seq []uint64, dst []Overlap) []Overlap {
-	lo := ix.blocks[seq[0]]
+	lo := ix.blocks.word(seq[0])
 	first, ok := ix.wide[seq[0]]
 	if !ok {
 		return ix.matchSmallLocked(seq, lo, dst)
@@ -506,7 +673,7 @@ func (ix *Index) matchWideLocked(seq []uint64, dst []Overlap) []Overlap {
 		end := min(start+ahead, len(seq))
 		if lo != 0 {
 			for i := start; i < end; i++ {
-				los[i-start] = ix.blocks[seq[i]]
+				los[i-start] = ix.blocks.word(seq[i])
 			}
 		}
 		if len(live) > 0 {
@@ -604,7 +771,7 @@ func (ix *Index) CacheCounts(w WorkerID) (held, unique int) {
 func (ix *Index) Len() int {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	return len(ix.blocks) + ix.wideOnly
+	return ix.blocks.Len() + ix.wideOnly
 }
 
 // WorkerBlocks lists the blocks w holds, sorted by content hash then engine
@@ -618,8 +785,8 @@ func (ix *Index) WorkerBlocks(w WorkerID) []StoredBlock {
 	}
 	wb := ix.slots[slot]
 	out := make([]StoredBlock, 0, wb.held)
-	aliased := make(map[uint64]bool, len(wb.engine))
-	for eh, ch := range wb.engine {
+	aliased := make(map[uint64]bool, wb.engine.Len())
+	for eh, ch := range wb.engine.all() {
 		out = append(out, StoredBlock{EngineHash: eh, ContentHash: ch})
 		aliased[ch] = true
 	}

@@ -25,10 +25,20 @@ type ActiveLoad struct {
 	// one lookup per prompt block finds the shared blocks of every worker at
 	// once, instead of one lookup per block per worker.
 	holders map[uint64][]blockHolder
-	order   []string // request ids by add time, for expiry (lazily cleaned)
+	// held counts the holders' keys by their hash's low 16 bits (a
+	// counting filter, saturating at 255: a full counter stays full):
+	// 0 says a block has no holder without a map lookup, which is the
+	// answer for most of a prompt's blocks on the decision path. Made
+	// with the first key.
+	held  []uint8
+	order []string // request ids by add time, for expiry (lazily cleaned)
 	// tracked counts the requests with output blocks booked (every
 	// workerLoad.tracked together): 0 lets kv-pooled skip them at once.
 	tracked int
+	// workersGen counts the changes of the workers map's keys (a worker's
+	// first booking, its last one ending): a LoadRowsCache built at this
+	// generation still points at the right workerLoads.
+	workersGen uint64
 }
 
 type blockHolder struct {
@@ -171,6 +181,7 @@ func (a *ActiveLoad) Add(b Booking) {
 	if wl == nil {
 		wl = &workerLoad{reqs: make(map[*activeRequest]struct{})}
 		a.workers[b.Worker] = wl
+		a.workersGen++
 	}
 	wl.reqs[r] = struct{}{}
 	wl.requests += r.seqs
@@ -181,6 +192,9 @@ func (a *ActiveLoad) Add(b Booking) {
 		hs := a.holders[h]
 		i := holderIndex(hs, b.Worker)
 		if i < 0 {
+			if len(hs) == 0 {
+				a.holdFilterAdd(h)
+			}
 			a.holders[h] = append(hs, blockHolder{worker: b.Worker, n: 1})
 			wl.blocks++
 		} else {
@@ -342,6 +356,7 @@ func (a *ActiveLoad) removeLocked(id string) {
 		}
 		if len(hs) == 1 {
 			delete(a.holders, h)
+			a.holdFilterDrop(h)
 		} else {
 			hs[i] = hs[len(hs)-1]
 			a.holders[h] = hs[:len(hs)-1]
@@ -349,6 +364,7 @@ func (a *ActiveLoad) removeLocked(id string) {
 	}
 	if wl.requests == 0 && wl.blocks == 0 {
 		delete(a.workers, r.worker)
+		a.workersGen++
 	}
 }
 
@@ -420,8 +436,10 @@ func (a *ActiveLoad) Load(w WorkerID) WorkerLoad {
 }
 
 // loadLocked: a.mu must be held.
-func (a *ActiveLoad) loadLocked(w WorkerID) WorkerLoad {
-	wl := a.workers[w]
+func (a *ActiveLoad) loadLocked(w WorkerID) WorkerLoad { return a.workers[w].load() }
+
+// load is the worker's load (nil: none). Its ActiveLoad's mu must be held.
+func (wl *workerLoad) load() WorkerLoad {
 	if wl == nil {
 		return WorkerLoad{}
 	}
@@ -435,6 +453,32 @@ func (wl *workerLoad) activeBlocks() int {
 		return wl.blocks + wl.outBlocks
 	}
 	return max(int(math.Round(float64(wl.blocks+wl.outBlocks)-wl.decayed)), 0)
+}
+
+const holdFilterMask = 1<<16 - 1
+
+// holdFilterAdd counts a new key of holders. a.mu must be held.
+func (a *ActiveLoad) holdFilterAdd(h uint64) {
+	if a.held == nil {
+		a.held = make([]uint8, holdFilterMask+1)
+	}
+	if c := &a.held[h&holdFilterMask]; *c < 255 {
+		*c++
+	}
+}
+
+// holdFilterDrop uncounts a key that left holders; a saturated counter
+// stays (it no longer knows its count). a.mu must be held.
+func (a *ActiveLoad) holdFilterDrop(h uint64) {
+	if c := &a.held[h&holdFilterMask]; *c < 255 {
+		*c--
+	}
+}
+
+// mayHold is false when no in-flight request holds h (true: look it up).
+// a.mu must be held.
+func (a *ActiveLoad) mayHold(h uint64) bool {
+	return a.held != nil && a.held[h&holdFilterMask] != 0
 }
 
 func holderIndex(hs []blockHolder, w WorkerID) int {
@@ -473,15 +517,52 @@ type LoadRow struct {
 
 // Rows fills dst with the load of each of workers and the new blocks hashes
 // would add on each, under one lock and with one holder lookup per block.
-// pos maps each worker to its position in workers.
 func (a *ActiveLoad) Rows(workers []WorkerInfo, pos map[WorkerID]int, hashes []uint64, dst []LoadRow) []LoadRow {
+	return a.RowsCached(workers, pos, hashes, dst, nil)
+}
+
+// LoadRowsCache remembers, for one list of workers, each one's load entry,
+// so RowsCached reads a fleet's loads without a lookup by id while no
+// worker's load appeared or went away. The zero value is empty; Reset it
+// when the list of workers changes. A router owns one (under its lock).
+type LoadRowsCache struct {
+	valid bool
+	gen   uint64        // ActiveLoad.workersGen it was built at
+	wls   []*workerLoad // parallel to the workers; nil: no load
+}
+
+// Reset forgets the cached entries (the workers changed).
+func (c *LoadRowsCache) Reset() { c.valid = false }
+
+// RowsCached is Rows reading the workers' entries through cache (nil: by
+// id, as Rows), rebuilt when stale.
+func (a *ActiveLoad) RowsCached(workers []WorkerInfo, pos map[WorkerID]int, hashes []uint64, dst []LoadRow, cache *LoadRowsCache) []LoadRow {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	dst = dst[:0]
-	for _, w := range workers {
-		dst = append(dst, LoadRow{WorkerLoad: a.loadLocked(w.ID), NewBlocks: len(hashes)})
+	dst = slices.Grow(dst[:0], len(workers))[:len(workers)]
+	if cache != nil {
+		if !cache.valid || cache.gen != a.workersGen || len(cache.wls) != len(workers) {
+			cache.wls = slices.Grow(cache.wls[:0], len(workers))[:len(workers)]
+			for i, w := range workers {
+				cache.wls[i] = a.workers[w.ID]
+			}
+			cache.valid, cache.gen = true, a.workersGen
+		}
+		for i, wl := range cache.wls {
+			dst[i] = LoadRow{WorkerLoad: wl.load(), NewBlocks: len(hashes)}
+		}
+	} else {
+		for i, w := range workers {
+			dst[i] = LoadRow{WorkerLoad: a.loadLocked(w.ID), NewBlocks: len(hashes)}
+		}
+	}
+	if len(a.holders) == 0 {
+		return dst
 	}
 	for _, h := range hashes {
+		if !a.mayHold(h) {
+			continue
+		}
 		for _, hd := range a.holders[h] {
 			if i, ok := pos[hd.worker]; ok {
 				dst[i].NewBlocks--

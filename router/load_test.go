@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -138,5 +139,40 @@ func TestRouterBooksSequences(t *testing.T) {
 	}
 	if l := rt.Load().Load("w"); l.Requests != 3 {
 		t.Errorf("n=3 booked as %d requests", l.Requests)
+	}
+}
+
+// TestLoadHolderFilterSaturates: 300 in-flight blocks whose hashes share
+// the filter's counter (past its 255), then 255 of them freed (a counter
+// that went on counting down would read 0): the load rows still find every
+// block still held, and none of the freed ones.
+func TestLoadHolderFilterSaturates(t *testing.T) {
+	a := NewActiveLoad(0)
+	ws := []WorkerInfo{{ID: "a"}, {ID: "b"}}
+	pos := map[WorkerID]int{"a": 0, "b": 1}
+	hash := func(i int) uint64 { return uint64(i)<<16 | 5 }
+	for i := range 300 {
+		a.Add(Booking{ID: fmt.Sprint("r", i), Worker: "a", Hashes: []uint64{hash(i)}, Added: t0})
+	}
+	for i := range 255 {
+		a.Free(fmt.Sprint("r", i))
+	}
+	var cache LoadRowsCache
+	for _, c := range []struct {
+		i       int
+		newOnA  int
+		comment string
+	}{{260, 0, "still held"}, {299, 0, "still held, last"}, {10, 1, "freed"}, {400, 1, "never held"}} {
+		rows := a.RowsCached(ws, pos, []uint64{hash(c.i)}, nil, &cache)
+		if rows[0].NewBlocks != c.newOnA || rows[1].NewBlocks != 1 {
+			t.Errorf("block %d (%s): new blocks a=%d b=%d, want a=%d b=1", c.i, c.comment, rows[0].NewBlocks, rows[1].NewBlocks, c.newOnA)
+		}
+	}
+	// Below saturation the counter is exact: one key, freed, reads empty.
+	b := NewActiveLoad(0)
+	b.Add(Booking{ID: "x", Worker: "a", Hashes: []uint64{7}, Added: t0})
+	b.Free("x")
+	if b.mayHold(7) {
+		t.Error("a freed block's counter is not back to 0")
 	}
 }

@@ -293,11 +293,11 @@ func (ix *Index) appendSoles(dst []soleBlock) []soleBlock {
 			}
 		}
 	}
-	for ch := range ix.blocks {
+	for ch := range ix.blocks.all() {
 		add(ch)
 	}
 	for ch := range ix.wide {
-		if _, both := ix.blocks[ch]; !both {
+		if _, both := ix.blocks.get(ch); !both {
 			add(ch)
 		}
 	}

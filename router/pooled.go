@@ -130,10 +130,11 @@ type CacheStats interface {
 
 // pooledScratch is kv-pooled's per-decision scratch, reused across decisions.
 type pooledScratch struct {
-	eff    []int     // per worker: effective overlap
-	over   []float64 // per candidate: admission overflow in blocks
-	fill   []float64 // per candidate: fill with every expected output, the request placed there (pooledAdmissionLocked)
-	held   []float64 // per candidate: the same before the request
+	eff    []int       // per worker: effective overlap
+	terms  []costTerms // per worker (candidates only): the cost terms at the effective overlap, shared by the price and the admission rules
+	over   []float64   // per candidate: admission overflow in blocks
+	fill   []float64   // per candidate: fill with every expected output, the request placed there (pooledAdmissionLocked)
+	held   []float64   // per candidate: the same before the request
 	scores []rendezvousScore
 	ranks  []int // per candidate
 	kept   []int
@@ -304,10 +305,10 @@ func (r *Router) pooledPlaceLocked(req Request, rows []WorkerCost, candidates []
 	for j, i := range candidates {
 		w := r.workers[i]
 		row := &rows[i]
-		l := r.loads[i]
 		o := ps.eff[i]
-		prefill, decode, cost := computeCost(&r.cfg, costInput{isl: req.Tokens, overlap: o, load: l.WorkerLoad, newBlocks: l.NewBlocks})
-		row.PrefillBlocks, row.DecodeBlocks = prefill, decode
+		t := &ps.terms[i]
+		row.PrefillBlocks, row.DecodeBlocks = t.prefill, t.decode
+		cost := t.cost
 
 		// Eviction: the blocks this request stores on w beyond w's free
 		// room evict w's least recently used blocks; content also held
@@ -342,8 +343,7 @@ func (r *Router) pooledPlaceLocked(req Request, rows []WorkerCost, candidates []
 		row.Pooled = extra
 		row.Cost = cost + extra
 		if strict && !priced && ps.over[j] > 0 && !ps.noSlower[j] {
-			row.Busy = true
-			row.BusyReason = fmt.Sprintf("kv-pooled: would wait for KV admission (%.0f blocks over) while another worker can start it now", ps.over[j])
+			row.setBusy(busyWhy{kind: busyAdmission, x: ps.over[j]})
 			continue
 		}
 		ps.kept = append(ps.kept, i)
@@ -354,20 +354,24 @@ func (r *Router) pooledPlaceLocked(req Request, rows []WorkerCost, candidates []
 // pooledOverlapsLocked fills ps.eff (parallel to r.workers) with each
 // candidate's effective overlap: cached (index) or being computed right now
 // by an in-flight request on the same worker (synced load), so a burst of
-// requests for new content lands on one worker, not on all of them. It
-// returns the least and the deepest among the candidates. r.mu must be
-// held, r.overlaps filled for req.
+// requests for new content lands on one worker, not on all of them; and
+// ps.terms with each candidate's cost terms at that overlap (Dynamo's cost
+// without the credit decay's floor), computed once for the price, the
+// TTFT-parity rule and the SLO's TTFT. It returns the least and the
+// deepest among the candidates. r.mu must be held, r.overlaps filled for
+// req.
 func (r *Router) pooledOverlapsLocked(req Request, candidates []int) (lo, hi int) {
 	ps := &r.pooled
-	ps.eff = ps.eff[:0]
-	for range r.workers {
-		ps.eff = append(ps.eff, 0)
-	}
+	ps.eff = growClear(ps.eff, len(r.workers))
+	ps.terms = slices.Grow(ps.terms[:0], len(r.workers))[:len(r.workers)]
 	r.load.inflightPrefix(r.pos, req.Hashes, ps.eff)
+	plan := newCostPlan(&r.cfg, req.Tokens)
 	lo, hi = len(req.Hashes), 0
 	for _, i := range candidates {
 		ps.eff[i] = max(ps.eff[i], r.overlaps[i])
 		lo, hi = min(lo, ps.eff[i]), max(hi, ps.eff[i])
+		l := &r.loads[i]
+		ps.terms[i] = plan.terms(ps.eff[i], 0, 0, &l.WorkerLoad, l.NewBlocks, 0)
 	}
 	return lo, hi
 }
@@ -470,6 +474,9 @@ func (a *ActiveLoad) inflightPrefix(pos map[WorkerID]int, hashes []uint64, depth
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for j, h := range hashes {
+		if !a.mayHold(h) {
+			return
+		}
 		advanced := false
 		for _, hd := range a.holders[h] {
 			if i, ok := pos[hd.worker]; ok && depth[i] == j {
@@ -556,9 +563,7 @@ func (r *Router) pooledNoSlowerLocked(req Request, candidates []int, reserve flo
 		if !ok {
 			return 0, false
 		}
-		l := r.loads[i]
-		prefill, _, _ := computeCost(&r.cfg, costInput{isl: req.Tokens, overlap: ps.eff[i], load: l.WorkerLoad, newBlocks: l.NewBlocks})
-		return prefill * spb, true
+		return ps.terms[i].prefill * spb, true
 	}
 	fastest := math.Inf(1)
 	for j, i := range candidates {

@@ -110,7 +110,7 @@ func TestPooledTrackedAdmission(t *testing.T) {
 			t.Fatal(err)
 		}
 		if d.Rows[0].Worker != "a" || d.Rows[0].Busy != c.busy {
-			t.Errorf("capacity %d: a busy %v (%s), want %v\n%s", c.capacity, d.Rows[0].Busy, d.Rows[0].BusyReason, c.busy, d.Explain())
+			t.Errorf("capacity %d: a busy %v (%s), want %v\n%s", c.capacity, d.Rows[0].Busy, d.Rows[0].Reason(), c.busy, d.Explain())
 		}
 		r.mu.Lock()
 		over := r.pooled.over[0]

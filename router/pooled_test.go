@@ -96,8 +96,8 @@ func TestPooledDecisions(t *testing.T) {
 				if d.Worker == "a" {
 					t.Errorf("routed to a, whose KV is full")
 				}
-				if !d.Rows[0].Busy || !strings.Contains(d.Rows[0].BusyReason, "KV admission") {
-					t.Errorf("row a: busy %v %q", d.Rows[0].Busy, d.Rows[0].BusyReason)
+				if !d.Rows[0].Busy || !strings.Contains(d.Rows[0].Reason(), "KV admission") {
+					t.Errorf("row a: busy %v %q", d.Rows[0].Busy, d.Rows[0].Reason())
 				}
 			},
 		},
@@ -159,7 +159,7 @@ func TestPooledDecisions(t *testing.T) {
 			check: func(t *testing.T, d Decision) {
 				for _, row := range d.Rows {
 					if row.Busy {
-						t.Errorf("row %s busy: %s", row.Worker, row.BusyReason)
+						t.Errorf("row %s busy: %s", row.Worker, row.Reason())
 					}
 				}
 			},
@@ -565,7 +565,7 @@ func TestPooledReserveFromOutputs(t *testing.T) {
 				t.Fatal(err)
 			}
 			if d.Rows[0].Busy != c.excluded {
-				t.Errorf("a busy %v (%s), want %v\n%s", d.Rows[0].Busy, d.Rows[0].BusyReason, c.excluded, d.Explain())
+				t.Errorf("a busy %v (%s), want %v\n%s", d.Rows[0].Busy, d.Rows[0].Reason(), c.excluded, d.Explain())
 			}
 		})
 	}
@@ -667,8 +667,8 @@ func TestPooledRunningReserveShare(t *testing.T) {
 			if a.Busy != c.busyA || b.Busy != c.busyB {
 				t.Fatalf("busy a %v b %v, want %v %v\n%s", a.Busy, b.Busy, c.busyA, c.busyB, d.Explain())
 			}
-			if c.busyA && !strings.Contains(a.BusyReason, fmt.Sprintf("(%.0f blocks over)", c.overA)) {
-				t.Errorf("a: %q, want %.0f blocks over", a.BusyReason, c.overA)
+			if c.busyA && !strings.Contains(a.Reason(), fmt.Sprintf("(%.0f blocks over)", c.overA)) {
+				t.Errorf("a: %q, want %.0f blocks over", a.Reason(), c.overA)
 			}
 			if !c.busyA && d.Worker != "a" {
 				t.Errorf("chose %s, want a\n%s", d.Worker, d.Explain())

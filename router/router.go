@@ -60,7 +60,7 @@ func (d Decision) Explain() string {
 	for _, r := range d.Rows {
 		fmt.Fprintf(&b, "Formula for worker_id=%s with %d cached blocks: %s", r.Worker, r.Overlap, r.Formula(d.Scale))
 		if r.Busy {
-			fmt.Fprintf(&b, " (busy: %s)", r.BusyReason)
+			fmt.Fprintf(&b, " (busy: %s)", r.Reason())
 		}
 		b.WriteByte('\n')
 	}
@@ -100,7 +100,10 @@ type Router struct {
 	sharedRecord func(w WorkerID, hashes []uint64, now time.Time)
 
 	buf      []Overlap
+	cands    []int           // the candidates of a decision (positions in workers)
+	weights  []float64       // softmax scratch (pickCost)
 	loads    []LoadRow       // per worker, parallel to workers, during a decision
+	loadRows LoadRowsCache   // the workers' load entries (reset by SetWorkers)
 	overlaps []int           // likewise
 	tierBuf  []TierOverlap   // likewise, lower tiers (tiersLocked)
 	hostHits []int           // parallel to workers: blocks past the device prefix in the host tier
@@ -167,6 +170,7 @@ func (r *Router) SetWorkers(ws []WorkerInfo) {
 		r.predicted.AddWorker(w.ID)
 	}
 	r.workers = ws
+	r.loadRows.Reset()
 	r.pos = make(map[WorkerID]int, len(ws))
 	for i, w := range ws {
 		r.pos[w.ID] = i
@@ -184,17 +188,31 @@ func (r *Router) Workers() []WorkerInfo {
 
 // Decide computes the cost table and picks a worker without booking load.
 func (r *Router) Decide(req Request, now time.Time) (Decision, error) {
+	return r.DecideInto(req, now, nil)
+}
+
+// DecideInto is Decide with the cost table written into rows' storage
+// (grown when it is short): a caller that is done with a decision's rows
+// before its next decision (no decision log keeps them) passes the last
+// Decision's Rows back, and the decision allocates nothing.
+func (r *Router) DecideInto(req Request, now time.Time, rows []WorkerCost) (Decision, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.decideLocked(req, now)
+	return r.decideLocked(req, now, rows)
 }
 
 // Route decides and books the request's load on the chosen worker; in
 // kv-approx mode it also records the predicted blocks.
 func (r *Router) Route(req Request, now time.Time) (Decision, error) {
+	return r.RouteInto(req, now, nil)
+}
+
+// RouteInto is Route with the cost table written into rows' storage, as
+// DecideInto.
+func (r *Router) RouteInto(req Request, now time.Time, rows []WorkerCost) (Decision, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	d, err := r.decideLocked(req, now)
+	d, err := r.decideLocked(req, now, rows)
 	if err != nil {
 		return d, err
 	}
@@ -293,8 +311,8 @@ func (r *Router) ObservedOutputTokens() (mean float64, n int) {
 	return r.outputs.mean, r.outputs.n
 }
 
-// decideLocked: r.mu must be held.
-func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
+// decideLocked decides into rows' storage. r.mu must be held.
+func (r *Router) decideLocked(req Request, now time.Time, rows []WorkerCost) (Decision, error) {
 	cfg := &r.cfg
 	d := Decision{Mode: cfg.Mode, Scale: cfg.PrefillLoadScale}
 	if len(r.workers) == 0 {
@@ -308,31 +326,45 @@ func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
 	overlaps := r.overlapsLocked(req.Hashes)
 	host, disk := r.tiersLocked(req.Hashes)
 	d.ActiveHashes = r.activeHashesLocked(req)
-	r.loads = r.load.Rows(r.workers, r.pos, d.ActiveHashes, r.loads)
-	d.Rows = make([]WorkerCost, len(r.workers))
-	candidates := make([]int, 0, len(r.workers))
-	for i, w := range r.workers {
-		load := r.loads[i].WorkerLoad
-		row := WorkerCost{Worker: w.ID, Overlap: overlaps[i], HostOverlap: host[i], DiskOverlap: disk[i], ActivePrefillTokens: load.ActivePrefillTokens,
-			ActiveBlocks: load.ActiveBlocks, ActiveRequests: load.Requests, NewBlocks: r.loads[i].NewBlocks}
-		if slices.Contains(req.Exclude, w.ID) {
-			row.Busy, row.BusyReason = true, "excluded by the caller"
-		} else if reason := busyReason(&cfg.Thresholds, w, load); reason != "" {
-			row.Busy, row.BusyReason = true, reason
-		} else {
+	r.loads = r.load.RowsCached(r.workers, r.pos, d.ActiveHashes, r.loads, &r.loadRows)
+	// Eligibility first: the credit decay's floor is the least loaded
+	// eligible worker's backlog, so costs follow eligibility.
+	candidates := r.cands[:0]
+	if t := &cfg.Thresholds; len(req.Exclude) == 0 && t.ActiveDecodeBlocks == nil && t.ActivePrefillTokens == nil && t.ActivePrefillTokensFrac == nil {
+		for i := range r.workers {
 			candidates = append(candidates, i)
 		}
-		d.Rows[i] = row
+	} else {
+		for i := range r.workers {
+			if r.busyLocked(req, &r.workers[i], &r.loads[i].WorkerLoad).kind == notBusy {
+				candidates = append(candidates, i)
+			}
+		}
 	}
-	// The credit decay's floor is the least loaded eligible worker's
-	// backlog, so costs follow eligibility.
+	r.cands = candidates
 	floor := minActivePrefill(r.loads, candidates)
-	for i := range d.Rows {
+	plan := newCostPlan(cfg, req.Tokens)
+	d.Rows = slices.Grow(rows[:0], len(r.workers))[:len(r.workers)]
+	next := 0 // candidates[next] is the next eligible worker
+	for i := range r.workers {
+		w, lr := &r.workers[i], &r.loads[i]
+		h, k := 0, 0
+		if host != nil {
+			h, k = host[i], disk[i]
+		}
+		t := plan.terms(overlaps[i], h, k, &lr.WorkerLoad, lr.NewBlocks, floor)
+		// Field by field into the caller's storage: a composite literal
+		// here is built on the stack and copied, twice the writes.
 		row := &d.Rows[i]
-		t := computeTerms(cfg, costInput{isl: req.Tokens, overlap: row.Overlap, host: row.HostOverlap, disk: row.DiskOverlap,
-			load: r.loads[i].WorkerLoad, newBlocks: row.NewBlocks, minActivePrefill: floor})
+		row.Worker, row.Overlap, row.HostOverlap, row.DiskOverlap, row.TierCredit = w.ID, overlaps[i], h, k, t.tierCredit
+		row.ActivePrefillTokens, row.ActiveBlocks, row.NewBlocks, row.ActiveRequests = lr.ActivePrefillTokens, lr.ActiveBlocks, lr.NewBlocks, lr.Requests
 		row.PrefillBlocks, row.DecodeBlocks, row.RequestBlocks, row.CreditDecay, row.Cost = t.prefill, t.decode, t.requests, t.decay, t.cost
-		row.TierCredit = t.tierCredit
+		row.Pooled, row.Busy, row.BusyReason, row.why = 0, false, "", busyWhy{}
+		if next < len(candidates) && candidates[next] == i {
+			next++
+		} else {
+			row.setBusy(r.busyLocked(req, w, &lr.WorkerLoad))
+		}
 	}
 	if len(candidates) == 0 {
 		return d, ErrAllBusy
@@ -343,6 +375,15 @@ func (r *Router) decideLocked(req Request, now time.Time) (Decision, error) {
 	pick := r.pickLocked(d.Rows, candidates)
 	d.Worker, d.Overlap = d.Rows[pick].Worker, d.Rows[pick].Overlap
 	return d, nil
+}
+
+// busyLocked says why w is not a candidate for req (kind notBusy when it
+// is): excluded by the caller, or over a busy threshold. r.mu must be held.
+func (r *Router) busyLocked(req Request, w *WorkerInfo, load *WorkerLoad) busyWhy {
+	if len(req.Exclude) > 0 && slices.Contains(req.Exclude, w.ID) {
+		return busyWhy{kind: busyExcluded}
+	}
+	return busyCheck(&r.cfg.Thresholds, *w, *load)
 }
 
 // overlapsLocked reads cached prefix lengths from the index the mode uses.
@@ -383,14 +424,15 @@ func (r *Router) overlapsLocked(hashes []uint64) []int {
 // them (kv-pooled prices placement on the device tier; kv-approx predicts
 // device blocks only), only with a weight to spend them on and an index
 // that has tiers, so a fleet without offload tiers pays a nil check. The
-// results are parallel to r.workers and reused. r.mu must be held.
+// results are parallel to r.workers and reused; nil (no tier hits) when
+// tiers are not read. r.mu must be held.
 func (r *Router) tiersLocked(hashes []uint64) (host, disk []int) {
+	if r.cfg.Mode != ModeKV || (r.cfg.HostCacheHitWeight == 0 && r.cfg.DiskCacheHitWeight == 0) || len(hashes) == 0 {
+		return nil, nil
+	}
 	r.hostHits, r.diskHits = r.hostHits[:0], r.diskHits[:0]
 	for range r.workers {
 		r.hostHits, r.diskHits = append(r.hostHits, 0), append(r.diskHits, 0)
-	}
-	if r.cfg.Mode != ModeKV || (r.cfg.HostCacheHitWeight == 0 && r.cfg.DiskCacheHitWeight == 0) || len(hashes) == 0 {
-		return r.hostHits, r.diskHits
 	}
 	src, ok := r.index.(TieredOverlapSource)
 	if !ok {
@@ -432,11 +474,7 @@ func (r *Router) pickLocked(rows []WorkerCost, candidates []int) int {
 		}
 		return best
 	}
-	sub := make([]WorkerCost, len(candidates))
-	for j, i := range candidates {
-		sub[j] = rows[i]
-	}
-	return candidates[pickByCost(sub, r.cfg.Temperature, r.rng)]
+	return candidates[pickCost(rows, candidates, r.cfg.Temperature, r.rng, &r.weights)]
 }
 
 // powerOfTwoLocked is Dynamo's power-of-two-choices: two distinct

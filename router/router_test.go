@@ -205,7 +205,7 @@ func TestRouterBusyThresholds(t *testing.T) {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		if d.Rows[0].Busy != tc.busyA || d.Rows[1].Busy {
-			t.Errorf("%s: busy a=%v b=%v (%s)", tc.name, d.Rows[0].Busy, d.Rows[1].Busy, d.Rows[0].BusyReason)
+			t.Errorf("%s: busy a=%v b=%v (%s)", tc.name, d.Rows[0].Busy, d.Rows[1].Busy, d.Rows[0].Reason())
 		}
 		if tc.busyA && d.Worker != "b" {
 			t.Errorf("%s: routed to busy worker %s", tc.name, d.Worker)

@@ -189,9 +189,7 @@ func (r *Router) pooledSLOLocked(req Request, rows []WorkerCost, candidates []in
 	}
 	for j, i := range candidates {
 		if !ps.meets[j] {
-			rows[i].Busy = true
-			rows[i].BusyReason = fmt.Sprintf("kv-pooled: predicted TTFT %.0f ms, TPOT %.1f ms miss the SLO (%v, %v) while another worker meets it",
-				ps.ttft[j]*1e3, ps.tpot[j]*1e3, slo.TTFT, slo.TPOT)
+			rows[i].setBusy(busyWhy{kind: busySLO, x: ps.ttft[j], y: ps.tpot[j], m: int64(slo.TTFT), n: int64(slo.TPOT)})
 		}
 	}
 	if slo.TPOT > 0 {
@@ -236,7 +234,7 @@ func (r *Router) sloPredictLocked(req Request, candidates []int, now time.Time) 
 				return false
 			}
 			l := r.loads[i]
-			prefill, _, _ := computeCost(&r.cfg, costInput{isl: req.Tokens, overlap: ps.eff[i], load: l.WorkerLoad, newBlocks: l.NewBlocks})
+			prefill := ps.terms[i].prefill
 			wait := 0.0
 			total := float64(r.workers[i].TotalBlocks)
 			if float64(l.ActiveBlocks+l.NewBlocks) > total || ps.over[j] > 0 {

@@ -189,8 +189,8 @@ func TestPooledSLODecisions(t *testing.T) {
 				t.Fatal(err)
 			}
 			a := d.Rows[0]
-			if d.Worker != c.want || a.Busy != (c.busyA != "") || !strings.Contains(a.BusyReason, c.busyA) {
-				t.Fatalf("chose %s (a busy %v %q), want %s (%q)\n%s", d.Worker, a.Busy, a.BusyReason, c.want, c.busyA, d.Explain())
+			if d.Worker != c.want || a.Busy != (c.busyA != "") || !strings.Contains(a.Reason(), c.busyA) {
+				t.Fatalf("chose %s (a busy %v %q), want %s (%q)\n%s", d.Worker, a.Busy, a.Reason(), c.want, c.busyA, d.Explain())
 			}
 			// Where the rule excludes nothing, the cost table is kv-pooled's
 			// without an SLO, to the bit.

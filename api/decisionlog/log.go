@@ -176,7 +176,7 @@ func (d *Decision) export() Decision {
 	for _, r := range d.rows {
 		out.Candidates = append(out.Candidates, Candidate{Worker: string(r.Worker), CachedBlocks: r.Overlap,
 			ActivePrefillTokens: r.ActivePrefillTokens, ActiveBlocks: r.ActiveBlocks, ActiveRequests: r.ActiveRequests,
-			Cost: r.Cost, Busy: r.Busy, BusyReason: r.BusyReason})
+			Cost: r.Cost, Busy: r.Busy, BusyReason: r.Reason()})
 	}
 	if d.done {
 		o := d.outcome
