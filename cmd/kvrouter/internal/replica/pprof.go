@@ -17,14 +17,15 @@ import (
 // debugging aid for measuring the replica live (a CPU profile during a load
 // test), so it listens on loopback only, unauthenticated, on a port of its
 // own and a mux of its own (nothing reaches it through the API's port). An
-// address that is not loopback is refused before anything listens.
-func servePprof(ctx context.Context, addr string, log *slog.Logger) error {
+// address that is not loopback is refused before anything listens. It
+// returns the address listened on (port 0 picks one).
+func servePprof(ctx context.Context, addr string, log *slog.Logger) (net.Addr, error) {
 	if !netaddr.LoopbackListen(addr) {
-		return fmt.Errorf("--pprof-addr %q: the profiler listens on loopback only", addr)
+		return nil, fmt.Errorf("--pprof-addr %q: the profiler listens on loopback only", addr)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("pprof listen: %w", err)
+		return nil, fmt.Errorf("pprof listen: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -43,5 +44,5 @@ func servePprof(ctx context.Context, addr string, log *slog.Logger) error {
 		}
 	}()
 	log.Info("profiler listening (loopback only)", "addr", ln.Addr().String())
-	return nil
+	return ln.Addr(), nil
 }

@@ -145,7 +145,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if cfg.PprofAddr != "" {
-		if err := servePprof(runCtx, cfg.PprofAddr, log.With("component", "pprof")); err != nil {
+		if _, err := servePprof(runCtx, cfg.PprofAddr, log.With("component", "pprof")); err != nil {
 			return err
 		}
 	}
