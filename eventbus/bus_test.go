@@ -654,3 +654,78 @@ func TestBusConsumerLostDelivery(t *testing.T) {
 	}
 	waitStreamEmpty(t, js)
 }
+
+// TestBusDialNoEcho: a connection from Bus.Dial with WithNoEcho gets other
+// connections' messages but not its own (replica sync relies on it to skip
+// decoding its own load messages), one without it gets its own, and Close
+// closes both.
+func TestBusDialNoEcho(t *testing.T) {
+	log := testLogger(t)
+	b, err := OpenBus(BusConfig{Server: ServerConfig{Name: "emb", StoreDir: t.TempDir(), Security: insecureMode.security(t, "emb")}, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, tc := range []struct {
+		name   string
+		opts   []ConnectOption
+		echoes bool
+	}{
+		{"no-echo", []ConnectOption{WithNoEcho()}, false},
+		{"echo", nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nc, err := b.Dial(tc.name, tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			subject := "test.dial." + tc.name
+			got := make(chan string, 16)
+			sub, err := nc.Subscribe(subject, func(m *nats.Msg) { got <- string(m.Data) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = sub.Unsubscribe() }()
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 3 {
+				if err := nc.Publish(subject, []byte(fmt.Sprintf("own-%d", i))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The server has routed our own messages (and queued any echo)
+			// before it sees the marker from the other connection.
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Conn().Publish(subject, []byte("marker")); err != nil {
+				t.Fatal(err)
+			}
+			var before []string
+			deadline := time.After(10 * time.Second)
+			for done := false; !done; {
+				select {
+				case m := <-got:
+					if m == "marker" {
+						done = true
+					} else {
+						before = append(before, m)
+					}
+				case <-deadline:
+					t.Fatalf("marker from the other connection not received; got %v", before)
+				}
+			}
+			if want := map[bool]int{true: 3, false: 0}[tc.echoes]; len(before) != want {
+				t.Fatalf("own messages delivered back: %v, want %d", before, want)
+			}
+		})
+	}
+	b.Close()
+	b.mu.Lock()
+	n := len(b.extra)
+	b.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("Close left %d dialled connections tracked", n)
+	}
+}

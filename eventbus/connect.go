@@ -21,6 +21,7 @@ type connectOptions struct {
 	tls         *tls.Config
 	token       pki.Secret
 	inboxPrefix string
+	noEcho      bool
 }
 
 // WithTLSConfig connects over TLS with c as it is.
@@ -54,6 +55,15 @@ func trustOnly(roots *x509.CertPool, serverAllow pki.Allow, external bool) *tls.
 		c.VerifyConnection = nil
 	}
 	return c
+}
+
+// WithNoEcho asks the server not to deliver this connection's own
+// publications to its own subscriptions (nats.NoEcho): for a connection
+// that both publishes and subscribes on one subject and drops its own
+// messages anyway (replica sync), this spares the server routing them back
+// and the client reading and decoding them.
+func WithNoEcho() ConnectOption {
+	return func(o *connectOptions) { o.noEcho = true }
 }
 
 // WithToken authenticates with the replica token.
@@ -100,6 +110,9 @@ func Connect(url, name string, logger *slog.Logger, opts ...ConnectOption) (*nat
 	}
 	if co.inboxPrefix != "" {
 		nopts = append(nopts, nats.CustomInboxPrefix(co.inboxPrefix))
+	}
+	if co.noEcho {
+		nopts = append(nopts, nats.NoEcho())
 	}
 	nc, err := nats.Connect(url, nopts...)
 	if err != nil {

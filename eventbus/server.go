@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -307,6 +308,13 @@ type Bus struct {
 	srv *Server
 	nc  *nats.Conn
 	js  jetstream.JetStream
+
+	// What Dial needs to open more connections like nc.
+	url, name string
+	copts     []ConnectOption
+	logger    *slog.Logger
+	mu        sync.Mutex
+	extra     []*nats.Conn // opened by Dial, closed by Close
 }
 
 // OpenBus starts the embedded server (unless cfg.ExternalURL is set) and
@@ -347,6 +355,7 @@ func OpenBus(cfg BusConfig) (*Bus, error) {
 		return nil, err
 	}
 	b.nc = nc
+	b.url, b.name, b.copts, b.logger = url, name, copts, logger
 	js, err := jetstream.New(nc)
 	if err != nil {
 		b.Close()
@@ -377,9 +386,29 @@ func (b *Bus) ClientURL() string {
 	return ""
 }
 
-// Close drains nothing: it closes the connection, then stops the embedded
+// Dial opens another connection to the bus's server with the same
+// credentials as Conn, named Conn's name + "-" + suffix, plus opts (say
+// WithNoEcho): for traffic that wants options of its own. Close closes it.
+func (b *Bus) Dial(suffix string, opts ...ConnectOption) (*nats.Conn, error) {
+	nc, err := Connect(b.url, b.name+"-"+suffix, b.logger, append(slices.Clone(b.copts), opts...)...)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	b.extra = append(b.extra, nc)
+	b.mu.Unlock()
+	return nc, nil
+}
+
+// Close drains nothing: it closes the connections, then stops the embedded
 // server. Callers stop their consumers and publishers first.
 func (b *Bus) Close() {
+	b.mu.Lock()
+	for _, nc := range b.extra {
+		nc.Close()
+	}
+	b.extra = nil
+	b.mu.Unlock()
 	if b.nc != nil {
 		b.nc.Close()
 	}

@@ -238,6 +238,13 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 			return nil
 		}},
 		{names: []string{"capture-file"}, env: []string{"KVROUTER_CAPTURE_FILE"}, usage: "capture answered requests as a Mooncake-format trace in this JSON-lines file (block hashes and lengths, no text; kvbench sim --trace replays it, kvbench tune sweeps settings on it), rotated by size (3 old files kept)", set: str(&c.CaptureFile)},
+		{names: []string{"pprof-addr"}, env: []string{"KVROUTER_PPROF_ADDR"}, usage: "serve Go's profiler (/debug/pprof/) on this loopback address, unauthenticated, for measuring a replica live (off when empty; an address off loopback is refused)", set: func(v string) error {
+			if v != "" && !netaddr.LoopbackListen(v) {
+				return fmt.Errorf("--pprof-addr must be a loopback address (host:port), got %q", v)
+			}
+			c.PprofAddr = v
+			return nil
+		}},
 		{names: []string{"capture-sample"}, env: []string{"KVROUTER_CAPTURE_SAMPLE"}, def: "1", usage: "fraction of prompt prefixes captured, in (0, 1]: a request is kept when its first block is in the sample, so requests sharing a prefix are kept or dropped together", set: func(v string) error {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil || !(f > 0 && f <= 1) {

@@ -34,6 +34,12 @@ func TestServeConfig(t *testing.T) {
 				return r.OverlapCredit == 0.5 && r.PrefillLoadScale == 16 && r.Temperature == 0.1 && !r.TrackPrefillTokens &&
 					*r.Thresholds.ActiveDecodeBlocks == 0.85 && *r.Thresholds.ActivePrefillTokens == 10000 && r.QueuePolicy == router.QueueWSPT
 			}},
+		{"pprof on loopback", []string{"--single-node", "--pprof-addr", "127.0.0.1:0"}, nil, true, func(c serveConfig) bool { return c.PprofAddr == "127.0.0.1:0" }},
+		{"pprof from the environment", []string{"--single-node"}, map[string]string{"KVROUTER_PPROF_ADDR": "[::1]:6060"}, true,
+			func(c serveConfig) bool { return c.PprofAddr == "[::1]:6060" }},
+		{"pprof off by default", []string{"--single-node"}, nil, true, func(c serveConfig) bool { return c.PprofAddr == "" }},
+		{"pprof off loopback refused", []string{"--single-node", "--pprof-addr", "0.0.0.0:6060"}, nil, false, nil},
+		{"pprof without a port refused", []string{"--single-node", "--pprof-addr", "localhost"}, nil, false, nil},
 		{"no events means approximate", []string{"--single-node", "--no-router-kv-events"}, nil, true, func(c serveConfig) bool { return c.Router.Mode == router.ModeKVApprox }},
 		{"dynamo env names", []string{"--single-node"}, map[string]string{"DYN_ROUTER_MODE": "round_robin", "DYN_KV_OVERLAP_SCORE_WEIGHT": "1.5",
 			"DYN_KV_CACHE_BLOCK_SIZE": "64", "DYN_KV_EVENTS": "false", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD": "500"}, true,

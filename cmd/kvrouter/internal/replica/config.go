@@ -121,6 +121,9 @@ type Config struct {
 	CaptureFile     string
 	CaptureSample   float64
 	CaptureMaxBytes int64
+	// PprofAddr, when set, serves Go's profiler on this loopback address
+	// (--pprof-addr; pprof.go).
+	PprofAddr string
 	// Dynamo's names with our meaning (cmd/kvrouter/dynamo.go).
 	SnapshotThreshold uint64 // Raft entries between snapshots (0: cluster default)
 	// DigestCheckpointEvery: the FSM digests its state after every entry

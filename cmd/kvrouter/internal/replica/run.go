@@ -144,6 +144,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if cfg.PprofAddr != "" {
+		if _, err := servePprof(runCtx, cfg.PprofAddr, log.With("component", "pprof")); err != nil {
+			return err
+		}
+	}
 	r.start(runCtx)
 
 	if err := node.Form(runCtx); err != nil && runCtx.Err() == nil {
@@ -243,7 +248,15 @@ func assemble(cfg Config, log *slog.Logger, p parts) (*replica, error) {
 	if r.tenants != nil {
 		syncCfg.Tenants, syncCfg.TenantInterval, syncCfg.TenantsChanged = r.tenantUsage, cfg.TenantSyncInterval, r.tenants.Changed()
 	}
-	r.sync, err = eventbus.NewSyncer(p.bus.Conn(), syncCfg, r)
+	// Replica sync on a connection of its own without echo: the server
+	// would otherwise send each replica every message it publishes (one
+	// per request routed, at the moment the request goes out), to be read
+	// and decoded only to be dropped by the syncer's own-replica check.
+	syncConn, err := p.bus.Dial("sync", eventbus.WithNoEcho())
+	if err != nil {
+		return nil, fmt.Errorf("replica sync connection: %w", err)
+	}
+	r.sync, err = eventbus.NewSyncer(syncConn, syncCfg, r)
 	if err != nil {
 		return nil, fmt.Errorf("replica sync: %w", err)
 	}
