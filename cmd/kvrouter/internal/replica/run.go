@@ -79,6 +79,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	if cfg.InferencePool.Name != "" {
+		if r.pool, err = newPoolWatcher(cfg, log.With("component", "inference-pool")); err != nil {
+			return err
+		}
+	}
 	if bundle != nil { // one bundle behind Raft, the bus and HTTPS: rotating it rotates all three
 		go watchCertificate(ctx, bundle, reg, log.With("component", "certificate"))
 	}
@@ -261,6 +266,9 @@ func (r *replica) start(ctx context.Context) {
 	}
 	go r.registerSelf(ctx)
 	go r.registerStatic(ctx)
+	if r.pool != nil {
+		go r.watchPool(ctx)
+	}
 	go func() { _ = r.sync.Run(ctx) }()
 	go r.preds.run(ctx)
 	go r.health.run(ctx, r)
