@@ -52,6 +52,9 @@ type Config struct {
 	// and deregisters them (pool.go).
 	InferencePool k8spool.Ref
 	Kubeconfig    string
+	// kube, when set, are the Kubernetes clients the pool is read with
+	// instead of Kubeconfig's (tests: client-go's fakes).
+	kube *kubeClients
 	Retries       int
 	MaxBodyBytes  int64
 	EventsMissing time.Duration       // warn when a kv-mode worker publishes nothing this long

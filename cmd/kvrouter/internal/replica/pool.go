@@ -14,9 +14,19 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvrouter/internal/k8spool"
 )
 
+// kubeClients are the two clients a pool watch reads with.
+type kubeClients struct {
+	dynamic dynamic.Interface
+	core    kubernetes.Interface
+}
+
 // newPoolWatcher watches --inference-pool through the Kubernetes API:
 // --kubeconfig when given, else the pod's in-cluster service account.
 func newPoolWatcher(cfg Config, log *slog.Logger) (*k8spool.Watcher, error) {
+	if cfg.kube != nil {
+		return k8spool.New(k8spool.Config{Ref: cfg.InferencePool, Dynamic: cfg.kube.dynamic, Core: cfg.kube.core, Log: log,
+			RenewEvery: poolRenewEvery, RetryEvery: poolRetryEvery}), nil
+	}
 	var rc *rest.Config
 	var err error
 	if cfg.Kubeconfig != "" {

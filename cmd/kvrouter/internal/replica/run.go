@@ -79,11 +79,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if cfg.InferencePool.Name != "" {
-		if r.pool, err = newPoolWatcher(cfg, log.With("component", "inference-pool")); err != nil {
-			return err
-		}
-	}
 	if bundle != nil { // one bundle behind Raft, the bus and HTTPS: rotating it rotates all three
 		go watchCertificate(ctx, bundle, reg, log.With("component", "certificate"))
 	}
@@ -241,6 +236,11 @@ func assemble(cfg Config, log *slog.Logger, p parts) (*replica, error) {
 	}
 
 	var err error
+	if cfg.InferencePool.Name != "" {
+		if r.pool, err = newPoolWatcher(cfg, log.With("component", "inference-pool")); err != nil {
+			return nil, err
+		}
+	}
 	if r.tenants, err = api.NewTenantLedger(cfg.Tenants); err != nil {
 		return nil, fmt.Errorf("tenants: %w", err)
 	}
