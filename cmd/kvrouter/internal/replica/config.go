@@ -54,7 +54,7 @@ type Config struct {
 	Kubeconfig    string
 	// kube, when set, are the Kubernetes clients the pool is read with
 	// instead of Kubeconfig's (tests: client-go's fakes).
-	kube *kubeClients
+	kube          *kubeClients
 	Retries       int
 	MaxBodyBytes  int64
 	EventsMissing time.Duration       // warn when a kv-mode worker publishes nothing this long
