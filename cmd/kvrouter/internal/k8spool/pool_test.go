@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kvrouter/kvrouter/internal/poll"
 )
@@ -98,7 +97,6 @@ func (f *fakeRegistry) urls() map[string]string {
 type harness struct {
 	t   *testing.T
 	dyn *dynamicfake.FakeDynamicClient
-	cs  *fake.Clientset
 	w   *Watcher
 	reg *fakeRegistry
 }
@@ -106,14 +104,8 @@ type harness struct {
 func newHarness(t *testing.T, objs []runtime.Object, pods ...*corev1.Pod) *harness {
 	t.Helper()
 	h := &harness{t: t, reg: &fakeRegistry{workers: map[string]Worker{}}}
-	h.dyn = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{GVR: "InferencePoolList"}, objs...)
-	podObjs := make([]runtime.Object, len(pods))
-	for i, p := range pods {
-		podObjs[i] = p
-	}
-	h.cs = fake.NewClientset(podObjs...)
-	h.w = New(Config{Ref: Ref{ns, "llama"}, Dynamic: h.dyn, Core: h.cs, RenewEvery: time.Hour})
+	h.dyn = newFakeDynamic(t, objs, pods...)
+	h.w = New(Config{Ref: Ref{ns, "llama"}, Dynamic: h.dyn, RenewEvery: time.Hour})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	if err := h.w.Start(ctx); err != nil {
@@ -341,23 +333,48 @@ func TestPoolWorkersAnnotations(t *testing.T) {
 	}
 }
 
+// newFakeDynamic is client-go's fake dynamic client serving the pools
+// and the pods (typed pods given are stored as the API server returns
+// them through the dynamic client).
+func newFakeDynamic(t testing.TB, pools []runtime.Object, pods ...*corev1.Pod) *dynamicfake.FakeDynamicClient {
+	t.Helper()
+	objs := slices.Clone(pools)
+	for _, p := range pods {
+		objs = append(objs, podObject(t, p))
+	}
+	return dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{GVR: "InferencePoolList", PodsGVR: "PodList"}, objs...)
+}
+
+func podObject(t testing.TB, p *corev1.Pod) *unstructured.Unstructured {
+	t.Helper()
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: m}
+	u.SetAPIVersion("v1")
+	u.SetKind("Pod")
+	return u
+}
+
 func (h *harness) updatePod(ctx context.Context, p *corev1.Pod) {
 	h.t.Helper()
-	if _, err := h.cs.CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+	if _, err := h.dyn.Resource(PodsGVR).Namespace(ns).Update(ctx, podObject(h.t, p), metav1.UpdateOptions{}); err != nil {
 		h.t.Fatal(err)
 	}
 }
 
 func (h *harness) createPod(ctx context.Context, p *corev1.Pod) {
 	h.t.Helper()
-	if _, err := h.cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+	if _, err := h.dyn.Resource(PodsGVR).Namespace(ns).Create(ctx, podObject(h.t, p), metav1.CreateOptions{}); err != nil {
 		h.t.Fatal(err)
 	}
 }
 
 func (h *harness) deletePod(ctx context.Context, name string) {
 	h.t.Helper()
-	if err := h.cs.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+	if err := h.dyn.Resource(PodsGVR).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 		h.t.Fatal(err)
 	}
 }

@@ -8,13 +8,14 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 )
@@ -30,9 +31,12 @@ type Registry interface {
 
 // Config is one pool watch.
 type Config struct {
-	Ref     Ref
-	Dynamic dynamic.Interface    // reads the InferencePool (unstructured)
-	Core    kubernetes.Interface // reads the pods
+	Ref Ref
+	// Dynamic reads the InferencePool and the pods, both unstructured: the
+	// typed clientset and informer factories link every API group of
+	// Kubernetes (about 40 MB more binary); pods are converted to
+	// corev1.Pod as they enter the informer's store.
+	Dynamic dynamic.Interface
 	Log     *slog.Logger
 	// RenewEvery is how often each worker's registration is renewed
 	// (registrations carry a lease, so workers a lost leader registered
@@ -72,15 +76,29 @@ func New(cfg Config) *Watcher {
 	}
 	w := &Watcher{cfg: cfg, log: cfg.Log.With("inference_pool", cfg.Ref.String()), changed: make(chan struct{}, 1)}
 	// One pool object: the field selector keeps the watch to it.
-	df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.Dynamic, 0, cfg.Ref.Namespace, func(o *metav1.ListOptions) {
-		o.FieldSelector = "metadata.name=" + cfg.Ref.Name
-	})
-	w.pools = df.ForResource(GVR).Informer()
+	pools := cfg.Dynamic.Resource(GVR).Namespace(cfg.Ref.Namespace)
+	w.pools = cache.NewSharedIndexInformer(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = "metadata.name=" + cfg.Ref.Name
+			return pools.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = "metadata.name=" + cfg.Ref.Name
+			return pools.Watch(ctx, o)
+		},
+	}, &unstructured.Unstructured{}, 0, cache.Indexers{})
 	// Every pod of the namespace: the selector may change at any time,
 	// and a changed selector must not wait for a new watch to list.
-	pf := informers.NewSharedInformerFactoryWithOptions(cfg.Core, 0, informers.WithNamespace(cfg.Ref.Namespace))
-	podInf := pf.Core().V1().Pods()
-	w.podsInf, w.pods = podInf.Informer(), podInf.Lister()
+	pods := cfg.Dynamic.Resource(PodsGVR).Namespace(cfg.Ref.Namespace)
+	w.podsInf = cache.NewSharedIndexInformer(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return pods.List(ctx, o) },
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return pods.Watch(ctx, o)
+		},
+	}, &unstructured.Unstructured{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	// Before the handlers are added and the informer runs: no error.
+	_ = w.podsInf.SetTransform(toPod)
+	w.pods = listersv1.NewPodLister(w.podsInf.GetIndexer())
 	h := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { w.notify() },
 		UpdateFunc: func(any, any) { w.notify() },
@@ -89,8 +107,25 @@ func New(cfg Config) *Watcher {
 	// Handlers are added before the informers start: no registration error.
 	_, _ = w.pools.AddEventHandler(h)
 	_, _ = w.podsInf.AddEventHandler(h)
-	w.start = func(stop <-chan struct{}) { df.Start(stop); pf.Start(stop) }
+	w.start = func(stop <-chan struct{}) { go w.pools.Run(stop); go w.podsInf.Run(stop) }
 	return w
+}
+
+// PodsGVR is the core group's pods, read through the dynamic client.
+var PodsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+
+// toPod turns an unstructured pod from the dynamic client into a
+// corev1.Pod as it enters the store (tombstones and typed pods pass).
+func toPod(obj any) (any, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return obj, nil
+	}
+	var p corev1.Pod
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), &p); err != nil {
+		return nil, fmt.Errorf("pod %s/%s: %w", u.GetNamespace(), u.GetName(), err)
+	}
+	return &p, nil
 }
 
 func (w *Watcher) notify() {

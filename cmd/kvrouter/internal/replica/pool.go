@@ -6,7 +6,6 @@ import (
 	"log/slog"
 
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -14,17 +13,16 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvrouter/internal/k8spool"
 )
 
-// kubeClients are the two clients a pool watch reads with.
+// kubeClients is the client a pool watch reads with.
 type kubeClients struct {
 	dynamic dynamic.Interface
-	core    kubernetes.Interface
 }
 
 // newPoolWatcher watches --inference-pool through the Kubernetes API:
 // --kubeconfig when given, else the pod's in-cluster service account.
 func newPoolWatcher(cfg Config, log *slog.Logger) (*k8spool.Watcher, error) {
 	if cfg.kube != nil {
-		return k8spool.New(k8spool.Config{Ref: cfg.InferencePool, Dynamic: cfg.kube.dynamic, Core: cfg.kube.core, Log: log,
+		return k8spool.New(k8spool.Config{Ref: cfg.InferencePool, Dynamic: cfg.kube.dynamic, Log: log,
 			RenewEvery: poolRenewEvery, RetryEvery: poolRetryEvery}), nil
 	}
 	var rc *rest.Config
@@ -41,11 +39,7 @@ func newPoolWatcher(cfg Config, log *slog.Logger) (*k8spool.Watcher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inference pool %s: dynamic client: %w", cfg.InferencePool, err)
 	}
-	core, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("inference pool %s: client: %w", cfg.InferencePool, err)
-	}
-	return k8spool.New(k8spool.Config{Ref: cfg.InferencePool, Dynamic: dyn, Core: core, Log: log,
+	return k8spool.New(k8spool.Config{Ref: cfg.InferencePool, Dynamic: dyn, Log: log,
 		RenewEvery: poolRenewEvery, RetryEvery: poolRetryEvery}), nil
 }
 

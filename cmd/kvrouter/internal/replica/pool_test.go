@@ -11,11 +11,22 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kvrouter/kvrouter/cmd/kvrouter/internal/k8spool"
 	"github.com/kvrouter/kvrouter/internal/poll"
 )
+
+func podObject(t testing.TB, p *corev1.Pod) *unstructured.Unstructured {
+	t.Helper()
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: m}
+	u.SetAPIVersion("v1")
+	u.SetKind("Pod")
+	return u
+}
 
 func poolPod(name, ip string, ready bool) *corev1.Pod {
 	st := corev1.ConditionFalse
@@ -42,12 +53,16 @@ func TestReplicaInferencePool(t *testing.T) {
 			"targetPorts": []any{map[string]any{"number": int64(8000)}},
 		},
 	}}
+	objs := []runtime.Object{pool}
+	for _, p := range []*corev1.Pod{poolPod("llama-0", "10.0.0.1", true), poolPod("llama-1", "10.0.0.2", true), poolPod("llama-2", "10.0.0.3", false)} {
+		objs = append(objs, podObject(t, p))
+	}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{k8spool.GVR: "InferencePoolList"}, pool)
-	core := fake.NewClientset(poolPod("llama-0", "10.0.0.1", true), poolPod("llama-1", "10.0.0.2", true), poolPod("llama-2", "10.0.0.3", false))
+		map[schema.GroupVersionResource]string{k8spool.GVR: "InferencePoolList", k8spool.PodsGVR: "PodList"}, objs...)
+	pods := dyn.Resource(k8spool.PodsGVR).Namespace("serving")
 	tc := newTestClusterWith(t, 3, func(c *Config) {
 		c.InferencePool = k8spool.Ref{Namespace: "serving", Name: "llama"}
-		c.kube = &kubeClients{dynamic: dyn, core: core}
+		c.kube = &kubeClients{dynamic: dyn}
 	})
 	want := func(urls map[string]string) {
 		t.Helper()
@@ -79,17 +94,17 @@ func TestReplicaInferencePool(t *testing.T) {
 	onlyLeaderWrites(leader.Index)
 
 	ctx := t.Context()
-	if err := core.CoreV1().Pods("serving").Delete(ctx, "llama-1", metav1.DeleteOptions{}); err != nil {
+	if err := pods.Delete(ctx, "llama-1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	want(map[string]string{"llama-0": "http://10.0.0.1:8000"})
 
 	tc.Stop(leader.Index)
 	next := tc.WaitLeader()
-	if _, err := core.CoreV1().Pods("serving").Update(ctx, poolPod("llama-2", "10.0.0.3", true), metav1.UpdateOptions{}); err != nil {
+	if _, err := pods.Update(ctx, podObject(t, poolPod("llama-2", "10.0.0.3", true)), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := core.CoreV1().Pods("serving").Update(ctx, poolPod("llama-0", "10.0.0.1", false), metav1.UpdateOptions{}); err != nil {
+	if _, err := pods.Update(ctx, podObject(t, poolPod("llama-0", "10.0.0.1", false)), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// The new leader registers the pod that turned ready. (llama-0 turning
