@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/cluster"
+	"github.com/kvrouter/kvrouter/cmd/kvrouter/internal/k8spool"
 	"github.com/kvrouter/kvrouter/cmd/kvrouter/internal/replica"
 	"github.com/kvrouter/kvrouter/internal/netaddr"
 	"github.com/kvrouter/kvrouter/internal/pki"
@@ -144,6 +145,12 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 			c.poolWorkers = ws
 			return err
 		}},
+		{names: []string{"inference-pool"}, env: []string{"KVROUTER_INFERENCE_POOL"}, usage: "namespace/name of a Gateway API Inference Extension InferencePool (inference.networking.k8s.io/v1) whose selector's Ready pods, at its target ports, are workers of the first model: the Raft leader registers and deregisters them as the pool and its pods change (cmd/kvrouter/internal/k8spool)", set: func(v string) error {
+			ref, err := k8spool.ParseRef(v)
+			c.InferencePool = ref
+			return err
+		}},
+		{names: []string{"kubeconfig"}, env: []string{"KVROUTER_KUBECONFIG"}, usage: "kubeconfig file for --inference-pool (empty: the pod's in-cluster service account)", set: str(&c.Kubeconfig)},
 		{names: []string{"retries"}, env: []string{"KVROUTER_RETRIES"}, def: "2", usage: "other workers tried when a worker could not have started the request (connection refused, dial or TLS failure, 503/529 before any byte); never after the request reached it", set: intp(&c.Retries)},
 		{names: []string{"events-missing-after"}, env: []string{"KVROUTER_EVENTS_MISSING_AFTER"}, def: "60s", usage: "warn when a routed worker has published no KV events this long", set: dur(&c.EventsMissing)},
 		{names: []string{"tokenizer-check-interval"}, env: []string{"KVROUTER_TOKENIZER_CHECK_INTERVAL"}, def: "10m", usage: "self-check: send canary requests to each worker's /tokenize when it registers and about this often after (jittered), and warn when its ids differ from ours (0: never)", set: dur(&c.TokenizerCheck)},

@@ -59,6 +59,14 @@ func TestServeConfig(t *testing.T) {
 			return c.Router.Pooled.WaitWeight != nil && *c.Router.Pooled.WaitWeight == 0.1
 		}},
 		{"negative pooled wait weight", []string{"--single-node", "--pooled-wait-weight", "-1"}, nil, false, nil},
+		{"inference pool", []string{"--single-node", "--inference-pool", "serving/llama", "--kubeconfig", "/etc/kube/config"}, nil, true, func(c serveConfig) bool {
+			return c.InferencePool.Namespace == "serving" && c.InferencePool.Name == "llama" && c.Kubeconfig == "/etc/kube/config"
+		}},
+		{"inference pool from env", []string{"--single-node"}, map[string]string{"KVROUTER_INFERENCE_POOL": "serving/llama"}, true, func(c serveConfig) bool {
+			return c.InferencePool.String() == "serving/llama" && c.Kubeconfig == ""
+		}},
+		{"inference pool without namespace", []string{"--single-node", "--inference-pool", "llama"}, nil, false, nil},
+		{"inference pool bad namespace", []string{"--single-node", "--inference-pool", "Serving/llama"}, nil, false, nil},
 		{"no formation", nil, nil, false, nil},
 		{"bad peer", []string{"--peers", "r1"}, nil, false, nil},
 		{"decode threshold 2", []string{"--single-node", "--active-decode-blocks-threshold", "2"}, nil, false, nil},

@@ -6,6 +6,7 @@ import (
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/cluster"
 	"github.com/kvrouter/kvrouter/cmd/internal/disaggflag"
+	"github.com/kvrouter/kvrouter/cmd/kvrouter/internal/k8spool"
 	"github.com/kvrouter/kvrouter/internal/pki"
 	"github.com/kvrouter/kvrouter/router"
 )
@@ -45,6 +46,15 @@ type Config struct {
 	AdminToken    string
 	APIKeys       []string
 	StaticWorkers []StaticWorker
+	// InferencePool is a GAIE InferencePool whose Ready pods are workers
+	// (k8spool; zero: none), read with Kubeconfig or, when empty, the
+	// in-cluster service account. The control group's leader registers
+	// and deregisters them (pool.go).
+	InferencePool k8spool.Ref
+	Kubeconfig    string
+	// kube, when set, are the Kubernetes clients the pool is read with
+	// instead of Kubeconfig's (tests: client-go's fakes).
+	kube          *kubeClients
 	Retries       int
 	MaxBodyBytes  int64
 	EventsMissing time.Duration       // warn when a kv-mode worker publishes nothing this long

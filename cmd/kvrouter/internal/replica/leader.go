@@ -20,9 +20,15 @@ import (
 // on the leader when the FSM reports a stale rank (onChange). Followers do
 // none of this: they apply what the leader commits.
 
-// lead runs on the control group's leader: the clock tick, and, unless the
-// index is sharded, the KV event consumer.
-func (r *replica) lead(ctx context.Context) { r.leadGroup(ctx, r.control()) }
+// lead runs on the control group's leader: the clock tick, the inference
+// pool's registrations (pool.go) and, unless the index is sharded, the KV
+// event consumer.
+func (r *replica) lead(ctx context.Context) {
+	if r.pool != nil {
+		go r.syncPool(ctx)
+	}
+	r.leadGroup(ctx, r.control())
+}
 
 // leadGroup runs on group g's leader only: its clock tick and, when g owns
 // workers, its KV event consumer.

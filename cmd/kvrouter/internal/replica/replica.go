@@ -18,6 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/prompt"
 	"github.com/kvrouter/kvrouter/cluster"
+	"github.com/kvrouter/kvrouter/cmd/kvrouter/internal/k8spool"
 	"github.com/kvrouter/kvrouter/eventbus"
 	"github.com/kvrouter/kvrouter/fsm"
 	"github.com/kvrouter/kvrouter/router"
@@ -42,6 +43,8 @@ type replica struct {
 	// data groups of a sharded index, none unsharded (groups.go).
 	ctl    *dataGroup
 	groups []*dataGroup
+	// pool watches --inference-pool (nil: none; pool.go).
+	pool *k8spool.Watcher
 
 	// mu guards the three maps below (not the routers themselves, which
 	// lock on their own): Router and Disagg create entries on first use

@@ -241,6 +241,11 @@ func assemble(cfg Config, log *slog.Logger, p parts) (*replica, error) {
 	}
 
 	var err error
+	if cfg.InferencePool.Name != "" {
+		if r.pool, err = newPoolWatcher(cfg, log.With("component", "inference-pool")); err != nil {
+			return nil, err
+		}
+	}
 	if r.tenants, err = api.NewTenantLedger(cfg.Tenants); err != nil {
 		return nil, fmt.Errorf("tenants: %w", err)
 	}
@@ -274,6 +279,9 @@ func (r *replica) start(ctx context.Context) {
 	}
 	go r.registerSelf(ctx)
 	go r.registerStatic(ctx)
+	if r.pool != nil {
+		go r.watchPool(ctx)
+	}
 	go func() { _ = r.sync.Run(ctx) }()
 	go r.preds.run(ctx)
 	go r.health.run(ctx, r)

@@ -11,6 +11,15 @@ const (
 	// lost before the worker expires. Static workers never expire.
 	leaseFor = 120 * time.Second
 
+	// poolRenewEvery is how often the leader renews each inference pool
+	// worker's registration: kvmock's cadence, four renewals per lease, so
+	// a worker outlives a leader's loss and an election; a worker whose pod
+	// left the pool while no leader watched expires within leaseFor.
+	poolRenewEvery = leaseFor / 4
+	// poolRetryEvery is the pause before a failed pool registration is
+	// tried again (an election: ~1-2 s here).
+	poolRetryEvery = time.Second
+
 	// sessionBindWait bounds how long a session's first turn (or a rebind)
 	// waits for its binding to commit while the control group has no
 	// leader it can reach (an election, a leader whose address is not yet
