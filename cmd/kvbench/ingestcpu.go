@@ -46,10 +46,11 @@ type replicaCPU struct {
 // after by the committed block events. Replicas with an unknown reading
 // (NaN), a counter that went backwards (the process restarted) or no
 // committed events are left out.
+// Never nil: the report's replica_cpu is a list, empty when unknown.
 func cpuPerBlockEvent(names []string, before, after []float64, committed int) []replicaCPU {
-	var out []replicaCPU
+	out := []replicaCPU{}
 	if committed <= 0 {
-		return nil
+		return out
 	}
 	for i, name := range names {
 		if i >= len(before) || i >= len(after) {

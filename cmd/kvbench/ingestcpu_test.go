@@ -29,7 +29,7 @@ func TestIngestCPUPerBlockEvent(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			got := cpuPerBlockEvent([]string{"r1", "r2", "r3"}, c.before, c.after, c.committed)
-			if len(got) != len(c.want) {
+			if got == nil || len(got) != len(c.want) {
 				t.Fatalf("got %+v, want %v", got, c.want)
 			}
 			for _, g := range got {
