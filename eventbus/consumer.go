@@ -562,10 +562,10 @@ func (c *Consumer) check(m jetstream.Msg) (WireEvent, int, error) {
 	if err := Validate(&ev, c.cfg.MaxBlocks); err != nil {
 		return ev, 0, err
 	}
-	if subj := m.Subject(); subj != EventSubject(ev.Worker) {
+	if subj := m.Subject(); !isEventSubject(subj, ev.Worker) {
 		return ev, 0, invalid(ReasonSubjectMismatch, "%s on subject %s", ev.MsgID(), subj)
 	}
-	if id := m.Headers().Get(jetstream.MsgIDHeader); id != "" && id != ev.MsgID() {
+	if id := m.Headers().Get(jetstream.MsgIDHeader); id != "" && !isMsgID(id, ev.Worker, ev.DPRank, ev.EventID) {
 		return ev, 0, invalid(ReasonMsgIDMismatch, "%s with Nats-Msg-Id %q", ev.MsgID(), id)
 	}
 	size := 0

@@ -260,3 +260,29 @@ func FuzzDecodeEvent(f *testing.F) {
 		}
 	})
 }
+
+// The consumer's allocation-free checks agree with the ids they stand for.
+func TestBusSubjectAndMsgIDChecks(t *testing.T) {
+	workers := []string{"w1", "a.b", "a~2Eb", "a b", "", "~", "é", "pod-7_x", "w1:0"}
+	for _, w := range workers {
+		for _, other := range workers {
+			subj := EventSubject(other)
+			if got, want := isEventSubject(subj, w), subj == EventSubject(w); got != want {
+				t.Errorf("isEventSubject(%q, %q) = %v, want %v", subj, w, got, want)
+			}
+		}
+		if isEventSubject("kv.sync."+SubjectToken(w), w) {
+			t.Errorf("isEventSubject accepts a sync subject for %q", w)
+		}
+		for _, id := range []string{MsgID(w, 0, 1), MsgID(w, 3, 1<<63), MsgID(w+":1", 0, 1), MsgID(w, 0, 10), w + ":0:01", w + ":00:1", w + ":0:1 ", ""} {
+			for _, c := range []struct {
+				rank uint32
+				id   uint64
+			}{{0, 1}, {3, 1 << 63}, {1, 0}, {0, 10}} {
+				if got, want := isMsgID(id, w, c.rank, c.id), id == MsgID(w, c.rank, c.id); got != want {
+					t.Errorf("isMsgID(%q, %q, %d, %d) = %v, want %v", id, w, c.rank, c.id, got, want)
+				}
+			}
+		}
+	}
+}

@@ -81,6 +81,41 @@ func MsgID(worker string, dpRank uint32, eventID uint64) string {
 	return worker + ":" + strconv.FormatUint(uint64(dpRank), 10) + ":" + strconv.FormatUint(eventID, 10)
 }
 
+// isEventSubject reports whether subj == EventSubject(worker), without
+// building the subject for a worker name that needs no escaping (the
+// consumer checks every event: issue 31).
+func isEventSubject(subj, worker string) bool {
+	rest, ok := strings.CutPrefix(subj, EventSubjectPrefix)
+	if !ok {
+		return false
+	}
+	if rest == worker && worker != "" {
+		// Equal to a plain name only if the name needs no escaping.
+		for i := 0; i < len(worker); i++ {
+			if !tokenSafe(worker[i]) {
+				return rest == SubjectToken(worker)
+			}
+		}
+		return true
+	}
+	return rest == SubjectToken(worker)
+}
+
+// isMsgID reports whether id == MsgID(worker, dpRank, eventID), without
+// building it.
+func isMsgID(id, worker string, dpRank uint32, eventID uint64) bool {
+	rest, ok := strings.CutPrefix(id, worker)
+	if !ok {
+		return false
+	}
+	var buf [2 + 10 + 20]byte // ':' rank ':' id
+	b := append(buf[:0], ':')
+	b = strconv.AppendUint(b, uint64(dpRank), 10)
+	b = append(b, ':')
+	b = strconv.AppendUint(b, eventID, 10)
+	return rest == string(b)
+}
+
 // StreamOptions configures an event stream: KV_EVENTS, or one data
 // group's stream (Name and Subjects from GroupStreamName and
 // GroupStreamSubjects). Zero fields take the defaults.

@@ -242,6 +242,9 @@ type ingestReport struct {
 	Notes             []string          `json:"notes"`
 	Errors            []string          `json:"errors,omitempty"`
 	Digests           map[string]string `json:"digests,omitempty"`
+	// ReplicaCPU is each replica's process CPU time over the run and its
+	// CPU µs per committed block event (issue 31 item 3).
+	ReplicaCPU []replicaCPU `json:"replica_cpu"`
 }
 
 type ingestConfig struct {
@@ -377,6 +380,9 @@ func ingestSummary(r *ingestReport) string {
 	}
 	if r.Failed > 0 {
 		s += fmt.Sprintf(", failed %d", r.Failed)
+	}
+	if c := cpuSummary(r.ReplicaCPU); c != "" {
+		s += "; " + c
 	}
 	return s
 }

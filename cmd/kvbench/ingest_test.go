@@ -114,7 +114,8 @@ func TestIngestRejectedRegistration(t *testing.T) {
 }
 
 func TestIngestReportShape(t *testing.T) {
-	rep := &ingestReport{EventsPerS: 123456.5, Published: 10, Acked: 9, Lost: 1}
+	rep := &ingestReport{EventsPerS: 123456.5, Published: 10, Acked: 9, Lost: 1,
+		ReplicaCPU: []replicaCPU{{Replica: "r1", CPUS: 4.5, UsPerBlockEvent: 4.5}}}
 	rep.VisibleMs.P50, rep.VisibleMs.P99 = 12.5, 99
 	p := filepath.Join(t.TempDir(), "r.json")
 	if err := cli.WriteJSONFile(p, rep); err != nil {
@@ -128,6 +129,10 @@ func TestIngestReportShape(t *testing.T) {
 	vis, _ := j["visible_ms"].(map[string]any)
 	if j["events_per_s"] != 123456.5 || vis["p50"] != 12.5 || vis["p99"] != 99.0 || j["published"] != 10.0 || j["acked"] != 9.0 || j["lost"] != 1.0 {
 		t.Fatalf("contract fields: %s", b)
+	}
+	cpu, _ := j["replica_cpu"].([]any)
+	if len(cpu) != 1 || cpu[0].(map[string]any)["us_per_block_event"] != 4.5 || cpu[0].(map[string]any)["replica"] != "r1" {
+		t.Fatalf("replica_cpu: %s", b)
 	}
 	if s := ingestSummary(rep); !strings.Contains(s, "123456 block events/s") || !strings.Contains(s, "lost 1") {
 		t.Fatalf("summary %q", s)

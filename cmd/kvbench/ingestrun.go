@@ -54,6 +54,7 @@ type ingestRun struct {
 	tr       *live.Tracker
 	baseline []*live.Status     // every replica's status before publishing (nil: unknown)
 	before   map[string]float64 // the leader's metrics before publishing
+	cpu0     []float64          // every replica's process CPU seconds before publishing (NaN: unknown)
 
 	stopPolling  func()   // idempotent; set by generate
 	stopProgress func()   // idempotent; set by generate
@@ -82,6 +83,7 @@ type ingestMeasurement struct {
 	visibleAll bool
 	finals     []*live.Status // every replica's final status (nil: unreachable)
 	after      map[string]float64
+	cpu1       []float64 // every replica's process CPU seconds after the drain (NaN: unknown)
 }
 
 // close undoes setup: stops polling, closes the publishers, stops renewing
@@ -136,6 +138,9 @@ func setupIngest(ctx context.Context, o *ingestOptions, stderr io.Writer) (_ *in
 	if err := r.connectPublishers(); err != nil {
 		return nil, err
 	}
+	// Last before publishing, so setup's registrations and connections are
+	// not charged to the events.
+	r.cpu0 = replicaCPUSeconds(rctx, r.cl, c.replicas)
 	return r, nil
 }
 
@@ -389,6 +394,11 @@ func (r *ingestRun) measure(ctx context.Context, pub publishWindow) ingestMeasur
 		}
 	}
 	m.visibleAll = waitVisible(drainCtx, r.ws, r.tr)
+	// First after the drain, so the idle time until the status reads below
+	// is not charged to the events.
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	m.cpu1 = replicaCPUSeconds(cctx, r.cl, r.cluster.replicas)
+	ccancel()
 	r.stopProgress()
 	r.stopPolling()
 	// Give in-flight events a last chance to be reported as failed.
@@ -433,6 +443,7 @@ func (r *ingestRun) report(m ingestMeasurement) (*ingestReport, error) {
 			MeanRTTMs: msOf(p.MeanRTT()), MaxRTTMs: msOf(p.MaxRTT), MeanPeriodMs: msOf(p.MeanPeriod())})
 	}
 	r.fsmFigures(rep, m.finals)
+	rep.ReplicaCPU = cpuPerBlockEvent(c.names, r.cpu0, m.cpu1, rep.CommittedBlocks)
 	if r.before != nil && m.after != nil {
 		leaderMetrics(&rep.Leader, r.before, m.after)
 	}

@@ -189,7 +189,9 @@ func TestIngestDiscovery(t *testing.T) {
 	b := fakeReplica(t, "b", 0, &peers2, &nodes)
 	c := fakeReplica(t, "c", 0, &peers2, &nodes)
 	peers2 = []Peer{{ID: "a"}, {ID: "b"}, {ID: "c"}}
-	nodes = []Node{{ID: "a", HTTPAddr: strings.TrimPrefix(a.URL, "http://")}, {ID: "b", HTTP: b.URL}, {ID: "c", HTTP: a.URL}}
+	// b's registry address is https:// (a TLS cluster's); its port answers
+	// plain http://, as make run's loopback ports do.
+	nodes = []Node{{ID: "a", HTTPAddr: strings.TrimPrefix(a.URL, "http://")}, {ID: "b", HTTP: "https://" + strings.TrimPrefix(b.URL, "http://")}, {ID: "c", HTTP: a.URL}}
 	d, err = cl.Discover(context.Background(), a.URL)
 	if err != nil {
 		t.Fatal(err)

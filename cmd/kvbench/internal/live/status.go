@@ -268,9 +268,20 @@ func (c *Client) Discover(ctx context.Context, target string) (*Discovery, error
 			if !strings.Contains(h, "://") {
 				h = "http://" + h
 			}
-			if ps, err := c.Status(ctx, h); err == nil && ps.NodeID == n.ID {
-				d.Replicas = append(d.Replicas, BaseURL(h))
-				found[n.ID] = true
+			// The registry names https:// addresses when the replicas
+			// serve TLS, but `make run`'s loopback ports answer plain
+			// http:// too, and kvbench may not trust the cluster's CA:
+			// a target reached over http:// says the peers are, first.
+			tries := []string{h}
+			if rest, ok := strings.CutPrefix(h, "https://"); ok && strings.HasPrefix(target, "http://") {
+				tries = []string{"http://" + rest, h}
+			}
+			for _, h := range tries {
+				if ps, err := c.Status(ctx, h); err == nil && ps.NodeID == n.ID {
+					d.Replicas = append(d.Replicas, BaseURL(h))
+					found[n.ID] = true
+					break
+				}
 			}
 		}
 	} else {

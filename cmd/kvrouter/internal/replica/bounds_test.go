@@ -223,3 +223,44 @@ func TestReplicaIndexCapRefuses(t *testing.T) {
 	})
 	tc.WaitConverged()
 }
+
+// TestReplicaIngestBatchOfWireEvents: the leader's conversion of a batch
+// (one block allocation for the batch) encodes to the same entry as the
+// per-event WireEvent.KVEvent conversion, for every kind and tier, and
+// leaves no event's blocks able to overwrite another's.
+func TestReplicaIngestBatchOfWireEvents(t *testing.T) {
+	aliased := blocksEvent(0, 3)
+	aliased.Blocks[1].Engine = 99
+	host := blocksEvent(2, 2)
+	host.Tier = uint8(router.TierHost)
+	events := []eventbus.WireEvent{
+		blocksEvent(0, 1), blocksEvent(5, 300), aliased, stored(7), host,
+		{Worker: "a-longer-worker-name", DPRank: 3, EventID: 1 << 40, Kind: uint8(router.EventRemoved), Removed: []uint64{1, 2}},
+		{Worker: "w", EventID: 2, Kind: uint8(router.EventCleared), BlockSize: 16},
+		blocksEvent(9, 4),
+	}
+	for i := range events {
+		if events[i].Worker == "" {
+			events[i].Worker, events[i].EventID = "w", uint64(10+i)
+		}
+	}
+	want := make([]fsm.KVBatchEvent, len(events))
+	for i := range events {
+		ev := &events[i]
+		want[i] = fsm.KVBatchEvent{Worker: ev.Worker, DPRank: ev.DPRank, EventID: ev.EventID, Event: ev.KVEvent()}
+	}
+	for _, r := range [][2]int{{0, len(events)}, {0, 1}, {5, 7}, {0, 0}} {
+		evs := events[r[0]:r[1]]
+		got := kvBatchOf(evs)
+		gb, gerr := fsm.EncodeKVBatch(got)
+		wb, werr := fsm.EncodeKVBatch(want[r[0]:r[1]])
+		if (gerr == nil) != (werr == nil) || string(gb) != string(wb) {
+			t.Fatalf("%d events: entry %x (%v), want %x (%v)", len(evs), gb, gerr, wb, werr)
+		}
+		for i := range got {
+			if b := got[i].Event.Blocks; len(b) > 0 && cap(b) != len(b) {
+				t.Fatalf("event %d: blocks of capacity %d past its %d: an append would overwrite the next event's", i, cap(b), len(b))
+			}
+		}
+	}
+}

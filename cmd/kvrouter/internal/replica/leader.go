@@ -159,12 +159,7 @@ func (g *dataGroup) CheckWorker(worker string, blockSize int) error {
 // consumer acks the stream only when this returns nil, and sized the batch
 // to fit --max-entry-bytes (wireEntryBytes bounds each event's share).
 func (r *replica) applyEvents(_ context.Context, g *dataGroup, events []eventbus.WireEvent) error {
-	batch := make([]fsm.KVBatchEvent, len(events))
-	for i := range events {
-		ev := &events[i]
-		batch[i] = fsm.KVBatchEvent{Worker: ev.Worker, DPRank: ev.DPRank, EventID: ev.EventID, Event: ev.KVEvent()}
-	}
-	cmd, err := fsm.EncodeKVBatch(batch)
+	cmd, err := fsm.EncodeKVBatch(kvBatchOf(events))
 	if err != nil {
 		return fmt.Errorf("encode kv batch: %w", err)
 	}
@@ -181,6 +176,32 @@ func (r *replica) applyEvents(_ context.Context, g *dataGroup, events []eventbus
 		return fmt.Errorf("apply kv batch: %w", res.Err)
 	}
 	return nil
+}
+
+// kvBatchOf is events in the state machine's form, to encode and drop: the
+// stored blocks of all events share one allocation, and removed hashes are
+// the wire events' own slices, not copies (WireEvent.KVEvent allocates per
+// event; this runs for every event on the leader: issue 31).
+func kvBatchOf(events []eventbus.WireEvent) []fsm.KVBatchEvent {
+	n := 0
+	for i := range events {
+		n += len(events[i].Blocks)
+	}
+	blocks := make([]router.StoredBlock, n)
+	batch := make([]fsm.KVBatchEvent, len(events))
+	for i := range events {
+		ev := &events[i]
+		kv := router.KVEvent{Kind: router.EventKind(ev.Kind), HasParent: ev.HasParent, Parent: ev.Parent,
+			BlockSize: ev.BlockSize, Tier: router.Tier(ev.Tier), Removed: ev.Removed}
+		if len(ev.Blocks) > 0 {
+			kv.Blocks, blocks = blocks[:len(ev.Blocks):len(ev.Blocks)], blocks[len(ev.Blocks):]
+			for j, b := range ev.Blocks {
+				kv.Blocks[j] = router.StoredBlock{EngineHash: b.Engine, ContentHash: b.Content}
+			}
+		}
+		batch[i] = fsm.KVBatchEvent{Worker: ev.Worker, DPRank: ev.DPRank, EventID: ev.EventID, Event: kv}
+	}
+	return batch
 }
 
 // tick stamps the leader's clock into the log when something is due to
