@@ -105,19 +105,8 @@ func (s *scanner) topObject(keys []string, vals [][]byte) bool {
 		if slot >= 0 {
 			vals[slot] = s.b[vstart:s.i:s.i]
 		}
-		s.skipSpace()
-		if s.i >= len(s.b) {
-			return false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.skipSpace()
-		case '}':
-			s.i++
-			return true
-		default:
-			return false
+		if more, ok := s.sep('}'); !more {
+			return ok
 		}
 	}
 }
@@ -181,19 +170,8 @@ func (s *scanner) object(depth int) bool {
 		if !s.value(depth) {
 			return false
 		}
-		s.skipSpace()
-		if s.i >= len(s.b) {
-			return false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.skipSpace()
-		case '}':
-			s.i++
-			return true
-		default:
-			return false
+		if more, ok := s.sep('}'); !more {
+			return ok
 		}
 	}
 }
@@ -212,21 +190,30 @@ func (s *scanner) array(depth int) bool {
 		if !s.value(depth) {
 			return false
 		}
-		s.skipSpace()
-		if s.i >= len(s.b) {
-			return false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.skipSpace()
-		case ']':
-			s.i++
-			return true
-		default:
-			return false
+		if more, ok := s.sep(']'); !more {
+			return ok
 		}
 	}
+}
+
+// sep reads what follows a member or an element: a comma (more: another
+// follows, after any space), the container's closing byte (done), or
+// anything else (not valid JSON: ok false).
+func (s *scanner) sep(closing byte) (more, ok bool) {
+	s.skipSpace()
+	if s.i >= len(s.b) {
+		return false, false
+	}
+	switch s.b[s.i] {
+	case ',':
+		s.i++
+		s.skipSpace()
+		return true, true
+	case closing:
+		s.i++
+		return false, true
+	}
+	return false, false
 }
 
 // strStop marks the bytes that end a run of plain string content: the
