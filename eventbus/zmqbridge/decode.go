@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"strings"
+
+	"github.com/kvrouter/kvrouter/internal/msgpackread"
 )
 
 // EventKind is the type of one engine KV event.
@@ -134,24 +136,24 @@ func DecodeBatchAs(payload []byte, schema Schema) (Batch, error) {
 	if err != nil {
 		return Batch{}, err
 	}
-	r := &reader{b: payload}
+	r := newReader(payload)
 	b, err := decodeBatch(r, lay)
 	if err != nil {
 		return Batch{}, fmt.Errorf("%w: batch: %v", ErrMalformed, err)
 	}
-	if r.left() != 0 {
-		return Batch{}, malformed("batch: %d trailing bytes", r.left())
+	if r.Left() != 0 {
+		return Batch{}, malformed("batch: %d trailing bytes", r.Left())
 	}
 	return b, nil
 }
 
 func decodeBatch(r *reader, lay *layout) (Batch, error) {
 	var b Batch
-	c, err := r.peek()
+	c, err := r.Peek()
 	if err != nil {
 		return b, err
 	}
-	if isMapCode(c) {
+	if msgpackread.IsMap(c) {
 		n, err := r.mapLen()
 		if err != nil {
 			return b, err
@@ -171,7 +173,7 @@ func decodeBatch(r *reader, lay *layout) (Batch, error) {
 			case "data_parallel_rank", "attn_dp_rank", "dp_rank":
 				err = decodeRank(r, &b)
 			default:
-				err = r.skip()
+				err = r.Skip()
 			}
 			if err != nil {
 				return b, fmt.Errorf("%s: %w", key, err)
@@ -201,7 +203,7 @@ func decodeBatch(r *reader, lay *layout) (Batch, error) {
 		}
 	}
 	for i := 3; i < n; i++ {
-		if err := r.skip(); err != nil {
+		if err := r.Skip(); err != nil {
 			return b, err
 		}
 	}
@@ -209,7 +211,7 @@ func decodeBatch(r *reader, lay *layout) (Batch, error) {
 }
 
 func decodeRank(r *reader, b *Batch) error {
-	if r.isNil() {
+	if r.IsNil() {
 		return nil
 	}
 	v, err := r.uint(math.MaxInt32)
@@ -227,12 +229,12 @@ func decodeEvents(r *reader, b *Batch, lay *layout) error {
 	}
 	b.Events = make([]Event, 0, min(n, 1024))
 	for i := range n {
-		start := r.off
+		start := r.Offset()
 		ev, err := decodeEvent(r, lay)
 		if err != nil {
 			// Skip exactly this event and go on with the next one.
-			r.off = start
-			if serr := r.skip(); serr != nil {
+			r.Seek(start)
+			if serr := r.Skip(); serr != nil {
 				return fmt.Errorf("event %d: %v", i, serr)
 			}
 			b.Bad = append(b.Bad, EventError{Index: i, Err: err})
@@ -242,10 +244,6 @@ func decodeEvents(r *reader, b *Batch, lay *layout) error {
 	}
 	return nil
 }
-
-func isMapCode(c byte) bool { return (c >= 0x80 && c <= 0x8f) || c == cMap16 || c == cMap32 }
-
-func isArrayCode(c byte) bool { return (c >= 0x90 && c <= 0x9f) || c == cArray16 || c == cArray32 }
 
 func kindOf(tag string) EventKind {
 	switch tag {
@@ -261,12 +259,12 @@ func kindOf(tag string) EventKind {
 
 func decodeEvent(r *reader, lay *layout) (Event, error) {
 	var ev Event
-	c, err := r.peek()
+	c, err := r.Peek()
 	if err != nil {
 		return ev, err
 	}
 	seen := map[string]bool{}
-	if isMapCode(c) {
+	if msgpackread.IsMap(c) {
 		n, err := r.mapLen()
 		if err != nil {
 			return ev, err
@@ -293,7 +291,7 @@ func decodeEvent(r *reader, lay *layout) (Event, error) {
 			}
 			if strings.HasPrefix(k, "\x00") {
 				// Names only the array shape reaches (fieldSGLangExtraKeys).
-				if err := r.skip(); err != nil {
+				if err := r.Skip(); err != nil {
 					return ev, err
 				}
 				continue
@@ -335,7 +333,7 @@ func decodeEvent(r *reader, lay *layout) (Event, error) {
 					return ev, fmt.Errorf("%w: %s of %d fields under schema %s, which has %d",
 						ErrUnknownLayout, ev.Tag, n, lay.schema, len(names)+1)
 				}
-				if err := r.skip(); err != nil {
+				if err := r.Skip(); err != nil {
 					return ev, err
 				}
 				continue
@@ -374,7 +372,7 @@ func decodeField(r *reader, name string, ev *Event) (known bool, err error) {
 	case "block_hashes":
 		ev.BlockHashes, err = decodeHashes(r)
 	case "parent_block_hash":
-		if r.isNil() {
+		if r.IsNil() {
 			ev.HasParent = false
 			return true, nil
 		}
@@ -387,7 +385,7 @@ func decodeField(r *reader, name string, ev *Event) (known bool, err error) {
 		v, err = r.uint(MaxEventBlockSize)
 		ev.BlockSize = int(v)
 	case "lora_id":
-		if r.isNil() {
+		if r.IsNil() {
 			ev.HasLoRAID = false
 			return true, nil
 		}
@@ -403,7 +401,7 @@ func decodeField(r *reader, name string, ev *Event) (known bool, err error) {
 	case "lora_name":
 		ev.LoRAName, err = optString(r, 1024)
 	case "group_idx":
-		if r.isNil() {
+		if r.IsNil() {
 			ev.HasGroupIdx = false
 			return true, nil
 		}
@@ -413,7 +411,7 @@ func decodeField(r *reader, name string, ev *Event) (known bool, err error) {
 	case "kv_cache_spec_kind":
 		ev.SpecKind, err = optString(r, 64)
 	case "kv_cache_spec_sliding_window":
-		if r.isNil() {
+		if r.IsNil() {
 			ev.HasSlidingWindow = false
 			return true, nil
 		}
@@ -432,13 +430,13 @@ func decodeField(r *reader, name string, ev *Event) (known bool, err error) {
 	case fieldSGLangMetadata:
 		err = decodeSGLangMetadata(r, ev)
 	default:
-		return false, r.skip()
+		return false, r.Skip()
 	}
 	return true, err
 }
 
 func optString(r *reader, max int) (string, error) {
-	if r.isNil() {
+	if r.IsNil() {
 		return "", nil
 	}
 	s, err := r.str()
@@ -490,11 +488,11 @@ const MaxHashBytes = 64
 // raw bytes (vLLM's 32-byte SHA-256 block hashes) as their last 8 bytes
 // read big-endian (shorter ones zero-extended).
 func DecodeHash(r *reader) (uint64, error) {
-	c, err := r.peek()
+	c, err := r.Peek()
 	if err != nil {
 		return 0, err
 	}
-	if c == cBin8 || c == cBin16 || c == cBin32 {
+	if msgpackread.IsBin(c) {
 		p, err := r.bin()
 		if err != nil {
 			return 0, err

@@ -250,7 +250,7 @@ func TestBridgeHashEncodings(t *testing.T) {
 		"bytes8":  hash32(exampleHash, 0)[24:],
 		"bytes3":  []byte{1, 2, 3},
 	} {
-		r := &reader{b: mp(t, v)}
+		r := newReader(mp(t, v))
 		got, err := DecodeHash(r)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)

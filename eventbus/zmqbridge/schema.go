@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/kvrouter/kvrouter/internal/msgpackread"
 )
 
 // Schema names the positions of an engine's array-shaped KV events (msgspec
@@ -204,7 +206,7 @@ func parseVersion(s string) (version, error) {
 // or an array (vLLM's tuple of hash inputs; SGLang's namespace tuple).
 // present: the list was sent; namespaced: some entry was not nil.
 func decodeExtraKeys(r *reader) (present, namespaced bool, err error) {
-	if r.isNil() {
+	if r.IsNil() {
 		return false, false, nil
 	}
 	n, err := r.arrayLen()
@@ -212,17 +214,17 @@ func decodeExtraKeys(r *reader) (present, namespaced bool, err error) {
 		return false, false, err
 	}
 	for i := range n {
-		if r.isNil() {
+		if r.IsNil() {
 			continue
 		}
-		c, err := r.peek()
+		c, err := r.Peek()
 		if err != nil {
 			return false, false, err
 		}
-		if !isArrayCode(c) {
+		if !msgpackread.IsArray(c) {
 			return false, false, fmt.Errorf("extra_keys entry %d is not an array or nil", i)
 		}
-		if err := r.skip(); err != nil {
+		if err := r.Skip(); err != nil {
 			return false, false, err
 		}
 		namespaced = true
@@ -233,7 +235,7 @@ func decodeExtraKeys(r *reader) (present, namespaced bool, err error) {
 // decodeSGLangMetadata reads SGLang's BlockStoredMetadata map: cache_salt
 // (required by SGLang, a string), session_id and later keys ignored.
 func decodeSGLangMetadata(r *reader, ev *Event) error {
-	if r.isNil() {
+	if r.IsNil() {
 		return nil
 	}
 	n, err := r.mapLen()
@@ -246,7 +248,7 @@ func decodeSGLangMetadata(r *reader, ev *Event) error {
 			return fmt.Errorf("metadata key: %w", err)
 		}
 		if string(key) != "cache_salt" {
-			if err := r.skip(); err != nil {
+			if err := r.Skip(); err != nil {
 				return err
 			}
 			continue
