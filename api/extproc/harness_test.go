@@ -3,6 +3,7 @@ package extproc
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -303,7 +304,15 @@ func (e *envoy) placeDuplex(path string, body []byte, chunk int, md *corev3.Meta
 	}
 	for off := 0; off < len(body); off += chunk {
 		end := min(off+chunk, len(body))
-		e.send(requestBody(body[off:end], end == len(body)))
+		if err := e.stream.Send(requestBody(body[off:end], end == len(body))); err != nil {
+			if errors.Is(err, io.EOF) {
+				// The picker answered before the body's end (an
+				// immediate response, e.g. past the body limit) and
+				// ended the stream: read its answer, as Envoy does.
+				break
+			}
+			e.t.Fatalf("send: %v", err)
+		}
 	}
 	r := e.recv()
 	if im := r.GetImmediateResponse(); im != nil {
