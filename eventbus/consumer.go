@@ -461,72 +461,98 @@ func (c *Consumer) fetch(ctx context.Context, cons jetstream.Consumer, busy bool
 	return msgs, b.Error()
 }
 
-type badMsg struct {
-	m   jetstream.Msg
-	ev  WireEvent
-	err error
+// badEvent is a refused message (ev nil when undecodable, else its first
+// event) or a refused member of a batch message whose other members are
+// applied (member true: the message is acked, not terminated).
+type badEvent struct {
+	m      jetstream.Msg
+	ev     WireEvent
+	hasEv  bool
+	err    error
+	member bool
+}
+
+// msgEnd is a message with at least one valid event: it is acked once the
+// run holding its last valid event (index last in the batch's events) has
+// committed.
+type msgEnd struct {
+	m    jetstream.Msg
+	last int
 }
 
 // process handles one fetched batch; it reports whether the batch is done
 // with (applied and acked, or nothing valid in it). The valid events go to
-// the applier in runs that fit MaxEntryBytes (splitRuns), in order; each
-// run's messages are acked once it committed, and a run is applied only
+// the applier in runs that fit MaxEntryBytes (splitRuns), in order; a
+// message is acked once the run holding its last valid event committed
+// (a batch message's events may span runs), and a run is applied only
 // after the one before it committed. If a run fails, the batch is rewound:
 // what earlier runs committed comes back and the state machine skips it.
-// Invalid messages are terminated after the last run committed, so a batch
-// that is rewound is re-examined whole (and no late Term races the rewind).
+// Invalid messages are terminated, and invalid members of batch messages
+// counted, after the last run committed, so a batch that is rewound is
+// re-examined whole (and no late Term races the rewind).
 func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg, applier Applier) bool {
 	start := time.Now()
 	events := make([]WireEvent, 0, len(msgs))
-	valid := make([]jetstream.Msg, 0, len(msgs))
+	ends := make([]msgEnd, 0, len(msgs))
 	var sizes []int
-	var bad []badMsg
+	var bad []badEvent
 	for _, m := range msgs {
-		ev, size, err := c.check(m)
-		if err != nil {
-			bad = append(bad, badMsg{m, ev, err})
-			continue
+		n := len(events)
+		events, sizes, bad = c.checkMsg(m, events, sizes, bad)
+		if len(events) > n {
+			ends = append(ends, msgEnd{m: m, last: len(events) - 1})
 		}
-		events = append(events, ev)
-		valid = append(valid, m)
-		sizes = append(sizes, size)
 	}
 	if len(events) == 0 {
-		for _, b := range bad {
-			c.reject(b.m, b.ev, b.err)
-		}
+		c.rejectAll(bad)
 		return true
 	}
-	ends := []int{len(events)}
+	runs := []int{len(events)}
 	if c.bounded() {
-		ends = splitRuns(sizes, c.cfg.MaxEntryBytes)
+		runs = splitRuns(sizes, c.cfg.MaxEntryBytes)
 	}
-	from := 0
-	for i, to := range ends {
+	from, acked := 0, 0
+	done := make([]jetstream.Msg, 0, len(ends))
+	for i, to := range runs {
 		if err := applier.ApplyEvents(ctx, events[from:to]); err != nil {
 			c.metrics.ApplyErrors.Inc()
 			if ctx.Err() == nil {
 				if ok, n := c.limiter.allow("apply"); ok {
 					c.log.Warn("apply KV event batch failed; left for redelivery", "events", to-from,
-						"entry", i+1, "entries", len(ends), "err", err, "suppressed", n)
+						"entry", i+1, "entries", len(runs), "err", err, "suppressed", n)
 				}
 			}
 			c.rewind(ctx, msgs)
 			return false
 		}
-		c.ackAll(ctx, valid[from:to])
+		done = done[:0]
+		for acked < len(ends) && ends[acked].last < to {
+			done = append(done, ends[acked].m)
+			acked++
+		}
+		if len(done) > 0 {
+			c.ackAll(ctx, done)
+		}
 		c.metrics.Batches.Inc()
 		c.metrics.EventsApplied.Add(float64(to - from))
 		from = to
 	}
-	for _, b := range bad {
-		c.reject(b.m, b.ev, b.err)
-	}
-	if len(ends) > 1 {
+	c.rejectAll(bad)
+	if len(runs) > 1 {
 		c.metrics.SplitBatches.Inc()
 	}
 	c.metrics.BatchSeconds.Observe(time.Since(start).Seconds())
 	return true
+}
+
+// rejectAll terminates the refused messages and reports every refused
+// event; a message with valid members is acked with them, not terminated.
+func (c *Consumer) rejectAll(bad []badEvent) {
+	var last jetstream.Msg
+	for _, b := range bad {
+		c.reject(b, b.m != last && !b.member)
+		last = b.m
+	}
 }
 
 // bounded reports whether applier calls are bounded in bytes.
@@ -552,30 +578,102 @@ func splitRuns(sizes []int, limit int) []int {
 	return ends
 }
 
-// check decodes and validates one message, and returns its EntryBytes
-// (0 when unbounded).
-func (c *Consumer) check(m jetstream.Msg) (WireEvent, int, error) {
-	ev, err := Decode(m.Data())
+// checkMsg decodes and checks one message, single event or batch, and
+// appends its valid events (with their EntryBytes, 0 when unbounded) and
+// its refusals. A batch is refused whole when it is undecodable, its
+// members are not one worker rank's contiguous ids (bad_batch), its worker
+// name is bad, or its subject or Nats-Msg-Id do not match: nothing in it
+// can be trusted then. Otherwise each member is checked as a single event
+// would be (Validate, the entry cap, the Validator): the invalid ones are
+// refused by reason, the valid ones applied, as if the worker had sent
+// them one per message.
+func (c *Consumer) checkMsg(m jetstream.Msg, events []WireEvent, sizes []int, bad []badEvent) ([]WireEvent, []int, []badEvent) {
+	data := m.Data()
+	if !IsBatch(data) {
+		ev, err := Decode(data)
+		if err != nil {
+			return events, sizes, append(bad, badEvent{m: m, err: &InvalidEventError{Reason: ReasonUndecodable, Detail: err.Error(), Err: err}})
+		}
+		if err := Validate(&ev, c.cfg.MaxBlocks); err != nil {
+			return events, sizes, append(bad, badEvent{m: m, ev: ev, hasEv: true, err: err})
+		}
+		if subj := m.Subject(); !isEventSubject(subj, ev.Worker) {
+			return events, sizes, append(bad, badEvent{m: m, ev: ev, hasEv: true, err: invalid(ReasonSubjectMismatch, "%s on subject %s", ev.MsgID(), subj)})
+		}
+		if id := m.Headers().Get(jetstream.MsgIDHeader); id != "" && !isMsgID(id, ev.Worker, ev.DPRank, ev.EventID) {
+			return events, sizes, append(bad, badEvent{m: m, ev: ev, hasEv: true, err: invalid(ReasonMsgIDMismatch, "%s with Nats-Msg-Id %q", ev.MsgID(), id)})
+		}
+		size, err := c.checkEvent(&ev)
+		if err != nil {
+			return events, sizes, append(bad, badEvent{m: m, ev: ev, hasEv: true, err: err})
+		}
+		if c.bounded() {
+			sizes = append(sizes, size)
+		}
+		return append(events, ev), sizes, bad
+	}
+	evs, err := DecodeBatch(data)
 	if err != nil {
-		return ev, 0, &InvalidEventError{Reason: ReasonUndecodable, Detail: err.Error(), Err: err}
+		return events, sizes, append(bad, badEvent{m: m, err: &InvalidEventError{Reason: ReasonUndecodable, Detail: err.Error(), Err: err}})
 	}
-	if err := Validate(&ev, c.cfg.MaxBlocks); err != nil {
-		return ev, 0, err
+	whole := func(err error) []badEvent {
+		for i := range evs {
+			bad = append(bad, badEvent{m: m, ev: evs[i], hasEv: true, err: err})
+		}
+		return bad
 	}
-	if subj := m.Subject(); !isEventSubject(subj, ev.Worker) {
-		return ev, 0, invalid(ReasonSubjectMismatch, "%s on subject %s", ev.MsgID(), subj)
+	if err := CheckBatch(evs); err != nil {
+		return events, sizes, whole(err)
 	}
-	if id := m.Headers().Get(jetstream.MsgIDHeader); id != "" && !isMsgID(id, ev.Worker, ev.DPRank, ev.EventID) {
-		return ev, 0, invalid(ReasonMsgIDMismatch, "%s with Nats-Msg-Id %q", ev.MsgID(), id)
+	first, last := &evs[0], &evs[len(evs)-1]
+	if err := validateWorker(first); err != nil {
+		return events, sizes, whole(err)
 	}
+	if subj := m.Subject(); !isEventSubject(subj, first.Worker) {
+		return events, sizes, whole(invalid(ReasonSubjectMismatch, "%s..%d on subject %s", first.MsgID(), last.EventID, subj))
+	}
+	if id := m.Headers().Get(jetstream.MsgIDHeader); id != "" && !isBatchMsgID(id, first.Worker, first.DPRank, first.EventID, last.EventID) {
+		return events, sizes, whole(invalid(ReasonMsgIDMismatch, "%s..%d with Nats-Msg-Id %q", first.MsgID(), last.EventID, id))
+	}
+	nvalid := 0
+	for i := range evs {
+		ev := &evs[i]
+		err := Validate(ev, c.cfg.MaxBlocks)
+		size := 0
+		if err == nil {
+			size, err = c.checkEvent(ev)
+		}
+		if err != nil {
+			bad = append(bad, badEvent{m: m, ev: *ev, hasEv: true, err: err})
+			continue
+		}
+		nvalid++
+		events = append(events, *ev)
+		if c.bounded() {
+			sizes = append(sizes, size)
+		}
+	}
+	if nvalid > 0 {
+		// The message is acked with its valid members: its refused
+		// members are counted, not terminated.
+		for i := len(bad) - 1; i >= 0 && bad[i].m == m; i-- {
+			bad[i].member = true
+		}
+	}
+	return events, sizes, bad
+}
+
+// checkEvent checks a decoded, Validate-d event against the entry cap and
+// the Validator, and returns its EntryBytes (0 when unbounded).
+func (c *Consumer) checkEvent(ev *WireEvent) (int, error) {
 	size := 0
 	if c.bounded() {
-		size = c.cfg.EntryBytes(&ev)
+		size = c.cfg.EntryBytes(ev)
 		if size > c.cfg.MaxEntryBytes {
 			// No entry could hold it: refuse it now rather than have every
 			// later batch fail behind it (a worker's KV state is lost for
 			// this event: the gap marks it stale, a resync repairs it).
-			return ev, size, invalid(ReasonTooLarge, "%s: %d blocks, %d removed: %d bytes in an entry, cap %d",
+			return size, invalid(ReasonTooLarge, "%s: %d blocks, %d removed: %d bytes in an entry, cap %d",
 				ev.MsgID(), len(ev.Blocks), len(ev.Removed), size, c.cfg.MaxEntryBytes)
 		}
 	}
@@ -592,14 +690,18 @@ func (c *Consumer) check(m jetstream.Msg) (WireEvent, int, error) {
 			case errors.Is(err, router.ErrBlockSizeMismatch):
 				r = ReasonBlockSizeMismatch
 			}
-			return ev, size, &InvalidEventError{Reason: r, Detail: ev.MsgID() + ": " + err.Error(), Err: err}
+			return size, &InvalidEventError{Reason: r, Detail: ev.MsgID() + ": " + err.Error(), Err: err}
 		}
 	}
-	return ev, size, nil
+	return size, nil
 }
 
-// reject terminates m so it is never redelivered, counts and logs it.
-func (c *Consumer) reject(m jetstream.Msg, ev WireEvent, err error) {
+// reject counts, logs and reports one refused event (or undecodable
+// message), and terminates its message when term is set (once per refused
+// message; a batch message with valid members is acked instead), so it is
+// never redelivered.
+func (c *Consumer) reject(b badEvent, term bool) {
+	m, err := b.m, b.err
 	r := ReasonOf(err)
 	if r == "" {
 		r = ReasonRejected
@@ -618,13 +720,16 @@ func (c *Consumer) reject(m jetstream.Msg, ev WireEvent, err error) {
 	}
 	if c.cfg.OnReject != nil {
 		rej := Rejection{Reason: r, Err: err, Subject: m.Subject(), StreamSeq: seq}
-		if r != ReasonUndecodable {
+		if b.hasEv {
+			ev := b.ev
 			rej.Event = &ev
 		}
 		c.cfg.OnReject(rej)
 	}
-	if terr := m.TermWithReason(string(r)); terr != nil {
-		c.metrics.AckErrors.Inc()
+	if term {
+		if terr := m.TermWithReason(string(r)); terr != nil {
+			c.metrics.AckErrors.Inc()
+		}
 	}
 }
 

@@ -165,6 +165,7 @@ const (
 	ReasonRejected          Reason = "rejected"            // Validator: any other error
 	ReasonTooLarge          Reason = "too_large"           // alone larger than one Raft entry may be (ConsumerConfig.MaxEntryBytes)
 	ReasonBadTier           Reason = "bad_tier"            // a storage tier this build does not know
+	ReasonBadBatch          Reason = "bad_batch"           // a batch message whose members are not one worker rank's contiguous event ids
 )
 
 // AllReasons lists every reason (for pre-initialising metric labels).
@@ -172,6 +173,7 @@ var AllReasons = []Reason{
 	ReasonUndecodable, ReasonBadWorker, ReasonBadEventID, ReasonBadKind, ReasonTooManyBlocks,
 	ReasonBadBlockSize, ReasonInconsistent, ReasonSubjectMismatch, ReasonMsgIDMismatch,
 	ReasonUnknownWorker, ReasonBlockSizeMismatch, ReasonRejected, ReasonTooLarge, ReasonBadTier,
+	ReasonBadBatch,
 }
 
 // ErrInvalidEvent is the router's sentinel, aliased so errors.Is works
@@ -221,8 +223,8 @@ func Validate(ev *WireEvent, maxBlocks int) error {
 	if maxBlocks <= 0 {
 		maxBlocks = DefaultMaxBlocks
 	}
-	if ev.Worker == "" || len(ev.Worker) > MaxWorkerNameLen || !printable(ev.Worker) {
-		return invalid(ReasonBadWorker, "worker %q", ev.Worker)
+	if err := validateWorker(ev); err != nil {
+		return err
 	}
 	if ev.EventID == 0 {
 		return invalid(ReasonBadEventID, "worker %s: event id 0", ev.Worker)
@@ -251,6 +253,14 @@ func Validate(ev *WireEvent, maxBlocks int) error {
 		}
 	default:
 		return invalid(ReasonBadKind, "%s: kind %d", ev.MsgID(), ev.Kind)
+	}
+	return nil
+}
+
+// validateWorker is Validate's check of the worker name.
+func validateWorker(ev *WireEvent) error {
+	if ev.Worker == "" || len(ev.Worker) > MaxWorkerNameLen || !printable(ev.Worker) {
+		return invalid(ReasonBadWorker, "worker %q", ev.Worker)
 	}
 	return nil
 }

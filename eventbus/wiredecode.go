@@ -31,7 +31,14 @@ var errShort = errors.New("unexpected end of data")
 // wireReader reads msgpack values with Decode's rules and wording on top of
 // the shared cursor (internal/msgpackread). Decoding stops at the first
 // error, so a refused value may be left half consumed.
-type wireReader struct{ msgpackread.Reader }
+//
+// worker is a batch's previous member's worker name: a member naming the
+// same worker shares its string instead of allocating one (every member of
+// a valid batch names the same worker).
+type wireReader struct {
+	msgpackread.Reader
+	worker string
+}
 
 // mapLen reads a map header; small only: fixmap alone (a block's map).
 func (r *wireReader) mapLen(small bool) (int, error) {
@@ -135,7 +142,19 @@ func wireKeyBit(key []byte) uint16 {
 }
 
 func decodeInto(data []byte, ev *WireEvent) error {
-	r := &wireReader{msgpackread.New(data, errShort)}
+	r := &wireReader{Reader: msgpackread.New(data, errShort)}
+	if err := r.event(ev); err != nil {
+		return err
+	}
+	if r.Left() != 0 {
+		return fmt.Errorf("%d trailing bytes", r.Left())
+	}
+	return nil
+}
+
+// event reads one event map (Decode's rules, without the trailing-bytes
+// check: a batch's members follow each other).
+func (r *wireReader) event(ev *WireEvent) error {
 	n, err := r.mapLen(false)
 	if err != nil {
 		return err
@@ -161,9 +180,6 @@ func decodeInto(data []byte, ev *WireEvent) error {
 			return fmt.Errorf("field %q: %w", key, err)
 		}
 	}
-	if r.Left() != 0 {
-		return fmt.Errorf("%d trailing bytes", r.Left())
-	}
 	return nil
 }
 
@@ -174,7 +190,10 @@ func (r *wireReader) field(bit uint16, ev *WireEvent) error {
 	case keyW:
 		var p []byte
 		if p, err = r.str(MaxWorkerNameLen); err == nil {
-			ev.Worker = string(p)
+			if string(p) != r.worker {
+				r.worker = string(p)
+			}
+			ev.Worker = r.worker
 		}
 	case keyR:
 		v, err = r.Uint(math.MaxUint32)
