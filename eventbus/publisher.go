@@ -20,21 +20,22 @@ var ErrPublisherClosed = errors.New("publisher closed")
 
 // PublishAck says the stream has durably stored an event (or already had it:
 // Duplicate). Only acknowledged events are guaranteed to reach the index.
+// The events of one batch message share its Stream, Sequence and Duplicate.
 type PublishAck struct {
 	EventID   uint64
 	Stream    string
-	Sequence  uint64 // stream sequence
+	Sequence  uint64 // stream sequence of the event's message
 	Duplicate bool   // the stream had this Nats-Msg-Id already
 }
 
 // PublisherStats are cumulative counters of one publisher.
 type PublisherStats struct {
-	Published  uint64 // events handed to the stream (first attempt)
+	Published  uint64 // events handed to the stream (first attempt of their message)
 	Acked      uint64 // acknowledged (including duplicates)
 	Duplicates uint64 // acknowledged as duplicates
 	Retries    uint64 // re-sends with the same Nats-Msg-Id
 	Failed     uint64 // given up (permanent error or Close)
-	InFlight   int    // sent, not yet acknowledged
+	InFlight   int    // events accepted, not yet acknowledged (an open batch included)
 }
 
 type publisherOptions struct {
@@ -46,7 +47,20 @@ type publisherOptions struct {
 	onAck      func(PublishAck)
 	onError    func(eventID uint64, err error)
 	logger     *slog.Logger
+
+	// Batching (WithBatching): at most batchEvents events (1: every event
+	// alone, in the single-event form) and batchBytes bytes per message,
+	// each message sent at the latest batchLinger after its first event.
+	batchEvents int
+	batchBytes  int
+	batchLinger time.Duration
 }
+
+// Batching defaults (WithBatching with zero values).
+const (
+	DefaultBatchBytes  = 512 << 10 // under NATS's default 1 MiB max_payload
+	DefaultBatchLinger = time.Millisecond
+)
 
 // PublisherOption configures NewPublisher.
 type PublisherOption func(*publisherOptions)
@@ -114,6 +128,35 @@ func WithOnError(fn func(eventID uint64, err error)) PublisherOption {
 	return func(o *publisherOptions) { o.onError = fn }
 }
 
+// WithBatching coalesces consecutive events into batch messages (the
+// batch form, DecodeBatch): up to maxEvents events (at most MaxBatchEvents)
+// and maxBytes bytes of encoded events per message (default
+// DefaultBatchBytes), a message sent when it is full or linger after its
+// first event (default DefaultBatchLinger), whichever comes first; Flush
+// sends an open batch at once. Events with caller-chosen ids that do not
+// continue the open batch start a new one. A batch of one event goes in
+// the single-event form. maxEvents ≤ 1 (the default) sends every event
+// alone, as publishers always did.
+//
+// Acks stay per event: OnAck reports every event of an acknowledged batch,
+// in id order (Sequence is the stream sequence of its message); a failed
+// batch is reported through OnError event by event. WithWindow still
+// counts events. Consumers of builds before batches refuse batch messages
+// as undecodable: turn batching on only once every replica knows them.
+func WithBatching(maxEvents, maxBytes int, linger time.Duration) PublisherOption {
+	return func(o *publisherOptions) {
+		o.batchEvents = min(max(maxEvents, 1), MaxBatchEvents)
+		o.batchBytes = maxBytes
+		if maxBytes <= 0 {
+			o.batchBytes = DefaultBatchBytes
+		}
+		o.batchLinger = linger
+		if linger <= 0 {
+			o.batchLinger = DefaultBatchLinger
+		}
+	}
+}
+
 // WithPublisherLogger sets the logger (default slog.Default()).
 func WithPublisherLogger(l *slog.Logger) PublisherOption {
 	return func(o *publisherOptions) { o.logger = l }
@@ -148,33 +191,61 @@ type Publisher struct {
 
 	// mu serialises sends so the wire order is the event-id order; it
 	// guards the fields below.
-	mu      sync.Mutex
-	next    uint64
-	queue   []*pending    // in flight, in send order
-	blocked chan struct{} // non-nil while the head is being re-sent; closed when done
-	empty   chan struct{} // non-nil while a Flush waits; closed when queue drains
+	mu       sync.Mutex
+	next     uint64
+	queue    []*pending    // in flight, in send order
+	inflight int           // events in queue and open
+	blocked  chan struct{} // non-nil while the head is being re-sent; closed when done
+	empty    chan struct{} // non-nil while a Flush waits; closed when queue and open drain
+	open     openBatch     // events not yet sent (WithBatching)
 
 	published, acked, dups, retries, failed atomic.Uint64
 }
 
+// pending is one message in flight: the events first..last.
 type pending struct {
-	id   uint64
-	msg  *nats.Msg
-	paf  jetstream.PubAckFuture // nil: the first send failed, re-send
-	done chan struct{}          // closed when ack or err is set
-	ack  PublishAck
-	err  error
+	first, last uint64
+	msg         *nats.Msg
+	paf         jetstream.PubAckFuture // nil: the first send failed, re-send (or sendErr)
+	sendErr     error                  // a permanent error of the first send
+	done        chan struct{}          // closed when ack or err is set
+	ack         PublishAck             // the message's (EventID is last's)
+	err         error
 }
+
+func (pd *pending) events() int { return int(pd.last - pd.first + 1) }
+
+// label names the message's events in logs.
+func (pd *pending) label() string {
+	if pd.first == pd.last {
+		return fmt.Sprint(pd.first)
+	}
+	return fmt.Sprintf("%d-%d", pd.first, pd.last)
+}
+
+// openBatch collects events until a batch message is sealed: their
+// encodings, after headerRoom bytes kept for the array header.
+type openBatch struct {
+	pd    *pending // nil while empty; first and last set
+	buf   []byte
+	timer *time.Timer
+	gen   uint64 // counts sealed batches: a linger timer seals only its own
+}
+
+// headerRoom is the room kept before a batch's members for its array header
+// (array16: 3 bytes).
+const headerRoom = 3
 
 // NewPublisher returns a publisher for rank dpRank of worker on nc. It
 // creates its own JetStream context (and so its own ack subscription).
 func NewPublisher(nc *nats.Conn, worker string, dpRank uint32, opts ...PublisherOption) (*Publisher, error) {
 	o := publisherOptions{
-		window:     256,
-		ackTimeout: 5 * time.Second,
-		backoffMin: 50 * time.Millisecond,
-		backoffMax: 2 * time.Second,
-		nextID:     1,
+		window:      256,
+		ackTimeout:  5 * time.Second,
+		backoffMin:  50 * time.Millisecond,
+		backoffMax:  2 * time.Second,
+		nextID:      1,
+		batchEvents: 1,
 	}
 	for _, fn := range opts {
 		fn(&o)
@@ -222,17 +293,23 @@ func (p *Publisher) NextEventID() uint64 {
 // with the same Nats-Msg-Id on timeouts and missing responders. Worker and
 // DPRank are the publisher's; EventID 0 means "assign the next id". It
 // blocks while the window is full. If ctx ends first, the event may still
-// be acknowledged later (reported through OnAck); the error says so.
+// be acknowledged later (reported through OnAck); the error says so. With
+// WithBatching it also waits for its batch to be sent (at most the linger).
 func (p *Publisher) Publish(ctx context.Context, ev WireEvent) (PublishAck, error) {
-	pd, err := p.send(ctx, ev)
+	pd, id, err := p.send(ctx, ev)
 	if err != nil {
 		return PublishAck{}, err
 	}
 	select {
 	case <-pd.done:
-		return pd.ack, pd.err
+		if pd.err != nil {
+			return PublishAck{}, pd.err
+		}
+		a := pd.ack
+		a.EventID = id
+		return a, nil
 	case <-ctx.Done():
-		return PublishAck{EventID: pd.id}, fmt.Errorf("event %d sent, ack outstanding: %w", pd.id, ctx.Err())
+		return PublishAck{EventID: id}, fmt.Errorf("event %d sent, ack outstanding: %w", id, ctx.Err())
 	}
 }
 
@@ -241,20 +318,22 @@ func (p *Publisher) Publish(ctx context.Context, ev WireEvent) (PublishAck, erro
 // window is full or a failed send is being repeated: that is the
 // backpressure of a stream that does not acknowledge.
 func (p *Publisher) PublishAsync(ctx context.Context, ev WireEvent) (uint64, error) {
-	pd, err := p.send(ctx, ev)
+	_, id, err := p.send(ctx, ev)
 	if err != nil {
 		return 0, err
 	}
-	return pd.id, nil
+	return id, nil
 }
 
-func (p *Publisher) send(ctx context.Context, ev WireEvent) (*pending, error) {
+// send adds ev to the open batch and seals the batch when it is full (at
+// once without batching). It returns the message that will carry ev.
+func (p *Publisher) send(ctx context.Context, ev WireEvent) (*pending, uint64, error) {
 	select {
 	case p.sem <- struct{}{}:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, 0, ctx.Err()
 	case <-p.done:
-		return nil, ErrPublisherClosed
+		return nil, 0, ErrPublisherClosed
 	}
 	release := true
 	defer func() {
@@ -269,47 +348,125 @@ func (p *Publisher) send(ctx context.Context, ev WireEvent) (*pending, error) {
 		select {
 		case <-b:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, 0, ctx.Err()
 		case <-p.done:
-			return nil, ErrPublisherClosed
+			return nil, 0, ErrPublisherClosed
 		}
 		p.mu.Lock()
 	}
 	defer p.mu.Unlock()
 	if p.closed.Load() {
-		return nil, ErrPublisherClosed
+		return nil, 0, ErrPublisherClosed
 	}
 	ev.Worker, ev.DPRank = p.worker, p.dpRank
 	if ev.EventID == 0 {
 		ev.EventID = p.next
 	}
 	if err := Validate(&ev, 0); err != nil {
-		return nil, fmt.Errorf("publish: %w", err)
+		return nil, 0, fmt.Errorf("publish: %w", err)
 	}
 	data, err := Encode(&ev)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	msg := &nats.Msg{Subject: p.subject, Data: data, Header: nats.Header{}}
-	msg.Header.Set(jetstream.MsgIDHeader, ev.MsgID())
-	// No library-side retry: it would re-send this event later, behind
-	// events sent after it. Re-sends are ours, in order (ackLoop).
-	paf, err := p.js.PublishMsgAsync(msg, jetstream.WithRetryAttempts(0))
-	if err != nil && !transientJSError(err) {
-		return nil, fmt.Errorf("publish %s: %w", ev.MsgID(), err)
+	if o := p.open.pd; o != nil && (ev.EventID != o.last+1 || len(p.open.buf)-headerRoom+len(data) > p.opts.batchBytes) {
+		p.seal(0)
 	}
+	if p.open.pd == nil {
+		p.open.pd = &pending{first: ev.EventID, done: make(chan struct{})}
+		if cap(p.open.buf) == 0 {
+			p.open.buf = make([]byte, headerRoom, headerRoom+len(data))
+		}
+		p.open.buf = p.open.buf[:headerRoom]
+		if p.opts.batchEvents > 1 {
+			gen := p.open.gen
+			p.open.timer = time.AfterFunc(p.opts.batchLinger, func() { p.linger(gen) })
+		}
+	}
+	pd := p.open.pd
+	pd.last = ev.EventID
+	p.open.buf = append(p.open.buf, data...)
+	p.inflight++
 	if ev.EventID >= p.next {
 		p.next = ev.EventID + 1
 	}
-	pd := &pending{id: ev.EventID, msg: msg, paf: paf, done: make(chan struct{})}
-	p.queue = append(p.queue, pd)
-	p.published.Add(1)
+	if pd.events() >= p.opts.batchEvents {
+		if err := p.seal(ev.EventID); err != nil {
+			// Sent alone and refused for good: not in flight, the id
+			// not used (as before batches).
+			p.inflight--
+			if p.next == ev.EventID+1 {
+				p.next = ev.EventID
+			}
+			return nil, 0, err
+		}
+	}
 	release = false // the ack loop returns the token
+	return pd, ev.EventID, nil
+}
+
+// linger seals the open batch when its linger ends, unless it was sealed
+// already (gen moved on) or a re-send blocks new sends: resolve seals it
+// when the block lifts.
+func (p *Publisher) linger(gen uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.open.gen == gen && p.open.pd != nil && p.blocked == nil && !p.closed.Load() {
+		p.seal(0)
+	}
+}
+
+// seal sends the open batch as one message (a single event in the
+// single-event form) and queues it for the ack loop. A permanent error of
+// the first send is returned, without queueing, when the message is the
+// one event own alone (send reports it to its caller); otherwise the
+// message is queued with the error and the ack loop reports it. Called
+// with mu held.
+func (p *Publisher) seal(own uint64) error {
+	pd := p.open.pd
+	if pd == nil {
+		return nil
+	}
+	if p.open.timer != nil {
+		p.open.timer.Stop()
+		p.open.timer = nil
+	}
+	p.open.pd = nil
+	p.open.gen++
+	n := pd.events()
+	var data []byte
+	var id string
+	if n == 1 {
+		data = append([]byte(nil), p.open.buf[headerRoom:]...)
+		id = MsgID(p.worker, p.dpRank, pd.first)
+	} else {
+		h := appendArrayHeader(nil, n)
+		data = make([]byte, 0, len(h)+len(p.open.buf)-headerRoom)
+		data = append(append(data, h...), p.open.buf[headerRoom:]...)
+		id = BatchMsgID(p.worker, p.dpRank, pd.first, pd.last)
+	}
+	p.open.buf = p.open.buf[:headerRoom]
+	msg := &nats.Msg{Subject: p.subject, Data: data, Header: nats.Header{}}
+	msg.Header.Set(jetstream.MsgIDHeader, id)
+	pd.msg = msg
+	// No library-side retry: it would re-send this message later, behind
+	// messages sent after it. Re-sends are ours, in order (ackLoop).
+	paf, err := p.js.PublishMsgAsync(msg, jetstream.WithRetryAttempts(0))
+	if err != nil && !transientJSError(err) {
+		err = fmt.Errorf("publish %s: %w", id, err)
+		if n == 1 && pd.first == own {
+			return err
+		}
+		pd.sendErr = err
+	}
+	pd.paf = paf
+	p.queue = append(p.queue, pd)
+	p.published.Add(uint64(n))
 	select {
 	case p.wake <- struct{}{}:
 	default:
 	}
-	return pd, nil
+	return nil
 }
 
 // ackLoop resolves in-flight events in send order.
@@ -345,6 +502,9 @@ func (p *Publisher) ackLoop() {
 }
 
 func (p *Publisher) await(pd *pending) (*jetstream.PubAck, error) {
+	if pd.sendErr != nil {
+		return nil, pd.sendErr
+	}
 	if pd.paf == nil {
 		return nil, nats.ErrTimeout // first send failed: treat like a lost one
 	}
@@ -375,7 +535,7 @@ func (p *Publisher) resend(pd *pending, cause error, immediate bool) (*jetstream
 	backoff := p.opts.backoffMin
 	for attempt := 1; ; attempt++ {
 		if attempt%20 == 1 && !(immediate && attempt == 1) {
-			p.log.Warn("re-sending event", "event_id", pd.id, "attempt", attempt, "err", cause)
+			p.log.Warn("re-sending events", "event_ids", pd.label(), "attempt", attempt, "err", cause)
 		}
 		if !(immediate && attempt == 1) {
 			wait := backoff/2 + rand.N(backoff/2+1)
@@ -404,53 +564,76 @@ func (p *Publisher) resend(pd *pending, cause error, immediate bool) (*jetstream
 }
 
 func (p *Publisher) resolve(pd *pending, a *jetstream.PubAck, err error) {
+	n := pd.events()
 	if err == nil && a != nil {
-		pd.ack = PublishAck{EventID: pd.id, Stream: a.Stream, Sequence: a.Sequence, Duplicate: a.Duplicate}
-		p.acked.Add(1)
+		pd.ack = PublishAck{EventID: pd.last, Stream: a.Stream, Sequence: a.Sequence, Duplicate: a.Duplicate}
+		p.acked.Add(uint64(n))
 		if a.Duplicate {
-			p.dups.Add(1)
+			p.dups.Add(uint64(n))
 		}
 	} else {
 		if err == nil {
 			err = errors.New("empty ack")
 		}
-		pd.err = fmt.Errorf("publish %s: %w", pd.msg.Header.Get(jetstream.MsgIDHeader), err)
-		p.failed.Add(1)
-		p.log.Error("event not published", "event_id", pd.id, "err", err)
+		if errors.Is(err, pd.sendErr) {
+			pd.err = err
+		} else {
+			pd.err = fmt.Errorf("publish %s: %w", pd.msg.Header.Get(jetstream.MsgIDHeader), err)
+		}
+		p.failed.Add(uint64(n))
+		p.log.Error("events not published", "event_ids", pd.label(), "err", err)
 	}
 	// Report first, then let Publish and Flush return: a caller that
 	// returns from Flush sees every callback of what it flushed.
-	if pd.err == nil {
-		if p.opts.onAck != nil {
-			p.opts.onAck(pd.ack)
+	for id := pd.first; ; id++ {
+		if pd.err == nil {
+			if p.opts.onAck != nil {
+				a := pd.ack
+				a.EventID = id
+				p.opts.onAck(a)
+			}
+		} else if p.opts.onError != nil {
+			p.opts.onError(id, pd.err)
 		}
-	} else if p.opts.onError != nil {
-		p.opts.onError(pd.id, pd.err)
+		if id == pd.last {
+			break
+		}
 	}
 	p.mu.Lock()
 	if len(p.queue) > 0 && p.queue[0] == pd {
 		p.queue[0] = nil
 		p.queue = p.queue[1:]
+		p.inflight -= n
 	}
 	if len(p.queue) == 0 {
-		if p.empty != nil {
-			close(p.empty)
-			p.empty = nil
-		}
 		if p.blocked != nil {
 			close(p.blocked)
 			p.blocked = nil
+			// Events that lingered behind the block go now.
+			if !p.closed.Load() {
+				p.seal(0)
+			}
 		}
+	}
+	if len(p.queue) == 0 && p.open.pd == nil && p.empty != nil {
+		close(p.empty)
+		p.empty = nil
 	}
 	p.mu.Unlock()
 	close(pd.done)
-	<-p.sem
+	for range n {
+		<-p.sem
+	}
 }
 
-// Flush waits until every event sent so far is acknowledged or given up.
+// Flush sends the open batch and waits until every event sent so far is
+// acknowledged or given up.
 func (p *Publisher) Flush(ctx context.Context) error {
 	p.mu.Lock()
-	if len(p.queue) == 0 {
+	if p.blocked == nil {
+		p.seal(0)
+	}
+	if len(p.queue) == 0 && p.open.pd == nil {
 		p.mu.Unlock()
 		return nil
 	}
@@ -482,17 +665,30 @@ func (p *Publisher) Close() {
 	p.mu.Lock()
 	left := p.queue
 	p.queue = nil
+	if o := p.open.pd; o != nil { // never sent
+		if p.open.timer != nil {
+			p.open.timer.Stop()
+		}
+		p.open.pd = nil
+		left = append(left, o)
+	}
+	p.inflight = 0
 	if p.empty != nil {
 		close(p.empty)
 		p.empty = nil
 	}
 	p.mu.Unlock()
 	for _, pd := range left {
-		pd.err = fmt.Errorf("event %d: %w", pd.id, ErrPublisherClosed)
-		p.failed.Add(1)
+		pd.err = fmt.Errorf("events %s: %w", pd.label(), ErrPublisherClosed)
+		p.failed.Add(uint64(pd.events()))
 		close(pd.done)
 		if p.opts.onError != nil {
-			p.opts.onError(pd.id, pd.err)
+			for id := pd.first; ; id++ {
+				p.opts.onError(id, pd.err)
+				if id == pd.last {
+					break
+				}
+			}
 		}
 	}
 	p.js.CleanupPublisher()
@@ -501,7 +697,7 @@ func (p *Publisher) Close() {
 // Stats returns the publisher's counters.
 func (p *Publisher) Stats() PublisherStats {
 	p.mu.Lock()
-	inflight := len(p.queue)
+	inflight := p.inflight
 	p.mu.Unlock()
 	return PublisherStats{
 		Published:  p.published.Load(),
