@@ -57,21 +57,37 @@ func TestReplicaLeaderTicksLeaseExpiry(t *testing.T) {
 // replica's index through the leader's consumer, and the consumer acks a
 // stream message only once its batch is committed: whenever the durable
 // consumer's ack floor covers an event, some replica (the leader that
-// committed it) has already applied it.
+// committed it) has already applied it. Events published one per message
+// and as batch messages (eventbus.WithBatching: a message holds several
+// events, and is acked only once its last event is committed).
 func TestReplicaIngestAppliesAndAcks(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opts []eventbus.PublisherOption
+	}{
+		{"single", nil},
+		{"batches", []eventbus.PublisherOption{eventbus.WithBatching(16, 0, 5*time.Millisecond)}},
+	} {
+		t.Run(c.name, func(t *testing.T) { testReplicaIngestAppliesAndAcks(t, c.opts...) })
+	}
+}
+
+func testReplicaIngestAppliesAndAcks(t *testing.T, opts ...eventbus.PublisherOption) {
 	tc := newTestCluster(t, 3)
 	leader := tc.WaitLeader()
 	registerWorker(t, tc.follower(leader), "w")
 
 	var mu sync.Mutex // guards acked and eventAt
 	var acked uint64
-	eventAt := map[uint64]uint64{} // stream sequence → event id (the stream drops what the consumer acked)
-	pub := publisher(t, tc, "w", eventbus.WithOnAck(func(a eventbus.PublishAck) {
+	// stream sequence → the highest event id its message holds (acks come
+	// in id order); the stream drops what the consumer acked
+	eventAt := map[uint64]uint64{}
+	pub := publisher(t, tc, "w", append(opts, eventbus.WithOnAck(func(a eventbus.PublishAck) {
 		mu.Lock()
 		acked = max(acked, a.EventID)
 		eventAt[a.Sequence] = a.EventID
 		mu.Unlock()
-	}))
+	}))...)
 	nc, err := eventbus.Connect(tc.Bus.ClientURL(), "observer", clustertest.NewTestLogger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -143,6 +159,12 @@ func TestReplicaIngestAppliesAndAcks(t *testing.T) {
 	})
 	if checks == 0 {
 		t.Fatal("the ack floor was never seen above zero")
+	}
+	mu.Lock()
+	msgs := len(eventAt)
+	mu.Unlock()
+	if batched := len(opts) > 0; batched != (msgs < events) {
+		t.Errorf("%d events in %d stream messages (batching %v)", events, msgs, batched)
 	}
 	tc.WaitConverged()
 }
