@@ -3,6 +3,7 @@ package eventbus
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -505,5 +506,60 @@ func TestBusPublisherBatchingLinger(t *testing.T) {
 	q.Close()
 	if n := failed.Load(); n != 3 {
 		t.Errorf("Close reported %d unsent events, want 3", n)
+	}
+}
+
+// TestBusPublisherBatchRetry: a batch message that finds no stream is
+// re-sent whole with its Nats-Msg-Id (worker:rank:first-last) once the
+// stream exists; the acks come per event and in order, and the stream
+// holds each batch once.
+func TestBusPublisherBatchRetry(t *testing.T) {
+	log := testLogger(t)
+	s := startSingle(t, log)
+	nc, js := connect(t, s.ClientURL(), "t", log)
+	ledger := &ackLedger{}
+	p, err := NewPublisher(nc, "w1", 0, WithBatching(2, 0, time.Hour),
+		WithRetryBackoff(10*time.Millisecond, 50*time.Millisecond),
+		WithOnAck(ledger.onAck("w1", 0)), WithOnError(ledger.onError), WithPublisherLogger(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := 1; i <= 4; i++ {
+		if _, err := p.PublishAsync(ctx, storedEvent(0, uint64(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll.Until(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if p.Stats().Retries == 0 {
+			return errors.New("no re-send yet")
+		}
+		return nil
+	})
+	ensureStream(t, js, 1)
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"w1:0:1", "w1:0:2", "w1:0:3", "w1:0:4"}
+	if got := ledger.ids(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("acked %v, want %v (errors %v)", got, want, ledger.errs)
+	}
+	str, err := js.Stream(ctx, StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq, id := range map[uint64]string{1: "w1:0:1-2", 2: "w1:0:3-4"} {
+		m, err := str.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Header.Get(jetstream.MsgIDHeader); got != id {
+			t.Errorf("message %d has Nats-Msg-Id %q, want %q", seq, got, id)
+		}
+	}
+	if n := streamMsgs(t, js); n != 2 {
+		t.Fatalf("stream holds %d messages, want 2", n)
 	}
 }
