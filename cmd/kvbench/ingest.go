@@ -28,6 +28,10 @@ import (
 	"github.com/kvrouter/kvrouter/internal/pki"
 )
 
+// defaultEventsPerMsg is --events-per-msg's default (BENCHMARKS.md, issue
+// 31 item 3: the stream's cost is per message).
+const defaultEventsPerMsg = 16
+
 // ingestOptions are kvbench ingest's validated flags.
 type ingestOptions struct {
 	Target         string
@@ -39,6 +43,7 @@ type ingestOptions struct {
 	BlockSize      int
 	WorkerBlocks   int
 	Window         int
+	EventsPerMsg   int
 	MaxUnapplied   int
 	Poll           time.Duration
 	SampleEvery    int
@@ -71,6 +76,7 @@ func parseIngestFlags(args []string, output io.Writer) (*ingestOptions, error) {
 	fs.IntVar(&o.BlockSize, "block-size", 16, "tokens per block (must equal the cluster's)")
 	fs.IntVar(&o.WorkerBlocks, "worker-blocks", 2048, "KV capacity of a synthetic worker in blocks: past it, the worker evicts its oldest blocks (one removed event for half of them), as an engine does, so the index stays bounded (0: never evict; the index grows for the whole run)")
 	fs.IntVar(&o.Window, "window", 512, "events in flight per publisher (sent, not yet acknowledged by the stream)")
+	fs.IntVar(&o.EventsPerMsg, "events-per-msg", defaultEventsPerMsg, "KV events per NATS message: the publishers coalesce consecutive events into batch messages of up to this many, each sent at the latest 1ms after its first event (1: one event per message, the single-event form; batches need replicas that know the batch form)")
 	fs.IntVar(&o.MaxUnapplied, "max-unapplied", 512, "events published but not yet visible on every replica, over all workers, before publishers wait (0: no limit; the stream may then build a backlog)")
 	fs.DurationVar(&o.Poll, "poll", 50*time.Millisecond, "interval of the /cluster/status polls of every replica (resolution of visible_ms)")
 	fs.IntVar(&o.SampleEvery, "sample-every", 50, "measure visibility of every Nth event of each worker")
@@ -132,6 +138,8 @@ func parseIngestFlags(args []string, output io.Writer) (*ingestOptions, error) {
 		return nil, cli.Usagef("--worker-blocks %d: must hold at least two events (2 × --blocks-per-event %d), or be 0", o.WorkerBlocks, o.BlocksPerEvent)
 	case o.Window < 1 || o.Window > 1<<16:
 		return nil, cli.Usagef("--window %d: want 1..65536", o.Window)
+	case o.EventsPerMsg < 1 || o.EventsPerMsg > eventbus.MaxBatchEvents:
+		return nil, cli.Usagef("--events-per-msg %d: want 1..%d", o.EventsPerMsg, eventbus.MaxBatchEvents)
 	case o.MaxUnapplied < 0:
 		return nil, cli.Usagef("--max-unapplied %d: must not be negative", o.MaxUnapplied)
 	case o.Poll < time.Millisecond || o.Poll > 10*time.Second:
@@ -259,6 +267,7 @@ type ingestConfig struct {
 	BlockSize      int      `json:"block_size"`
 	WorkerBlocks   int      `json:"worker_blocks"`
 	Window         int      `json:"window"`
+	EventsPerMsg   int      `json:"events_per_msg"`
 	MaxUnapplied   int      `json:"max_unapplied"`
 	DurationS      float64  `json:"duration_s"`
 	PollMs         float64  `json:"poll_ms"`

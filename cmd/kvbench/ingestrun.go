@@ -323,6 +323,7 @@ func (r *ingestRun) connectPublishers() error {
 		w.nc = nc
 		w.pub, err = eventbus.NewPublisher(nc, w.id, 0,
 			eventbus.WithWindow(r.o.Window),
+			eventbus.WithBatching(r.o.EventsPerMsg, 0, time.Millisecond),
 			eventbus.WithPublisherLogger(quiet),
 			eventbus.WithOnAck(func(a eventbus.PublishAck) {
 				w.acked.Add(1)
@@ -467,7 +468,7 @@ func (r *ingestRun) reportConfig() ingestConfig {
 	o, c := r.o, &r.cluster
 	return ingestConfig{Target: o.Target, Replicas: c.replicas, Discovery: c.how, NATS: c.natsURLs, Model: c.model,
 		Workers: o.Workers, WorkerPrefix: r.prefix, BlocksPerEvent: o.BlocksPerEvent, BlockSize: o.BlockSize, WorkerBlocks: o.WorkerBlocks,
-		Window: o.Window, MaxUnapplied: o.MaxUnapplied, DurationS: o.Duration.Seconds(),
+		Window: o.Window, EventsPerMsg: o.EventsPerMsg, MaxUnapplied: o.MaxUnapplied, DurationS: o.Duration.Seconds(),
 		PollMs: float64(o.Poll) / float64(time.Millisecond), SampleEvery: o.SampleEvery}
 }
 
