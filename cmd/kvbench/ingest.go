@@ -30,7 +30,7 @@ import (
 
 // defaultEventsPerMsg is --events-per-msg's default (BENCHMARKS.md, issue
 // 31 item 3: the stream's cost is per message).
-const defaultEventsPerMsg = 16
+const defaultEventsPerMsg = 64
 
 // ingestOptions are kvbench ingest's validated flags.
 type ingestOptions struct {
