@@ -563,3 +563,53 @@ func TestBusPublisherBatchRetry(t *testing.T) {
 		t.Fatalf("stream holds %d messages, want 2", n)
 	}
 }
+
+// TestBusPublisherPublishBatchAsync: an engine's event batch goes as one
+// message without WithBatching; a window smaller than the batch cuts it
+// (the open part is sent when the window fills) instead of blocking.
+func TestBusPublisherPublishBatchAsync(t *testing.T) {
+	log := testLogger(t)
+	s := startSingle(t, log)
+	nc, js := connect(t, s.ClientURL(), "t", log)
+	ensureStream(t, js, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, c := range []struct {
+		worker   string
+		window   int
+		wantMsgs uint64
+	}{{"w-wide", 64, 1 + 1}, {"w-narrow", 2, 3 + 1}} {
+		ledger := &ackLedger{}
+		p, err := NewPublisher(nc, c.worker, 0, WithWindow(c.window), WithPublisherLogger(log),
+			WithOnAck(ledger.onAck(c.worker, 0)), WithOnError(ledger.onError))
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := streamMsgs(t, js)
+		evs := batchOf("", 1, 5)
+		for i := range evs {
+			evs[i].EventID = 0 // the publisher's next ids
+		}
+		last, err := p.PublishBatchAsync(ctx, evs)
+		if err != nil || last != 5 {
+			t.Fatalf("%s: PublishBatchAsync = %d, %v", c.worker, last, err)
+		}
+		if _, err := p.PublishAsync(ctx, storedEvent(0, 6)); err != nil { // then a single event, alone
+			t.Fatal(err)
+		}
+		if err := p.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		p.Close()
+		var want []string
+		for id := uint64(1); id <= 6; id++ {
+			want = append(want, MsgID(c.worker, 0, id))
+		}
+		if got := ledger.ids(); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: acked %v, want %v (errors %v)", c.worker, got, want, ledger.errs)
+		}
+		if n := streamMsgs(t, js) - before; n != c.wantMsgs {
+			t.Errorf("%s: %d messages, want %d", c.worker, n, c.wantMsgs)
+		}
+	}
+}

@@ -246,6 +246,8 @@ func NewPublisher(nc *nats.Conn, worker string, dpRank uint32, opts ...Publisher
 		backoffMax:  2 * time.Second,
 		nextID:      1,
 		batchEvents: 1,
+		batchBytes:  DefaultBatchBytes,
+		batchLinger: DefaultBatchLinger,
 	}
 	for _, fn := range opts {
 		fn(&o)
@@ -296,7 +298,7 @@ func (p *Publisher) NextEventID() uint64 {
 // be acknowledged later (reported through OnAck); the error says so. With
 // WithBatching it also waits for its batch to be sent (at most the linger).
 func (p *Publisher) Publish(ctx context.Context, ev WireEvent) (PublishAck, error) {
-	pd, id, err := p.send(ctx, ev)
+	pd, id, err := p.send(ctx, ev, false)
 	if err != nil {
 		return PublishAck{}, err
 	}
@@ -318,22 +320,57 @@ func (p *Publisher) Publish(ctx context.Context, ev WireEvent) (PublishAck, erro
 // window is full or a failed send is being repeated: that is the
 // backpressure of a stream that does not acknowledge.
 func (p *Publisher) PublishAsync(ctx context.Context, ev WireEvent) (uint64, error) {
-	_, id, err := p.send(ctx, ev)
+	_, id, err := p.send(ctx, ev, false)
 	if err != nil {
 		return 0, err
 	}
 	return id, nil
 }
 
+// PublishBatchAsync sends evs, consecutive events of the publisher's rank
+// (EventID 0: the next id), in one batch message — as an engine's own event
+// batch (vLLM's KVEventBatch) — whatever WithBatching says: a message is cut
+// only past MaxBatchEvents events or the batch byte cap (WithBatching's, or
+// DefaultBatchBytes), or where a caller-chosen id breaks the run. It
+// returns the last event's id; OnAck reports each event. Events already
+// accepted when an error ends it (ctx, Close) are sent. Only replicas that
+// know batch messages accept them (DESIGN.md, "Batch messages").
+func (p *Publisher) PublishBatchAsync(ctx context.Context, evs []WireEvent) (uint64, error) {
+	var last uint64
+	var err error
+	for _, ev := range evs {
+		if _, last, err = p.send(ctx, ev, true); err != nil {
+			break
+		}
+	}
+	p.mu.Lock()
+	if p.blocked == nil && !p.closed.Load() {
+		p.seal(0)
+	}
+	p.mu.Unlock()
+	return last, err
+}
+
 // send adds ev to the open batch and seals the batch when it is full (at
-// once without batching). It returns the message that will carry ev.
-func (p *Publisher) send(ctx context.Context, ev WireEvent) (*pending, uint64, error) {
+// once without batching; hold: only at MaxBatchEvents, the caller seals).
+// It returns the message that will carry ev. A full window first sends the
+// open batch: its events are what the window waits for.
+func (p *Publisher) send(ctx context.Context, ev WireEvent, hold bool) (*pending, uint64, error) {
 	select {
 	case p.sem <- struct{}{}:
-	case <-ctx.Done():
-		return nil, 0, ctx.Err()
-	case <-p.done:
-		return nil, 0, ErrPublisherClosed
+	default:
+		p.mu.Lock()
+		if p.blocked == nil && !p.closed.Load() {
+			p.seal(0)
+		}
+		p.mu.Unlock()
+		select {
+		case p.sem <- struct{}{}:
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		case <-p.done:
+			return nil, 0, ErrPublisherClosed
+		}
 	}
 	release := true
 	defer func() {
@@ -390,7 +427,11 @@ func (p *Publisher) send(ctx context.Context, ev WireEvent) (*pending, uint64, e
 	if ev.EventID >= p.next {
 		p.next = ev.EventID + 1
 	}
-	if pd.events() >= p.opts.batchEvents {
+	limit := p.opts.batchEvents
+	if hold {
+		limit = MaxBatchEvents
+	}
+	if pd.events() >= limit {
 		if err := p.seal(ev.EventID); err != nil {
 			// Sent alone and refused for good: not in flight, the id
 			// not used (as before batches).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/kvrouter/kvrouter/eventbus"
 )
@@ -17,6 +18,8 @@ type busHooks struct {
 	onAck func(eventbus.PublishAck)
 	// resync answers a resync request; pub is the connection's publisher.
 	resync func(req eventbus.ResyncRequest, pub Publisher) eventbus.ResyncReply
+	// eventsPerMsg > 1: batch messages (config.EventsPerMsg).
+	eventsPerMsg int
 }
 
 // connectFunc opens the bus once: a publisher for the worker's events and
@@ -40,6 +43,7 @@ func natsConnect(urls string, log *slog.Logger, opts ...eventbus.ConnectOption) 
 			eventbus.WithNextEventID(hooks.firstEventID),
 			eventbus.WithOnError(hooks.onError),
 			eventbus.WithOnAck(hooks.onAck),
+			eventbus.WithBatching(hooks.eventsPerMsg, 0, time.Millisecond),
 			eventbus.WithPublisherLogger(log))
 		if err != nil {
 			nc.Close()

@@ -46,6 +46,9 @@ type config struct {
 
 	NATS       string // comma list of NATS URLs; "" = publish no events
 	EventQueue int    // events buffered for the publisher before a full resync replaces them
+	// EventsPerMsg > 1 coalesces KV events into batch messages of up to
+	// this many (eventbus.WithBatching, 1 ms linger); 1: one per message.
+	EventsPerMsg int
 	// EventIDStart is the first KV event id; 0 = microseconds since the
 	// Unix epoch at startup (unique per run).
 	EventIDStart uint64
@@ -123,6 +126,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&c.ModelDir, "model-dir", "", "Hugging Face model directory (tokenizer.json, tokenizer_config.json, chat template): prompts are tokenized with its files exactly as a router started with --model-dir NAME=DIR does, and /tokenize answers with them (empty: the builtin tokenizer)")
 	fs.StringVar(&c.ChatTemplateFile, "chat-template-file", "", "with --model-dir: a Jinja chat template file used instead of the directory's, as vLLM's --chat-template (a template the routers do not have makes prompts drift: their self-check reports it)")
 	fs.StringVar(&c.NATS, "nats", "", "NATS URL(s) of the cluster's JetStream, comma list (empty: no KV events are published)")
+	fs.IntVar(&c.EventsPerMsg, "events-per-msg", 1, "KV events per bus message: more than 1 coalesces consecutive events into batch messages of up to this many, each sent at the latest 1 ms after its first event (fewer stream writes per event; only replicas that know batch messages accept them)")
 	fs.IntVar(&c.EventQueue, "event-queue", 65536, "KV events buffered while NATS is slow or down; on overflow they are replaced by a full-state resync")
 	fs.Uint64Var(&c.EventIDStart, "event-id-start", 0, "first KV event id (0: microseconds since the epoch at startup, so no run reuses an earlier run's ids, which the stream would drop as duplicates; the cluster resyncs the worker once at its first event)")
 	fs.StringVar(&register, "register", "", "comma list of kvrouter replica base URLs to register with (empty: do not register)")
@@ -247,6 +251,9 @@ func (c config) validate() error {
 	}
 	if c.BlockSize <= 0 || c.BlockSize > eventbus.MaxBlockSize {
 		errs = append(errs, fmt.Errorf("--block-size %d: must be in [1, %d]", c.BlockSize, eventbus.MaxBlockSize))
+	}
+	if c.EventsPerMsg < 1 || c.EventsPerMsg > eventbus.MaxBatchEvents {
+		errs = append(errs, fmt.Errorf("--events-per-msg %d: must be in [1, %d]", c.EventsPerMsg, eventbus.MaxBatchEvents))
 	}
 	if c.KVBlocks <= 0 {
 		errs = append(errs, fmt.Errorf("--kv-blocks %d: must be positive", c.KVBlocks))

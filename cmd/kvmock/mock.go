@@ -319,7 +319,8 @@ func (m *Mock) publisher() Publisher {
 // publishes the event queue until ctx ends; it closes the publisher and
 // the connection on the way out.
 func (m *Mock) runBus(ctx context.Context, ready <-chan struct{}) {
-	hooks := busHooks{firstEventID: m.firstEventID, onError: m.onPublishError, onAck: m.onPublishAck, resync: m.resync}
+	hooks := busHooks{firstEventID: m.firstEventID, onError: m.onPublishError, onAck: m.onPublishAck, resync: m.resync,
+		eventsPerMsg: m.cfg.EventsPerMsg}
 	backoff := 250 * time.Millisecond
 	var (
 		pub     Publisher

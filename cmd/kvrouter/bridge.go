@@ -39,6 +39,9 @@ type bridgeConfig struct {
 	// LowerTiers (--kv-tiers) are the offload tiers whose KV events are
 	// published with their tier; none by default (skipped as before).
 	LowerTiers []router.Tier
+	// BatchMessages (--batch-messages): one bus message per engine event
+	// batch (eventbus's batch form).
+	BatchMessages bool
 
 	workers []zmqbridge.WorkerSpec // flags' worker plus the config file's
 }
@@ -81,6 +84,8 @@ func parseBridge(args []string, getenv func(string) string, stderr io.Writer) (b
 	fs.BoolVar(&c.InsecureAPI, "insecure-api", false, "let anyone who reaches --http-addr register workers without a token (on purpose)")
 	fs.Int64Var(&c.MaxMessageBytes, "max-message-bytes", 0, "largest ZMQ message accepted from an engine, all frames (0: 16 MiB); a peer declaring more is dropped before anything is allocated")
 	fs.DurationVar(&c.ReplayTimeout, "replay-timeout", 30*time.Second, "bound on one replay request to an engine")
+	fs.BoolVar(&c.BatchMessages, "batch-messages", false, "publish each engine KV event batch (vLLM KVEventBatch) as one bus message of several events instead of one message per event: "+
+		"fewer stream writes per event. Enable only once every replica runs a build that knows batch messages (older ones refuse them)")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&tiers, "kv-tiers", "", "offload tiers whose KV events are published with their tier, comma list of host, disk, external "+
 		"(vLLM/KVBM media CPU and DISK, SGLang HiCache STORAGE): the router credits them at --router-host-cache-hit-weight and "+
@@ -222,7 +227,7 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		BlockSize: cfg.BlockSize, Publishers: zmqbridge.NATSPublishers(nc, log), NATS: nc,
 		Register: cfg.Register, AdminToken: cfg.AdminToken, RegisterInterval: cfg.RegisterInterval,
 		ReplayTimeout: cfg.ReplayTimeout, Logger: log, InsecureAPI: cfg.InsecureAPI, MaxMessageBytes: cfg.MaxMessageBytes,
-		LowerTiers: cfg.LowerTiers,
+		LowerTiers: cfg.LowerTiers, BatchMessages: cfg.BatchMessages,
 	})
 	if err != nil {
 		log.Error("cannot start", "err", err)

@@ -184,14 +184,31 @@ func NATSPublishers(nc *nats.Conn, log *slog.Logger, opts ...eventbus.PublisherO
 	}
 }
 
+// BatchPublisher is the optional part of a Publisher that sends several
+// events in one batch message (*eventbus.Publisher has it).
+type BatchPublisher interface {
+	PublishBatchAsync(ctx context.Context, evs []eventbus.WireEvent) (uint64, error)
+}
+
 // publisherSink adapts a Publisher to a Stream's Sink.
 type publisherSink struct {
 	pub    Publisher
 	worker string
 	rank   uint32
+	batch  bool // Config.BatchMessages
 }
 
+// Emit publishes one engine event batch: as one batch message with
+// Config.BatchMessages (when the publisher can), else one message per event.
 func (p *publisherSink) Emit(ctx context.Context, evs []router.KVEvent) error {
+	if bp, ok := p.pub.(BatchPublisher); ok && p.batch && len(evs) > 1 {
+		wire := make([]eventbus.WireEvent, len(evs))
+		for i, kv := range evs {
+			wire[i] = eventbus.FromKVEvent(p.worker, p.rank, 0, kv)
+		}
+		_, err := bp.PublishBatchAsync(ctx, wire)
+		return err
+	}
 	for _, kv := range evs {
 		if _, err := p.pub.PublishAsync(ctx, eventbus.FromKVEvent(p.worker, p.rank, 0, kv)); err != nil {
 			return err
@@ -234,6 +251,10 @@ type Config struct {
 	// LowerTiers are the offload tiers whose events are published with
 	// their tier (StreamConfig.LowerTiers); empty: skipped.
 	LowerTiers []router.Tier
+	// BatchMessages forwards each engine event batch (vLLM's KVEventBatch,
+	// after conversion) as one batch message (eventbus's batch form) instead
+	// of one message per event. Every replica must know batch messages.
+	BatchMessages bool
 }
 
 // Bridge follows the KV events of vLLM and SGLang workers over ZMQ and
@@ -622,7 +643,7 @@ func (w *worker) follow(ctx context.Context) {
 		}
 		schema, _ := spec.Schema() // checked by Normalize
 		st := NewStream(StreamConfig{Worker: spec.ID, DPRank: uint32(i), BlockSize: cfg.BlockSize, MaxEntries: cfg.MaxEntries,
-			Replayer: rep, Sink: &publisherSink{pub: pub, worker: spec.ID, rank: uint32(i)}, Logger: w.b.log,
+			Replayer: rep, Sink: &publisherSink{pub: pub, worker: spec.ID, rank: uint32(i), batch: w.b.cfg.BatchMessages}, Logger: w.b.log,
 			Schema: schema, Group: spec.KVCacheGroup, LowerTiers: cfg.LowerTiers})
 		if zrep != nil {
 			zrep.Counters = st.Wire() // before the stream's first replay: Start runs later, in followRank
