@@ -224,10 +224,13 @@ func (pd *pending) label() string {
 }
 
 // openBatch collects events until a batch message is sealed: their
-// encodings, after headerRoom bytes kept for the array header.
+// encodings, after headerRoom bytes kept for the array header, so that the
+// buffer becomes the message's data without a copy (the next batch gets a
+// new buffer: a sent message's data is kept for its re-sends).
 type openBatch struct {
 	pd    *pending // nil while empty; first and last set
 	buf   []byte
+	size  int // the last sealed buffer's length: the next one's capacity
 	timer *time.Timer
 	gen   uint64 // counts sealed batches: a linger timer seals only its own
 }
@@ -411,10 +414,7 @@ func (p *Publisher) send(ctx context.Context, ev WireEvent, hold bool) (*pending
 	}
 	if p.open.pd == nil {
 		p.open.pd = &pending{first: ev.EventID, done: make(chan struct{})}
-		if cap(p.open.buf) == 0 {
-			p.open.buf = make([]byte, headerRoom, headerRoom+len(data))
-		}
-		p.open.buf = p.open.buf[:headerRoom]
+		p.open.buf = make([]byte, headerRoom, max(p.open.size, headerRoom+len(data)))
 		if p.opts.batchEvents > 1 {
 			gen := p.open.gen
 			p.open.timer = time.AfterFunc(p.opts.batchLinger, func() { p.linger(gen) })
@@ -475,18 +475,21 @@ func (p *Publisher) seal(own uint64) error {
 	p.open.pd = nil
 	p.open.gen++
 	n := pd.events()
+	buf := p.open.buf
+	p.open.buf, p.open.size = nil, len(buf)
 	var data []byte
 	var id string
 	if n == 1 {
-		data = append([]byte(nil), p.open.buf[headerRoom:]...)
+		data = buf[headerRoom:]
 		id = MsgID(p.worker, p.dpRank, pd.first)
 	} else {
-		h := appendArrayHeader(nil, n)
-		data = make([]byte, 0, len(h)+len(p.open.buf)-headerRoom)
-		data = append(append(data, h...), p.open.buf[headerRoom:]...)
+		var h [headerRoom]byte
+		hdr := appendArrayHeader(h[:0], n)
+		start := headerRoom - len(hdr)
+		copy(buf[start:], hdr)
+		data = buf[start:]
 		id = BatchMsgID(p.worker, p.dpRank, pd.first, pd.last)
 	}
-	p.open.buf = p.open.buf[:headerRoom]
 	msg := &nats.Msg{Subject: p.subject, Data: data, Header: nats.Header{}}
 	msg.Header.Set(jetstream.MsgIDHeader, id)
 	pd.msg = msg
