@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvrouter/kvrouter/cluster/clustertest"
@@ -244,5 +245,76 @@ func TestReplicaResyncReachesWorker(t *testing.T) {
 		t.Fatalf("a second resync request %+v: the republished event should have been the baseline", again)
 	default:
 	}
+	tc.WaitConverged()
+}
+
+// TestReplicaIngestBatchMembers: batch messages go through the real state
+// machine event by event. A batch with an invalid last member has its
+// valid members applied and is acked (the invalid one counted, not
+// applied); a later batch repeating an applied event has that one skipped
+// as a duplicate and the rest applied: no gap, nothing stale, every replica
+// holds exactly the valid events' blocks, and the stream is drained.
+func TestReplicaIngestBatchMembers(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	leader := tc.WaitLeader()
+	registerWorker(t, tc.follower(leader), "w")
+	nc, err := eventbus.Connect(tc.Bus.ClientURL(), "raw-publisher", clustertest.NewTestLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stream jetstream.Stream
+	poll.Until(t, 20*time.Second, 20*time.Millisecond, func() error {
+		stream, err = js.Stream(t.Context(), eventbus.StreamName)
+		return err
+	})
+	event := func(id uint64) eventbus.WireEvent {
+		ev := stored(int(id) - 1)
+		ev.Worker, ev.EventID = "w", id
+		return ev
+	}
+	publish := func(evs ...eventbus.WireEvent) {
+		t.Helper()
+		data, err := eventbus.EncodeBatch(evs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := &nats.Msg{Subject: eventbus.EventSubject("w"), Data: data, Header: nats.Header{}}
+		msg.Header.Set(jetstream.MsgIDHeader, eventbus.BatchMsgID("w", 0, evs[0].EventID, evs[len(evs)-1].EventID))
+		if _, err := js.PublishMsg(t.Context(), msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad := event(3)
+	bad.Kind = 9
+	publish(event(1), event(2), bad)      // 1, 2 applied; 3 refused (bad_kind)
+	publish(event(2), event(3), event(4)) // 2 skipped (duplicate); 3, 4 applied
+	key := fsm.RankKey{Worker: "w", DPRank: 0}
+	poll.Until(t, 30*time.Second, 20*time.Millisecond, func() error {
+		cons, err := stream.Consumer(t.Context(), eventbus.DefaultDurable)
+		if err != nil {
+			return err
+		}
+		info, err := cons.Info(t.Context())
+		if err != nil {
+			return err
+		}
+		if info.NumPending > 0 || info.NumAckPending > 0 {
+			return fmt.Errorf("consumer: %d pending, %d awaiting ack", info.NumPending, info.NumAckPending)
+		}
+		return tc.eachReplica(func(r *replica) error {
+			if s, stale := r.fsm.Stale()[key]; stale {
+				return fmt.Errorf("stale: %s", s.Reason)
+			}
+			if c, held := r.fsm.Cursors()[key], r.fsm.Index().Held(key.ID()); c != 4 || held != 4 {
+				return fmt.Errorf("applied up to event %d holding %d blocks, want 4 and 4", c, held)
+			}
+			return nil
+		})
+	})
 	tc.WaitConverged()
 }
