@@ -613,3 +613,60 @@ func TestBusPublisherPublishBatchAsync(t *testing.T) {
 		}
 	}
 }
+
+// TestBusConsumerBatchAcrossEntries: a batch message whose events span
+// several applier calls (the entry byte cap) is acked only after the call
+// holding its last event committed: when that call fails, the message
+// comes back whole, and the events the earlier calls committed are skipped
+// as duplicates.
+func TestBusConsumerBatchAcrossEntries(t *testing.T) {
+	log := testLogger(t)
+	s := startSingle(t, log)
+	_, js := connect(t, s.ClientURL(), "t", log)
+	ensureStream(t, js, 1)
+	const limit = 3 * (10 + 8) // three one-block events per entry
+	c, err := NewConsumer(context.Background(), js, ConsumerConfig{Logger: log, EntryBytes: entrySize,
+		MaxEntryBytes: limit, RetryBackoff: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := batchOf("w1", 1, 8) // entries: 1-3, 4-6, 7-8
+	m := &nats.Msg{Subject: EventSubject("w1"), Data: mustEncodeBatch(t, evs), Header: nats.Header{}}
+	m.Header.Set(jetstream.MsgIDHeader, BatchMsgID("w1", 0, 1, 8))
+	if _, err := js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	a := newFakeApplier()
+	var calls [][2]uint64
+	var failed atomic.Bool
+	var mu sync.Mutex
+	a.fail = func(batch []WireEvent) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, [2]uint64{batch[0].EventID, batch[len(batch)-1].EventID})
+		if batch[0].EventID == 7 && !failed.Swap(true) {
+			// The message must not be acked yet: the first two entries
+			// committed, the third did not.
+			if n := streamMsgs(t, js); n != 1 {
+				t.Errorf("stream holds %d messages before the last entry committed, want 1", n)
+			}
+			return fmt.Errorf("no quorum")
+		}
+		return nil
+	}
+	runConsumer(t, c, a)
+	waitApplied(t, a, 8)
+	waitStreamEmpty(t, js)
+	mu.Lock()
+	defer mu.Unlock()
+	want := [][2]uint64{{1, 3}, {4, 6}, {7, 8}, {1, 3}, {4, 6}, {7, 8}}
+	if !reflect.DeepEqual(calls, want) {
+		t.Errorf("applier calls %v, want %v", calls, want)
+	}
+	a.mu.Lock()
+	dups := a.dups
+	a.mu.Unlock()
+	if dups != 6 {
+		t.Errorf("%d duplicates skipped, want 6 (events 1-6 again)", dups)
+	}
+}
