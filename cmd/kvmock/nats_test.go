@@ -24,17 +24,26 @@ func freePort(t *testing.T) int {
 
 // Against a real (embedded) NATS JetStream that comes up only after kvmock:
 // the events wait, then reach the KV_EVENTS stream in order with the
-// Nats-Msg-Id dedupe ids, and a resync request over NATS is served.
+// Nats-Msg-Id dedupe ids, and a resync request over NATS is served. One
+// event per message, and with --events-per-msg 8 (batch messages, however
+// the events happen to be cut).
 func TestMockNATS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("embedded NATS")
 	}
+	for _, n := range []int{1, 8} {
+		t.Run(fmt.Sprintf("events-per-msg=%d", n), func(t *testing.T) { testMockNATS(t, n) })
+	}
+}
+
+func testMockNATS(t *testing.T, eventsPerMsg int) {
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	log := testLog(t)
 
 	cfg := testConfig(t)
 	cfg.NATS = url
+	cfg.EventsPerMsg = eventsPerMsg
 	m, err := newMock(cfg, log, natsConnect(url, log))
 	if err != nil {
 		t.Fatal(err)
@@ -90,34 +99,54 @@ func TestMockNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// read returns the first n events in the stream, from single-event
+	// and batch messages alike, each message checked against its subject
+	// and Nats-Msg-Id.
 	read := func(n int) []eventbus.WireEvent {
 		t.Helper()
+		var evs []eventbus.WireEvent
 		checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 			info, err := stream.Info(sctx)
 			if err != nil {
 				return err
 			}
-			if info.State.Msgs < uint64(n) {
-				return fmt.Errorf("%d events in the stream, want %d", info.State.Msgs, n)
+			evs = evs[:0]
+			for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
+				msg, err := stream.GetMsg(sctx, seq)
+				if err != nil {
+					return err
+				}
+				var got []eventbus.WireEvent
+				wantID := ""
+				if eventbus.IsBatch(msg.Data) {
+					if eventsPerMsg == 1 {
+						t.Fatalf("message %d is a batch without --events-per-msg", seq)
+					}
+					if got, err = eventbus.DecodeBatch(msg.Data); err == nil {
+						err = eventbus.CheckBatch(got)
+					}
+					if err == nil {
+						wantID = eventbus.BatchMsgID("mock-1", 0, got[0].EventID, got[len(got)-1].EventID)
+					}
+				} else {
+					var ev eventbus.WireEvent
+					ev, err = eventbus.Decode(msg.Data)
+					got, wantID = []eventbus.WireEvent{ev}, ev.MsgID()
+				}
+				if err != nil {
+					t.Fatalf("message %d: %v", seq, err)
+				}
+				if msg.Subject != eventbus.EventSubject("mock-1") || msg.Header.Get(jetstream.MsgIDHeader) != wantID {
+					t.Fatalf("message %d: subject %q msg id %q, want %q", seq, msg.Subject, msg.Header.Get(jetstream.MsgIDHeader), wantID)
+				}
+				evs = append(evs, got...)
+			}
+			if len(evs) < n {
+				return fmt.Errorf("%d events in the stream, want %d", len(evs), n)
 			}
 			return nil
 		})
-		var evs []eventbus.WireEvent
-		for seq := uint64(1); seq <= uint64(n); seq++ {
-			msg, err := stream.GetMsg(sctx, seq)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ev, err := eventbus.Decode(msg.Data)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if msg.Subject != eventbus.EventSubject("mock-1") || msg.Header.Get(jetstream.MsgIDHeader) != ev.MsgID() {
-				t.Fatalf("event %d: subject %q msg id %q", seq, msg.Subject, msg.Header.Get(jetstream.MsgIDHeader))
-			}
-			evs = append(evs, ev)
-		}
-		return evs
+		return evs[:n]
 	}
 	evs := read(3)
 	checkContiguous(t, evs)
