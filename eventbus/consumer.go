@@ -334,9 +334,11 @@ func (c *Consumer) consumer(ctx context.Context, refresh bool) (jetstream.Consum
 // returns nil; it returns an error only if the consumer cannot be set up.
 //
 // Each round fetches up to MaxBatch messages, waiting at most BatchWait
-// after the first; decodes and validates each (invalid ones are terminated
-// and counted, so they never block the stream); hands the valid ones, in
-// stream order, to applier; and acks them only after it returns nil. On an
+// after the first; decodes and validates each message's events (one, or a
+// batch message's several; invalid ones are counted and their messages
+// terminated, so they never block the stream); hands the valid events, in
+// stream order, to applier; and acks a message only after applier
+// returned nil for all its valid events. On an
 // error nothing is acked: the consumer is rewound to its ack floor so
 // JetStream redelivers the batch, first and in order, after a pause.
 //
