@@ -38,6 +38,10 @@ type Request struct {
 	ExpectedOutputTokens int
 	// Exclude lists workers not to choose (a retry after a failed connection).
 	Exclude []WorkerID
+	// LatencySensitivity is Dynamo's nvext.agent_hints.latency_sensitivity:
+	// while the request waits in the admission queue it counts as having
+	// arrived this much earlier (Queue). 0: none; never negative.
+	LatencySensitivity time.Duration
 }
 
 // Decision is a routing decision with its whole cost table.
