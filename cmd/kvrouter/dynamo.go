@@ -306,12 +306,6 @@ func dynamoSpecs(c *serveConfig, d *dynamoState, warn func(string)) []flagSpec {
 	specs = append(specs, pair("router-track-output-blocks", []string{"DYN_ROUTER_TRACK_OUTPUT_BLOCKS"},
 		"grow a worker's active blocks as its requests stream: one block per block of output, decayed toward nvext.agent_hints.osl (default false)",
 		func(on bool) { c.Router.TrackOutputBlocks = on }, "track-output-blocks")...)
-	// Prefix pinning (issue 28 item 2; internal/replica/pins.go): the
-	// flag of Dynamo's agentic cache control work. Off, nvext.cache_control
-	// is not read (it still reaches the worker in the body).
-	specs = append(specs, pair("enable-agentic-cache-control", []string{"KVROUTER_ENABLE_AGENTIC_CACHE_CONTROL"},
-		"pin a request's prompt prefix on its worker for nvext.cache_control's TTL ({\"type\": \"ephemeral\", \"ttl\": \"5m\"}), on every replica: requests starting with it go to its holders and kv-pooled never prices its eviction as free (default false)",
-		func(on bool) { c.Pins = on })...)
 	specs = append(specs, pair("router-assume-kv-reuse", []string{"DYN_ROUTER_ASSUME_KV_REUSE"},
 		"requests sharing a prefix on a worker share its active blocks (default true; --no-router-assume-kv-reuse: every request's blocks count on their own)",
 		func(on bool) { c.Router.DistinctActiveBlocks = !on }, "assume-kv-reuse")...)
