@@ -248,6 +248,18 @@ type Engine struct {
 	nextEvent uint64
 	hitBuf    []int32
 	st        Stats
+
+	// Prefix pins (Pin): content hash → pin; each pinned block holds one
+	// reference of its own, so it is never evicted (SGLang HiCache's
+	// lock_ref). pinOrder lists the pinned hashes in pin order: expiry
+	// walks it, never the map.
+	pins     map[uint64]*enginePin
+	pinOrder []uint64
+}
+
+// enginePin is one pinned block's expiry and the TTL a hit renews.
+type enginePin struct {
+	until, ttl time.Duration
 }
 
 // New validates cfg and returns an idle engine with an empty cache.
@@ -300,6 +312,7 @@ func New(id string, cfg Config) (*Engine, error) {
 		salt:      mix64(fnv64(id) ^ 0x6b766d6f636b2121),
 		byID:      make(map[string]*seq),
 		nextEvent: cfg.EventIDBase,
+		pins:      make(map[uint64]*enginePin),
 	}
 	return e, nil
 }
@@ -365,6 +378,12 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		return fmt.Errorf("engine %s: request %s: %w", e.id, r.ID, ErrDuplicate)
 	}
 	e.advanceTo(now)
+	e.expirePins(now)
+	for _, h := range hashes { // refresh on hit (HiCache: a hit resets the pin's expiry)
+		if p := e.pins[h]; p != nil {
+			p.until = max(p.until, now+p.ttl)
+		}
+	}
 	e.serial++
 	s := &seq{
 		id:        r.ID,
@@ -496,11 +515,70 @@ func (e *Engine) Cancel(now time.Duration, id string) bool {
 	return true
 }
 
+// MaxPinnedShare bounds the share of an engine's blocks pins may hold, so
+// pinned prefixes never starve admission (SGLang moves pinned blocks to host
+// memory under pressure; this model keeps them on the device instead).
+const MaxPinnedShare = 0.5
+
+// Pin pins the cached prefix of hashes (content hashes, the prompt's
+// blocks in order) until now+ttl: a pinned block is never evicted, and a
+// request hitting it renews the expiry to its time + ttl. Pinning stops at
+// the first block not cached, or when pins hold MaxPinnedShare of the
+// blocks. It returns the blocks newly pinned. Expired pins are released
+// lazily (at the next Submit or Pin), as HiCache's eviction checks them.
+func (e *Engine) Pin(now time.Duration, hashes []uint64, ttl time.Duration) int {
+	e.expirePins(now)
+	limit := int(MaxPinnedShare * float64(e.pool.capacity()))
+	n := 0
+	for _, h := range hashes {
+		if p := e.pins[h]; p != nil {
+			p.until, p.ttl = max(p.until, now+ttl), ttl
+			continue
+		}
+		b, ok := e.pool.lookup(h)
+		if !ok || len(e.pinOrder) >= limit {
+			break
+		}
+		e.pool.touch(b)
+		e.pins[h] = &enginePin{until: now + ttl, ttl: ttl}
+		e.pinOrder = append(e.pinOrder, h)
+		n++
+	}
+	return n
+}
+
+// PinnedBlocks is the number of blocks pins hold.
+func (e *Engine) PinnedBlocks() int { return len(e.pinOrder) }
+
+// expirePins releases the pins due at now, last pinned first (a prefix's
+// tail reaches the free queue before its head, as reverse-order freeing
+// has it).
+func (e *Engine) expirePins(now time.Duration) {
+	e.releasePins(func(p *enginePin) bool { return p.until <= now })
+}
+
+func (e *Engine) releasePins(due func(*enginePin) bool) {
+	released := false
+	for i := len(e.pinOrder) - 1; i >= 0; i-- {
+		h := e.pinOrder[i]
+		if p := e.pins[h]; due(p) {
+			b, _ := e.pool.lookup(h) // held by the pin: never evicted, so cached
+			e.pool.release(b)
+			delete(e.pins, h)
+			released = true
+		}
+	}
+	if released {
+		e.pinOrder = slices.DeleteFunc(e.pinOrder, func(h uint64) bool { return e.pins[h] == nil })
+	}
+}
+
 // Clear drops every cached block and emits a cleared event, like vLLM's
-// reset_prefix_cache. As there, it fails (ErrBusy) while running requests
-// hold blocks.
+// reset_prefix_cache. Pins are released first; as in vLLM, it fails
+// (ErrBusy) while running requests hold blocks.
 func (e *Engine) Clear(now time.Duration) error {
 	e.advanceTo(now)
+	e.releasePins(func(*enginePin) bool { return true })
 	if u := e.pool.used(); u > 0 {
 		return fmt.Errorf("engine %s: clear: %d blocks in use: %w", e.id, u, ErrBusy)
 	}
