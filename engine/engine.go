@@ -249,10 +249,10 @@ type Engine struct {
 	hitBuf    []int32
 	st        Stats
 
-	// Prefix pins (Pin): content hash → pin; each pinned block holds one
-	// reference of its own, so it is never evicted (SGLang HiCache's
-	// lock_ref). pinOrder lists the pinned hashes in pin order: expiry
-	// walks it, never the map.
+	// Prefix pins (Pin): content hash → pin, kept in "host memory" past
+	// the block's eviction from the device (SGLang HiCache's PIN).
+	// pinOrder lists the pinned hashes in pin order: expiry walks it,
+	// never the map.
 	pins     map[uint64]*enginePin
 	pinOrder []uint64
 }
@@ -515,31 +515,29 @@ func (e *Engine) Cancel(now time.Duration, id string) bool {
 	return true
 }
 
-// MaxPinnedShare bounds the share of an engine's blocks pins may hold, so
-// pinned prefixes never starve admission (SGLang moves pinned blocks to host
-// memory under pressure; this model keeps them on the device instead).
-const MaxPinnedShare = 0.5
-
 // Pin pins the cached prefix of hashes (content hashes, the prompt's
-// blocks in order) until now+ttl: a pinned block is never evicted, and a
-// request hitting it renews the expiry to its time + ttl. Pinning stops at
-// the first block not cached, or when pins hold MaxPinnedShare of the
-// blocks. It returns the blocks newly pinned. Expired pins are released
-// lazily (at the next Submit or Pin), as HiCache's eviction checks them.
+// blocks in order) until now+ttl, as SGLang's HiCache pins a prefix
+// (Dynamo's PIN): a pinned block evicted from the device is kept in host
+// memory, and a later request past its device prefix loads it from there
+// instead of computing it (counted cached, like Config.LowerTier's blocks;
+// loads take no time, engine/DESIGN.md). Pins take no device blocks, so
+// they never starve admission. A request hitting a pinned block renews its
+// expiry to the request's time + ttl. Pinning stops at the first block not
+// cached on the device or pinned, or when pins hold CapacityBlocks blocks
+// (a host pool the device's size: HiCache's ratio 1). It returns the
+// blocks newly pinned. Expired pins are dropped lazily (at the next Submit
+// or Pin), as HiCache's eviction checks them.
 func (e *Engine) Pin(now time.Duration, hashes []uint64, ttl time.Duration) int {
 	e.expirePins(now)
-	limit := int(MaxPinnedShare * float64(e.pool.capacity()))
 	n := 0
 	for _, h := range hashes {
 		if p := e.pins[h]; p != nil {
 			p.until, p.ttl = max(p.until, now+ttl), ttl
 			continue
 		}
-		b, ok := e.pool.lookup(h)
-		if !ok || len(e.pinOrder) >= limit {
+		if _, ok := e.pool.lookup(h); !ok || len(e.pinOrder) >= e.pool.capacity() {
 			break
 		}
-		e.pool.touch(b)
 		e.pins[h] = &enginePin{until: now + ttl, ttl: ttl}
 		e.pinOrder = append(e.pinOrder, h)
 		n++
@@ -547,38 +545,33 @@ func (e *Engine) Pin(now time.Duration, hashes []uint64, ttl time.Duration) int 
 	return n
 }
 
-// PinnedBlocks is the number of blocks pins hold.
+// PinnedBlocks is the number of blocks pinned.
 func (e *Engine) PinnedBlocks() int { return len(e.pinOrder) }
 
-// expirePins releases the pins due at now, last pinned first (a prefix's
-// tail reaches the free queue before its head, as reverse-order freeing
-// has it).
-func (e *Engine) expirePins(now time.Duration) {
-	e.releasePins(func(p *enginePin) bool { return p.until <= now })
+// pinned reports whether content hash h is pinned and not expired.
+func (e *Engine) pinned(h uint64) bool {
+	p := e.pins[h]
+	return p != nil && p.until > e.now
 }
 
-func (e *Engine) releasePins(due func(*enginePin) bool) {
-	released := false
-	for i := len(e.pinOrder) - 1; i >= 0; i-- {
-		h := e.pinOrder[i]
-		if p := e.pins[h]; due(p) {
-			b, _ := e.pool.lookup(h) // held by the pin: never evicted, so cached
-			e.pool.release(b)
+// expirePins drops the pins due at now (pinOrder is walked, never the map).
+func (e *Engine) expirePins(now time.Duration) {
+	e.pinOrder = slices.DeleteFunc(e.pinOrder, func(h uint64) bool {
+		if e.pins[h].until <= now {
 			delete(e.pins, h)
-			released = true
+			return true
 		}
-	}
-	if released {
-		e.pinOrder = slices.DeleteFunc(e.pinOrder, func(h uint64) bool { return e.pins[h] == nil })
-	}
+		return false
+	})
 }
 
 // Clear drops every cached block and emits a cleared event, like vLLM's
-// reset_prefix_cache. Pins are released first; as in vLLM, it fails
-// (ErrBusy) while running requests hold blocks.
+// reset_prefix_cache, and drops every pin. As in vLLM, it fails (ErrBusy)
+// while running requests hold blocks.
 func (e *Engine) Clear(now time.Duration) error {
 	e.advanceTo(now)
-	e.releasePins(func(*enginePin) bool { return true })
+	clear(e.pins)
+	e.pinOrder = e.pinOrder[:0]
 	if u := e.pool.used(); u > 0 {
 		return fmt.Errorf("engine %s: clear: %d blocks in use: %w", e.id, u, ErrBusy)
 	}
@@ -789,12 +782,16 @@ func (e *Engine) lookup(s *seq) []int32 {
 // lowerHits is how many of s's blocks from block gpu on the lower tier
 // holds contiguously (Config.LowerTier), within lookup's bound.
 func (e *Engine) lowerHits(s *seq, gpu int) int {
-	if e.cfg.LowerTier == nil {
+	if e.cfg.LowerTier == nil && len(e.pinOrder) == 0 {
 		return 0
 	}
 	maxHit := (s.numTokens() - 1) / e.cfg.BlockSize
 	n := 0
-	for gpu+n < maxHit && e.cfg.LowerTier(e.hashAt(s, gpu+n)) {
+	for gpu+n < maxHit {
+		h := e.hashAt(s, gpu+n)
+		if !e.pinned(h) && (e.cfg.LowerTier == nil || !e.cfg.LowerTier(h)) {
+			break
+		}
 		n++
 	}
 	return n

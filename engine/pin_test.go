@@ -9,9 +9,10 @@ import (
 )
 
 // TestEnginePrefixPin: a pinned prefix survives a flood that evicts an
-// unpinned one (HiCache's PIN, SGLang's lock_ref); a hit renews the pin;
-// once the pin expires the flood evicts it like any block; pins never
-// take more than MaxPinnedShare of the cache.
+// unpinned one (HiCache's PIN: evicted from the device, loaded back from
+// host memory, counted cached) and takes no device block meanwhile; a hit
+// renews the pin; once it expires the prefix is lost like any block; pins
+// hold at most the device's capacity.
 func TestEnginePrefixPin(t *testing.T) {
 	const bs = 4
 	conv := seqTokens(1, 12) // a conversation: 3 blocks
@@ -50,6 +51,9 @@ func TestEnginePrefixPin(t *testing.T) {
 				runIdle(t, e)
 			}
 			flood(e, 0)
+			if st := e.Stats(); st.UsedBlocks != 0 {
+				t.Fatalf("%d device blocks held after the flood: pins must take none", st.UsedBlocks)
+			}
 			if got := probe(e, "probe"); got != tc.wantCached {
 				t.Fatalf("probe cached %d tokens, want %d (pinned %d)", got, tc.wantCached, e.PinnedBlocks())
 			}
@@ -73,12 +77,16 @@ func TestEnginePrefixPin(t *testing.T) {
 		t.Fatalf("a hit did not renew the pin: %d blocks pinned", e.PinnedBlocks())
 	}
 
-	// The share bound: a 10-block cache pins 5 blocks at most.
-	long := seqTokens(2, 32) // 8 blocks
+	// The bound: a 10-block device pins 10 blocks at most.
 	e = mustNew(t, "w", Config{BlockSize: bs, CapacityBlocks: 10})
-	runOne(t, e, Request{ID: "long", Tokens: long, OutputTokens: 1})
-	if n := e.Pin(e.Stats().Now, router.SequenceHashes(long, bs, ""), time.Minute); n != 5 {
-		t.Fatalf("pinned %d of 8 blocks in a 10-block cache, want 5", n)
+	a, b := seqTokens(2, 32), seqTokens(3000, 32) // 8 blocks each
+	runOne(t, e, Request{ID: "a", Tokens: a, OutputTokens: 1})
+	if n := e.Pin(e.Stats().Now, router.SequenceHashes(a, bs, ""), time.Minute); n != 8 {
+		t.Fatalf("pinned %d of a's 8 blocks", n)
+	}
+	runOne(t, e, Request{ID: "b", Tokens: b, OutputTokens: 1})
+	if n := e.Pin(e.Stats().Now, router.SequenceHashes(b, bs, ""), time.Minute); n != 2 {
+		t.Fatalf("pinned %d of b's 8 blocks past 8 pinned in a 10-block device, want 2", n)
 	}
 	if err := e.Clear(e.Stats().Now); err != nil || e.PinnedBlocks() != 0 {
 		t.Fatalf("clear: %v, %d pinned", err, e.PinnedBlocks())
