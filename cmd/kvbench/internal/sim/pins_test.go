@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -75,6 +76,12 @@ func TestSimPinnedSessions(t *testing.T) {
 		}
 	}
 	b, p := laterTurnTTFTs(w, base, inTree), laterTurnTTFTs(w, pinned, inTree)
+	if bs.PinnedSessions != nil || ps.PinnedSessions == nil || ps.UnpinnedSessions == nil ||
+		ps.PinnedSessions.Turns != len(p.pinned) || ps.UnpinnedSessions.Turns != len(p.others) ||
+		math.Abs(ps.PinnedSessions.CachedFraction-p.cachedPinned) > 1e-12 || ps.PinnedSessions.TTFT.P50 != pct(p.pinned, 50) {
+		t.Fatalf("summary of the pinned groups %+v / %+v, want %d and %d turns, cached %.3f", ps.PinnedSessions, ps.UnpinnedSessions,
+			len(p.pinned), len(p.others), p.cachedPinned)
+	}
 	line := func(name string, f []float64, cached float64) string {
 		return fmt.Sprintf("%-34s n=%3d  TTFT p50 %7.1f ms  p90 %7.1f ms  mean %7.1f ms  cached %.3f", name, len(f), pct(f, 50), pct(f, 90), mean(f), cached)
 	}

@@ -102,6 +102,9 @@ type RequestResult struct {
 	// ResentAt is when the request was last re-sent because its worker
 	// was removed (fleet.go); 0 when never.
 	ResentAt time.Duration
+	// Pinned: the request belongs to a session tree that pins its
+	// prompts (Config.PinEvery).
+	Pinned bool
 }
 
 // Result is one run's outcome.
@@ -253,6 +256,7 @@ func (s *state) build() error {
 	for i, r := range s.w.Requests {
 		s.byID[r.ID] = i
 		s.res[i].Worker = -1
+		s.res[i].Pinned = PinnedRequest(s.w, s.cfg, i)
 	}
 	s.aff.init(s)
 	s.warm.worker = -1
@@ -541,7 +545,7 @@ func (s *state) handle(wi int, outs []engine.Output) {
 			}
 			rr.Finished = o.At
 			rr.Done = true
-			if s.Pinned(i) {
+			if rr.Pinned {
 				s.engines[wi].Pin(s.now, s.w.Requests[i].Hashes, s.cfg.PinTTL)
 			}
 			s.fleet.finished(wi)
@@ -669,12 +673,6 @@ func (h *eventHeap) Pop() any {
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]
 	return x
-}
-
-// Pinned reports whether request i belongs to a session tree that pins
-// its prompts (Config.PinEvery).
-func (s *state) Pinned(i int) bool {
-	return PinnedRequest(s.w, s.cfg, i)
 }
 
 // PinnedRequest reports whether request i of w belongs to a session tree
