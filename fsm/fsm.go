@@ -315,6 +315,10 @@ type state struct {
 	pinned   map[pinnedKey]map[uint64]int32
 	pinCount int
 	pinHeap  pinHeap
+	// pinFirst lists the pins by their first block (derived): a prompt
+	// can start with a pinned prefix only if it starts with that block,
+	// so PinLookup compares a few pins instead of hashing every block.
+	pinFirst map[uint64][]*Pin
 }
 
 // modelSize is the block size a model's registered workers share.
@@ -363,6 +367,7 @@ func newState(blockSize int) *state {
 		sessions:   make(map[string]SessionBinding),
 		pins:       make(map[pinKey]map[router.WorkerID]*Pin),
 		pinned:     make(map[pinnedKey]map[uint64]int32),
+		pinFirst:   make(map[uint64][]*Pin),
 	}
 }
 

@@ -269,6 +269,7 @@ func (st *state) addPinLocked(p *Pin) {
 	}
 	m[p.Worker] = p
 	st.pinCount++
+	st.pinFirst[p.Blocks[0]] = append(st.pinFirst[p.Blocks[0]], p)
 	pk := pinnedKey{p.Model, p.Worker}
 	blocks := st.pinned[pk]
 	if blocks == nil {
@@ -294,6 +295,12 @@ func (st *state) removePinLocked(model string, key uint64, w router.WorkerID) bo
 		delete(st.pins, k)
 	}
 	st.pinCount--
+	first := st.pinFirst[p.Blocks[0]]
+	if first = slices.DeleteFunc(first, func(q *Pin) bool { return q == p }); len(first) == 0 {
+		delete(st.pinFirst, p.Blocks[0])
+	} else {
+		st.pinFirst[p.Blocks[0]] = first
+	}
 	pk := pinnedKey{model, w}
 	blocks := st.pinned[pk]
 	for _, h := range p.Blocks {
@@ -431,25 +438,28 @@ func (f *FSM) expirePinsLocked(now int64) int {
 
 // PinLookup finds the longest pinned prefix of hashes (a request's block
 // hashes) for model: its length in blocks and its holders, sorted by
-// worker (copies). depth 0: none. A local read, no consensus.
+// worker (copies). depth 0: none. A local read, no consensus: the pins
+// starting with the prompt's first block are compared with it, a pin of d
+// blocks matching when the prompt's d-th hash is its key (sequence hashes:
+// equal d-th hashes mean equal prefixes).
 func (f *FSM) PinLookup(model string, hashes []uint64) (depth int, holders []Pin) {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	if f.st.pinCount == 0 {
+	if len(hashes) == 0 {
 		return 0, nil
 	}
-	for i := len(hashes) - 1; i >= 0; i-- {
-		m := f.st.pins[pinKey{model, hashes[i]}]
-		if len(m) == 0 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	for _, p := range f.st.pinFirst[hashes[0]] {
+		d := len(p.Blocks)
+		if d < depth || d > len(hashes) || p.Model != model || hashes[d-1] != p.Key() {
 			continue
 		}
-		for _, p := range m {
-			holders = append(holders, Pin{Model: p.Model, Worker: p.Worker, Blocks: p.Blocks, TTL: p.TTL, Until: p.Until})
+		if d > depth {
+			depth, holders = d, holders[:0]
 		}
-		slices.SortFunc(holders, func(a, b Pin) int { return strings.Compare(string(a.Worker), string(b.Worker)) })
-		return i + 1, holders
+		holders = append(holders, Pin{Model: p.Model, Worker: p.Worker, Blocks: p.Blocks, TTL: p.TTL, Until: p.Until})
 	}
-	return 0, nil
+	slices.SortFunc(holders, func(a, b Pin) int { return strings.Compare(string(a.Worker), string(b.Worker)) })
+	return depth, holders
 }
 
 // PinnedBlocks is the number of distinct blocks of model pinned on worker

@@ -428,3 +428,50 @@ func pinSeeds(t testing.TB) map[string][]byte {
 	seeds["unpin-empty"] = []byte{byte(CmdUnpinPrefix), 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 	return seeds
 }
+
+// BenchmarkFSMPinLookup: the read on every request's path while pins are
+// held (1,024 pins, MaxPins): a 2,048-block prompt that starts with one
+// of them (the walk stops at its key) and one that matches none (the walk
+// reads every hash).
+func BenchmarkFSMPinLookup(b *testing.B) {
+	h := newHarness(b)
+	prompt := make([]uint64, 2048)
+	for i := range prompt {
+		prompt[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+	}
+	for i := range MaxPins {
+		blocks := []uint64{uint64(i+1) << 40}
+		if i == 0 {
+			blocks = prompt[:1024]
+		}
+		h.ok(PinPrefix{Model: "m", Worker: "w", Key: blocks[len(blocks)-1], Blocks: blocks, TTL: 60 * sec, Until: 60 * sec})
+	}
+	miss := make([]uint64, len(prompt))
+	for i := range miss {
+		miss[i] = prompt[i] + 1
+	}
+	// Another state: 1,024 conversations of one agent, every pin starting
+	// with the same system-prompt block, the prompt's own the longest.
+	shared := newHarness(b)
+	for i := range MaxPins {
+		blocks := []uint64{prompt[0], uint64(i+1) << 40}
+		if i == 0 {
+			blocks = prompt[:1024]
+		}
+		shared.ok(PinPrefix{Model: "m", Worker: "w", Key: blocks[len(blocks)-1], Blocks: blocks, TTL: 60 * sec, Until: 60 * sec})
+	}
+	for _, tc := range []struct {
+		name   string
+		f      *FSM
+		hashes []uint64
+		depth  int
+	}{{"hit", h.f, prompt, 1024}, {"miss", h.f, miss, 0}, {"shared-first-block", shared.f, prompt, 1024}} {
+		b.Run(tc.name, func(b *testing.B) {
+			for b.Loop() {
+				if d, _ := tc.f.PinLookup("m", tc.hashes); d != tc.depth {
+					b.Fatalf("depth %d", d)
+				}
+			}
+		})
+	}
+}
