@@ -85,8 +85,18 @@ func TestServePrefixPins(t *testing.T) {
 	})
 	waitRoutable(t, reps, workers)
 
+	// The pin is made through a follower: its write is forwarded to the
+	// control group's leader.
+	leader, err := leaderOf(reps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	via := reps[0]
+	if via == leader {
+		via = reps[1]
+	}
 	prefix := strings.Repeat("the agent's system prompt and the conversation so far. ", 20)
-	code, holder, body := postChat(reps[0].url(), pinBody(prefix, "turn 1", `{"cache_control":{"type":"ephemeral","ttl":"5m"}}`))
+	code, holder, body := postChat(via.url(), pinBody(prefix, "turn 1", `{"cache_control":{"type":"ephemeral","ttl":"5m"}}`))
 	if code != 200 || holder == "" {
 		t.Fatalf("pinning request: %d %s", code, body)
 	}
@@ -107,8 +117,8 @@ func TestServePrefixPins(t *testing.T) {
 	}
 
 	// Concurrent requests: those starting with the pinned prefix, through
-	// the other replicas, all on the holder; those of another prefix
-	// spread by load.
+	// two replicas (the other one included), all on the holder; those of
+	// another prefix spread by load.
 	send := func(prefix string, n int) map[string]int {
 		var mu sync.Mutex
 		used := map[string]int{}
