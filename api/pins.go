@@ -2,11 +2,13 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -60,6 +62,18 @@ type PinReplica interface {
 	// PinCount is the number of pins held; Pins lists them (GET /pins).
 	PinCount() int
 	Pins() []PinInfo
+	// Unpin commits the end of pins (DELETE /pins) and returns how many
+	// ended. A malformed request wraps ErrInvalid.
+	Unpin(ctx context.Context, u PinUnpin) (int, error)
+}
+
+// PinUnpin names the pins DELETE /pins ends: with Model, those of the
+// prefix Key (on Worker's ranks, or every holder when Worker is ""); without,
+// every pin on Worker's ranks.
+type PinUnpin struct {
+	Model  string
+	Key    uint64
+	Worker string
 }
 
 // PinMatch is the longest pinned prefix of a request: Depth blocks, whose
@@ -325,4 +339,37 @@ func (s *Server) getPins(c *gin.Context) {
 		pins = []PinInfo{}
 	}
 	c.JSON(http.StatusOK, gin.H{"enabled": pr.PinsEnabled(), "count": len(pins), "pins": pins})
+}
+
+// deletePins is DELETE /pins (admin): {"model", "key"} ends a prefix's pins
+// (with "worker", only on that worker's ranks), {"worker"} every pin of a
+// worker. 200 {"unpinned": n} once applied; a malformed body is a 400 and
+// writes nothing.
+func (s *Server) deletePins(c *gin.Context) {
+	pr, ok := s.rep.(PinReplica)
+	if !ok {
+		c.JSON(http.StatusNotFound, gin.H{"error": "prefix pinning is not supported by this replica"})
+		return
+	}
+	var body struct {
+		Model  string `json:"model"`
+		Key    string `json:"key"` // hex, as GET /pins shows it
+		Worker string `json:"worker"`
+	}
+	const want = `body must be {"model", "key" (hex, as GET /pins shows it), optional "worker"} or {"worker"}; worker ids have no '#'`
+	err := c.ShouldBindJSON(&body)
+	key, kerr := strconv.ParseUint(body.Key, 16, 64)
+	switch {
+	case err != nil, len(body.Model) > 4096, len(body.Worker) > 4096, strings.ContainsRune(body.Worker, '#'),
+		body.Model == "" && (body.Worker == "" || body.Key != ""),
+		body.Model != "" && (body.Key == "" || kerr != nil):
+		c.JSON(http.StatusBadRequest, gin.H{"error": want})
+		return
+	}
+	n, err := pr.Unpin(c.Request.Context(), PinUnpin{Model: body.Model, Key: key, Worker: body.Worker})
+	if err != nil {
+		c.JSON(statusOf(err), gin.H{"error": s.redact(err.Error())})
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"unpinned": n})
 }

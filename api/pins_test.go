@@ -1,9 +1,11 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -25,6 +27,7 @@ type fakePins struct {
 	pmu    sync.Mutex
 	pins   []fakePin
 	writes []PinWrite
+	unpins []PinUnpin
 }
 
 type fakePin struct {
@@ -40,6 +43,12 @@ func (f *fakePins) PinCount() int {
 	return len(f.pins)
 }
 func (f *fakePins) Pins() []PinInfo { return nil }
+func (f *fakePins) Unpin(_ context.Context, u PinUnpin) (int, error) {
+	f.pmu.Lock()
+	defer f.pmu.Unlock()
+	f.unpins = append(f.unpins, u)
+	return 1, nil
+}
 func (f *fakePins) PinLookup(model string, hashes []uint64) (PinMatch, bool) {
 	f.pmu.Lock()
 	defer f.pmu.Unlock()
@@ -291,4 +300,51 @@ func FuzzAPICacheControl(f *testing.F) {
 			t.Fatalf("%q: ttl %v", raw, p.ttl)
 		}
 	})
+}
+
+// TestAPIDeletePins: DELETE /pins ends a prefix's pins or a worker's; a
+// malformed body is a 400 with a JSON error and writes nothing.
+func TestAPIDeletePins(t *testing.T) {
+	s, fp, _ := newPinServer(t, 1, true)
+	del := func(body string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodDelete, "/pins", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		s.Handler().ServeHTTP(rec, req)
+		return rec
+	}
+	for _, tc := range []struct {
+		body string
+		code int
+		want PinUnpin
+	}{
+		{`{"model":"m","key":"3c6d9d37b2a2440"}`, 200, PinUnpin{Model: "m", Key: 0x3c6d9d37b2a2440}},
+		{`{"model":"m","key":"ff","worker":"w1"}`, 200, PinUnpin{Model: "m", Key: 0xff, Worker: "w1"}},
+		{`{"worker":"w1"}`, 200, PinUnpin{Worker: "w1"}},
+		{`{}`, 400, PinUnpin{}},
+		{`{"model":"m"}`, 400, PinUnpin{}},
+		{`{"model":"m","key":"xyz"}`, 400, PinUnpin{}},
+		{`{"model":"m","key":"1ffffffffffffffff"}`, 400, PinUnpin{}},
+		{`{"key":"ff","worker":"w1"}`, 400, PinUnpin{}},
+		{`{"worker":"w1#2"}`, 400, PinUnpin{}},
+		{`{"worker":7}`, 400, PinUnpin{}},
+		{`[]`, 400, PinUnpin{}},
+	} {
+		rec := del(tc.body)
+		var out map[string]any
+		if rec.Code != tc.code || json.Unmarshal(rec.Body.Bytes(), &out) != nil {
+			t.Errorf("%s: %d %s, want %d", tc.body, rec.Code, rec.Body, tc.code)
+			continue
+		}
+		fp.pmu.Lock()
+		got := fp.unpins
+		fp.unpins = nil
+		fp.pmu.Unlock()
+		switch {
+		case tc.code == 200 && (len(got) != 1 || got[0] != tc.want || out["unpinned"] != 1.0):
+			t.Errorf("%s: unpinned %+v (%v), want %+v", tc.body, got, out, tc.want)
+		case tc.code != 200 && (len(got) != 0 || out["error"] == nil):
+			t.Errorf("%s: refused with %v but wrote %+v", tc.body, out, got)
+		}
+	}
 }

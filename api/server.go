@@ -390,7 +390,8 @@ func (s *Server) routes() *gin.Engine {
 	admin.POST("/workers/undrain", s.undrainWorker) // fleet.go
 	admin.GET("/fleet/plan", s.getFleetPlan)        // fleet.go
 	admin.GET("/sessions/*id", s.getSession)
-	admin.GET("/pins", s.getPins) // pins.go
+	admin.GET("/pins", s.getPins)       // pins.go
+	admin.DELETE("/pins", s.deletePins) // pins.go
 	// Under /cluster/, so a member's credential, not the operator's token
 	// (it writes the Raft log: fsm.SetGroups).
 	peer := e.Group("/", s.requirePeer)

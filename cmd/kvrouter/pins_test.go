@@ -219,4 +219,25 @@ func TestServePrefixPins(t *testing.T) {
 	if used := send(prefix, 12); len(used) != 1 || used[moved] != 12 {
 		t.Errorf("after the move the pinned prefix went to %v, want all on %s", used, moved)
 	}
+
+	// An operator ends the worker's pins through a follower: gone everywhere.
+	req, _ := http.NewRequest(http.MethodDelete, via.url()+"/pins", strings.NewReader(fmt.Sprintf(`{"worker":%q}`, moved)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"unpinned":1`) {
+		t.Fatalf("DELETE /pins: %d %s", resp.StatusCode, b)
+	}
+	for _, r := range reps {
+		poll.Until(t, 10*time.Second, 20*time.Millisecond, func() error {
+			if p, err := pinsOf(r.url()); err != nil || p.Count != 0 {
+				return fmt.Errorf("%s lists %+v (%v) after the unpin", r.cfg.NodeID, p, err)
+			}
+			return nil
+		})
+	}
 }

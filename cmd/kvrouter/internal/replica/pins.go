@@ -85,7 +85,7 @@ func (r *replica) Pin(w api.PinWrite) {
 		}()
 		c := fsm.PinPrefix{Model: w.Model, Worker: w.Worker, Key: w.Key, Blocks: w.Blocks, TTL: int64(w.TTL),
 			Until: time.Now().Add(w.TTL).UnixNano(), Replace: w.Replace}
-		if err := r.proposePin(context.Background(), c); err != nil {
+		if _, err := r.proposePin(context.Background(), c); err != nil {
 			r.log.Debug("pin write", "model", w.Model, "worker", w.Worker, "blocks", len(w.Blocks), "err", err)
 		}
 	}()
@@ -93,30 +93,39 @@ func (r *replica) Pin(w api.PinWrite) {
 
 // proposePin checks, encodes and commits a pin command to the control
 // group. A refused pin (the limit, a rule) is never proposed.
-func (r *replica) proposePin(ctx context.Context, c fsm.Command) error {
+func (r *replica) proposePin(ctx context.Context, c fsm.Command) (*fsm.ApplyResult, error) {
 	if pc, ok := c.(fsm.PinPrefix); ok {
 		if err := r.fsm.CheckPinPrefix(pc); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := fsm.CheckTime(c, time.Now().UnixNano()); err != nil {
-		return err
+		return nil, err
 	}
 	b, err := fsm.Encode(c)
 	if err != nil {
-		return fmt.Errorf("%w: %v", api.ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %v", api.ErrInvalid, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, proposeTimeout)
 	defer cancel()
 	resp, err := r.control().node.Apply(ctx, b)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	res, ok := resp.(*fsm.ApplyResult)
 	if !ok {
-		return fmt.Errorf("%s: unexpected apply response %T", c.Type(), resp)
+		return nil, fmt.Errorf("%s: unexpected apply response %T", c.Type(), resp)
 	}
-	return res.Err
+	return res, res.Err
+}
+
+// Unpin commits UnpinPrefix (DELETE /pins) and returns the pins it ended.
+func (r *replica) Unpin(ctx context.Context, u api.PinUnpin) (int, error) {
+	res, err := r.proposePin(ctx, fsm.UnpinPrefix{Model: u.Model, Key: u.Key, Worker: u.Worker})
+	if err != nil {
+		return 0, err
+	}
+	return res.Applied, nil
 }
 
 // pinnedBlocksOf is what a model's router gives kv-pooled: the blocks of

@@ -60,20 +60,20 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 //     group's leader.
 //   - PinPrefix (19): prefix pins, pins, refreshes and moves, on the
 //     replica that routed the request (pins.go), to the control group's
-//     leader. UnpinPrefix (20) is proposed by no replica code yet: refused,
-//     like RemoveNode.
+//     leader; UnpinPrefix (20): DELETE /pins on any replica, likewise.
 //
 // Not forwarded, so refused: KVEventBatch (3) — the leader's ingest writes
 // it locally (ApplyLocal), never through /cluster/apply; Tick (6) — only a
 // leader stamps its clock into the log (a forwarded Tick is a leader that
 // lost leadership mid-proposal, and the next leader ticks anyway);
-// RemoveNode (9) and UnpinPrefix (20) — no replica code proposes them today (membership changes go
+// RemoveNode (9) — no replica code proposes it today (membership changes go
 // through /cluster/remove, which the cluster package handles); and every
 // type this build does not know.
 var forwardedTypes = []fsm.CommandType{
 	fsm.CmdRegisterWorker, fsm.CmdRegisterWorkerRole, fsm.CmdRegisterWorkerBlockSize, fsm.CmdDeregisterWorker, fsm.CmdSetModelConfig,
 	fsm.CmdPredictions, fsm.CmdRegisterNode, fsm.CmdResyncWorker, fsm.CmdPlaceWorker, fsm.CmdSetGroups,
 	fsm.CmdSetGroupsChecked, fsm.CmdSetWorkerDrain, fsm.CmdBindSession, fsm.CmdUnbindSessions, fsm.CmdPinPrefix,
+	fsm.CmdUnpinPrefix,
 }
 
 // errForbiddenCommand is wrapped by every refusal of checkForwarded.

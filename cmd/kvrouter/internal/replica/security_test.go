@@ -19,8 +19,7 @@ import (
 
 // TestReplicaCheckForwarded: /cluster/apply takes the command types
 // replicas forward and refuses the leader's own (ingest batch, Tick), the
-// unproposed RemoveNode and UnpinPrefix, unknown types and undecodable
-// bytes.
+// unproposed RemoveNode, unknown types and undecodable bytes.
 func TestReplicaCheckForwarded(t *testing.T) {
 	must := func(b []byte, err error) []byte {
 		t.Helper()
@@ -50,6 +49,7 @@ func TestReplicaCheckForwarded(t *testing.T) {
 		"end session":   must(fsm.EncodeUnbindSessions(fsm.UnbindSessions{Session: "s"})),
 		"pin prefix":    must(fsm.EncodePinPrefix(fsm.PinPrefix{Model: "m", Worker: "w1", Key: 1, Blocks: []uint64{1}, TTL: 1e9, Until: 1})),
 		"refresh pin":   must(fsm.EncodePinPrefix(fsm.PinPrefix{Model: "m", Worker: "w1", Key: 1, TTL: 1e9, Until: 1})),
+		"unpin":         must(fsm.EncodeUnpinPrefix(fsm.UnpinPrefix{Worker: "w1"})),
 	}
 	for name, cmd := range ok {
 		if err := checkForwarded(cmd); err != nil {
@@ -66,7 +66,6 @@ func TestReplicaCheckForwarded(t *testing.T) {
 		"kv batch":    must(fsm.EncodeKVBatch(nil)),
 		"tick":        must(fsm.EncodeTick(fsm.Tick{Now: 1 << 62})),
 		"remove node": must(fsm.EncodeRemoveNode(fsm.RemoveNode{NodeID: "r2"})),
-		"unpin":       must(fsm.EncodeUnpinPrefix(fsm.UnpinPrefix{Worker: "w1"})),
 		"unknown":     {42, fsm.EnvelopeVersion, 0},
 		"unknown ign": {42 | fsm.IgnoreIfUnknown, fsm.EnvelopeVersion, 0},
 		"empty":       nil,
