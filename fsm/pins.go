@@ -55,8 +55,9 @@ var ErrPinLimit = fmt.Errorf("prefix pins full: %w", ErrInvalidCommand)
 //     whose key is one of Blocks (shorter prefixes of the same prompt)
 //     end: the new one covers them, so a conversation holds one pin.
 //
-// Replace names a holder the proposer found gone: its pin of (Model, Key)
-// ends in the same entry (the pin moves to Worker).
+// Replace names a holder the proposer found gone: its pins of the prefix
+// (of Model, keyed by any of Blocks: the prefix or a shorter one) end in
+// the same entry — the pin moves to Worker.
 type PinPrefix struct {
 	Model   string
 	Worker  router.WorkerID // router key: router.WorkerKey(id, rank)
@@ -319,7 +320,7 @@ func (st *state) removePinLocked(model string, key uint64, w router.WorkerID) bo
 type pinPlan struct {
 	held       *Pin
 	superseded []uint64 // keys of the worker's shorter pins of the prompt
-	replaced   bool
+	replaced   []uint64 // keys of Replace's pins of the prompt
 }
 
 // planPinLocked checks c against the state and says what applying it does,
@@ -342,11 +343,14 @@ func (st *state) planPinLocked(c PinPrefix) (pinPlan, error) {
 			plan.superseded = append(plan.superseded, h)
 		}
 	}
-	plan.replaced = c.Replace != "" && st.pins[pinKey{c.Model, c.Key}][c.Replace] != nil
-	freed := len(plan.superseded)
-	if plan.replaced {
-		freed++
+	if c.Replace != "" {
+		for _, h := range c.Blocks {
+			if st.pins[pinKey{c.Model, h}][c.Replace] != nil {
+				plan.replaced = append(plan.replaced, h)
+			}
+		}
 	}
+	freed := len(plan.superseded) + len(plan.replaced)
 	if st.pinCount-freed >= MaxPins {
 		return plan, fmt.Errorf("pin prefix %x of %q: %d pins held: %w", c.Key, c.Model, st.pinCount, ErrPinLimit)
 	}
@@ -377,8 +381,8 @@ func (f *FSM) pinLocked(c PinPrefix, res *ApplyResult) error {
 		for _, k := range plan.superseded {
 			st.removePinLocked(c.Model, k, c.Worker)
 		}
-		if plan.replaced {
-			st.removePinLocked(c.Model, c.Key, c.Replace)
+		for _, k := range plan.replaced {
+			st.removePinLocked(c.Model, k, c.Replace)
 		}
 		st.addPinLocked(&Pin{Model: c.Model, Worker: c.Worker, Blocks: slices.Clone(c.Blocks), TTL: c.TTL, Until: until})
 		res.Applied = 1

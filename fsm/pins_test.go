@@ -151,6 +151,15 @@ func TestFSMPinApply(t *testing.T) {
 	if d, ws := holders(1, 2, 3); d != 3 || !slices.Equal(ws, []router.WorkerID{"c"}) || h.f.PinnedBlocks("m", "b") != 0 {
 		t.Fatalf("move: depth %d holders %v, b pins %d", d, ws, h.f.PinnedBlocks("m", "b"))
 	}
+	// A move with a longer prompt ends the gone holder's shorter pin too.
+	h.ok(pin("d", 70*sec, 1, 2))
+	mv2 := pin("e", 70*sec, 1, 2, 7)
+	mv2.Replace = "d"
+	h.ok(mv2)
+	if h.f.PinnedBlocks("m", "d") != 0 || h.f.PinnedBlocks("m", "e") != 3 {
+		t.Fatalf("a longer move left d %d pinned blocks, e %d", h.f.PinnedBlocks("m", "d"), h.f.PinnedBlocks("m", "e"))
+	}
+	h.ok(UnpinPrefix{Worker: "e"})
 	h.ok(pin("c#1", 70*sec, 1, 2, 3))
 	if res := h.ok(UnpinPrefix{Model: "m", Key: 3, Worker: "c"}); res.Applied != 2 {
 		t.Fatalf("unpin of a prefix on c's ranks ended %d", res.Applied)
