@@ -342,6 +342,7 @@ func FuzzFSMRestore(f *testing.F) {
 	f.Add(snapshotBytes(f, goldenStateTiers(f)))      // format 4
 	f.Add(snapshotBytes(f, goldenStatePlacements(f))) // format 5
 	f.Add(snapshotBytes(f, goldenStateSessions(f)))   // format 7
+	f.Add(snapshotBytes(f, goldenStatePins(f)))       // format 8
 	empty := snapshotBytes(f, newFSM(f))
 	f.Add(empty)
 	f.Add([]byte{})
