@@ -40,7 +40,13 @@ type inferenceRequest struct {
 			// tokens: Dynamo's expected_output_tokens, toward which
 			// output-block tracking decays (router.Request).
 			Osl int `json:"osl"`
+			// LatencySensitivity is Dynamo's queue hint, in seconds
+			// (readLatencySensitivity). speculative_prefill is not read:
+			// accepted and ignored (DESIGN.md, Agent hints).
+			LatencySensitivity json.RawMessage `json:"latency_sensitivity"`
 		} `json:"agent_hints"`
+		// CacheControl is Dynamo's prefix pin request (pins.go).
+		CacheControl json.RawMessage `json:"cache_control"`
 	} `json:"nvext"`
 }
 
@@ -139,6 +145,12 @@ type prepared struct {
 	// requestID is the client's X-Request-Id (made when absent), named in
 	// the decision log.
 	requestID string
+	// pin is the request's nvext.cache_control when prefix pinning is on
+	// (pins.go); nil: none.
+	pin *pinRequest
+	// pinned: a pin decided the worker, or the request pinned its prefix
+	// on the worker chosen (no warm-up steering after it).
+	pinned bool
 }
 
 // settled reports the request's booking in place (or abandoned) to the
@@ -261,6 +273,16 @@ func (s *Server) prepareBody(body []byte, path string, ep endpoint, key string, 
 		s.metrics.rejected.WithLabelValues("invalid_priority").Inc()
 		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: err.Error()}
 	}
+	sensitivity, err := readLatencySensitivity(in.Nvext.AgentHints.LatencySensitivity)
+	if err != nil {
+		s.metrics.rejected.WithLabelValues("invalid_agent_hints").Inc()
+		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: err.Error()}
+	}
+	pin, err := s.readCacheControl(in.Nvext.CacheControl)
+	if err != nil {
+		s.metrics.rejected.WithLabelValues("invalid_cache_control").Inc()
+		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: err.Error()}
+	}
 	tokens, isl, prompts, hashable, err := s.requestTokens(model, body, ep, fields)
 	if err != nil {
 		return nil, &refusal{status: http.StatusBadRequest, kind: "invalid_request_error", msg: err.Error()}
@@ -281,8 +303,8 @@ func (s *Server) prepareBody(body []byte, path string, ep endpoint, key string, 
 		body: body, path: path, model: model, stream: in.Stream, rt: rt, start: start, sess: sess,
 		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora, in.CacheSalt), Tokens: isl, Sequences: seqs,
 			Priority: s.capPriority(key, prio.Soft), Exclude: exclude,
-			ExpectedOutputTokens: max(in.Nvext.AgentHints.Osl, 0)},
-		class: s.capStrictPriority(key, prio.Strict), tenant: s.tenantOf(header, key, model),
+			ExpectedOutputTokens: max(in.Nvext.AgentHints.Osl, 0), LatencySensitivity: sensitivity},
+		class: s.capStrictPriority(key, prio.Strict), tenant: s.tenantOf(header, key, model), pin: pin,
 	}, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Dynamo's request priority, as its frontend reads it (docs: "Priority
@@ -93,6 +94,31 @@ func priorityHeader(h http.Header, name string, lo, hi int64) (int64, bool, erro
 		return 0, false, fmt.Errorf("header %s must be an integer in [%d, %d], got %q", name, lo, hi, clip(s))
 	}
 	return v, true, nil
+}
+
+// MaxLatencySensitivity bounds nvext.agent_hints.latency_sensitivity. Dynamo
+// sets no bound; one hour is far past any queue wait (a request waiting an
+// hour has long been cut by its client), and it keeps the arrival shift
+// well inside time.Duration.
+const MaxLatencySensitivity = time.Hour
+
+// readLatencySensitivity parses nvext.agent_hints.latency_sensitivity, a
+// number of seconds (Dynamo's f64): absent or null is 0. A value of another
+// type is a 400 naming the field, as Dynamo's typed parse refuses the
+// request; so is a negative one (Dynamo would take it and move the request
+// later, which no client means) or one over MaxLatencySensitivity. JSON has
+// no NaN or infinity, so a finite number is all that can arrive.
+func readLatencySensitivity(raw json.RawMessage) (time.Duration, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, nil
+	}
+	var f float64
+	if err := json.Unmarshal(raw, &f); err != nil || f < 0 || f > MaxLatencySensitivity.Seconds() {
+		return 0, fmt.Errorf("nvext.agent_hints.latency_sensitivity must be a number of seconds in [0, %g], got %s",
+			MaxLatencySensitivity.Seconds(), clip(string(raw)))
+	}
+	return time.Duration(f * float64(time.Second)), nil
 }
 
 // clip shortens a client's value for an error message.

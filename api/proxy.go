@@ -104,10 +104,11 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 func (s *Server) routeAndBook(ctx context.Context, p *prepared) (d router.Decision, booked <-chan struct{}, err error) {
 	now := time.Now()
 	d, err = s.route(ctx, p, now) // by the session's binding, if any (sessions.go)
-	if err == nil && s.warm != nil && p.sess == nil {
+	if err == nil && s.warm != nil && p.sess == nil && !p.pinned {
 		// warmup.go: a joining worker's share, on purpose; not for a
 		// session's turn, whose worker the binding decided (a first turn
-		// is bound to the pick before this point)
+		// is bound to the pick before this point), nor for a pinned
+		// prefix's (pins.go: its holder, or the worker just pinned)
 		d, err = s.warmUp(p, d, now)
 	}
 	p.settled() // booked in the load view by Route, or never to be

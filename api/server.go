@@ -196,6 +196,9 @@ type Server struct {
 	// sessMetrics: session affinity's series (sessions.go); nil when the
 	// replica keeps no bindings.
 	sessMetrics *sessionMetrics
+	// pinMetrics: prefix pinning's series (pins.go); nil when the replica
+	// keeps no pins.
+	pinMetrics *pinMetrics
 	// tenants is Config.Tenants; tenantMetrics its series (nil: off).
 	tenants       *TenantLedger
 	tenantMetrics *tenantMetrics
@@ -318,6 +321,9 @@ func New(cfg Config, rep Replica) *Server {
 	if sr, ok := rep.(SessionReplica); ok {
 		s.sessMetrics = newSessionMetrics(cfg.Registry, sr)
 	}
+	if pr, ok := rep.(PinReplica); ok {
+		s.pinMetrics = newPinMetrics(cfg.Registry, pr)
+	}
 	if cfg.Tenants != nil {
 		s.tenants, s.tenantMetrics = cfg.Tenants, newTenantMetrics(cfg.Registry)
 	}
@@ -384,6 +390,8 @@ func (s *Server) routes() *gin.Engine {
 	admin.POST("/workers/undrain", s.undrainWorker) // fleet.go
 	admin.GET("/fleet/plan", s.getFleetPlan)        // fleet.go
 	admin.GET("/sessions/*id", s.getSession)
+	admin.GET("/pins", s.getPins)       // pins.go
+	admin.DELETE("/pins", s.deletePins) // pins.go
 	// Under /cluster/, so a member's credential, not the operator's token
 	// (it writes the Raft log: fsm.SetGroups).
 	peer := e.Group("/", s.requirePeer)

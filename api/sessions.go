@@ -135,15 +135,23 @@ func (s *Server) readSession(header http.Header, body []byte) (*sessionTurn, *re
 
 // route decides and books one attempt: by the session's binding when the
 // request has one, else as the router decides.
+// A session's binding comes first; then prefix pins (pins.go), which also
+// pin what a session turn asks after its binding placed it.
 func (s *Server) route(ctx context.Context, p *prepared, now time.Time) (router.Decision, error) {
-	if p.sess == nil {
-		return p.rt.Route(p.req, now)
+	pr, pins := s.pinReplica()
+	if p.sess != nil {
+		if sr, pol, on := s.sessionReplica(); on {
+			d, err := s.routeSession(ctx, sr, pol, p, now)
+			if err == nil && pins && p.pin != nil {
+				s.writePin(pr, p, d.Worker, "pin", "")
+			}
+			return d, err
+		}
 	}
-	sr, pol, on := s.sessionReplica()
-	if !on {
-		return p.rt.Route(p.req, now)
+	if pins {
+		return s.routePinned(pr, p, now)
 	}
-	return s.routeSession(ctx, sr, pol, p, now)
+	return p.rt.Route(p.req, now)
 }
 
 // routeSession routes a session's turn:

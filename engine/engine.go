@@ -248,6 +248,18 @@ type Engine struct {
 	nextEvent uint64
 	hitBuf    []int32
 	st        Stats
+
+	// Prefix pins (Pin): content hash → pin, kept in "host memory" past
+	// the block's eviction from the device (SGLang HiCache's PIN).
+	// pinOrder lists the pinned hashes in pin order: expiry walks it,
+	// never the map.
+	pins     map[uint64]*enginePin
+	pinOrder []uint64
+}
+
+// enginePin is one pinned block's expiry and the TTL a hit renews.
+type enginePin struct {
+	until, ttl time.Duration
 }
 
 // New validates cfg and returns an idle engine with an empty cache.
@@ -300,6 +312,7 @@ func New(id string, cfg Config) (*Engine, error) {
 		salt:      mix64(fnv64(id) ^ 0x6b766d6f636b2121),
 		byID:      make(map[string]*seq),
 		nextEvent: cfg.EventIDBase,
+		pins:      make(map[uint64]*enginePin),
 	}
 	return e, nil
 }
@@ -365,6 +378,12 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		return fmt.Errorf("engine %s: request %s: %w", e.id, r.ID, ErrDuplicate)
 	}
 	e.advanceTo(now)
+	e.expirePins(now)
+	for _, h := range hashes { // refresh on hit (HiCache: a hit resets the pin's expiry)
+		if p := e.pins[h]; p != nil {
+			p.until = max(p.until, now+p.ttl)
+		}
+	}
 	e.serial++
 	s := &seq{
 		id:        r.ID,
@@ -496,11 +515,63 @@ func (e *Engine) Cancel(now time.Duration, id string) bool {
 	return true
 }
 
+// Pin pins the cached prefix of hashes (content hashes, the prompt's
+// blocks in order) until now+ttl, as SGLang's HiCache pins a prefix
+// (Dynamo's PIN): a pinned block evicted from the device is kept in host
+// memory, and a later request past its device prefix loads it from there
+// instead of computing it (counted cached, like Config.LowerTier's blocks;
+// loads take no time, engine/DESIGN.md). Pins take no device blocks, so
+// they never starve admission. A request hitting a pinned block renews its
+// expiry to the request's time + ttl. Pinning stops at the first block not
+// cached on the device or pinned, or when pins hold CapacityBlocks blocks
+// (a host pool the device's size: HiCache's ratio 1). It returns the
+// blocks newly pinned. Expired pins are dropped lazily (at the next Submit
+// or Pin), as HiCache's eviction checks them.
+func (e *Engine) Pin(now time.Duration, hashes []uint64, ttl time.Duration) int {
+	e.expirePins(now)
+	n := 0
+	for _, h := range hashes {
+		if p := e.pins[h]; p != nil {
+			p.until, p.ttl = max(p.until, now+ttl), ttl
+			continue
+		}
+		if _, ok := e.pool.lookup(h); !ok || len(e.pinOrder) >= e.pool.capacity() {
+			break
+		}
+		e.pins[h] = &enginePin{until: now + ttl, ttl: ttl}
+		e.pinOrder = append(e.pinOrder, h)
+		n++
+	}
+	return n
+}
+
+// PinnedBlocks is the number of blocks pinned.
+func (e *Engine) PinnedBlocks() int { return len(e.pinOrder) }
+
+// pinned reports whether content hash h is pinned and not expired.
+func (e *Engine) pinned(h uint64) bool {
+	p := e.pins[h]
+	return p != nil && p.until > e.now
+}
+
+// expirePins drops the pins due at now (pinOrder is walked, never the map).
+func (e *Engine) expirePins(now time.Duration) {
+	e.pinOrder = slices.DeleteFunc(e.pinOrder, func(h uint64) bool {
+		if e.pins[h].until <= now {
+			delete(e.pins, h)
+			return true
+		}
+		return false
+	})
+}
+
 // Clear drops every cached block and emits a cleared event, like vLLM's
-// reset_prefix_cache. As there, it fails (ErrBusy) while running requests
-// hold blocks.
+// reset_prefix_cache, and drops every pin. As in vLLM, it fails (ErrBusy)
+// while running requests hold blocks.
 func (e *Engine) Clear(now time.Duration) error {
 	e.advanceTo(now)
+	clear(e.pins)
+	e.pinOrder = e.pinOrder[:0]
 	if u := e.pool.used(); u > 0 {
 		return fmt.Errorf("engine %s: clear: %d blocks in use: %w", e.id, u, ErrBusy)
 	}
@@ -711,12 +782,16 @@ func (e *Engine) lookup(s *seq) []int32 {
 // lowerHits is how many of s's blocks from block gpu on the lower tier
 // holds contiguously (Config.LowerTier), within lookup's bound.
 func (e *Engine) lowerHits(s *seq, gpu int) int {
-	if e.cfg.LowerTier == nil {
+	if e.cfg.LowerTier == nil && len(e.pinOrder) == 0 {
 		return 0
 	}
 	maxHit := (s.numTokens() - 1) / e.cfg.BlockSize
 	n := 0
-	for gpu+n < maxHit && e.cfg.LowerTier(e.hashAt(s, gpu+n)) {
+	for gpu+n < maxHit {
+		h := e.hashAt(s, gpu+n)
+		if !e.pinned(h) && (e.cfg.LowerTier == nil || !e.cfg.LowerTier(h)) {
+			break
+		}
 		n++
 	}
 	return n

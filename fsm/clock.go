@@ -82,6 +82,9 @@ func (st *state) earliestDueLocked() int64 {
 	if s := st.earliestSessionLocked(); s != 0 && (next == 0 || s < next) {
 		next = s
 	}
+	if p := st.earliestPinLocked(); p != 0 && (next == 0 || p < next) {
+		next = p
+	}
 	return next
 }
 
@@ -163,6 +166,11 @@ func CheckTime(c Command, now int64) error {
 			return fmt.Errorf("bind session %q: until %d is outside [%d, %d] of this proposer's clock: %w",
 				c.Session, c.Until, now-MaxProposalSkew, addSat(now, MaxSessionTTL+MaxProposalSkew), ErrInvalidCommand)
 		}
+	case PinPrefix:
+		if c.Until < now-MaxProposalSkew || c.Until > addSat(now, MaxPinTTL+MaxProposalSkew) {
+			return fmt.Errorf("pin prefix %x of %q: until %d is outside [%d, %d] of this proposer's clock: %w",
+				c.Key, c.Model, c.Until, now-MaxProposalSkew, addSat(now, MaxPinTTL+MaxProposalSkew), ErrInvalidCommand)
+		}
 	}
 	return nil
 }
@@ -179,7 +187,7 @@ func CheckEntryTime(data []byte, now int64) error {
 	case !t.known() || v != EnvelopeVersion:
 		return nil
 	case t != CmdTick && t != CmdRegisterWorker && t != CmdRegisterWorkerRole && t != CmdPredictions && t != CmdSetWorkerDrain &&
-		t != CmdBindSession:
+		t != CmdBindSession && t != CmdPinPrefix:
 		return nil // no time inside: skip decoding (KV batches are the hot path)
 	}
 	c, err := Decode(data)

@@ -63,6 +63,11 @@ const (
 	// CmdUnbindSessions ends one session's binding, or every binding to a
 	// worker's ranks.
 	CmdUnbindSessions CommandType = 18
+	// CmdPinPrefix pins a prompt prefix on a worker rank for a TTL, or
+	// refreshes the pin (pins.go; DESIGN.md, Prefix pins).
+	CmdPinPrefix CommandType = 19
+	// CmdUnpinPrefix ends a prefix's pins, or every pin of a worker.
+	CmdUnpinPrefix CommandType = 20
 	// Add new types here, with the next number.
 )
 
@@ -111,11 +116,15 @@ func (t CommandType) String() string {
 		return "BindSession"
 	case CmdUnbindSessions:
 		return "UnbindSessions"
+	case CmdPinPrefix:
+		return "PinPrefix"
+	case CmdUnpinPrefix:
+		return "UnpinPrefix"
 	}
 	return fmt.Sprintf("CommandType(%d)", uint8(t))
 }
 
-func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdUnbindSessions }
+func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdUnpinPrefix }
 
 // isKVBatch: both KV batch types share one payload layout (kvbatch.go).
 func (t CommandType) isKVBatch() bool { return t == CmdKVEventBatch || t == CmdKVEventBatchTiered }
@@ -589,6 +598,10 @@ func Encode(c Command) ([]byte, error) {
 		return appendBindSession(b, &c)
 	case UnbindSessions:
 		return appendUnbindSessions(b, &c)
+	case PinPrefix:
+		return appendPinPrefix(b, &c)
+	case UnpinPrefix:
+		return appendUnpinPrefix(b, &c)
 	}
 	return nil, fmt.Errorf("encode %T: %w", c, ErrInvalidCommand)
 }
@@ -848,6 +861,10 @@ func decodePayload(t CommandType, p []byte) (Command, error) {
 		c = readBindSession(r)
 	case CmdUnbindSessions:
 		c = readUnbindSessions(r)
+	case CmdPinPrefix:
+		c = readPinPrefix(r)
+	case CmdUnpinPrefix:
+		c = readUnpinPrefix(r)
 	default:
 		return nil, fmt.Errorf("type %d: %w", uint8(t), ErrUnknownCommand)
 	}

@@ -42,6 +42,8 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 		{CmdSetWorkerDrain, 16, "SetWorkerDrain"},
 		{CmdBindSession, 17, "BindSession"},
 		{CmdUnbindSessions, 18, "UnbindSessions"},
+		{CmdPinPrefix, 19, "PinPrefix"},
+		{CmdUnpinPrefix, 20, "UnpinPrefix"},
 	}
 	for _, p := range pinned {
 		if uint8(p.typ) != p.num || p.typ.String() != p.name || !p.typ.known() {
@@ -57,7 +59,7 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 			t.Errorf("type %d is known but not pinned here: add it to the table", typ)
 		}
 	}
-	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 7 || SnapshotFormatSessions != 7 || SnapshotFormatDrains != 6 {
+	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 8 || SnapshotFormatPins != 8 || SnapshotFormatSessions != 7 || SnapshotFormatDrains != 6 {
 		t.Errorf("ignore bit %#x, envelope %d, snapshot format %d", IgnoreIfUnknown, EnvelopeVersion, SnapshotVersion)
 	}
 	fields := []ModelField{FieldActiveDecodeBlocks, FieldActivePrefillTokens, FieldActivePrefillTokensFrac,
@@ -157,6 +159,12 @@ func goldenCommands() []struct {
 			Until: 1_700_000_300_000_000_000, Replace: "vllm-1"}},
 		{"unbind-sessions", UnbindSessions{Session: "research-run-42:researcher"}},
 		{"unbind-sessions-worker", UnbindSessions{Worker: "vllm-0"}},
+		{"pin-prefix", PinPrefix{Model: "llama-3-8b", Worker: "vllm-0#1", Key: 4945711292740353085,
+			Blocks: []uint64{14643705804678351452, 4945711292740353085}, TTL: 300_000_000_000, Until: 1_700_000_300_000_000_000, Replace: "vllm-1"}},
+		{"pin-prefix-refresh", PinPrefix{Model: "llama-3-8b", Worker: "vllm-0#1", Key: 4945711292740353085, TTL: 300_000_000_000,
+			Until: 1_700_000_300_000_000_000}},
+		{"unpin-prefix", UnpinPrefix{Model: "llama-3-8b", Key: 4945711292740353085, Worker: "vllm-0"}},
+		{"unpin-prefix-worker", UnpinPrefix{Worker: "vllm-0"}},
 	}
 }
 

@@ -306,6 +306,19 @@ type state struct {
 	// it; refreshed or ended bindings leave stale entries, skipped).
 	sessions    map[string]SessionBinding
 	sessionHeap sessionHeap
+
+	// Prefix pins (control group, issue 28; pins.go): (model, last block
+	// hash) → holder → pin. pinned (each holder's distinct pinned blocks,
+	// with the number of its pins covering each), pinCount and pinHeap are
+	// derived: Restore rebuilds them as it reads the pins.
+	pins     map[pinKey]map[router.WorkerID]*Pin
+	pinned   map[pinnedKey]map[uint64]int32
+	pinCount int
+	pinHeap  pinHeap
+	// pinFirst lists the pins by their first block (derived): a prompt
+	// can start with a pinned prefix only if it starts with that block,
+	// so PinLookup compares a few pins instead of hashing every block.
+	pinFirst map[uint64][]*Pin
 }
 
 // modelSize is the block size a model's registered workers share.
@@ -352,6 +365,9 @@ func newState(blockSize int) *state {
 		modelSizes: make(map[string]modelSize),
 		placements: make(map[string]uint32),
 		sessions:   make(map[string]SessionBinding),
+		pins:       make(map[pinKey]map[router.WorkerID]*Pin),
+		pinned:     make(map[pinnedKey]map[uint64]int32),
+		pinFirst:   make(map[uint64][]*Pin),
 	}
 }
 
@@ -547,6 +563,10 @@ func (f *FSM) applyCommandLocked(idx uint64, c Command, res *ApplyResult) error 
 		return f.bindLocked(c, res)
 	case UnbindSessions:
 		return f.unbindLocked(c, res)
+	case PinPrefix:
+		return f.pinLocked(c, res)
+	case UnpinPrefix:
+		return f.unpinLocked(c, res)
 	case SetGroups:
 		if err := st.checkSetGroups(c); err != nil {
 			return err
@@ -1000,7 +1020,8 @@ func (f *FSM) tickLocked(idx uint64, now int64, res *ApplyResult) {
 	}
 	f.stats.expiredPredictions.Add(uint64(n))
 	sessions := f.expireSessionsLocked(now)
-	res.Expired = len(expired) + n + sessions
+	pins := f.expirePinsLocked(now)
+	res.Expired = len(expired) + n + sessions + pins
 	res.Applied = 1
 }
 
@@ -1507,6 +1528,9 @@ func (f *FSM) NextExpiry() int64 {
 	// Stale heap entries may make it early, never late (as predictions).
 	if len(f.st.sessionHeap) > 0 && (next == 0 || f.st.sessionHeap[0].until < next) {
 		next = f.st.sessionHeap[0].until
+	}
+	if len(f.st.pinHeap) > 0 && (next == 0 || f.st.pinHeap[0].until < next) {
+		next = f.st.pinHeap[0].until
 	}
 	return next
 }

@@ -29,6 +29,7 @@ func fuzzBase(t testing.TB) *FSM {
 	h.ok(PlaceWorker{Worker: "w1", Group: 1, Groups: 2})
 	h.ok(SetWorkerDrain{Worker: "w2", Drained: true, Deadline: 50})
 	h.ok(BindSession{Session: "s1", Worker: "w1#1", Until: 200})
+	h.ok(PinPrefix{Model: "m", Worker: "w1", Key: 2, Blocks: []uint64{1, 2}, TTL: sec, Until: 150})
 	return h.f
 }
 
@@ -64,6 +65,13 @@ func fuzzSeeds(t testing.TB) map[string][]byte {
 	seeds["bind-s1-replace"] = mustEncode(t, BindSession{Session: "s1", Worker: "w2", Until: 300, Replace: "w1#1"})
 	seeds["unbind-w1"] = mustEncode(t, UnbindSessions{Worker: "w1"})
 	seeds["tick-expires-session"] = mustEncode(t, Tick{Now: 250})
+	seeds["pin-refresh"] = mustEncode(t, PinPrefix{Model: "m", Worker: "w1", Key: 2, TTL: sec, Until: 300})
+	seeds["pin-supersede"] = mustEncode(t, PinPrefix{Model: "m", Worker: "w1", Key: 3, Blocks: []uint64{1, 2, 3}, TTL: sec, Until: 300})
+	seeds["pin-move"] = mustEncode(t, PinPrefix{Model: "m", Worker: "w2", Key: 2, Blocks: []uint64{1, 2}, TTL: sec, Until: 300, Replace: "w1"})
+	seeds["pin-expired"] = mustEncode(t, PinPrefix{Model: "m", Worker: "w2", Key: 2, Blocks: []uint64{1, 2}, TTL: sec, Until: 1})
+	seeds["unpin-prefix"] = mustEncode(t, UnpinPrefix{Model: "m", Key: 2})
+	seeds["unpin-w1"] = mustEncode(t, UnpinPrefix{Worker: "w1"})
+	seeds["tick-expires-pin"] = mustEncode(t, Tick{Now: 160})
 	seeds["bad-threshold"] = mustEncode(t, SetModelConfig{Model: "m", Thresholds: router.Thresholds{ActiveDecodeBlocks: ptr(2.0)}})
 	seeds["unknown-ignored"] = []byte{77 | IgnoreIfUnknown, 1, 0}
 	seeds["unknown"] = []byte{77, 1, 0}
@@ -294,6 +302,7 @@ func TestFSMFuzzSeedCorpus(t *testing.T) {
 		"FuzzDecodeSetGroupsChecked": setGroupsCheckedSeeds(t),
 		"FuzzDecodeSetWorkerDrain":   setWorkerDrainSeeds(t),
 		"FuzzDecodeSessionCommands":  sessionSeeds(t),
+		"FuzzDecodePinCommands":      pinSeeds(t),
 	} {
 		dir := filepath.Join("testdata", "fuzz", target)
 		if *update {
@@ -333,6 +342,7 @@ func FuzzFSMRestore(f *testing.F) {
 	f.Add(snapshotBytes(f, goldenStateTiers(f)))      // format 4
 	f.Add(snapshotBytes(f, goldenStatePlacements(f))) // format 5
 	f.Add(snapshotBytes(f, goldenStateSessions(f)))   // format 7
+	f.Add(snapshotBytes(f, goldenStatePins(f)))       // format 8
 	empty := snapshotBytes(f, newFSM(f))
 	f.Add(empty)
 	f.Add([]byte{})

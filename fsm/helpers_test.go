@@ -282,6 +282,31 @@ func (g *gen) command(t testing.TB) []byte {
 		k := RankKey{g.worker(), uint32(r.IntN(3))}
 		c = ResyncWorker{Worker: k.Worker, DPRank: k.DPRank}
 		g.ids[k] = uint64(r.IntN(100)) // the worker restarts its numbering anywhere
+	case x < 94:
+		w := router.WorkerKey(g.worker(), uint32(r.IntN(2)))
+		if r.IntN(5) == 0 {
+			c = UnpinPrefix{Model: "m1", Key: g.hash()}
+			if r.IntN(2) == 0 {
+				c = UnpinPrefix{Worker: g.worker()}
+			}
+			break
+		}
+		p := PinPrefix{Model: []string{"m1", "m2"}[r.IntN(2)], Worker: w, TTL: int64(1+r.IntN(60)) * 1_000_000_000,
+			Until: g.clock + int64(r.IntN(4_000_000_000)) + 1}
+		for range r.IntN(4) {
+			p.Blocks = append(p.Blocks, g.hash())
+		}
+		p.Key = g.hash()
+		if len(p.Blocks) > 0 {
+			p.Key = p.Blocks[len(p.Blocks)-1]
+			if r.IntN(3) == 0 {
+				p.Replace = router.WorkerKey(g.worker(), 1)
+				if p.Replace == p.Worker {
+					p.Replace = ""
+				}
+			}
+		}
+		c = p
 	case x < 95:
 		sess := fmt.Sprintf("s%d", r.IntN(6))
 		if r.IntN(4) == 0 {

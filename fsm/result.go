@@ -39,6 +39,7 @@ var errorKinds = []struct {
 	{"unchecked_node", ErrUncheckedNode}, // before invalid_command, which it wraps
 	{"not_drained", ErrNotDrained},       // likewise
 	{"session_limit", ErrSessionLimit},   // likewise
+	{"pin_limit", ErrPinLimit},           // likewise
 	{"invalid_config", ErrInvalidConfig},
 	{"invalid_command", ErrInvalidCommand},
 	{"unknown_command", ErrUnknownCommand}, // also the HaltError of the entry that halted

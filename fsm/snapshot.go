@@ -53,7 +53,7 @@ const (
 	// builds can still install it during a rolling upgrade unless the state
 	// holds something they cannot represent, which they then refuse by
 	// version instead of misreading.
-	SnapshotVersion = SnapshotFormatSessions
+	SnapshotVersion = SnapshotFormatPins
 
 	// SnapshotFormatDrains is the format that adds drained workers
 	// (record recDrain and the header's drain count).
@@ -62,6 +62,9 @@ const (
 	// (record recSession and the header's session count, after the drain
 	// count).
 	SnapshotFormatSessions = 7
+	// SnapshotFormatPins is the format that adds prefix pins (record
+	// recPin and the header's pin count, after the session count).
+	SnapshotFormatPins = 8
 
 	// digestVersion is the version byte the digest hashes whatever version
 	// expresses the state: a state has one digest, and it is the one the
@@ -85,7 +88,9 @@ const (
 	recDrain = 10
 	// recSession: format 7, one session binding.
 	recSession = 11
-	recMaxType = recSession
+	// recPin: format 8, one prefix pin.
+	recPin     = 12
+	recMaxType = recPin
 
 	snapshotChunk = 16384
 	maxRecordLen  = 1 << 20
@@ -123,6 +128,7 @@ type image struct {
 	placements []placementImage
 	drains     []WorkerDrain    // sorted by worker
 	sessions   []SessionBinding // sorted by session id
+	pins       []Pin            // sorted by model, worker, key
 }
 
 // placementImage is one worker's placement, sorted by worker.
@@ -215,6 +221,7 @@ func (f *FSM) captureLocked() *image {
 	}
 	slices.SortFunc(img.placements, func(a, b placementImage) int { return strings.Compare(a.worker, b.worker) })
 	img.captureSessions(st)
+	img.capturePins(st)
 	for _, n := range st.nodes {
 		img.nodes = append(img.nodes, n)
 	}
@@ -302,6 +309,9 @@ func (c *crcWriter) record(typ byte) {
 // hold the same bytes but their readers refuse such a worker), else 2 once
 // a worker has a role (format 1 has no field for it), else 1.
 func snapshotVersionOf(img *image) byte {
+	if len(img.pins) > 0 {
+		return SnapshotFormatPins
+	}
 	if len(img.sessions) > 0 {
 		return SnapshotFormatSessions
 	}
@@ -374,7 +384,10 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 		b = binary.AppendUvarint(b, uint64(len(img.drains)))
 	}
 	if stateVersion >= SnapshotFormatSessions {
-		b = binary.AppendUvarint(b, uint64(len(img.sessions)))
+		b = binary.AppendUvarint(b, uint64(len(img.sessions))) // 0 in a format-8 state without bindings
+	}
+	if stateVersion >= SnapshotFormatPins {
+		b = binary.AppendUvarint(b, uint64(len(img.pins)))
 	}
 	c.buf = b
 	c.record(recHeader)
@@ -476,6 +489,10 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 	for i := range img.sessions {
 		c.buf = appendSessionRecord(c.buf[:0], &img.sessions[i])
 		c.record(recSession)
+	}
+	for i := range img.pins {
+		c.buf = appendPinRecord(c.buf[:0], &img.pins[i])
+		c.record(recPin)
 	}
 	c.buf = c.buf[:0]
 	c.record(recEnd)
@@ -665,7 +682,7 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 		}
 		if typ > recMaxType || typ < lastType || (typ == recHeader) != (lastType == 0) || (typ == recTierBlocks && version < 4) ||
 			(typ == recPlacement && version < 5) || (typ == recDrain && version < SnapshotFormatDrains) ||
-			(typ == recSession && version < SnapshotFormatSessions) {
+			(typ == recSession && version < SnapshotFormatSessions) || (typ == recPin && version < SnapshotFormatPins) {
 			return nil, 0, corrupt("record type %d after %d", typ, lastType)
 		}
 		lastType = typ
@@ -704,6 +721,9 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 			}
 			if version >= SnapshotFormatSessions {
 				want[recSession] = rd.int("count")
+			}
+			if version >= SnapshotFormatPins {
+				want[recPin] = rd.int("count")
 			}
 		case recNode:
 			n := NodeRecord{ID: rd.string("node id"), RaftAddr: rd.string("raft addr"), HTTPAddr: rd.string("http addr")}
@@ -828,6 +848,10 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 			}
 		case recSession:
 			if err := readSessionRecord(st, rd); err != nil {
+				return nil, 0, err
+			}
+		case recPin:
+			if err := readPinRecord(st, rd); err != nil {
 				return nil, 0, err
 			}
 		case recPreds:

@@ -470,6 +470,7 @@ var goldenWriters = map[string]func(testing.TB) *FSM{
 	"snapshot-v5.bin": goldenStatePlacements,
 	"snapshot-v6.bin": goldenStateDrains,
 	"snapshot-v7.bin": goldenStateSessions,
+	"snapshot-v8.bin": goldenStatePins,
 }
 
 // TestFSMGoldenSnapshots restores every committed snapshot, of every format

@@ -319,9 +319,7 @@ func (r *Router) pooledPlaceLocked(req Request, rows []WorkerCost, candidates []
 			if known {
 				evict = max(0, evict-max(float64(w.TotalBlocks-held), 0))
 			}
-			if held > 0 {
-				evict *= float64(unique) / float64(held)
-			}
+			evict = pooledEvictPrice(evict, held, unique, r.pinnedLocked(w.ID))
 		}
 		// A copy: blocks w would recompute that another candidate holds.
 		// It takes as many blocks of the fleet's capacity as new content
@@ -349,6 +347,42 @@ func (r *Router) pooledPlaceLocked(req Request, rows []WorkerCost, candidates []
 		ps.kept = append(ps.kept, i)
 	}
 	return ps.kept
+}
+
+// pooledEvictPrice is the price, in blocks at the evict weight, of evicting
+// evict blocks from a worker holding held blocks, unique of them held by no
+// other worker, pinned of them under a prefix pin. Without pins the
+// victims are w's least recently used blocks, weighed by w's unique
+// fraction (content also held elsewhere is cheap to lose). Pinned blocks
+// are held and not evictable: the victims come from the unpinned blocks,
+// weighed by their unique fraction (the pinned ones counted unique, the
+// conservative side: no per-block lookup on the decision path), and any
+// eviction beyond the unpinned blocks would take pinned ones, priced whole,
+// never as free whoever else holds them.
+func pooledEvictPrice(evict float64, held, unique, pinned int) float64 {
+	pinned = min(max(pinned, 0), held)
+	if pinned == 0 {
+		if held > 0 {
+			evict *= float64(unique) / float64(held)
+		}
+		return evict
+	}
+	unpinned := held - pinned
+	victims := min(evict, float64(unpinned))
+	price := evict - victims // into the pinned blocks: whole
+	if unpinned > 0 {
+		price += victims * float64(max(unique-pinned, 0)) / float64(unpinned)
+	}
+	return price
+}
+
+// pinnedLocked is the number of blocks pinned on w (0 without pins). r.mu
+// must be held.
+func (r *Router) pinnedLocked(w WorkerID) int {
+	if r.pinnedBlocks == nil {
+		return 0
+	}
+	return r.pinnedBlocks(w)
 }
 
 // pooledOverlapsLocked fills ps.eff (parallel to r.workers) with each

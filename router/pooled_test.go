@@ -684,3 +684,70 @@ func TestPooledRunningReserveShare(t *testing.T) {
 		})
 	}
 }
+
+// TestPooledEvictPrice: pinned blocks are held and not evictable. Victims
+// come from the unpinned blocks at their unique fraction; an eviction
+// reaching into the pinned blocks is priced whole, never as free, even
+// when every pinned block is also held elsewhere.
+func TestPooledEvictPrice(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		evict                float64
+		held, unique, pinned int
+		want                 float64
+	}{
+		{"no pins: unique fraction", 10, 100, 50, 0, 5},
+		{"no pins, all copies: free", 10, 100, 0, 0, 0},
+		{"all pinned copies: whole", 10, 100, 0, 100, 10},
+		{"room among unpinned copies: free", 10, 100, 0, 50, 0},
+		{"past the unpinned: the rest whole", 10, 100, 0, 95, 5},
+		{"pinned counted unique", 10, 100, 60, 50, 2},
+		{"more pinned than held", 4, 10, 10, 30, 4},
+		{"nothing held", 3, 0, 0, 5, 3},
+	} {
+		if got := pooledEvictPrice(tc.evict, tc.held, tc.unique, tc.pinned); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("%s: price %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestPooledPinnedNotFree: two workers whose full caches hold the same
+// content (evicting it looks free: every block is held elsewhere). New
+// content goes to whichever worker's blocks are not pinned, and the pinned
+// worker's row carries the whole eviction price.
+func TestPooledPinnedNotFree(t *testing.T) {
+	fresh := SequenceHashes(tokens(70_000, 16*12), 16, "")
+	for _, pinnedOn := range []WorkerID{"a", "b"} {
+		t.Run("pinned on "+string(pinnedOn), func(t *testing.T) {
+			ix := NewIndex(16)
+			r := newTestRouter(t, pooledConfig(), ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: 100})
+			fill(t, ix, "a", 1, 100)
+			fill(t, ix, "b", 1, 100) // the same content: copies
+			req := Request{ID: "q", Tokens: 16 * 12, Hashes: fresh}
+			before, err := r.Decide(req, t0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.SetPinnedBlocks(func(w WorkerID) int {
+				if w == pinnedOn {
+					return 100
+				}
+				return 0
+			})
+			d, err := r.Decide(req, t0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Worker == pinnedOn {
+				t.Fatalf("new content evicts %s's pinned blocks: %s", pinnedOn, d.Explain())
+			}
+			i := 0
+			if pinnedOn == "b" {
+				i = 1
+			}
+			if rise := d.Rows[i].Pooled - before.Rows[i].Pooled; math.Abs(rise-DefaultPooledEvictWeight*12) > 1e-6 {
+				t.Fatalf("pinning %s raised its price by %v, want the whole eviction %v", pinnedOn, rise, DefaultPooledEvictWeight*12)
+			}
+		})
+	}
+}

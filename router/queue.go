@@ -17,6 +17,14 @@ import (
 //  3. The policy, within a tenant: priority first (higher first), then fcfs
 //     oldest first, lcfs newest first, wspt shortest prompt first.
 //
+// A request's latency sensitivity (Dynamo's agent hint, in seconds) moves
+// its effective arrival that much earlier: under fcfs it goes before every
+// request that arrived less than that long before it (unless theirs is
+// higher still); under lcfs it counts as that much newer (the direction
+// that favours it, as the hint means); under wspt its weight is
+// 1 + sensitivity in seconds (Dynamo's WSPT weight), so it goes first
+// among prompts up to that many times longer. Priority still comes first.
+//
 // With every request in class 0 of tenant "" (no strict priority, fairness
 // off) the order is exactly the policy's, as before classes existed. It is
 // not safe for concurrent use; the caller (the API's admission loop, or the
@@ -166,12 +174,32 @@ func (q *Queue) less(a, b Waiting) bool {
 	if a.Request.Priority != b.Request.Priority {
 		return a.Request.Priority > b.Request.Priority
 	}
+	la, lb := a.Request.LatencySensitivity, b.Request.LatencySensitivity
 	switch q.policy {
 	case QueueLCFS:
+		if la != 0 || lb != 0 {
+			if ea, eb := a.Arrived.Add(la), b.Arrived.Add(lb); !ea.Equal(eb) {
+				return ea.After(eb)
+			}
+		}
 		return a.seq > b.seq
 	case QueueWSPT:
+		if la != 0 || lb != 0 {
+			// weight/time, compared without division: (1+la)/ta > (1+lb)/tb.
+			wa, wb := 1+la.Seconds(), 1+lb.Seconds()
+			if x, y := wa*float64(b.Request.Tokens), wb*float64(a.Request.Tokens); x != y {
+				return x > y
+			}
+			break
+		}
 		if a.Request.Tokens != b.Request.Tokens {
 			return a.Request.Tokens < b.Request.Tokens
+		}
+	default:
+		if la != 0 || lb != 0 {
+			if ea, eb := a.Arrived.Add(-la), b.Arrived.Add(-lb); !ea.Equal(eb) {
+				return ea.Before(eb)
+			}
 		}
 	}
 	return a.seq < b.seq

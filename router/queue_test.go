@@ -100,3 +100,58 @@ func TestQueueDropOnlyHead(t *testing.T) {
 		t.Fatalf("left %s, len %d", w.Request.ID, q.Len())
 	}
 }
+
+// TestQueueLatencySensitivity: Dynamo's nvext.agent_hints.latency_sensitivity
+// moves a waiting request's effective arrival earlier by that many
+// seconds: it overtakes requests that arrived less than that long before
+// it, not older ones, and priority still comes first.
+func TestQueueLatencySensitivity(t *testing.T) {
+	type item struct {
+		id       string
+		at       time.Duration // arrival after t0
+		ls       time.Duration
+		tokens   int
+		priority int
+	}
+	tests := []struct {
+		name   string
+		policy QueuePolicy
+		items  []item
+		want   []string
+	}{
+		{"fcfs: 5s overtakes the last 5s only", QueueFCFS,
+			[]item{{id: "old", at: 0}, {id: "recent", at: 8 * time.Second}, {id: "agent", at: 10 * time.Second, ls: 5 * time.Second}},
+			[]string{"old", "agent", "recent"}},
+		{"fcfs: higher sensitivity first", QueueFCFS,
+			[]item{{id: "a", at: time.Second, ls: time.Second / 2}, {id: "b", at: time.Second, ls: 3 * time.Second}, {id: "c", at: 0}},
+			[]string{"b", "c", "a"}},
+		{"fcfs: priority beats sensitivity", QueueFCFS,
+			[]item{{id: "agent", ls: time.Hour}, {id: "vip", at: time.Second, priority: 1}},
+			[]string{"vip", "agent"}},
+		{"fcfs: none set is arrival order", QueueFCFS,
+			[]item{{id: "1"}, {id: "2", at: time.Second}, {id: "3", at: 2 * time.Second}},
+			[]string{"1", "2", "3"}},
+		{"lcfs: counts as newer", QueueLCFS,
+			[]item{{id: "agent", at: 0, ls: 5 * time.Second}, {id: "mid", at: 3 * time.Second}, {id: "new", at: 6 * time.Second}},
+			[]string{"new", "agent", "mid"}},
+		{"wspt: weight 1+s", QueueWSPT,
+			[]item{{id: "short", tokens: 100}, {id: "agent", tokens: 250, ls: 2 * time.Second}, {id: "long", tokens: 301, ls: 2 * time.Second}},
+			[]string{"agent", "short", "long"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			q := NewQueue(tc.policy)
+			for _, it := range tc.items {
+				q.Push(Waiting{Request: Request{ID: it.id, Tokens: it.tokens, Priority: it.priority, LatencySensitivity: it.ls},
+					Arrived: t0.Add(it.at)})
+			}
+			var got []string
+			for w, ok := q.Pop(); ok; w, ok = q.Pop() {
+				got = append(got, w.Request.ID)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("order %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -38,6 +38,10 @@ type Request struct {
 	ExpectedOutputTokens int
 	// Exclude lists workers not to choose (a retry after a failed connection).
 	Exclude []WorkerID
+	// LatencySensitivity is Dynamo's nvext.agent_hints.latency_sensitivity:
+	// while the request waits in the admission queue it counts as having
+	// arrived this much earlier (Queue). 0: none; never negative.
+	LatencySensitivity time.Duration
 }
 
 // Decision is a routing decision with its whole cost table.
@@ -111,6 +115,10 @@ type Router struct {
 	pooled   pooledScratch   // kv-pooled, per decision (pooled.go)
 	outputs  pooledOutputs   // kv-pooled: the output lengths seen (Finished)
 	wait     pooledWaitState // kv-pooled: observed prefill and decode rates (wait.go)
+	// pinnedBlocks, when set, says how many distinct blocks of this
+	// router's model are pinned on a worker (prefix pins, replicated):
+	// kv-pooled counts them as held and not evictable (pooled.go).
+	pinnedBlocks func(w WorkerID) int
 }
 
 // New returns a router. index may be nil for modes that ignore the cache.
@@ -150,6 +158,15 @@ func (r *Router) SetConfig(cfg Config) error {
 	}
 	r.cfg = cfg
 	return nil
+}
+
+// SetPinnedBlocks gives kv-pooled the prefix pins: f(w) is the number of
+// distinct blocks pinned on w. It must be cheap and safe for concurrent
+// use; nil: no pins.
+func (r *Router) SetPinnedBlocks(f func(w WorkerID) int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pinnedBlocks = f
 }
 
 // Load is the router's load view, shared with replica sync.

@@ -125,7 +125,7 @@ function renderWorkers(st, loads) {
     row(tb, [w.drained ? { text: id, cls: "bad" } : id, w.model, w.role, { text: w.total_kv_blocks, cls: "num" }, { text: blocks, cls: "num" },
       { text: w.index_block_cap, cls: "num" }, { text: lastIDs, cls: "mono" }, trouble ? { text: trouble, cls: "bad" } : "no", { text: w.over_capacity_refused, cls: "num" },
       gaps ? { text: gaps, cls: "bad" } : "none",
-      { text: w.session_bindings || 0, cls: "num" },
+      { text: w.session_bindings || 0, cls: "num" }, { text: w.pins || 0, cls: "num" },
       l ? l.active_requests + " req · " + l.active_blocks + " blocks · " + l.active_prefill_tokens + " prefill tok" : "no decision yet"]);
   }
   if (!(st.workers || []).length) row(tb, ["no workers registered"]);

@@ -366,6 +366,7 @@ func (o *simOptions) simConfig(rc router.Config, seed uint64) sim.Config {
 		Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(), Router: rc, EventDelay: o.EventDelay, Seed: seed,
 		Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra, OSLHint: o.OSLHint,
 		Affinity: o.Sessions.affinity(),
+		PinTTL:   o.Sessions.PinTTL, PinEvery: o.Sessions.PinEvery,
 	}
 }
 

@@ -20,6 +20,9 @@ type sessionOptions struct {
 	Affinity string  // --session-affinity: off, hard, soft
 	Table    string  // --session-affinity-table: shared, per-router
 	Busy     float64 // --session-affinity-busy: soft mode's busy share
+
+	PinEvery int           // --pin-every: every K-th session tree pins its prompts (0: none)
+	PinTTL   time.Duration // --pin-ttl: the pins' TTL (nvext.cache_control's ttl)
 }
 
 func (o *sessionOptions) register(fs *flag.FlagSet) {
@@ -29,6 +32,8 @@ func (o *sessionOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Affinity, "session-affinity", "off", "bind a session (subagents under their parent) to the worker its first turn went to: off, hard (always there while it is in the fleet), soft (there unless over --session-affinity-busy); policy-independent")
 	fs.StringVar(&o.Table, "session-affinity-table", "shared", "with --routers > 1: shared (one binding table every router reads, as kvrouter's Raft-replicated bindings) or per-router (each router's own, told to the others --sync-delay later, last writer wins: an advisory sync)")
 	fs.Float64Var(&o.Busy, "session-affinity-busy", sim.DefaultAffinityBusy, "soft affinity: share of the bound worker's KV blocks held by running requests (in the routing router's view) above which a turn goes where the policy sends it")
+	fs.IntVar(&o.PinEvery, "pin-every", 0, "prefix pins (nvext.cache_control): the session trees whose root is a multiple of K pin each turn's prompt on its worker when the turn ends, for --pin-ttl; the engines keep pinned blocks as SGLang's HiCache does and kv-pooled sees them (0: no pins)")
+	fs.DurationVar(&o.PinTTL, "pin-ttl", 5*time.Minute, "with --pin-every: the pins' TTL, renewed by every hit (1s to 1h, as cache_control's ttl)")
 }
 
 // check validates the session flags; set names the flags given.
@@ -64,6 +69,16 @@ func (o *sessionOptions) check(set map[string]bool, so *simOptions) error {
 	if set["session-affinity-table"] && o.Affinity == "off" {
 		return cli.Usagef("--session-affinity-table says where bindings live: give --session-affinity hard or soft")
 	}
+	switch {
+	case o.PinEvery < 0:
+		return cli.Usagef("--pin-every %d: want 0 (no pins) or more", o.PinEvery)
+	case o.PinTTL < time.Second || o.PinTTL > time.Hour:
+		return cli.Usagef("--pin-ttl %v: want 1s to 1h", o.PinTTL)
+	case set["pin-ttl"] && o.PinEvery == 0:
+		return cli.Usagef("--pin-ttl is the pins' TTL: give --pin-every too")
+	case o.PinEvery > 0 && so.Trace == "" && o.Turns == 0:
+		return cli.Usagef("--pin-every pins session trees: give --session-turns (or a --trace with session_id rows)")
+	}
 	if o.Affinity != "off" {
 		if so.Trace == "" && o.Turns == 0 {
 			return cli.Usagef("--session-affinity binds sessions: give --session-turns (or a --trace with session_id rows)")
@@ -95,6 +110,8 @@ type sessionsCfg struct {
 	Turns       int     `json:"turns"`
 	ThinkTimeMs float64 `json:"think_time_ms"`
 	Subagents   int     `json:"subagents"`
+	PinEvery    int     `json:"pin_every,omitempty"`
+	PinTTLS     float64 `json:"pin_ttl_s,omitempty"`
 }
 
 // affinityCfg is the report's config.session_affinity (absent when off).
@@ -107,8 +124,11 @@ type affinityCfg struct {
 func (o *sessionOptions) config() (*sessionsCfg, *affinityCfg) {
 	var s *sessionsCfg
 	var a *affinityCfg
-	if o.Turns > 0 {
+	if o.Turns > 0 || o.PinEvery > 0 {
 		s = &sessionsCfg{Turns: o.Turns, ThinkTimeMs: o.ThinkMs, Subagents: o.Subagents}
+		if o.PinEvery > 0 {
+			s.PinEvery, s.PinTTLS = o.PinEvery, o.PinTTL.Seconds()
+		}
 	}
 	if o.Affinity != "off" {
 		a = &affinityCfg{Mode: o.Affinity, Table: o.Table}

@@ -172,6 +172,10 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 			loopbackWorkers = &b
 			return err
 		}, bool: true},
+		// The name of Dynamo's agentic cache control work (a development
+		// branch of its router, not a released flag: no Dynamo row).
+		{names: []string{"enable-agentic-cache-control"}, env: []string{"KVROUTER_ENABLE_AGENTIC_CACHE_CONTROL"}, bool: true, set: boolp(&c.Pins),
+			usage: "pin a request's prompt prefix on its worker for nvext.cache_control's TTL ({\"type\": \"ephemeral\", \"ttl\": \"5m\"}), on every replica: requests starting with it go to its holders, and kv-pooled never prices its eviction as free (default false)"},
 		{names: []string{"max-priority"}, env: []string{"KVROUTER_MAX_PRIORITY"}, usage: "highest nvext.agent_hints.priority a client may set (default: no cap, as Dynamo); higher values are lowered to it", set: intp(&c.MaxPriority)},
 		{names: []string{"max-priority-by-key"}, env: []string{"KVROUTER_MAX_PRIORITY_BY_KEY"}, usage: "per API key caps KEY=N,… (override --max-priority)", set: func(v string) error {
 			m, err := parseKeyInts(v)

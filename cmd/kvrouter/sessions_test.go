@@ -23,10 +23,20 @@ import (
 // them through base.
 func sessionWorkers(t *testing.T, base string, n int) []string {
 	t.Helper()
+	return sessionWorkersWith(t, base, n, nil)
+}
+
+// sessionWorkersWith is sessionWorkers whose workers hand every request
+// body to observe (nil: none) before answering.
+func sessionWorkersWith(t *testing.T, base string, n int, observe func(body []byte)) []string {
+	t.Helper()
 	var ids []string
 	for i := range n {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			_, _ = io.Copy(io.Discard, r.Body)
+			body, _ := io.ReadAll(r.Body)
+			if observe != nil {
+				observe(body)
+			}
 			time.Sleep(5 * time.Millisecond) // the worker's own work, not a synchronisation
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprint(w, `{"choices":[{"message":{"content":"ok"}}],"usage":{"prompt_tokens":20,"completion_tokens":1}}`)

@@ -100,6 +100,10 @@ func writeSessionsAndEvents(b *strings.Builder, results []Result) {
 		if x.SessionCachedFraction.Valid {
 			fmt.Fprintf(b, "%s: session cached fraction %.3f\n", x.Policy, x.SessionCachedFraction.Value)
 		}
+		if p, u := x.PinnedSessions, x.UnpinnedSessions; p != nil && u != nil {
+			fmt.Fprintf(b, "%s: later turns of pinned sessions: TTFT p50/p99 %.1f/%.1f ms, cached %.3f (%d turns); of the others: %.1f/%.1f ms, cached %.3f (%d turns)\n",
+				x.Policy, p.TTFT.P50, p.TTFT.P99, p.CachedFraction, p.Turns, u.TTFT.P50, u.TTFT.P99, u.CachedFraction, u.Turns)
+		}
 	}
 	for _, x := range results {
 		for _, e := range x.FleetEvents {

@@ -65,6 +65,11 @@ type Result struct {
 	// reps, each rep's figures in its reps).
 	SessionCachedFraction stats.Optional `json:"session_cached_fraction,omitzero"`
 	FleetEvents           []EventResult  `json:"fleet_events,omitempty"`
+	// Prefix pins (issue 28 item 2, --pin-every): the later turns of the
+	// pinned session trees and of the others (medians over reps; absent
+	// without pins).
+	PinnedSessions   *sim.SessionTurns `json:"pinned_sessions,omitempty"`
+	UnpinnedSessions *sim.SessionTurns `json:"unpinned_sessions,omitempty"`
 }
 
 // EventResult is one fleet event over the reps: the mean of each figure
@@ -139,6 +144,8 @@ func Median(policy string, runs []Run) Result {
 		res.SessionCachedFraction = stats.Optional{Value: med(func(s sim.Summary) float64 { return s.SessionCachedFraction.Value }), Valid: true}
 	}
 	res.FleetEvents = MeanEvents(runs)
+	res.PinnedSessions = medianTurns(runs, func(s sim.Summary) *sim.SessionTurns { return s.PinnedSessions })
+	res.UnpinnedSessions = medianTurns(runs, func(s sim.Summary) *sim.SessionTurns { return s.UnpinnedSessions })
 	if optionalInAll(runs, func(s sim.Summary) stats.Optional { return s.SLOAttainment }) {
 		res.SLOAttainment = stats.Optional{Value: med(func(s sim.Summary) float64 { return s.SLOAttainment.Value }), Valid: true}
 	}
@@ -250,4 +257,34 @@ func PolicyNote(results []Result) string {
 		}
 	}
 	return strings.Join(notes, "; ")
+}
+
+// medianTurns is the median over the runs of each figure of a group of
+// session turns; nil unless every run has the group.
+func medianTurns(runs []Run, of func(sim.Summary) *sim.SessionTurns) *sim.SessionTurns {
+	var groups []*sim.SessionTurns
+	for _, r := range runs {
+		g := of(r.Summary)
+		if g == nil {
+			return nil
+		}
+		groups = append(groups, g)
+	}
+	if len(groups) == 0 {
+		return nil
+	}
+	med := func(f func(*sim.SessionTurns) float64) float64 {
+		xs := make([]float64, len(groups))
+		for i, g := range groups {
+			xs[i] = f(g)
+		}
+		return median(xs)
+	}
+	return &sim.SessionTurns{
+		Turns: int(med(func(g *sim.SessionTurns) float64 { return float64(g.Turns) }) + 0.5),
+		TTFT: stats.Quantiles{P50: med(func(g *sim.SessionTurns) float64 { return g.TTFT.P50 }),
+			P90: stats.Optional{Value: med(func(g *sim.SessionTurns) float64 { return g.TTFT.P90.Value }), Valid: true},
+			P99: med(func(g *sim.SessionTurns) float64 { return g.TTFT.P99 })},
+		CachedFraction: med(func(g *sim.SessionTurns) float64 { return g.CachedFraction }),
+	}
 }

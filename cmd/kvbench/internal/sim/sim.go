@@ -64,6 +64,15 @@ type Config struct {
 
 	// Affinity binds sessions to workers (affinity.go); the zero value is off.
 	Affinity Affinity
+	// Pins: the agent session trees whose root is a multiple of PinEvery
+	// (0: none) carry nvext.cache_control with PinTTL: each of their turns
+	// pins its prompt on its engine when it ends (Dynamo's router pins
+	// after the answer; the engine keeps pinned blocks as SGLang's HiCache
+	// does, engine.Pin), and the routers price the pinned blocks as not
+	// evictable (router.SetPinnedBlocks). Sessions are steered by Affinity,
+	// as pins steer a prefix to its holder.
+	PinTTL   time.Duration
+	PinEvery int
 	// Events change the fleet during the run (fleet.go), in time order.
 	Events []FleetEvent
 	// WarmUp steers a share of new and duplicated prefixes to a worker
@@ -93,6 +102,9 @@ type RequestResult struct {
 	// ResentAt is when the request was last re-sent because its worker
 	// was removed (fleet.go); 0 when never.
 	ResentAt time.Duration
+	// Pinned: the request belongs to a session tree that pins its
+	// prompts (Config.PinEvery).
+	Pinned bool
 }
 
 // Result is one run's outcome.
@@ -233,6 +245,9 @@ func (s *state) build() error {
 			return err
 		}
 		rt.SetWorkers(infos)
+		if s.cfg.PinTTL > 0 && s.cfg.PinEvery > 0 {
+			rt.SetPinnedBlocks(s.pinnedBlocks)
+		}
 		s.rts[k] = rt
 	}
 	s.byID = make(map[string]int, len(s.w.Requests))
@@ -241,6 +256,7 @@ func (s *state) build() error {
 	for i, r := range s.w.Requests {
 		s.byID[r.ID] = i
 		s.res[i].Worker = -1
+		s.res[i].Pinned = PinnedRequest(s.w, s.cfg, i)
 	}
 	s.aff.init(s)
 	s.warm.worker = -1
@@ -529,6 +545,9 @@ func (s *state) handle(wi int, outs []engine.Output) {
 			}
 			rr.Finished = o.At
 			rr.Done = true
+			if rr.Pinned {
+				s.engines[wi].Pin(s.now, s.w.Requests[i].Hashes, s.cfg.PinTTL)
+			}
 			s.fleet.finished(wi)
 			if s.cfg.Peer != nil {
 				s.complete(i)
@@ -654,4 +673,23 @@ func (h *eventHeap) Pop() any {
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]
 	return x
+}
+
+// PinnedRequest reports whether request i of w belongs to a session tree
+// that cfg pins: one whose root session is a multiple of PinEvery.
+func PinnedRequest(w *workload.Workload, cfg Config, i int) bool {
+	if cfg.PinTTL <= 0 || cfg.PinEvery <= 0 {
+		return false
+	}
+	r := w.Requests[i]
+	return r.Session != workload.NoSession && w.SessionRoot[r.Session]%cfg.PinEvery == 0
+}
+
+// pinnedBlocks is what the routers read of the pins: the blocks pinned on
+// a worker's engine (the replicated pins' blocks, in a real fleet).
+func (s *state) pinnedBlocks(w router.WorkerID) int {
+	if i, ok := s.byWorker[w]; ok && s.engines[i] != nil {
+		return s.engines[i].PinnedBlocks()
+	}
+	return 0
 }

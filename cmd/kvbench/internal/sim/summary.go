@@ -51,6 +51,10 @@ type Summary struct {
 	// cached over prompt tokens (SessionCachedFraction); valid when the
 	// workload has sessions.
 	SessionCachedFraction stats.Optional
+	// PinnedSessions and UnpinnedSessions are the later turns (2nd on) of
+	// the session trees that pin their prompts (Config.PinEvery) and of
+	// the others; nil when no request is pinned.
+	PinnedSessions, UnpinnedSessions *SessionTurns
 	// Events are the fleet events' dips (MeasureEvents; the caller fills
 	// them in, it needs the run without events).
 	Events []EventFigures
@@ -150,6 +154,10 @@ func SummarizeSLO(w *workload.Workload, res *Result, timeout time.Duration, slo 
 	if f, ok := SessionCachedFraction(w, res); ok {
 		s.SessionCachedFraction = stats.Optional{Value: f, Valid: true}
 	}
+	s.PinnedSessions, s.UnpinnedSessions = laterTurns(w, res, timeout, true), laterTurns(w, res, timeout, false)
+	if s.PinnedSessions == nil {
+		s.UnpinnedSessions = nil
+	}
 	if len(perPrefix) > 0 {
 		n := 0
 		for _, m := range perPrefix {
@@ -161,3 +169,37 @@ func SummarizeSLO(w *workload.Workload, res *Result, timeout time.Duration, slo 
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// SessionTurns are figures of a group of session turns: how many, their
+// TTFT (ms; a failed turn at the timeout) and their cached over prompt
+// tokens.
+type SessionTurns struct {
+	Turns          int             `json:"turns"`
+	TTFT           stats.Quantiles `json:"ttft_ms"`
+	CachedFraction float64         `json:"cached_fraction"`
+}
+
+// laterTurns is SessionTurns over the later turns (2nd on: a first turn
+// has nothing of its own cached yet) of the session trees pinned or not;
+// nil when there are none.
+func laterTurns(w *workload.Workload, res *Result, timeout time.Duration, pinned bool) *SessionTurns {
+	var ttft []float64
+	var cached, prompt int64
+	for i, r := range w.Requests {
+		rr := res.Requests[i]
+		if rr.Pinned != pinned || r.Session == workload.NoSession || w.Sessions[r.Session][0] == i {
+			continue
+		}
+		prompt += int64(r.PromptTokens)
+		if !rr.Done {
+			ttft = append(ttft, ms(timeout))
+			continue
+		}
+		cached += int64(rr.CachedTokens)
+		ttft = append(ttft, ms(rr.FirstToken-rr.Sent))
+	}
+	if len(ttft) == 0 {
+		return nil
+	}
+	return &SessionTurns{Turns: len(ttft), TTFT: stats.WithP90(ttft), CachedFraction: float64(cached) / float64(max(prompt, 1))}
+}

@@ -155,6 +155,10 @@ type Config struct {
 	// Sessions is session affinity (sessions.go; Dynamo's
 	// --router-session-affinity-ttl-secs and -mode).
 	Sessions SessionConfig
+
+	// Pins is --enable-agentic-cache-control: prefix pins from
+	// nvext.cache_control (pins.go).
+	Pins bool
 }
 
 // ModelDir is one --model-dir NAME=DIR.

@@ -68,6 +68,7 @@ type replica struct {
 	gaps     *capacityGaps       // capacity-relative settings a worker's missing capacity disables
 
 	sessWrites sessionWrites // background session refreshes and ends (sessions.go)
+	pinWrites  pinWrites     // background pin writes (pins.go)
 }
 
 // Adapter resolves a LoRA adapter to its base model and serving workers.
@@ -139,6 +140,9 @@ func (r *replica) Router(model string) (*router.Router, bool) {
 		return nil, false
 	}
 	rt.UseSharedPredictions(r.predictedOverlaps(), r.preds.record)
+	if r.cfg.Pins {
+		rt.SetPinnedBlocks(r.pinnedBlocksOf(model)) // kv-pooled: pinned blocks are not evictable (pins.go)
+	}
 	rt.SetWorkers(decodeCapable(r.undrained(r.roleWorkers(model))))
 	for _, w := range r.workerInfos(model) {
 		r.models[w.ID] = model
@@ -404,7 +408,7 @@ func (r *replica) Status(digest bool) map[string]any {
 	out["nodes"] = nodes
 	workers := []map[string]any{}
 	stale, cursors, refused := r.staleRanks(), r.cursors(), r.overCapacityRefused()
-	bindings := r.fsm.SessionsPerWorker()
+	bindings, pins := r.fsm.SessionsPerWorker(), r.fsm.PinsPerWorker()
 	missing, drained := r.health.missing(), r.drainedSet()
 	for _, w := range r.workers() {
 		entry := map[string]any{"id": w.ID, "url": w.Address, "model": w.Model, "block_size": w.BlockSize,
@@ -415,7 +419,7 @@ func (r *replica) Status(digest bool) map[string]any {
 			"capacity_gaps":    nonNil(workerGaps(r.modelConfig(w.Model), w)),
 			// Per rank; blocks refused beyond it since this replica started (fsm/DESIGN.md, Bounds).
 			"index_block_cap": fsm.RankBlockCap(w.TotalBlocks), "over_capacity_refused": refused[w.ID],
-			"session_bindings": bindings[w.ID]}
+			"session_bindings": bindings[w.ID], "pins": pins[w.ID]}
 		if g, ok := r.groupOf(w.ID); ok && r.sharded() {
 			entry["raft_group"] = g.id
 		}
@@ -438,6 +442,7 @@ func (r *replica) Status(digest bool) map[string]any {
 	}
 	out["workers"] = workers
 	out["sessions"] = r.sessionStatus()
+	out["pins"] = r.pinStatus()
 	if r.bus != nil {
 		out["nats_url"] = r.bus.ClientURL()
 	}

@@ -58,6 +58,9 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 //   - BindSession (17), UnbindSessions (18): session affinity, on the
 //     replica that took a session's turn (sessions.go), to the control
 //     group's leader.
+//   - PinPrefix (19): prefix pins, pins, refreshes and moves, on the
+//     replica that routed the request (pins.go), to the control group's
+//     leader; UnpinPrefix (20): DELETE /pins on any replica, likewise.
 //
 // Not forwarded, so refused: KVEventBatch (3) — the leader's ingest writes
 // it locally (ApplyLocal), never through /cluster/apply; Tick (6) — only a
@@ -69,7 +72,8 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 var forwardedTypes = []fsm.CommandType{
 	fsm.CmdRegisterWorker, fsm.CmdRegisterWorkerRole, fsm.CmdRegisterWorkerBlockSize, fsm.CmdDeregisterWorker, fsm.CmdSetModelConfig,
 	fsm.CmdPredictions, fsm.CmdRegisterNode, fsm.CmdResyncWorker, fsm.CmdPlaceWorker, fsm.CmdSetGroups,
-	fsm.CmdSetGroupsChecked, fsm.CmdSetWorkerDrain, fsm.CmdBindSession, fsm.CmdUnbindSessions,
+	fsm.CmdSetGroupsChecked, fsm.CmdSetWorkerDrain, fsm.CmdBindSession, fsm.CmdUnbindSessions, fsm.CmdPinPrefix,
+	fsm.CmdUnpinPrefix,
 }
 
 // errForbiddenCommand is wrapped by every refusal of checkForwarded.

@@ -47,6 +47,9 @@ func TestReplicaCheckForwarded(t *testing.T) {
 		"drain done":    must(fsm.EncodeSetWorkerDrain(fsm.SetWorkerDrain{Worker: "w1", Drained: true, Deregister: true})),
 		"bind session":  must(fsm.EncodeBindSession(fsm.BindSession{Session: "s", Worker: "w1", Until: 1})),
 		"end session":   must(fsm.EncodeUnbindSessions(fsm.UnbindSessions{Session: "s"})),
+		"pin prefix":    must(fsm.EncodePinPrefix(fsm.PinPrefix{Model: "m", Worker: "w1", Key: 1, Blocks: []uint64{1}, TTL: 1e9, Until: 1})),
+		"refresh pin":   must(fsm.EncodePinPrefix(fsm.PinPrefix{Model: "m", Worker: "w1", Key: 1, TTL: 1e9, Until: 1})),
+		"unpin":         must(fsm.EncodeUnpinPrefix(fsm.UnpinPrefix{Worker: "w1"})),
 	}
 	for name, cmd := range ok {
 		if err := checkForwarded(cmd); err != nil {
