@@ -208,18 +208,11 @@ func (s *Server) yields(p *prepared, since *time.Time) bool {
 	if s.tenants == nil {
 		return false
 	}
-	if _, yield := s.tenants.YieldTo(p.model, p.tenant, p.class); !yield {
-		return false
-	}
-	now := time.Now()
-	if since.IsZero() {
-		*since = now
-	}
-	if now.Sub(*since) > s.tenants.Config().MaxYield {
+	hold, expired := s.tenants.Hold(p.model, p.tenant, p.class, since)
+	if expired {
 		s.tenantMetrics.yieldExpired.WithLabelValues(p.model).Inc()
-		return false
 	}
-	return true
+	return hold
 }
 
 // headLocked drops departed waiters from the head and returns it,
