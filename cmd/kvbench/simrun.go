@@ -111,10 +111,12 @@ type simConfig struct {
 	Sessions        *sessionsCfg `json:"sessions,omitempty"`
 	SessionAffinity *affinityCfg `json:"session_affinity,omitempty"`
 	FleetEvents     *fleetCfg    `json:"fleet_events,omitempty"`
-	Trace           *traceCfg    `json:"trace,omitempty"`
-	Requests        int          `json:"requests"`
-	HitRule         string       `json:"hit_rule"`
-	WallSeconds     float64      `json:"wall_seconds"`
+	// The routers' admission queue and tenants (issue 28 items 3–4).
+	Admission   *tenantsCfg `json:"admission,omitempty"`
+	Trace       *traceCfg   `json:"trace,omitempty"`
+	Requests    int         `json:"requests"`
+	HitRule     string      `json:"hit_rule"`
+	WallSeconds float64     `json:"wall_seconds"`
 
 	// --track-output-blocks and --sim-osl-hint.
 	TrackOutputBlocks bool `json:"track_output_blocks,omitempty"`
@@ -365,7 +367,7 @@ func (o *simOptions) simConfig(rc router.Config, seed uint64) sim.Config {
 	return sim.Config{
 		Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(), Router: rc, EventDelay: o.EventDelay, Seed: seed,
 		Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra, OSLHint: o.OSLHint,
-		Affinity: o.Sessions.affinity(),
+		Affinity: o.Sessions.affinity(), Tenants: o.Tenants.config(),
 	}
 }
 
@@ -464,6 +466,7 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 	}
 	c.Sessions, c.SessionAffinity = o.Sessions.config()
 	c.FleetEvents = o.Fleet.config()
+	c.Admission = o.Tenants.reportConfig()
 	if w.Kind == workload.Trace {
 		c.Trace = &traceCfg{Path: o.Trace, MaxRequests: o.MaxRequests, Sessions: len(w.Sessions)}
 		c.HitRule = fmt.Sprintf("cached prompt tokens >= one block (%d tokens)", o.BlockSize)

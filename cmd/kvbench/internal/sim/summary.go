@@ -51,6 +51,11 @@ type Summary struct {
 	// cached over prompt tokens (SessionCachedFraction); valid when the
 	// workload has sessions.
 	SessionCachedFraction stats.Optional
+	// Tenants are each tenant's figures (Config.Tenants; nil without),
+	// every one over the tenant's requests; BackloggedSeconds is the time
+	// every tenant had a request queued in some router.
+	Tenants           []TenantFigures
+	BackloggedSeconds float64
 	// Events are the fleet events' dips (MeasureEvents; the caller fills
 	// them in, it needs the run without events).
 	Events []EventFigures
@@ -147,6 +152,7 @@ func SummarizeSLO(w *workload.Workload, res *Result, timeout time.Duration, slo 
 		s.ThroughputRPS = float64(s.Completed) / s.VirtualSeconds
 		s.OutputTokensPerS = float64(output) / s.VirtualSeconds
 	}
+	s.Tenants, s.BackloggedSeconds = summarizeTenants(w, res, timeout, slo)
 	if f, ok := SessionCachedFraction(w, res); ok {
 		s.SessionCachedFraction = stats.Optional{Value: f, Valid: true}
 	}
@@ -161,3 +167,62 @@ func SummarizeSLO(w *workload.Workload, res *Result, timeout time.Duration, slo 
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// TenantFigures are one tenant's figures over its requests (the
+// Denominator's rule: a failed request at the timeout, a miss).
+type TenantFigures struct {
+	Tenant   string          `json:"tenant"`
+	Requests int             `json:"requests"`
+	TTFT     stats.Quantiles `json:"ttft_ms"`
+	// Queue is its requests' wait in the routers' admission queues, from
+	// arrival to routing (completed requests).
+	Queue stats.Quantiles `json:"queue_ms"`
+	// SLOAttainment is the share of its requests within the SLO (valid
+	// when an SLO was given).
+	SLOAttainment stats.Optional `json:"slo_attainment,omitzero"`
+	// Tokens are the tokens charged to it (uncached prompt and output);
+	// BackloggedShare its share of the tokens charged while every tenant
+	// had a request queued (valid when that happened).
+	Tokens          int64          `json:"tokens"`
+	BackloggedShare stats.Optional `json:"backlogged_token_share,omitzero"`
+}
+
+// summarizeTenants is each tenant's figures (nil without tenants).
+func summarizeTenants(w *workload.Workload, res *Result, timeout time.Duration, slo SLO) ([]TenantFigures, float64) {
+	if res.TenantOf == nil {
+		return nil, 0
+	}
+	out := make([]TenantFigures, len(res.Tenants))
+	ttft := make([][]float64, len(res.Tenants))
+	met := make([]int, len(res.Tenants))
+	queue := make([][]float64, len(res.Tenants))
+	for i, rr := range res.Requests {
+		t := res.TenantOf[i]
+		out[t].Requests++
+		if !rr.Done {
+			ttft[t] = append(ttft[t], ms(timeout))
+			continue
+		}
+		ttft[t] = append(ttft[t], ms(rr.FirstToken-rr.Sent))
+		queue[t] = append(queue[t], ms(rr.Routed-rr.Sent))
+		if slo.Meets(rr.FirstToken-rr.Sent, TPOT(rr.FirstToken, rr.Finished, w.Requests[i].OutputTokens)) {
+			met[t]++
+		}
+	}
+	var backlogged int64
+	for _, tt := range res.Tenants {
+		backlogged += tt.Backlogged
+	}
+	for t, tt := range res.Tenants {
+		f := &out[t]
+		f.Tenant, f.Tokens = tt.Name, tt.Tokens
+		f.TTFT, f.Queue = stats.WithP90(ttft[t]), stats.WithP90(queue[t])
+		if slo.Set() && f.Requests > 0 {
+			f.SLOAttainment = stats.Optional{Value: float64(met[t]) / float64(f.Requests), Valid: true}
+		}
+		if backlogged > 0 {
+			f.BackloggedShare = stats.Optional{Value: float64(tt.Backlogged) / float64(backlogged), Valid: true}
+		}
+	}
+	return out, res.Backlogged.Seconds()
+}
