@@ -696,3 +696,30 @@ func (l *Ledger) Hold(model, tenant string, class uint32, since *time.Time) (hol
 	}
 	return true, false
 }
+
+// Window is the share of each worker's admission window (the queue
+// threshold) a request of tenant may fill: 1 while no other tenant is
+// active fleet-wide, or while tenant is not above the least served active
+// tenant by more than Slack (it is not over its share); else 1/n, n the
+// active tenants, itself included. The queue orders who is admitted next,
+// but what a worker was given it serves first come, first served: a tenant
+// over its share that fills every worker's window makes a request of a
+// tenant below its share, first in the queue, wait behind a full batch
+// anyway. Holding it to its share of the window keeps the rest free for the
+// others, at the price of smaller batches (less throughput) while they are
+// active.
+func (l *Ledger) Window(model, tenant string) float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := tenantKey{model, tenant}
+	low, n := math.Inf(1), 1
+	for _, o := range l.keysLocked(model) {
+		if o != k && l.activeLocked(o) {
+			low, n = min(low, l.virtualLocked(o)), n+1
+		}
+	}
+	if n == 1 || l.virtualLocked(k) <= low+l.cfg.Slack {
+		return 1
+	}
+	return 1 / float64(n)
+}

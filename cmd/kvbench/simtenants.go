@@ -22,6 +22,7 @@ type tenantOptions struct {
 	Counters       string // --tenant-counters
 	SyncInterval   time.Duration
 	Burst, Slack   float64
+	Headroom       bool
 
 	tenants []sim.TenantSpec
 }
@@ -36,6 +37,7 @@ func (o *tenantOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Counters, "tenant-counters", string(sim.CountersShared), "with --tenants and --routers > 1: shared (each router's virtual token counters reach the others on replica sync, --sync-delay later, every --tenant-sync-interval and at once when a tenant starts waiting: kvrouter) or local (each router counts alone: per-replica flow control)")
 	fs.DurationVar(&o.SyncInterval, "tenant-sync-interval", sim.DefaultTenantSyncInterval, "with shared counters: how often a router publishes them (serve's --tenant-sync-interval)")
 	fs.Float64Var(&o.Burst, "tenant-fair-burst", 0, "the ledgers' burst in tokens (serve's --tenant-fair-burst; 0: its default, 4096)")
+	fs.BoolVar(&o.Headroom, "tenant-headroom", false, "hold a tenant over its share, while other tenants are active, to its share (1/active tenants) of each worker's admission window, keeping the rest free for them (api/tenant Ledger.Window)")
 	fs.Float64Var(&o.Slack, "tenant-fair-slack", 0, "the ledgers' slack in tokens (serve's --tenant-fair-slack; 0: its default, 512)")
 }
 
@@ -53,7 +55,7 @@ func (o *tenantOptions) check(set map[string]bool, so *simOptions) error {
 	if set["queue-policy"] && !o.queue {
 		return cli.Usagef("--queue-policy orders the routers' queue: give --queue-threshold")
 	}
-	for _, name := range []string{"tenant-counters", "tenant-sync-interval", "tenant-fair-burst", "tenant-fair-slack"} {
+	for _, name := range []string{"tenant-counters", "tenant-sync-interval", "tenant-fair-burst", "tenant-fair-slack", "tenant-headroom"} {
 		if set[name] && o.Spec == "" {
 			return cli.Usagef("--%s applies to --tenants", name)
 		}
@@ -128,7 +130,7 @@ func (o *tenantOptions) config() sim.Tenants {
 	if o.tenants == nil {
 		return sim.Tenants{}
 	}
-	return sim.Tenants{Specs: o.tenants, Counters: sim.TenantCounters(o.Counters), SyncInterval: o.SyncInterval, Burst: o.Burst, Slack: o.Slack}
+	return sim.Tenants{Specs: o.tenants, Counters: sim.TenantCounters(o.Counters), SyncInterval: o.SyncInterval, Burst: o.Burst, Slack: o.Slack, Headroom: o.Headroom}
 }
 
 // tenantsCfg is the report's config.tenants.
@@ -140,6 +142,7 @@ type tenantsCfg struct {
 	SyncIntervalMs float64          `json:"sync_interval_ms,omitempty"`
 	Burst          float64          `json:"burst,omitempty"`
 	Slack          float64          `json:"slack,omitempty"`
+	Headroom       bool             `json:"headroom,omitempty"`
 }
 
 func (o *tenantOptions) reportConfig() *tenantsCfg {
@@ -149,7 +152,7 @@ func (o *tenantOptions) reportConfig() *tenantsCfg {
 	c := &tenantsCfg{QueueThreshold: o.QueueThreshold, QueuePolicy: o.QueuePolicy}
 	if o.tenants != nil {
 		c.Tenants, c.Counters, c.SyncIntervalMs = o.tenants, o.Counters, float64(o.SyncInterval)/float64(time.Millisecond)
-		c.Burst, c.Slack = o.Burst, o.Slack
+		c.Burst, c.Slack, c.Headroom = o.Burst, o.Slack, o.Headroom
 	}
 	return c
 }

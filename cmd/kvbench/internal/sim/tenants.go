@@ -65,6 +65,9 @@ type Tenants struct {
 	SyncInterval time.Duration
 	// Burst and Slack are the ledgers' (0: tenant.Config's defaults).
 	Burst, Slack float64
+	// Headroom holds a tenant over its share, while others are active, to
+	// its share of each worker's admission window (tenant.Ledger.Window).
+	Headroom bool
 }
 
 // DefaultTenantSyncInterval is kvrouter serve's --tenant-sync-interval.
@@ -233,7 +236,7 @@ func (s *state) arrive(i, k int) {
 		a.begun[i] = true
 	}
 	q := a.queues[k]
-	if q.Len() == 0 && !s.rts[k].ShouldQueue() {
+	if q.Len() == 0 && !s.rts[k].ShouldQueueWithin(s.window(k, name), s.w.Requests[i].PromptTokens) {
 		s.dispatch(i, k)
 		return
 	}
@@ -310,9 +313,12 @@ func (s *state) admitQueued() {
 	for j := range n {
 		k := (a.turn + j) % n
 		q := a.queues[k]
-		for q.Len() > 0 && !s.rts[k].ShouldQueue() {
+		for q.Len() > 0 {
 			head, _ := q.Peek()
 			i := head.Value.(int)
+			if s.rts[k].ShouldQueueWithin(s.window(k, head.Tenant), head.Request.Tokens) {
+				break
+			}
 			if a.tenants() {
 				hold, _ := a.ledgers[k].Hold(tenantModel, head.Tenant, head.Class, &a.holdSince[i])
 				if hold {
@@ -331,6 +337,17 @@ func (s *state) admitQueued() {
 			s.dispatch(i, k)
 		}
 	}
+}
+
+// window is the share of each worker's admission window router k gives a
+// request of tenant (tenant.Ledger.Window; 1 without tenants or with
+// Tenants.Headroom off).
+func (s *state) window(k int, tenant string) float64 {
+	a := &s.adm
+	if !a.tenants() || !s.cfg.Tenants.Headroom {
+		return 1
+	}
+	return a.ledgers[k].Window(tenantModel, tenant)
 }
 
 // publishTenants sends router k's counters to the others (shared only).
