@@ -106,7 +106,7 @@ func (s *Server) wait(ctx context.Context, p *prepared) (bool, *refusal) {
 	// A new arrival passes only when no one waits: it must not overtake
 	// the queue's order (Dynamo: "a new arrival cannot bypass an existing
 	// backlog").
-	if g.waiting[p.model] == 0 && !p.rt.ShouldQueue() {
+	if g.waiting[p.model] == 0 && !s.shouldQueue(p) {
 		g.mu.Unlock()
 		return true, nil
 	}
@@ -161,7 +161,7 @@ func (s *Server) wait(ctx context.Context, p *prepared) (bool, *refusal) {
 		g.mu.Lock()
 		wake := g.wakeCh
 		head, isHead := g.headLocked(p.model, q, me)
-		admitted := g.admitting[p.model] == 0 && isHead && !p.rt.ShouldQueue() && !s.yields(p, &yielding)
+		admitted := g.admitting[p.model] == 0 && isHead && !s.shouldQueue(p) && !s.yields(p, &yielding)
 		if admitted {
 			q.Drop(head)
 			delete(g.heads, p.model)
@@ -194,6 +194,17 @@ func (s *Server) wait(ctx context.Context, p *prepared) (bool, *refusal) {
 			return false, &refusal{status: s.cfg.BusyStatus, kind: "service_overloaded", msg: "timed out waiting for a worker below the queue threshold"}
 		}
 	}
+}
+
+// shouldQueue reports whether p must wait for room: every worker over the
+// queue threshold, or, with tenant headroom, over its tenant's share of it
+// (TenantLedger.Window: a tenant over its share while others are active).
+func (s *Server) shouldQueue(p *prepared) bool {
+	share := 1.0
+	if s.tenants != nil {
+		share = s.tenants.Window(p.model, p.tenant)
+	}
+	return p.rt.ShouldQueueWithin(share, p.req.Tokens)
 }
 
 // yields reports whether p, at the head with capacity free, should wait

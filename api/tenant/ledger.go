@@ -99,7 +99,10 @@ type Config struct {
 	// like any idle tenant, so its old count no longer matters, and the
 	// ledger and the sync messages hold only tenants seen lately.
 	ForgetAfter time.Duration
-	Now         func() time.Time // default time.Now
+	// Headroom holds a tenant over its share, while other tenants are
+	// active, to its share of each worker's admission window (Window).
+	Headroom bool
+	Now      func() time.Time // default time.Now
 }
 
 // MaxPublished bounds one replica's sync message (NATS refuses
@@ -698,7 +701,8 @@ func (l *Ledger) Hold(model, tenant string, class uint32, since *time.Time) (hol
 }
 
 // Window is the share of each worker's admission window (the queue
-// threshold) a request of tenant may fill: 1 while no other tenant is
+// threshold) a request of tenant may fill, with Config.Headroom (else 1):
+// 1 while no other tenant is
 // active fleet-wide, or while tenant is not above the least served active
 // tenant by more than Slack (it is not over its share); else 1/n, n the
 // active tenants, itself included. The queue orders who is admitted next,
@@ -709,6 +713,9 @@ func (l *Ledger) Hold(model, tenant string, class uint32, since *time.Time) (hol
 // others, at the price of smaller batches (less throughput) while they are
 // active.
 func (l *Ledger) Window(model, tenant string) float64 {
+	if !l.cfg.Headroom {
+		return 1
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := tenantKey{model, tenant}

@@ -165,7 +165,7 @@ func (a *admissionState) init(s *state) error {
 	}
 	a.nextPublish = a.every
 	for k := range s.rts {
-		l, err := tenant.New(tenant.Config{From: tenant.SourceHeader, Burst: t.Burst, Slack: t.Slack,
+		l, err := tenant.New(tenant.Config{From: tenant.SourceHeader, Burst: t.Burst, Slack: t.Slack, Headroom: t.Headroom,
 			Now: func() time.Time { return epoch.Add(s.now) }})
 		if err != nil {
 			return fmt.Errorf("router %d's tenant ledger: %v: %w", k, err, ErrConfig)
@@ -343,11 +343,10 @@ func (s *state) admitQueued() {
 // request of tenant (tenant.Ledger.Window; 1 without tenants or with
 // Tenants.Headroom off).
 func (s *state) window(k int, tenant string) float64 {
-	a := &s.adm
-	if !a.tenants() || !s.cfg.Tenants.Headroom {
+	if !s.adm.tenants() {
 		return 1
 	}
-	return a.ledgers[k].Window(tenantModel, tenant)
+	return s.adm.ledgers[k].Window(tenantModel, tenant)
 }
 
 // publishTenants sends router k's counters to the others (shared only).
