@@ -411,10 +411,13 @@ func (s *state) nextTime() (time.Duration, bool) {
 	if sc, due := s.peerScrapeDue(); ok && due && sc < t {
 		t = sc
 	}
-	// Tenant counters' publications too; a held queue head's wake always
-	// (it is what lets that head go).
-	if tt, due := s.adm.nextTimer(); due && (ok || tt == s.adm.wakeAt) && (!ok || tt < t) {
-		t, ok = tt, true
+	// A held queue head's wake always (it is what lets that head go);
+	// tenant counters' publications only while something else is to happen.
+	if w := s.adm.wakeAt; w >= 0 && (!ok || w < t) {
+		t, ok = w, true
+	}
+	if pub, due := s.adm.nextPublication(); ok && due && pub < t {
+		t = pub
 	}
 	// Fleet events too: one due after the last request is not waited for.
 	if ev, due := s.fleet.next(); ok && due && ev < t {

@@ -209,11 +209,14 @@ func (a *admissionState) name(i int) string {
 	return a.specs[a.tenantOf[i]].Name
 }
 
-// router is the router request i reaches: its tenant's, or the next in
+// pickRouter is the router request i reaches: its tenant's, or the next in
 // turn (the balancer's round-robin).
 func (s *state) pickRouter(i int) int {
 	a := &s.adm
 	if a.tenants() {
+		if s.fleet.resent[i] {
+			return s.owner[i] // a retry through the same router: its ledger counted it in
+		}
 		if k := a.specs[a.tenantOf[i]].Router; k >= 0 {
 			return k
 		}
@@ -375,13 +378,10 @@ func (s *state) tenantTimers(t time.Duration) {
 	}
 }
 
-// nextTenantTimer is the next tenant timer, if any.
-func (a *admissionState) nextTimer() (time.Duration, bool) {
-	t, ok := a.wakeAt, a.wakeAt >= 0
-	if a.shared && (!ok || a.nextPublish < t) {
-		t, ok = a.nextPublish, true
-	}
-	return t, ok
+// nextPublication is the next periodic publication of the counters, if
+// they are shared.
+func (a *admissionState) nextPublication() (time.Duration, bool) {
+	return a.nextPublish, a.shared
 }
 
 // totals closes the run's tenant figures.
