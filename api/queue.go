@@ -204,7 +204,7 @@ func (s *Server) shouldQueue(p *prepared) bool {
 	if s.tenants != nil {
 		share = s.tenants.Window(p.model, p.tenant)
 	}
-	return p.rt.ShouldQueueWithin(share, p.req.Tokens)
+	return p.rt.ShouldQueueWithin(share, p.req)
 }
 
 // yields reports whether p, at the head with capacity free, should wait

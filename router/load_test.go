@@ -117,7 +117,7 @@ func TestRouterShouldQueueWithin(t *testing.T) {
 	cfg.QueueThreshold = ptr(0.8)
 	r := newTestRouter(t, cfg, nil, WorkerInfo{ID: "a", MaxBatchedTokens: 100}, WorkerInfo{ID: "b", MaxBatchedTokens: 100})
 	r.Load().Add(Booking{ID: "1", Worker: "a", PrefillTokens: 50, Added: t0})
-	if r.ShouldQueueWithin(0.5, 30) {
+	if r.ShouldQueueWithin(0.5, Request{Tokens: 30}) {
 		t.Error("b has no prefill work")
 	}
 	r.Load().Add(Booking{ID: "2", Worker: "b", PrefillTokens: 10, Added: t0})
@@ -132,14 +132,37 @@ func TestRouterShouldQueueWithin(t *testing.T) {
 		{0.25, 11, true},  // b: 21 > 20
 		{1, 1000, false},  // ShouldQueue: b at 10 ≤ 80
 	} {
-		if got := r.ShouldQueueWithin(tc.share, tc.tokens); got != tc.want {
+		if got := r.ShouldQueueWithin(tc.share, Request{Tokens: tc.tokens}); got != tc.want {
 			t.Errorf("share %v, %d tokens: queue %v, want %v", tc.share, tc.tokens, got, tc.want)
 		}
 	}
 	r.Load().Add(Booking{ID: "3", Worker: "b", PrefillTokens: 80, Added: t0})
 	r.Load().Add(Booking{ID: "4", Worker: "a", PrefillTokens: 40, Added: t0})
-	if !r.ShouldQueueWithin(1, 0) || !r.ShouldQueue() {
+	if !r.ShouldQueueWithin(1, Request{}) || !r.ShouldQueue() {
 		t.Error("every worker over the threshold")
+	}
+}
+
+// TestRouterShouldQueueWithinCountsTheCache: the room a request takes on a
+// worker is what that worker must compute, its prompt less the prefix it
+// caches.
+func TestRouterShouldQueueWithinCountsTheCache(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockSize = 16
+	cfg.QueueThreshold = ptr(0.8)
+	ix := NewIndex(16)
+	r := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", MaxBatchedTokens: 100}, WorkerInfo{ID: "b", MaxBatchedTokens: 100})
+	r.Load().Add(Booking{ID: "1", Worker: "a", PrefillTokens: 50, Added: t0})
+	r.Load().Add(Booking{ID: "2", Worker: "b", PrefillTokens: 10, Added: t0})
+	req := Request{Tokens: 48, Hashes: []uint64{11, 12, 13}}
+	if !r.ShouldQueueWithin(0.5, req) {
+		t.Fatal("nothing cached: b would hold 10 + 48 > 40")
+	}
+	if err := ix.Apply("b", KVEvent{Kind: EventStored, Blocks: []StoredBlock{{EngineHash: 11, ContentHash: 11}, {EngineHash: 12, ContentHash: 12}}}); err != nil {
+		t.Fatal(err)
+	}
+	if r.ShouldQueueWithin(0.5, req) {
+		t.Error("b caches two of three blocks: 10 + 16 ≤ 40")
 	}
 }
 

@@ -239,7 +239,9 @@ func (s *state) arrive(i, k int) {
 		a.begun[i] = true
 	}
 	q := a.queues[k]
-	if q.Len() == 0 && !s.rts[k].ShouldQueueWithin(s.window(k, name), s.w.Requests[i].PromptTokens) {
+	r := &s.w.Requests[i]
+	req := router.Request{ID: r.ID, Tokens: r.PromptTokens, Hashes: r.Hashes}
+	if q.Len() == 0 && !s.rts[k].ShouldQueueWithin(s.window(k, name), req) {
 		s.dispatch(i, k)
 		return
 	}
@@ -253,8 +255,7 @@ func (s *state) arrive(i, k int) {
 		default:
 		}
 	}
-	q.Push(router.Waiting{Request: router.Request{ID: s.w.Requests[i].ID, Tokens: s.w.Requests[i].PromptTokens},
-		Arrived: epoch.Add(s.now), Value: i, Tenant: name})
+	q.Push(router.Waiting{Request: req, Arrived: epoch.Add(s.now), Value: i, Tenant: name})
 }
 
 // markWaiting moves tenant t's fleet-wide queued count by d, keeping the
@@ -319,7 +320,7 @@ func (s *state) admitQueued() {
 		for q.Len() > 0 {
 			head, _ := q.Peek()
 			i := head.Value.(int)
-			if s.rts[k].ShouldQueueWithin(s.window(k, head.Tenant), head.Request.Tokens) {
+			if s.rts[k].ShouldQueueWithin(s.window(k, head.Tenant), head.Request) {
 				break
 			}
 			if a.tenants() {
