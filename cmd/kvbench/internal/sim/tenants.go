@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/api/tenant"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -121,7 +122,7 @@ type admissionState struct {
 	wakeAt time.Duration
 	turn   int // the router that looks first at the next admission pass
 
-	tenantOf  []int          // per request: its tenant (-1: none)
+	tenantOf  []int          // per request: its tenant, an index into specs
 	begun     []bool         // per request: counted in its tenant's in-flight requests
 	holdSince []time.Time    // per request: when it began holding back at the head
 	waiting   []int          // per tenant: requests queued over every router
@@ -130,7 +131,6 @@ type admissionState struct {
 	backlog   time.Duration  // time every tenant had a request queued
 	since     time.Duration  // when the current all-backlogged stretch began (-1: not in one)
 	specs     []TenantSpec
-	rng       *rand.Rand
 }
 
 // TenantTotals is one tenant's tokens over a run.
@@ -174,18 +174,37 @@ func (a *admissionState) init(s *state) error {
 		a.queues[k].SetFairness(l.Less(tenantModel))
 	}
 	// Each request's tenant, drawn by weight: independent draws split
-	// an arrival process into one per tenant at rates ∝ the weights.
-	a.rng = rand.New(rand.NewPCG(cfg.Seed, 0x74656e616e74))
+	// an arrival process into one per tenant at rates ∝ the weights. A
+	// session's turns (and its subagents') are its top-level session's
+	// tenant's: one client's conversation.
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x74656e616e74))
 	sum := 0.0
 	for _, sp := range t.Specs {
 		sum += sp.Weight
 	}
-	a.tenantOf = make([]int, len(s.w.Requests))
-	for i := range a.tenantOf {
-		x, k := a.rng.Float64()*sum, 0
+	draw := func() int {
+		x, k := rng.Float64()*sum, 0
 		for k < len(t.Specs)-1 && x >= t.Specs[k].Weight {
 			x -= t.Specs[k].Weight
 			k++
+		}
+		return k
+	}
+	bySession := map[int]int{}
+	a.tenantOf = make([]int, len(s.w.Requests))
+	for i, r := range s.w.Requests {
+		if r.Session == workload.NoSession {
+			a.tenantOf[i] = draw()
+			continue
+		}
+		root := r.Session
+		if r.Session < len(s.w.SessionRoot) {
+			root = s.w.SessionRoot[r.Session]
+		}
+		k, ok := bySession[root]
+		if !ok {
+			k = draw()
+			bySession[root] = k
 		}
 		a.tenantOf[i] = k
 	}

@@ -62,3 +62,39 @@ func TestSimTenantFairnessAcrossRouters(t *testing.T) {
 		}
 	}
 }
+
+// TestSimTenantSessions: a session's turns and its subagents' all belong
+// to its top-level session's tenant, both tenants get sessions, and every
+// turn completes through the queue.
+func TestSimTenantSessions(t *testing.T) {
+	w := synthetic(t, workload.SyntheticSpec{
+		Prefixes: 2, PrefixTokens: 64, TailTokens: 32, OutputTokens: 8,
+		Requests: 240, Concurrency: 6, Seed: 4,
+		Agent: workload.AgentSpec{Turns: 4, Subagents: 1},
+	})
+	cfg := config(router.ModeKV, 2, 2048)
+	q := 0.0
+	cfg.Router.QueueThreshold = &q
+	cfg.Routers = 2
+	cfg.Tenants = Tenants{Specs: []TenantSpec{{Name: "a", Weight: 1, Router: -1}, {Name: "b", Weight: 1, Router: -1}}}
+	res, err := Run(w, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	of := map[int]int{} // top-level session → tenant
+	seen := map[int]bool{}
+	for i, r := range w.Requests {
+		if !res.Requests[i].Done {
+			t.Fatalf("request %d did not complete: %s", i, res.Requests[i].Err)
+		}
+		root := w.SessionRoot[r.Session]
+		if k, ok := of[root]; ok && k != res.TenantOf[i] {
+			t.Fatalf("session tree %d has turns of tenants %d and %d", root, k, res.TenantOf[i])
+		}
+		of[root] = res.TenantOf[i]
+		seen[res.TenantOf[i]] = true
+	}
+	if len(seen) != 2 {
+		t.Fatalf("tenants seen %v: both must get sessions", seen)
+	}
+}
