@@ -385,6 +385,12 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		return fmt.Errorf("engine %s: request %s: %d prompt + %d output tokens exceed max model len %d: %w",
 			e.id, r.ID, promptLen, target, e.cfg.MaxModelLen, ErrRequest)
 	}
+	if r.Priority != 0 && e.cfg.Scheduling == SchedulingFCFS {
+		// vLLM's input processing refuses it too ("Got priority … but
+		// Priority scheduling is not enabled").
+		return fmt.Errorf("engine %s: request %s: priority %d without a priority scheduling policy: %w",
+			e.id, r.ID, r.Priority, ErrRequest)
+	}
 	maxBlocks := (promptLen + target + bs - 1) / bs
 	var hashes []uint64
 	switch {

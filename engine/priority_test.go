@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -41,6 +42,9 @@ func TestEnginePriorityWaitingOrder(t *testing.T) {
 			e := mustNew(t, "w", Config{BlockSize: 4, CapacityBlocks: 64, MaxRunning: 1, Scheduling: tc.policy})
 			for i, r := range reqs {
 				r.Tokens, r.OutputTokens = seqTokens(100*i+1, 8), 3
+				if tc.policy == "" || tc.policy == SchedulingFCFS {
+					r.Priority = 0 // refused under FCFS, as by vLLM
+				}
 				if err := e.Submit(0, r); err != nil {
 					t.Fatal(err)
 				}
@@ -65,7 +69,11 @@ func TestEnginePriorityFullRunningSet(t *testing.T) {
 	for _, policy := range []string{SchedulingFCFS, SchedulingPriority, SchedulingPriorityPreempt} {
 		t.Run(policy, func(t *testing.T) {
 			e := mustNew(t, "w", Config{BlockSize: 4, CapacityBlocks: 64, MaxRunning: 1, Scheduling: policy})
-			if err := e.Submit(0, Request{ID: "A", Tokens: seqTokens(1, 8), OutputTokens: 10, Priority: 5}); err != nil {
+			pa := 5
+			if policy == SchedulingFCFS {
+				pa = 0 // refused under FCFS, as by vLLM
+			}
+			if err := e.Submit(0, Request{ID: "A", Tokens: seqTokens(1, 8), OutputTokens: 10, Priority: pa}); err != nil {
 				t.Fatal(err)
 			}
 			// Run A's prefill and two decode steps.
@@ -156,5 +164,13 @@ func TestEngineSchedulingPolicyConfig(t *testing.T) {
 	}
 	if c := mustNew(t, "w", Config{BlockSize: 4, CapacityBlocks: 8}).Config(); c.Scheduling != SchedulingFCFS {
 		t.Errorf("default policy %q", c.Scheduling)
+	}
+	// vLLM refuses a non-zero priority unless its policy is priority.
+	e := mustNew(t, "w", Config{BlockSize: 4, CapacityBlocks: 8})
+	if err := e.Submit(0, Request{ID: "a", Tokens: seqTokens(1, 4), Priority: 1}); !errors.Is(err, ErrRequest) {
+		t.Errorf("priority 1 under FCFS: %v, want ErrRequest", err)
+	}
+	if err := e.Submit(0, Request{ID: "b", Tokens: seqTokens(1, 4)}); err != nil {
+		t.Errorf("priority 0 under FCFS: %v", err)
 	}
 }

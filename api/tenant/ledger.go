@@ -718,15 +718,50 @@ func (l *Ledger) Window(model, tenant string) float64 {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	k := tenantKey{model, tenant}
-	low, n := math.Inf(1), 1
-	for _, o := range l.keysLocked(model) {
+	over, n := l.overLocked(tenantKey{model, tenant})
+	if !over {
+		return 1
+	}
+	return 1 / float64(n)
+}
+
+// overLocked reports whether a tenant is over its share: another tenant is
+// active fleet-wide and this one's counter is more than Slack above the
+// least served of them (Window's and EnginePriority's rule, the yield
+// rule's Slack). n is the active tenants, this one included. mu must be
+// held.
+func (l *Ledger) overLocked(k tenantKey) (over bool, n int) {
+	low := math.Inf(1)
+	n = 1
+	for _, o := range l.keysLocked(k.model) {
 		if o != k && l.activeLocked(o) {
 			low, n = min(low, l.virtualLocked(o)), n+1
 		}
 	}
-	if n == 1 || l.virtualLocked(k) <= low+l.cfg.Slack {
-		return 1
+	return n > 1 && l.virtualLocked(k) > low+l.cfg.Slack, n
+}
+
+// Engine priority levels (EnginePriority): vLLM's and SGLang's request
+// priority, lower served first.
+const (
+	EngineAtShare   = 0 // not over its share: first in the engine's waiting queue
+	EngineOverShare = 1 // over its share while another tenant is active
+)
+
+// EnginePriority is the priority level a request of tenant should carry to
+// the worker (kvrouter serve --tenant-engine-priority; the simulator's
+// --tenant-engine-priority): EngineOverShare while the tenant is over its
+// share (overLocked: the rule of Window and the yield rule's Slack),
+// EngineAtShare otherwise. The router's queue orders what it releases; a
+// worker with priority scheduling then serves a tenant under its share
+// before the backlog an over-share tenant already put there, which a router
+// cannot reach. Two levels, from the ledger's state alone: no constant to
+// tune.
+func (l *Ledger) EnginePriority(model, tenant string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if over, _ := l.overLocked(tenantKey{model, tenant}); over {
+		return EngineOverShare
 	}
-	return 1 / float64(n)
+	return EngineAtShare
 }

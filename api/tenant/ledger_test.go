@@ -87,3 +87,59 @@ func TestAPITenantHold(t *testing.T) {
 		t.Fatalf("past MaxYield: hold %v expired %v", hold, exp)
 	}
 }
+
+// TestAPITenantEnginePriority: the level a request carries to the worker:
+// over its share while another tenant is active (by more than the slack,
+// counting the other replicas' reports) is EngineOverShare; alone, under
+// its share, within the slack, or beside an idle tenant, EngineAtShare.
+// Independent of Headroom.
+func TestAPITenantEnginePriority(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		setup  func(l *Ledger)
+		tenant string
+		want   int
+	}{
+		{"alone", func(l *Ledger) { l.Charge("m", "a", 10_000); l.Begin("m", "a") }, "a", EngineAtShare},
+		{"over its share", func(l *Ledger) {
+			l.Charge("m", "a", 10_000)
+			l.Begin("m", "a")
+			l.Begin("m", "b")
+		}, "a", EngineOverShare},
+		{"under its share", func(l *Ledger) {
+			l.Charge("m", "a", 10_000)
+			l.Begin("m", "a")
+			l.Begin("m", "b")
+		}, "b", EngineAtShare},
+		{"within the slack", func(l *Ledger) {
+			l.Charge("m", "a", 10_000)
+			l.Charge("m", "b", 9_900)
+			l.Begin("m", "a")
+			l.Begin("m", "b")
+		}, "a", EngineAtShare},
+		{"the other is idle", func(l *Ledger) {
+			l.Charge("m", "a", 10_000)
+			l.Begin("m", "a")
+			l.Begin("m", "b")
+			l.End("m", "b")
+		}, "a", EngineAtShare},
+		{"over a tenant on another replica", func(l *Ledger) {
+			l.Charge("m", "a", 10_000)
+			l.Remote("r2", []Usage{{Model: "m", Tenant: "c", Tokens: 10, Inflight: 1}})
+		}, "a", EngineOverShare},
+		{"under through the others' charges", func(l *Ledger) {
+			l.Charge("m", "a", 1_000)
+			l.Begin("m", "a")
+			l.Remote("r2", []Usage{{Model: "m", Tenant: "c", Tokens: 50_000, Inflight: 1}})
+		}, "a", EngineAtShare},
+	} {
+		l, err := New(Config{From: SourceHeader, Slack: 512, Burst: 4096})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.setup(l)
+		if got := l.EnginePriority("m", tc.tenant); got != tc.want {
+			t.Errorf("%s: engine priority %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}

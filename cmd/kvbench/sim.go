@@ -423,5 +423,6 @@ func (o *simOptions) engineConfig() engine.Config {
 		Profile:          o.Profile,
 		Speedup:          o.Speedup,
 		EngineHashSeed:   o.EngineHashSeed,
+		Scheduling:       o.Tenants.Scheduling,
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/report"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/internal/peerpolicy"
 	"github.com/kvrouter/kvrouter/router"
 )
@@ -98,6 +99,7 @@ type simConfig struct {
 	SLO              *sloCfg   `json:"slo,omitempty"`
 	Denominator      string    `json:"denominator"` // what every ratio and quantile is over (sim.Denominator)
 	EngineHashSeed   uint64    `json:"engine_hash_seed"`
+	EngineScheduling string    `json:"engine_scheduling,omitempty"` // absent: fcfs
 	Policies         []string  `json:"policies"`
 	PrefillLoadScale *float64  `json:"prefill_load_scale,omitempty"`
 	OverlapCredit    *float64  `json:"overlap_credit,omitempty"`
@@ -454,7 +456,7 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 		Routers:      o.Routers, SyncDelayMs: float64(o.SyncDelay) / float64(time.Millisecond),
 		SyncFreeExtraMs: float64(o.SyncFreeExtra) / float64(time.Millisecond),
 		TimeoutS:        o.Timeout.Seconds(), SLO: newSLOCfg(o.SLO), Denominator: sim.Denominator,
-		EngineHashSeed: o.EngineHashSeed, PrefillLoadScale: o.PrefillLoadScale, OverlapCredit: o.OverlapCredit,
+		EngineHashSeed: o.EngineHashSeed, EngineScheduling: nonFCFS(o.Tenants.Scheduling), PrefillLoadScale: o.PrefillLoadScale, OverlapCredit: o.OverlapCredit,
 		Temperature: o.Temperature, ApproxTTLS: o.routerConfig(router.ModeKVApprox).ApproxTTL.Seconds(), Seed: o.Seed, Reps: o.Reps, Requests: len(w.Requests),
 		Pooled: pooledCfg{EvictWeight: o.Pooled.EvictWeight, CopyWeight: o.Pooled.CopyWeight, HomeWeight: o.Pooled.HomeWeight,
 			Overloaded: o.Pooled.Overloaded, QueueWeight: o.Pooled.QueueWeight, OutputTokens: o.Pooled.OutputTokens,
@@ -483,4 +485,13 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 		c.HitRule = fmt.Sprintf("cached prompt tokens >= half the shared prefix (%d tokens)", (o.PrefixTokens+1)/2)
 	}
 	return c
+}
+
+// nonFCFS is the report's engine_scheduling: absent for fcfs, the default,
+// so that earlier reports and these compare equal.
+func nonFCFS(policy string) string {
+	if policy == engine.SchedulingFCFS {
+		return ""
+	}
+	return policy
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
+	"github.com/kvrouter/kvrouter/engine"
 )
 
 // tenantOptions are sim's admission-queue and tenant flags (issue 28
@@ -23,6 +24,8 @@ type tenantOptions struct {
 	SyncInterval   time.Duration
 	Burst, Slack   float64
 	Headroom       bool
+	EnginePriority bool   // --tenant-engine-priority
+	Scheduling     string // --engine-scheduling
 
 	tenants []sim.TenantSpec
 }
@@ -38,6 +41,8 @@ func (o *tenantOptions) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.SyncInterval, "tenant-sync-interval", sim.DefaultTenantSyncInterval, "with shared counters: how often a router publishes them (serve's --tenant-sync-interval)")
 	fs.Float64Var(&o.Burst, "tenant-fair-burst", 0, "the ledgers' burst in tokens (serve's --tenant-fair-burst; 0: its default, 4096)")
 	fs.BoolVar(&o.Headroom, "tenant-headroom", false, "hold a tenant over its share, while other tenants are active, to its share (1/active tenants) of each worker's admission window, keeping the rest free for them (api/tenant Ledger.Window)")
+	fs.BoolVar(&o.EnginePriority, "tenant-engine-priority", false, "each request carries to its worker the priority its router's ledger gives its tenant (api/tenant Ledger.EnginePriority: 1 while over its share and another tenant is active, else 0; lower is served first), as kvrouter serve --tenant-engine-priority sets vLLM's priority field; the engines then need a priority --engine-scheduling (default with this flag: priority)")
+	fs.StringVar(&o.Scheduling, "engine-scheduling", "", "the engines' waiting-queue policy: fcfs (vLLM's default), priority (vLLM's --scheduling-policy priority: waiting by (priority, arrival), a KV shortage preempts the largest (priority, arrival)) or priority-preempt (that, plus a full running set preempting for a strictly more urgent waiting request, as vLLM v0 did); default fcfs, priority with --tenant-engine-priority (engine/DESIGN.md)")
 	fs.Float64Var(&o.Slack, "tenant-fair-slack", 0, "the ledgers' slack in tokens (serve's --tenant-fair-slack; 0: its default, 512)")
 }
 
@@ -55,7 +60,21 @@ func (o *tenantOptions) check(set map[string]bool, so *simOptions) error {
 	if set["queue-policy"] && !o.queue {
 		return cli.Usagef("--queue-policy orders the routers' queue: give --queue-threshold")
 	}
-	for _, name := range []string{"tenant-counters", "tenant-sync-interval", "tenant-fair-burst", "tenant-fair-slack", "tenant-headroom"} {
+	switch o.Scheduling {
+	case "":
+		o.Scheduling = engine.SchedulingFCFS
+		if o.EnginePriority {
+			o.Scheduling = engine.SchedulingPriority
+		}
+	case engine.SchedulingFCFS:
+		if o.EnginePriority {
+			return cli.Usagef("--tenant-engine-priority sets a non-zero priority, which an fcfs engine refuses (as vLLM does): give --engine-scheduling priority or priority-preempt")
+		}
+	case engine.SchedulingPriority, engine.SchedulingPriorityPreempt:
+	default:
+		return cli.Usagef("--engine-scheduling %q: want fcfs, priority or priority-preempt", o.Scheduling)
+	}
+	for _, name := range []string{"tenant-counters", "tenant-sync-interval", "tenant-fair-burst", "tenant-fair-slack", "tenant-headroom", "tenant-engine-priority"} {
 		if set[name] && o.Spec == "" {
 			return cli.Usagef("--%s applies to --tenants", name)
 		}
@@ -130,7 +149,7 @@ func (o *tenantOptions) config() sim.Tenants {
 	if o.tenants == nil {
 		return sim.Tenants{}
 	}
-	return sim.Tenants{Specs: o.tenants, Counters: sim.TenantCounters(o.Counters), SyncInterval: o.SyncInterval, Burst: o.Burst, Slack: o.Slack, Headroom: o.Headroom}
+	return sim.Tenants{Specs: o.tenants, Counters: sim.TenantCounters(o.Counters), SyncInterval: o.SyncInterval, Burst: o.Burst, Slack: o.Slack, Headroom: o.Headroom, EnginePriority: o.EnginePriority}
 }
 
 // tenantsCfg is the report's config.tenants.
@@ -143,6 +162,7 @@ type tenantsCfg struct {
 	Burst          float64          `json:"burst,omitempty"`
 	Slack          float64          `json:"slack,omitempty"`
 	Headroom       bool             `json:"headroom,omitempty"`
+	EnginePriority bool             `json:"engine_priority,omitempty"`
 }
 
 func (o *tenantOptions) reportConfig() *tenantsCfg {
@@ -152,7 +172,7 @@ func (o *tenantOptions) reportConfig() *tenantsCfg {
 	c := &tenantsCfg{QueueThreshold: o.QueueThreshold, QueuePolicy: o.QueuePolicy}
 	if o.tenants != nil {
 		c.Tenants, c.Counters, c.SyncIntervalMs = o.tenants, o.Counters, float64(o.SyncInterval)/float64(time.Millisecond)
-		c.Burst, c.Slack, c.Headroom = o.Burst, o.Slack, o.Headroom
+		c.Burst, c.Slack, c.Headroom, c.EnginePriority = o.Burst, o.Slack, o.Headroom, o.EnginePriority
 	}
 	return c
 }

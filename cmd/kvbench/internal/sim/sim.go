@@ -479,11 +479,12 @@ func (s *state) dispatch(i, k int) {
 		PrefillTokens: max(r.PromptTokens-d.Overlap*s.w.BlockSize, 0),
 	}})
 	rr.Routed = s.now
+	prio := s.enginePriority(i, k) // the ledger's view before this request's charge
 	s.charge(i, k, r.PromptTokens-d.Overlap*s.w.BlockSize)
 	wi := s.byWorker[d.Worker]
 	rr.Worker = wi
 	err = s.engines[wi].Submit(s.now, engine.Request{
-		ID: r.ID, NumTokens: r.PromptTokens, BlockHashes: r.Hashes, OutputTokens: r.OutputTokens,
+		ID: r.ID, NumTokens: r.PromptTokens, BlockHashes: r.Hashes, OutputTokens: r.OutputTokens, Priority: prio,
 	})
 	if err != nil {
 		s.rts[k].Free(r.ID)

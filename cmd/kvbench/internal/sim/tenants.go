@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api/tenant"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -69,6 +70,11 @@ type Tenants struct {
 	// Headroom holds a tenant over its share, while others are active, to
 	// its share of each worker's admission window (tenant.Ledger.Window).
 	Headroom bool
+	// EnginePriority: each request carries to its engine the priority its
+	// router's ledger gives its tenant at dispatch
+	// (tenant.Ledger.EnginePriority); the engines need a priority
+	// scheduling policy (engine.Config.Scheduling).
+	EnginePriority bool
 }
 
 // DefaultTenantSyncInterval is kvrouter serve's --tenant-sync-interval.
@@ -156,6 +162,9 @@ func (a *admissionState) init(s *state) error {
 	t := cfg.Tenants
 	if !t.on() {
 		return nil
+	}
+	if t.EnginePriority && (cfg.Engine.Scheduling == "" || cfg.Engine.Scheduling == engine.SchedulingFCFS) {
+		return fmt.Errorf("tenant engine priority needs a priority scheduling policy in the engines (an fcfs engine refuses a non-zero priority, as vLLM does): %w", ErrConfig)
 	}
 	a.specs = t.Specs
 	a.shared = t.Counters != CountersLocal && len(s.rts) > 1
@@ -360,6 +369,16 @@ func (s *state) admitQueued() {
 			s.dispatch(i, k)
 		}
 	}
+}
+
+// enginePriority is the priority router k gives request i's tenant on its
+// way to the engine (0 without tenants or Tenants.EnginePriority off).
+func (s *state) enginePriority(i, k int) int {
+	a := &s.adm
+	if !a.tenants() || !s.cfg.Tenants.EnginePriority {
+		return 0
+	}
+	return a.ledgers[k].EnginePriority(tenantModel, a.name(i))
 }
 
 // window is the share of each worker's admission window router k gives a
