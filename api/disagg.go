@@ -228,7 +228,7 @@ func (s *Server) recovered(p *prepared, rec router.Recovery) {
 // whether the answer still follows a transfer (false once aggregated).
 func (s *Server) sendDecode(c *gin.Context, p *prepared, dr *router.DisaggRouter, worker router.WorkerID, body []byte, disagg bool) (*http.Response, router.WorkerID, bool, error) {
 	for {
-		resp, err := s.send(c, worker, p.path, body)
+		resp, err := s.send(c, worker, p.path, s.withEnginePriority(p, body))
 		if err != nil {
 			return nil, worker, disagg, err
 		}
@@ -279,7 +279,7 @@ func (s *Server) remotePrefill(c *gin.Context, p *prepared, worker router.Worker
 	if err != nil {
 		return nil, err
 	}
-	resp, err := s.send(c, worker, p.path, body)
+	resp, err := s.send(c, worker, p.path, s.withEnginePriority(p, body))
 	if err != nil {
 		return nil, fmt.Errorf("prefill on %s: %w", worker, err)
 	}

@@ -102,7 +102,11 @@ type Config struct {
 	// Headroom holds a tenant over its share, while other tenants are
 	// active, to its share of each worker's admission window (Window).
 	Headroom bool
-	Now      func() time.Time // default time.Now
+	// EnginePriority: the proxy sets each forwarded request's engine
+	// priority (vLLM's and SGLang's body field "priority", lower served
+	// first) from EnginePriority. The ledger does not read it; api does.
+	EnginePriority bool
+	Now            func() time.Time // default time.Now
 }
 
 // MaxPublished bounds one replica's sync message (NATS refuses
