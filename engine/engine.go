@@ -1,7 +1,8 @@
 // Package engine is a deterministic, virtual-time model of one vLLM worker:
 // a paged KV cache with prefix caching and LRU eviction, vLLM v1's scheduler
-// (max running sequences, a per-step token budget, chunked prefill, FCFS
-// waiting queue, newest-first preemption) and a step-time model (Dynamo's
+// (max running sequences, a per-step token budget, chunked prefill, an FCFS
+// waiting queue with newest-first preemption, or, opt-in, vLLM's priority
+// policy) and a step-time model (Dynamo's
 // mocker). It emits the KV events a real worker publishes, in our router's
 // types, and reports cached tokens per request the way vLLM's usage does.
 //
