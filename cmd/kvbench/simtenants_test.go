@@ -20,11 +20,20 @@ func TestSimTenantFlagValidation(t *testing.T) {
 		{"--queue-threshold", "0.5", "--tenants", "flood:10,steady:1"},
 		{"--queue-threshold", "0.5", "--routers", "3", "--tenants", "flood:10,steady:1@2", "--tenant-counters", "local"},
 		{"--queue-threshold", "0.5", "--tenants", "a:0.5", "--tenant-sync-interval", "20ms", "--tenant-fair-burst", "1", "--tenant-fair-slack", "0"},
+		{"--queue-threshold", "0.5", "--tenants", "a:1,b:1", "--tenant-engine-priority"},
+		{"--queue-threshold", "0.5", "--tenants", "a:1,b:1", "--tenant-engine-priority", "--engine-scheduling", "priority-preempt"},
+		{"--engine-scheduling", "priority"},
 	}
 	for _, args := range good {
 		if _, err := parseSimFlags(args, io.Discard); err != nil {
 			t.Errorf("%q: %v", args, err)
 		}
+	}
+	// --tenant-engine-priority makes the engines schedule by priority.
+	if o, err := parseSimFlags([]string{"--queue-threshold", "0.5", "--tenants", "a:1", "--tenant-engine-priority"}, io.Discard); err != nil {
+		t.Errorf("engine priority: %v", err)
+	} else if got := o.engineConfig().Scheduling; got != "priority" {
+		t.Errorf("engine priority: scheduling %q, want priority", got)
 	}
 	bad := map[string][]string{
 		"tenants without a queue":  {"--tenants", "a:1"},
@@ -46,6 +55,9 @@ func TestSimTenantFlagValidation(t *testing.T) {
 		"tenants with a peer":      {"--queue-threshold", "1", "--tenants", "a:1", "--policies", "kv,gaie"},
 		"burst without tenants":    {"--queue-threshold", "1", "--tenant-fair-burst", "10"},
 		"interval without tenants": {"--tenant-sync-interval", "1s"},
+		"engine priority alone":    {"--queue-threshold", "1", "--tenant-engine-priority"},
+		"engine priority on fcfs":  {"--queue-threshold", "1", "--tenants", "a:1", "--tenant-engine-priority", "--engine-scheduling", "fcfs"},
+		"unknown engine policy":    {"--engine-scheduling", "sjf"},
 	}
 	for name, args := range bad {
 		_, err := parseSimFlags(args, io.Discard)
