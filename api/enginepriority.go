@@ -17,8 +17,10 @@ import (
 // over-share tenant's backlog already inside a worker's waiting queue (and
 // its full running set) delays an under-share tenant's request however
 // early the queue released it. vLLM (--scheduling-policy priority) and
-// SGLang (--enable-priority-scheduling) order their waiting queue by a
-// request field, "priority", lower first; with this setting the proxy sets
+// SGLang (--enable-priority-scheduling, with
+// --schedule-low-priority-values-first: without it SGLang serves higher
+// values first) order their waiting queue by a request field, "priority",
+// lower first; with this setting the proxy sets
 // that field on every request it forwards, from the tenant ledger at the
 // moment it is sent (each attempt):
 //
