@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 )
 
 // firstTokenOrder runs e until idle and returns the ids in the order of
@@ -172,5 +173,61 @@ func TestEngineSchedulingPolicyConfig(t *testing.T) {
 	}
 	if err := e.Submit(0, Request{ID: "b", Tokens: seqTokens(1, 4)}); err != nil {
 		t.Errorf("priority 0 under FCFS: %v", err)
+	}
+}
+
+// TestEnginePriorityVictimScheduledEarlier: the victim of a block shortage
+// was already scheduled in the step. Six blocks of 4 tokens. A (priority 9,
+// a 6-token prompt) starts alone; B and C (priority 0, 8-token prompts)
+// arrive during its prefill and are admitted in the next step, filling the
+// cache. In the step after, A (first in the running order) needs no new
+// block and is scheduled; B needs one, and the victim is A (largest
+// priority), not C (the newest): A's decode is taken back from the step
+// (vLLM's req_index -= 1 path), so A samples no token in it, and B and C
+// go on. A is recomputed once they finish.
+func TestEnginePriorityVictimScheduledEarlier(t *testing.T) {
+	e := mustNew(t, "w", Config{BlockSize: 4, CapacityBlocks: 6, Scheduling: SchedulingPriority})
+	submit := func(at time.Duration, r Request) {
+		t.Helper()
+		r.OutputTokens = 4
+		if err := e.Submit(at, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	submit(0, Request{ID: "A", Priority: 9, Tokens: seqTokens(1, 6)})
+	end, _ := e.NextEventTime() // A's prefill
+	submit(end/2, Request{ID: "B", Tokens: seqTokens(100, 8)})
+	submit(end/2, Request{ID: "C", Tokens: seqTokens(200, 8)})
+	var outs []Output
+	for range 2 { // A's prefill; A's decode with B's and C's prefill
+		at, _ := e.NextEventTime()
+		outs = append(outs, e.Advance(at)...)
+	}
+	if st := e.Stats(); st.Running != 3 || st.FreeBlocks != 0 || len(outs) != 3 {
+		t.Fatalf("before the shortage: %+v, outputs %+v", st, outs)
+	}
+	at, _ := e.NextEventTime() // the shortage: A preempted at the step's start
+	pre, ok := find(e.TakeOutputs(), "A", Preempted)
+	if !ok || pre.OutputTokens != 2 {
+		t.Fatalf("A not preempted at the step's start with 2 tokens (%+v)", pre)
+	}
+	before := e.Stats().OutputTokens
+	for _, o := range e.Advance(at) {
+		if o.RequestID == "A" {
+			t.Errorf("A produced %v in the step it was taken out of", o)
+		}
+	}
+	if st := e.Stats(); st.OutputTokens != before+2 {
+		t.Errorf("the step sampled %d tokens, want B's and C's", st.OutputTokens-before)
+	}
+	if st := e.Stats(); st.Running != 2 || st.Waiting != 1 || st.Preemptions != 1 {
+		t.Errorf("after the step: %+v, want B and C running, A waiting", st)
+	}
+	outs = runIdle(t, e)
+	if f, ok := find(outs, "A", Finished); !ok || f.OutputTokens != 4 {
+		t.Errorf("A's finish %+v", f)
+	}
+	if st := e.Stats(); st.Finished != 3 || st.UsedBlocks != 0 {
+		t.Errorf("stats %+v", st)
 	}
 }
