@@ -52,6 +52,10 @@ func (s *Server) disaggRouter(model string) (*router.DisaggRouter, bool) {
 // and kvrouter_disagg_recoveries_total). A failed decode worker is retried
 // by the proxy loop's rule (proxy.go), like an aggregated one.
 func (s *Server) forwardDisagg(c *gin.Context, p *prepared, dr *router.DisaggRouter) {
+	// A session's final turn ends its binding here too (one made while
+	// the model was served aggregated); two-stage plans themselves read
+	// and make no binding (api/DESIGN.md, Sessions).
+	defer s.endSession(p)
 	p.req.Exclude = append(p.req.Exclude, s.cool.excludeDisagg(dr.Workers(), time.Now())...)
 	s.proxyLoop(c, p, func() error { return s.attemptDisagg(c, p, dr) })
 }
@@ -89,7 +93,16 @@ func (s *Server) attemptDisagg(c *gin.Context, p *prepared, dr *router.DisaggRou
 			p.firstByteAt = time.Now()
 			s.decodeStarted(p, dr, disagg)
 		},
+		// The tenant pays for the output as it streams (or as the usage
+		// reports it at the end), as an aggregated request does.
+		tokens: func(k int) {
+			p.generated += k
+			s.chargeOutput(p, p.generated)
+		},
 		done: func() {
+			if p.outputTokensKnown {
+				s.chargeOutput(p, p.outputTokens)
+			}
 			s.freeDisagg(p, dr)
 			s.completeDecision(p, decisionlog.Outcome{Status: resp.StatusCode, PromptTokens: p.usagePrompt, CachedTokens: p.usageCached})
 		},
@@ -104,10 +117,17 @@ func (s *Server) attemptDisagg(c *gin.Context, p *prepared, dr *router.DisaggRou
 func (s *Server) prefillStage(c *gin.Context, p *prepared, dr *router.DisaggRouter, plan router.DisaggPlan) ([]byte, bool, error) {
 	id := p.req.ID
 	if !plan.Disaggregated {
+		// The tenant pays for the prompt tokens the worker must compute,
+		// each attempt (as an aggregated request, proxy.go).
+		s.chargeTenant(p, plan.Agg.PrefillTokens, "prompt")
 		s.rep.Booked(p.model, router.Booking{ID: id + DecodeBookingSuffix, Worker: plan.DecodeWorker, Hashes: s.activeHashes(p),
 			PrefillTokens: plan.Agg.PrefillTokens, Sequences: p.req.Sequences, Added: p.start})
 		return p.body, false, nil
 	}
+	// The prefill worker computes the prompt beyond its cached prefix; the
+	// decode worker receives the rest (its one recomputed token is not
+	// charged).
+	s.chargeTenant(p, plan.Disagg.PrefillTokens, "prompt")
 	s.bookDisagg(p, plan)
 	params, err := s.remotePrefill(c, p, plan.PrefillWorker)
 	if err != nil {
@@ -193,6 +213,9 @@ func (s *Server) recovered(p *prepared, rec router.Recovery) {
 	s.metrics.disaggRecoveries.WithLabelValues(p.model, rec.Action.String()).Inc()
 	s.log.Warn("disaggregated request recovered", "request", p.req.ID, "action", rec.Action.String(), "reason", rec.Reason)
 	if rec.Action == router.RecoverAggregate {
+		// The decode worker computes the prompt again, and is charged as
+		// booked (a retried attempt is charged again: it computes again).
+		s.chargeTenant(p, p.req.Tokens, "prompt")
 		s.rep.Freed(p.model, p.req.ID+PrefillBookingSuffix)
 		s.rep.Booked(p.model, router.Booking{ID: p.req.ID + DecodeBookingSuffix, Worker: rec.Worker, Hashes: s.activeHashes(p),
 			PrefillTokens: p.req.Tokens, Sequences: p.req.Sequences, Added: p.start})
@@ -205,7 +228,7 @@ func (s *Server) recovered(p *prepared, rec router.Recovery) {
 // whether the answer still follows a transfer (false once aggregated).
 func (s *Server) sendDecode(c *gin.Context, p *prepared, dr *router.DisaggRouter, worker router.WorkerID, body []byte, disagg bool) (*http.Response, router.WorkerID, bool, error) {
 	for {
-		resp, err := s.send(c, worker, p.path, body)
+		resp, err := s.send(c, worker, p.path, s.withEnginePriority(p, body))
 		if err != nil {
 			return nil, worker, disagg, err
 		}
@@ -256,7 +279,7 @@ func (s *Server) remotePrefill(c *gin.Context, p *prepared, worker router.Worker
 	if err != nil {
 		return nil, err
 	}
-	resp, err := s.send(c, worker, p.path, body)
+	resp, err := s.send(c, worker, p.path, s.withEnginePriority(p, body))
 	if err != nil {
 		return nil, fmt.Errorf("prefill on %s: %w", worker, err)
 	}

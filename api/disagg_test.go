@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvrouter/kvrouter/api/decisionlog"
+	"github.com/kvrouter/kvrouter/api/tokenize"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -358,5 +359,71 @@ func TestDisaggDeadPrefillCoolsDown(t *testing.T) {
 	}
 	if n := counterValue(s.metrics.disaggDecisions.WithLabelValues("m", "always", "fallback")); n != 2 {
 		t.Fatalf("fallback decisions %v, want 2", n)
+	}
+}
+
+// TestDisaggTenantCharges: a two-stage request charges its tenant what its
+// stages compute — the prefill worker's uncached prompt when
+// disaggregated, the decode worker's when aggregated, both when a failed
+// prefill is recovered on the decode worker — and its output tokens, as
+// an aggregated request is charged (it used to be the whole prompt, and no
+// output).
+func TestDisaggTenantCharges(t *testing.T) {
+	prompt := "the quick brown fox jumps over the lazy dog again and again"
+	body := fmt.Sprintf(`{"model":"m","max_tokens":20,"stream":false,"prompt":%q}`, prompt)
+	tokens := tokenize.Builtin().EncodeSpecial(prompt)
+	n := float64(len(tokens))
+	for _, tc := range []struct {
+		name        string
+		withPrefill bool
+		cachedOnP   bool // the prefill worker holds the prompt's blocks
+		failPrefill bool
+		check       func(prompt float64) bool
+		want        string
+	}{
+		{"disaggregated, prefix cached on the prefill worker", true, true, false, func(x float64) bool { return x > 0 && x < n }, "the uncached part only"},
+		{"no prefill worker: aggregated", false, false, false, func(x float64) bool { return x == n }, "the whole prompt"},
+		{"prefill fails: both stages", true, false, true, func(x float64) bool { return x == 2*n }, "the prompt twice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, _ := NewTenantLedger(TenantConfig{From: TenantHeader})
+			s, f, p, _, reg := newDisaggServer(t, router.DisaggAlways, tc.withPrefill, func(c *Config) { c.Tenants = l })
+			p.failPrefill = tc.failPrefill
+			if tc.cachedOnP {
+				f.index.AddWorker("p")
+				storeBlocks(t, f.fakeReplica, "p", tokens, 4, "", "")
+			}
+			if rec := do(s, http.MethodPost, "/v1/completions", body); rec.Code != http.StatusOK {
+				t.Fatalf("status %d: %s", rec.Code, rec.Body)
+			}
+			charged := func(kind string) float64 {
+				fams, err := reg.Gather()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, fam := range fams {
+					if fam.GetName() != "kvrouter_tenant_tokens_total" {
+						continue
+					}
+					for _, m := range fam.GetMetric() {
+						for _, lp := range m.GetLabel() {
+							if lp.GetName() == "kind" && lp.GetValue() == kind {
+								return m.GetCounter().GetValue()
+							}
+						}
+					}
+				}
+				return 0
+			}
+			if got := charged("prompt"); !tc.check(got) {
+				t.Errorf("prompt tokens charged %v of a %v-token prompt, want %s", got, n, tc.want)
+			}
+			if got := charged("output"); got != 2 {
+				t.Errorf("output tokens charged %v, want the usage's 2", got)
+			}
+			if got := l.Virtual("m", TenantAnonymous); got != charged("prompt")+2 {
+				t.Errorf("counter %v, want the charges' sum", got)
+			}
+		})
 	}
 }

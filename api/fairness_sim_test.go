@@ -63,12 +63,12 @@ type simFleet struct {
 func (f *simFleet) truth(tenant string) float64 {
 	var used, lift uint64
 	for _, rp := range f.replicas {
-		rp.l.mu.Lock()
-		if t, ok := rp.l.local[tenantKey{"m", tenant}]; ok {
-			used += t.used
-			lift = max(lift, t.lift)
+		for _, u := range rp.l.Usage() { // this replica's own charges and lift
+			if u.Model == "m" && u.Tenant == tenant {
+				used += u.Tokens
+				lift = max(lift, u.Lift)
+			}
 		}
-		rp.l.mu.Unlock()
 	}
 	return float64(used) + float64(lift)
 }

@@ -179,9 +179,8 @@ func (s *Server) infer(c *gin.Context, chat bool) {
 	defer p.settled()
 	defer s.tenantEnd(p)
 	if dr, ok := s.disaggRouter(p.model); ok {
-		// Two stages: the prefill worker's overlap is not known here, so
-		// the tenant is charged the whole prompt.
-		s.chargeTenant(p, p.req.Tokens, "prompt")
+		// Two stages: the tenant is charged each stage's computation as
+		// the plan and its recoveries decide it (disagg.go).
 		s.forwardDisagg(c, p, dr)
 		return
 	}

@@ -67,7 +67,7 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 	if err != nil {
 		return err
 	}
-	resp, err := s.send(c, d.Worker, p.path, p.body)
+	resp, err := s.send(c, d.Worker, p.path, s.withEnginePriority(p, p.body))
 	<-booked
 	if err != nil {
 		s.free(p)

@@ -106,7 +106,7 @@ func (s *Server) wait(ctx context.Context, p *prepared) (bool, *refusal) {
 	// A new arrival passes only when no one waits: it must not overtake
 	// the queue's order (Dynamo: "a new arrival cannot bypass an existing
 	// backlog").
-	if g.waiting[p.model] == 0 && !p.rt.ShouldQueue() {
+	if g.waiting[p.model] == 0 && !s.shouldQueue(p) {
 		g.mu.Unlock()
 		return true, nil
 	}
@@ -161,7 +161,7 @@ func (s *Server) wait(ctx context.Context, p *prepared) (bool, *refusal) {
 		g.mu.Lock()
 		wake := g.wakeCh
 		head, isHead := g.headLocked(p.model, q, me)
-		admitted := g.admitting[p.model] == 0 && isHead && !p.rt.ShouldQueue() && !s.yields(p, &yielding)
+		admitted := g.admitting[p.model] == 0 && isHead && !s.shouldQueue(p) && !s.yields(p, &yielding)
 		if admitted {
 			q.Drop(head)
 			delete(g.heads, p.model)
@@ -196,6 +196,17 @@ func (s *Server) wait(ctx context.Context, p *prepared) (bool, *refusal) {
 	}
 }
 
+// shouldQueue reports whether p must wait for room: every worker over the
+// queue threshold, or, with tenant headroom, over its tenant's share of it
+// (TenantLedger.Window: a tenant over its share while others are active).
+func (s *Server) shouldQueue(p *prepared) bool {
+	share := 1.0
+	if s.tenants != nil {
+		share = s.tenants.Window(p.model, p.tenant)
+	}
+	return p.rt.ShouldQueueWithin(share, p.req)
+}
+
 // yields reports whether p, at the head with capacity free, should wait
 // for a request queued on another replica (TenantLedger.YieldTo). Replica
 // sync refreshes what that is every tenant sync interval (at once when a
@@ -208,18 +219,11 @@ func (s *Server) yields(p *prepared, since *time.Time) bool {
 	if s.tenants == nil {
 		return false
 	}
-	if _, yield := s.tenants.YieldTo(p.model, p.tenant, p.class); !yield {
-		return false
-	}
-	now := time.Now()
-	if since.IsZero() {
-		*since = now
-	}
-	if now.Sub(*since) > s.tenants.Config().MaxYield {
+	hold, expired := s.tenants.Hold(p.model, p.tenant, p.class, since)
+	if expired {
 		s.tenantMetrics.yieldExpired.WithLabelValues(p.model).Inc()
-		return false
 	}
-	return true
+	return hold
 }
 
 // headLocked drops departed waiters from the head and returns it,

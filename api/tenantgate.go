@@ -44,7 +44,7 @@ func (s *Server) tenantBegin(p *prepared) *refusal {
 	if !ok {
 		secs := max(int(math.Ceil(retry.Seconds())), 1)
 		s.metrics.rejected.WithLabelValues("tenant_budget").Inc()
-		s.tenantMetrics.rejected.WithLabelValues(p.model, s.tenants.seriesOf(p.model, p.tenant)).Inc()
+		s.tenantMetrics.rejected.WithLabelValues(p.model, s.tenants.Series(p.model, p.tenant)).Inc()
 		return &refusal{status: http.StatusTooManyRequests, kind: "rate_limit_exceeded", retryAfter: secs,
 			msg: fmt.Sprintf("tenant %q is over its budget for model %q (tokens per minute or concurrent requests): retry in %d s", p.tenant, p.model, secs)}
 	}
@@ -68,7 +68,7 @@ func (s *Server) chargeTenant(p *prepared, tokens int, kind string) {
 		return
 	}
 	s.tenants.Charge(p.model, p.tenant, tokens)
-	s.tenantMetrics.tokens.WithLabelValues(p.model, s.tenants.seriesOf(p.model, p.tenant), kind).Add(float64(tokens))
+	s.tenantMetrics.tokens.WithLabelValues(p.model, s.tenants.Series(p.model, p.tenant), kind).Add(float64(tokens))
 }
 
 // chargeOutput charges the output tokens beyond those already charged:
@@ -86,7 +86,7 @@ func (s *Server) tenantQueued(p *prepared, waited time.Duration) {
 	if s.tenants == nil {
 		return
 	}
-	s.tenantMetrics.queue.WithLabelValues(p.model, s.tenants.seriesOf(p.model, p.tenant)).Observe(waited.Seconds())
+	s.tenantMetrics.queue.WithLabelValues(p.model, s.tenants.Series(p.model, p.tenant)).Observe(waited.Seconds())
 }
 
 // tenantFirstByte observes the time from arrival to the worker's first
@@ -95,7 +95,7 @@ func (s *Server) tenantFirstByte(p *prepared) {
 	if s.tenants == nil {
 		return
 	}
-	s.tenantMetrics.firstByte.WithLabelValues(p.model, s.tenants.seriesOf(p.model, p.tenant)).Observe(p.firstByteAt.Sub(p.start).Seconds())
+	s.tenantMetrics.firstByte.WithLabelValues(p.model, s.tenants.Series(p.model, p.tenant)).Observe(p.firstByteAt.Sub(p.start).Seconds())
 }
 
 // tenantMetrics are the per-tenant series. Their tenant label is bounded

@@ -1,7 +1,8 @@
 // Package engine is a deterministic, virtual-time model of one vLLM worker:
 // a paged KV cache with prefix caching and LRU eviction, vLLM v1's scheduler
-// (max running sequences, a per-step token budget, chunked prefill, FCFS
-// waiting queue, newest-first preemption) and a step-time model (Dynamo's
+// (max running sequences, a per-step token budget, chunked prefill, an FCFS
+// waiting queue with newest-first preemption, or, opt-in, vLLM's priority
+// policy) and a step-time model (Dynamo's
 // mocker). It emits the KV events a real worker publishes, in our router's
 // types, and reports cached tokens per request the way vLLM's usage does.
 //
@@ -15,6 +16,7 @@
 package engine
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -73,7 +75,33 @@ type Config struct {
 	// num_cached_tokens. Loads take no time (engine/DESIGN.md). Not asked
 	// for RemotePrefill requests. nil: no lower tier.
 	LowerTier func(h uint64) bool
+	// Scheduling is the waiting queue's policy (vLLM's
+	// --scheduling-policy): "" or SchedulingFCFS (the default, as
+	// before), SchedulingPriority (vLLM v1's "priority") or
+	// SchedulingPriorityPreempt (that, plus preemption at MaxRunning).
+	// See engine/DESIGN.md, "Priority scheduling".
+	Scheduling string
 }
+
+// Scheduling policies (Config.Scheduling).
+const (
+	// SchedulingFCFS: arrival order; a block shortage preempts the newest
+	// running request (vLLM's default "fcfs").
+	SchedulingFCFS = "fcfs"
+	// SchedulingPriority is vLLM v1's "priority" as merged
+	// (vllm/v1/core/sched/scheduler.py, request_queue.py): the waiting
+	// queue is ordered by (Request.Priority, arrival), lower first, a
+	// preempted request rejoining it in that order; a block shortage
+	// preempts the running request with the largest (priority, arrival).
+	// A full running set (MaxRunning) stops admission whatever the
+	// priorities.
+	SchedulingPriority = "priority"
+	// SchedulingPriorityPreempt adds what vLLM v0's priority policy did
+	// and vLLM issue #40004's open pull requests add to v1: when the
+	// running set is full, a waiting request of strictly lower priority
+	// value than the largest running (priority, arrival) preempts it.
+	SchedulingPriorityPreempt = "priority-preempt"
+)
 
 // Request is one generation request.
 type Request struct {
@@ -95,6 +123,9 @@ type Request struct {
 	// the request then holds its blocks, outside the running set, until
 	// KVReceived (or Cancel). See KVReceived.
 	RemotePrefill bool
+	// Priority is vLLM's request priority: lower is served first. Only
+	// the priority policies (Config.Scheduling) read it.
+	Priority int
 }
 
 // OutputKind says what happened to a request.
@@ -212,6 +243,7 @@ type seq struct {
 	// timing (Dynamo's decode workers charge no prefill time).
 	received bool
 	state    seqState
+	priority int // Request.Priority
 }
 
 func (s *seq) numTokens() int { return s.promptLen + s.generated }
@@ -293,6 +325,14 @@ func New(id string, cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("engine %s: max model len %d tokens, KV cache holds %d (%d blocks of %d): %w",
 			id, cfg.MaxModelLen, capTokens, cfg.CapacityBlocks, cfg.BlockSize, ErrConfig)
 	}
+	switch cfg.Scheduling {
+	case "":
+		cfg.Scheduling = SchedulingFCFS
+	case SchedulingFCFS, SchedulingPriority, SchedulingPriorityPreempt:
+	default:
+		return nil, fmt.Errorf("engine %s: scheduling policy %q (want %s, %s or %s): %w",
+			id, cfg.Scheduling, SchedulingFCFS, SchedulingPriority, SchedulingPriorityPreempt, ErrConfig)
+	}
 	if cfg.Speedup == 0 {
 		cfg.Speedup = 1
 	}
@@ -359,6 +399,12 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		return fmt.Errorf("engine %s: request %s: %d prompt + %d output tokens exceed max model len %d: %w",
 			e.id, r.ID, promptLen, target, e.cfg.MaxModelLen, ErrRequest)
 	}
+	if r.Priority != 0 && e.cfg.Scheduling == SchedulingFCFS {
+		// vLLM's input processing refuses it too ("Got priority … but
+		// Priority scheduling is not enabled").
+		return fmt.Errorf("engine %s: request %s: priority %d without a priority scheduling policy: %w",
+			e.id, r.ID, r.Priority, ErrRequest)
+	}
 	maxBlocks := (promptLen + target + bs - 1) / bs
 	var hashes []uint64
 	switch {
@@ -394,9 +440,10 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		blocks:    make([]int32, 0, maxBlocks),
 		remote:    r.RemotePrefill,
 		state:     stWaiting,
+		priority:  r.Priority,
 	}
 	e.byID[r.ID] = s
-	e.waiting = append(e.waiting, s)
+	e.enqueue(s)
 	e.st.Submitted++
 	if !e.pending && !e.inflight {
 		e.pending, e.startAt = true, now
@@ -700,8 +747,15 @@ func (e *Engine) schedule(t time.Duration) bool {
 		s := e.running[i]
 		n := min(s.numTokens()-s.computed, budget)
 		for !e.allocate(s, n, nil, 0, t, true) {
-			victim := e.running[len(e.running)-1]
-			e.running = e.running[:len(e.running)-1]
+			v := e.victim()
+			victim := e.running[v]
+			if v < i {
+				// Scheduled earlier in this step (only under a priority
+				// policy): its work and budget are taken back.
+				budget += e.unbatch(victim)
+				i--
+			}
+			e.running = slices.Delete(e.running, v, v+1)
 			e.preempt(victim, t)
 			preempted = true
 			if victim == s {
@@ -721,8 +775,24 @@ func (e *Engine) schedule(t time.Duration) bool {
 	// Then waiting requests, FCFS, while they fit. Requests awaiting
 	// their KV count against MaxRunning: they join the running set when it
 	// arrives.
-	for len(e.waiting) > 0 && budget > 0 && len(e.running)+len(e.awaiting) < e.cfg.MaxRunning {
+	for len(e.waiting) > 0 && budget > 0 {
 		s := e.waiting[0]
+		if len(e.running)+len(e.awaiting) >= e.cfg.MaxRunning {
+			// Full. Only priority-preempt makes room, for a strictly
+			// more urgent request than the least urgent running one.
+			if e.cfg.Scheduling != SchedulingPriorityPreempt || len(e.running) == 0 {
+				break
+			}
+			v := e.victim()
+			victim := e.running[v]
+			if s.priority >= victim.priority {
+				break
+			}
+			budget += e.unbatch(victim)
+			e.running = slices.Delete(e.running, v, v+1)
+			e.preempt(victim, t)
+			continue
+		}
 		hits := e.lookup(s)
 		if s.remote {
 			// vLLM's load_kv_async: blocks for the whole prompt now, no
@@ -912,17 +982,71 @@ func (e *Engine) free(s *seq) {
 	s.computed, s.nStored, s.inDecode, s.received = 0, 0, false, false
 }
 
-// preempt frees s and puts it at the head of the waiting queue; it will be
-// recomputed (with whatever prefix is still cached).
+// preempt frees s and puts it back in the waiting queue (FCFS: at its
+// head; a priority policy: in its (priority, arrival) place, as vLLM's
+// PriorityRequestQueue.prepend_request does); it will be recomputed (with
+// whatever prefix is still cached).
 func (e *Engine) preempt(s *seq, t time.Duration) {
 	e.free(s)
 	s.state = stWaiting
-	e.waiting = slices.Insert(e.waiting, 0, s)
+	if e.cfg.Scheduling == SchedulingFCFS {
+		e.waiting = slices.Insert(e.waiting, 0, s)
+	} else {
+		e.enqueue(s)
+	}
 	e.st.Preemptions++
 	e.outputs = append(e.outputs, Output{
 		RequestID: s.id, Kind: Preempted, At: t,
 		CachedTokens: s.cached, PromptTokens: s.promptLen, OutputTokens: s.generated,
 	})
+}
+
+// enqueue adds s to the waiting queue: last under FCFS; under a priority
+// policy after every request of a smaller (priority, arrival), the order
+// of vLLM's PriorityRequestQueue (a heap on the same key).
+func (e *Engine) enqueue(s *seq) {
+	if e.cfg.Scheduling == SchedulingFCFS {
+		e.waiting = append(e.waiting, s)
+		return
+	}
+	i, _ := slices.BinarySearchFunc(e.waiting, s, func(a, b *seq) int {
+		if c := cmp.Compare(a.priority, b.priority); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.serial, b.serial)
+	})
+	e.waiting = slices.Insert(e.waiting, i, s)
+}
+
+// victim is the index in running of the request a block shortage (or, under
+// SchedulingPriorityPreempt, a more urgent waiting request) preempts:
+// the newest under FCFS; under a priority policy the one with the largest
+// (priority, arrival), as vLLM's max(running, key=(priority,
+// arrival_time)). running must not be empty.
+func (e *Engine) victim() int {
+	v := len(e.running) - 1
+	if e.cfg.Scheduling == SchedulingFCFS {
+		return v
+	}
+	for j, r := range e.running {
+		w := e.running[v]
+		if r.priority > w.priority || (r.priority == w.priority && r.serial > w.serial) {
+			v = j
+		}
+	}
+	return v
+}
+
+// unbatch takes s's work out of the step being scheduled and returns the
+// tokens it had taken from the budget (0 when s was not scheduled yet).
+func (e *Engine) unbatch(s *seq) int {
+	j := slices.IndexFunc(e.batch, func(w work) bool { return w.s == s })
+	if j < 0 {
+		return 0
+	}
+	n := e.batch[j].n
+	e.batch = slices.Delete(e.batch, j, j+1)
+	return n
 }
 
 // finishStep completes the running step (vLLM's update_from_output).

@@ -109,6 +109,63 @@ func TestRouterShouldQueue(t *testing.T) {
 	}
 }
 
+// TestRouterShouldQueueWithin: a request that may fill only a share of the
+// window waits unless a worker is idle of prefill or stays within that
+// share with its tokens added; a share of 1 is ShouldQueue.
+func TestRouterShouldQueueWithin(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.QueueThreshold = ptr(0.8)
+	r := newTestRouter(t, cfg, nil, WorkerInfo{ID: "a", MaxBatchedTokens: 100}, WorkerInfo{ID: "b", MaxBatchedTokens: 100})
+	r.Load().Add(Booking{ID: "1", Worker: "a", PrefillTokens: 50, Added: t0})
+	if r.ShouldQueueWithin(0.5, Request{Tokens: 30}) {
+		t.Error("b has no prefill work")
+	}
+	r.Load().Add(Booking{ID: "2", Worker: "b", PrefillTokens: 10, Added: t0})
+	for _, tc := range []struct {
+		share  float64
+		tokens int
+		want   bool
+	}{
+		{0.5, 30, false},  // b: 10 + 30 ≤ 40
+		{0.5, 31, true},   // b: 41 > 40, a: 81 > 40
+		{0.25, 10, false}, // b: 10 + 10 ≤ 20
+		{0.25, 11, true},  // b: 21 > 20
+		{1, 1000, false},  // ShouldQueue: b at 10 ≤ 80
+	} {
+		if got := r.ShouldQueueWithin(tc.share, Request{Tokens: tc.tokens}); got != tc.want {
+			t.Errorf("share %v, %d tokens: queue %v, want %v", tc.share, tc.tokens, got, tc.want)
+		}
+	}
+	r.Load().Add(Booking{ID: "3", Worker: "b", PrefillTokens: 80, Added: t0})
+	r.Load().Add(Booking{ID: "4", Worker: "a", PrefillTokens: 40, Added: t0})
+	if !r.ShouldQueueWithin(1, Request{}) || !r.ShouldQueue() {
+		t.Error("every worker over the threshold")
+	}
+}
+
+// TestRouterShouldQueueWithinCountsTheCache: the room a request takes on a
+// worker is what that worker must compute, its prompt less the prefix it
+// caches.
+func TestRouterShouldQueueWithinCountsTheCache(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockSize = 16
+	cfg.QueueThreshold = ptr(0.8)
+	ix := NewIndex(16)
+	r := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", MaxBatchedTokens: 100}, WorkerInfo{ID: "b", MaxBatchedTokens: 100})
+	r.Load().Add(Booking{ID: "1", Worker: "a", PrefillTokens: 50, Added: t0})
+	r.Load().Add(Booking{ID: "2", Worker: "b", PrefillTokens: 10, Added: t0})
+	req := Request{Tokens: 48, Hashes: []uint64{11, 12, 13}}
+	if !r.ShouldQueueWithin(0.5, req) {
+		t.Fatal("nothing cached: b would hold 10 + 48 > 40")
+	}
+	if err := ix.Apply("b", KVEvent{Kind: EventStored, Blocks: []StoredBlock{{EngineHash: 11, ContentHash: 11}, {EngineHash: 12, ContentHash: 12}}}); err != nil {
+		t.Fatal(err)
+	}
+	if r.ShouldQueueWithin(0.5, req) {
+		t.Error("b caches two of three blocks: 10 + 16 ≤ 40")
+	}
+}
+
 // A request generating n sequences (OpenAI's n) is booked as n decoding
 // requests sharing the prompt's blocks, and freed as n.
 func TestActiveLoadSequences(t *testing.T) {

@@ -557,15 +557,41 @@ func distinctHashes(id string, n int) []uint64 {
 // is set and every worker's active prefill tokens exceed that fraction of its
 // max batched tokens. A worker that registered no max batched tokens is
 // never over it (capacity.go), so it keeps the queue from forming.
-func (r *Router) ShouldQueue() bool {
+func (r *Router) ShouldQueue() bool { return r.ShouldQueueWithin(1, Request{}) }
+
+// ShouldQueueWithin is ShouldQueue for a request that may fill only share
+// (in (0, 1)) of each worker's admission window: it waits unless some
+// worker has no prefill work at all or would stay, with the prompt tokens
+// the request makes it compute added (its tokens less the prefix that
+// worker caches, by the index the mode reads), within share × the
+// threshold. A share of 1 (or more) is ShouldQueue itself. Tenant fairness
+// (api/tenant: Ledger.Window) gives a tenant over its share, while others
+// are active, only its share of the window, so the rest stays free for
+// them: what a worker was given it serves first come, first served, and a
+// batch the flood filled to the threshold is one the others wait behind.
+// The request's own computation counts because the room left is what
+// matters.
+func (r *Router) ShouldQueueWithin(share float64, req Request) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	q := r.cfg.QueueThreshold
 	if q == nil || len(r.workers) == 0 {
 		return false
 	}
-	for _, w := range r.workers {
-		if !overQueueThreshold(*q, w, r.load.Load(w.ID)) {
+	if share >= 1 {
+		for _, w := range r.workers {
+			if !overQueueThreshold(*q, w, r.load.Load(w.ID)) {
+				return false
+			}
+		}
+		return true
+	}
+	f := *q * max(share, 0)
+	overlaps := r.overlapsLocked(req.Hashes)
+	for i, w := range r.workers {
+		l := r.load.Load(w.ID)
+		tokens := max(req.Tokens-overlaps[i]*r.cfg.BlockSize, 0)
+		if w.MaxBatchedTokens <= 0 || l.ActivePrefillTokens == 0 || float64(l.ActivePrefillTokens+tokens) <= f*float64(w.MaxBatchedTokens) {
 			return false
 		}
 	}

@@ -62,6 +62,8 @@ type simOptions struct {
 	Sessions sessionOptions
 	// Fleet events (fleetflags.go).
 	Fleet fleetOptions
+	// The routers' admission queue and tenants (simtenants.go).
+	Tenants tenantOptions
 
 	// Trace workload.
 	Trace       string
@@ -131,6 +133,7 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile to this file")
 	o.Sessions.register(fs)
 	o.Fleet.register(fs)
+	o.Tenants.register(fs)
 	o.Progress.Register(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return nil, err
@@ -243,6 +246,9 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 		return nil, err
 	}
 	if err := o.Fleet.check(o); err != nil {
+		return nil, err
+	}
+	if err := o.Tenants.check(set, o); err != nil {
 		return nil, err
 	}
 
@@ -391,6 +397,10 @@ func (o *simOptions) routerConfig(m router.Mode) router.Config {
 	// The SLO the run is judged against is the router's objective too
 	// (only kv-pooled reads it: router/slo.go).
 	c.SLO.TTFT, c.SLO.TPOT = o.SLO.Durations()
+	if o.Tenants.queue {
+		c.QueueThreshold = &o.Tenants.QueueThreshold
+		c.QueuePolicy = router.QueuePolicy(o.Tenants.QueuePolicy)
+	}
 	return c
 }
 
@@ -413,5 +423,6 @@ func (o *simOptions) engineConfig() engine.Config {
 		Profile:          o.Profile,
 		Speedup:          o.Speedup,
 		EngineHashSeed:   o.EngineHashSeed,
+		Scheduling:       o.Tenants.Scheduling,
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/report"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/internal/peerpolicy"
 	"github.com/kvrouter/kvrouter/router"
 )
@@ -98,6 +99,7 @@ type simConfig struct {
 	SLO              *sloCfg   `json:"slo,omitempty"`
 	Denominator      string    `json:"denominator"` // what every ratio and quantile is over (sim.Denominator)
 	EngineHashSeed   uint64    `json:"engine_hash_seed"`
+	EngineScheduling string    `json:"engine_scheduling,omitempty"` // absent: fcfs
 	Policies         []string  `json:"policies"`
 	PrefillLoadScale *float64  `json:"prefill_load_scale,omitempty"`
 	OverlapCredit    *float64  `json:"overlap_credit,omitempty"`
@@ -111,10 +113,12 @@ type simConfig struct {
 	Sessions        *sessionsCfg `json:"sessions,omitempty"`
 	SessionAffinity *affinityCfg `json:"session_affinity,omitempty"`
 	FleetEvents     *fleetCfg    `json:"fleet_events,omitempty"`
-	Trace           *traceCfg    `json:"trace,omitempty"`
-	Requests        int          `json:"requests"`
-	HitRule         string       `json:"hit_rule"`
-	WallSeconds     float64      `json:"wall_seconds"`
+	// The routers' admission queue and tenants (issue 28 items 3–4).
+	Admission   *tenantsCfg `json:"admission,omitempty"`
+	Trace       *traceCfg   `json:"trace,omitempty"`
+	Requests    int         `json:"requests"`
+	HitRule     string      `json:"hit_rule"`
+	WallSeconds float64     `json:"wall_seconds"`
 
 	// --track-output-blocks and --sim-osl-hint.
 	TrackOutputBlocks bool `json:"track_output_blocks,omitempty"`
@@ -365,8 +369,8 @@ func (o *simOptions) simConfig(rc router.Config, seed uint64) sim.Config {
 	return sim.Config{
 		Workers: o.Workers, KVBlocks: o.KVBlocks, Engine: o.engineConfig(), Router: rc, EventDelay: o.EventDelay, Seed: seed,
 		Routers: o.Routers, SyncDelay: o.SyncDelay, SyncFreeExtra: o.SyncFreeExtra, OSLHint: o.OSLHint,
-		Affinity: o.Sessions.affinity(),
-		PinTTL:   o.Sessions.PinTTL, PinEvery: o.Sessions.PinEvery,
+		Affinity: o.Sessions.affinity(), Tenants: o.Tenants.config(),
+		PinTTL: o.Sessions.PinTTL, PinEvery: o.Sessions.PinEvery,
 	}
 }
 
@@ -453,7 +457,7 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 		Routers:      o.Routers, SyncDelayMs: float64(o.SyncDelay) / float64(time.Millisecond),
 		SyncFreeExtraMs: float64(o.SyncFreeExtra) / float64(time.Millisecond),
 		TimeoutS:        o.Timeout.Seconds(), SLO: newSLOCfg(o.SLO), Denominator: sim.Denominator,
-		EngineHashSeed: o.EngineHashSeed, PrefillLoadScale: o.PrefillLoadScale, OverlapCredit: o.OverlapCredit,
+		EngineHashSeed: o.EngineHashSeed, EngineScheduling: nonFCFS(o.Tenants.Scheduling), PrefillLoadScale: o.PrefillLoadScale, OverlapCredit: o.OverlapCredit,
 		Temperature: o.Temperature, ApproxTTLS: o.routerConfig(router.ModeKVApprox).ApproxTTL.Seconds(), Seed: o.Seed, Reps: o.Reps, Requests: len(w.Requests),
 		Pooled: pooledCfg{EvictWeight: o.Pooled.EvictWeight, CopyWeight: o.Pooled.CopyWeight, HomeWeight: o.Pooled.HomeWeight,
 			Overloaded: o.Pooled.Overloaded, QueueWeight: o.Pooled.QueueWeight, OutputTokens: o.Pooled.OutputTokens,
@@ -465,6 +469,7 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 	}
 	c.Sessions, c.SessionAffinity = o.Sessions.config()
 	c.FleetEvents = o.Fleet.config()
+	c.Admission = o.Tenants.reportConfig()
 	if w.Kind == workload.Trace {
 		c.Trace = &traceCfg{Path: o.Trace, MaxRequests: o.MaxRequests, Sessions: len(w.Sessions)}
 		c.HitRule = fmt.Sprintf("cached prompt tokens >= one block (%d tokens)", o.BlockSize)
@@ -481,4 +486,13 @@ func (o *simOptions) reportConfig(w *workload.Workload, wall time.Duration) simC
 		c.HitRule = fmt.Sprintf("cached prompt tokens >= half the shared prefix (%d tokens)", (o.PrefixTokens+1)/2)
 	}
 	return c
+}
+
+// nonFCFS is the report's engine_scheduling: absent for fcfs, the default,
+// so that earlier reports and these compare equal.
+func nonFCFS(policy string) string {
+	if policy == engine.SchedulingFCFS {
+		return ""
+	}
+	return policy
 }

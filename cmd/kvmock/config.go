@@ -32,6 +32,7 @@ type config struct {
 	MaxRunning       int
 	MaxModelLen      int // 0 = the whole cache
 	Profile          string
+	SchedulingPolicy string // --scheduling-policy: engine.Config.Scheduling
 	Speedup          float64
 	EngineHashSeed   uint64
 	ChatTemplate     tokenize.Template
@@ -119,6 +120,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.IntVar(&c.MaxBatchedTokens, "max-batched-tokens", engine.DefaultMaxBatchedTokens, "token budget per engine step (vLLM max_num_batched_tokens)")
 	fs.IntVar(&c.MaxRunning, "max-running", engine.DefaultMaxRunning, "max running sequences (vLLM max_num_seqs)")
 	fs.IntVar(&c.MaxModelLen, "max-model-len", 0, "max prompt+output tokens of one request (0 = kv-blocks*block-size)")
+	fs.StringVar(&c.SchedulingPolicy, "scheduling-policy", engine.SchedulingFCFS, "waiting-queue policy, vLLM's --scheduling-policy: fcfs, priority (the request field priority orders the waiting queue, lower first; a KV shortage preempts the least urgent) or priority-preempt (also preempts the least urgent running request for a more urgent waiting one when the running set is full, as SGLang and vLLM v0 do); under fcfs a non-zero priority is refused with 400, as vLLM refuses it")
 	fs.StringVar(&c.Profile, "profile", engine.ProfileDynamoMocker, "timing profile: "+strings.Join(engine.Profiles(), ", "))
 	fs.Float64Var(&c.Speedup, "speedup", 1, "divides every engine step time (> 0)")
 	fs.Uint64Var(&c.EngineHashSeed, "engine-hash-seed", 0, "0: name blocks in events by the content hash; else by an opaque seeded hash (exercises the router's engine→content mapping)")
@@ -267,6 +269,12 @@ func (c config) validate() error {
 	if _, err := engine.LookupProfile(c.Profile); err != nil {
 		errs = append(errs, fmt.Errorf("--profile: %w", err))
 	}
+	switch c.SchedulingPolicy {
+	case engine.SchedulingFCFS, engine.SchedulingPriority, engine.SchedulingPriorityPreempt:
+	default:
+		errs = append(errs, fmt.Errorf("--scheduling-policy %q: want %s, %s or %s", c.SchedulingPolicy,
+			engine.SchedulingFCFS, engine.SchedulingPriority, engine.SchedulingPriorityPreempt))
+	}
 	if !(c.Speedup > 0) {
 		errs = append(errs, fmt.Errorf("--speedup %v: must be positive", c.Speedup))
 	}
@@ -308,6 +316,7 @@ func (c config) engineConfig() engine.Config {
 		MaxBatchedTokens: c.MaxBatchedTokens,
 		MaxModelLen:      c.MaxModelLen,
 		Profile:          c.Profile,
+		Scheduling:       c.SchedulingPolicy,
 		Speedup:          c.Speedup,
 		EngineHashSeed:   c.EngineHashSeed,
 	}

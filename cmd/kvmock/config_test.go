@@ -60,7 +60,7 @@ func TestMockConfigInvalid(t *testing.T) {
 	for _, args := range [][]string{
 		{"--id", ""}, {"--id", "a#1"}, {"--block-size", "0"}, {"--kv-blocks", "-1"}, {"--speedup", "0"},
 		{"--profile", "nope"}, {"--chat-template", "jinja"}, {"--log-level", "loud"}, {"--register", "r1:8001"},
-		{"--max-running", "0"}, {"stray"}, {"--unknown"}, {"--host-tier-blocks", "-1"},
+		{"--max-running", "0"}, {"stray"}, {"--unknown"}, {"--host-tier-blocks", "-1"}, {"--scheduling-policy", "sjf"},
 		{"--events-per-msg", "0"}, {"--events-per-msg", "4097"},
 	} {
 		if _, err := parseConfig(args, none, io.Discard); err == nil {

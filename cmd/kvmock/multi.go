@@ -54,7 +54,7 @@ func finished(ctx context.Context, wt *waiter) (engine.Output, bool) {
 
 // generateMany answers prompts × n sequences in one answer, streamed or
 // whole.
-func (m *Mock) generateMany(w http.ResponseWriter, r *http.Request, chat bool, prompts [][]uint32, n, maxTokens int, stream bool) {
+func (m *Mock) generateMany(w http.ResponseWriter, r *http.Request, chat bool, prompts [][]uint32, n, maxTokens, priority int, stream bool) {
 	type seq struct {
 		id     string
 		tokens []uint32
@@ -70,7 +70,7 @@ func (m *Mock) generateMany(w http.ResponseWriter, r *http.Request, chat bool, p
 	for _, p := range prompts {
 		for j := range n {
 			id := fmt.Sprintf("%s-%d", m.cfg.ID, m.reqSeq.Add(1))
-			wt, err := m.drv.submit(r.Context(), engine.Request{ID: id, Tokens: p, OutputTokens: maxTokens})
+			wt, err := m.drv.submit(r.Context(), engine.Request{ID: id, Tokens: p, OutputTokens: maxTokens, Priority: priority})
 			if m.submitFailed(w, r, err) {
 				return
 			}

@@ -53,6 +53,9 @@ type genRequest struct {
 	MaxTokens           *int `json:"max_tokens"`
 	MaxCompletionTokens *int `json:"max_completion_tokens"`
 	N                   *int `json:"n"`
+	// Priority is vLLM's request priority (lower first), read under a
+	// priority --scheduling-policy; a non-zero one under fcfs is a 400.
+	Priority *int64 `json:"priority"`
 	// KVTransferParams asks for a disaggregation stage (disagg.go).
 	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
 }
@@ -196,6 +199,14 @@ func (m *Mock) generateBody(w http.ResponseWriter, r *http.Request, chat bool, b
 		m.badRequest(w, fmt.Sprintf("max_tokens must be at least 1, got %d", maxTokens))
 		return
 	}
+	var priority int
+	if in.Priority != nil {
+		if *in.Priority != 0 && m.engCfg.Scheduling == engine.SchedulingFCFS {
+			m.badRequest(w, fmt.Sprintf("Got priority %d but Priority scheduling is not enabled.", *in.Priority))
+			return
+		}
+		priority = int(*in.Priority)
+	}
 	n := 1
 	if in.N != nil {
 		n = *in.N
@@ -216,7 +227,7 @@ func (m *Mock) generateBody(w http.ResponseWriter, r *http.Request, chat bool, b
 			m.badRequest(w, "kvmock disaggregates one sequence: n > 1 and batches of prompts are served aggregated")
 			return
 		}
-		m.generateMany(w, r, chat, prompts, n, maxTokens, in.Stream)
+		m.generateMany(w, r, chat, prompts, n, maxTokens, priority, in.Stream)
 		return
 	}
 	kv := in.KVTransferParams
@@ -233,7 +244,7 @@ func (m *Mock) generateBody(w http.ResponseWriter, r *http.Request, chat bool, b
 
 	reqID := fmt.Sprintf("%s-%d", m.cfg.ID, m.reqSeq.Add(1))
 	wt, err := m.drv.submit(r.Context(), engine.Request{ID: reqID, Tokens: tokens, OutputTokens: maxTokens,
-		RemotePrefill: stage == stageDecode})
+		RemotePrefill: stage == stageDecode, Priority: priority})
 	if m.submitFailed(w, r, err) {
 		return
 	}

@@ -199,6 +199,8 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"tenant-max-concurrent"}, env: []string{"KVROUTER_TENANT_MAX_CONCURRENT"}, def: "0", usage: "a tenant's requests admitted or queued and not finished, fleet-wide; beyond, 429 with Retry-After (0: none)", set: intp(&c.Tenants.MaxConcurrent)},
 		{names: []string{"tenant-fair-slack"}, env: []string{"KVROUTER_TENANT_FAIR_SLACK"}, def: "512", usage: "tokens a tenant waiting on another replica must be below this replica's next tenant before this replica holds its request back for it (keep it well below --tenant-fair-burst)", set: floatp(&c.Tenants.Slack)},
 		{names: []string{"tenant-fair-burst"}, env: []string{"KVROUTER_TENANT_FAIR_BURST"}, def: "4096", usage: "tokens a tenant may be below the least served active tenant when it starts or queues a request: the credit a tenant under its share spends at once, and all the credit idling banks (1: start-time fair queueing exactly)", set: floatp(&c.Tenants.Burst)},
+		{names: []string{"tenant-headroom"}, env: []string{"KVROUTER_TENANT_HEADROOM"}, usage: "hold a tenant over its share, while other tenants are active, to its share (1 / active tenants) of each worker's queue-threshold window, counting what its request makes each worker compute (its prompt less that worker's cached prefix), so the rest stays free for them (lower tail TTFT for tenants under their share, less throughput while they are active; needs --router-queue-threshold)", set: boolp(&c.Tenants.Headroom), bool: true},
+		{names: []string{"tenant-engine-priority"}, env: []string{"KVROUTER_TENANT_ENGINE_PRIORITY"}, usage: "set the JSON field priority of every request sent to a worker from the tenant ledger: 0 while its tenant is not over its share, 2^32 while it is and another tenant is active, less the request's nvext.agent_hints.priority (lower is served first); the workers must schedule by it (vLLM --scheduling-policy priority, SGLang --enable-priority-scheduling --schedule-low-priority-values-first; vLLM refuses a non-zero priority otherwise); needs --tenant-from", set: boolp(&c.Tenants.EnginePriority), bool: true},
 		{names: []string{"tenant-sync-interval"}, env: []string{"KVROUTER_TENANT_SYNC_INTERVAL"}, def: "100ms", usage: "how often tenant usage goes out on replica sync when it changed (the fairness sync lag)", set: dur(&c.TenantSyncInterval)},
 		{names: []string{"max-entry-bytes"}, env: []string{"KVROUTER_MAX_ENTRY_BYTES"}, def: strconv.Itoa(replica.DefaultMaxEntryBytes), usage: fmt.Sprintf("bytes one Raft entry of KV events may encode to, %d to %d (4 MiB by default): a larger ingest batch is committed as several entries, in order, each acked once committed; a single event larger than this is refused (kvrouter_eventbus_events_rejected_total{reason=\"too_large\"})", replica.MinMaxEntryBytes, replica.MaxMaxEntryBytes), set: intp(&c.MaxEntryBytes)},
 		{names: []string{"worker-header-timeout"}, env: []string{"KVROUTER_WORKER_HEADER_TIMEOUT"}, usage: "longest wait for a worker's answer headers (default 10m)", set: dur(&c.WorkerHeaderTimeout)},
@@ -409,6 +411,9 @@ func (c *serveConfig) finish() error {
 	}
 	if _, err := api.NewTenantLedger(c.Tenants); err != nil {
 		return fmt.Errorf("--tenant-from / --tenant-*: %w", err)
+	}
+	if c.Tenants.EnginePriority && (c.Tenants.From == "" || c.Tenants.From == api.TenantNone) {
+		return errors.New("--tenant-engine-priority sets the priority from the tenant ledger: give --tenant-from")
 	}
 	if c.TenantSyncInterval < 0 {
 		return fmt.Errorf("--tenant-sync-interval must not be negative, got %s", c.TenantSyncInterval)

@@ -97,6 +97,19 @@ func meanEvent(reps []sim.EventFigures) EventResult {
 // cached fraction and each fleet event's dip (nothing without them).
 func writeSessionsAndEvents(b *strings.Builder, results []Result) {
 	for _, x := range results {
+		for _, t := range x.Tenants {
+			fmt.Fprintf(b, "%s: tenant %s: %d requests, TTFT p50/p90/p99 %.1f/%.1f/%.1f ms (in the routers' queue %.1f/%.1f/%.1f), %d tokens",
+				x.Policy, t.Tenant, t.Requests, t.TTFT.P50, t.TTFT.P90.Value, t.TTFT.P99, t.Queue.P50, t.Queue.P90.Value, t.Queue.P99, t.Tokens)
+			if t.BackloggedShare.Valid {
+				fmt.Fprintf(b, ", share %.3f of the tokens while every tenant was backlogged (%.1f s)", t.BackloggedShare.Value, x.BackloggedSeconds)
+			}
+			if t.SLOAttainment.Valid {
+				fmt.Fprintf(b, ", SLO met %.1f%%", 100*t.SLOAttainment.Value)
+			}
+			b.WriteByte('\n')
+		}
+	}
+	for _, x := range results {
 		if x.SessionCachedFraction.Valid {
 			fmt.Fprintf(b, "%s: session cached fraction %.3f\n", x.Policy, x.SessionCachedFraction.Value)
 		}

@@ -70,6 +70,11 @@ type Result struct {
 	// without pins).
 	PinnedSessions   *sim.SessionTurns `json:"pinned_sessions,omitempty"`
 	UnpinnedSessions *sim.SessionTurns `json:"unpinned_sessions,omitempty"`
+
+	// Tenants (issue 28, --tenants): each tenant's figures, medians over
+	// reps, and the time every tenant had a request queued (its median).
+	Tenants           []sim.TenantFigures `json:"tenants,omitempty"`
+	BackloggedSeconds float64             `json:"backlogged_s,omitempty"`
 }
 
 // EventResult is one fleet event over the reps: the mean of each figure
@@ -146,6 +151,10 @@ func Median(policy string, runs []Run) Result {
 	res.FleetEvents = MeanEvents(runs)
 	res.PinnedSessions = medianTurns(runs, func(s sim.Summary) *sim.SessionTurns { return s.PinnedSessions })
 	res.UnpinnedSessions = medianTurns(runs, func(s sim.Summary) *sim.SessionTurns { return s.UnpinnedSessions })
+	res.Tenants = medianTenants(runs, med)
+	if res.Tenants != nil {
+		res.BackloggedSeconds = med(func(s sim.Summary) float64 { return s.BackloggedSeconds })
+	}
 	if optionalInAll(runs, func(s sim.Summary) stats.Optional { return s.SLOAttainment }) {
 		res.SLOAttainment = stats.Optional{Value: med(func(s sim.Summary) float64 { return s.SLOAttainment.Value }), Valid: true}
 	}
@@ -160,6 +169,44 @@ func Median(policy string, runs []Run) Result {
 		}
 	}
 	return res
+}
+
+// medianTenants folds each tenant's figures over the reps (every rep has
+// the same tenants: one flag gives them).
+func medianTenants(runs []Run, med func(f func(s sim.Summary) float64) float64) []sim.TenantFigures {
+	if len(runs) == 0 || runs[0].Summary.Tenants == nil {
+		return nil
+	}
+	out := make([]sim.TenantFigures, len(runs[0].Summary.Tenants))
+	for t := range out {
+		at := func(f func(x sim.TenantFigures) float64) float64 {
+			return med(func(s sim.Summary) float64 { return f(s.Tenants[t]) })
+		}
+		opt := func(f func(x sim.TenantFigures) stats.Optional) stats.Optional {
+			if !optionalInAll(runs, func(s sim.Summary) stats.Optional { return f(s.Tenants[t]) }) {
+				return stats.Optional{}
+			}
+			return stats.Optional{Value: at(func(x sim.TenantFigures) float64 { return f(x).Value }), Valid: true}
+		}
+		out[t] = sim.TenantFigures{
+			Tenant:   runs[0].Summary.Tenants[t].Tenant,
+			Requests: int(at(func(x sim.TenantFigures) float64 { return float64(x.Requests) }) + 0.5),
+			TTFT: stats.Quantiles{
+				P50: at(func(x sim.TenantFigures) float64 { return x.TTFT.P50 }),
+				P90: opt(func(x sim.TenantFigures) stats.Optional { return x.TTFT.P90 }),
+				P99: at(func(x sim.TenantFigures) float64 { return x.TTFT.P99 }),
+			},
+			Queue: stats.Quantiles{
+				P50: at(func(x sim.TenantFigures) float64 { return x.Queue.P50 }),
+				P90: opt(func(x sim.TenantFigures) stats.Optional { return x.Queue.P90 }),
+				P99: at(func(x sim.TenantFigures) float64 { return x.Queue.P99 }),
+			},
+			SLOAttainment:   opt(func(x sim.TenantFigures) stats.Optional { return x.SLOAttainment }),
+			Tokens:          int64(at(func(x sim.TenantFigures) float64 { return float64(x.Tokens) }) + 0.5),
+			BackloggedShare: opt(func(x sim.TenantFigures) stats.Optional { return x.BackloggedShare }),
+		}
+	}
+	return out
 }
 
 // optionalInAll reports whether every run has the figure f reads.

@@ -79,6 +79,9 @@ type Config struct {
 	// an event added until it is warm (internal/warmup; warmup.go); nil:
 	// off.
 	WarmUp *warmup.Policy
+	// Tenants tags requests with tenants and runs tenant fairness in the
+	// routers' admission queues (tenants.go; needs Router.QueueThreshold).
+	Tenants Tenants
 	// IDSlots is the number of worker ids the width of WorkerID is sized
 	// for (0: Workers plus the workers Events add). A run without events
 	// compared with one with them gives the same value, so both name the
@@ -91,8 +94,11 @@ var ErrConfig = errors.New("invalid simulation")
 
 // RequestResult is what happened to one request.
 type RequestResult struct {
-	Worker       int // -1 if never routed
-	Sent         time.Duration
+	Worker int // -1 if never routed
+	Sent   time.Duration
+	// Routed is when a router routed it (after its wait in the router's
+	// admission queue, Config.Router.QueueThreshold).
+	Routed       time.Duration
 	FirstToken   time.Duration
 	Finished     time.Duration
 	CachedTokens int
@@ -119,6 +125,12 @@ type Result struct {
 	EventsDelivered int
 	// End is the virtual time the last request finished.
 	End time.Duration
+	// TenantOf is each request's tenant index into Tenants (nil without
+	// tenants); Tenants their tokens; Backlogged the time every tenant had
+	// a request queued in some router (Config.Tenants).
+	TenantOf   []int
+	Tenants    []TenantTotals
+	Backlogged time.Duration
 	// Events are the fleet events as they happened (Config.Events).
 	Events []EventRecord
 	// Workers are the worker ids by index, added workers included.
@@ -151,6 +163,9 @@ func Run(w *workload.Workload, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("%d workers with %d capacities: %w", cfg.Workers, len(cfg.KVBlocks), ErrConfig)
 	}
 	if err := cfg.checkFleet(); err != nil {
+		return nil, err
+	}
+	if err := cfg.checkTenants(); err != nil {
 		return nil, err
 	}
 	if cfg.Routers < 0 || cfg.SyncDelay < 0 || cfg.SyncFreeExtra < 0 {
@@ -199,9 +214,10 @@ type state struct {
 	pods       []peerpolicy.Pod // a peer's view of the workers, as last scraped
 	nextScrape time.Duration
 
-	aff   affinityState // session bindings (affinity.go)
-	fleet fleetState    // fleet events (fleet.go)
-	warm  warmState     // warm-up of added workers (warmup.go)
+	aff   affinityState  // session bindings (affinity.go)
+	fleet fleetState     // fleet events (fleet.go)
+	warm  warmState      // warm-up of added workers (warmup.go)
+	adm   admissionState // the routers' queues and tenant ledgers (tenants.go)
 
 	issued    int // closed loop: next request to send
 	finished  int
@@ -260,7 +276,7 @@ func (s *state) build() error {
 	}
 	s.aff.init(s)
 	s.warm.worker = -1
-	return nil
+	return s.adm.init(s)
 }
 
 // newEngine builds worker i's engine.
@@ -351,6 +367,7 @@ func (s *state) step() bool {
 		for len(s.syncs) > 0 && s.syncs[0].at <= t {
 			s.applySync(heap.Pop(&s.syncs).(syncMsg))
 		}
+		s.tenantTimers(t)
 		for len(s.deliver) > 0 && s.deliver[0].at <= t {
 			d := heap.Pop(&s.deliver).(delivery)
 			if s.fleet.gone[d.worker] {
@@ -368,10 +385,12 @@ func (s *state) step() bool {
 			}
 		}
 		s.fleet.due(s, t)
+		s.admitQueued() // waiters first: capacity freed this instant is theirs
 		for len(s.arrivals) > 0 && s.arrivals[0].at <= t {
 			a := heap.Pop(&s.arrivals).(timed)
 			s.send(a.i)
 		}
+		s.admitQueued()
 		for i, e := range s.engines {
 			if !s.dirty[i] {
 				continue
@@ -408,6 +427,14 @@ func (s *state) nextTime() (time.Duration, bool) {
 	if sc, due := s.peerScrapeDue(); ok && due && sc < t {
 		t = sc
 	}
+	// A held queue head's wake always (it is what lets that head go);
+	// tenant counters' publications only while something else is to happen.
+	if w := s.adm.wakeAt; w >= 0 && (!ok || w < t) {
+		t, ok = w, true
+	}
+	if pub, due := s.adm.nextPublication(); ok && due && pub < t {
+		t = pub
+	}
 	// Fleet events too: one due after the last request is not waited for.
 	if ev, due := s.fleet.next(); ok && due && ev < t {
 		t = ev
@@ -428,9 +455,9 @@ func (s *state) drain(i int) {
 	}
 }
 
-// send routes request i and submits it to the chosen engine.
+// send is request i's arrival: at the peer, or at a router, which routes
+// and submits it at once or (with an admission queue) when its turn comes.
 func (s *state) send(i int) {
-	r := &s.w.Requests[i]
 	rr := &s.res[i]
 	if !s.fleet.resent[i] {
 		rr.Sent = s.now // a re-sent request keeps its first send
@@ -439,9 +466,20 @@ func (s *state) send(i int) {
 		s.sendByPeer(i)
 		return
 	}
-	k := s.routed % len(s.rts)
-	s.routed++
+	k := s.pickRouter(i)
 	s.owner[i] = k
+	if s.adm.on {
+		s.arrive(i, k) // the admission queue (tenants.go)
+		return
+	}
+	s.dispatch(i, k)
+}
+
+// dispatch routes request i on router k and submits it to the chosen
+// engine.
+func (s *state) dispatch(i, k int) {
+	r := &s.w.Requests[i]
+	rr := &s.res[i]
 	req := router.Request{ID: r.ID, Hashes: r.Hashes, Tokens: r.PromptTokens}
 	if s.cfg.OSLHint {
 		req.ExpectedOutputTokens = r.OutputTokens
@@ -456,10 +494,13 @@ func (s *state) send(i int) {
 		ID: r.ID, Origin: fmt.Sprint(k), Worker: d.Worker, Hashes: d.ActiveHashes,
 		PrefillTokens: max(r.PromptTokens-d.Overlap*s.w.BlockSize, 0),
 	}})
+	rr.Routed = s.now
+	prio := s.enginePriority(i, k) // the ledger's view before this request's charge
+	s.charge(i, k, r.PromptTokens-d.Overlap*s.w.BlockSize)
 	wi := s.byWorker[d.Worker]
 	rr.Worker = wi
 	err = s.engines[wi].Submit(s.now, engine.Request{
-		ID: r.ID, NumTokens: r.PromptTokens, BlockHashes: r.Hashes, OutputTokens: r.OutputTokens,
+		ID: r.ID, NumTokens: r.PromptTokens, BlockHashes: r.Hashes, OutputTokens: r.OutputTokens, Priority: prio,
 	})
 	if err != nil {
 		s.rts[k].Free(r.ID)
@@ -556,6 +597,7 @@ func (s *state) handle(wi int, outs []engine.Output) {
 			// Only the routing replica learns the output length
 			// (kv-pooled's decode reserve); the others hear a free.
 			s.rts[s.owner[i]].FinishedAt(o.RequestID, o.OutputTokens, epoch.Add(s.now))
+			s.charge(i, s.owner[i], o.OutputTokens)
 			s.announce(s.owner[i], syncMsg{kind: syncFree, id: o.RequestID})
 			s.complete(i)
 		}
@@ -566,6 +608,7 @@ func (s *state) handle(wi int, outs []engine.Output) {
 // or its session's next turn go.
 func (s *state) complete(i int) {
 	s.finished++
+	s.ended(i)
 	if s.cfg.Progress != nil {
 		s.cfg.Progress()
 	}
@@ -613,6 +656,10 @@ func (s *state) finish() *Result {
 		EventsDelivered: s.delivered,
 		Events:          s.fleet.records,
 		Workers:         s.ids,
+	}
+	if s.adm.tenants() {
+		res.TenantOf = s.adm.tenantOf
+		res.Tenants, res.Backlogged = s.adm.totals(s.now)
 	}
 	for i := range s.res {
 		rr := &s.res[i]

@@ -55,6 +55,11 @@ type Summary struct {
 	// the session trees that pin their prompts (Config.PinEvery) and of
 	// the others; nil when no request is pinned.
 	PinnedSessions, UnpinnedSessions *SessionTurns
+	// Tenants are each tenant's figures (Config.Tenants; nil without),
+	// every one over the tenant's requests; BackloggedSeconds is the time
+	// every tenant had a request queued in some router.
+	Tenants           []TenantFigures
+	BackloggedSeconds float64
 	// Events are the fleet events' dips (MeasureEvents; the caller fills
 	// them in, it needs the run without events).
 	Events []EventFigures
@@ -151,6 +156,7 @@ func SummarizeSLO(w *workload.Workload, res *Result, timeout time.Duration, slo 
 		s.ThroughputRPS = float64(s.Completed) / s.VirtualSeconds
 		s.OutputTokensPerS = float64(output) / s.VirtualSeconds
 	}
+	s.Tenants, s.BackloggedSeconds = summarizeTenants(w, res, timeout, slo)
 	if f, ok := SessionCachedFraction(w, res); ok {
 		s.SessionCachedFraction = stats.Optional{Value: f, Valid: true}
 	}
@@ -202,4 +208,63 @@ func laterTurns(w *workload.Workload, res *Result, timeout time.Duration, pinned
 		return nil
 	}
 	return &SessionTurns{Turns: len(ttft), TTFT: stats.WithP90(ttft), CachedFraction: float64(cached) / float64(max(prompt, 1))}
+}
+
+// TenantFigures are one tenant's figures over its requests (the
+// Denominator's rule: a failed request at the timeout, a miss).
+type TenantFigures struct {
+	Tenant   string          `json:"tenant"`
+	Requests int             `json:"requests"`
+	TTFT     stats.Quantiles `json:"ttft_ms"`
+	// Queue is its requests' wait in the routers' admission queues, from
+	// arrival to routing (completed requests).
+	Queue stats.Quantiles `json:"queue_ms"`
+	// SLOAttainment is the share of its requests within the SLO (valid
+	// when an SLO was given).
+	SLOAttainment stats.Optional `json:"slo_attainment,omitzero"`
+	// Tokens are the tokens charged to it (uncached prompt and output);
+	// BackloggedShare its share of the tokens charged while every tenant
+	// had a request queued (valid when that happened).
+	Tokens          int64          `json:"tokens"`
+	BackloggedShare stats.Optional `json:"backlogged_token_share,omitzero"`
+}
+
+// summarizeTenants is each tenant's figures (nil without tenants).
+func summarizeTenants(w *workload.Workload, res *Result, timeout time.Duration, slo SLO) ([]TenantFigures, float64) {
+	if res.TenantOf == nil {
+		return nil, 0
+	}
+	out := make([]TenantFigures, len(res.Tenants))
+	ttft := make([][]float64, len(res.Tenants))
+	met := make([]int, len(res.Tenants))
+	queue := make([][]float64, len(res.Tenants))
+	for i, rr := range res.Requests {
+		t := res.TenantOf[i]
+		out[t].Requests++
+		if !rr.Done {
+			ttft[t] = append(ttft[t], ms(timeout))
+			continue
+		}
+		ttft[t] = append(ttft[t], ms(rr.FirstToken-rr.Sent))
+		queue[t] = append(queue[t], ms(rr.Routed-rr.Sent))
+		if slo.Meets(rr.FirstToken-rr.Sent, TPOT(rr.FirstToken, rr.Finished, w.Requests[i].OutputTokens)) {
+			met[t]++
+		}
+	}
+	var backlogged int64
+	for _, tt := range res.Tenants {
+		backlogged += tt.Backlogged
+	}
+	for t, tt := range res.Tenants {
+		f := &out[t]
+		f.Tenant, f.Tokens = tt.Name, tt.Tokens
+		f.TTFT, f.Queue = stats.WithP90(ttft[t]), stats.WithP90(queue[t])
+		if slo.Set() && f.Requests > 0 {
+			f.SLOAttainment = stats.Optional{Value: float64(met[t]) / float64(f.Requests), Valid: true}
+		}
+		if backlogged > 0 {
+			f.BackloggedShare = stats.Optional{Value: float64(tt.Backlogged) / float64(backlogged), Valid: true}
+		}
+	}
+	return out, res.Backlogged.Seconds()
 }

@@ -2,8 +2,10 @@ package sim
 
 import (
 	"container/heap"
+	"fmt"
 	"time"
 
+	"github.com/kvrouter/kvrouter/api/tenant"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -19,6 +21,9 @@ const (
 	syncFree
 	syncOutput // output-block tracking: a new output block (Syncer.Output)
 	syncBind   // per-router session affinity: a binding made (affinity.go)
+	// syncTenants: a router's tenant counters (tenants.go), as the
+	// Syncer's SyncTenants carries them: absolute, the whole ledger.
+	syncTenants
 )
 
 // syncMsg is one load-view update from router `from` to router `to`.
@@ -32,6 +37,7 @@ type syncMsg struct {
 	output   router.OutputProgress // syncOutput: absolute progress
 	session  int                   // syncBind: the session key
 	worker   router.WorkerID       // syncBind: its worker
+	usage    []tenant.Usage        // syncTenants
 }
 
 // announce sends msg from router k to every other router, SyncDelay from
@@ -46,7 +52,7 @@ func (s *state) announce(k int, msg syncMsg) {
 	}
 	msg.from = k
 	delay := s.cfg.SyncDelay
-	if msg.kind != syncBook && msg.kind != syncBind {
+	if msg.kind != syncBook && msg.kind != syncBind && msg.kind != syncTenants {
 		// Output progress rides on the prefill-done message (SyncPrefillDone
 		// with the ob/g/x keys), so it lags as first tokens do.
 		delay += s.cfg.SyncFreeExtra
@@ -74,6 +80,10 @@ func (s *state) announce(k int, msg syncMsg) {
 func (s *state) applySync(m syncMsg) {
 	if m.kind == syncBind {
 		s.aff.tables[m.to][m.session] = m.worker // last writer wins
+		return
+	}
+	if m.kind == syncTenants {
+		s.adm.ledgers[m.to].Remote(fmt.Sprint(m.from), m.usage)
 		return
 	}
 	load := s.rts[m.to].Load()

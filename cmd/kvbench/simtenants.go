@@ -1,0 +1,178 @@
+package main
+
+import (
+	"flag"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
+	"github.com/kvrouter/kvrouter/engine"
+)
+
+// tenantOptions are sim's admission-queue and tenant flags (issue 28
+// items 3–4): the routers' queue threshold, the tenants and how their
+// counters travel.
+type tenantOptions struct {
+	QueueThreshold float64 // --queue-threshold (set: the routers queue)
+	queue          bool
+	QueuePolicy    string // --queue-policy
+	Spec           string // --tenants
+	Counters       string // --tenant-counters
+	SyncInterval   time.Duration
+	Burst, Slack   float64
+	Headroom       bool
+	EnginePriority bool   // --tenant-engine-priority
+	Scheduling     string // --engine-scheduling
+
+	tenants []sim.TenantSpec
+}
+
+// maxSimTenants bounds --tenants (every tenant is a line of the report).
+const maxSimTenants = 64
+
+func (o *tenantOptions) register(fs *flag.FlagSet) {
+	fs.Float64Var(&o.QueueThreshold, "queue-threshold", 0, "the routers' admission queue (kvrouter serve's --router-queue-threshold): a request waits in its router while every worker's active prefill tokens, in that router's view, exceed this fraction of its max batched tokens (absent: no queue, as before)")
+	fs.StringVar(&o.QueuePolicy, "queue-policy", "fcfs", "with --queue-threshold: the queue's order within a tenant: fcfs, wspt or lcfs (serve's --router-queue-policy)")
+	fs.StringVar(&o.Spec, "tenants", "", "tenants as name:weight[@router],…: each request is a tenant's with probability ∝ its weight (its share of the arrival rate); @k sends that tenant's requests through router k only (default: round-robin over every router); needs --queue-threshold")
+	fs.StringVar(&o.Counters, "tenant-counters", string(sim.CountersShared), "with --tenants and --routers > 1: shared (each router's virtual token counters reach the others on replica sync, --sync-delay later, every --tenant-sync-interval and at once when a tenant starts waiting: kvrouter) or local (each router counts alone: per-replica flow control)")
+	fs.DurationVar(&o.SyncInterval, "tenant-sync-interval", sim.DefaultTenantSyncInterval, "with shared counters: how often a router publishes them (serve's --tenant-sync-interval)")
+	fs.Float64Var(&o.Burst, "tenant-fair-burst", 0, "the ledgers' burst in tokens (serve's --tenant-fair-burst; 0: its default, 4096)")
+	fs.BoolVar(&o.Headroom, "tenant-headroom", false, "hold a tenant over its share, while other tenants are active, to its share (1/active tenants) of each worker's admission window, keeping the rest free for them (api/tenant Ledger.Window)")
+	fs.BoolVar(&o.EnginePriority, "tenant-engine-priority", false, "each request carries to its worker the priority its router's ledger gives its tenant (api/tenant Ledger.EnginePriority: 1 while over its share and another tenant is active, else 0; lower is served first), as kvrouter serve --tenant-engine-priority sets vLLM's priority field; the engines then need a priority --engine-scheduling (default with this flag: priority)")
+	fs.StringVar(&o.Scheduling, "engine-scheduling", "", "the engines' waiting-queue policy: fcfs (vLLM's default), priority (vLLM's --scheduling-policy priority: waiting by (priority, arrival), a KV shortage preempts the largest (priority, arrival)) or priority-preempt (that, plus a full running set preempting for a strictly more urgent waiting request, as vLLM v0 did); default fcfs, priority with --tenant-engine-priority (engine/DESIGN.md)")
+	fs.Float64Var(&o.Slack, "tenant-fair-slack", 0, "the ledgers' slack in tokens (serve's --tenant-fair-slack; 0: its default, 512)")
+}
+
+// check validates the flags; set names the flags given.
+func (o *tenantOptions) check(set map[string]bool, so *simOptions) error {
+	o.queue = set["queue-threshold"]
+	if o.queue && (math.IsNaN(o.QueueThreshold) || math.IsInf(o.QueueThreshold, 0) || o.QueueThreshold < 0) {
+		return cli.Usagef("--queue-threshold %v: want a fraction ≥ 0 of the workers' max batched tokens", o.QueueThreshold)
+	}
+	switch o.QueuePolicy {
+	case "fcfs", "wspt", "lcfs":
+	default:
+		return cli.Usagef("--queue-policy %q: want fcfs, wspt or lcfs", o.QueuePolicy)
+	}
+	if set["queue-policy"] && !o.queue {
+		return cli.Usagef("--queue-policy orders the routers' queue: give --queue-threshold")
+	}
+	switch o.Scheduling {
+	case "":
+		o.Scheduling = engine.SchedulingFCFS
+		if o.EnginePriority {
+			o.Scheduling = engine.SchedulingPriority
+		}
+	case engine.SchedulingFCFS:
+		if o.EnginePriority {
+			return cli.Usagef("--tenant-engine-priority sets a non-zero priority, which an fcfs engine refuses (as vLLM does): give --engine-scheduling priority or priority-preempt")
+		}
+	case engine.SchedulingPriority, engine.SchedulingPriorityPreempt:
+	default:
+		return cli.Usagef("--engine-scheduling %q: want fcfs, priority or priority-preempt", o.Scheduling)
+	}
+	for _, name := range []string{"tenant-counters", "tenant-sync-interval", "tenant-fair-burst", "tenant-fair-slack", "tenant-headroom", "tenant-engine-priority"} {
+		if set[name] && o.Spec == "" {
+			return cli.Usagef("--%s applies to --tenants", name)
+		}
+	}
+	if o.Spec == "" {
+		return nil
+	}
+	if !o.queue {
+		return cli.Usagef("--tenants: fairness acts in the routers' admission queue: give --queue-threshold (0 queues whenever every worker has prefill work)")
+	}
+	for _, m := range so.Policies {
+		if _, peer := peerPolicies[m]; peer {
+			return cli.Usagef("policy %s routes by its own scheduler: --tenants acts on ours", m)
+		}
+	}
+	switch sim.TenantCounters(o.Counters) {
+	case sim.CountersShared, sim.CountersLocal:
+	default:
+		return cli.Usagef("--tenant-counters %q: want shared or local", o.Counters)
+	}
+	if o.SyncInterval <= 0 {
+		return cli.Usagef("--tenant-sync-interval %v: must be positive", o.SyncInterval)
+	}
+	if math.IsNaN(o.Burst) || math.IsInf(o.Burst, 0) || o.Burst < 0 || (o.Burst > 0 && o.Burst < 1) {
+		return cli.Usagef("--tenant-fair-burst %v: want 0 (the default) or at least 1 token", o.Burst)
+	}
+	if math.IsNaN(o.Slack) || math.IsInf(o.Slack, 0) || o.Slack < 0 {
+		return cli.Usagef("--tenant-fair-slack %v: want a number of tokens ≥ 0", o.Slack)
+	}
+	var err error
+	o.tenants, err = parseTenants(o.Spec, so.Routers)
+	return err
+}
+
+// parseTenants reads --tenants: name:weight[@router],…
+func parseTenants(spec string, routers int) ([]sim.TenantSpec, error) {
+	var out []sim.TenantSpec
+	seen := map[string]bool{}
+	for _, part := range strings.Split(spec, ",") {
+		part = strings.TrimSpace(part)
+		name, rest, ok := strings.Cut(part, ":")
+		if !ok || name == "" {
+			return nil, cli.Usagef("--tenants %q: %q is not name:weight[@router]", spec, part)
+		}
+		if seen[name] {
+			return nil, cli.Usagef("--tenants %q: tenant %q listed twice", spec, name)
+		}
+		seen[name] = true
+		weight, at, pinned := strings.Cut(rest, "@")
+		w, err := strconv.ParseFloat(weight, 64)
+		if err != nil || !(w > 0) || math.IsInf(w, 0) {
+			return nil, cli.Usagef("--tenants %q: tenant %q's weight %q: want a positive number", spec, name, weight)
+		}
+		t := sim.TenantSpec{Name: name, Weight: w, Router: -1}
+		if pinned {
+			k, err := strconv.Atoi(at)
+			if err != nil || k < 0 || k >= routers {
+				return nil, cli.Usagef("--tenants %q: tenant %q's router %q: want 0 to %d (--routers %d)", spec, name, at, routers-1, routers)
+			}
+			t.Router = k
+		}
+		out = append(out, t)
+	}
+	if len(out) > maxSimTenants {
+		return nil, cli.Usagef("--tenants: %d tenants, at most %d", len(out), maxSimTenants)
+	}
+	return out, nil
+}
+
+// config is the sim's tenant settings.
+func (o *tenantOptions) config() sim.Tenants {
+	if o.tenants == nil {
+		return sim.Tenants{}
+	}
+	return sim.Tenants{Specs: o.tenants, Counters: sim.TenantCounters(o.Counters), SyncInterval: o.SyncInterval, Burst: o.Burst, Slack: o.Slack, Headroom: o.Headroom, EnginePriority: o.EnginePriority}
+}
+
+// tenantsCfg is the report's config.tenants.
+type tenantsCfg struct {
+	QueueThreshold float64          `json:"queue_threshold"`
+	QueuePolicy    string           `json:"queue_policy"`
+	Tenants        []sim.TenantSpec `json:"tenants,omitempty"`
+	Counters       string           `json:"counters,omitempty"`
+	SyncIntervalMs float64          `json:"sync_interval_ms,omitempty"`
+	Burst          float64          `json:"burst,omitempty"`
+	Slack          float64          `json:"slack,omitempty"`
+	Headroom       bool             `json:"headroom,omitempty"`
+	EnginePriority bool             `json:"engine_priority,omitempty"`
+}
+
+func (o *tenantOptions) reportConfig() *tenantsCfg {
+	if !o.queue {
+		return nil
+	}
+	c := &tenantsCfg{QueueThreshold: o.QueueThreshold, QueuePolicy: o.QueuePolicy}
+	if o.tenants != nil {
+		c.Tenants, c.Counters, c.SyncIntervalMs = o.tenants, o.Counters, float64(o.SyncInterval)/float64(time.Millisecond)
+		c.Burst, c.Slack, c.Headroom, c.EnginePriority = o.Burst, o.Slack, o.Headroom, o.EnginePriority
+	}
+	return c
+}
