@@ -27,6 +27,8 @@ import (
 //   - drain-sessions: a drain that keeps the worker's bound sessions
 //     (session affinity) there until they end; it leaves when idle and no
 //     session bound there has a turn to come.
+//   - drain-shadow: a drain that moves the bound sessions by shadow
+//     prefill (shadow.go).
 //   - add: a worker with the first worker's capacity joins, cold.
 //
 // Sessions bound to a worker that leaves or drains rebind at their next
@@ -44,7 +46,13 @@ const (
 	// unbound request goes there; it leaves when idle with no bound
 	// session left to come back.
 	EventDrainSessions EventKind = "drain-sessions"
-	EventAdd           EventKind = "add"
+	// EventDrainShadow drains and moves the worker's bound sessions by
+	// shadow prefill (shadow.go): a bound turn still runs there while a
+	// copy of it fills the session's new worker, and the session moves
+	// when the copy is there; it leaves when idle with no session still
+	// bound there left to come back.
+	EventDrainShadow EventKind = "drain-shadow"
+	EventAdd         EventKind = "add"
 )
 
 // Chooser picks the worker a remove or drain takes.
@@ -105,6 +113,14 @@ type EventRecord struct {
 	// worker warm and stopped (-1: it never did).
 	Steered   int
 	WarmUpEnd time.Duration
+	// Shadow prefills (drain-shadow; add with Config.ShadowWarmUp;
+	// shadow.go): copies sent, skipped for want of room, sessions rebound
+	// when their copy ended; the prompt tokens the copies carried, those
+	// their engines computed, and that prefill's time as steps of their
+	// own (an upper bound: batched with other work it costs less).
+	Shadows, ShadowSkipped, ShadowRebinds   int
+	ShadowPromptTokens, ShadowPrefillTokens int64
+	ShadowPrefillTime                       time.Duration
 }
 
 // PlanWindow is how far back the plan chooser counts each worker's cached
@@ -131,6 +147,12 @@ func (c *Config) checkFleet() error {
 	if w := c.WarmUp; w != nil && (c.added() == 0 || !(w.Share > 0 && w.Share <= 1) || !(w.Headroom > 0)) {
 		return fmt.Errorf("warm-up %+v needs an add event, a share in (0,1] and a positive headroom: %w", *w, ErrConfig)
 	}
+	if c.ShadowWarmUp && (c.added() == 0 || c.WarmUp != nil) {
+		return fmt.Errorf("the shadow warm-up needs an add event and no steering warm-up: %w", ErrConfig)
+	}
+	if err := c.Shadow.check(); err != nil {
+		return err
+	}
 	if c.Peer != nil && (len(c.Events) > 0 || c.Affinity.Mode != AffinityOff) {
 		return fmt.Errorf("fleet events and session affinity act on our routers, not on a peer's: %w", ErrConfig)
 	}
@@ -140,7 +162,7 @@ func (c *Config) checkFleet() error {
 		}
 		switch e.Kind {
 		case EventAdd:
-		case EventRemove, EventDrain, EventDrainSessions:
+		case EventRemove, EventDrain, EventDrainSessions, EventDrainShadow:
 			if !e.Chooser.Valid() {
 				return fmt.Errorf("fleet event %d: chooser %q: %w", k, e.Chooser, ErrConfig)
 			}
@@ -223,7 +245,7 @@ func (f *fleetState) due(s *state, t time.Duration) {
 		case EventAdd:
 			rec.Worker = f.add(s)
 			s.warm.start(s, rec.Worker, len(f.records))
-		case EventRemove, EventDrain, EventDrainSessions:
+		case EventRemove, EventDrain, EventDrainSessions, EventDrainShadow:
 			wi := f.choose(s, e.Chooser)
 			if wi < 0 {
 				break
@@ -239,7 +261,7 @@ func (f *fleetState) due(s *state, t time.Duration) {
 			case EventDrain:
 				f.draining[wi] = true
 				f.setWorkers(s)
-			case EventDrainSessions:
+			case EventDrainSessions, EventDrainShadow:
 				f.draining[wi], f.keeping[wi] = true, true
 				f.setWorkers(s)
 			default:
@@ -330,6 +352,7 @@ func (f *fleetState) leave(s *state, wi int) {
 	s.engines[wi] = nil
 	s.busy[wi], s.dirty[wi] = false, false
 	s.index.RemoveWorker(s.ids[wi])
+	s.shadow.left(s, wi)
 	f.setWorkers(s)
 }
 
@@ -337,10 +360,13 @@ func (f *fleetState) leave(s *state, wi int) {
 func (f *fleetState) leaveIdle(s *state) {
 	for k := range f.records {
 		rec := &f.records[k]
-		if (rec.Kind != EventDrain && rec.Kind != EventDrainSessions) || rec.Worker < 0 || f.gone[rec.Worker] || f.inflight[rec.Worker] > 0 {
+		if !rec.Kind.drains() || rec.Worker < 0 || f.gone[rec.Worker] || f.inflight[rec.Worker] > 0 {
 			continue
 		}
 		if rec.Kind == EventDrainSessions && f.sessionsToCome(s, rec.Worker) {
+			continue
+		}
+		if rec.Kind == EventDrainShadow && f.boundToCome(s, rec.Worker) {
 			continue
 		}
 		rec.Left = s.now
@@ -360,6 +386,45 @@ func (f *fleetState) sessionsToCome(s *state, wi int) bool {
 		}
 	}
 	return false
+}
+
+// boundToCome reports whether a session still bound to worker wi (in
+// any router's table) has a turn to come after its latest one.
+func (f *fleetState) boundToCome(s *state, wi int) bool {
+	if s.cfg.Affinity.Mode == AffinityOff {
+		return false
+	}
+	for sess, last := range f.lastTurn {
+		if s.w.Requests[last].NextTurn < 0 {
+			continue
+		}
+		key := sess
+		if s.w.SessionRoot != nil {
+			key = s.w.SessionRoot[sess]
+		}
+		for k := range s.aff.tables {
+			if w, ok := s.aff.tables[k][key]; ok && w == s.ids[wi] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// drainRecord is the index of the drain-shadow event that drains worker
+// wi; -1 when none does.
+func (f *fleetState) drainRecord(wi int) int {
+	for k := range f.records {
+		if f.records[k].Kind == EventDrainShadow && f.records[k].Worker == wi {
+			return k
+		}
+	}
+	return -1
+}
+
+// drains reports whether an event of kind k drains its worker.
+func (k EventKind) drains() bool {
+	return k == EventDrain || k == EventDrainSessions || k == EventDrainShadow
 }
 
 // keepingIDs are the drain-sessions workers still in the fleet (scratch).

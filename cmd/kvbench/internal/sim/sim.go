@@ -70,6 +70,13 @@ type Config struct {
 	// an event added until it is warm (internal/warmup; warmup.go); nil:
 	// off.
 	WarmUp *warmup.Policy
+	// ShadowWarmUp warms a worker an add event brought in by shadow
+	// prefills of the duplicated prefixes it lacks (shadow.go) instead of
+	// steering requests there; not with WarmUp.
+	ShadowWarmUp bool
+	// Shadow bounds shadow prefills (drain-shadow events, ShadowWarmUp);
+	// the zero value takes the defaults.
+	Shadow ShadowPolicy
 	// IDSlots is the number of worker ids the width of WorkerID is sized
 	// for (0: Workers plus the workers Events add). A run without events
 	// compared with one with them gives the same value, so both name the
@@ -187,9 +194,10 @@ type state struct {
 	pods       []peerpolicy.Pod // a peer's view of the workers, as last scraped
 	nextScrape time.Duration
 
-	aff   affinityState // session bindings (affinity.go)
-	fleet fleetState    // fleet events (fleet.go)
-	warm  warmState     // warm-up of added workers (warmup.go)
+	aff    affinityState // session bindings (affinity.go)
+	fleet  fleetState    // fleet events (fleet.go)
+	warm   warmState     // warm-up of added workers (warmup.go)
+	shadow shadowState   // shadow prefills (shadow.go)
 
 	issued    int // closed loop: next request to send
 	finished  int
@@ -243,6 +251,7 @@ func (s *state) build() error {
 		s.res[i].Worker = -1
 	}
 	s.aff.init(s)
+	s.shadow.init(s, n)
 	s.warm.worker = -1
 	return nil
 }
@@ -467,7 +476,7 @@ func (s *state) route(k, i int, req router.Request) (router.Decision, error) {
 	if err != nil {
 		return d, err
 	}
-	return s.warm.steer(s, k, req, d)
+	return s.warm.steer(s, k, i, req, d)
 }
 
 // sendByPeer routes request i by the peer and submits it.
@@ -497,6 +506,9 @@ func (s *state) fail(i int, msg string) {
 
 func (s *state) handle(wi int, outs []engine.Output) {
 	for _, o := range outs {
+		if s.shadow.handle(s, o) {
+			continue
+		}
 		i, ok := s.byID[o.RequestID]
 		if !ok {
 			continue

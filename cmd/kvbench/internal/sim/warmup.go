@@ -34,7 +34,7 @@ type warmState struct {
 // start hands the warm-up to worker wi, added by the event recorded at
 // rec (nothing without Config.WarmUp).
 func (w *warmState) start(s *state, wi, rec int) {
-	if s.cfg.WarmUp == nil || wi < 0 {
+	if (s.cfg.WarmUp == nil && !s.cfg.ShadowWarmUp) || wi < 0 {
 		return
 	}
 	if w.rng == nil {
@@ -56,8 +56,8 @@ func (w *warmState) start(s *state, wi, rec int) {
 
 // steer applies the warm-up to the decision d router k made for req:
 // the decision itself, or one routed to the warming worker only.
-func (w *warmState) steer(s *state, k int, req router.Request, d router.Decision) (router.Decision, error) {
-	if s.cfg.WarmUp == nil || w.worker < 0 {
+func (w *warmState) steer(s *state, k, i int, req router.Request, d router.Decision) (router.Decision, error) {
+	if (s.cfg.WarmUp == nil && !s.cfg.ShadowWarmUp) || w.worker < 0 {
 		return d, nil
 	}
 	if !s.fleet.routable(w.worker) {
@@ -67,6 +67,10 @@ func (w *warmState) steer(s *state, k int, req router.Request, d router.Decision
 	if w.warm(s) {
 		s.fleet.records[w.rec].WarmUpEnd = s.now
 		w.worker = -1
+		return d, nil
+	}
+	if s.cfg.ShadowWarmUp {
+		w.shadowWarm(s, k, i, d)
 		return d, nil
 	}
 	rt := s.rts[k]

@@ -1,0 +1,287 @@
+package sim
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/internal/warmup"
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// Shadow prefills (issue 29): the router sends a prefill-only copy of a
+// request (same prompt, one output token, the output thrown away, never
+// seen by the client) to a second worker, off the client's path, when that
+// worker has headroom, so that a cache is copied by recomputation before it
+// is needed. The engine pays the copy's real prefill (it is an engine
+// request like any other, batched with the rest); the router books it on
+// the second worker's load like any decision, and frees it when it ends.
+//
+// Two uses:
+//   - drain-shadow (EventDrainShadow): while a worker drains, a bound
+//     session's turn still goes to the draining worker (its cache is
+//     there) and a shadow of that turn goes to the session's new worker
+//     (the holder of most of its prefix, else the policy's choice); when
+//     the shadow ends the session is rebound there, so its next turn hits.
+//     When no shadow can be sent (the new worker has no headroom, or too
+//     many shadows are running there) the turn moves at once, as a plain
+//     drain moves it: the worker's time to leave stays bounded by one
+//     think time and one turn. It leaves when it is idle and no session
+//     still bound to it has a turn to come.
+//   - shadow warm-up (Config.ShadowWarmUp): instead of steering clients'
+//     requests to a cold worker (their TTFT pays for its cache), the
+//     router sends it shadows of the duplicated prefixes (two workers or
+//     more hold some of it: the hot ones) it does not hold, while the
+//     fleet and the worker have headroom, until it is warm; normal routing
+//     then finds the prefixes there.
+//
+// Shadow work is counted per event (EventRecord.Shadow*): copies sent,
+// skipped, the prompt tokens they carried, the prompt tokens their engines
+// computed (what was not cached there) and that work's prefill time as a
+// step of its own would take (a bound: batched, it costs less).
+
+// ShadowPolicy bounds shadow prefills; the zero value takes the defaults.
+type ShadowPolicy struct {
+	// Headroom is the utilization (warmup.WorkerUtilization: load over
+	// the busy thresholds, or active blocks over capacity without any)
+	// under which a worker takes a shadow, in the sending router's view;
+	// the shadow warm-up also needs the fleet's mean under it.
+	Headroom float64
+	// Inflight is the most shadows running on one worker at once.
+	Inflight int
+}
+
+// Defaults of ShadowPolicy.
+const (
+	DefaultShadowHeadroom = warmup.DefaultHeadroom
+	DefaultShadowInflight = 8
+)
+
+func (p ShadowPolicy) withDefaults() ShadowPolicy {
+	if p.Headroom == 0 {
+		p.Headroom = DefaultShadowHeadroom
+	}
+	if p.Inflight == 0 {
+		p.Inflight = DefaultShadowInflight
+	}
+	return p
+}
+
+func (p ShadowPolicy) check() error {
+	if p.Headroom < 0 || p.Inflight < 0 {
+		return fmt.Errorf("shadow headroom %v, inflight %d: must not be negative: %w", p.Headroom, p.Inflight, ErrConfig)
+	}
+	return nil
+}
+
+// ShadowIDPrefix starts a shadow's engine request id; the rest is the
+// copied request's id and a serial.
+const ShadowIDPrefix = "shadow/"
+
+// shadowJob is one shadow on its way.
+type shadowJob struct {
+	turn   int // the request copied
+	k      int // the router that booked it
+	worker int // where it runs
+	key    int // the session to rebind when it ends; -1: none
+	rec    int // the event it counts under
+	prompt int
+}
+
+// shadowState is the shadows running and what they copied.
+type shadowState struct {
+	policy   ShadowPolicy
+	jobs     map[string]shadowJob
+	inflight []int        // per worker
+	bySess   map[int]bool // session keys with a shadow running
+	copied   map[uint64]bool
+	serial   int
+}
+
+func (h *shadowState) init(s *state, n int) {
+	h.policy = s.cfg.Shadow.withDefaults()
+	h.jobs = map[string]shadowJob{}
+	h.inflight = make([]int, n)
+	h.bySess = map[int]bool{}
+	h.copied = map[uint64]bool{}
+}
+
+// headroom reports whether worker w is under the policy's headroom in
+// router k's view.
+func (h *shadowState) headroom(s *state, k int, w router.WorkerID) bool {
+	rt := s.rts[k]
+	for _, info := range rt.Workers() {
+		if info.ID == w {
+			return warmup.WorkerUtilization(rt.Config().Thresholds, info, rt.Load().Load(w)) < h.policy.Headroom
+		}
+	}
+	return false
+}
+
+// send copies request i to worker target through router k; false when the
+// target has no room for it (nothing sent, the skip counted).
+func (h *shadowState) send(s *state, k, i, target, key, rec int) bool {
+	id := s.ids[target]
+	r := &s.w.Requests[i]
+	if !s.fleet.routable(target) || h.inflight[target] >= h.policy.Inflight || !h.headroom(s, k, id) {
+		s.fleet.records[rec].ShadowSkipped++
+		return false
+	}
+	h.serial++
+	sid := fmt.Sprintf("%s%s/%d", ShadowIDPrefix, r.ID, h.serial)
+	req := router.Request{ID: sid, Hashes: r.Hashes, Tokens: r.PromptTokens, ExpectedOutputTokens: 1}
+	d, err := routeTo(s, k, id, req)
+	if err != nil {
+		s.fleet.records[rec].ShadowSkipped++
+		return false
+	}
+	s.announce(k, syncMsg{kind: syncBook, booking: router.Booking{
+		ID: sid, Origin: fmt.Sprint(k), Worker: d.Worker, Hashes: d.ActiveHashes,
+		PrefillTokens: max(r.PromptTokens-d.Overlap*s.w.BlockSize, 0),
+	}})
+	if err := s.engines[target].Submit(s.now, engine.Request{ID: sid, NumTokens: r.PromptTokens, BlockHashes: r.Hashes, OutputTokens: 1}); err != nil {
+		s.rts[k].Free(sid)
+		s.announce(k, syncMsg{kind: syncFree, id: sid})
+		s.fleet.records[rec].ShadowSkipped++
+		return false
+	}
+	s.dirty[target] = true
+	h.jobs[sid] = shadowJob{turn: i, k: k, worker: target, key: key, rec: rec, prompt: r.PromptTokens}
+	h.inflight[target]++
+	if key >= 0 {
+		h.bySess[key] = true
+	}
+	er := &s.fleet.records[rec]
+	er.Shadows++
+	er.ShadowPromptTokens += int64(r.PromptTokens)
+	return true
+}
+
+// handle takes an engine output of a shadow; false when o is not one.
+func (h *shadowState) handle(s *state, o engine.Output) bool {
+	if !strings.HasPrefix(o.RequestID, ShadowIDPrefix) {
+		return false
+	}
+	j, ok := h.jobs[o.RequestID]
+	if !ok {
+		return true
+	}
+	rt := s.rts[j.k]
+	switch o.Kind {
+	case engine.FirstToken:
+		computed := max(j.prompt-o.CachedTokens, 0)
+		er := &s.fleet.records[j.rec]
+		er.ShadowPrefillTokens += int64(computed)
+		e := s.engines[j.worker]
+		er.ShadowPrefillTime += msToDuration(e.Profile().PrefillMs(computed), e.Config().Speedup)
+		rt.PrefillDoneAt(o.RequestID, epoch.Add(s.now))
+		s.announce(j.k, syncMsg{kind: syncPrefillDone, id: o.RequestID})
+	case engine.Finished:
+		rt.FinishedAt(o.RequestID, o.OutputTokens, epoch.Add(s.now))
+		s.announce(j.k, syncMsg{kind: syncFree, id: o.RequestID})
+		h.end(s, o.RequestID, j)
+		if j.key >= 0 {
+			// The copy is there: the session's next turn goes there.
+			s.aff.bind(s, j.k, j.key, s.ids[j.worker])
+			s.fleet.records[j.rec].ShadowRebinds++
+		}
+	}
+	return true
+}
+
+// end forgets a shadow.
+func (h *shadowState) end(s *state, sid string, j shadowJob) {
+	delete(h.jobs, sid)
+	h.inflight[j.worker]--
+	if j.key >= 0 {
+		delete(h.bySess, j.key)
+	}
+}
+
+// left forgets the shadows running on worker wi, which left with them
+// (their sessions stay where they are bound).
+func (h *shadowState) left(s *state, wi int) {
+	for sid, j := range h.jobs {
+		if j.worker == wi {
+			s.rts[j.k].Free(sid)
+			s.announce(j.k, syncMsg{kind: syncFree, id: sid})
+			h.end(s, sid, j)
+		}
+	}
+}
+
+// msToDuration is ms of step time divided by the engine's speedup.
+func msToDuration(ms, speedup float64) time.Duration {
+	return time.Duration(ms / speedup * float64(time.Millisecond))
+}
+
+// drainTurn routes request i, a turn of the session bound (key) to
+// worker bound, which drains with shadows: the turn goes there, and a
+// shadow of it to the session's new worker; when none can be sent the
+// turn moves there at once. ok false: the draining worker refused it.
+func (h *shadowState) drainTurn(s *state, k, i, key int, bound router.WorkerID, req router.Request) (router.Decision, bool) {
+	rec := s.fleet.drainRecord(s.byWorker[bound])
+	if h.bySess[key] {
+		// A copy of an earlier turn is on its way: this turn stays.
+		d, err := routeTo(s, k, bound, req)
+		return d, err == nil
+	}
+	target, ok := s.aff.bestHolder(s, req.Hashes)
+	if !ok {
+		probe := req
+		probe.Exclude = s.fleet.keepingIDs(s)
+		d, err := s.rts[k].Decide(probe, epoch.Add(s.now))
+		if err != nil {
+			d, err := routeTo(s, k, bound, req)
+			return d, err == nil
+		}
+		target = d.Worker
+	}
+	if rec >= 0 && h.send(s, k, i, s.byWorker[target], key, rec) {
+		d, err := routeTo(s, k, bound, req)
+		return d, err == nil
+	}
+	// No room for a copy: move now, as a plain drain does.
+	if d, err := routeTo(s, k, target, req); err == nil {
+		s.aff.bind(s, k, key, target)
+		return d, true
+	}
+	d, err := routeTo(s, k, bound, req)
+	return d, err == nil
+}
+
+// shadowWarm sends, while worker w.worker warms (Config.ShadowWarmUp), a
+// shadow of request i to it when its prefix is duplicated (two workers
+// or more hold some of it) and it holds less of it than the best holder,
+// the prefix was not copied there already, and the fleet and the worker
+// have headroom. d is router k's decision for the request.
+func (w *warmState) shadowWarm(s *state, k, i int, d router.Decision) {
+	h := &s.shadow
+	id := s.ids[w.worker]
+	holders, best, mine := 0, 0, 0
+	for _, row := range d.Rows {
+		if row.Overlap > 0 {
+			holders++
+		}
+		best = max(best, row.Overlap)
+		if row.Worker == id {
+			mine = row.Overlap
+		}
+	}
+	if holders < 2 || mine >= best || d.Worker == id {
+		return
+	}
+	hashes := s.w.Requests[i].Hashes
+	key := hashes[best-1] // the prefix the holders have
+	if h.copied[key] {
+		return
+	}
+	rt := s.rts[k]
+	if warmup.Utilization(rt.Config().Thresholds, rt.Workers(), rt.Load().Load) >= h.policy.Headroom {
+		return
+	}
+	if h.send(s, k, i, w.worker, -1, w.rec) {
+		h.copied[key] = true
+	}
+}
