@@ -27,8 +27,9 @@ type fleetOptions struct {
 	// WarmUpShare is --warmup-share (0: off).
 	WarmUpShare float64
 	// WarmUpShadow is --warmup-shadow; ShadowInflight --shadow-inflight.
-	WarmUpShadow   bool
-	ShadowInflight int
+	WarmUpShadow     bool
+	ShadowInflight   int
+	ShadowMinHolders int
 }
 
 // Limits of --remove-worker-at and --add-worker-at.
@@ -45,6 +46,7 @@ func (o *fleetOptions) register(fs *flag.FlagSet) {
 	fs.Float64Var(&o.WarmUpShare, "warmup-share", 0, "with --add-worker-at: send this share (0..1] of new and duplicated prefixes to the added worker on purpose while the fleet is under 0.8 of its busy thresholds, until its hit rate reaches the fleet's (internal/warmup, the rule of kvrouter's --router-warmup-share); 0 = off")
 	fs.BoolVar(&o.WarmUpShadow, "warmup-shadow", false, "with --add-worker-at: warm the added worker by shadow prefills (prefill-only copies of requests, never seen by clients) of the duplicated prefixes it lacks, while the fleet and it are under 0.8 of their busy thresholds, until its hit rate reaches the fleet's; not with --warmup-share")
 	fs.IntVar(&o.ShadowInflight, "shadow-inflight", sim.DefaultShadowInflight, "the most shadow prefills (drain-shadow, --warmup-shadow) running on one worker at once")
+	fs.IntVar(&o.ShadowMinHolders, "shadow-min-holders", sim.DefaultShadowMinHolders, "--warmup-shadow copies a request's prefix when at least this many workers hold some of it (1: every prefix held somewhere; 2: only duplicated ones)")
 	fs.DurationVar(&o.Window, "event-window", 10*time.Second, "fleet events: width of the windows the dip is measured in (by send time; the steady state is the window before the event)")
 	fs.DurationVar(&o.Horizon, "event-horizon", 5*time.Minute, "fleet events: how long after an event cached tokens lost are counted and windows judged")
 	fs.Float64Var(&o.Tolerance, "event-tolerance", 0.02, "fleet events: a window's cached-token ratio this close below the same window without the event counts as recovered (a new worker's this close below the steady state, as warm)")
@@ -94,6 +96,9 @@ func (o *fleetOptions) check(so *simOptions) error {
 	}
 	if o.ShadowInflight < 1 || o.ShadowInflight > 1<<16 {
 		return cli.Usagef("--shadow-inflight %d: want 1 to %d", o.ShadowInflight, 1<<16)
+	}
+	if o.ShadowMinHolders < 1 || o.ShadowMinHolders > 1<<10 {
+		return cli.Usagef("--shadow-min-holders %d: want 1 to %d", o.ShadowMinHolders, 1<<10)
 	}
 	if o.WarmUpShadow && (len(o.Add) == 0 || o.WarmUpShare != 0) {
 		return cli.Usagef("--warmup-shadow warms an added worker instead of --warmup-share: give --add-worker-at and no --warmup-share")
@@ -170,8 +175,9 @@ type fleetCfg struct {
 	WarmUpShare float64 `json:"warmup_share,omitempty"`
 	// WarmUpShadow is --warmup-shadow (absent: off); ShadowInflight
 	// --shadow-inflight (with drain-shadow or --warmup-shadow).
-	WarmUpShadow   bool `json:"warmup_shadow,omitempty"`
-	ShadowInflight int  `json:"shadow_inflight,omitempty"`
+	WarmUpShadow     bool `json:"warmup_shadow,omitempty"`
+	ShadowInflight   int  `json:"shadow_inflight,omitempty"`
+	ShadowMinHolders int  `json:"shadow_min_holders,omitempty"`
 }
 
 func (o *fleetOptions) config() *fleetCfg {
@@ -191,6 +197,9 @@ func (o *fleetOptions) config() *fleetCfg {
 	c.WarmUpShadow = o.WarmUpShadow
 	if o.WarmUpShadow || (len(o.Remove) > 0 && o.Mode == string(sim.EventDrainShadow)) {
 		c.ShadowInflight = o.ShadowInflight
+	}
+	if o.WarmUpShadow {
+		c.ShadowMinHolders = o.ShadowMinHolders
 	}
 	return c
 }

@@ -118,7 +118,11 @@ type EventRecord struct {
 	// when their copy ended; the prompt tokens the copies carried, those
 	// their engines computed, and that prefill's time as steps of their
 	// own (an upper bound: batched with other work it costs less).
-	Shadows, ShadowSkipped, ShadowRebinds   int
+	Shadows, ShadowSkipped, ShadowRebinds int
+	// ShadowRedirects (shadow warm-up): requests routed to the warming
+	// worker without its prefix that went to the best holder instead,
+	// their copy sent to the warming worker.
+	ShadowRedirects                         int
 	ShadowPromptTokens, ShadowPrefillTokens int64
 	ShadowPrefillTime                       time.Duration
 }

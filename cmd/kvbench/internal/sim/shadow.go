@@ -50,12 +50,17 @@ type ShadowPolicy struct {
 	Headroom float64
 	// Inflight is the most shadows running on one worker at once.
 	Inflight int
+	// MinHolders (shadow warm-up) is how many workers must hold some of
+	// a request's prefix for it to be copied: 1 (the default) copies every
+	// prefix held somewhere, 2 only the duplicated (hot) ones.
+	MinHolders int
 }
 
 // Defaults of ShadowPolicy.
 const (
-	DefaultShadowHeadroom = warmup.DefaultHeadroom
-	DefaultShadowInflight = 8
+	DefaultShadowHeadroom   = warmup.DefaultHeadroom
+	DefaultShadowInflight   = 8
+	DefaultShadowMinHolders = 1
 )
 
 func (p ShadowPolicy) withDefaults() ShadowPolicy {
@@ -65,12 +70,15 @@ func (p ShadowPolicy) withDefaults() ShadowPolicy {
 	if p.Inflight == 0 {
 		p.Inflight = DefaultShadowInflight
 	}
+	if p.MinHolders == 0 {
+		p.MinHolders = DefaultShadowMinHolders
+	}
 	return p
 }
 
 func (p ShadowPolicy) check() error {
-	if p.Headroom < 0 || p.Inflight < 0 {
-		return fmt.Errorf("shadow headroom %v, inflight %d: must not be negative: %w", p.Headroom, p.Inflight, ErrConfig)
+	if p.Headroom < 0 || p.Inflight < 0 || p.MinHolders < 0 {
+		return fmt.Errorf("shadow headroom %v, inflight %d, min holders %d: must not be negative: %w", p.Headroom, p.Inflight, p.MinHolders, ErrConfig)
 	}
 	return nil
 }
@@ -251,37 +259,52 @@ func (h *shadowState) drainTurn(s *state, k, i, key int, bound router.WorkerID, 
 	return d, err == nil
 }
 
-// shadowWarm sends, while worker w.worker warms (Config.ShadowWarmUp), a
-// shadow of request i to it when its prefix is duplicated (two workers
-// or more hold some of it) and it holds less of it than the best holder,
-// the prefix was not copied there already, and the fleet and the worker
-// have headroom. d is router k's decision for the request.
-func (w *warmState) shadowWarm(s *state, k, i int, d router.Decision) {
+// shadowWarm applies the shadow warm-up to router k's decision d for
+// request i while worker w.worker warms (Config.ShadowWarmUp): when the
+// request's prefix is held somewhere and the warming worker holds less of
+// it than the best holder, a shadow of the request copies it there (once
+// per prefix, while the fleet and the worker have headroom); and when d
+// sent the request to the warming worker all the same (it is the least
+// loaded), the request goes to the best holder instead if that one is not
+// busy, so the client hits and the copy pays for the warming worker's
+// cache. The decision the request goes by is returned.
+func (w *warmState) shadowWarm(s *state, k, i int, req router.Request, d router.Decision) router.Decision {
 	h := &s.shadow
 	id := s.ids[w.worker]
 	holders, best, mine := 0, 0, 0
+	var holder router.WorkerCost
 	for _, row := range d.Rows {
 		if row.Overlap > 0 {
 			holders++
 		}
-		best = max(best, row.Overlap)
+		if row.Worker != id && row.Overlap > best {
+			best, holder = row.Overlap, row
+		}
 		if row.Worker == id {
 			mine = row.Overlap
 		}
 	}
-	if holders < 2 || mine >= best || d.Worker == id {
-		return
+	if holders < h.policy.MinHolders || mine >= best {
+		return d
 	}
 	hashes := s.w.Requests[i].Hashes
 	key := hashes[best-1] // the prefix the holders have
-	if h.copied[key] {
-		return
-	}
 	rt := s.rts[k]
-	if warmup.Utilization(rt.Config().Thresholds, rt.Workers(), rt.Load().Load) >= h.policy.Headroom {
-		return
-	}
-	if h.send(s, k, i, w.worker, -1, w.rec) {
+	if !h.copied[key] && w.copyRoom(s) && warmup.Utilization(rt.Config().Thresholds, rt.Workers(), rt.Load().Load) < h.policy.Headroom &&
+		h.send(s, k, i, w.worker, -1, w.rec) {
 		h.copied[key] = true
 	}
+	if d.Worker != id || holder.Busy {
+		return d
+	}
+	rt.Free(req.ID)
+	if d2, err := routeTo(s, k, holder.Worker, req); err == nil {
+		s.fleet.records[w.rec].ShadowRedirects++
+		return d2
+	}
+	d2, err := routeTo(s, k, id, req)
+	if err != nil {
+		return d // cannot happen: it took it a moment ago
+	}
+	return d2
 }
