@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/internal/fleetplan"
 	"github.com/kvrouter/kvrouter/router"
 )
@@ -189,10 +190,11 @@ type fleetState struct {
 	// keeping: a drain-sessions worker: still a router candidate (bound
 	// turns go there), excluded from every other decision.
 	keeping  []bool
-	inflight []int       // requests submitted to the worker and not finished
-	resent   []bool      // per request: re-sent after its worker was removed
-	lastTurn map[int]int // session → its latest turn routed
-	nextSlot int         // the slot the next add takes
+	inflight []int          // requests submitted to the worker and not finished
+	resent   []bool         // per request: re-sent after its worker was removed
+	lastTurn map[int]int    // session → its latest turn routed
+	nextSlot int            // the slot the next add takes
+	stats    []engine.Stats // per worker: its engine's totals when it left
 	rng      *rand.Rand
 	ids      []router.WorkerID // scratch: routable ids
 }
@@ -204,6 +206,7 @@ func (f *fleetState) init(s *state, n int) {
 	f.draining = make([]bool, n)
 	f.keeping = make([]bool, n)
 	f.inflight = make([]int, n)
+	f.stats = make([]engine.Stats, n)
 	f.resent = make([]bool, len(s.w.Requests))
 	for i := range s.cfg.Workers {
 		f.present[i] = true
@@ -353,6 +356,7 @@ func (f *fleetState) remove(s *state, wi int) int {
 // leave drops worker wi: its engine, its index entries, its candidacy.
 func (f *fleetState) leave(s *state, wi int) {
 	f.gone[wi] = true
+	f.stats[wi] = s.engines[wi].Stats()
 	s.engines[wi] = nil
 	s.busy[wi], s.dirty[wi] = false, false
 	s.index.RemoveWorker(s.ids[wi])

@@ -118,6 +118,10 @@ type Result struct {
 	Events []EventRecord
 	// Workers are the worker ids by index, added workers included.
 	Workers []router.WorkerID
+	// Engines are each worker's engine totals at the end, or when it left
+	// (zero for a worker never added): what the engines computed, shadow
+	// prefills (shadow.go) included.
+	Engines []engine.Stats
 }
 
 // usesIndex reports whether a mode reads the event-fed index. Modes this
@@ -606,6 +610,12 @@ func (s *state) finish() *Result {
 		EventsDelivered: s.delivered,
 		Events:          s.fleet.records,
 		Workers:         s.ids,
+		Engines:         s.fleet.stats,
+	}
+	for i, e := range s.engines {
+		if e != nil {
+			res.Engines[i] = e.Stats()
+		}
 	}
 	for i := range s.res {
 		rr := &s.res[i]
