@@ -108,7 +108,11 @@ func (s *Server) routeAndBook(ctx context.Context, p *prepared) (d router.Decisi
 		// warmup.go: a joining worker's share, on purpose; not for a
 		// session's turn, whose worker the binding decided (a first turn
 		// is bound to the pick before this point)
-		d, err = s.warmUp(p, d, now)
+		if s.shadow != nil {
+			d, err = s.shadowWarm(p, d, now) // shadow.go: copies instead of steering
+		} else {
+			d, err = s.warmUp(p, d, now)
+		}
 	}
 	p.settled() // booked in the load view by Route, or never to be
 	p.attempts++

@@ -244,6 +244,15 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 			c.WarmUpShare = f
 			return nil
 		}},
+		{names: []string{"router-warmup-shadow"}, env: []string{"KVROUTER_ROUTER_WARMUP_SHADOW"}, usage: "warm up joining workers by shadow prefills instead of steering requests (wins over --router-warmup-share): a prefill-only copy (max_tokens 1, not streamed, answer thrown away, never seen by the client) of each request whose prefix another worker holds and the joining worker lacks, once per prefix, while the fleet is under 0.8 of its busy thresholds; a request routed to the joining worker without its prefix goes to the holder instead (off by default)", set: boolp(&c.WarmUpShadow), bool: true},
+		{names: []string{"router-shadow-inflight"}, env: []string{"KVROUTER_ROUTER_SHADOW_INFLIGHT"}, def: "8", usage: "the most shadow prefills (--router-warmup-shadow) this replica runs at once; a copy that finds none free is not sent", set: func(v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 1024 {
+				return fmt.Errorf("--router-shadow-inflight must be an integer in [1, 1024], got %q", v)
+			}
+			c.ShadowInflight = n
+			return nil
+		}},
 		{names: []string{"capture-file"}, env: []string{"KVROUTER_CAPTURE_FILE"}, usage: "capture answered requests as a Mooncake-format trace in this JSON-lines file (block hashes and lengths, no text; kvbench sim --trace replays it, kvbench tune sweeps settings on it), rotated by size (3 old files kept)", set: str(&c.CaptureFile)},
 		{names: []string{"pprof-addr"}, env: []string{"KVROUTER_PPROF_ADDR"}, usage: "serve Go's profiler (/debug/pprof/) on this loopback address, unauthenticated, for measuring a replica live (off when empty; an address off loopback is refused)", set: func(v string) error {
 			if v != "" && !netaddr.LoopbackListen(v) {
