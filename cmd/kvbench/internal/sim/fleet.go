@@ -396,24 +396,15 @@ func (f *fleetState) sessionsToCome(s *state, wi int) bool {
 	return false
 }
 
-// boundToCome reports whether a session still bound to worker wi (in
-// any router's table) has a turn to come after its latest one.
+// boundToCome reports whether a session whose latest turn ran on worker
+// wi, with a turn still to come, has not moved away by its copy (shadow.go).
 func (f *fleetState) boundToCome(s *state, wi int) bool {
 	if s.cfg.Affinity.Mode == AffinityOff {
 		return false
 	}
 	for sess, last := range f.lastTurn {
-		if s.w.Requests[last].NextTurn < 0 {
-			continue
-		}
-		key := sess
-		if s.w.SessionRoot != nil {
-			key = s.w.SessionRoot[sess]
-		}
-		for k := range s.aff.tables {
-			if w, ok := s.aff.tables[k][key]; ok && w == s.ids[wi] {
-				return true
-			}
+		if _, moved := s.shadow.moved[sess]; !moved && s.res[last].Worker == wi && s.w.Requests[last].NextTurn >= 0 {
+			return true
 		}
 	}
 	return false

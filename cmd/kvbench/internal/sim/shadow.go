@@ -92,7 +92,7 @@ type shadowJob struct {
 	turn   int // the request copied
 	k      int // the router that booked it
 	worker int // where it runs
-	key    int // the session to rebind when it ends; -1: none
+	sess   int // the session that moves when it ends; -1: none
 	rec    int // the event it counts under
 	prompt int
 }
@@ -102,9 +102,12 @@ type shadowState struct {
 	policy   ShadowPolicy
 	jobs     map[string]shadowJob
 	inflight []int        // per worker
-	bySess   map[int]bool // session keys with a shadow running
-	copied   map[uint64]bool
-	serial   int
+	bySess   map[int]bool // sessions with a shadow running
+	// moved: sessions of a draining worker whose copy ended, and the
+	// worker they moved to (their turns go there from now on).
+	moved  map[int]int
+	copied map[uint64]bool
+	serial int
 }
 
 func (h *shadowState) init(s *state, n int) {
@@ -112,6 +115,7 @@ func (h *shadowState) init(s *state, n int) {
 	h.jobs = map[string]shadowJob{}
 	h.inflight = make([]int, n)
 	h.bySess = map[int]bool{}
+	h.moved = map[int]int{}
 	h.copied = map[uint64]bool{}
 }
 
@@ -129,7 +133,7 @@ func (h *shadowState) headroom(s *state, k int, w router.WorkerID) bool {
 
 // send copies request i to worker target through router k; false when the
 // target has no room for it (nothing sent, the skip counted).
-func (h *shadowState) send(s *state, k, i, target, key, rec int) bool {
+func (h *shadowState) send(s *state, k, i, target, sess, rec int) bool {
 	id := s.ids[target]
 	r := &s.w.Requests[i]
 	if !s.fleet.routable(target) || h.inflight[target] >= h.policy.Inflight || !h.headroom(s, k, id) {
@@ -155,10 +159,10 @@ func (h *shadowState) send(s *state, k, i, target, key, rec int) bool {
 		return false
 	}
 	s.dirty[target] = true
-	h.jobs[sid] = shadowJob{turn: i, k: k, worker: target, key: key, rec: rec, prompt: r.PromptTokens}
+	h.jobs[sid] = shadowJob{turn: i, k: k, worker: target, sess: sess, rec: rec, prompt: r.PromptTokens}
 	h.inflight[target]++
-	if key >= 0 {
-		h.bySess[key] = true
+	if sess >= 0 {
+		h.bySess[sess] = true
 	}
 	er := &s.fleet.records[rec]
 	er.Shadows++
@@ -189,9 +193,9 @@ func (h *shadowState) handle(s *state, o engine.Output) bool {
 		rt.FinishedAt(o.RequestID, o.OutputTokens, epoch.Add(s.now))
 		s.announce(j.k, syncMsg{kind: syncFree, id: o.RequestID})
 		h.end(s, o.RequestID, j)
-		if j.key >= 0 {
+		if j.sess >= 0 {
 			// The copy is there: the session's next turn goes there.
-			s.aff.bind(s, j.k, j.key, s.ids[j.worker])
+			h.moved[j.sess] = j.worker
 			s.fleet.records[j.rec].ShadowRebinds++
 		}
 	}
@@ -202,8 +206,8 @@ func (h *shadowState) handle(s *state, o engine.Output) bool {
 func (h *shadowState) end(s *state, sid string, j shadowJob) {
 	delete(h.jobs, sid)
 	h.inflight[j.worker]--
-	if j.key >= 0 {
-		delete(h.bySess, j.key)
+	if j.sess >= 0 {
+		delete(h.bySess, j.sess)
 	}
 }
 
@@ -224,16 +228,29 @@ func msToDuration(ms, speedup float64) time.Duration {
 	return time.Duration(ms / speedup * float64(time.Millisecond))
 }
 
-// drainTurn routes request i, a turn of the session bound (key) to
-// worker bound, which drains with shadows: the turn goes there, and a
-// shadow of it to the session's new worker; when none can be sent the
-// turn moves there at once. ok false: the draining worker refused it.
-func (h *shadowState) drainTurn(s *state, k, i, key int, bound router.WorkerID, req router.Request) (router.Decision, bool) {
-	rec := s.fleet.drainRecord(s.byWorker[bound])
-	if h.bySess[key] {
-		// A copy of an earlier turn is on its way: this turn stays.
+// drainTurn routes request i, a turn of a session bound to worker bound,
+// which drains with shadows. Sessions move one by one (subagents share
+// their top-level session's binding, but each has its own context): a
+// session whose copy is on its new worker goes there; one whose copy is
+// on its way stays; any other stays too, and a copy of this turn goes to
+// its new worker (the holder of most of its prefix, else the policy's
+// pick) — or, with no room for a copy, it moves there at once, as a plain
+// drain moves it. The binding itself is left to the draining worker: when
+// it leaves, the sessions rebind to the holder of their prefix, their
+// copy's worker. ok false: no worker took the turn.
+func (h *shadowState) drainTurn(s *state, k, i int, bound router.WorkerID, req router.Request) (router.Decision, bool) {
+	sess := s.w.Requests[i].Session
+	stay := func() (router.Decision, bool) {
 		d, err := routeTo(s, k, bound, req)
 		return d, err == nil
+	}
+	if to, ok := h.moved[sess]; ok && s.fleet.routable(to) {
+		if d, err := routeTo(s, k, s.ids[to], req); err == nil {
+			return d, true
+		}
+	}
+	if h.bySess[sess] {
+		return stay()
 	}
 	target, ok := s.aff.bestHolder(s, req.Hashes)
 	if !ok {
@@ -241,22 +258,20 @@ func (h *shadowState) drainTurn(s *state, k, i, key int, bound router.WorkerID, 
 		probe.Exclude = s.fleet.keepingIDs(s)
 		d, err := s.rts[k].Decide(probe, epoch.Add(s.now))
 		if err != nil {
-			d, err := routeTo(s, k, bound, req)
-			return d, err == nil
+			return stay()
 		}
 		target = d.Worker
 	}
-	if rec >= 0 && h.send(s, k, i, s.byWorker[target], key, rec) {
-		d, err := routeTo(s, k, bound, req)
-		return d, err == nil
+	rec := s.fleet.drainRecord(s.byWorker[bound])
+	if rec >= 0 && h.send(s, k, i, s.byWorker[target], sess, rec) {
+		return stay()
 	}
 	// No room for a copy: move now, as a plain drain does.
 	if d, err := routeTo(s, k, target, req); err == nil {
-		s.aff.bind(s, k, key, target)
+		h.moved[sess] = s.byWorker[target]
 		return d, true
 	}
-	d, err := routeTo(s, k, bound, req)
-	return d, err == nil
+	return stay()
 }
 
 // shadowWarm applies the shadow warm-up to router k's decision d for
