@@ -30,6 +30,7 @@ type fleetOptions struct {
 	WarmUpShadow     bool
 	ShadowInflight   int
 	ShadowMinHolders int
+	ShadowEager      bool
 }
 
 // Limits of --remove-worker-at and --add-worker-at.
@@ -47,6 +48,7 @@ func (o *fleetOptions) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.WarmUpShadow, "warmup-shadow", false, "with --add-worker-at: warm the added worker by shadow prefills (prefill-only copies of requests, never seen by clients) of the duplicated prefixes it lacks, while the fleet and it are under 0.8 of their busy thresholds, until its hit rate reaches the fleet's; not with --warmup-share")
 	fs.IntVar(&o.ShadowInflight, "shadow-inflight", sim.DefaultShadowInflight, "the most shadow prefills (drain-shadow, --warmup-shadow) running on one worker at once")
 	fs.IntVar(&o.ShadowMinHolders, "shadow-min-holders", sim.DefaultShadowMinHolders, "--warmup-shadow copies a request's prefix when at least this many workers hold some of it (1: every prefix held somewhere; 2: only duplicated ones)")
+	fs.BoolVar(&o.ShadowEager, "shadow-eager", false, "with --remove-mode drain-shadow: copy, at the drain, the latest turn of every session that ran on the worker instead of waiting for each session's next turn (the worker can leave about one turn later; a router must keep each bound session's latest request)")
 	fs.DurationVar(&o.Window, "event-window", 10*time.Second, "fleet events: width of the windows the dip is measured in (by send time; the steady state is the window before the event)")
 	fs.DurationVar(&o.Horizon, "event-horizon", 5*time.Minute, "fleet events: how long after an event cached tokens lost are counted and windows judged")
 	fs.Float64Var(&o.Tolerance, "event-tolerance", 0.02, "fleet events: a window's cached-token ratio this close below the same window without the event counts as recovered (a new worker's this close below the steady state, as warm)")
@@ -96,6 +98,9 @@ func (o *fleetOptions) check(so *simOptions) error {
 	}
 	if o.ShadowInflight < 1 || o.ShadowInflight > 1<<16 {
 		return cli.Usagef("--shadow-inflight %d: want 1 to %d", o.ShadowInflight, 1<<16)
+	}
+	if o.ShadowEager && (len(o.Remove) == 0 || o.Mode != string(sim.EventDrainShadow)) {
+		return cli.Usagef("--shadow-eager copies a drain-shadow's sessions at the drain: give --remove-worker-at with --remove-mode drain-shadow")
 	}
 	if o.ShadowMinHolders < 1 || o.ShadowMinHolders > 1<<10 {
 		return cli.Usagef("--shadow-min-holders %d: want 1 to %d", o.ShadowMinHolders, 1<<10)
@@ -178,6 +183,7 @@ type fleetCfg struct {
 	WarmUpShadow     bool `json:"warmup_shadow,omitempty"`
 	ShadowInflight   int  `json:"shadow_inflight,omitempty"`
 	ShadowMinHolders int  `json:"shadow_min_holders,omitempty"`
+	ShadowEager      bool `json:"shadow_eager,omitempty"`
 }
 
 func (o *fleetOptions) config() *fleetCfg {
@@ -201,5 +207,6 @@ func (o *fleetOptions) config() *fleetCfg {
 	if o.WarmUpShadow {
 		c.ShadowMinHolders = o.ShadowMinHolders
 	}
+	c.ShadowEager = o.ShadowEager
 	return c
 }

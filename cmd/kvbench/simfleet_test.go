@@ -31,6 +31,7 @@ func TestSimSessionAndFleetFlagValidation(t *testing.T) {
 		{"--remove-worker-at", "1s", "--remove-mode", "drain-sessions"},
 		{"--remove-worker-at", "1s", "--remove-mode", "drain-shadow", "--shadow-inflight", "2"},
 		{"--add-worker-at", "1m", "--warmup-shadow", "--shadow-min-holders", "2"},
+		{"--remove-worker-at", "1s", "--remove-mode", "drain-shadow", "--shadow-eager"},
 	}
 	for _, args := range good {
 		if _, err := parseSimFlags(args, io.Discard); err != nil {
@@ -72,6 +73,7 @@ func TestSimSessionAndFleetFlagValidation(t *testing.T) {
 		"both warm-ups":                 {"--add-worker-at", "1m", "--warmup-shadow", "--warmup-share", "0.3"},
 		"no shadow slot":                {"--remove-worker-at", "1s", "--remove-mode", "drain-shadow", "--shadow-inflight", "0"},
 		"min holders 0":                 {"--add-worker-at", "1m", "--warmup-shadow", "--shadow-min-holders", "0"},
+		"eager without drain-shadow":    {"--remove-worker-at", "1s", "--remove-mode", "drain", "--shadow-eager"},
 	}
 	for name, args := range bad {
 		_, err := parseSimFlags(args, io.Discard)

@@ -133,7 +133,7 @@ func (a *affinityState) route(s *state, k, i int, req router.Request) (router.De
 			}
 		}
 		// A session a drain-shadow moved goes where its copy went.
-		if to, moved := s.shadow.moved[s.w.Requests[i].Session]; moved && s.fleet.routable(to) {
+		if to, moved := s.shadow.movedTo(s, i); moved && s.fleet.routable(to) {
 			if d, err := routeTo(s, k, s.ids[to], req); err == nil {
 				a.bind(s, k, key, s.ids[to])
 				return d, nil

@@ -276,6 +276,9 @@ func (f *fleetState) due(s *state, t time.Duration) {
 			}
 		}
 		f.records = append(f.records, rec)
+		if e.Kind == EventDrainShadow && rec.Worker >= 0 && s.shadow.policy.Eager {
+			s.shadow.copyAll(s, len(f.records)-1)
+		}
 	}
 }
 

@@ -54,6 +54,12 @@ type ShadowPolicy struct {
 	// a request's prefix for it to be copied: 1 (the default) copies every
 	// prefix held somewhere, 2 only the duplicated (hot) ones.
 	MinHolders int
+	// Eager (drain-shadow) copies, at the drain, the latest turn of every
+	// session that ran on the worker (its prompt is what the worker holds
+	// for the session's next turn), instead of waiting for each session's
+	// next turn: the worker can leave about one turn after the drain. The
+	// router must keep each bound session's latest request to do this.
+	Eager bool
 }
 
 // Defaults of ShadowPolicy.
@@ -253,6 +259,11 @@ func (h *shadowState) drainTurn(s *state, k, i int, bound router.WorkerID, req r
 		return stay()
 	}
 	target, ok := s.aff.bestHolder(s, req.Hashes)
+	if to, moved := h.moved[s.sessionKey(i)]; !ok && moved && s.fleet.routable(to) {
+		// No index to ask (a cache-blind policy): a subagent's context
+		// starts with its top-level session's, which moved there.
+		target, ok = s.ids[to], true
+	}
 	if !ok {
 		probe := req
 		probe.Exclude = s.fleet.keepingIDs(s)
@@ -272,6 +283,40 @@ func (h *shadowState) drainTurn(s *state, k, i int, bound router.WorkerID, req r
 		return d, true
 	}
 	return stay()
+}
+
+// movedTo is where request i's session moved by its copy, or, for a
+// session without a copy of its own, its top-level session (a subagent's
+// context starts with its parent's); false when neither moved.
+func (h *shadowState) movedTo(s *state, i int) (int, bool) {
+	if to, ok := h.moved[s.w.Requests[i].Session]; ok {
+		return to, true
+	}
+	to, ok := h.moved[s.sessionKey(i)]
+	return to, ok
+}
+
+// copyAll (ShadowPolicy.Eager) copies, at the drain recorded at rec, the
+// latest turn of each session whose latest turn ran on the drained worker
+// to the session's new worker (as drainTurn picks it).
+func (h *shadowState) copyAll(s *state, rec int) {
+	for _, sess := range s.fleet.records[rec].Sessions {
+		i := s.fleet.lastTurn[sess]
+		if h.bySess[sess] {
+			continue
+		}
+		hashes := s.w.Requests[i].Hashes
+		target, ok := s.aff.bestHolder(s, hashes)
+		if !ok {
+			probe := router.Request{ID: s.w.Requests[i].ID, Hashes: hashes, Tokens: s.w.Requests[i].PromptTokens, Exclude: s.fleet.keepingIDs(s)}
+			d, err := s.rts[0].Decide(probe, epoch.Add(s.now))
+			if err != nil {
+				continue
+			}
+			target = d.Worker
+		}
+		h.send(s, s.owner[i], i, s.byWorker[target], sess, rec)
+	}
 }
 
 // shadowWarm applies the shadow warm-up to router k's decision d for

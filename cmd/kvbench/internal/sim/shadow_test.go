@@ -77,6 +77,18 @@ func TestSimDrainShadowKeepsSessions(t *testing.T) {
 	if sub, _ := engineTotals(plain.res); sub != uint64(len(w.Requests)) {
 		t.Fatalf("a plain drain's engines took %d requests for %d", sub, len(w.Requests))
 	}
+	// Eager: every session copied at the drain; the worker leaves no
+	// later, and the sessions keep their cache all the same.
+	cfg.Events = []FleetEvent{{At: 2 * time.Second, Kind: EventDrainShadow, Chooser: ChooserRandom}}
+	cfg.Shadow.Eager = true
+	eager, sum := run(t, w, cfg)
+	fe := MeasureEvents(w, eager, base, o)[0]
+	t.Logf("drain-shadow, eager: kept %.3f, left after %v, %d copies", fe.SessionsKept.Value, eager.Events[0].Left-eager.Events[0].At, eager.Events[0].Shadows)
+	if sum.Errors != 0 || eager.Events[0].Left < 0 || eager.Events[0].Left > rec.Left || !fe.SessionsKept.Valid || fe.SessionsKept.Value < 0.95 ||
+		eager.Events[0].Shadows < len(eager.Events[0].Sessions) {
+		t.Fatalf("eager: %d errors, left at %v (at the next turn: %v), kept %+v, %d copies for %d sessions", sum.Errors, eager.Events[0].Left, rec.Left,
+			fe.SessionsKept, eager.Events[0].Shadows, len(eager.Events[0].Sessions))
+	}
 	// No client request ran on the draining worker but its bound sessions'.
 	bound := map[int]bool{}
 	for _, sess := range rec.Sessions {
