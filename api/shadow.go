@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -167,12 +168,15 @@ func (s *Server) shadowWarm(p *prepared, d router.Decision, now time.Time) (rout
 	w, sh := s.warm, s.shadow
 	ws := p.rt.Workers()
 	target, ok := w.target(p.model, ws, w.clock())
-	if !ok {
-		return d, nil
+	if !ok || slices.Contains(p.req.Exclude, target) {
+		return d, nil // none warming, or not one this request may use (a LoRA adapter, a failed attempt)
 	}
 	var holder router.WorkerCost
 	var mine *router.WorkerCost
 	for i, r := range d.Rows {
+		if slices.Contains(p.req.Exclude, r.Worker) {
+			continue
+		}
 		if r.Worker == target {
 			mine = &d.Rows[i]
 		} else if r.Overlap > holder.Overlap {
@@ -191,7 +195,7 @@ func (s *Server) shadowWarm(p *prepared, d router.Decision, now time.Time) (rout
 	}
 	p.rt.Free(p.req.ID)
 	moved := p.req
-	moved.Exclude = onlyWorker(ws, holder.Worker)
+	moved.Exclude = onlyWorker(ws, holder.Worker) // the holder is none of p's exclusions (above)
 	if d2, err := p.rt.Route(moved, now); err == nil {
 		sh.redirected.WithLabelValues(string(target)).Inc()
 		return d2, nil
