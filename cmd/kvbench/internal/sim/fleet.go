@@ -50,8 +50,8 @@ const (
 	// EventDrainShadow drains and moves the worker's bound sessions by
 	// shadow prefill (shadow.go): a bound turn still runs there while a
 	// copy of it fills the session's new worker, and the session moves
-	// when the copy is there; it leaves when idle with no session still
-	// bound there left to come back.
+	// when the copy is there; it leaves when idle and every session whose
+	// latest turn ran there has moved or ended.
 	EventDrainShadow EventKind = "drain-shadow"
 	EventAdd         EventKind = "add"
 )

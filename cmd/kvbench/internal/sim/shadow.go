@@ -23,12 +23,14 @@ import (
 //     session's turn still goes to the draining worker (its cache is
 //     there) and a shadow of that turn goes to the session's new worker
 //     (the holder of most of its prefix, else the policy's choice); when
-//     the shadow ends the session is rebound there, so its next turn hits.
-//     When no shadow can be sent (the new worker has no headroom, or too
-//     many shadows are running there) the turn moves at once, as a plain
-//     drain moves it: the worker's time to leave stays bounded by one
-//     think time and one turn. It leaves when it is idle and no session
-//     still bound to it has a turn to come.
+//     the shadow ends the session moves there, so its next turn hits
+//     (each session on its own: a subagent shares its top-level session's
+//     binding but not its context). When no shadow can be sent (the new
+//     worker has no headroom, or too many shadows are running there) the
+//     turn moves at once, as a plain drain moves it. It leaves when it is
+//     idle and every session whose latest turn ran there has moved or
+//     ended. ShadowPolicy.Eager copies those sessions' latest turns at
+//     the drain instead of at their next turns.
 //   - shadow warm-up (Config.ShadowWarmUp): instead of steering clients'
 //     requests to a cold worker (their TTFT pays for its cache), the
 //     router sends it shadows of the duplicated prefixes (two workers or
