@@ -88,6 +88,9 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 		done: func() {
 			s.free(p)
 			s.completeDecision(p, decisionlog.Outcome{Status: resp.StatusCode, PromptTokens: p.usagePrompt, CachedTokens: p.usageCached})
+			if resp.StatusCode/100 == 2 {
+				s.keepSessionBody(p) // drainshadow.go: the body a drain would copy
+			}
 		},
 	})
 }

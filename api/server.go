@@ -141,6 +141,14 @@ type Config struct {
 	// ShadowInflight at once (0: 8). Wins over WarmUpShare.
 	WarmUpShadow   bool
 	ShadowInflight int
+	// DrainShadow moves a drained worker's bound sessions by shadow
+	// prefills (drainshadow.go; --router-drain-shadow): the replica keeps
+	// each bound session's last body it served, at most
+	// SessionBodiesMaxBytes in all (0: 64 MiB), and at a drain copies each
+	// to the session's new worker (at most ShadowInflight at once), then
+	// rebinds the session there. Needs session affinity; off by default.
+	DrainShadow           bool
+	SessionBodiesMaxBytes int64
 	// Tenants, when set, turns tenant fairness and budgets on
 	// (tenants.go, tenantgate.go): the replica shares it with replica
 	// sync so its counters are the fleet's. nil: every request is one
@@ -201,6 +209,9 @@ type Server struct {
 	warm *warmUps
 	// shadow is the shadow warm-up's copies (shadow.go); nil: off.
 	shadow *shadows
+	// drainCopies moves drained workers' sessions by copy
+	// (drainshadow.go); nil: off.
+	drainCopies *drainCopies
 	// sessMetrics: session affinity's series (sessions.go); nil when the
 	// replica keeps no bindings.
 	sessMetrics *sessionMetrics
@@ -327,6 +338,7 @@ func New(cfg Config, rep Replica) *Server {
 	if sr, ok := rep.(SessionReplica); ok {
 		s.sessMetrics = newSessionMetrics(cfg.Registry, sr)
 	}
+	s.drainCopies = newDrainCopies(cfg, s)
 	if cfg.Tenants != nil {
 		s.tenants, s.tenantMetrics = cfg.Tenants, newTenantMetrics(cfg.Registry)
 	}

@@ -92,7 +92,7 @@ func newSessionMetrics(reg prometheus.Registerer, sr SessionReplica) *sessionMet
 		binds: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_session_binds_total",
 			Help: "New session bindings this replica committed (a session's first turn)."}),
 		rebinds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_session_rebinds_total",
-			Help: "Bindings this replica moved to another worker, by reason: worker_gone (deregistered, dead, failed the turn) or busy (soft mode)."}, []string{"reason"}),
+			Help: "Bindings this replica moved to another worker, by reason: worker_gone (deregistered, dead, failed the turn), busy (soft mode) or drain_copy (moved after its drain copy answered, --router-drain-shadow)."}, []string{"reason"}),
 		misses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_session_misses_total",
 			Help: "Session turns served without a binding because none could be committed, by reason: limit (65,536 bindings held) or unavailable (no Raft commit)."}, []string{"reason"}),
 		bindDur: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvrouter_session_bind_seconds",
@@ -240,9 +240,18 @@ func (s *Server) routeSession(ctx context.Context, sr SessionReplica, pol Sessio
 // among those that can take it (ties: the lower cost), falling back to
 // normal selection.
 func (s *Server) routeMostPrefix(p *prepared, now time.Time) (router.Decision, error) {
-	d, err := p.rt.Decide(p.req, now)
+	return routeMostPrefixOf(p.rt, p.req, now)
+}
+
+// routeMostPrefixOf books req on the worker holding most of its prefix
+// among those that can take it (not busy, not excluded; ties: the lower
+// cost), else where the router's policy puts it. Rebinding a session
+// (routeMostPrefix) and moving one by copy at a drain (drainshadow.go)
+// choose the same worker.
+func routeMostPrefixOf(rt *router.Router, req router.Request, now time.Time) (router.Decision, error) {
+	d, err := rt.Decide(req, now)
 	if err != nil {
-		return p.rt.Route(p.req, now)
+		return rt.Route(req, now)
 	}
 	best := -1
 	for i, r := range d.Rows {
@@ -254,11 +263,11 @@ func (s *Server) routeMostPrefix(p *prepared, now time.Time) (router.Decision, e
 		}
 	}
 	if best >= 0 {
-		if d2, err := p.rt.Route(pinned(p.req, p.rt, d.Rows[best].Worker), now); err == nil {
+		if d2, err := rt.Route(pinned(req, rt, d.Rows[best].Worker), now); err == nil {
 			return d2, nil
 		}
 	}
-	return p.rt.Route(p.req, now)
+	return rt.Route(req, now)
 }
 
 // routeNearParent places a subagent's first turn on its parent session's
@@ -307,6 +316,7 @@ func (s *Server) endSession(p *prepared) {
 	}
 	if sr, _, on := s.sessionReplica(); on {
 		sr.EndSession(p.sess.key.ID)
+		s.dropSessionBody(p.sess.key.ID)
 	}
 }
 

@@ -129,6 +129,10 @@ type Config struct {
 	// (--router-warmup-shadow, --router-shadow-inflight).
 	WarmUpShadow   bool
 	ShadowInflight int
+	// DrainShadow and SessionBodiesMaxBytes are api.Config's
+	// (--router-drain-shadow, --router-session-bodies-max-bytes).
+	DrainShadow           bool
+	SessionBodiesMaxBytes int64
 	// The traffic capture (api/capture): answered requests as a
 	// replayable trace in CaptureFile (off when empty), the CaptureSample
 	// fraction of prefixes, rotated at CaptureMaxBytes.

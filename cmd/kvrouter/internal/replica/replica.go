@@ -68,6 +68,7 @@ type replica struct {
 	gaps     *capacityGaps       // capacity-relative settings a worker's missing capacity disables
 
 	sessWrites sessionWrites // background session refreshes and ends (sessions.go)
+	drained    drainHooks    // the API's listeners for committed drains (workerdrain.go)
 }
 
 // Adapter resolves a LoRA adapter to its base model and serving workers.
