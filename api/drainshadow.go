@@ -220,8 +220,10 @@ func newDrainCopies(cfg Config, s *Server) *drainCopies {
 	return dc
 }
 
-// keepSessionBody keeps p's body as its session's last when p was served
-// bound (called when a 2xx answer ends): the body a drain would copy.
+// keepSessionBody keeps p's body as its session's last when p was routed
+// bound (called once an attempt is routed, before it is sent: a drain
+// during a long turn copies that turn's prompt): the body a drain would
+// copy.
 func (s *Server) keepSessionBody(p *prepared) {
 	dc := s.drainCopies
 	if dc == nil || p.sess == nil || p.sess.worker == "" || p.sess.key.Final || !shadowPaths[p.path] {

@@ -67,6 +67,7 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 	if err != nil {
 		return err
 	}
+	s.keepSessionBody(p) // drainshadow.go: the body a drain would copy
 	resp, err := s.send(c, d.Worker, p.path, p.body)
 	<-booked
 	if err != nil {
@@ -88,9 +89,6 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 		done: func() {
 			s.free(p)
 			s.completeDecision(p, decisionlog.Outcome{Status: resp.StatusCode, PromptTokens: p.usagePrompt, CachedTokens: p.usageCached})
-			if resp.StatusCode/100 == 2 {
-				s.keepSessionBody(p) // drainshadow.go: the body a drain would copy
-			}
 		},
 	})
 }
