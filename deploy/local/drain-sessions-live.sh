@@ -7,10 +7,12 @@
 # [plain shadow]) a fresh cluster runs DRAIN_SESSIONS_LIVE_SESSIONS [24]
 # sessions side by side, DRAIN_SESSIONS_LIVE_TURNS [4] turns each (every turn
 # the conversation so far after a system prompt all sessions share, turn t of
-# session i through replica (i + t) mod 3); then the worker bound to most
-# sessions is drained through a follower; in shadow mode the script waits
-# until every replica shows those sessions rebound (at most 30 s; plain: 2 s,
-# they stay bound to the drained worker until their next turn); then every
+# session i through replica (i + t) mod 3, or i mod 3 with
+# DRAIN_SESSIONS_LIVE_SPREAD=0: a client keeping its connection); then the
+# worker bound to most sessions is drained through a follower; in shadow
+# mode the script waits until every replica shows those sessions rebound (at
+# most 30 s; plain: 2 s, they stay bound to the drained worker until their
+# next turn); then every
 # session plays one more turn. It reports, for the drained worker's sessions
 # and the others, that next turn's cached fraction (kvmock's
 # usage.prompt_tokens_details.cached_tokens over prompt_tokens) and checks
@@ -53,15 +55,15 @@ for mode in $modes; do
   }
   trap stop EXIT
   python3 - "$offset" "$mode" "$summary" "$run_dir" "$log" "$args" \
-    "${DRAIN_SESSIONS_LIVE_SESSIONS:-24}" "${DRAIN_SESSIONS_LIVE_TURNS:-4}" <<'PY' || rc=1
+    "${DRAIN_SESSIONS_LIVE_SESSIONS:-24}" "${DRAIN_SESSIONS_LIVE_TURNS:-4}" "${DRAIN_SESSIONS_LIVE_SPREAD:-1}" <<'PY' || rc=1
 import json, os, re, sys, threading, time
 import requests
 
-offset, mode, summary, run_dir, runlog, args, n_sess, n_turns = \
-    int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], int(sys.argv[7]), int(sys.argv[8])
+offset, mode, summary, run_dir, runlog, args, n_sess, n_turns, spread = \
+    int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], int(sys.argv[7]), int(sys.argv[8]), sys.argv[9] != "0"
 R = [f"http://127.0.0.1:{8000 + i + offset}" for i in (1, 2, 3)]
 W = {f"mock-{j}": 9000 + j + offset for j in (1, 2, 3, 4)}
-out = {"serve_args": args, "sessions": n_sess, "turns_before_drain": n_turns, "checks": {}}
+out = {"serve_args": args, "sessions": n_sess, "turns_before_drain": n_turns, "turns_spread_over_replicas": spread, "checks": {}}
 
 def save(ok):
     doc = json.load(open(summary))
@@ -98,7 +100,7 @@ convs = {}  # session → messages so far
 def turn(sid, i, t):
     msgs = convs.setdefault(sid, [{"role": "system", "content": SYSTEM}])
     msgs.append({"role": "user", "content": f"turn {t} of {sid}: " + " ".join(WORDS[(i * 7 + t + k) % len(WORDS)] for k in range(48))})
-    r = (i + t) % 3
+    r = (i + t) % 3 if spread else i % 3
     try:
         resp = S.post(R[r] + "/v1/chat/completions", json={"model": "kvmock", "messages": msgs, "max_tokens": 24},
                       headers={"X-Dynamo-Session-ID": sid}, timeout=30)
