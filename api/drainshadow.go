@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"context"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 	"sync"
@@ -24,8 +25,9 @@ import (
 // session still bound to W whose body it holds it sends a copy of that
 // body (shadowBody: max_tokens 1, not streamed, the answer thrown away) to
 // the worker the session's next turn would be rebound to — the holder of
-// most of its prefix, else the policy's pick, never W or another drained
-// or dead worker (the routers' candidates) — and, when the copy answers,
+// most of its prefix (ties by the session's rendezvous hash, so replicas
+// agree: routeCopy), never W or another drained or dead worker (the
+// routers' candidates) — and, when the copy answers,
 // rebinds the session there through Raft (BindSession with Replace W, so
 // every replica follows). The session's next turn then finds its
 // conversation cached on its new worker instead of recomputing it. A copy
@@ -311,7 +313,7 @@ func (s *Server) copySession(sr SessionReplica, worker string, e *keptBody) copy
 	}
 	req := router.Request{ID: fmt.Sprintf("%s-drain-%d/shadow", s.rep.NodeID(), dc.seq.Add(1)),
 		Hashes: e.hashes, Tokens: e.tokens, Sequences: 1, ExpectedOutputTokens: 1, Exclude: exclude}
-	d, err := routeMostPrefixOf(rt, req, time.Now())
+	d, err := routeCopy(rt, req, e.session, time.Now())
 	if err != nil || baseWorker(d.Worker) == worker || slices.Contains(exclude, d.Worker) {
 		if err == nil {
 			rt.Free(req.ID) // cannot happen (W is no candidate): never send it there
@@ -355,6 +357,55 @@ func (s *Server) copySession(sr SessionReplica, worker string, e *keptBody) copy
 		s.sessMetrics.rebinds.WithLabelValues("drain_copy").Inc()
 	}
 	return copyMoved
+}
+
+// routeCopy books a session's drain copy on the worker holding most of its
+// prefix among those that can take it — the rebinding rule — with ties
+// broken by the session's rendezvous hash over the tied workers rather
+// than by cost: every replica holding one of the session's turns copies it
+// (their copies book load, so costs differ between them), and they must
+// send their copies to the same worker, or the first to answer could move
+// the session away from the one that got its newest turn. Without any
+// worker able to take it: where the router's policy puts it.
+func routeCopy(rt *router.Router, req router.Request, session string, now time.Time) (router.Decision, error) {
+	d, err := rt.Decide(req, now)
+	if err != nil {
+		return rt.Route(req, now)
+	}
+	if w, ok := copyTarget(d.Rows, session); ok {
+		if d2, err := rt.Route(pinned(req, rt, w), now); err == nil {
+			return d2, nil
+		}
+	}
+	return rt.Route(req, now)
+}
+
+// copyTarget is the worker of rows (not busy) with the most cached blocks,
+// ties broken by the highest rendezvous hash of (session, worker): the
+// same choice on every replica that sees the same rows, whatever their
+// order and costs.
+func copyTarget(rows []router.WorkerCost, session string) (router.WorkerID, bool) {
+	var best router.WorkerID
+	bestOverlap, bestScore, found := -1, uint64(0), false
+	for _, r := range rows {
+		if r.Busy {
+			continue
+		}
+		score := rendezvous(session, r.Worker)
+		if r.Overlap > bestOverlap || (r.Overlap == bestOverlap && score > bestScore) {
+			best, bestOverlap, bestScore, found = r.Worker, r.Overlap, score, true
+		}
+	}
+	return best, found
+}
+
+// rendezvous is FNV-1a over session, a zero byte and worker.
+func rendezvous(session string, worker router.WorkerID) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(session))
+	h.Write([]byte{0})
+	h.Write([]byte(worker))
+	return h.Sum64()
 }
 
 // sessionRebindWait bounds a drain copy's rebind (BindSession retries

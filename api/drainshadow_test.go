@@ -323,3 +323,38 @@ func TestAPIDrainShadowOnlyBoundThere(t *testing.T) {
 		t.Error("drain copies on without session affinity")
 	}
 }
+
+// TestAPIDrainShadowCopyTarget: a copy goes to the worker with the most
+// cached blocks among those not busy; a tie is broken by the session's
+// rendezvous hash alone — the same worker whatever the rows' order and
+// costs (replicas copying one session agree), and different sessions
+// spread over the tied workers.
+func TestAPIDrainShadowCopyTarget(t *testing.T) {
+	rows := []router.WorkerCost{{Worker: "a", Overlap: 2, Cost: 1}, {Worker: "b", Overlap: 5, Cost: 9}, {Worker: "c", Overlap: 7, Busy: true}}
+	if w, ok := copyTarget(rows, "s"); !ok || w != "b" {
+		t.Fatalf("most prefix: %q %v", w, ok)
+	}
+	if _, ok := copyTarget([]router.WorkerCost{{Worker: "a", Busy: true}}, "s"); ok {
+		t.Fatal("a busy worker chosen")
+	}
+	tied := []router.WorkerCost{{Worker: "w1", Overlap: 3, Cost: 1}, {Worker: "w2", Overlap: 3, Cost: 2}, {Worker: "w3", Overlap: 3, Cost: 3}, {Worker: "w4", Overlap: 1}}
+	chosen := map[router.WorkerID]int{}
+	for i := range 60 {
+		session := fmt.Sprintf("session-%d", i)
+		w, _ := copyTarget(tied, session)
+		for k := range 5 { // other orders and costs: another replica's view
+			other := slices.Clone(tied)
+			for j := range other {
+				other[j].Cost = float64((j*7 + k*3) % 5)
+			}
+			rotated := append(other[k%len(other):], other[:k%len(other)]...)
+			if w2, _ := copyTarget(rotated, session); w2 != w {
+				t.Fatalf("%s: %s in one view, %s in another", session, w, w2)
+			}
+		}
+		chosen[w]++
+	}
+	if chosen["w4"] != 0 || len(chosen) != 3 {
+		t.Errorf("tied sessions went to %v", chosen)
+	}
+}

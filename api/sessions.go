@@ -240,18 +240,9 @@ func (s *Server) routeSession(ctx context.Context, sr SessionReplica, pol Sessio
 // among those that can take it (ties: the lower cost), falling back to
 // normal selection.
 func (s *Server) routeMostPrefix(p *prepared, now time.Time) (router.Decision, error) {
-	return routeMostPrefixOf(p.rt, p.req, now)
-}
-
-// routeMostPrefixOf books req on the worker holding most of its prefix
-// among those that can take it (not busy, not excluded; ties: the lower
-// cost), else where the router's policy puts it. Rebinding a session
-// (routeMostPrefix) and moving one by copy at a drain (drainshadow.go)
-// choose the same worker.
-func routeMostPrefixOf(rt *router.Router, req router.Request, now time.Time) (router.Decision, error) {
-	d, err := rt.Decide(req, now)
+	d, err := p.rt.Decide(p.req, now)
 	if err != nil {
-		return rt.Route(req, now)
+		return p.rt.Route(p.req, now)
 	}
 	best := -1
 	for i, r := range d.Rows {
@@ -263,11 +254,11 @@ func routeMostPrefixOf(rt *router.Router, req router.Request, now time.Time) (ro
 		}
 	}
 	if best >= 0 {
-		if d2, err := rt.Route(pinned(req, rt, d.Rows[best].Worker), now); err == nil {
+		if d2, err := p.rt.Route(pinned(p.req, p.rt, d.Rows[best].Worker), now); err == nil {
 			return d2, nil
 		}
 	}
-	return rt.Route(req, now)
+	return p.rt.Route(p.req, now)
 }
 
 // routeNearParent places a subagent's first turn on its parent session's
