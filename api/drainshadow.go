@@ -209,7 +209,7 @@ func newDrainCopies(cfg Config, s *Server) *drainCopies {
 		failed: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_drain_copy_failures_total",
 			Help: "Drain copies that failed (no answer, or not 2xx): their sessions move at their next turn, as with a plain drain."}),
 		moved: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_drain_sessions_moved_total",
-			Help: "Sessions this replica rebound to a new worker after its drain copy answered."}),
+			Help: "Sessions this replica's drain copies moved: its rebind after the copy answered left the session on the copy's worker (a session several replicas copied to the same worker counts on each)."}),
 	}
 	cfg.Registry.MustRegister(dc.sent, dc.failed, dc.moved)
 	dw.OnWorkerDrained(func(worker string) {
