@@ -291,11 +291,23 @@ func boundWorker(base, id string) (string, error) {
 // drain. Each such session's next turn, through r3, is answered by its new
 // worker, after the copy arrived there. The other sessions stay put and
 // get no copy.
+// The same with the index sharded over two data groups (the drain commits
+// to the worker's data group, the bindings live in the control group).
 func TestServeDrainShadowMovesSessions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three in-process replicas")
 	}
-	reps := newTestCluster(t, func(c *serveConfig) { c.Sessions.TTL = 300 * time.Second; c.DrainShadow = true })
+	for _, groups := range []int{1, 2} {
+		t.Run(fmt.Sprintf("raft-groups=%d", groups), func(t *testing.T) { drainShadowMovesSessions(t, groups) })
+	}
+}
+
+func drainShadowMovesSessions(t *testing.T, groups int) {
+	reps := newTestCluster(t, func(c *serveConfig) {
+		c.Sessions.TTL = 300 * time.Second
+		c.DrainShadow = true
+		c.RaftGroups = groups
+	})
 	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { _, err := leaderOf(reps); return err })
 	var cw copyWorkers
 	workers := cw.start(t, reps[0].url(), 3)
