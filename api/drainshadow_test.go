@@ -358,3 +358,22 @@ func TestAPIDrainShadowCopyTarget(t *testing.T) {
 		t.Errorf("tied sessions went to %v", chosen)
 	}
 }
+
+// BenchmarkAPIKeepSessionBody is what --router-drain-shadow adds to a
+// bound turn: keeping its body (the LRU under its lock, one binding read
+// of the oldest body), at 10,000 sessions held.
+func BenchmarkAPIKeepSessionBody(b *testing.B) {
+	body := []byte(strings.Repeat("x", 16<<10))
+	hashes := make([]uint64, 512)
+	bodies := newSessionBodies(1<<40, func(string) bool { return true }, prometheus.NewRegistry())
+	ids := make([]string, 10_000)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("session-%05d", i)
+		bodies.keep(&keptBody{session: ids[i], model: "m", path: "/v1/chat/completions", body: body, hashes: hashes})
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		bodies.keep(&keptBody{session: ids[i%len(ids)], model: "m", path: "/v1/chat/completions", body: body, hashes: hashes})
+	}
+}
