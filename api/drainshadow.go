@@ -216,7 +216,7 @@ func newDrainCopies(cfg Config, s *Server) *drainCopies {
 		dc.wg.Add(1)
 		go func() {
 			defer dc.wg.Done()
-			s.moveSessionsByCopy(sr, worker)
+			s.moveSessionsByCopy(dc, sr, worker) // dc, not s.drainCopies: New may not have set it yet
 		}()
 	})
 	return dc
@@ -255,8 +255,7 @@ const (
 // moveSessionsByCopy handles worker's drain: a copy of each kept session
 // bound there, at most dc.inflight at once, most recently active first;
 // one log line with the counts.
-func (s *Server) moveSessionsByCopy(sr SessionReplica, worker string) {
-	dc := s.drainCopies
+func (s *Server) moveSessionsByCopy(dc *drainCopies, sr SessionReplica, worker string) {
 	start := time.Now()
 	todo := dc.bodies.boundTo(worker, sr.SessionBinding)
 	var counts [4]int
@@ -268,7 +267,7 @@ func (s *Server) moveSessionsByCopy(sr SessionReplica, worker string) {
 		go func() {
 			defer wg.Done()
 			for e := range next {
-				o := s.copySession(sr, worker, e)
+				o := s.copySession(dc, sr, worker, e)
 				mu.Lock()
 				counts[o]++
 				mu.Unlock()
@@ -287,8 +286,7 @@ func (s *Server) moveSessionsByCopy(sr SessionReplica, worker string) {
 
 // copySession copies e to the worker its session would be rebound to and
 // rebinds the session there once the copy answered.
-func (s *Server) copySession(sr SessionReplica, worker string, e *keptBody) copyOutcome {
-	dc := s.drainCopies
+func (s *Server) copySession(dc *drainCopies, sr SessionReplica, worker string, e *keptBody) copyOutcome {
 	b, ok := sr.SessionBinding(e.session)
 	if !ok || baseWorker(b.Worker) != worker {
 		return copySkipped // its next turn came first, or it ended
