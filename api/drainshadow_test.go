@@ -377,3 +377,25 @@ func BenchmarkAPIKeepSessionBody(b *testing.B) {
 		bodies.keep(&keptBody{session: ids[i%len(ids)], model: "m", path: "/v1/chat/completions", body: body, hashes: hashes})
 	}
 }
+
+// TestAPIDrainShadowLoRA: a session of a LoRA adapter is copied only to a
+// worker serving the adapter, even when another holds more of its prefix.
+func TestAPIDrainShadowLoRA(t *testing.T) {
+	s, fd, ws, _ := drainServer(t, true, 0)
+	fd.adapters = map[string]fakeAdapter{"ad": {base: "m", workers: []router.WorkerID{"w1", "w2"}}}
+	prompt := strings.Repeat(longPrompt, 4)
+	tokens := tokenize.Builtin().EncodeSpecial(prompt)
+	storeBlocks(t, fd.fakeReplica, "w3", tokens, router.DefaultConfig().BlockSize, "ad", "")
+	fd.bind(SessionBind{Session: "s", Worker: "w1", TTL: time.Minute})
+	if rec := doWith(s, "/v1/completions", fmt.Sprintf(`{"model":"ad","prompt":%q}`, prompt), map[string]string{"X-Dynamo-Session-ID": "s"}); rec.Code != 200 || rec.Header().Get("X-Worker-Id") != "w1" {
+		t.Fatalf("bound turn: %d on %q", rec.Code, rec.Header().Get("X-Worker-Id"))
+	}
+	fd.drain("m", "w1")
+	s.drainCopies.wg.Wait()
+	if n2, n3 := len(ws[1].requests()), len(ws[2].requests()); n2 != 1 || n3 != 0 {
+		t.Fatalf("copies: w2 %d, w3 %d (w3 does not serve the adapter)", n2, n3)
+	}
+	if b, _ := fd.SessionBinding("s"); b.Worker != "w2" {
+		t.Errorf("bound to %s", b.Worker)
+	}
+}
