@@ -5,7 +5,7 @@ PKGS    := ./...
 # Tests that need a cluster or the network get longer; unit tests stay fast.
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: help build build-core peers test test-peers reference bench figures figures-check run drain-live sessions-live certs check chaos chaos-short chaos-soak fuzz clean
+.PHONY: help build build-core peers test test-peers reference bench figures figures-check run drain-live drain-sessions-live sessions-live certs check chaos chaos-short chaos-soak fuzz clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -57,6 +57,9 @@ run: build-core ## local cluster: 3 replicas (127.0.0.1:8001-8003), 4 kvmock wor
 
 drain-live: build-core ## issue 29 live: make run's cluster (ports +300), drain one of four kvmocks under kvbench load, check it (deploy/local/drain-live.sh)
 	./deploy/local/drain-live.sh
+
+drain-sessions-live: build-core ## issue 29 live: a drained worker's sessions' next-turn cache, plain drain against --router-drain-shadow (ports +300; deploy/local/drain-sessions-live.sh)
+	./deploy/local/drain-sessions-live.sh
 
 sessions-live: build-core ## issue 28 live: make run's cluster (ports +400) with session affinity, 20 sessions x 8 turns over the three replicas by header and by prompt_cache_key, one worker each (deploy/local/sessions-live.sh)
 	./deploy/local/sessions-live.sh

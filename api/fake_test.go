@@ -25,6 +25,7 @@ type fakeReplica struct {
 	ready    bool
 	drain    bool     // Draining (api.Drainer)
 	events   []string // load notifications, for assertions
+	booked   []router.Booking
 }
 
 func newFakeReplica(model string, cfg router.Config) *fakeReplica {
@@ -115,6 +116,11 @@ func (f *fakeReplica) note(s string) {
 func (f *fakeReplica) Audit(w router.WorkerID, predicted, reported, _ int) {
 	f.note(fmt.Sprintf("audit %s %d/%d", w, predicted, reported))
 }
-func (f *fakeReplica) Booked(_ string, b router.Booking) { f.note("add " + b.ID) }
-func (f *fakeReplica) PrefillDone(_, id string)          { f.note("prefill " + id) }
-func (f *fakeReplica) Freed(_, id string)                { f.note("free " + id) }
+func (f *fakeReplica) Booked(_ string, b router.Booking) {
+	f.note("add " + b.ID)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.booked = append(f.booked, b)
+}
+func (f *fakeReplica) PrefillDone(_, id string) { f.note("prefill " + id) }
+func (f *fakeReplica) Freed(_, id string)       { f.note("free " + id) }

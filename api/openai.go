@@ -133,6 +133,10 @@ type prepared struct {
 	hit hitRequest
 	// sess is the request's agent session when affinity is on (sessions.go).
 	sess *sessionTurn
+	// adapter is the LoRA adapter the body named ("" none; model is then
+	// its base): a copy of the request (drainshadow.go) goes only to the
+	// workers serving it.
+	adapter string
 	// class is the strict tier (nvext.agent_hints.strict_priority, after
 	// the key's cap); tenant whose share serves the request ("" when
 	// fairness is off); charged the output tokens already charged to it,
@@ -299,7 +303,7 @@ func (s *Server) prepareBody(body []byte, path string, ep endpoint, key string, 
 		exclude = notServing(rt.Workers(), only)
 	}
 	return &prepared{
-		body: body, path: path, model: model, stream: in.Stream, rt: rt, start: start, sess: sess,
+		body: body, path: path, model: model, adapter: lora, stream: in.Stream, rt: rt, start: start, sess: sess,
 		req: router.Request{ID: id, Hashes: hashes(tokens, bs, hashable, lora, in.CacheSalt), Tokens: isl, Sequences: seqs,
 			Priority: s.capPriority(key, prio.Soft), Exclude: exclude,
 			ExpectedOutputTokens: max(in.Nvext.AgentHints.Osl, 0), LatencySensitivity: sensitivity},

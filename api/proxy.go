@@ -67,6 +67,7 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 	if err != nil {
 		return err
 	}
+	s.keepSessionBody(p) // drainshadow.go: the body a drain would copy
 	resp, err := s.send(c, d.Worker, p.path, s.withEnginePriority(p, p.body))
 	<-booked
 	if err != nil {
@@ -109,7 +110,11 @@ func (s *Server) routeAndBook(ctx context.Context, p *prepared) (d router.Decisi
 		// session's turn, whose worker the binding decided (a first turn
 		// is bound to the pick before this point), nor for a pinned
 		// prefix's (pins.go: its holder, or the worker just pinned)
-		d, err = s.warmUp(p, d, now)
+		if s.shadow != nil {
+			d, err = s.shadowWarm(p, d, now) // shadow.go: copies instead of steering
+		} else {
+			d, err = s.warmUp(p, d, now)
+		}
 	}
 	p.settled() // booked in the load view by Route, or never to be
 	p.attempts++

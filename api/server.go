@@ -135,6 +135,20 @@ type Config struct {
 	// on purpose, until it is warm (warmup.go; --router-warmup-share);
 	// 0: off.
 	WarmUpShare float64
+	// WarmUpShadow warms a joining worker by shadow prefills instead of
+	// steering requests there (shadow.go; --router-warmup-shadow): copies
+	// of the prefixes it lacks, max_tokens 1, answers thrown away, at most
+	// ShadowInflight at once (0: 8). Wins over WarmUpShare.
+	WarmUpShadow   bool
+	ShadowInflight int
+	// DrainShadow moves a drained worker's bound sessions by shadow
+	// prefills (drainshadow.go; --router-drain-shadow): the replica keeps
+	// each bound session's last body it served, at most
+	// SessionBodiesMaxBytes in all (0: 64 MiB), and at a drain copies each
+	// to the session's new worker (at most ShadowInflight at once), then
+	// rebinds the session there. Needs session affinity; off by default.
+	DrainShadow           bool
+	SessionBodiesMaxBytes int64
 	// Tenants, when set, turns tenant fairness and budgets on
 	// (tenants.go, tenantgate.go): the replica shares it with replica
 	// sync so its counters are the fleet's. nil: every request is one
@@ -193,6 +207,11 @@ type Server struct {
 	exempt *loopbackExemption
 	// warm is the warm-up of joining workers (warmup.go); nil: off.
 	warm *warmUps
+	// shadow is the shadow warm-up's copies (shadow.go); nil: off.
+	shadow *shadows
+	// drainCopies moves drained workers' sessions by copy
+	// (drainshadow.go); nil: off.
+	drainCopies *drainCopies
 	// sessMetrics: session affinity's series (sessions.go); nil when the
 	// replica keeps no bindings.
 	sessMetrics *sessionMetrics
@@ -318,12 +337,14 @@ func New(cfg Config, rep Replica) *Server {
 	s.hits = newHitTracker(cfg, rep)
 	registerFleet(s) // fleet.go: kvrouter_worker_removal_cost, kvrouter_worker_drained
 	s.warm = newWarmUps(cfg, s)
+	s.shadow = newShadows(cfg)
 	if sr, ok := rep.(SessionReplica); ok {
 		s.sessMetrics = newSessionMetrics(cfg.Registry, sr)
 	}
 	if pr, ok := rep.(PinReplica); ok {
 		s.pinMetrics = newPinMetrics(cfg.Registry, pr)
 	}
+	s.drainCopies = newDrainCopies(cfg, s)
 	if cfg.Tenants != nil {
 		s.tenants, s.tenantMetrics = cfg.Tenants, newTenantMetrics(cfg.Registry)
 	}

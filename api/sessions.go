@@ -92,7 +92,7 @@ func newSessionMetrics(reg prometheus.Registerer, sr SessionReplica) *sessionMet
 		binds: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_session_binds_total",
 			Help: "New session bindings this replica committed (a session's first turn)."}),
 		rebinds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_session_rebinds_total",
-			Help: "Bindings this replica moved to another worker, by reason: worker_gone (deregistered, dead, failed the turn) or busy (soft mode)."}, []string{"reason"}),
+			Help: "Bindings this replica moved to another worker, by reason: worker_gone (deregistered, dead, failed the turn), busy (soft mode) or drain_copy (moved after its drain copy answered, --router-drain-shadow)."}, []string{"reason"}),
 		misses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_session_misses_total",
 			Help: "Session turns served without a binding because none could be committed, by reason: limit (65,536 bindings held) or unavailable (no Raft commit)."}, []string{"reason"}),
 		bindDur: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvrouter_session_bind_seconds",
@@ -315,6 +315,7 @@ func (s *Server) endSession(p *prepared) {
 	}
 	if sr, _, on := s.sessionReplica(); on {
 		sr.EndSession(p.sess.key.ID)
+		s.dropSessionBody(p.sess.key.ID)
 	}
 }
 

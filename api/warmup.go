@@ -55,7 +55,7 @@ type hitFigures struct {
 }
 
 func newWarmUps(cfg Config, s *Server) *warmUps {
-	if cfg.WarmUpShare <= 0 {
+	if cfg.WarmUpShare <= 0 && !cfg.WarmUpShadow {
 		return nil
 	}
 	w := &warmUps{

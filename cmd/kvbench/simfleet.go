@@ -26,6 +26,11 @@ type fleetOptions struct {
 	TTFTFactor      float64
 	// WarmUpShare is --warmup-share (0: off).
 	WarmUpShare float64
+	// WarmUpShadow is --warmup-shadow; ShadowInflight --shadow-inflight.
+	WarmUpShadow     bool
+	ShadowInflight   int
+	ShadowMinHolders int
+	ShadowEager      bool
 }
 
 // Limits of --remove-worker-at and --add-worker-at.
@@ -38,8 +43,12 @@ func (o *fleetOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.removeAt, "remove-worker-at", "", "fleet events: remove a worker at these virtual times (comma list of durations, e.g. 30s,2m), chosen by --remove-chooser; the run is also simulated without the events, and each event's dip reported against it")
 	fs.StringVar(&o.addAt, "add-worker-at", "", "fleet events: add a cold worker (the first worker's --kv-blocks) at these virtual times (comma list of durations)")
 	fs.StringVar(&o.Chooser, "remove-chooser", string(sim.ChooserPlan), "which worker --remove-worker-at takes: plan (the cheapest by removal cost: its unique blocks weighted by their recent hits), random, least-loaded, or id:WORKER (that worker: a sweep over every worker bounds what any choice could save)")
-	fs.StringVar(&o.Mode, "remove-mode", string(sim.EventRemove), "remove (at once: its cache gone, its running and queued requests re-sent), drain (no new requests; it finishes what it has and leaves when idle; its bound sessions rebind) or drain-sessions (a drain that keeps serving the sessions bound there until they end)")
+	fs.StringVar(&o.Mode, "remove-mode", string(sim.EventRemove), "remove (at once: its cache gone, its running and queued requests re-sent), drain (no new requests; it finishes what it has and leaves when idle; its bound sessions rebind) or drain-sessions (a drain that keeps serving the sessions bound there until they end) or drain-shadow (a drain whose bound sessions' turns still run there while a shadow prefill of each copies it to the session's new worker, where the session moves once the copy is there)")
 	fs.Float64Var(&o.WarmUpShare, "warmup-share", 0, "with --add-worker-at: send this share (0..1] of new and duplicated prefixes to the added worker on purpose while the fleet is under 0.8 of its busy thresholds, until its hit rate reaches the fleet's (internal/warmup, the rule of kvrouter's --router-warmup-share); 0 = off")
+	fs.BoolVar(&o.WarmUpShadow, "warmup-shadow", false, "with --add-worker-at: warm the added worker by shadow prefills (prefill-only copies of requests, never seen by clients) of the duplicated prefixes it lacks, while the fleet and it are under 0.8 of their busy thresholds, until its hit rate reaches the fleet's; not with --warmup-share")
+	fs.IntVar(&o.ShadowInflight, "shadow-inflight", sim.DefaultShadowInflight, "the most shadow prefills (drain-shadow, --warmup-shadow) running on one worker at once")
+	fs.IntVar(&o.ShadowMinHolders, "shadow-min-holders", sim.DefaultShadowMinHolders, "--warmup-shadow copies a request's prefix when at least this many workers hold some of it (1: every prefix held somewhere; 2: only duplicated ones)")
+	fs.BoolVar(&o.ShadowEager, "shadow-eager", false, "with --remove-mode drain-shadow: copy, at the drain, the latest turn of every session that ran on the worker instead of waiting for each session's next turn (the worker can leave about one turn later; a router must keep each bound session's latest request)")
 	fs.DurationVar(&o.Window, "event-window", 10*time.Second, "fleet events: width of the windows the dip is measured in (by send time; the steady state is the window before the event)")
 	fs.DurationVar(&o.Horizon, "event-horizon", 5*time.Minute, "fleet events: how long after an event cached tokens lost are counted and windows judged")
 	fs.Float64Var(&o.Tolerance, "event-tolerance", 0.02, "fleet events: a window's cached-token ratio this close below the same window without the event counts as recovered (a new worker's this close below the steady state, as warm)")
@@ -82,8 +91,22 @@ func (o *fleetOptions) check(so *simOptions) error {
 	if !sim.Chooser(o.Chooser).Valid() {
 		return cli.Usagef("--remove-chooser %q: want plan, random, least-loaded or id:WORKER", o.Chooser)
 	}
-	if o.Mode != string(sim.EventRemove) && o.Mode != string(sim.EventDrain) && o.Mode != string(sim.EventDrainSessions) {
-		return cli.Usagef("--remove-mode %q: want remove, drain or drain-sessions", o.Mode)
+	switch sim.EventKind(o.Mode) {
+	case sim.EventRemove, sim.EventDrain, sim.EventDrainSessions, sim.EventDrainShadow:
+	default:
+		return cli.Usagef("--remove-mode %q: want remove, drain, drain-sessions or drain-shadow", o.Mode)
+	}
+	if o.ShadowInflight < 1 || o.ShadowInflight > 1<<16 {
+		return cli.Usagef("--shadow-inflight %d: want 1 to %d", o.ShadowInflight, 1<<16)
+	}
+	if o.ShadowEager && (len(o.Remove) == 0 || o.Mode != string(sim.EventDrainShadow)) {
+		return cli.Usagef("--shadow-eager copies a drain-shadow's sessions at the drain: give --remove-worker-at with --remove-mode drain-shadow")
+	}
+	if o.ShadowMinHolders < 1 || o.ShadowMinHolders > 1<<10 {
+		return cli.Usagef("--shadow-min-holders %d: want 1 to %d", o.ShadowMinHolders, 1<<10)
+	}
+	if o.WarmUpShadow && (len(o.Add) == 0 || o.WarmUpShare != 0) {
+		return cli.Usagef("--warmup-shadow warms an added worker instead of --warmup-share: give --add-worker-at and no --warmup-share")
 	}
 	switch {
 	case o.Window <= 0:
@@ -155,6 +178,12 @@ type fleetCfg struct {
 	TTFTFactor float64   `json:"ttft_factor"`
 	// WarmUpShare is --warmup-share (absent: off).
 	WarmUpShare float64 `json:"warmup_share,omitempty"`
+	// WarmUpShadow is --warmup-shadow (absent: off); ShadowInflight
+	// --shadow-inflight (with drain-shadow or --warmup-shadow).
+	WarmUpShadow     bool `json:"warmup_shadow,omitempty"`
+	ShadowInflight   int  `json:"shadow_inflight,omitempty"`
+	ShadowMinHolders int  `json:"shadow_min_holders,omitempty"`
+	ShadowEager      bool `json:"shadow_eager,omitempty"`
 }
 
 func (o *fleetOptions) config() *fleetCfg {
@@ -171,5 +200,13 @@ func (o *fleetOptions) config() *fleetCfg {
 	for _, t := range o.Add {
 		c.AddAtS = append(c.AddAtS, t.Seconds())
 	}
+	c.WarmUpShadow = o.WarmUpShadow
+	if o.WarmUpShadow || (len(o.Remove) > 0 && o.Mode == string(sim.EventDrainShadow)) {
+		c.ShadowInflight = o.ShadowInflight
+	}
+	if o.WarmUpShadow {
+		c.ShadowMinHolders = o.ShadowMinHolders
+	}
+	c.ShadowEager = o.ShadowEager
 	return c
 }

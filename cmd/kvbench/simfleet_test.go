@@ -31,6 +31,9 @@ func TestSimSessionAndFleetFlagValidation(t *testing.T) {
 		{"--remove-worker-at", "", "--add-worker-at", " "},
 		{"--remove-worker-at", "1s", "--remove-chooser", "id:w2"},
 		{"--remove-worker-at", "1s", "--remove-mode", "drain-sessions"},
+		{"--remove-worker-at", "1s", "--remove-mode", "drain-shadow", "--shadow-inflight", "2"},
+		{"--add-worker-at", "1m", "--warmup-shadow", "--shadow-min-holders", "2"},
+		{"--remove-worker-at", "1s", "--remove-mode", "drain-shadow", "--shadow-eager"},
 	}
 	for _, args := range good {
 		if _, err := parseSimFlags(args, io.Discard); err != nil {
@@ -38,41 +41,46 @@ func TestSimSessionAndFleetFlagValidation(t *testing.T) {
 		}
 	}
 	bad := map[string][]string{
-		"negative turns":            {"--session-turns", "-1"},
-		"think without turns":       {"--think-time-ms", "100"},
-		"subagents without turns":   {"--subagents", "2"},
-		"negative think":            {"--session-turns", "2", "--think-time-ms", "-1"},
-		"negative subagents":        {"--session-turns", "2", "--subagents", "-1"},
-		"turns with repeat":         {"--session-turns", "2", "--repeat", "2"},
-		"turns with trace":          {"--trace", trace, "--session-turns", "2"},
-		"turns overflow the cache":  {"--session-turns", "200", "--kv-blocks", "2000"},
-		"unknown affinity":          {"--session-turns", "2", "--session-affinity", "sticky"},
-		"affinity without sessions": {"--session-affinity", "hard"},
-		"affinity with a peer":      {"--session-turns", "2", "--session-affinity", "hard", "--policies", "kv,gaie"},
-		"busy without soft":         {"--session-turns", "2", "--session-affinity", "hard", "--session-affinity-busy", "0.5"},
-		"busy out of range":         {"--session-turns", "2", "--session-affinity", "soft", "--session-affinity-busy", "0"},
-		"table without affinity":    {"--session-turns", "2", "--session-affinity-table", "per-router"},
-		"unknown table":             {"--session-turns", "2", "--session-affinity", "hard", "--session-affinity-table", "gossip"},
-		"pins without sessions":     {"--pin-every", "2"},
-		"negative pin-every":        {"--session-turns", "2", "--pin-every", "-1"},
-		"pin ttl over an hour":      {"--session-turns", "2", "--pin-every", "2", "--pin-ttl", "2h"},
-		"pin ttl under a second":    {"--session-turns", "2", "--pin-every", "2", "--pin-ttl", "500ms"},
-		"pin ttl without pins":      {"--session-turns", "2", "--pin-ttl", "1m"},
-		"event time":                {"--remove-worker-at", "soon"},
-		"negative event time":       {"--add-worker-at", "-1s"},
-		"event time without unit":   {"--remove-worker-at", "30"},
-		"unknown chooser":           {"--remove-worker-at", "1s", "--remove-chooser", "cheapest"},
-		"empty worker id":           {"--remove-worker-at", "1s", "--remove-chooser", "id:"},
-		"unknown mode":              {"--remove-worker-at", "1s", "--remove-mode", "evict"},
-		"every worker removed":      {"--workers", "2", "--remove-worker-at", "1s,2s"},
-		"events with a peer":        {"--add-worker-at", "1s", "--policies", "kv,gaie"},
-		"zero window":               {"--add-worker-at", "1s", "--event-window", "0s"},
-		"zero horizon":              {"--add-worker-at", "1s", "--event-horizon", "0s"},
-		"tolerance out of range":    {"--add-worker-at", "1s", "--event-tolerance", "2"},
-		"ttft factor below one":     {"--add-worker-at", "1s", "--event-ttft-factor", "0.5"},
-		"warm-up without an add":    {"--warmup-share", "0.3"},
-		"negative warm-up share":    {"--add-worker-at", "1m", "--warmup-share", "-0.1"},
-		"warm-up share over one":    {"--add-worker-at", "1m", "--warmup-share", "1.5"},
+		"negative turns":                {"--session-turns", "-1"},
+		"think without turns":           {"--think-time-ms", "100"},
+		"subagents without turns":       {"--subagents", "2"},
+		"negative think":                {"--session-turns", "2", "--think-time-ms", "-1"},
+		"negative subagents":            {"--session-turns", "2", "--subagents", "-1"},
+		"turns with repeat":             {"--session-turns", "2", "--repeat", "2"},
+		"turns with trace":              {"--trace", trace, "--session-turns", "2"},
+		"turns overflow the cache":      {"--session-turns", "200", "--kv-blocks", "2000"},
+		"unknown affinity":              {"--session-turns", "2", "--session-affinity", "sticky"},
+		"affinity without sessions":     {"--session-affinity", "hard"},
+		"affinity with a peer":          {"--session-turns", "2", "--session-affinity", "hard", "--policies", "kv,gaie"},
+		"busy without soft":             {"--session-turns", "2", "--session-affinity", "hard", "--session-affinity-busy", "0.5"},
+		"busy out of range":             {"--session-turns", "2", "--session-affinity", "soft", "--session-affinity-busy", "0"},
+		"table without affinity":        {"--session-turns", "2", "--session-affinity-table", "per-router"},
+		"unknown table":                 {"--session-turns", "2", "--session-affinity", "hard", "--session-affinity-table", "gossip"},
+		"pins without sessions":         {"--pin-every", "2"},
+		"negative pin-every":            {"--session-turns", "2", "--pin-every", "-1"},
+		"pin ttl over an hour":          {"--session-turns", "2", "--pin-every", "2", "--pin-ttl", "2h"},
+		"pin ttl under a second":        {"--session-turns", "2", "--pin-every", "2", "--pin-ttl", "500ms"},
+		"pin ttl without pins":          {"--session-turns", "2", "--pin-ttl", "1m"},
+		"event time":                    {"--remove-worker-at", "soon"},
+		"negative event time":           {"--add-worker-at", "-1s"},
+		"event time without unit":       {"--remove-worker-at", "30"},
+		"unknown chooser":               {"--remove-worker-at", "1s", "--remove-chooser", "cheapest"},
+		"empty worker id":               {"--remove-worker-at", "1s", "--remove-chooser", "id:"},
+		"unknown mode":                  {"--remove-worker-at", "1s", "--remove-mode", "evict"},
+		"every worker removed":          {"--workers", "2", "--remove-worker-at", "1s,2s"},
+		"events with a peer":            {"--add-worker-at", "1s", "--policies", "kv,gaie"},
+		"zero window":                   {"--add-worker-at", "1s", "--event-window", "0s"},
+		"zero horizon":                  {"--add-worker-at", "1s", "--event-horizon", "0s"},
+		"tolerance out of range":        {"--add-worker-at", "1s", "--event-tolerance", "2"},
+		"ttft factor below one":         {"--add-worker-at", "1s", "--event-ttft-factor", "0.5"},
+		"warm-up without an add":        {"--warmup-share", "0.3"},
+		"negative warm-up share":        {"--add-worker-at", "1m", "--warmup-share", "-0.1"},
+		"warm-up share over one":        {"--add-worker-at", "1m", "--warmup-share", "1.5"},
+		"shadow warm-up without an add": {"--warmup-shadow"},
+		"both warm-ups":                 {"--add-worker-at", "1m", "--warmup-shadow", "--warmup-share", "0.3"},
+		"no shadow slot":                {"--remove-worker-at", "1s", "--remove-mode", "drain-shadow", "--shadow-inflight", "0"},
+		"min holders 0":                 {"--add-worker-at", "1m", "--warmup-shadow", "--shadow-min-holders", "0"},
+		"eager without drain-shadow":    {"--remove-worker-at", "1s", "--remove-mode", "drain", "--shadow-eager"},
 	}
 	for name, args := range bad {
 		_, err := parseSimFlags(args, io.Discard)
@@ -292,5 +300,18 @@ func TestSimAddReport(t *testing.T) {
 		if len(evs) != 1 || evs[0].Kind != "add" || evs[0].Worker != "w3" || !evs[0].NewWorkerShare.Valid || evs[0].NewWorkerShare.Value <= 0 || !evs[0].Steered.Valid {
 			t.Fatalf("%s: additions %+v", p, evs)
 		}
+	}
+}
+
+// TestSimShadowReport: kvbench sim --add-worker-at with --warmup-shadow
+// reports the copies the warm-up sent and what they computed.
+func TestSimShadowReport(t *testing.T) {
+	got := simEvents(t, []string{"--workers", "3", "--kv-blocks", "400", "--prefixes", "6", "--prefix-tokens", "512", "--tail-tokens", "32",
+		"--output-tokens", "4", "--requests", "600", "--arrival-rate", "2", "--policies", "kv",
+		"--add-worker-at", "2m", "--warmup-shadow"})
+	evs := got["kv"]
+	if len(evs) != 1 || !evs[0].Shadows.Valid || evs[0].Shadows.Value <= 0 || !evs[0].ShadowPrefillTokens.Valid ||
+		evs[0].ShadowPrefillTokens.Value <= 0 || !evs[0].ShadowPrefillShare.Valid || evs[0].Steered.Value != 0 {
+		t.Fatalf("additions %+v", evs)
 	}
 }

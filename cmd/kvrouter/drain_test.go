@@ -7,7 +7,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -195,4 +197,222 @@ func TestServeShardedWorkerDrain(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// copyWorkers are fake OpenAI workers that record what they receive.
+type copyWorkers struct {
+	mu   sync.Mutex
+	seen map[string][]copySeen // worker id → requests, in arrival order
+}
+
+type copySeen struct {
+	at        time.Time
+	maxTokens float64
+	stream    bool
+	messages  int // the conversation's length: which turn's prompt
+	session   string
+}
+
+// isCopy: a drain copy of a session's second turn (the client's turns
+// carry its session header; a copy carries none of its headers).
+func (r copySeen) isCopy() bool {
+	return r.maxTokens == 1 && !r.stream && r.messages == 2 && r.session == ""
+}
+
+// start starts n workers dc-0..dc-n-1 and registers them through base.
+func (cw *copyWorkers) start(t *testing.T, base string, n int) []string {
+	t.Helper()
+	cw.seen = map[string][]copySeen{}
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("dc-%d", i)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			var body struct {
+				MaxTokens float64           `json:"max_tokens"`
+				Stream    bool              `json:"stream"`
+				Messages  []json.RawMessage `json:"messages"`
+			}
+			_ = json.NewDecoder(r.Body).Decode(&body)
+			cw.mu.Lock()
+			cw.seen[id] = append(cw.seen[id], copySeen{at: time.Now(), maxTokens: body.MaxTokens, stream: body.Stream,
+				messages: len(body.Messages), session: r.Header.Get("X-Dynamo-Session-ID")})
+			cw.mu.Unlock()
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"choices":[{"message":{"content":"ok"}}],"usage":{"prompt_tokens":20,"completion_tokens":1}}`)
+		}))
+		t.Cleanup(srv.Close)
+		body := fmt.Sprintf(`{"id":%q,"url":%q,"model":"kvmock","block_size":16,"total_kv_blocks":100000}`, id, srv.URL)
+		poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
+			resp, err := http.Post(base+"/workers/register", "application/json", strings.NewReader(body))
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != 200 {
+				b, _ := io.ReadAll(resp.Body)
+				return fmt.Errorf("register %s: %d %s", id, resp.StatusCode, b)
+			}
+			return nil
+		})
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func (cw *copyWorkers) requests(id string) []copySeen {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	return slices.Clone(cw.seen[id])
+}
+
+// boundWorker is a session's worker on base (GET /sessions/{id}).
+func boundWorker(base, id string) (string, error) {
+	resp, err := http.Get(base + "/sessions/" + id)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var b struct {
+		Worker string `json:"worker"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&b); err != nil || resp.StatusCode != 200 {
+		return "", fmt.Errorf("GET /sessions/%s: %d %v", id, resp.StatusCode, err)
+	}
+	return b.Worker, nil
+}
+
+// TestServeDrainShadowMovesSessions is --router-drain-shadow live in
+// process: three replicas with session affinity, three workers; sessions
+// play two turns through r1; the worker W of the first session is drained
+// through r2. Before any further turn, each session bound to W is rebound
+// on every replica to another worker, which received a copy of the
+// session's last turn (max_tokens 1, not streamed, the two-turn
+// conversation) — the copy that moved it; W receives nothing after the
+// drain. Each such session's next turn, through r3, is answered by its new
+// worker, after the copy arrived there. The other sessions stay put and
+// get no copy.
+// The same with the index sharded over two data groups (the drain commits
+// to the worker's data group, the bindings live in the control group).
+func TestServeDrainShadowMovesSessions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three in-process replicas")
+	}
+	for _, groups := range []int{1, 2} {
+		t.Run(fmt.Sprintf("raft-groups=%d", groups), func(t *testing.T) { drainShadowMovesSessions(t, groups) })
+	}
+}
+
+func drainShadowMovesSessions(t *testing.T, groups int) {
+	reps := newTestCluster(t, func(c *serveConfig) {
+		c.Sessions.TTL = 300 * time.Second
+		c.DrainShadow = true
+		c.RaftGroups = groups
+	})
+	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { _, err := leaderOf(reps); return err })
+	var cw copyWorkers
+	workers := cw.start(t, reps[0].url(), 3)
+	waitRoutable(t, reps, workers)
+
+	const sessions = 9
+	first := map[string]string{}
+	for s := range sessions {
+		id := fmt.Sprintf("dr-%d", s)
+		for k := range 2 {
+			w, err := sendTurn(turnSpec{base: reps[0].url(), session: id, turn: k})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k == 0 {
+				first[id] = w
+			} else if w != first[id] {
+				t.Fatalf("session %s moved from %s to %s before any drain", id, first[id], w)
+			}
+		}
+	}
+	gone := first["dr-0"]
+	var onGone []string
+	for id, w := range first {
+		if w == gone {
+			onGone = append(onGone, id)
+		}
+	}
+	t.Logf("%d of %d sessions bound to %s, drained", len(onGone), sessions, gone)
+	// Nothing runs from here on but the drain and its copies (the copies
+	// may start before the drain's answer reaches the test).
+	drainedAt := time.Now()
+	poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
+		resp, err := http.Post(reps[1].url()+"/workers/drain", "application/json", strings.NewReader(fmt.Sprintf(`{"id":%q}`, gone)))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			b, _ := io.ReadAll(resp.Body)
+			return fmt.Errorf("drain %s: %d %s", gone, resp.StatusCode, b)
+		}
+		return nil
+	})
+
+	// Moved by their copies alone: no turn is sent meanwhile.
+	moved := map[string]string{}
+	for _, r := range reps {
+		poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
+			for id, was := range first {
+				w, err := boundWorker(r.url(), id)
+				switch {
+				case err != nil:
+					return err
+				case was != gone && w != was:
+					t.Fatalf("%s: session %s moved from %s to %s, its worker was not drained", r.cfg.NodeID, id, was, w)
+				case was == gone && w == gone:
+					return fmt.Errorf("%s: session %s still bound to the drained %s", r.cfg.NodeID, id, gone)
+				case was == gone && moved[id] != "" && moved[id] != w:
+					return fmt.Errorf("%s: session %s bound to %s, elsewhere %s", r.cfg.NodeID, id, w, moved[id])
+				case was == gone:
+					moved[id] = w
+				}
+			}
+			return nil
+		})
+	}
+	for _, r := range cw.requests(gone) {
+		if r.at.After(drainedAt) {
+			t.Errorf("the drained worker got a request after the drain: %+v", r)
+		}
+	}
+	for id, to := range moved {
+		var copied time.Time
+		for _, r := range cw.requests(to) {
+			if r.isCopy() && r.at.After(drainedAt) {
+				copied = r.at
+			}
+		}
+		if copied.IsZero() {
+			t.Fatalf("session %s moved to %s without a copy there: %+v", id, to, cw.requests(to))
+		}
+		// The next turn, through another replica: on the new worker,
+		// after its copy.
+		w, err := sendTurn(turnSpec{base: reps[2].url(), session: id, turn: 2})
+		if err != nil || w != to {
+			t.Fatalf("session %s's next turn answered by %q (%v), moved to %s", id, w, err, to)
+		}
+		reqs := cw.requests(to)
+		if last := reqs[len(reqs)-1]; last.messages != 3 || !last.at.After(copied) {
+			t.Errorf("session %s: its next turn %+v, its copy at %v", id, last, copied)
+		}
+	}
+	if len(moved) != len(onGone) {
+		t.Errorf("moved %v, bound to %s before: %v", moved, gone, onGone)
+	}
+	var copies int
+	for _, w := range workers {
+		for _, r := range cw.requests(w) {
+			if r.isCopy() && r.at.After(drainedAt) {
+				copies++
+			}
+		}
+	}
+	if copies != len(onGone) {
+		t.Errorf("%d copies for %d sessions on %s", copies, len(onGone), gone)
+	}
 }

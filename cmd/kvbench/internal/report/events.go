@@ -81,6 +81,13 @@ func meanEvent(reps []sim.EventFigures) EventResult {
 	e.NewWorkerShare = opt("new_worker_share", func(x *sim.EventFigures) stats.Optional { return x.NewWorkerShare })
 	e.Steered = opt("steered", func(x *sim.EventFigures) stats.Optional { return x.Steered })
 	e.WarmUpEndS = opt("warm_up_end_s", func(x *sim.EventFigures) stats.Optional { return x.WarmUpEndS })
+	e.Shadows = opt("shadows", func(x *sim.EventFigures) stats.Optional { return x.Shadows })
+	e.ShadowSkipped = opt("shadow_skipped", func(x *sim.EventFigures) stats.Optional { return x.ShadowSkipped })
+	e.ShadowRebinds = opt("shadow_rebinds", func(x *sim.EventFigures) stats.Optional { return x.ShadowRebinds })
+	e.ShadowRedirects = opt("shadow_redirects", func(x *sim.EventFigures) stats.Optional { return x.ShadowRedirects })
+	e.ShadowPrefillTokens = opt("shadow_prefill_tokens", func(x *sim.EventFigures) stats.Optional { return x.ShadowPrefillTokens })
+	e.ShadowPrefillMs = opt("shadow_prefill_ms", func(x *sim.EventFigures) stats.Optional { return x.ShadowPrefillMs })
+	e.ShadowPrefillShare = opt("shadow_prefill_share", func(x *sim.EventFigures) stats.Optional { return x.ShadowPrefillShare })
 	for _, r := range reps {
 		e.Workers = append(e.Workers, r.Worker)
 	}
@@ -144,6 +151,13 @@ func writeSessionsAndEvents(b *strings.Builder, results []Result) {
 				{"; new worker's share %.1f%%", e.NewWorkerShare, 100},
 				{"; warm-up steered %.0f", e.Steered, 1},
 				{", ended after %.0fs", e.WarmUpEndS, 1},
+				{"; shadow prefills %.0f", e.Shadows, 1},
+				{" (skipped %.0f", e.ShadowSkipped, 1},
+				{", sessions moved %.0f", e.ShadowRebinds, 1},
+				{", requests sent to the holder instead %.0f)", e.ShadowRedirects, 1},
+				{", computing %.0f prompt tokens", e.ShadowPrefillTokens, 1},
+				{" (%.2f%% of the fleet's prefill", e.ShadowPrefillShare, 100},
+				{", ≤ %.0f ms of steps)", e.ShadowPrefillMs, 1},
 			} {
 				if o.v.Valid {
 					fmt.Fprintf(b, o.format, o.scale*o.v.Value)

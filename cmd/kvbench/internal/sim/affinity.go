@@ -120,9 +120,22 @@ func (a *affinityState) route(s *state, k, i int, req router.Request) (router.De
 			}
 			return rt.Route(req, epoch.Add(s.now)) // soft and busy: the binding stays
 		}
+		if wi := s.byWorker[bound]; s.fleet.keeping[wi] && !s.fleet.gone[wi] && s.fleet.drainRecord(wi) >= 0 {
+			// Draining with shadows: the turn stays, its copy goes ahead.
+			if d, ok := s.shadow.drainTurn(s, k, i, bound, req); ok {
+				return d, nil
+			}
+		}
 		if wi := s.byWorker[bound]; s.fleet.keeping[wi] && !s.fleet.gone[wi] {
 			// Draining with its sessions kept: the bound turn still goes there.
 			if d, err := routeTo(s, k, bound, req); err == nil {
+				return d, nil
+			}
+		}
+		// A session a drain-shadow moved goes where its copy went.
+		if to, moved := s.shadow.movedTo(s, i); moved && s.fleet.routable(to) {
+			if d, err := routeTo(s, k, s.ids[to], req); err == nil {
+				a.bind(s, k, key, s.ids[to])
 				return d, nil
 			}
 		}

@@ -83,9 +83,22 @@ type EventFigures struct {
 	// Steered (add, with --warmup-share): the requests the warm-up sent
 	// to the new worker on purpose; WarmUpEndS: from the event to when
 	// the warm-up found it warm and stopped (absent when it never did).
-	Steered    stats.Optional  `json:"steered,omitzero"`
-	WarmUpEndS stats.Optional  `json:"warm_up_end_s,omitzero"`
-	Windows    []WindowFigures `json:"windows,omitempty"`
+	Steered    stats.Optional `json:"steered,omitzero"`
+	WarmUpEndS stats.Optional `json:"warm_up_end_s,omitzero"`
+	// Shadow prefills (drain-shadow, --warmup-shadow; shadow.go): copies
+	// sent and skipped for want of room, sessions rebound when their copy
+	// ended, the prompt tokens their engines computed, that prefill's
+	// time as steps of its own (an upper bound) and the computed tokens
+	// over the fleet's over the horizon (the clients' requests sent
+	// within it plus the copies): the extra work the copies cost.
+	Shadows             stats.Optional  `json:"shadows,omitzero"`
+	ShadowSkipped       stats.Optional  `json:"shadow_skipped,omitzero"`
+	ShadowRebinds       stats.Optional  `json:"shadow_rebinds,omitzero"`
+	ShadowRedirects     stats.Optional  `json:"shadow_redirects,omitzero"`
+	ShadowPrefillTokens stats.Optional  `json:"shadow_prefill_tokens,omitzero"`
+	ShadowPrefillMs     stats.Optional  `json:"shadow_prefill_ms,omitzero"`
+	ShadowPrefillShare  stats.Optional  `json:"shadow_prefill_share,omitzero"`
+	Windows             []WindowFigures `json:"windows,omitempty"`
 }
 
 // MeasureEvents measures every event of res against base, the same run
@@ -188,14 +201,15 @@ func measureEvent(w *workload.Workload, res, base *Result, ev EventRecord, o Dip
 	if ev.Kind == EventAdd && ev.WarmUpEnd >= 0 {
 		f.WarmUpEndS = stats.Optional{Value: (ev.WarmUpEnd - t).Seconds(), Valid: true}
 	}
-	if (ev.Kind == EventDrain || ev.Kind == EventDrainSessions) && ev.Left >= 0 {
+	if ev.Kind.drains() && ev.Left >= 0 {
 		f.LeftS = stats.Optional{Value: (ev.Left - t).Seconds(), Valid: true}
 	}
-	var lost, baseCached int64
+	var lost, baseCached, computed int64
 	for i, rr := range res.Requests {
 		if at := sentKey(rr); at < t || at >= end {
 			continue
 		}
+		computed += int64(w.Requests[i].PromptTokens) - cachedOf(rr)
 		b := cachedOf(base.Requests[i])
 		baseCached += b
 		lost += b - cachedOf(rr)
@@ -203,6 +217,16 @@ func measureEvent(w *workload.Workload, res, base *Result, ev EventRecord, o Dip
 	f.LostCachedTokens, f.BaselineCachedTokens = float64(lost), float64(baseCached)
 	if baseCached > 0 {
 		f.LostFraction = float64(lost) / float64(baseCached)
+	}
+	if ev.Shadows > 0 || ev.ShadowSkipped > 0 || ev.Kind == EventDrainShadow {
+		opt := func(v float64) stats.Optional { return stats.Optional{Value: v, Valid: true} }
+		f.Shadows, f.ShadowSkipped, f.ShadowRebinds = opt(float64(ev.Shadows)), opt(float64(ev.ShadowSkipped)), opt(float64(ev.ShadowRebinds))
+		f.ShadowRedirects = opt(float64(ev.ShadowRedirects))
+		f.ShadowPrefillTokens = opt(float64(ev.ShadowPrefillTokens))
+		f.ShadowPrefillMs = opt(ms(ev.ShadowPrefillTime))
+		if all := computed + ev.ShadowPrefillTokens; all > 0 {
+			f.ShadowPrefillShare = opt(float64(ev.ShadowPrefillTokens) / float64(all))
+		}
 	}
 	if len(ev.Sessions) > 0 {
 		var kept, was int64

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
+	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/internal/fleetplan"
 	"github.com/kvrouter/kvrouter/router"
 )
@@ -27,6 +28,8 @@ import (
 //   - drain-sessions: a drain that keeps the worker's bound sessions
 //     (session affinity) there until they end; it leaves when idle and no
 //     session bound there has a turn to come.
+//   - drain-shadow: a drain that moves the bound sessions by shadow
+//     prefill (shadow.go).
 //   - add: a worker with the first worker's capacity joins, cold.
 //
 // Sessions bound to a worker that leaves or drains rebind at their next
@@ -44,7 +47,13 @@ const (
 	// unbound request goes there; it leaves when idle with no bound
 	// session left to come back.
 	EventDrainSessions EventKind = "drain-sessions"
-	EventAdd           EventKind = "add"
+	// EventDrainShadow drains and moves the worker's bound sessions by
+	// shadow prefill (shadow.go): a bound turn still runs there while a
+	// copy of it fills the session's new worker, and the session moves
+	// when the copy is there; it leaves when idle and every session whose
+	// latest turn ran there has moved or ended.
+	EventDrainShadow EventKind = "drain-shadow"
+	EventAdd         EventKind = "add"
 )
 
 // Chooser picks the worker a remove or drain takes.
@@ -105,6 +114,18 @@ type EventRecord struct {
 	// worker warm and stopped (-1: it never did).
 	Steered   int
 	WarmUpEnd time.Duration
+	// Shadow prefills (drain-shadow; add with Config.ShadowWarmUp;
+	// shadow.go): copies sent, skipped for want of room, sessions rebound
+	// when their copy ended; the prompt tokens the copies carried, those
+	// their engines computed, and that prefill's time as steps of their
+	// own (an upper bound: batched with other work it costs less).
+	Shadows, ShadowSkipped, ShadowRebinds int
+	// ShadowRedirects (shadow warm-up): requests routed to the warming
+	// worker without its prefix that went to the best holder instead,
+	// their copy sent to the warming worker.
+	ShadowRedirects                         int
+	ShadowPromptTokens, ShadowPrefillTokens int64
+	ShadowPrefillTime                       time.Duration
 }
 
 // PlanWindow is how far back the plan chooser counts each worker's cached
@@ -131,6 +152,12 @@ func (c *Config) checkFleet() error {
 	if w := c.WarmUp; w != nil && (c.added() == 0 || !(w.Share > 0 && w.Share <= 1) || !(w.Headroom > 0)) {
 		return fmt.Errorf("warm-up %+v needs an add event, a share in (0,1] and a positive headroom: %w", *w, ErrConfig)
 	}
+	if c.ShadowWarmUp && (c.added() == 0 || c.WarmUp != nil) {
+		return fmt.Errorf("the shadow warm-up needs an add event and no steering warm-up: %w", ErrConfig)
+	}
+	if err := c.Shadow.check(); err != nil {
+		return err
+	}
 	if c.Peer != nil && (len(c.Events) > 0 || c.Affinity.Mode != AffinityOff) {
 		return fmt.Errorf("fleet events and session affinity act on our routers, not on a peer's: %w", ErrConfig)
 	}
@@ -140,7 +167,7 @@ func (c *Config) checkFleet() error {
 		}
 		switch e.Kind {
 		case EventAdd:
-		case EventRemove, EventDrain, EventDrainSessions:
+		case EventRemove, EventDrain, EventDrainSessions, EventDrainShadow:
 			if !e.Chooser.Valid() {
 				return fmt.Errorf("fleet event %d: chooser %q: %w", k, e.Chooser, ErrConfig)
 			}
@@ -163,10 +190,11 @@ type fleetState struct {
 	// keeping: a drain-sessions worker: still a router candidate (bound
 	// turns go there), excluded from every other decision.
 	keeping  []bool
-	inflight []int       // requests submitted to the worker and not finished
-	resent   []bool      // per request: re-sent after its worker was removed
-	lastTurn map[int]int // session → its latest turn routed
-	nextSlot int         // the slot the next add takes
+	inflight []int          // requests submitted to the worker and not finished
+	resent   []bool         // per request: re-sent after its worker was removed
+	lastTurn map[int]int    // session → its latest turn routed
+	nextSlot int            // the slot the next add takes
+	stats    []engine.Stats // per worker: its engine's totals when it left
 	rng      *rand.Rand
 	ids      []router.WorkerID // scratch: routable ids
 }
@@ -178,6 +206,7 @@ func (f *fleetState) init(s *state, n int) {
 	f.draining = make([]bool, n)
 	f.keeping = make([]bool, n)
 	f.inflight = make([]int, n)
+	f.stats = make([]engine.Stats, n)
 	f.resent = make([]bool, len(s.w.Requests))
 	for i := range s.cfg.Workers {
 		f.present[i] = true
@@ -223,7 +252,7 @@ func (f *fleetState) due(s *state, t time.Duration) {
 		case EventAdd:
 			rec.Worker = f.add(s)
 			s.warm.start(s, rec.Worker, len(f.records))
-		case EventRemove, EventDrain, EventDrainSessions:
+		case EventRemove, EventDrain, EventDrainSessions, EventDrainShadow:
 			wi := f.choose(s, e.Chooser)
 			if wi < 0 {
 				break
@@ -239,7 +268,7 @@ func (f *fleetState) due(s *state, t time.Duration) {
 			case EventDrain:
 				f.draining[wi] = true
 				f.setWorkers(s)
-			case EventDrainSessions:
+			case EventDrainSessions, EventDrainShadow:
 				f.draining[wi], f.keeping[wi] = true, true
 				f.setWorkers(s)
 			default:
@@ -247,6 +276,9 @@ func (f *fleetState) due(s *state, t time.Duration) {
 			}
 		}
 		f.records = append(f.records, rec)
+		if e.Kind == EventDrainShadow && rec.Worker >= 0 && s.shadow.policy.Eager {
+			s.shadow.copyAll(s, len(f.records)-1)
+		}
 	}
 }
 
@@ -327,9 +359,11 @@ func (f *fleetState) remove(s *state, wi int) int {
 // leave drops worker wi: its engine, its index entries, its candidacy.
 func (f *fleetState) leave(s *state, wi int) {
 	f.gone[wi] = true
+	f.stats[wi] = s.engines[wi].Stats()
 	s.engines[wi] = nil
 	s.busy[wi], s.dirty[wi] = false, false
 	s.index.RemoveWorker(s.ids[wi])
+	s.shadow.left(s, wi)
 	f.setWorkers(s)
 }
 
@@ -337,10 +371,13 @@ func (f *fleetState) leave(s *state, wi int) {
 func (f *fleetState) leaveIdle(s *state) {
 	for k := range f.records {
 		rec := &f.records[k]
-		if (rec.Kind != EventDrain && rec.Kind != EventDrainSessions) || rec.Worker < 0 || f.gone[rec.Worker] || f.inflight[rec.Worker] > 0 {
+		if !rec.Kind.drains() || rec.Worker < 0 || f.gone[rec.Worker] || f.inflight[rec.Worker] > 0 {
 			continue
 		}
 		if rec.Kind == EventDrainSessions && f.sessionsToCome(s, rec.Worker) {
+			continue
+		}
+		if rec.Kind == EventDrainShadow && f.boundToCome(s, rec.Worker) {
 			continue
 		}
 		rec.Left = s.now
@@ -360,6 +397,36 @@ func (f *fleetState) sessionsToCome(s *state, wi int) bool {
 		}
 	}
 	return false
+}
+
+// boundToCome reports whether a session whose latest turn ran on worker
+// wi, with a turn still to come, has not moved away by its copy (shadow.go).
+func (f *fleetState) boundToCome(s *state, wi int) bool {
+	if s.cfg.Affinity.Mode == AffinityOff {
+		return false
+	}
+	for sess, last := range f.lastTurn {
+		if _, moved := s.shadow.moved[sess]; !moved && s.res[last].Worker == wi && s.w.Requests[last].NextTurn >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// drainRecord is the index of the drain-shadow event that drains worker
+// wi; -1 when none does.
+func (f *fleetState) drainRecord(wi int) int {
+	for k := range f.records {
+		if f.records[k].Kind == EventDrainShadow && f.records[k].Worker == wi {
+			return k
+		}
+	}
+	return -1
+}
+
+// drains reports whether an event of kind k drains its worker.
+func (k EventKind) drains() bool {
+	return k == EventDrain || k == EventDrainSessions || k == EventDrainShadow
 }
 
 // keepingIDs are the drain-sessions workers still in the fleet (scratch).

@@ -82,6 +82,13 @@ type Config struct {
 	// Tenants tags requests with tenants and runs tenant fairness in the
 	// routers' admission queues (tenants.go; needs Router.QueueThreshold).
 	Tenants Tenants
+	// ShadowWarmUp warms a worker an add event brought in by shadow
+	// prefills of the duplicated prefixes it lacks (shadow.go) instead of
+	// steering requests there; not with WarmUp.
+	ShadowWarmUp bool
+	// Shadow bounds shadow prefills (drain-shadow events, ShadowWarmUp);
+	// the zero value takes the defaults.
+	Shadow ShadowPolicy
 	// IDSlots is the number of worker ids the width of WorkerID is sized
 	// for (0: Workers plus the workers Events add). A run without events
 	// compared with one with them gives the same value, so both name the
@@ -135,6 +142,10 @@ type Result struct {
 	Events []EventRecord
 	// Workers are the worker ids by index, added workers included.
 	Workers []router.WorkerID
+	// Engines are each worker's engine totals at the end, or when it left
+	// (zero for a worker never added): what the engines computed, shadow
+	// prefills (shadow.go) included.
+	Engines []engine.Stats
 }
 
 // usesIndex reports whether a mode reads the event-fed index. Modes this
@@ -214,10 +225,11 @@ type state struct {
 	pods       []peerpolicy.Pod // a peer's view of the workers, as last scraped
 	nextScrape time.Duration
 
-	aff   affinityState  // session bindings (affinity.go)
-	fleet fleetState     // fleet events (fleet.go)
-	warm  warmState      // warm-up of added workers (warmup.go)
-	adm   admissionState // the routers' queues and tenant ledgers (tenants.go)
+	aff    affinityState  // session bindings (affinity.go)
+	fleet  fleetState     // fleet events (fleet.go)
+	warm   warmState      // warm-up of added workers (warmup.go)
+	adm    admissionState // the routers' queues and tenant ledgers (tenants.go)
+	shadow shadowState    // shadow prefills (shadow.go)
 
 	issued    int // closed loop: next request to send
 	finished  int
@@ -275,6 +287,7 @@ func (s *state) build() error {
 		s.res[i].Pinned = PinnedRequest(s.w, s.cfg, i)
 	}
 	s.aff.init(s)
+	s.shadow.init(s, n)
 	s.warm.worker = -1
 	return s.adm.init(s)
 }
@@ -524,7 +537,7 @@ func (s *state) route(k, i int, req router.Request) (router.Decision, error) {
 	if err != nil {
 		return d, err
 	}
-	return s.warm.steer(s, k, req, d)
+	return s.warm.steer(s, k, i, req, d)
 }
 
 // sendByPeer routes request i by the peer and submits it.
@@ -554,6 +567,9 @@ func (s *state) fail(i int, msg string) {
 
 func (s *state) handle(wi int, outs []engine.Output) {
 	for _, o := range outs {
+		if s.shadow.handle(s, o) {
+			continue
+		}
 		i, ok := s.byID[o.RequestID]
 		if !ok {
 			continue
@@ -656,6 +672,12 @@ func (s *state) finish() *Result {
 		EventsDelivered: s.delivered,
 		Events:          s.fleet.records,
 		Workers:         s.ids,
+		Engines:         s.fleet.stats,
+	}
+	for i, e := range s.engines {
+		if e != nil {
+			res.Engines[i] = e.Stats()
+		}
 	}
 	if s.adm.tenants() {
 		res.TenantOf = s.adm.tenantOf

@@ -34,7 +34,7 @@ type warmState struct {
 // start hands the warm-up to worker wi, added by the event recorded at
 // rec (nothing without Config.WarmUp).
 func (w *warmState) start(s *state, wi, rec int) {
-	if s.cfg.WarmUp == nil || wi < 0 {
+	if (s.cfg.WarmUp == nil && !s.cfg.ShadowWarmUp) || wi < 0 {
 		return
 	}
 	if w.rng == nil {
@@ -56,18 +56,21 @@ func (w *warmState) start(s *state, wi, rec int) {
 
 // steer applies the warm-up to the decision d router k made for req:
 // the decision itself, or one routed to the warming worker only.
-func (w *warmState) steer(s *state, k int, req router.Request, d router.Decision) (router.Decision, error) {
-	if s.cfg.WarmUp == nil || w.worker < 0 {
+func (w *warmState) steer(s *state, k, i int, req router.Request, d router.Decision) (router.Decision, error) {
+	if (s.cfg.WarmUp == nil && !s.cfg.ShadowWarmUp) || w.worker < 0 {
 		return d, nil
 	}
 	if !s.fleet.routable(w.worker) {
 		w.worker = -1 // removed while warming
 		return d, nil
 	}
-	if w.warm(s) {
+	if w.warm(s) && (!s.cfg.ShadowWarmUp || w.filled(s)) {
 		s.fleet.records[w.rec].WarmUpEnd = s.now
 		w.worker = -1
 		return d, nil
+	}
+	if s.cfg.ShadowWarmUp {
+		return w.shadowWarm(s, k, i, req, d), nil
 	}
 	rt := s.rts[k]
 	util := warmup.Utilization(rt.Config().Thresholds, rt.Workers(), rt.Load().Load)
@@ -97,4 +100,26 @@ func (w *warmState) warm(s *state) bool {
 		}
 	}
 	return n >= warmMinRequests && prompt > 0 && float64(cached)/float64(prompt) >= w.baseline
+}
+
+// copyRoom (shadow warm-up): the copies sent so far carried less than the
+// warming worker's capacity in blocks (more would evict what they copied).
+func (w *warmState) copyRoom(s *state) bool {
+	return s.fleet.records[w.rec].ShadowPromptTokens/int64(s.w.BlockSize) < int64(s.capacity(w.worker))
+}
+
+// filled (shadow warm-up): the warming worker holds as many blocks as the
+// other workers hold on average (by the index), or the copies sent carried
+// its capacity's worth.
+func (w *warmState) filled(s *state) bool {
+	held, _ := s.index.CacheCounts(s.ids[w.worker])
+	var others, n int
+	for wi, id := range s.ids {
+		if wi != w.worker && s.fleet.routable(wi) {
+			h, _ := s.index.CacheCounts(id)
+			others += h
+			n++
+		}
+	}
+	return (n > 0 && held*n >= others) || !w.copyRoom(s)
 }

@@ -125,6 +125,14 @@ type Config struct {
 	HitRateMaxBlocks int
 	// WarmUpShare is api.Config.WarmUpShare (--router-warmup-share; 0 off).
 	WarmUpShare float64
+	// WarmUpShadow and ShadowInflight are api.Config's
+	// (--router-warmup-shadow, --router-shadow-inflight).
+	WarmUpShadow   bool
+	ShadowInflight int
+	// DrainShadow and SessionBodiesMaxBytes are api.Config's
+	// (--router-drain-shadow, --router-session-bodies-max-bytes).
+	DrainShadow           bool
+	SessionBodiesMaxBytes int64
 	// The traffic capture (api/capture): answered requests as a
 	// replayable trace in CaptureFile (off when empty), the CaptureSample
 	// fraction of prefixes, rotated at CaptureMaxBytes.

@@ -240,8 +240,13 @@ func (r *replica) onGroupChange(g *dataGroup, ch fsm.Change) {
 	r.tokcheck.note(ch)
 	switch ch.Kind {
 	case fsm.ChangeDrain:
-		// Routers drop (or take back) the worker from their candidates.
+		// Routers drop (or take back) the worker from their candidates;
+		// then the API hears of a new drain (api.DrainWatcher), so what
+		// it routes for the drain never reaches the drained worker.
 		r.refresh()
+		if !ch.Removed && ch.Reason == "drained" {
+			r.drained.notify(ch.Worker)
+		}
 	case fsm.ChangeWorkers, fsm.ChangeModelConfig, fsm.ChangeRestored:
 		r.refresh()
 		r.gaps.check(r.workers(), r.modelConfig)

@@ -69,6 +69,7 @@ type replica struct {
 
 	sessWrites sessionWrites // background session refreshes and ends (sessions.go)
 	pinWrites  pinWrites     // background pin writes (pins.go)
+	drained    drainHooks    // the API's listeners for committed drains (workerdrain.go)
 }
 
 // Adapter resolves a LoRA adapter to its base model and serving workers.

@@ -108,7 +108,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		MaxPriorityByKey: cfg.MaxPriorityByKey, MaxWorkers: cfg.MaxWorkers, MaxQueue: cfg.MaxQueue,
 		WorkerHeaderTimeout: cfg.WorkerHeaderTimeout, WorkerIdleTimeout: cfg.WorkerIdleTimeout, ProtectStatus: cfg.ProtectStatus, MetricsCompat: cfg.MetricsCompat, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log,
 		Registry: reg, Decisions: decisions, Capture: capt, HitRateMaxBlocks: cfg.HitRateMaxBlocks, Tenants: r.tenants,
-		WarmUpShare: cfg.WarmUpShare, ReservationTTL: cfg.ReservationTTL,
+		WarmUpShare: cfg.WarmUpShare, WarmUpShadow: cfg.WarmUpShadow, ShadowInflight: cfg.ShadowInflight,
+		DrainShadow: cfg.DrainShadow, SessionBodiesMaxBytes: cfg.SessionBodiesMaxBytes, ReservationTTL: cfg.ReservationTTL,
 	}
 	if bundle == nil {
 		// Without TLS the admin token is the cluster endpoints' only

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api"
@@ -266,7 +268,34 @@ func (r *replica) FleetWorkers() []api.FleetWorker {
 	return out
 }
 
+// drainHooks are the functions told of each drain applied here
+// (api.DrainWatcher: the API's drain copies, --router-drain-shadow).
+type drainHooks struct {
+	mu  sync.Mutex
+	fns []func(worker string)
+}
+
+// OnWorkerDrained registers fn, called with the worker's id each time a
+// drain of it is applied on this replica (the log's order, the routers
+// already without it). A drain replayed from the log at start-up calls it
+// too; the API then holds nothing to copy.
+func (r *replica) OnWorkerDrained(fn func(worker string)) {
+	r.drained.mu.Lock()
+	defer r.drained.mu.Unlock()
+	r.drained.fns = append(r.drained.fns, fn)
+}
+
+func (h *drainHooks) notify(worker string) {
+	h.mu.Lock()
+	fns := slices.Clone(h.fns)
+	h.mu.Unlock()
+	for _, fn := range fns {
+		fn(worker)
+	}
+}
+
 var (
+	_ api.DrainWatcher  = (*replica)(nil)
 	_ api.WorkerDrainer = (*replica)(nil)
 	_ api.FleetReader   = (*replica)(nil)
 )
