@@ -103,7 +103,7 @@ func (r *replica) proposeSession(ctx context.Context, c fsm.Command) (*fsm.Apply
 	defer cancel()
 	resp, err := r.control().node.Apply(ctx, b)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", errSessionNotCommitted, err)
 	}
 	res, ok := resp.(*fsm.ApplyResult)
 	if !ok {
@@ -160,11 +160,35 @@ func (r *replica) sessionWrite(id string, c fsm.Command) {
 			delete(w.inFlight, id)
 			w.mu.Unlock()
 		}()
-		if _, err := r.proposeSession(context.Background(), c); err != nil {
-			r.log.Debug("session write", "session", id, "command", c.Type().String(), "err", err)
+		// A write the log did not take (no leader during an election, a
+		// forward that timed out) is tried again for a while: an end
+		// (X-Dynamo-Session-Final) that was dropped would keep its worker
+		// bound for the rest of its TTL. Refusals by the FSM are final.
+		start, wait := time.Now(), sessionRetryFirst
+		for {
+			_, err := r.proposeSession(context.Background(), c)
+			if err == nil {
+				return
+			}
+			if !errors.Is(err, errSessionNotCommitted) || time.Since(start)+wait > sessionRetryFor {
+				r.log.Warn("session write not committed", "session", id, "command", c.Type().String(), "err", err)
+				return
+			}
+			time.Sleep(wait)
+			wait = min(2*wait, time.Second)
 		}
 	}()
 }
+
+// errSessionNotCommitted marks a session write the Raft log did not take
+// (as opposed to one the FSM refused): worth trying again.
+var errSessionNotCommitted = errors.New("session write not committed")
+
+// How long a background session write is retried, and its first backoff.
+const (
+	sessionRetryFor   = 10 * time.Second
+	sessionRetryFirst = 100 * time.Millisecond
+)
 
 // sessionStatus is the "sessions" part of /cluster/status: the policy, the
 // count and the bindings per worker id.
