@@ -263,6 +263,9 @@ type FSM struct {
 	// and snapshot format it knows (0 = this build's).
 	newestType   CommandType
 	newestFormat byte
+	// Tests set this to apply KV batches through the event-by-event
+	// reference (the loop before router.Index.ApplyBatch), to compare.
+	eventsOneByOne func(f *FSM, idx uint64, evs []KVBatchEvent, res *ApplyResult)
 	// Tests lower this to exercise the refusal of oversized entries
 	// without allocating MaxEntryBytes (0 = MaxEntryBytes).
 	maxEntry int
@@ -474,6 +477,10 @@ func (f *FSM) applyLocked(l *raft.Log) *ApplyResult {
 			return res
 		}
 		f.stats.commands.Add(1)
+		if f.eventsOneByOne != nil {
+			f.eventsOneByOne(f, l.Index, evs, res)
+			return res
+		}
 		f.applyEventsLocked(l.Index, evs, res)
 		return res
 	}
