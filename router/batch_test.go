@@ -289,3 +289,32 @@ func FuzzIndexApplyBatch(f *testing.F) {
 		compareIndexes(t, a, b, workers)
 	})
 }
+
+// TestIndexRemovedEventIsBlockByBlock: a removed event applies its blocks
+// in two passes (the engine names, then the words); the index it leaves is
+// the one its blocks leave removed one at a time, each in an event of its
+// own: with names removed twice in one event, content hashes named as
+// engine names, and blocks held by other workers.
+func TestIndexRemovedEventIsBlockByBlock(t *testing.T) {
+	for seed := range uint64(12) {
+		g := newBatchGen(100+seed, 6)
+		a, b := newBatchIndexes(g.workers)
+		for range 1500 {
+			e := g.event()
+			ev := *e.Event
+			_ = a.ApplyCapped(e.Worker, ev, e.MaxHeld)
+			if ev.Kind != EventRemoved || !ev.Tier.Valid() || e.Worker == "ghost" || len(ev.Removed) == 0 {
+				_ = b.ApplyCapped(e.Worker, ev, e.MaxHeld)
+				continue
+			}
+			for _, eh := range ev.Removed {
+				one := ev
+				one.Removed = []uint64{eh}
+				if err := b.ApplyCapped(e.Worker, one, e.MaxHeld); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		compareIndexes(t, a, b, g.workers)
+	}
+}

@@ -50,7 +50,10 @@ type Index struct {
 	pend pendingCounts
 	// batchSlots: ApplyBatch's scratch, each event's worker slot (mu held).
 	batchSlots []int32
-	sink       uint64 // the prefetch reads land here, so they are not dropped
+	// removing: removeEventLocked's scratch, the content hashes of a
+	// removed event's blocks (mu held).
+	removing []uint64
+	sink     uint64 // the prefetch reads land here, so they are not dropped
 	// gen counts the sections that held mu for writing (bumped inside
 	// them): a reader that saw gen g under mu, and later reads g again,
 	// knows the index has not changed since (MergedOverlaps' cache).
@@ -344,12 +347,7 @@ func (ix *Index) applyEventLocked(w WorkerID, slot int, ev *KVEvent, maxHeld int
 			ix.storeLocked(slot, wb, b)
 		}
 	case EventRemoved:
-		if slot < 64 && prefetch {
-			ix.prefetchRemovedLocked(wb, ev.Removed)
-		}
-		for _, eh := range ev.Removed {
-			ix.removeLocked(slot, wb, eh)
-		}
+		ix.removeEventLocked(slot, wb, ev.Removed, prefetch && slot < 64)
 	case EventCleared:
 		ix.pend.clears++
 		ix.clearLocked(slot)
@@ -405,29 +403,6 @@ func (ix *Index) prefetchStoredLocked(wb *workerBlocks, blocks []StoredBlock) {
 			acc ^= wb.engine.peek(b.EngineHash)
 		}
 		acc ^= ix.blocks.peek(b.ContentHash)
-	}
-	ix.sink = acc
-}
-
-// prefetchRemovedLocked is prefetchStoredLocked for a removed event: the
-// engine names first, then (their content hashes known) the blocks' words.
-// ix.mu must be held.
-func (ix *Index) prefetchRemovedLocked(wb *workerBlocks, removed []uint64) {
-	if len(removed) < 2 {
-		return
-	}
-	acc := uint64(0)
-	if wb.engine.Len() > 0 {
-		for _, eh := range removed {
-			acc ^= wb.engine.peek(eh)
-		}
-	}
-	for _, eh := range removed {
-		ch, ok := wb.engine.get(eh)
-		if !ok {
-			ch = eh
-		}
-		acc ^= ix.blocks.peek(ch)
 	}
 	ix.sink = acc
 }
@@ -509,17 +484,50 @@ func (ix *Index) countJoinLocked(wb *workerBlocks, n, sole int) {
 	}
 }
 
-// removeLocked: ix.mu must be held for writing.
-func (ix *Index) removeLocked(slot int, wb *workerBlocks, eh uint64) {
-	ch, ok := wb.engine.remove(eh)
-	if !ok {
-		ch = eh
+// removeEventLocked applies a removed event's blocks in two passes: the
+// engine names leave wb's aliases, giving each block's content hash, then
+// the content hashes leave the holder words. The passes touch different
+// tables and neither reads what the other writes, so the outcome is that
+// of removing block by block; the split finds each engine name once (a
+// read-ahead of the words needs the content hashes first: it used to look
+// every name up twice) and reads the words ahead with the hashes the first
+// pass found. prefetch: read the engine names' and the words' slots ahead
+// (slot < 64 only). ix.mu must be held for writing.
+func (ix *Index) removeEventLocked(slot int, wb *workerBlocks, removed []uint64, prefetch bool) {
+	prefetch = prefetch && len(removed) > 1
+	if prefetch && wb.engine.Len() > 0 {
+		acc := uint64(0)
+		for _, eh := range removed {
+			acc ^= wb.engine.peek(eh)
+		}
+		ix.sink = acc
 	}
-	if !ix.dropLocked(slot, wb, ch) {
-		ix.pend.unknown++
-		return
+	chs := ix.removing[:0]
+	for _, eh := range removed {
+		ch, ok := wb.engine.remove(eh)
+		if !ok {
+			ch = eh
+		}
+		chs = append(chs, ch)
 	}
-	ix.pend.removed++
+	if prefetch {
+		acc := uint64(0)
+		for _, ch := range chs {
+			acc ^= ix.blocks.peek(ch)
+		}
+		ix.sink = acc
+	}
+	for _, ch := range chs {
+		if ix.dropLocked(slot, wb, ch) {
+			ix.pend.removed++
+		} else {
+			ix.pend.unknown++
+		}
+	}
+	ix.removing = chs[:0]
+	if cap(chs) > 1<<12 {
+		ix.removing = nil // a huge event's scratch is not kept
+	}
 }
 
 // dropLocked clears slot's bit for content hash ch; false if it was not set.
