@@ -7,6 +7,16 @@ import (
 	"testing"
 )
 
+// applyStoredMore adds BenchmarkApplyStored's sub-benchmarks of
+// ApplyBatch (kept here, apart from bench_test.go, so that file builds
+// against commits before ApplyBatch for side-by-side runs).
+func applyStoredMore(b *testing.B) {
+	// The same events, 8 workers' removal and store at a time, through
+	// ApplyBatch (what fsm does with a Raft entry's events).
+	b.Run("batch=8/blocks=1M/workers=64", func(b *testing.B) { benchApplyStoredBatch(b, 64, 8, 4096) })
+	b.Run("batch=8/fresh/blocks=1M/workers=64", func(b *testing.B) { benchApplyStoredBatch(b, 64, 8, 4099) })
+}
+
 // batchGen draws random events over a small hash space, so that a batch
 // stores blocks other workers hold, stores a block twice, removes blocks
 // stored earlier in the same batch (and blocks never stored), reuses an
@@ -316,5 +326,62 @@ func TestIndexRemovedEventIsBlockByBlock(t *testing.T) {
 			}
 		}
 		compareIndexes(t, a, b, g.workers)
+	}
+}
+
+// benchApplyStoredBatch is benchApplyStored (no cap) through ApplyBatch,
+// perBatch workers' removal and store in each batch.
+func benchApplyStoredBatch(b *testing.B, workers, perBatch, poolSize int) {
+	ix, _ := benchIndex(b, 1<<20, workers, 256)
+	const chain = 16
+	ring := max(1, 64*64/workers)
+	rng := rand.New(rand.NewPCG(9, 9))
+	fresh := func() KVEvent {
+		sb := make([]StoredBlock, chain)
+		for i := range sb {
+			h := rng.Uint64()
+			sb[i] = StoredBlock{EngineHash: h ^ 0x5bd1e995, ContentHash: h}
+		}
+		return KVEvent{Kind: EventStored, Blocks: sb, BlockSize: 16}
+	}
+	ids := ix.Workers()
+	rings := make([][]KVEvent, len(ids))
+	for w := range rings {
+		for range ring {
+			ev := fresh()
+			_ = ix.Apply(ids[w], ev)
+			rings[w] = append(rings[w], ev)
+		}
+	}
+	pool := make([]KVEvent, poolSize)
+	for i := range pool {
+		pool[i] = fresh()
+	}
+	removals := make([]KVEvent, perBatch)
+	for i := range removals {
+		removals[i] = KVEvent{Kind: EventRemoved, Removed: make([]uint64, chain)}
+	}
+	batch := make([]BatchEvent, 0, 2*perBatch)
+	errs := make([]error, 2*perBatch)
+	b.ResetTimer()
+	defer startCPU().report(b, 0)
+	for e := 0; e*chain < b.N; e += perBatch {
+		batch = batch[:0]
+		for k := range perBatch {
+			w := (e + k) % len(ids)
+			slot := ((e + k) / len(ids)) % ring
+			for i, blk := range rings[w][slot].Blocks {
+				removals[k].Removed[i] = blk.EngineHash
+			}
+			ev := &pool[(e+k)%len(pool)]
+			batch = append(batch, BatchEvent{Worker: ids[w], Event: &removals[k]}, BatchEvent{Worker: ids[w], Event: ev})
+			rings[w][slot] = *ev
+		}
+		ix.ApplyBatch(batch, errs)
+		for _, err := range errs[:len(batch)] {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 }
