@@ -13,13 +13,14 @@ type BatchEvent struct {
 // applying on (it included). Far: the slots an event names directly (a
 // stored block's engine name and content hash, a removed block's engine
 // name). Near: a removed block's word, whose content hash the engine name's
-// slot gives, read once the far read has had time to arrive. The reads are
-// plain loads: the core keeps a few dozen misses in flight and waits when
-// they are all taken, so reading further ahead than an event of 16 blocks
-// only queues the next event's misses before this one's (measured: 48/24
-// blocks ahead cost 10–20 % more CPU per block than 16/8 on 16-block
-// events; BENCHMARKS.md, issue 31). What the distance buys is for small
-// events: a one-block event is read 15 events ahead instead of not at all.
+// slot gives, read once the far read has had time to arrive. The core
+// keeps a few dozen misses in flight, so reading further ahead than an
+// event of 16 blocks only queues the next event's misses before this
+// one's (measured with loads as the read-ahead, before blockTable.peek
+// became a prefetch: 48/24 blocks ahead cost 10–20 % more CPU per block
+// than 16/8 on 16-block events; BENCHMARKS.md, issue 31). What the
+// distance buys is for small events: a one-block event is read 15 events
+// ahead instead of not at all.
 const (
 	batchAheadFar  = 16
 	batchAheadNear = 8
