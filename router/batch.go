@@ -16,9 +16,9 @@ type BatchEvent struct {
 // slot gives, read once the far read has had time to arrive. The core
 // keeps a few dozen misses in flight, so reading further ahead than an
 // event of 16 blocks only queues the next event's misses before this
-// one's (measured with loads as the read-ahead, before blockTable.peek
-// became a prefetch: 48/24 blocks ahead cost 10–20 % more CPU per block
-// than 16/8 on 16-block events; BENCHMARKS.md, issue 31). What the
+// one's (48/24 or 32/16 blocks ahead cost 10–20 % more CPU per block
+// than 16/8 on 16-block events, with loads as the read-ahead and again
+// with the prefetch instruction; BENCHMARKS.md, issue 31). What the
 // distance buys is for small events: a one-block event is read 15 events
 // ahead instead of not at all.
 const (
