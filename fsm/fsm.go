@@ -236,6 +236,10 @@ type FSM struct {
 	dec     kvDecoder     // mu held
 	changes []Change      // mu held: collected during apply, sent after unlock
 	one     [1]uint64     // mu held: scratch for single removals
+	// mu held: applyEventsLocked's scratch, reused from entry to entry.
+	plans     []eventPlan
+	batch     []router.BatchEvent
+	batchErrs []error
 
 	// The current indexes, readable without mu. Restore swaps them.
 	index     atomic.Pointer[router.Index]
@@ -259,6 +263,9 @@ type FSM struct {
 	// and snapshot format it knows (0 = this build's).
 	newestType   CommandType
 	newestFormat byte
+	// Tests set this to apply KV batches through the event-by-event
+	// reference (the loop before router.Index.ApplyBatch), to compare.
+	eventsOneByOne func(f *FSM, idx uint64, evs []KVBatchEvent, res *ApplyResult)
 	// Tests lower this to exercise the refusal of oversized entries
 	// without allocating MaxEntryBytes (0 = MaxEntryBytes).
 	maxEntry int
@@ -486,6 +493,10 @@ func (f *FSM) applyLocked(l *raft.Log) *ApplyResult {
 			return res
 		}
 		f.stats.commands.Add(1)
+		if f.eventsOneByOne != nil {
+			f.eventsOneByOne(f, l.Index, evs, res)
+			return res
+		}
 		f.applyEventsLocked(l.Index, evs, res)
 		return res
 	}
@@ -832,15 +843,31 @@ func (f *FSM) removeWorkerLocked(idx uint64, id, reason string) {
 	f.changes = append(f.changes, Change{Kind: ChangeWorkers, Index: idx, Worker: id, Model: ws.rec.Model, Removed: true, Reason: reason})
 }
 
-// applyEventsLocked applies a decoded KV batch. Per event: look up the rank,
-// dedupe and gap-check by event id, check the block size, apply to the
-// index. Nothing here fails the entry: each event's outcome is counted.
+// applyEventsLocked applies a decoded KV batch, in three passes that keep
+// the event-by-event order of every effect:
+//
+//  1. per event: look up the rank, dedupe and gap-check by event id
+//     (moving the cursors), check the block size, and plan what follows
+//     (the cursors depend on nothing the index decides);
+//  2. the planned events go to the index in one router.Index.ApplyBatch:
+//     one lock, the table slots of the events ahead read while the earlier
+//     ones apply, the counters reached once;
+//  3. per event again, in order: the gap's stale mark, then the index's
+//     outcome (counted; a missing parent or a cap marks the rank stale, a
+//     cleared device cache clears the mark).
+//
+// Stale marks keep their first reason and are reported in order, so pass 3
+// makes them exactly where the event-by-event loop did (pass 1 reads no
+// stale flag). Nothing here fails the entry: each event's outcome is
+// counted. f.mu held.
 func (f *FSM) applyEventsLocked(idx uint64, evs []KVBatchEvent, res *ApplyResult) {
 	st := f.st
 	var applied, dups, gaps, rejUnknown, rejSize, rejParent, rejInvalid, rejOver, overBlocks int
-	var over []*rankState // ranks refused by their cap in this entry (few)
+	plans := f.plans[:0]
+	batch := f.batch[:0]
 	for i := range evs {
 		e := &evs[i]
+		p := eventPlan{to: planUnknown}
 		ws := st.workers[e.Worker]
 		if ws == nil || e.DPRank >= uint32(len(ws.ranks)) {
 			rejUnknown++
@@ -849,33 +876,65 @@ func (f *FSM) applyEventsLocked(idx uint64, evs []KVBatchEvent, res *ApplyResult
 					res.UnknownWorkers = append(res.UnknownWorkers, k)
 				}
 			}
+			plans = append(plans, p)
 			continue
 		}
 		rs := ws.ranks[e.DPRank]
+		p.ws, p.rs = ws, rs
 		if id := e.EventID; id != 0 {
 			switch {
 			case rs.resynced:
 				rs.resynced = false // a new baseline after a resync: no gap
 			case id <= rs.last:
+				p.to = planDuplicate
+				plans = append(plans, p)
 				dups++
 				continue
 			case id > rs.last+1:
+				p.gap, p.gapFrom = true, rs.last
 				gaps++
-				f.markStaleLocked(idx, rs, fmt.Sprintf("gap from %d to %d", rs.last, id), id, res)
 			}
 			// The cursor moves for every event consumed, applied or rejected:
 			// a rejected event would be rejected again, and it is no gap.
 			rs.last = id
 		}
 		if bs := e.Event.BlockSize; bs != 0 && bs != ws.rec.BlockSize {
-			rejSize++
+			p.to = planSizeMismatch
+			plans = append(plans, p)
 			continue
 		}
 		limit := RankBlockCap(ws.rec.TotalBlocks)
 		if e.Event.Tier != router.TierDevice {
 			limit = LowerTierBlockCap
 		}
-		err := st.index.ApplyCapped(rs.key, e.Event, limit)
+		p.to = planIndex
+		plans = append(plans, p)
+		batch = append(batch, router.BatchEvent{Worker: rs.key, Event: &e.Event, MaxHeld: limit})
+	}
+	if cap(f.batchErrs) < len(batch) {
+		f.batchErrs = make([]error, len(batch))
+	}
+	errs := f.batchErrs[:len(batch)]
+	st.index.ApplyBatch(batch, errs)
+
+	var over []*rankState // ranks refused by their cap in this entry (few)
+	next := 0             // the next event's place in batch and errs
+	for i := range evs {
+		e, p := &evs[i], &plans[i]
+		if p.gap {
+			f.markStaleLocked(idx, p.rs, fmt.Sprintf("gap from %d to %d", p.gapFrom, e.EventID), e.EventID, res)
+		}
+		switch p.to {
+		case planSizeMismatch:
+			rejSize++
+			continue
+		case planIndex:
+		default:
+			continue
+		}
+		err := errs[next]
+		next++
+		rs, ws := p.rs, p.ws
 		if err == nil {
 			applied++
 			if e.Event.Kind == router.EventCleared && e.Event.Tier == router.TierDevice && rs.stale {
@@ -913,6 +972,13 @@ func (f *FSM) applyEventsLocked(idx uint64, evs []KVBatchEvent, res *ApplyResult
 			rejInvalid++
 		}
 	}
+	// The scratch keeps no pointers into this entry past it (the decoder's
+	// buffers hold the events), and no error values.
+	clear(plans)
+	clear(batch)
+	clear(errs)
+	f.plans, f.batch = plans[:0], batch[:0]
+
 	rejected := rejUnknown + rejSize + rejParent + rejInvalid + rejOver
 	res.Applied, res.Duplicates, res.Gaps, res.Rejected, res.Unknown = applied, dups, gaps, rejected, rejUnknown
 	res.OverCapacity = rejOver
@@ -931,6 +997,24 @@ func (f *FSM) applyEventsLocked(idx uint64, evs []KVBatchEvent, res *ApplyResult
 		s.overCapacityBlocks.Add(uint64(overBlocks))
 	}
 }
+
+// eventPlan is what pass 1 of applyEventsLocked decided for one event.
+type eventPlan struct {
+	to      planTo
+	gap     bool   // the event's id skipped past the cursor: mark the rank stale
+	gapFrom uint64 // the cursor it skipped from
+	ws      *workerState
+	rs      *rankState
+}
+
+type planTo uint8
+
+const (
+	planUnknown      planTo = iota // no such worker or rank: counted in pass 1
+	planDuplicate                  // id at or below the cursor: counted in pass 1
+	planSizeMismatch               // block size other than the worker's
+	planIndex                      // to the index
+)
 
 // markStaleLocked records the first reason a rank went stale. f.mu held.
 func (f *FSM) markStaleLocked(idx uint64, rs *rankState, reason string, eventID uint64, res *ApplyResult) {

@@ -98,11 +98,25 @@ func BenchmarkApplyStored(b *testing.B) {
 	// The same through ApplyCapped with a cap never reached (what fsm
 	// does for every stored event): the cost of the cap check.
 	b.Run("capped/blocks=1M/workers=64", func(b *testing.B) { benchApplyStored(b, 64, 1<<30) })
+	// A fresh chain for every store. Above, the pool of 4,096 chains
+	// cycles in step with the rings (64 workers × 64 slots), so each
+	// iteration removes a chain and stores that same chain again: the
+	// store finds every slot it needs in the cache the removal just
+	// filled. Here the pool (4,099 chains) is out of step: the store is
+	// of a chain not held, whose slots are as cold as the removal's.
+	b.Run("fresh/blocks=1M/workers=64", func(b *testing.B) { benchApplyStoredPool(b, 64, 0, 4099) })
+	applyStoredMore(b)
 }
 
 // benchApplyStored applies stored events through ApplyCapped with maxHeld
 // (0: no cap, what Apply does), evicting as it goes.
 func benchApplyStored(b *testing.B, workers, maxHeld int) {
+	benchApplyStoredPool(b, workers, maxHeld, 4096)
+}
+
+// benchApplyStoredPool is benchApplyStored with a pool of poolSize chains
+// to store from, in turn.
+func benchApplyStoredPool(b *testing.B, workers, maxHeld, poolSize int) {
 	ix, _ := benchIndex(b, 1<<20, workers, 256)
 	// 64 chains per worker at 64 workers; fewer per worker in bigger fleets
 	// so the rings add the same 64K blocks whatever the fleet.
@@ -127,7 +141,7 @@ func benchApplyStored(b *testing.B, workers, maxHeld int) {
 			rings[w] = append(rings[w], ev)
 		}
 	}
-	pool := make([]KVEvent, 4096)
+	pool := make([]KVEvent, poolSize)
 	for i := range pool {
 		pool[i] = fresh()
 	}
