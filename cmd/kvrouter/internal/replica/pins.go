@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api"
@@ -20,13 +19,8 @@ import (
 // a pin is an optimisation, and the request it came with is not delayed by
 // a Raft round trip (Dynamo's router pins fire-and-forget too).
 
-// pinWrites are the replica's background pin writes in flight, one per pin
-// (model, key, worker): a burst of requests on one prefix writes once.
-type pinWrites struct {
-	mu       sync.Mutex
-	inFlight map[pinWriteKey]bool
-}
-
+// pinWriteKey is a pin's key among the background writes (bgWrites): one
+// write per (model, key, worker) at a time.
 type pinWriteKey struct {
 	model  string
 	key    uint64
@@ -65,30 +59,12 @@ func (r *replica) Pins() []api.PinInfo {
 // Pin commits a pin, refresh or move in the background, unless a write of
 // the same pin is in flight. The proposer stamps Until with its clock.
 func (r *replica) Pin(w api.PinWrite) {
-	k := pinWriteKey{w.Model, w.Key, w.Worker}
-	pw := &r.pinWrites
-	pw.mu.Lock()
-	if pw.inFlight == nil {
-		pw.inFlight = make(map[pinWriteKey]bool)
-	}
-	if pw.inFlight[k] {
-		pw.mu.Unlock()
-		return
-	}
-	pw.inFlight[k] = true
-	pw.mu.Unlock()
-	go func() {
-		defer func() {
-			pw.mu.Lock()
-			delete(pw.inFlight, k)
-			pw.mu.Unlock()
-		}()
+	r.pinWrites.start(pinWriteKey{w.Model, w.Key, w.Worker}, r.log, "pin write", func() error {
 		c := fsm.PinPrefix{Model: w.Model, Worker: w.Worker, Key: w.Key, Blocks: w.Blocks, TTL: int64(w.TTL),
 			Until: time.Now().Add(w.TTL).UnixNano(), Replace: w.Replace}
-		if _, err := r.proposePin(context.Background(), c); err != nil {
-			r.log.Debug("pin write", "model", w.Model, "worker", w.Worker, "blocks", len(w.Blocks), "err", err)
-		}
-	}()
+		_, err := r.proposePin(context.Background(), c)
+		return err
+	}, "model", w.Model, "worker", w.Worker, "blocks", len(w.Blocks))
 }
 
 // proposePin checks, encodes and commits a pin command to the control
@@ -110,7 +86,7 @@ func (r *replica) proposePin(ctx context.Context, c fsm.Command) (*fsm.ApplyResu
 	defer cancel()
 	resp, err := r.control().node.Apply(ctx, b)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", errNotCommitted, err)
 	}
 	res, ok := resp.(*fsm.ApplyResult)
 	if !ok {

@@ -67,9 +67,9 @@ type replica struct {
 	capacity *capacityWatch      // logs refusals beyond a worker's index block cap
 	gaps     *capacityGaps       // capacity-relative settings a worker's missing capacity disables
 
-	sessWrites sessionWrites // background session refreshes and ends (sessions.go)
-	pinWrites  pinWrites     // background pin writes (pins.go)
-	drained    drainHooks    // the API's listeners for committed drains (workerdrain.go)
+	sessWrites bgWrites[string]      // background session refreshes and ends (sessions.go)
+	pinWrites  bgWrites[pinWriteKey] // background pin writes (pins.go)
+	drained    drainHooks            // the API's listeners for committed drains (workerdrain.go)
 }
 
 // Adapter resolves a LoRA adapter to its base model and serving workers.

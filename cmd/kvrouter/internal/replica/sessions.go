@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api"
@@ -28,10 +27,6 @@ type SessionConfig struct {
 
 // sessionWrites are the replica's background binding writes: refreshes of
 // bound sessions (coalesced: at most one in flight per session) and ends.
-type sessionWrites struct {
-	mu       sync.Mutex
-	inFlight map[string]bool // sessions with a refresh or an end being committed
-}
 
 var _ api.SessionReplica = (*replica)(nil)
 
@@ -103,7 +98,7 @@ func (r *replica) proposeSession(ctx context.Context, c fsm.Command) (*fsm.Apply
 	defer cancel()
 	resp, err := r.control().node.Apply(ctx, b)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errSessionNotCommitted, err)
+		return nil, fmt.Errorf("%w: %w", errNotCommitted, err)
 	}
 	res, ok := resp.(*fsm.ApplyResult)
 	if !ok {
@@ -143,52 +138,11 @@ func (r *replica) EndSession(id string) {
 // sessionWrite commits c in the background unless a write of the same
 // session is in flight (a burst of turns writes once).
 func (r *replica) sessionWrite(id string, c fsm.Command) {
-	w := &r.sessWrites
-	w.mu.Lock()
-	if w.inFlight == nil {
-		w.inFlight = make(map[string]bool)
-	}
-	if w.inFlight[id] {
-		w.mu.Unlock()
-		return
-	}
-	w.inFlight[id] = true
-	w.mu.Unlock()
-	go func() {
-		defer func() {
-			w.mu.Lock()
-			delete(w.inFlight, id)
-			w.mu.Unlock()
-		}()
-		// A write the log did not take (no leader during an election, a
-		// forward that timed out) is tried again for a while: an end
-		// (X-Dynamo-Session-Final) that was dropped would keep its worker
-		// bound for the rest of its TTL. Refusals by the FSM are final.
-		start, wait := time.Now(), sessionRetryFirst
-		for {
-			_, err := r.proposeSession(context.Background(), c)
-			if err == nil {
-				return
-			}
-			if !errors.Is(err, errSessionNotCommitted) || time.Since(start)+wait > sessionRetryFor {
-				r.log.Warn("session write not committed", "session", id, "command", c.Type().String(), "err", err)
-				return
-			}
-			time.Sleep(wait)
-			wait = min(2*wait, time.Second)
-		}
-	}()
+	r.sessWrites.start(id, r.log, "session write", func() error {
+		_, err := r.proposeSession(context.Background(), c)
+		return err
+	}, "session", id, "command", c.Type().String())
 }
-
-// errSessionNotCommitted marks a session write the Raft log did not take
-// (as opposed to one the FSM refused): worth trying again.
-var errSessionNotCommitted = errors.New("session write not committed")
-
-// How long a background session write is retried, and its first backoff.
-const (
-	sessionRetryFor   = 10 * time.Second
-	sessionRetryFirst = 100 * time.Millisecond
-)
 
 // sessionStatus is the "sessions" part of /cluster/status: the policy, the
 // count and the bindings per worker id.
