@@ -1,10 +1,15 @@
 package replica
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/fsm"
 )
 
 // bgWrites runs the replica's background writes to the control group (session
@@ -63,4 +68,26 @@ func (b *bgWrites[K]) start(k K, log *slog.Logger, what string, propose func() e
 			wait = min(2*wait, time.Second)
 		}
 	}()
+}
+
+// commitControl encodes c and commits it to the control group (forwarded to
+// the leader from a follower), returning the FSM's result with its domain
+// error in res.Err; an error returned is one the log did not take
+// (errNotCommitted) or a command that does not encode (api.ErrInvalid).
+func (r *replica) commitControl(ctx context.Context, c fsm.Command) (*fsm.ApplyResult, error) {
+	b, err := fsm.Encode(c)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", api.ErrInvalid, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, proposeTimeout)
+	defer cancel()
+	resp, err := r.control().node.Apply(ctx, b)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errNotCommitted, err)
+	}
+	res, ok := resp.(*fsm.ApplyResult)
+	if !ok {
+		return nil, fmt.Errorf("%s: unexpected apply response %T", c.Type(), resp)
+	}
+	return res, nil
 }

@@ -2,7 +2,6 @@ package replica
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -78,19 +77,9 @@ func (r *replica) proposePin(ctx context.Context, c fsm.Command) (*fsm.ApplyResu
 	if err := fsm.CheckTime(c, time.Now().UnixNano()); err != nil {
 		return nil, err
 	}
-	b, err := fsm.Encode(c)
+	res, err := r.commitControl(ctx, c)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", api.ErrInvalid, err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, proposeTimeout)
-	defer cancel()
-	resp, err := r.control().node.Apply(ctx, b)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errNotCommitted, err)
-	}
-	res, ok := resp.(*fsm.ApplyResult)
-	if !ok {
-		return nil, fmt.Errorf("%s: unexpected apply response %T", c.Type(), resp)
+		return nil, err
 	}
 	return res, res.Err
 }

@@ -90,19 +90,9 @@ func (r *replica) proposeSession(ctx context.Context, c fsm.Command) (*fsm.Apply
 			return nil, sessionError(err)
 		}
 	}
-	b, err := fsm.Encode(c)
+	res, err := r.commitControl(ctx, c)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", api.ErrInvalid, err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, proposeTimeout)
-	defer cancel()
-	resp, err := r.control().node.Apply(ctx, b)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errNotCommitted, err)
-	}
-	res, ok := resp.(*fsm.ApplyResult)
-	if !ok {
-		return nil, fmt.Errorf("%s: unexpected apply response %T", c.Type(), resp)
+		return nil, err
 	}
 	if res.Err != nil {
 		return nil, sessionError(res.Err)
