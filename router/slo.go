@@ -281,7 +281,8 @@ func (r *Router) pooledSLOLocked(req Request, rows []WorkerCost, candidates []in
 // added (sloSafeLocked), the TPOT limit. When kv's pick is predicted to
 // meet the SLO the departure is the placement's pick (pooledPlaceLocked
 // over every candidate); when it is predicted to miss, kv's cost among the
-// safe candidates, the others shown busy. Before the error is observed
+// safe candidates and those predicted to meet that hold as much of the
+// prompt as kv's pick, the others shown busy. Before the error is observed
 // nothing is safe: kv's pick. r.mu must be held, ps.meets, ps.ttft and
 // ps.tpot filled.
 func (r *Router) pooledSLOPickLocked(req Request, rows []WorkerCost, candidates []int, now time.Time) []int {
@@ -302,10 +303,15 @@ func (r *Router) pooledSLOPickLocked(req Request, rows []WorkerCost, candidates 
 	}
 	if !ps.meets[kv] {
 		// kv's pick is predicted to miss: kv's cost among the candidates
-		// predicted to meet the SLO with margin, if any.
+		// predicted to meet the SLO with margin, and the ones predicted to
+		// meet it that hold as much of the prompt as kv's pick (moving the
+		// request there recomputes nothing kv's pick would not, so the
+		// prefill the fill line does not see is not what the margin must
+		// cover), if any.
+		hold := ps.eff[candidates[kv]]
 		ps.sloKept = ps.sloKept[:0]
 		for j, i := range candidates {
-			if r.sloSafeLocked(j) {
+			if r.sloSafeLocked(j) || (ps.meets[j] && ps.eff[i] >= hold) {
 				ps.sloKept = append(ps.sloKept, i)
 			}
 		}
@@ -318,7 +324,7 @@ func (r *Router) pooledSLOPickLocked(req Request, rows []WorkerCost, candidates 
 			switch {
 			case !ps.meets[j]:
 				rows[i].setBusy(busyWhy{kind: busySLO, x: ps.ttft[j], y: ps.tpot[j], m: int64(slo.TTFT), n: int64(slo.TPOT)})
-			case !r.sloSafeLocked(j):
+			case !r.sloSafeLocked(j) && ps.eff[i] < hold:
 				rows[i].setBusy(busyWhy{kind: busySLOMargin, x: ps.tpot[j], y: margin, n: int64(slo.TPOT)})
 			}
 		}

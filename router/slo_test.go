@@ -400,37 +400,63 @@ func TestPooledSLODepartsFromKVOnlyWhenSafe(t *testing.T) {
 // When kv's pick is predicted to miss the TPOT limit, kv's cost picks among
 // the workers predicted to meet it with the observed error, the others shown
 // busy; with none, kv's pick stands. b holds the prompt and runs two
-// requests of 10 blocks: kv's cost 32 (20 running + 12), fill (20 + 2 × 10
-// reserved + 10)/100 = 0.5, 25 ms on the line TPOT = 0.05·fill. a runs 12
+// requests of 10 blocks: kv's cost 32 (20 running + 12), predicted to miss
+// on the line TPOT = 0.05·fill. a runs 12
 // blocks: 36, fill (12 + 10 + 12 + 10)/100 = 0.44, 22 ms; c 14 blocks: 38,
-// 0.46, 23 ms. The limit is 24 ms.
+// 0.46, 23 ms. The limit is 24 ms. (b's fill counts the prompt's 12 blocks:
+// cached, they are not in flight there: (20 + 20 + 12 + 10)/100, 31 ms.)
+// With d, which also holds the prompt and runs 21 blocks (33; fill 0.53,
+// 26.5 ms), d stays a candidate when it meets the limit without the error:
+// moving there recomputes nothing b would not.
 func TestPooledSLOKVPickMisses(t *testing.T) {
 	prompt := tokens(7, 16*12)
 	hashes := SequenceHashes(prompt, 16, "")
 	out := 152.5
 	for _, c := range []struct {
-		name  string
-		errMs float64
-		want  WorkerID
-		busy  [3]string // a, b, c: a substring of the busy reason
+		name    string
+		errMs   float64
+		d       bool    // worker d, a holder that meets the limit
+		limitMs float64 // the TPOT limit; 0: 24 ms
+		want    WorkerID
+		busy    [4]string // a, b, c, d: a substring of the busy reason
 	}{
-		{name: "a and c safe", errMs: 0.5, want: "a", busy: [3]string{"", "miss the SLO", ""}},
-		{name: "a safe", errMs: 1.5, want: "a", busy: [3]string{"", "miss the SLO", "observed error"}},
+		{name: "a and c safe", errMs: 0.5, want: "a", busy: [4]string{"", "miss the SLO", ""}},
+		{name: "a safe", errMs: 1.5, want: "a", busy: [4]string{"", "miss the SLO", "observed error"}},
 		{name: "none safe: kv's pick", errMs: 3, want: "b"},
+		// A 28 ms limit with 2 ms of error: a and c are safe, d is not but
+		// holds the prompt, and kv's cost among the three picks d (33).
+		{name: "a holder that meets without the error", errMs: 2, limitMs: 28, d: true, want: "d",
+			busy: [4]string{"", "miss the SLO", "", ""}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ix := NewIndex(16)
 			cfg := pooledConfig()
 			cfg.Pooled.OutputTokens = &out
 			cfg.Pooled.HomeWeight = ptr(0.0)
-			cfg.SLO = SLO{TPOT: 24 * time.Millisecond}
-			r := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: 100}, WorkerInfo{ID: "c", TotalBlocks: 100})
-			store(t, ix, "b", prompt)
-			now := t0.Add(10 * time.Second)
-			for k, run := range []struct {
+			limit := 24 * time.Millisecond
+			if c.limitMs > 0 {
+				limit = time.Duration(c.limitMs * float64(time.Millisecond))
+			}
+			cfg.SLO = SLO{TPOT: limit}
+			workers := []WorkerInfo{{ID: "a", TotalBlocks: 100}, {ID: "b", TotalBlocks: 100}, {ID: "c", TotalBlocks: 100}}
+			runs := []struct {
 				worker WorkerID
 				blocks int
-			}{{"a", 12}, {"b", 10}, {"b", 10}, {"c", 14}} {
+			}{{"a", 12}, {"b", 10}, {"b", 10}, {"c", 14}}
+			if c.d {
+				workers = append(workers, WorkerInfo{ID: "d", TotalBlocks: 100})
+				runs = append(runs, struct {
+					worker WorkerID
+					blocks int
+				}{"d", 21})
+			}
+			r := newTestRouter(t, cfg, ix, workers...)
+			store(t, ix, "b", prompt)
+			if c.d {
+				store(t, ix, "d", prompt)
+			}
+			now := t0.Add(10 * time.Second)
+			for k, run := range runs {
 				id := fmt.Sprint("run", k)
 				h := SequenceHashes(tokens(100_000+10_000*k, 16*run.blocks), 16, "")
 				r.Load().Add(Booking{ID: id, Worker: run.worker, Hashes: h, Added: t0})
@@ -453,7 +479,7 @@ func TestPooledSLOKVPickMisses(t *testing.T) {
 			if d.Worker != c.want {
 				t.Fatalf("chose %s, want %s\n%s", d.Worker, c.want, d.Explain())
 			}
-			for k, want := range c.busy {
+			for k, want := range c.busy[:len(d.Rows)] {
 				got := d.Rows[k]
 				if got.Busy != (want != "") || !strings.Contains(got.Reason(), want) || got.Pooled != 0 {
 					t.Errorf("row %d busy %v %q (pooled terms %v), want %q and kv's row\n%s", k, got.Busy, got.Reason(), got.Pooled, want, d.Explain())
