@@ -29,7 +29,10 @@ import (
 // the observed prediction errors give (the TPOT line's residuals at the
 // SLO's attainment). Departures are the placement's pick, when kv's pick is
 // predicted to meet the SLO, and kv's cost among the workers that meet it
-// with that margin, when kv's pick is predicted to miss. When no candidate
+// with that margin, when kv's pick is predicted to miss (a worker holding as
+// much of the prompt as kv's pick needs no margin: moving there recomputes
+// nothing kv's pick would not, and the recompute is what the margin covers
+// beyond the line's error). When no candidate
 // is predicted to meet it, or a prediction is not available yet, kv-pooled
 // places among all of them, as without an SLO.
 
