@@ -52,6 +52,7 @@ const (
 	busyPrefillFrac   // n active prefill tokens > x of m batched
 	busyAdmission     // kv-pooled: x blocks over the admission line
 	busySLO           // kv-pooled: predicted TTFT x s and TPOT y s miss the SLO (m, n ns)
+	busySLOMargin     // kv-pooled: predicted TPOT x s plus observed error y s misses n ns while kv's pick misses
 )
 
 // busyWhy is a busy row's cause with the figures its reason prints,
@@ -88,6 +89,9 @@ func (w busyWhy) String() string {
 	case busySLO:
 		return fmt.Sprintf("kv-pooled: predicted TTFT %.0f ms, TPOT %.1f ms miss the SLO (%v, %v) while another worker meets it",
 			w.x*1e3, w.y*1e3, time.Duration(w.m), time.Duration(w.n))
+	case busySLOMargin:
+		return fmt.Sprintf("kv-pooled: predicted TPOT %.1f ms with %.1f ms of observed error misses the SLO (%v) while kv's pick is predicted to miss it and another worker meets it with that error",
+			w.x*1e3, w.y*1e3, time.Duration(w.n))
 	}
 	return ""
 }

@@ -148,6 +148,10 @@ type pooledScratch struct {
 	meets      []bool
 	running    []runningSeq
 	sloKept    []int
+	// kv's rows and admission flags, kept while the placement's pick is
+	// judged (pooledSLOPickLocked).
+	saved   []WorkerCost
+	kvAdmit []bool
 	// noSlower, per candidate: the request is expected to get its first
 	// token at this worker over the admission line no later than at the
 	// fastest worker that starts it at once (pooledNoSlowerLocked).

@@ -16,34 +16,63 @@ import (
 //
 //	TTFT_w = prefill_w · seconds per prefill block_w + expected wait_w
 //	TPOT_w = the TPOT observed at w's fill, a least-squares line over the
-//	         recent requests' (fill at booking, TPOT) pairs
+//	         recent requests' (mean fill over their decode, TPOT) pairs
 //
-// Candidates predicted to miss the SLO leave the candidate set while some
-// candidate is predicted to meet it, and kv-pooled places the request among
-// the rest as it does without an SLO (the cache placement is what a
-// request predicted to meet its SLO can afford), except with TPOT judged:
-// then kv's cost picks among the rest (the fleet is at its SLO line, and a
-// placement's prefill slows every decode on the worker it picks, which kv's
-// prefill term spreads and the placement prices do not see). When no candidate is
-// predicted to meet it, or a prediction is not available yet, the request
-// is routed by kv's cost: placement for the cache is what the fleet cannot
-// afford then.
+// With TTFT alone judged, candidates predicted to miss it leave the
+// candidate set while some candidate is predicted to meet it, and kv-pooled
+// places the request among the rest as it does without an SLO (the request's
+// own queue is what the prediction sees, and the cache is TTFT capacity).
+// With TPOT judged the placement's prefill lands in the decode steps of
+// every request on the worker it picks, which neither the placement prices
+// nor the fill line see, and kv's prefill term spreads: kv's pick stands
+// unless a departure from it is predicted to meet the SLO with the margin
+// the observed prediction errors give (the TPOT line's residuals at the
+// SLO's attainment). Departures are the placement's pick, when kv's pick is
+// predicted to meet the SLO, and kv's cost among the workers that meet it
+// with that margin, when kv's pick is predicted to miss (a worker holding as
+// much of the prompt as kv's pick needs no margin: moving there recomputes
+// nothing kv's pick would not, and the recompute is what the margin covers
+// beyond the line's error). When no candidate
+// is predicted to meet it, or a prediction is not available yet, kv-pooled
+// places among all of them, as without an SLO.
 
 // SLO is a latency objective: a request meets it when its time to first
 // token and its time per output token after the first are both within
-// their limits; a zero limit does not judge that figure.
+// their limits; a zero limit does not judge that figure. The objective is
+// met when a share Attainment of the requests meets it.
 type SLO struct {
 	TTFT time.Duration
 	TPOT time.Duration
+	// Attainment is the share of requests the objective asks to meet the
+	// limits, in (0, 1); 0: DefaultSLOAttainment. kv-pooled departs from
+	// kv's pick at the TPOT limit only where the prediction plus the
+	// observed error at this quantile meets the limit.
+	Attainment float64
 }
+
+// DefaultSLOAttainment is the share of requests an SLO asks to meet its
+// limits when SLO.Attainment is zero (kvbench goodput's --attainment
+// default).
+const DefaultSLOAttainment = 0.9
 
 // Set reports whether the SLO judges anything.
 func (s SLO) Set() bool { return s.TTFT > 0 || s.TPOT > 0 }
 
-// Validate rejects negative limits.
+// attainment is Attainment or its default.
+func (s SLO) attainment() float64 {
+	if s.Attainment == 0 {
+		return DefaultSLOAttainment
+	}
+	return s.Attainment
+}
+
+// Validate rejects negative limits and an attainment outside [0, 1).
 func (s SLO) Validate() error {
 	if s.TTFT < 0 || s.TPOT < 0 {
 		return fmt.Errorf("slo ttft %v, tpot %v: limits must not be negative: %w", s.TTFT, s.TPOT, ErrInvalidConfig)
+	}
+	if !(s.Attainment >= 0 && s.Attainment < 1) {
+		return fmt.Errorf("slo attainment %v must be in [0, 1): %w", s.Attainment, ErrInvalidConfig)
 	}
 	return nil
 }
@@ -87,21 +116,60 @@ func (f linearFit) predict(x float64) (float64, bool) {
 	return f.my + b*(x-f.mx), true
 }
 
-// sloDecided is one candidate's fill in the last decision, for the
-// booking that follows it (Route books with the lock still held).
+// sloDecided is one candidate's fill and predicted TPOT in the last
+// decision, for the booking that follows it (Route books with the lock
+// still held).
 type sloDecided struct {
 	worker WorkerID
 	fill   float64
+	tpot   float64 // seconds, NaN when not predicted
 }
 
-// decidedFill is w's fill in the last decision, NaN when it made none.
-func (s *pooledWaitState) decidedFill(w WorkerID) float64 {
+// decidedOf is w's entry in the last decision, its figures NaN when it made
+// none.
+func (s *pooledWaitState) decidedOf(w WorkerID) sloDecided {
 	for _, d := range s.decided {
 		if d.worker == w {
-			return d.fill
+			return d
 		}
 	}
-	return math.NaN()
+	return sloDecided{worker: w, fill: math.NaN(), tpot: math.NaN()}
+}
+
+// residuals are the last window prediction errors (realised − predicted),
+// kept in arrival order (ring) and sorted, for their quantiles.
+type residuals struct {
+	ring   []float64
+	next   int // the oldest in ring once it is full
+	sorted []float64
+}
+
+func (e *residuals) observe(x float64, window int) {
+	if !finite(x) || window <= 0 {
+		return
+	}
+	if len(e.ring) < window {
+		e.ring = append(e.ring, x)
+	} else {
+		old := e.ring[e.next]
+		e.ring[e.next] = x
+		e.next = (e.next + 1) % window
+		k, _ := slices.BinarySearch(e.sorted, old)
+		e.sorted = slices.Delete(e.sorted, k, k+1)
+	}
+	k, _ := slices.BinarySearch(e.sorted, x)
+	e.sorted = slices.Insert(e.sorted, k, x)
+}
+
+// quantile is the q-quantile of the errors (the least error at or above a
+// share q of them), false until there are 1/(1 − q) of them: fewer cannot
+// tell that quantile from the largest.
+func (e residuals) quantile(q float64) (float64, bool) {
+	n := len(e.sorted)
+	if n == 0 || float64(n)*(1-q) < 1-1e-9 { // n < 1/(1 − q), up to rounding
+		return 0, false
+	}
+	return e.sorted[min(n-1, max(0, int(math.Ceil(q*float64(n)))-1))], true
 }
 
 // fillSamples accumulates a worker's fill as decisions see it: Poisson
@@ -144,16 +212,21 @@ func (s *pooledWaitState) observeTPOT(b pooledBooking, outputTokens int, now tim
 	if cur := s.samplesOf(b.worker); cur.n > b.sampled.n {
 		x = (cur.sum - b.sampled.sum) / float64(cur.n-b.sampled.n)
 	}
-	s.tpot.observe(x, now.Sub(b.first).Seconds()/float64(outputTokens-1), pooledOutputWindow)
+	tpot := now.Sub(b.first).Seconds() / float64(outputTokens-1)
+	s.tpot.observe(x, tpot, pooledOutputWindow)
+	if !math.IsNaN(b.predTPOT) {
+		s.tpotErr.observe(tpot-b.predTPOT, pooledOutputWindow)
+	}
 }
 
-// pooledSLOLocked is pooledCostsLocked with Config.SLO set: the candidates
-// predicted to miss the SLO leave while another is predicted to meet it,
-// and pooledPlaceLocked places the request among the rest (kv's cost, the
-// rows unchanged, when the SLO judges TPOT); with every
-// candidate predicted to miss, or a prediction not available yet, among
-// all of them, as without an SLO. r.mu must be held, with r.loads and
-// r.overlaps filled for req.
+// pooledSLOLocked is pooledCostsLocked with Config.SLO set. With TTFT
+// alone judged, the candidates predicted to miss it leave while another is
+// predicted to meet it, and pooledPlaceLocked places the request among the
+// rest. With TPOT judged, kv's pick stands unless a departure is predicted
+// to meet the SLO with margin (pooledSLOPickLocked). With every candidate
+// predicted to miss, or a prediction not available yet, pooledPlaceLocked
+// places among all of them, as without an SLO. r.mu must be held, with
+// r.loads and r.overlaps filled for req.
 func (r *Router) pooledSLOLocked(req Request, rows []WorkerCost, candidates []int, now time.Time) []int {
 	ps := &r.pooled
 	r.pooledOverlapsLocked(req, candidates)
@@ -170,7 +243,7 @@ func (r *Router) pooledSLOLocked(req Request, rows []WorkerCost, candidates []in
 			fill = ps.fill[j]
 			r.wait.sample(r.workers[i].ID, ps.held[j])
 		}
-		r.wait.decided = append(r.wait.decided, sloDecided{r.workers[i].ID, fill})
+		r.wait.decided = append(r.wait.decided, sloDecided{r.workers[i].ID, fill, math.NaN()})
 	}
 	if !known || !r.sloPredictLocked(req, candidates, now) {
 		return r.pooledPlaceLocked(req, rows, candidates, now)
@@ -183,8 +256,17 @@ func (r *Router) pooledSLOLocked(req Request, rows []WorkerCost, candidates []in
 		if ps.meets[j] {
 			ps.sloKept = append(ps.sloKept, i)
 		}
+		if slo.TPOT > 0 {
+			r.wait.decided[j].tpot = ps.tpot[j]
+		}
 	}
-	if len(ps.sloKept) == 0 || len(ps.sloKept) == len(candidates) {
+	if len(ps.sloKept) == 0 {
+		return r.pooledPlaceLocked(req, rows, candidates, now)
+	}
+	if slo.TPOT > 0 {
+		return r.pooledSLOPickLocked(req, rows, candidates, now)
+	}
+	if len(ps.sloKept) == len(candidates) {
 		return r.pooledPlaceLocked(req, rows, candidates, now)
 	}
 	for j, i := range candidates {
@@ -192,20 +274,102 @@ func (r *Router) pooledSLOLocked(req Request, rows []WorkerCost, candidates []in
 			rows[i].setBusy(busyWhy{kind: busySLO, x: ps.ttft[j], y: ps.tpot[j], m: int64(slo.TTFT), n: int64(slo.TPOT)})
 		}
 	}
-	if slo.TPOT > 0 {
-		// Some worker predicted to miss, others to meet, with TPOT judged:
-		// the fleet is at its SLO line, and a placement's prefill lands in
-		// the decode steps of every request running on the worker it
-		// picks, which the placement prices do not see and kv's prefill
-		// term spreads. kv's cost, the rows as computed, picks among the
-		// workers predicted to meet.
-		ps.admit = growClear(ps.admit, len(r.workers))
+	return r.pooledPlaceLocked(req, rows, ps.sloKept, now)
+}
+
+// pooledSLOPickLocked decides with TPOT judged and some candidate
+// predicted to meet the SLO. kv's pick (the rows as computed, lowest cost)
+// stands unless a departure from it is safe: predicted to meet the TTFT
+// limit and, with the TPOT line's observed error at the SLO's attainment
+// added (sloSafeLocked), the TPOT limit. When kv's pick is predicted to
+// meet the SLO the departure is the placement's pick (pooledPlaceLocked
+// over every candidate); when it is predicted to miss, kv's cost among the
+// safe candidates and those predicted to meet that hold as much of the
+// prompt as kv's pick, the others shown busy. Before the error is observed
+// nothing is safe: kv's pick. r.mu must be held, ps.meets, ps.ttft and
+// ps.tpot filled.
+func (r *Router) pooledSLOPickLocked(req Request, rows []WorkerCost, candidates []int, now time.Time) []int {
+	ps := &r.pooled
+	slo := r.cfg.SLO
+	// kv's admission flags (what the booking records) and kv's pick, the
+	// first of the lowest costs: pickLocked breaks exact ties by the rng,
+	// among candidates of one cost, so which of them is judged does not
+	// matter when they are predicted alike.
+	ps.admit = growClear(ps.admit, len(r.workers))
+	ps.kvAdmit = growClear(ps.kvAdmit, len(r.workers))
+	kv := 0
+	for j, i := range candidates {
+		ps.kvAdmit[i] = ps.over[j] <= 0
+		if rows[i].Cost < rows[candidates[kv]].Cost {
+			kv = j
+		}
+	}
+	if !ps.meets[kv] {
+		// kv's pick is predicted to miss: kv's cost among the candidates
+		// predicted to meet the SLO with margin, and the ones predicted to
+		// meet it that hold as much of the prompt as kv's pick (moving the
+		// request there recomputes nothing kv's pick would not, so the
+		// prefill the fill line does not see is not what the margin must
+		// cover), if any.
+		hold := ps.eff[candidates[kv]]
+		ps.sloKept = ps.sloKept[:0]
 		for j, i := range candidates {
-			ps.admit[i] = ps.over[j] <= 0
+			if r.sloSafeLocked(j) || (ps.meets[j] && ps.eff[i] >= hold) {
+				ps.sloKept = append(ps.sloKept, i)
+			}
+		}
+		copy(ps.admit, ps.kvAdmit)
+		if len(ps.sloKept) == 0 {
+			return candidates
+		}
+		margin, _ := r.wait.tpotErr.quantile(slo.attainment())
+		for j, i := range candidates {
+			switch {
+			case !ps.meets[j]:
+				rows[i].setBusy(busyWhy{kind: busySLO, x: ps.ttft[j], y: ps.tpot[j], m: int64(slo.TTFT), n: int64(slo.TPOT)})
+			case !r.sloSafeLocked(j) && ps.eff[i] < hold:
+				rows[i].setBusy(busyWhy{kind: busySLOMargin, x: ps.tpot[j], y: margin, n: int64(slo.TPOT)})
+			}
 		}
 		return ps.sloKept
 	}
-	return r.pooledPlaceLocked(req, rows, ps.sloKept, now)
+	// kv's pick is predicted to meet: the placement's pick if it is safe.
+	// The placement rewrites the rows and the admission flags (not the
+	// predictions); kv's are kept to restore.
+	ps.saved = append(ps.saved[:0], rows...)
+	kept := r.pooledPlaceLocked(req, rows, candidates, now)
+	pick := -1
+	for _, i := range kept {
+		if pick < 0 || rows[i].Cost < rows[pick].Cost {
+			pick = i
+		}
+	}
+	if pick >= 0 && r.sloSafeLocked(slices.Index(candidates, pick)) {
+		return kept
+	}
+	// kv's pick, among every candidate as kv decides: marking the ones
+	// predicted to miss busy would change which of kv's exact ties the rng
+	// draws from (kv's costs are whole blocks, so ties are common), and
+	// measured, drawing among all of them stayed closer to kv.
+	copy(rows, ps.saved)
+	copy(ps.admit, ps.kvAdmit)
+	return candidates
+}
+
+// sloSafeLocked: candidate j (a position in the candidates ps.ttft and
+// ps.tpot are parallel to) is predicted to meet the TTFT limit, and the
+// TPOT limit with the error the TPOT line made at the SLO's attainment
+// (the quantile of its recent residuals: a share Attainment of the
+// requests it predicted finished at or under prediction + margin). False
+// while the error is not observed. r.mu must be held.
+func (r *Router) sloSafeLocked(j int) bool {
+	ps := &r.pooled
+	slo := r.cfg.SLO
+	if slo.TTFT > 0 && ps.ttft[j] > slo.TTFT.Seconds() {
+		return false
+	}
+	margin, ok := r.wait.tpotErr.quantile(slo.attainment())
+	return ok && ps.tpot[j]+margin <= slo.TPOT.Seconds()
 }
 
 // sloPredictLocked fills ps.ttft and ps.tpot (seconds, parallel to

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,10 @@ func TestSLOValidate(t *testing.T) {
 		{SLO{TPOT: 30 * time.Millisecond}, true, true},
 		{SLO{TTFT: -time.Millisecond}, false, false},
 		{SLO{TPOT: -time.Millisecond}, false, false},
+		{SLO{TPOT: time.Millisecond, Attainment: 0.99}, true, true},
+		{SLO{TPOT: time.Millisecond, Attainment: 1}, false, true},
+		{SLO{TPOT: time.Millisecond, Attainment: -0.1}, false, true},
+		{SLO{TPOT: time.Millisecond, Attainment: math.NaN()}, false, true},
 	} {
 		cfg := pooledConfig()
 		cfg.SLO = c.slo
@@ -114,9 +119,13 @@ func TestEngineWait(t *testing.T) {
 
 // The SLO rule on two workers of 100 blocks: the request's 12-block prompt
 // is cached on a, and b holds nothing of it. Without an SLO kv-pooled
-// sends it to a (its copy price on b is 96 blocks); with one, a leaves the
-// candidates when it is predicted to miss the SLO while b is predicted to
-// meet it, and stays when b misses too or nothing is observed yet.
+// sends it to a (its copy price on b is 96 blocks); kv's cost prefers b
+// while a runs more than 11 blocks. With TTFT alone judged, a leaves the
+// candidates when it is predicted to miss while b is predicted to meet.
+// With TPOT judged kv's pick stands unless the departure is predicted to
+// meet the limit with the TPOT line's observed error added (errMs, the
+// residuals' 0.9 quantile here); a prediction not available yet places as
+// without an SLO.
 func TestPooledSLODecisions(t *testing.T) {
 	prompt := tokens(7, 16*12)
 	hashes := SequenceHashes(prompt, 16, "")
@@ -130,18 +139,30 @@ func TestPooledSLODecisions(t *testing.T) {
 	for _, c := range []struct {
 		name    string
 		slo     SLO
-		noFit   bool // no TPOT observed yet
-		noRates bool // no prefill or decode rate observed yet
+		noFit   bool    // no TPOT observed yet
+		noRates bool    // no prefill or decode rate observed yet
+		noErr   bool    // no TPOT prediction error observed yet
+		errMs   float64 // the TPOT line's observed error
 		running []running
 		want    WorkerID
+		kv      bool   // kv's rows (no placement terms) decide
 		busyA   string // a substring of a's busy reason, "" for not busy
 	}{
 		{name: "no SLO", running: []running{{"a", 40, 0}}, want: "a"},
 		// The line TPOT = 0.05·fill (10 ms at 0.2, 40 ms at 0.8) meets 30 ms
 		// at 0.6. a's fill: (28 pinned + 10 reserved + 12 new + 10)/100 = 0.6.
-		{name: "tpot: just under the line", slo: SLO{TPOT: 30 * ms}, running: []running{{"a", 27, 0}}, want: "a"},
-		{name: "tpot: just over the line", slo: SLO{TPOT: 30 * ms}, running: []running{{"a", 29, 0}}, want: "b", busyA: "predicted TTFT"},
-		{name: "tpot: far over the line", slo: SLO{TTFT: time.Second, TPOT: 30 * ms}, running: []running{{"a", 40, 0}}, want: "b", busyA: "miss the SLO"},
+		// kv's pick is b (cost 24 against a's 39), predicted to meet.
+		{name: "tpot: placement's pick meets with the error", slo: SLO{TPOT: 30 * ms}, running: []running{{"a", 27, 0}}, want: "a"},
+		{name: "tpot: placement's pick within the error: kv's", slo: SLO{TPOT: 30 * ms}, errMs: 1, running: []running{{"a", 27, 0}}, want: "b", kv: true},
+		{name: "tpot: no error observed yet: kv's", slo: SLO{TPOT: 30 * ms}, noErr: true, running: []running{{"a", 27, 0}}, want: "b", kv: true},
+		{name: "tpot: placement's pick over the line: kv's", slo: SLO{TPOT: 30 * ms}, running: []running{{"a", 29, 0}}, want: "b", kv: true},
+		{name: "tpot: far over the line: kv's", slo: SLO{TTFT: time.Second, TPOT: 30 * ms}, running: []running{{"a", 40, 0}}, want: "b", kv: true},
+		// a runs 10 blocks: kv's pick (22 against 24), predicted at 21.5 ms
+		// (fill 0.43) against a 20 ms limit; b at 11 ms (fill 0.22).
+		{name: "tpot: kv's pick misses, another meets with the error", slo: SLO{TPOT: 20 * ms}, errMs: 5, running: []running{{"a", 10, 0}},
+			want: "b", kv: true, busyA: "miss the SLO"},
+		{name: "tpot: kv's pick misses, none meets with the error: kv's", slo: SLO{TPOT: 20 * ms}, errMs: 10, running: []running{{"a", 10, 0}},
+			want: "a", kv: true},
 		// b over the line too (fill 0.72 both): no candidate meets it, so
 		// kv-pooled places as without an SLO.
 		{name: "tpot: every worker over the line", slo: SLO{TPOT: 30 * ms},
@@ -183,6 +204,11 @@ func TestPooledSLODecisions(t *testing.T) {
 				r.wait.fleet.decode.observe(1, 100, pooledRateWindow)    // 10 ms a token
 				r.outputs = pooledOutputs{n: 1, mean: out}
 			}
+			if !c.noErr {
+				for range 20 {
+					r.wait.tpotErr.observe(c.errMs/1e3, pooledOutputWindow)
+				}
+			}
 			r.mu.Unlock()
 			d, err := r.Decide(Request{ID: "q", Tokens: len(prompt), Hashes: hashes}, now)
 			if err != nil {
@@ -192,9 +218,18 @@ func TestPooledSLODecisions(t *testing.T) {
 			if d.Worker != c.want || a.Busy != (c.busyA != "") || !strings.Contains(a.Reason(), c.busyA) {
 				t.Fatalf("chose %s (a busy %v %q), want %s (%q)\n%s", d.Worker, a.Busy, a.Reason(), c.want, c.busyA, d.Explain())
 			}
-			// Where the rule excludes nothing, the cost table is kv-pooled's
-			// without an SLO, to the bit.
-			if c.busyA == "" {
+			// kv's pick: the rows as kv computes them, no placement terms
+			// (kv's costs here, 24 and 22–41, have none of the placement's
+			// copy price of 96).
+			for _, row := range d.Rows {
+				if c.kv && row.Pooled != 0 {
+					t.Fatalf("kv's pick with placement terms in the rows\n%s", d.Explain())
+				}
+			}
+			// Where the rule neither excludes nor falls back to kv's
+			// pick, the cost table is kv-pooled's without an SLO, to the
+			// bit.
+			if c.busyA == "" && !c.kv {
 				cfg.SLO = SLO{}
 				r2 := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: 100})
 				r2.load = r.load
@@ -262,6 +297,19 @@ func TestPooledSLOLearnsTPOT(t *testing.T) {
 	if fy.n != 2 || math.Abs(fy.mx-(0.3+0.6)/2) > 1e-12 || math.Abs(fy.my-(0.1+0.05)/2) > 1e-12 {
 		t.Fatalf("after y: %+v, want (0.6, 0.05) added", fy)
 	}
+	// w is booked with a prediction: the line through x and y falls, so it
+	// predicts their mean TPOT, 75 ms; w's 100 ms is an error of +25 ms.
+	if _, err := r.Route(req("w", 5_000), t0.Add(3*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r.PrefillDoneAt("w", t0.Add(3100*time.Millisecond))
+	r.FinishedAt("w", 11, t0.Add(4100*time.Millisecond))
+	r.mu.Lock()
+	errs := slices.Clone(r.wait.tpotErr.sorted)
+	r.mu.Unlock()
+	if len(errs) != 1 || math.Abs(errs[0]-0.025) > 1e-9 {
+		t.Errorf("TPOT errors %v, want [0.025]", errs)
+	}
 	// Without an SLO nothing is learned.
 	cfg.SLO = SLO{}
 	r2 := newTestRouter(t, cfg, NewIndex(16), WorkerInfo{ID: "a", TotalBlocks: 100})
@@ -270,20 +318,19 @@ func TestPooledSLOLearnsTPOT(t *testing.T) {
 	}
 	r2.PrefillDoneAt("x", t0.Add(100*time.Millisecond))
 	r2.FinishedAt("x", 11, t0.Add(time.Second))
-	if r2.wait.tpot.n != 0 {
+	if r2.wait.tpot.n != 0 || len(r2.wait.tpotErr.sorted) != 0 {
 		t.Errorf("learned without an SLO: %+v", r2.wait.tpot)
 	}
 }
 
-// With TPOT judged and the fleet at its SLO line (a predicted to miss, b
-// and c to meet), kv's cost picks among the workers that meet, not the
-// placement prices: the prompt is cached on b, which also runs 20 blocks;
-// c is empty. kv-pooled without the miss keeps the request on b (copying
-// 12 blocks to c is priced at 96); kv's cost prefers c (24: 12 blocks
-// of prefill and 12 new ones, against b's 32: its 20 running blocks and
-// their output). With only TTFT judged the placement prices still pick
-// among the workers that meet.
-func TestPooledSLOAtTheLinePicksByKVCost(t *testing.T) {
+// With TPOT judged, kv's pick stands unless departing from it is predicted
+// to meet the SLO with the observed error: the prompt is cached on b, which
+// also runs 20 blocks; c is empty. kv's cost prefers c (24: 12 blocks of
+// prefill and 12 new ones, against b's 32); the placement keeps the request
+// on b (copying 12 blocks to c is priced at 96), predicted at 20 ms (fill
+// 0.4). When a runs 80 blocks it is predicted to miss (fill 1.1). With only
+// TTFT judged the placement prices pick among the workers that meet.
+func TestPooledSLODepartsFromKVOnlyWhenSafe(t *testing.T) {
 	prompt := tokens(7, 16*12)
 	hashes := SequenceHashes(prompt, 16, "")
 	out := 152.5
@@ -292,12 +339,17 @@ func TestPooledSLOAtTheLinePicksByKVCost(t *testing.T) {
 		name    string
 		slo     SLO
 		aBlocks int
+		errMs   float64
 		want    WorkerID
-		pooled  bool // the chosen row carries placement terms
+		pooled  bool   // the chosen row carries placement terms
+		busyA   string // a substring of a's busy reason, "" for not busy
+		busyB   string
 	}{
-		{name: "no worker misses: placement", slo: SLO{TPOT: 30 * ms}, aBlocks: 10, want: "b", pooled: true},
-		{name: "a misses: kv's cost", slo: SLO{TPOT: 30 * ms}, aBlocks: 80, want: "c"},
-		{name: "a misses the TTFT: placement", slo: SLO{TTFT: 100 * ms}, aBlocks: 95, want: "b", pooled: true},
+		{name: "placement's pick safe", slo: SLO{TPOT: 30 * ms}, aBlocks: 10, want: "b", pooled: true},
+		{name: "placement's pick within the error: kv's", slo: SLO{TPOT: 30 * ms}, aBlocks: 10, errMs: 12, want: "c"},
+		{name: "a misses, placement's pick safe", slo: SLO{TPOT: 30 * ms}, aBlocks: 80, want: "b", pooled: true, busyA: "KV admission"},
+		{name: "a misses, placement's pick within the error: kv's", slo: SLO{TPOT: 30 * ms}, aBlocks: 80, errMs: 12, want: "c"},
+		{name: "a misses the TTFT: placement", slo: SLO{TTFT: 100 * ms}, aBlocks: 95, want: "b", pooled: true, busyA: "miss the SLO"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ix := NewIndex(16)
@@ -323,6 +375,9 @@ func TestPooledSLOAtTheLinePicksByKVCost(t *testing.T) {
 			r.wait.fleet.prefill.observe(0.1, 100, pooledRateWindow)
 			r.wait.fleet.decode.observe(1, 100, pooledRateWindow)
 			r.outputs = pooledOutputs{n: 1, mean: out}
+			for range 20 {
+				r.wait.tpotErr.observe(c.errMs/1e3, pooledOutputWindow)
+			}
 			r.mu.Unlock()
 			d, err := r.Decide(Request{ID: "q", Tokens: len(prompt), Hashes: hashes}, now)
 			if err != nil {
@@ -332,9 +387,130 @@ func TestPooledSLOAtTheLinePicksByKVCost(t *testing.T) {
 			if d.Worker != c.want || (row.Pooled != 0) != c.pooled {
 				t.Fatalf("chose %s (pooled %v), want %s (pooled terms %v)\n%s", d.Worker, row.Pooled, c.want, c.pooled, d.Explain())
 			}
-			if c.want == "c" && !d.Rows[0].Busy {
-				t.Errorf("a not excluded\n%s", d.Explain())
+			for k, want := range []string{c.busyA, c.busyB} {
+				got := d.Rows[k]
+				if got.Busy != (want != "") || !strings.Contains(got.Reason(), want) {
+					t.Errorf("row %d busy %v %q, want %q\n%s", k, got.Busy, got.Reason(), want, d.Explain())
+				}
 			}
 		})
+	}
+}
+
+// When kv's pick is predicted to miss the TPOT limit, kv's cost picks among
+// the workers predicted to meet it with the observed error, the others shown
+// busy; with none, kv's pick stands. b holds the prompt and runs two
+// requests of 10 blocks: kv's cost 32 (20 running + 12), predicted to miss
+// on the line TPOT = 0.05·fill. a runs 12
+// blocks: 36, fill (12 + 10 + 12 + 10)/100 = 0.44, 22 ms; c 14 blocks: 38,
+// 0.46, 23 ms. The limit is 24 ms. (b's fill counts the prompt's 12 blocks:
+// cached, they are not in flight there: (20 + 20 + 12 + 10)/100, 31 ms.)
+// With d, which also holds the prompt and runs 21 blocks (33; fill 0.53,
+// 26.5 ms), d stays a candidate when it meets the limit without the error:
+// moving there recomputes nothing b would not.
+func TestPooledSLOKVPickMisses(t *testing.T) {
+	prompt := tokens(7, 16*12)
+	hashes := SequenceHashes(prompt, 16, "")
+	out := 152.5
+	for _, c := range []struct {
+		name    string
+		errMs   float64
+		d       bool    // worker d, a holder that meets the limit
+		limitMs float64 // the TPOT limit; 0: 24 ms
+		want    WorkerID
+		busy    [4]string // a, b, c, d: a substring of the busy reason
+	}{
+		{name: "a and c safe", errMs: 0.5, want: "a", busy: [4]string{"", "miss the SLO", ""}},
+		{name: "a safe", errMs: 1.5, want: "a", busy: [4]string{"", "miss the SLO", "observed error"}},
+		{name: "none safe: kv's pick", errMs: 3, want: "b"},
+		// A 28 ms limit with 2 ms of error: a and c are safe, d is not but
+		// holds the prompt, and kv's cost among the three picks d (33).
+		{name: "a holder that meets without the error", errMs: 2, limitMs: 28, d: true, want: "d",
+			busy: [4]string{"", "miss the SLO", "", ""}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ix := NewIndex(16)
+			cfg := pooledConfig()
+			cfg.Pooled.OutputTokens = &out
+			cfg.Pooled.HomeWeight = ptr(0.0)
+			limit := 24 * time.Millisecond
+			if c.limitMs > 0 {
+				limit = time.Duration(c.limitMs * float64(time.Millisecond))
+			}
+			cfg.SLO = SLO{TPOT: limit}
+			workers := []WorkerInfo{{ID: "a", TotalBlocks: 100}, {ID: "b", TotalBlocks: 100}, {ID: "c", TotalBlocks: 100}}
+			runs := []struct {
+				worker WorkerID
+				blocks int
+			}{{"a", 12}, {"b", 10}, {"b", 10}, {"c", 14}}
+			if c.d {
+				workers = append(workers, WorkerInfo{ID: "d", TotalBlocks: 100})
+				runs = append(runs, struct {
+					worker WorkerID
+					blocks int
+				}{"d", 21})
+			}
+			r := newTestRouter(t, cfg, ix, workers...)
+			store(t, ix, "b", prompt)
+			if c.d {
+				store(t, ix, "d", prompt)
+			}
+			now := t0.Add(10 * time.Second)
+			for k, run := range runs {
+				id := fmt.Sprint("run", k)
+				h := SequenceHashes(tokens(100_000+10_000*k, 16*run.blocks), 16, "")
+				r.Load().Add(Booking{ID: id, Worker: run.worker, Hashes: h, Added: t0})
+				r.Load().PrefillDoneAt(id, now.Add(-time.Second))
+			}
+			r.mu.Lock()
+			r.wait.tpot.observe(0.2, 0.010, pooledOutputWindow)
+			r.wait.tpot.observe(0.8, 0.040, pooledOutputWindow)
+			r.wait.fleet.prefill.observe(0.1, 100, pooledRateWindow)
+			r.wait.fleet.decode.observe(1, 100, pooledRateWindow)
+			r.outputs = pooledOutputs{n: 1, mean: out}
+			for range 20 {
+				r.wait.tpotErr.observe(c.errMs/1e3, pooledOutputWindow)
+			}
+			r.mu.Unlock()
+			d, err := r.Decide(Request{ID: "q", Tokens: len(prompt), Hashes: hashes}, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Worker != c.want {
+				t.Fatalf("chose %s, want %s\n%s", d.Worker, c.want, d.Explain())
+			}
+			for k, want := range c.busy[:len(d.Rows)] {
+				got := d.Rows[k]
+				if got.Busy != (want != "") || !strings.Contains(got.Reason(), want) || got.Pooled != 0 {
+					t.Errorf("row %d busy %v %q (pooled terms %v), want %q and kv's row\n%s", k, got.Busy, got.Reason(), got.Pooled, want, d.Explain())
+				}
+			}
+		})
+	}
+}
+
+// residuals: the quantile over the last window errors, once there are
+// 1/(1 − q) of them.
+func TestSLOResiduals(t *testing.T) {
+	var e residuals
+	for k := range 9 {
+		e.observe(float64(k), 20)
+	}
+	if _, ok := e.quantile(0.9); ok {
+		t.Fatalf("0.9 quantile of 9 errors: want none")
+	}
+	e.observe(9, 20) // 0..9
+	if q, ok := e.quantile(0.9); !ok || q != 8 {
+		t.Errorf("0.9 quantile of 0..9 = %v, %v; want 8 (9 of 10 at or under)", q, ok)
+	}
+	e.observe(math.NaN(), 20)
+	for k := 10; k < 30; k++ { // the window keeps 10..29
+		e.observe(float64(k), 20)
+	}
+	if q, ok := e.quantile(0.9); !ok || q != 27 || len(e.sorted) != 20 {
+		t.Errorf("after the window moved: %v, %v over %d; want 27 over 20", q, ok, len(e.sorted))
+	}
+	if q, _ := e.quantile(0.5); q != 19 {
+		t.Errorf("median %v, want 19", q)
 	}
 }

@@ -80,6 +80,7 @@ type pooledBooking struct {
 	admitted bool        // the admission test said it starts at once: its TTFT is prefill, not a wait
 	fill     float64     // the worker's fill at booking (pooledAdmissionLocked), NaN when not known (slo.go)
 	sampled  fillSamples // the worker's fill samples at its first token (slo.go)
+	predTPOT float64     // the TPOT the SLO rule predicted on the worker (seconds), NaN when none (slo.go)
 }
 
 // pooledWaitState is kv-pooled's rate estimates, per worker and fleet-wide,
@@ -97,6 +98,9 @@ type pooledWaitState struct {
 	tpot    linearFit
 	decided []sloDecided
 	samples map[WorkerID]*fillSamples
+	// tpotErr is the TPOT line's recent errors: each finished request's
+	// TPOT less the TPOT predicted for it where it was booked.
+	tpotErr residuals
 }
 
 // waitingForAdmission reports whether b is one of the bookings counted in
@@ -155,7 +159,8 @@ func (s *pooledWaitState) book(id string, w WorkerID, now time.Time, prefill flo
 		s.own = make(map[string]pooledBooking)
 	}
 	s.drop(id)
-	b := pooledBooking{worker: w, booked: now, prefill: prefill, admitted: admitted, fill: s.decidedFill(w)}
+	d := s.decidedOf(w)
+	b := pooledBooking{worker: w, booked: now, prefill: prefill, admitted: admitted, fill: d.fill, predTPOT: d.tpot}
 	if b.waitingForAdmission() {
 		s.waiting++
 	}
