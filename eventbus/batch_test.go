@@ -527,11 +527,19 @@ func TestBusPublisherBatchRetry(t *testing.T) {
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	for i := 1; i <= 4; i++ {
-		if _, err := p.PublishAsync(ctx, storedEvent(0, uint64(i))); err != nil {
-			t.Fatal(err)
+	// Publish from a goroutine: once the first batch's re-send has begun,
+	// new sends wait for it (order), and it succeeds only after the stream
+	// below exists, so a loaded machine could otherwise block here.
+	published := make(chan error, 1)
+	go func() {
+		for i := 1; i <= 4; i++ {
+			if _, err := p.PublishAsync(ctx, storedEvent(0, uint64(i))); err != nil {
+				published <- err
+				return
+			}
 		}
-	}
+		published <- nil
+	}()
 	poll.Until(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if p.Stats().Retries == 0 {
 			return errors.New("no re-send yet")
@@ -539,6 +547,9 @@ func TestBusPublisherBatchRetry(t *testing.T) {
 		return nil
 	})
 	ensureStream(t, js, 1)
+	if err := <-published; err != nil {
+		t.Fatal(err)
+	}
 	if err := p.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
