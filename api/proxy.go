@@ -189,12 +189,7 @@ func (s *Server) send(c *gin.Context, worker router.WorkerID, path string, body 
 		return nil, &workerError{worker: worker, kind: failConnect, err: fmt.Errorf("building the request: %w", err)}
 	}
 	req.Header = outboundHeader(c.Request.Header)
-	if key := s.workerKey(worker); key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
-	}
-	if rank, ok := s.rep.DPRank(worker); ok {
-		req.Header.Set("X-Data-Parallel-Rank", strconv.Itoa(rank))
-	}
+	s.setWorkerHeaders(req.Header, worker)
 	resp, err := s.client.Do(req)
 	if err != nil {
 		cancel(nil)
@@ -415,4 +410,16 @@ func (s *Server) free(p *prepared) {
 	}
 	s.rep.Freed(p.model, p.req.ID)
 	s.gates.wake(p.model)
+}
+
+// setWorkerHeaders sets what every request to a worker carries: its API key
+// (when one is configured) and, for a data-parallel rank, vLLM's
+// X-Data-Parallel-Rank. Shared by the proxy and the shadow copies.
+func (s *Server) setWorkerHeaders(h http.Header, worker router.WorkerID) {
+	if key := s.workerKey(worker); key != "" {
+		h.Set("Authorization", "Bearer "+key)
+	}
+	if rank, ok := s.rep.DPRank(worker); ok {
+		h.Set("X-Data-Parallel-Rank", strconv.Itoa(rank))
+	}
 }

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -267,12 +266,7 @@ func (s *Server) postShadow(ctx context.Context, worker router.WorkerID, path st
 		return fmt.Errorf("building the request: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if key := s.workerKey(worker); key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
-	}
-	if rank, ok := s.rep.DPRank(worker); ok {
-		req.Header.Set("X-Data-Parallel-Rank", strconv.Itoa(rank))
-	}
+	s.setWorkerHeaders(req.Header, worker)
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("post: %w", err)
