@@ -50,9 +50,10 @@ stop() {
 }
 trap stop EXIT
 
-python3 - "$offset" "$load_s" "$at_s" "$summary" "$run_dir" "$root" "$log" <<'PY'
+PYTHONPATH="$root/deploy/local${PYTHONPATH:+:$PYTHONPATH}" python3 - "$offset" "$load_s" "$at_s" "$summary" "$run_dir" "$root" "$log" <<'PY'
 import json, os, re, signal, subprocess, sys, threading, time
 import requests
+from livecluster import admin_headers, wait_ready
 
 offset, load_s, at_s, summary, run_dir, root, runlog = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
 R = {f"r{i}": f"http://127.0.0.1:{8000 + i + offset}" for i in (1, 2, 3)}
@@ -69,14 +70,6 @@ def fail(msg):
     print("drain-live: FAILED: " + msg)
     sys.exit(1)
 
-def token():
-    p = os.path.join(run_dir, "secrets", "admin-token")
-    for _ in range(100):
-        if os.path.exists(p) and os.path.getsize(p) > 0:
-            return open(p).read().strip()
-        time.sleep(0.2)
-    fail("no admin token in " + p)
-
 hdr = {}  # the admin token, read once the cluster is up: run.sh writes a new one after wiping the run directory
 S = requests.Session()
 
@@ -87,19 +80,8 @@ def workers_of(st):
     return {w["id"]: w for w in st.get("workers", [])}
 
 # --- ready: three replicas, four workers everywhere -----------------------------
-t0 = time.time()
-while True:
-    try:
-        if all(S.get(u + "/ready", timeout=1).status_code == 200 for u in R.values()) and \
-           all(len([w for w in workers_of(status(u)).values() if w["model"] == "kvmock"]) == 4 for u in R.values()):
-            break
-    except requests.RequestException:
-        pass
-    if time.time() - t0 > 180:
-        fail("cluster not ready with 4 workers in 180 s; run.sh log: " + open(runlog).read()[-600:].replace("\n", " | "))
-    time.sleep(0.5)
-out["ready_after_s"] = round(time.time() - t0, 1)
-hdr["Authorization"] = "Bearer " + token()
+out["ready_after_s"] = wait_ready(S, list(R.values()), 4, runlog, fail)
+hdr.update(admin_headers(run_dir, fail))
 
 # --- the poller: status, metrics, status, per replica ---------------------------
 target = None           # the drained worker, once chosen

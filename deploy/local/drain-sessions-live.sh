@@ -54,10 +54,11 @@ for mode in $modes; do
     kill -KILL -- -"$pg" 2>/dev/null || true
   }
   trap stop EXIT
-  python3 - "$offset" "$mode" "$summary" "$run_dir" "$log" "$args" \
+  PYTHONPATH="$root/deploy/local${PYTHONPATH:+:$PYTHONPATH}" python3 - "$offset" "$mode" "$summary" "$run_dir" "$log" "$args" \
     "${DRAIN_SESSIONS_LIVE_SESSIONS:-24}" "${DRAIN_SESSIONS_LIVE_TURNS:-4}" "${DRAIN_SESSIONS_LIVE_SPREAD:-1}" <<'PY' || rc=1
 import json, os, re, sys, threading, time
 import requests
+from livecluster import admin_headers, wait_ready
 
 offset, mode, summary, run_dir, runlog, args, n_sess, n_turns, spread = \
     int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], int(sys.argv[7]), int(sys.argv[8]), sys.argv[9] != "0"
@@ -79,19 +80,8 @@ def fail(msg):
 
 S = requests.Session()
 t0 = time.time()
-while True:
-    try:
-        if all(S.get(u + "/ready", timeout=1).status_code == 200 for u in R) and \
-           all(len([w for w in S.get(u + "/cluster/status?digest=0", timeout=1).json().get("workers", [])
-                    if w.get("model") == "kvmock"]) == 4 for u in R):
-            break
-    except (requests.RequestException, ValueError):
-        pass
-    if time.time() - t0 > 180:
-        fail("cluster not ready with 4 workers in 180 s; run.sh log: " + open(runlog).read()[-600:].replace("\n", " | "))
-    time.sleep(0.5)
-p = os.path.join(run_dir, "secrets", "admin-token")
-hdr = {"Authorization": "Bearer " + open(p).read().strip()} if os.path.exists(p) else {}
+wait_ready(S, R, 4, runlog, fail)
+hdr = admin_headers(run_dir, fail)
 
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
 SYSTEM = "You are a careful coding assistant. " + " ".join(WORDS) * 6

@@ -51,9 +51,10 @@ stop() {
 }
 trap stop EXIT
 
-python3 - "$offset" "$sessions" "$turns" "$summary" "$run_dir" "$log" "$serve_args" <<'PY'
+PYTHONPATH="$root/deploy/local${PYTHONPATH:+:$PYTHONPATH}" python3 - "$offset" "$sessions" "$turns" "$summary" "$run_dir" "$log" "$serve_args" <<'PY'
 import json, os, sys, threading, time
 import requests
+from livecluster import admin_headers, wait_ready
 
 offset, n_sess, n_turns, summary, run_dir, runlog, serve_args = \
     int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
@@ -69,20 +70,8 @@ def fail(msg):
 
 S = requests.Session()
 t0 = time.time()
-while True:
-    try:
-        if all(S.get(u + "/ready", timeout=1).status_code == 200 for u in R) and \
-           all(len([w for w in S.get(u + "/cluster/status?digest=0", timeout=1).json().get("workers", [])
-                    if w.get("model") == "kvmock"]) == 4 for u in R):
-            break
-    except (requests.RequestException, ValueError):
-        pass
-    if time.time() - t0 > 180:
-        fail("cluster not ready with 4 workers in 180 s; run.sh log: " + open(runlog).read()[-600:].replace("\n", " | "))
-    time.sleep(0.5)
-out["ready_after_s"] = round(time.time() - t0, 1)
-p = os.path.join(run_dir, "secrets", "admin-token")
-hdr = {"Authorization": "Bearer " + open(p).read().strip()} if os.path.exists(p) else {}
+out["ready_after_s"] = wait_ready(S, R, 4, runlog, fail)
+hdr = admin_headers(run_dir, fail)
 st = S.get(R[0] + "/cluster/status?digest=0", headers=hdr, timeout=2).json()
 out["affinity"] = {k: st.get("sessions", {}).get(k) for k in ("ttl_seconds", "mode")}
 # Affinity off (SESSIONS_LIVE_SERVE_ARGS=" "): the run goes on, to show what
