@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -61,6 +62,7 @@ type keptBody struct {
 	hashes  []uint64
 	tokens  int
 	size    int64
+	kept    time.Time // when this replica routed the turn: the newest turn's replica copies first
 }
 
 // sessionBodies holds the last body of each bound session this replica
@@ -177,6 +179,7 @@ type drainCopies struct {
 	sent     prometheus.Counter // kvrouter_drain_copies_total
 	failed   prometheus.Counter // kvrouter_drain_copy_failures_total
 	moved    prometheus.Counter // kvrouter_drain_sessions_moved_total
+	rounds   prometheus.Counter // kvrouter_drain_copy_rounds_total
 	timeout  time.Duration
 	wg       sync.WaitGroup // drains being handled (tests wait on it)
 }
@@ -211,7 +214,9 @@ func newDrainCopies(cfg Config, s *Server) *drainCopies {
 		moved: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_drain_sessions_moved_total",
 			Help: "Sessions this replica's drain copies moved: its rebind after the copy answered left the session on the copy's worker (a session several replicas copied to the same worker counts on each)."}),
 	}
-	cfg.Registry.MustRegister(dc.sent, dc.failed, dc.moved)
+	dc.rounds = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_drain_copy_rounds_total",
+		Help: "Worker drains whose session copies this replica finished handling (every kept session bound there copied, skipped or failed; copies wait up to 3 s, staggered by their turn's age)."})
+	cfg.Registry.MustRegister(dc.sent, dc.failed, dc.moved, dc.rounds)
 	dw.OnWorkerDrained(func(worker string) {
 		dc.wg.Add(1)
 		go func() {
@@ -232,7 +237,7 @@ func (s *Server) keepSessionBody(p *prepared) {
 		return
 	}
 	dc.bodies.keep(&keptBody{session: p.sess.key.ID, model: p.model, adapter: p.adapter, path: p.path,
-		body: p.body, hashes: p.req.Hashes, tokens: p.req.Tokens})
+		body: p.body, hashes: p.req.Hashes, tokens: p.req.Tokens, kept: time.Now()})
 }
 
 // dropSessionBody forgets an ended session's body.
@@ -252,12 +257,47 @@ const (
 	copySuperseded                    // sent and answered, but the binding had moved meanwhile (its next turn, another replica's copy)
 )
 
+// Copies staggered by the age of the turn they carry. With a session's
+// turns spread over the replicas, every replica holds the last turn it saw
+// and would copy it; only the newest matters (the older ones are prefixes
+// of it). No replica knows which turn is newest, but each knows how long
+// ago it routed its own, and turns of one conversation are ordered in time.
+// So a replica waits copyDelay(age) before copying: the newest turn's
+// replica starts first, and once its copy answers and the session is
+// rebound, the others find it moved and skip (copySkipped). A logarithm
+// keeps turns ordered whatever their age (what separates two turns is the
+// ratio of their ages) while bounding the wait; a replica that holds the
+// newest turn and dies leaves the session to the next one after its wait.
+// When the replicas' copies overlap anyway (a copy slower than the gap),
+// both go to the same worker (routeCopy), as before the stagger.
+const (
+	copyDelayScale = 250 * time.Millisecond // the wait per e-fold of a turn's age
+	copyDelayAge   = 10 * time.Millisecond  // ages below this hardly wait
+	copyDelayMax   = 3 * time.Second
+)
+
+// copyDelay is how long a replica waits before copying a turn routed age
+// ago: copyDelayScale × ln(1 + age/copyDelayAge), at most copyDelayMax.
+// It grows with age, so the newest of a session's turns is copied first.
+func copyDelay(age time.Duration) time.Duration {
+	if age <= 0 {
+		return 0
+	}
+	d := time.Duration(float64(copyDelayScale) * math.Log1p(float64(age)/float64(copyDelayAge)))
+	return min(d, copyDelayMax)
+}
+
 // moveSessionsByCopy handles worker's drain: a copy of each kept session
-// bound there, at most dc.inflight at once, most recently active first;
-// one log line with the counts.
+// bound there, at most dc.inflight at once, each after copyDelay of its
+// turn's age (most recently active first); one log line with the counts.
 func (s *Server) moveSessionsByCopy(dc *drainCopies, sr SessionReplica, worker string) {
 	start := time.Now()
 	todo := dc.bodies.boundTo(worker, sr.SessionBinding)
+	due := make(map[*keptBody]time.Time, len(todo))
+	for _, e := range todo {
+		due[e] = start.Add(copyDelay(start.Sub(e.kept)))
+	}
+	slices.SortStableFunc(todo, func(a, b *keptBody) int { return due[a].Compare(due[b]) })
 	var counts [4]int
 	var mu sync.Mutex
 	next := make(chan *keptBody)
@@ -267,6 +307,9 @@ func (s *Server) moveSessionsByCopy(dc *drainCopies, sr SessionReplica, worker s
 		go func() {
 			defer wg.Done()
 			for e := range next {
+				if wait := time.Until(due[e]); wait > 0 {
+					time.Sleep(wait) // the stagger itself, not a synchronisation: older turns' replicas let the newest copy first
+				}
 				o := s.copySession(dc, sr, worker, e)
 				mu.Lock()
 				counts[o]++
@@ -279,6 +322,7 @@ func (s *Server) moveSessionsByCopy(dc *drainCopies, sr SessionReplica, worker s
 	}
 	close(next)
 	wg.Wait()
+	dc.rounds.Inc()
 	s.log.Info("drain: sessions moved by copy", "worker", worker, "sessions", len(todo),
 		"moved", counts[copyMoved], "failed", counts[copyFailed], "superseded", counts[copySuperseded],
 		"skipped", counts[copySkipped], "took", time.Since(start))

@@ -359,6 +359,40 @@ func TestAPIDrainShadowCopyTarget(t *testing.T) {
 	}
 }
 
+// TestAPIDrainShadowCopyDelay: the newest of a session's turns waits
+// least, whatever the ages (two turns a fixed gap apart stay ordered, the
+// gap in waiting shrinking only as their ages' ratio does), and no turn
+// waits past the bound.
+func TestAPIDrainShadowCopyDelay(t *testing.T) {
+	cases := []struct {
+		newer, older time.Duration
+		minGap       time.Duration // the older turn waits at least this much longer
+	}{
+		{0, 5 * time.Millisecond, 100 * time.Millisecond},
+		{100 * time.Millisecond, 400 * time.Millisecond, 200 * time.Millisecond},
+		{time.Second, 2 * time.Second, 150 * time.Millisecond},
+		{5 * time.Second, 30 * time.Second, 400 * time.Millisecond},
+		{30 * time.Second, 40 * time.Second, 50 * time.Millisecond},
+	}
+	for _, c := range cases {
+		dn, do := copyDelay(c.newer), copyDelay(c.older)
+		if do-dn < c.minGap {
+			t.Errorf("ages %v and %v wait %v and %v: the older should wait at least %v longer", c.newer, c.older, dn, do, c.minGap)
+		}
+	}
+	if d := copyDelay(0); d != 0 {
+		t.Errorf("a turn routed just now waits %v", d)
+	}
+	if d := copyDelay(-time.Second); d != 0 {
+		t.Errorf("a turn from the future (another clock) waits %v", d)
+	}
+	for _, age := range []time.Duration{time.Hour, 1000 * time.Hour} {
+		if d := copyDelay(age); d != copyDelayMax {
+			t.Errorf("age %v waits %v, want the bound %v", age, d, copyDelayMax)
+		}
+	}
+}
+
 // BenchmarkAPIKeepSessionBody is what --router-drain-shadow adds to a
 // bound turn: keeping its body (the LRU under its lock, one binding read
 // of the oldest body), at 10,000 sessions held.

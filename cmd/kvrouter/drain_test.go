@@ -216,7 +216,12 @@ type copySeen struct {
 // isCopy: a drain copy of a session's second turn (the client's turns
 // carry its session header; a copy carries none of its headers).
 func (r copySeen) isCopy() bool {
-	return r.maxTokens == 1 && !r.stream && r.messages == 2 && r.session == ""
+	return r.isShadow() && r.messages == 2
+}
+
+// isShadow: a drain copy of any turn.
+func (r copySeen) isShadow() bool {
+	return r.maxTokens == 1 && !r.stream && r.session == ""
 }
 
 // start starts n workers dc-0..dc-n-1 and registers them through base.
@@ -414,5 +419,126 @@ func drainShadowMovesSessions(t *testing.T, groups int) {
 	}
 	if copies != len(onGone) {
 		t.Errorf("%d copies for %d sessions on %s", copies, len(onGone), gone)
+	}
+}
+
+// TestServeDrainShadowSpreadTurns: sessions play three turns, turn k
+// through replica k, rounds 300 ms apart, so each replica holds a
+// different turn of every session. When the worker of the first session
+// is drained, the replica holding the newest turn copies first (the
+// others wait longer: copyDelay of their turns' ages), so the first copy
+// each moved session's new worker receives is of its newest turn (three
+// messages), and once it rebinds the others skip: fewer copies than one
+// per replica per session (without the stagger, every replica copied at
+// once: three per session).
+func TestServeDrainShadowSpreadTurns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three in-process replicas")
+	}
+	reps := newTestCluster(t, func(c *serveConfig) {
+		c.Sessions.TTL = 300 * time.Second
+		c.DrainShadow = true
+	})
+	poll.Until(t, 60*time.Second, 50*time.Millisecond, func() error { _, err := leaderOf(reps); return err })
+	var cw copyWorkers
+	workers := cw.start(t, reps[0].url(), 3)
+	waitRoutable(t, reps, workers)
+
+	const sessions, turns = 9, 3
+	home := map[string]string{}
+	for k := range turns {
+		if k > 0 {
+			time.Sleep(300 * time.Millisecond) // the workload's shape: turns apart in time, as a conversation's are
+		}
+		for s := range sessions {
+			id := fmt.Sprintf("sp-%d", s)
+			w, err := sendTurn(turnSpec{base: reps[k].url(), session: id, turn: k})
+			switch {
+			case err != nil:
+				t.Fatal(err)
+			case k == 0:
+				home[id] = w
+			case w != home[id]:
+				t.Fatalf("session %s moved from %s to %s before any drain", id, home[id], w)
+			}
+		}
+	}
+	gone := home["sp-0"]
+	var onGone []string
+	for id, w := range home {
+		if w == gone {
+			onGone = append(onGone, id)
+		}
+	}
+	drainedAt := time.Now()
+	poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
+		resp, err := http.Post(reps[1].url()+"/workers/drain", "application/json", strings.NewReader(fmt.Sprintf(`{"id":%q}`, gone)))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			b, _ := io.ReadAll(resp.Body)
+			return fmt.Errorf("drain %s: %d %s", gone, resp.StatusCode, b)
+		}
+		return nil
+	})
+	moved := map[string]string{}
+	poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
+		for _, r := range reps {
+			for _, id := range onGone {
+				w, err := boundWorker(r.url(), id)
+				switch {
+				case err != nil:
+					return err
+				case w == gone:
+					return fmt.Errorf("%s: session %s still bound to the drained %s", r.cfg.NodeID, id, gone)
+				}
+				moved[id] = w
+			}
+		}
+		return nil
+	})
+	// Count once every replica finished its drain's copies (a skipped
+	// copy sends nothing, so only the end of the round says it was
+	// skipped).
+	for _, r := range reps {
+		poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
+			resp, err := http.Get(r.url() + "/metrics")
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if !strings.Contains(string(b), "\nkvrouter_drain_copy_rounds_total 1\n") {
+				return fmt.Errorf("%s: drain copies not finished", r.cfg.NodeID)
+			}
+			return nil
+		})
+	}
+	var copies int
+	for _, id := range onGone {
+		var first *copySeen
+		for _, r := range cw.requests(moved[id]) {
+			if r.isShadow() && r.at.After(drainedAt) {
+				if first == nil {
+					first = &r
+				}
+			}
+		}
+		if first == nil || first.messages != turns {
+			t.Errorf("session %s moved to %s: its first copy there %+v, want its newest turn (%d messages)", id, moved[id], first, turns)
+		}
+	}
+	for _, w := range workers {
+		for _, r := range cw.requests(w) {
+			if r.isShadow() && r.at.After(drainedAt) {
+				copies++
+			}
+		}
+	}
+	t.Logf("%d sessions moved off %s with %d copies (3 replicas each holding one turn)", len(onGone), gone, copies)
+	if copies < len(onGone) || copies >= turns*len(onGone) {
+		t.Errorf("%d copies for %d sessions: want at least one each and fewer than one per replica each", copies, len(onGone))
 	}
 }
