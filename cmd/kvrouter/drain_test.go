@@ -270,6 +270,24 @@ func (cw *copyWorkers) requests(id string) []copySeen {
 	return slices.Clone(cw.seen[id])
 }
 
+// drainWorker drains worker through base (POST /workers/drain), retried
+// until it is accepted (202).
+func drainWorker(t *testing.T, base, worker string) {
+	t.Helper()
+	poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
+		resp, err := http.Post(base+"/workers/drain", "application/json", strings.NewReader(fmt.Sprintf(`{"id":%q}`, worker)))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			b, _ := io.ReadAll(resp.Body)
+			return fmt.Errorf("drain %s: %d %s", worker, resp.StatusCode, b)
+		}
+		return nil
+	})
+}
+
 // boundWorker is a session's worker on base (GET /sessions/{id}).
 func boundWorker(base, id string) (string, error) {
 	resp, err := http.Get(base + "/sessions/" + id)
@@ -345,18 +363,7 @@ func drainShadowMovesSessions(t *testing.T, groups int) {
 	// Nothing runs from here on but the drain and its copies (the copies
 	// may start before the drain's answer reaches the test).
 	drainedAt := time.Now()
-	poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
-		resp, err := http.Post(reps[1].url()+"/workers/drain", "application/json", strings.NewReader(fmt.Sprintf(`{"id":%q}`, gone)))
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusAccepted {
-			b, _ := io.ReadAll(resp.Body)
-			return fmt.Errorf("drain %s: %d %s", gone, resp.StatusCode, b)
-		}
-		return nil
-	})
+	drainWorker(t, reps[1].url(), gone)
 
 	// Moved by their copies alone: no turn is sent meanwhile.
 	moved := map[string]string{}
@@ -471,18 +478,7 @@ func TestServeDrainShadowSpreadTurns(t *testing.T) {
 		}
 	}
 	drainedAt := time.Now()
-	poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
-		resp, err := http.Post(reps[1].url()+"/workers/drain", "application/json", strings.NewReader(fmt.Sprintf(`{"id":%q}`, gone)))
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusAccepted {
-			b, _ := io.ReadAll(resp.Body)
-			return fmt.Errorf("drain %s: %d %s", gone, resp.StatusCode, b)
-		}
-		return nil
-	})
+	drainWorker(t, reps[1].url(), gone)
 	moved := map[string]string{}
 	poll.Until(t, 30*time.Second, 50*time.Millisecond, func() error {
 		for _, r := range reps {
