@@ -344,12 +344,12 @@ func FuzzFSMRestore(f *testing.F) {
 	f.Add(good)
 	f.Add(good[:len(good)/2])
 	f.Add(append(bytes.Clone(good), 0))
-	f.Add(snapshotBytes(f, goldenStateRoles(f)))      // format 2
-	f.Add(snapshotBytes(f, goldenStateBlockSizes(f))) // format 3
-	f.Add(snapshotBytes(f, goldenStateTiers(f)))      // format 4
-	f.Add(snapshotBytes(f, goldenStatePlacements(f))) // format 5
-	f.Add(snapshotBytes(f, goldenStateSessions(f)))   // format 7
-	f.Add(snapshotBytes(f, goldenStatePins(f)))       // format 8
+	f.Add(snapshotBytes(f, goldenStateRoles(f)))         // format 2
+	f.Add(snapshotBytes(f, goldenStateBlockSizes(f)))    // format 3
+	f.Add(snapshotBytes(f, goldenStateTiers(f)))         // format 4
+	f.Add(snapshotBytes(f, goldenStatePlacements(f)))    // format 5
+	f.Add(snapshotBytes(f, goldenStateSessions(f)))      // format 7
+	f.Add(snapshotBytes(f, goldenStatePins(f)))          // format 8
 	f.Add(snapshotBytes(f, goldenStateSessionStages(f))) // format 9
 	empty := snapshotBytes(f, newFSM(f))
 	f.Add(empty)
