@@ -1,0 +1,233 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/api/tokenize"
+	"github.com/kvrouter/kvrouter/router"
+)
+
+// stagedSessions is a fake replica with session bindings and a two-stage
+// router for model "m": prefill workers p1, p2, decode workers d1, d2.
+type stagedSessions struct {
+	*fakeSessions
+	dr      *router.DisaggRouter
+	workers map[router.WorkerID]*pdWorker
+	roles   []router.RoleWorker
+}
+
+func (f *stagedSessions) Disagg(model string) (*router.DisaggRouter, bool) {
+	return f.dr, model == "m"
+}
+
+// remove takes a worker out of the two-stage router (deregistered,
+// drained, dead).
+func (f *stagedSessions) remove(w router.WorkerID) {
+	var ws []router.RoleWorker
+	for _, r := range f.roles {
+		if r.ID != w {
+			ws = append(ws, r)
+		}
+	}
+	f.roles = ws
+	f.dr.SetWorkers(ws)
+}
+
+func newStagedSessionServer(t *testing.T, pol SessionPolicy) (*Server, *stagedSessions) {
+	t.Helper()
+	cfg := router.DefaultConfig()
+	rep := newFakeReplica("m", cfg)
+	f := &stagedSessions{fakeSessions: newFakeSessions(rep, pol), workers: map[router.WorkerID]*pdWorker{}}
+	dr, err := router.NewDisaggRouter(cfg, rep.index, testDisaggConfig(router.DisaggAlways), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.dr = dr
+	for _, w := range []struct {
+		id   router.WorkerID
+		role router.Role
+	}{{"p1", router.RolePrefill}, {"p2", router.RolePrefill}, {"d1", router.RoleDecode}, {"d2", router.RoleDecode}} {
+		pw := newPDWorker(t, string(w.id))
+		f.workers[w.id] = pw
+		rep.urls[w.id] = pw.srv.URL
+		f.roles = append(f.roles, router.RoleWorker{WorkerInfo: router.WorkerInfo{ID: w.id, TotalBlocks: 1000, MaxBatchedTokens: 8192}, Role: w.role})
+		rep.index.AddWorker(w.id)
+		if w.role == router.RoleDecode {
+			rep.addWorker("m", w.id, pw.srv.URL)
+		}
+	}
+	dr.SetWorkers(f.roles)
+	return New(Config{Registry: prometheus.NewRegistry(), Retries: 1, AllowLoopbackWorkers: true}, f), f
+}
+
+// served is the prefill and decode worker each worker's last request shows:
+// the worker that got a prefill body, the worker that answered.
+func (f *stagedSessions) counts() map[router.WorkerID]int {
+	out := map[router.WorkerID]int{}
+	for id, w := range f.workers {
+		out[id] = len(w.bodies())
+	}
+	return out
+}
+
+// lastStages is the workers a turn reached, from the request counts
+// before and after it.
+func lastStages(before, after map[router.WorkerID]int) (prefill, decode router.WorkerID) {
+	for id, n := range after {
+		if n > before[id] {
+			if strings.HasPrefix(string(id), "p") {
+				prefill = id
+			} else {
+				decode = id
+			}
+		}
+	}
+	return prefill, decode
+}
+
+// TestAPISessionStages: a session's turns on a two-stage model follow one
+// binding of both stages; a one-stage binding gains a prefill stage; a
+// stage's worker gone moves that stage to the worker holding most of the
+// prompt's prefix and keeps the other; another replica's binding committed
+// first is followed; a final turn ends it.
+func TestAPISessionStages(t *testing.T) {
+	prompt := strings.Repeat(longPrompt, 4)
+	body := fmt.Sprintf(`{"model":"m","max_tokens":5,"prompt":%q}`, prompt)
+	tokens := tokenize.Builtin().EncodeSpecial(prompt)
+	bs := router.DefaultConfig().BlockSize
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, f *stagedSessions)
+		// what the turn did
+		prefill, decode router.WorkerID
+		bound           SessionBinding // Prefill and Worker of the binding after
+		outcome         string
+	}{
+		{name: "first turn binds both stages by cost", setup: func(t *testing.T, f *stagedSessions) {
+			storeBlocks(t, f.fakeReplica, "p2", tokens, bs, "", "")
+			_, dc := f.dr.Routers()
+			dc.Load().Add(router.Booking{ID: "other", Worker: "d2", Hashes: seqHashes(8), PrefillDone: true, Added: time.Now()})
+		}, prefill: "p2", decode: "d1", bound: SessionBinding{Prefill: "p2", Worker: "d1"}, outcome: "bind"},
+		{name: "a bound turn follows the binding against the cost", setup: func(t *testing.T, f *stagedSessions) {
+			storeBlocks(t, f.fakeReplica, "p2", tokens, bs, "", "")
+			f.bind(SessionBind{Session: "s", Prefill: "p1", Worker: "d2", TTL: time.Minute})
+		}, prefill: "p1", decode: "d2", bound: SessionBinding{Prefill: "p1", Worker: "d2"}, outcome: "bound"},
+		{name: "a one-stage binding gains the prefill stage", setup: func(t *testing.T, f *stagedSessions) {
+			storeBlocks(t, f.fakeReplica, "p2", tokens, bs, "", "")
+			f.bind(SessionBind{Session: "s", Worker: "d2", TTL: time.Minute})
+		}, prefill: "p2", decode: "d2", bound: SessionBinding{Prefill: "p2", Worker: "d2"}, outcome: "bind"},
+		{name: "prefill worker gone: rebound to the most prefix, decode kept", setup: func(t *testing.T, f *stagedSessions) {
+			storeBlocks(t, f.fakeReplica, "p2", tokens[:2*bs], bs, "", "")
+			f.bind(SessionBind{Session: "s", Prefill: "p1", Worker: "d2", TTL: time.Minute})
+			f.remove("p1")
+		}, prefill: "p2", decode: "d2", bound: SessionBinding{Prefill: "p2", Worker: "d2"}, outcome: "rebind"},
+		{name: "decode worker gone: rebound to the most prefix, prefill kept", setup: func(t *testing.T, f *stagedSessions) {
+			storeBlocks(t, f.fakeReplica, "d2", tokens, bs, "", "")
+			f.bind(SessionBind{Session: "s", Prefill: "p1", Worker: "d9", TTL: time.Minute})
+			// d2 is loaded: the decode router alone would choose d1.
+			_, dc := f.dr.Routers()
+			dc.Load().Add(router.Booking{ID: "heavy", Worker: "d2", Hashes: []uint64{1, 2, 3, 4, 5, 6}, PrefillDone: true, Added: time.Now()})
+		}, prefill: "p1", decode: "d2", bound: SessionBinding{Prefill: "p1", Worker: "d2"}, outcome: "rebind"},
+		{name: "another replica's binding committed first: followed", setup: func(t *testing.T, f *stagedSessions) {
+			storeBlocks(t, f.fakeReplica, "p2", tokens, bs, "", "")
+			f.beforeBind = func(b SessionBind) {
+				f.beforeBind = nil
+				f.bind(SessionBind{Session: "s", Prefill: "p1", Worker: "d2", TTL: time.Minute})
+			}
+		}, prefill: "p1", decode: "d2", bound: SessionBinding{Prefill: "p1", Worker: "d2"}, outcome: "follow"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, f := newStagedSessionServer(t, SessionPolicy{TTL: time.Minute})
+			tc.setup(t, f)
+			before := f.counts()
+			rec := doWith(s, "/v1/completions", body, map[string]string{"X-Dynamo-Session-ID": "s"})
+			if rec.Code != http.StatusOK {
+				t.Fatalf("%d %s", rec.Code, rec.Body)
+			}
+			pf, dc := lastStages(before, f.counts())
+			if pf != tc.prefill || dc != tc.decode || rec.Header().Get("X-Worker-Id") != string(tc.decode) {
+				t.Fatalf("served %s → %s (answered by %q), want %s → %s", pf, dc, rec.Header().Get("X-Worker-Id"), tc.prefill, tc.decode)
+			}
+			b, ok := f.SessionBinding("s")
+			if !ok || b.Prefill != tc.bound.Prefill || b.Worker != tc.bound.Worker {
+				t.Fatalf("bound %+v, want %s → %s", b, tc.bound.Prefill, tc.bound.Worker)
+			}
+			if got := readCounter(s.sessMetrics.turns.WithLabelValues(tc.outcome)); got != 1 {
+				t.Errorf("turns{%s} = %v", tc.outcome, got)
+			}
+			// The next turn follows the binding, whatever the cost says.
+			storeBlocks(t, f.fakeReplica, "p1", tokens, bs, "", "")
+			storeBlocks(t, f.fakeReplica, "p2", tokens, bs, "", "")
+			before = f.counts()
+			rec = doWith(s, "/v1/completions", body, map[string]string{"X-Dynamo-Session-ID": "s", "X-Dynamo-Session-Final": "true"})
+			if pf, dc := lastStages(before, f.counts()); rec.Code != 200 || pf != tc.bound.Prefill || dc != tc.bound.Worker {
+				t.Fatalf("next turn %d: %s → %s, want %s → %s", rec.Code, pf, dc, tc.bound.Prefill, tc.bound.Worker)
+			}
+			if _, ok := f.SessionBinding("s"); ok {
+				t.Error("the final turn did not end the binding")
+			}
+		})
+	}
+}
+
+// TestAPISessionStagesModes: busy bound workers answer busy in hard mode,
+// and yield to normal planning and a rebind in soft mode.
+func TestAPISessionStagesModes(t *testing.T) {
+	for _, soft := range []bool{false, true} {
+		t.Run(fmt.Sprintf("soft=%v", soft), func(t *testing.T) {
+			s, f := newStagedSessionServer(t, SessionPolicy{TTL: time.Minute, Soft: soft})
+			cfg := router.DefaultConfig()
+			cfg.Thresholds.ActiveDecodeBlocks = ptrTo(0.5)
+			if err := f.dr.SetBaseConfig(cfg); err != nil {
+				t.Fatal(err)
+			}
+			_, dc := f.dr.Routers()
+			dc.Load().Add(router.Booking{ID: "heavy", Worker: "d2", Hashes: seqHashes(800), PrefillDone: true, Added: time.Now()})
+			f.bind(SessionBind{Session: "s", Prefill: "p1", Worker: "d2", TTL: time.Minute})
+			rec := doWith(s, "/v1/completions", disaggBody, map[string]string{"X-Dynamo-Session-ID": "s"})
+			b, _ := f.SessionBinding("s")
+			if !soft {
+				if rec.Code == http.StatusOK || b.Worker != "d2" {
+					t.Fatalf("hard mode: %d, bound %+v", rec.Code, b)
+				}
+				return
+			}
+			if rec.Code != http.StatusOK || rec.Header().Get("X-Worker-Id") != "d1" || b.Worker != "d1" {
+				t.Fatalf("soft mode: %d by %q, bound %+v", rec.Code, rec.Header().Get("X-Worker-Id"), b)
+			}
+			if got := readCounter(s.sessMetrics.rebinds.WithLabelValues("busy")); got != 1 {
+				t.Errorf("rebinds{busy} = %v", got)
+			}
+		})
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+func seqHashes(n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = uint64(i + 1)
+	}
+	return out
+}
+
+// TestAPISessionStagesAdmin: GET /sessions/{id} names both stages of a
+// two-stage binding.
+func TestAPISessionStagesAdmin(t *testing.T) {
+	s, f := newStagedSessionServer(t, SessionPolicy{TTL: time.Minute})
+	f.bind(SessionBind{Session: "s", Prefill: "p1", Worker: "d2", TTL: time.Minute})
+	rec := do(s, http.MethodGet, "/sessions/s", "")
+	var got map[string]any
+	if err := json.Unmarshal(rec.Body.Bytes(), &got); rec.Code != 200 || err != nil ||
+		got["worker"] != "d2" || got["prefill_worker"] != "p1" || got["decode_worker"] != "d2" {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+}
