@@ -329,6 +329,10 @@ func (s *Server) routePinnedStages(pr PinReplica, p *prepared, dr *router.Disagg
 	if err != nil {
 		return dd, err
 	}
-	s.pinHit(pr, p, match, computeWorker(dd.DisaggPlan))
+	served := computeWorker(dd.DisaggPlan) // a prefill holder computed the prompt, or the plan went elsewhere
+	if lim.Decode != nil {
+		served = dd.DecodeWorker // a decode holder took the transferred KV (or computed it)
+	}
+	s.pinHit(pr, p, match, served)
 	return dd, nil
 }

@@ -14,22 +14,45 @@ import (
 	"github.com/kvrouter/kvrouter/router"
 )
 
-// stagedSessions is a fake replica with session bindings and a two-stage
-// router for model "m": prefill workers p1, p2, decode workers d1, d2.
-type stagedSessions struct {
-	*fakeSessions
+// stagedFleet is model "m"'s two-stage router over fake vLLM workers:
+// prefill workers p1, p2, decode workers d1, d2.
+type stagedFleet struct {
 	dr      *router.DisaggRouter
 	workers map[router.WorkerID]*pdWorker
 	roles   []router.RoleWorker
 }
 
-func (f *stagedSessions) Disagg(model string) (*router.DisaggRouter, bool) {
+func newStagedFleet(t *testing.T, rep *fakeReplica) *stagedFleet {
+	t.Helper()
+	dr, err := router.NewDisaggRouter(router.DefaultConfig(), rep.index, testDisaggConfig(router.DisaggAlways), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &stagedFleet{dr: dr, workers: map[router.WorkerID]*pdWorker{}}
+	for _, w := range []struct {
+		id   router.WorkerID
+		role router.Role
+	}{{"p1", router.RolePrefill}, {"p2", router.RolePrefill}, {"d1", router.RoleDecode}, {"d2", router.RoleDecode}} {
+		pw := newPDWorker(t, string(w.id))
+		f.workers[w.id] = pw
+		rep.urls[w.id] = pw.srv.URL
+		rep.index.AddWorker(w.id)
+		f.roles = append(f.roles, router.RoleWorker{WorkerInfo: router.WorkerInfo{ID: w.id, TotalBlocks: 1000, MaxBatchedTokens: 8192}, Role: w.role})
+		if w.role == router.RoleDecode {
+			rep.addWorker("m", w.id, pw.srv.URL)
+		}
+	}
+	dr.SetWorkers(f.roles)
+	return f
+}
+
+func (f *stagedFleet) Disagg(model string) (*router.DisaggRouter, bool) {
 	return f.dr, model == "m"
 }
 
 // remove takes a worker out of the two-stage router (deregistered,
 // drained, dead).
-func (f *stagedSessions) remove(w router.WorkerID) {
+func (f *stagedFleet) remove(w router.WorkerID) {
 	var ws []router.RoleWorker
 	for _, r := range f.roles {
 		if r.ID != w {
@@ -40,36 +63,23 @@ func (f *stagedSessions) remove(w router.WorkerID) {
 	f.dr.SetWorkers(ws)
 }
 
+// stagedSessions is a fake replica with session bindings and a two-stage
+// router for model "m".
+type stagedSessions struct {
+	*fakeSessions
+	*stagedFleet
+}
+
 func newStagedSessionServer(t *testing.T, pol SessionPolicy) (*Server, *stagedSessions) {
 	t.Helper()
-	cfg := router.DefaultConfig()
-	rep := newFakeReplica("m", cfg)
-	f := &stagedSessions{fakeSessions: newFakeSessions(rep, pol), workers: map[router.WorkerID]*pdWorker{}}
-	dr, err := router.NewDisaggRouter(cfg, rep.index, testDisaggConfig(router.DisaggAlways), 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.dr = dr
-	for _, w := range []struct {
-		id   router.WorkerID
-		role router.Role
-	}{{"p1", router.RolePrefill}, {"p2", router.RolePrefill}, {"d1", router.RoleDecode}, {"d2", router.RoleDecode}} {
-		pw := newPDWorker(t, string(w.id))
-		f.workers[w.id] = pw
-		rep.urls[w.id] = pw.srv.URL
-		f.roles = append(f.roles, router.RoleWorker{WorkerInfo: router.WorkerInfo{ID: w.id, TotalBlocks: 1000, MaxBatchedTokens: 8192}, Role: w.role})
-		rep.index.AddWorker(w.id)
-		if w.role == router.RoleDecode {
-			rep.addWorker("m", w.id, pw.srv.URL)
-		}
-	}
-	dr.SetWorkers(f.roles)
+	rep := newFakeReplica("m", router.DefaultConfig())
+	f := &stagedSessions{fakeSessions: newFakeSessions(rep, pol), stagedFleet: newStagedFleet(t, rep)}
 	return New(Config{Registry: prometheus.NewRegistry(), Retries: 1, AllowLoopbackWorkers: true}, f), f
 }
 
 // served is the prefill and decode worker each worker's last request shows:
 // the worker that got a prefill body, the worker that answered.
-func (f *stagedSessions) counts() map[router.WorkerID]int {
+func (f *stagedFleet) counts() map[router.WorkerID]int {
 	out := map[router.WorkerID]int{}
 	for id, w := range f.workers {
 		out[id] = len(w.bodies())
@@ -229,5 +239,85 @@ func TestAPISessionStagesAdmin(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &got); rec.Code != 200 || err != nil ||
 		got["worker"] != "d2" || got["prefill_worker"] != "p1" || got["decode_worker"] != "d2" {
 		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+}
+
+// stagedPins is a fake replica with prefix pins and a two-stage router for
+// model "m".
+type stagedPins struct {
+	*fakePins
+	*stagedFleet
+}
+
+// TestAPIPinStages: a pinned prefix on a two-stage model steers the
+// prefill stage to its holders against the cost; a prefix pinned on a
+// decode worker (while the plan served it aggregated there) steers the
+// decode stage; with every holder gone the plan decides and the pin moves
+// to the worker that computed the prompt; cache_control pins the prefix on
+// the prefill worker chosen, and a session turn's on its bound prefill
+// worker.
+func TestAPIPinStages(t *testing.T) {
+	prompt := strings.Repeat(longPrompt, 4)
+	tokens := tokenize.Builtin().EncodeSpecial(prompt)
+	bs := router.DefaultConfig().BlockSize
+	hashes := router.SaltedSequenceHashes(tokens, bs, "", "")
+	plain := fmt.Sprintf(`{"model":"m","max_tokens":5,"prompt":%q}`, prompt)
+	cached := fmt.Sprintf(`{"model":"m","max_tokens":5,"prompt":%q,"nvext":{"cache_control":{"type":"ephemeral","ttl":"5m"}}}`, prompt)
+	holder := func(w router.WorkerID) PinHolder {
+		return PinHolder{Worker: w, Until: time.Now().Add(5 * time.Minute), TTL: 5 * time.Minute}
+	}
+	for _, tc := range []struct {
+		name            string
+		body            string
+		setup           func(f *stagedPins)
+		prefill, decode router.WorkerID
+		routed          string // kvrouter_pin_routed_total outcome counted once; "" none
+		write           string // the pin written: its worker; "" none
+		replace         router.WorkerID
+	}{
+		{name: "holder steers the prefill stage", body: plain, setup: func(f *stagedPins) {
+			f.put("m", hashes[:2], holder("p1"))
+		}, prefill: "p1", decode: "d1", routed: "holder"},
+		{name: "a decode holder steers the decode stage", body: plain, setup: func(f *stagedPins) {
+			f.put("m", hashes[:2], holder("d2"))
+		}, prefill: "p2", decode: "d2", routed: "holder"},
+		{name: "holder gone: the pin moves to the prefill worker chosen", body: plain, setup: func(f *stagedPins) {
+			f.put("m", hashes[:2], holder("p1"))
+			f.remove("p1")
+		}, prefill: "p2", decode: "d1", routed: "moved", write: "p2", replace: "p1"},
+		{name: "cache_control pins on the prefill worker", body: cached, prefill: "p2", decode: "d1", write: "p2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := newFakeReplica("m", router.DefaultConfig())
+			f := &stagedPins{fakePins: &fakePins{fakeReplica: rep, enabled: true}, stagedFleet: newStagedFleet(t, rep)}
+			s := New(Config{Registry: prometheus.NewRegistry(), Retries: 1, AllowLoopbackWorkers: true}, f)
+			storeBlocks(t, rep, "p2", tokens, bs, "", "") // the cost prefers p2
+			_, dc := f.dr.Routers()
+			dc.Load().Add(router.Booking{ID: "other", Worker: "d2", Hashes: seqHashes(8), PrefillDone: true, Added: time.Now()})
+			if tc.setup != nil {
+				tc.setup(f)
+			}
+			before := f.counts()
+			rec := doWith(s, "/v1/completions", tc.body, nil)
+			if pf, dc := lastStages(before, f.counts()); rec.Code != 200 || pf != tc.prefill || dc != tc.decode {
+				t.Fatalf("%d: served %s → %s, want %s → %s (%s)", rec.Code, pf, dc, tc.prefill, tc.decode, rec.Body)
+			}
+			for _, o := range []string{"holder", "moved"} {
+				want := 0.0
+				if o == tc.routed {
+					want = 1
+				}
+				if got := readCounter(s.pinMetrics.routed.WithLabelValues(o)); got != want {
+					t.Errorf("routed{%s} = %v, want %v", o, got, want)
+				}
+			}
+			ws := f.takeWrites()
+			switch {
+			case tc.write == "" && len(ws) != 0:
+				t.Errorf("writes %+v, want none", ws)
+			case tc.write != "" && (len(ws) != 1 || ws[0].Worker != router.WorkerID(tc.write) || ws[0].Replace != tc.replace):
+				t.Errorf("writes %+v, want one on %s replacing %q", ws, tc.write, tc.replace)
+			}
+		})
 	}
 }
