@@ -321,3 +321,49 @@ func TestAPIPinStages(t *testing.T) {
 		})
 	}
 }
+
+// TestAPISelectPins: Dynamo's selection API honours prefix pins by the
+// sequence hashes it carries: /select and /select_and_reserve answer a
+// pinned prefix's holder against the cost; /select writes nothing; with the
+// holder gone both answer by the cost, and only /select_and_reserve (which
+// places a request) moves the pin.
+func TestAPISelectPins(t *testing.T) {
+	body := `{"model_name":"m","sequence_hashes":[21,22,23,24],"isl_tokens":64,"selection_id":"%s"}`
+	for _, tc := range []struct {
+		name, path string
+		gone       bool
+		worker     string
+		writes     int
+	}{
+		{"select: the holder", "/select", false, "w2", 0},
+		{"select_and_reserve: the holder", "/select_and_reserve", false, "w2", 0},
+		{"select: holder gone, by cost, nothing written", "/select", true, "w1", 0},
+		{"select_and_reserve: holder gone, the pin moves", "/select_and_reserve", true, "w1", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, fp, _ := newPinServer(t, 2, true)
+			blocks := make([]router.StoredBlock, 4)
+			for i := range blocks {
+				blocks[i] = router.StoredBlock{EngineHash: uint64(21 + i), ContentHash: uint64(21 + i)}
+			}
+			if err := fp.index.Apply("w1", router.KVEvent{Kind: router.EventStored, Blocks: blocks}); err != nil {
+				t.Fatal(err)
+			}
+			holder := router.WorkerID("w2")
+			if tc.gone {
+				holder = "w9"
+			}
+			fp.put("m", []uint64{21, 22}, PinHolder{Worker: holder, Until: time.Now().Add(time.Minute), TTL: time.Minute})
+			rec := do(s, http.MethodPost, tc.path, fmt.Sprintf(body, strings.ReplaceAll(tc.name, " ", "-")))
+			var out struct {
+				WorkerID string `json:"worker_id"`
+			}
+			if err := json.Unmarshal(rec.Body.Bytes(), &out); rec.Code != 200 || err != nil || out.WorkerID != tc.worker {
+				t.Fatalf("%d %s, want %s", rec.Code, rec.Body, tc.worker)
+			}
+			if ws := fp.takeWrites(); len(ws) != tc.writes || (tc.writes == 1 && (ws[0].Worker != "w1" || ws[0].Replace != "w9")) {
+				t.Fatalf("writes %+v, want %d", ws, tc.writes)
+			}
+		})
+	}
+}
