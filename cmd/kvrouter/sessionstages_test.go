@@ -157,7 +157,8 @@ func sameEach(log *stageLog, stage map[string][]string, ids []string) (map[strin
 // session's prefill worker leaves while another prefill worker holds the
 // session's next prompt (its KV events published on the bus): the next
 // turns, through every replica, rebind the prefill stage to that worker
-// and keep the decode worker.
+// and keep the decode worker. Then a decode worker leaves: its sessions
+// rebind that stage and keep their prefill workers.
 func TestServeSessionStages(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three in-process replicas")
@@ -278,6 +279,40 @@ func TestServeSessionStages(t *testing.T) {
 			b, err := getStagedBinding(r.url(), id)
 			if err != nil || b.Prefill != prefillAfter[id] || b.Decode != decodeOf[id] {
 				t.Fatalf("%s via %s after the rebind: %+v (%v)", id, r.cfg.NodeID, b, err)
+			}
+		}
+	}
+
+	// A decode worker leaves: its sessions' next turns rebind that stage
+	// (to the one decode worker left) and keep their prefill workers.
+	goneDecode := decodeOf["st-01"]
+	resp, err = http.Post(reps[2].url()+"/workers/deregister", "application/json", strings.NewReader(fmt.Sprintf(`{"id":%q}`, goneDecode)))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("deregister %s: %v %v", goneDecode, err, resp)
+	}
+	resp.Body.Close()
+	delete(want, goneDecode)
+	waitRoles(t, reps, want)
+	log.mu.Lock()
+	clear(log.prefill)
+	log.mu.Unlock()
+	last := runSessions(t, reps, "st", sessions, 2, turns+3, false)
+	prefillLast, err := sameEach(log, log.prefill, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		ws := last[id]
+		if ws[0] == goneDecode || ws[0] != ws[len(ws)-1] || (decodeOf[id] != goneDecode && ws[0] != decodeOf[id]) {
+			t.Errorf("session %s answered by %v after %s left (bound to %s)", id, ws, goneDecode, decodeOf[id])
+		}
+		if prefillLast[id] != prefillAfter[id] {
+			t.Errorf("session %s moved its prefill from %s to %s when a decode worker left", id, prefillAfter[id], prefillLast[id])
+		}
+		for _, r := range reps {
+			b, err := getStagedBinding(r.url(), id)
+			if err != nil || b.Prefill != prefillAfter[id] || b.Decode != ws[0] {
+				t.Fatalf("%s via %s after the decode rebind: %+v (%v)", id, r.cfg.NodeID, b, err)
 			}
 		}
 	}
