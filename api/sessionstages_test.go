@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -365,5 +366,48 @@ func TestAPISelectPins(t *testing.T) {
 				t.Fatalf("writes %+v, want %d", ws, tc.writes)
 			}
 		})
+	}
+}
+
+// stagedSessionPins is a fake replica with sessions, pins and a two-stage
+// router for model "m".
+type stagedSessionPins struct {
+	*fakeSessions
+	*stagedFleet
+	pins *fakePins
+}
+
+func (f *stagedSessionPins) PinsEnabled() bool { return true }
+func (f *stagedSessionPins) PinCount() int     { return f.pins.PinCount() }
+func (f *stagedSessionPins) Pins() []PinInfo   { return nil }
+func (f *stagedSessionPins) Pin(w PinWrite)    { f.pins.Pin(w) }
+func (f *stagedSessionPins) PinLookup(m string, h []uint64) (PinMatch, bool) {
+	return f.pins.PinLookup(m, h)
+}
+func (f *stagedSessionPins) Unpin(ctx context.Context, u PinUnpin) (int, error) {
+	return f.pins.Unpin(ctx, u)
+}
+
+// TestAPISessionStagesPin: a session turn's binding decides its workers
+// before any pin (a pin held elsewhere does not move it), and its
+// cache_control pins the prompt on the bound prefill worker.
+func TestAPISessionStagesPin(t *testing.T) {
+	prompt := strings.Repeat(longPrompt, 4)
+	tokens := tokenize.Builtin().EncodeSpecial(prompt)
+	hashes := router.SaltedSequenceHashes(tokens, router.DefaultConfig().BlockSize, "", "")
+	rep := newFakeReplica("m", router.DefaultConfig())
+	f := &stagedSessionPins{fakeSessions: newFakeSessions(rep, SessionPolicy{TTL: time.Minute}), stagedFleet: newStagedFleet(t, rep),
+		pins: &fakePins{fakeReplica: rep, enabled: true}}
+	s := New(Config{Registry: prometheus.NewRegistry(), Retries: 1, AllowLoopbackWorkers: true}, f)
+	f.pins.put("m", hashes[:2], PinHolder{Worker: "p2", Until: time.Now().Add(time.Minute), TTL: time.Minute})
+	f.bind(SessionBind{Session: "s", Prefill: "p1", Worker: "d2", TTL: time.Minute})
+	before := f.counts()
+	body := fmt.Sprintf(`{"model":"m","max_tokens":5,"prompt":%q,"nvext":{"cache_control":{"type":"ephemeral"}}}`, prompt)
+	rec := doWith(s, "/v1/completions", body, map[string]string{"X-Dynamo-Session-ID": "s"})
+	if pf, dc := lastStages(before, f.counts()); rec.Code != 200 || pf != "p1" || dc != "d2" {
+		t.Fatalf("%d: served %s → %s, want the binding p1 → d2", rec.Code, pf, dc)
+	}
+	if ws := f.pins.takeWrites(); len(ws) != 1 || ws[0].Worker != "p1" || len(ws[0].Blocks) != len(hashes) {
+		t.Fatalf("pin writes %+v, want the prompt pinned on p1", ws)
 	}
 }
