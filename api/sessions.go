@@ -98,7 +98,7 @@ type sessionMetrics struct {
 func newSessionMetrics(reg prometheus.Registerer, sr SessionReplica) *sessionMetrics {
 	m := &sessionMetrics{
 		turns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_session_turns_total",
-			Help: "Requests carrying a session, by how they were routed: bound (the binding's worker), bind (a new binding), rebind, follow (another replica's binding committed first), miss (served unbound)."}, []string{"outcome"}),
+			Help: "Requests carrying a session (two-stage turns included), by how they were routed: bound (the binding's worker), bind (a new binding), rebind, follow (another replica's binding committed first), miss (served unbound)."}, []string{"outcome"}),
 		binds: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_session_binds_total",
 			Help: "New session bindings this replica committed (a session's first turn)."}),
 		rebinds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_session_rebinds_total",

@@ -122,7 +122,7 @@ func (s *Server) routeSessionStages(ctx context.Context, sr SessionReplica, pol 
 	decodeOK := s.canServeStage(p, dr, b.Worker, stageDecode)
 	prefillOK := b.Prefill == "" || s.canServeStage(p, dr, b.Prefill, stagePrefill)
 	if !decodeOK || !prefillOK {
-		dd, err := s.planMostPrefixStages(p, dr, b, decodeOK, prefillOK, now)
+		dd, err := s.planMostPrefixStages(p, dr, b, decodeOK, prefillOK, pol.Soft, now)
 		if err != nil {
 			return dd, err
 		}
@@ -150,8 +150,9 @@ func (s *Server) routeSessionStages(ctx context.Context, sr SessionReplica, pol 
 // planMostPrefixStages books a turn whose bound stage's worker is gone: the
 // stage kept where its worker can take it, the gone stage on the worker
 // of that stage holding most of the prompt's prefix (ties: the lower
-// cost), falling back to normal planning.
-func (s *Server) planMostPrefixStages(p *prepared, dr *router.DisaggRouter, b SessionBinding, decodeOK, prefillOK bool, now time.Time) (router.DisaggDecision, error) {
+// cost), falling back to normal planning — except in hard mode while the
+// kept decode worker is busy: that is its answer, as for a bound turn.
+func (s *Server) planMostPrefixStages(p *prepared, dr *router.DisaggRouter, b SessionBinding, decodeOK, prefillOK, soft bool, now time.Time) (router.DisaggDecision, error) {
 	var lim router.StageLimits
 	if decodeOK {
 		lim.Decode = []router.WorkerID{b.Worker}
@@ -160,7 +161,10 @@ func (s *Server) planMostPrefixStages(p *prepared, dr *router.DisaggRouter, b Se
 		lim.Prefill = []router.WorkerID{b.Prefill}
 	}
 	plan, err := dr.PlanWithin(p.req, lim, now)
-	if err != nil {
+	switch {
+	case err != nil && decodeOK && !soft:
+		return plan, err
+	case err != nil:
 		return dr.Route(p.req, now)
 	}
 	if !decodeOK {
@@ -173,8 +177,9 @@ func (s *Server) planMostPrefixStages(p *prepared, dr *router.DisaggRouter, b Se
 			lim.Prefill = []router.WorkerID{w}
 		}
 	}
-	if dd, err := dr.RouteWithin(p.req, lim, now); err == nil {
-		return dd, nil
+	dd, err := dr.RouteWithin(p.req, lim, now)
+	if err == nil || (decodeOK && !soft) {
+		return dd, err
 	}
 	return dr.Route(p.req, now)
 }

@@ -208,6 +208,13 @@ func TestAPISessionStagesModes(t *testing.T) {
 				if rec.Code == http.StatusOK || b.Worker != "d2" {
 					t.Fatalf("hard mode: %d, bound %+v", rec.Code, b)
 				}
+				// Its prefill worker gone too: the busy decode worker
+				// is still the answer, nothing rebound.
+				f.bind(SessionBind{Session: "s2", Prefill: "p9", Worker: "d2", TTL: time.Minute})
+				rec = doWith(s, "/v1/completions", disaggBody, map[string]string{"X-Dynamo-Session-ID": "s2"})
+				if b, _ := f.SessionBinding("s2"); rec.Code == http.StatusOK || b.Worker != "d2" || b.Prefill != "p9" {
+					t.Fatalf("hard mode, prefill gone: %d, bound %+v", rec.Code, b)
+				}
 				return
 			}
 			if rec.Code != http.StatusOK || rec.Header().Get("X-Worker-Id") != "d1" || b.Worker != "d1" {
