@@ -239,8 +239,10 @@ func (s *Server) commitStages(ctx context.Context, sr SessionReplica, pol Sessio
 		// session's next disaggregated turn.
 		want.Prefill = seen.Prefill
 	}
-	if seen.Worker != "" && want.Worker == seen.Worker && want.Prefill == seen.Prefill {
-		// Nothing moves (most prefix chose the bound workers again).
+	if seen.Worker != "" && want.Worker == seen.Worker && (want.Prefill == seen.Prefill || want.Prefill == "") {
+		// Nothing moves: most prefix chose the bound workers again, or an
+		// aggregated turn on the bound decode worker (a gone prefill stage
+		// stays in the binding until a disaggregated turn replaces it).
 		m.turns.WithLabelValues("bound").Inc()
 		sr.TouchSession(seen, ttl)
 		return dd, nil

@@ -120,6 +120,7 @@ func TestAPISessionStages(t *testing.T) {
 		prefill, decode router.WorkerID
 		bound           SessionBinding // Prefill and Worker of the binding after
 		outcome         string
+		aggregated      bool // the next turn is served aggregated too (no prefill stage runs)
 	}{
 		{name: "first turn binds both stages by cost", setup: func(t *testing.T, f *stagedSessions) {
 			storeBlocks(t, f.fakeReplica, "p2", tokens, bs, "", "")
@@ -146,6 +147,11 @@ func TestAPISessionStages(t *testing.T) {
 			_, dc := f.dr.Routers()
 			dc.Load().Add(router.Booking{ID: "heavy", Worker: "d2", Hashes: []uint64{1, 2, 3, 4, 5, 6}, PrefillDone: true, Added: time.Now()})
 		}, prefill: "p1", decode: "d2", bound: SessionBinding{Prefill: "p1", Worker: "d2"}, outcome: "rebind"},
+		{name: "no prefill worker left: aggregated on the bound decode worker, nothing rebound", setup: func(t *testing.T, f *stagedSessions) {
+			f.bind(SessionBind{Session: "s", Prefill: "p1", Worker: "d2", TTL: time.Minute})
+			f.remove("p1")
+			f.remove("p2")
+		}, prefill: "", decode: "d2", bound: SessionBinding{Prefill: "p1", Worker: "d2"}, outcome: "bound", aggregated: true},
 		{name: "another replica's binding committed first: followed", setup: func(t *testing.T, f *stagedSessions) {
 			storeBlocks(t, f.fakeReplica, "p2", tokens, bs, "", "")
 			f.beforeBind = func(b SessionBind) {
@@ -178,8 +184,12 @@ func TestAPISessionStages(t *testing.T) {
 			storeBlocks(t, f.fakeReplica, "p2", tokens, bs, "", "")
 			before = f.counts()
 			rec = doWith(s, "/v1/completions", body, map[string]string{"X-Dynamo-Session-ID": "s", "X-Dynamo-Session-Final": "true"})
-			if pf, dc := lastStages(before, f.counts()); rec.Code != 200 || pf != tc.bound.Prefill || dc != tc.bound.Worker {
-				t.Fatalf("next turn %d: %s → %s, want %s → %s", rec.Code, pf, dc, tc.bound.Prefill, tc.bound.Worker)
+			wantPrefill := tc.bound.Prefill
+			if tc.aggregated {
+				wantPrefill = ""
+			}
+			if pf, dc := lastStages(before, f.counts()); rec.Code != 200 || pf != wantPrefill || dc != tc.bound.Worker {
+				t.Fatalf("next turn %d: %s → %s, want %s → %s", rec.Code, pf, dc, wantPrefill, tc.bound.Worker)
 			}
 			if _, ok := f.SessionBinding("s"); ok {
 				t.Error("the final turn did not end the binding")
