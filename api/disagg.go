@@ -52,9 +52,9 @@ func (s *Server) disaggRouter(model string) (*router.DisaggRouter, bool) {
 // and kvrouter_disagg_recoveries_total). A failed decode worker is retried
 // by the proxy loop's rule (proxy.go), like an aggregated one.
 func (s *Server) forwardDisagg(c *gin.Context, p *prepared, dr *router.DisaggRouter) {
-	// A session's final turn ends its binding here too (one made while
-	// the model was served aggregated); two-stage plans themselves read
-	// and make no binding (api/DESIGN.md, Sessions).
+	// A session's final turn ends its binding after the answer; a turn
+	// follows, makes or moves a two-stage binding in planDisagg
+	// (sessionstages.go; api/DESIGN.md, Sessions).
 	defer s.endSession(p)
 	p.req.Exclude = append(p.req.Exclude, s.cool.excludeDisagg(dr.Workers(), time.Now())...)
 	s.proxyLoop(c, p, func() error { return s.attemptDisagg(c, p, dr) })
@@ -64,7 +64,7 @@ func (s *Server) forwardDisagg(c *gin.Context, p *prepared, dr *router.DisaggRou
 // decode stage, relay. It leaves nothing booked when it fails.
 func (s *Server) attemptDisagg(c *gin.Context, p *prepared, dr *router.DisaggRouter) error {
 	now := time.Now()
-	dd, err := dr.Route(p.req, now)
+	dd, err := s.planDisagg(c.Request.Context(), p, dr, now)
 	p.settled() // both stages booked by Route, or never to be
 	p.attempts++
 	s.recordDisaggDecision(p, dd, err, now)

@@ -262,16 +262,7 @@ func (s *Server) routePinned(pr PinReplica, p *prepared, now time.Time) (router.
 	if len(live) == 0 {
 		d, err := p.rt.Route(p.req, now)
 		if err == nil {
-			s.pinMetrics.routed.WithLabelValues("moved").Inc()
-			if p.pin != nil {
-				s.writePin(pr, p, d.Worker, "move", match.Holders[0].Worker)
-			} else {
-				// The pin moves with the prefix it held, not with this
-				// request's longer prompt: the client asked to pin that.
-				h := match.Holders[0]
-				s.writePinOf(pr, PinWrite{Model: p.model, Worker: d.Worker, Blocks: p.req.Hashes[:match.Depth],
-					Key: match.Key, TTL: h.TTL, Replace: h.Worker}, "move")
-			}
+			s.movePin(pr, p, match, d.Worker)
 		}
 		return d, err
 	}
@@ -279,20 +270,41 @@ func (s *Server) routePinned(pr PinReplica, p *prepared, now time.Time) (router.
 	if err != nil {
 		return d, err
 	}
+	s.pinHit(pr, p, match, d.Worker)
+	return d, nil
+}
+
+// movePin moves a pinned prefix whose holders are all gone to w (or pins
+// the request's longer prompt there when it asks, replacing the first
+// holder's pin).
+func (s *Server) movePin(pr PinReplica, p *prepared, match PinMatch, w router.WorkerID) {
+	s.pinMetrics.routed.WithLabelValues("moved").Inc()
+	if p.pin != nil {
+		s.writePin(pr, p, w, "move", match.Holders[0].Worker)
+		return
+	}
+	h := match.Holders[0]
+	s.writePinOf(pr, PinWrite{Model: p.model, Worker: w, Blocks: p.req.Hashes[:match.Depth],
+		Key: match.Key, TTL: h.TTL, Replace: h.Worker}, "move")
+}
+
+// pinHit is the bookkeeping of a request routed to its prefix's holders:
+// w computed the prompt; when w is a holder its pin is refreshed (or
+// superseded by the request's longer prompt) as routePinned does.
+func (s *Server) pinHit(pr PinReplica, p *prepared, match PinMatch, w router.WorkerID) {
+	i := slices.IndexFunc(match.Holders, func(h PinHolder) bool { return h.Worker == w })
+	if i < 0 {
+		return // the limited stage was busy: the plan served it elsewhere
+	}
 	s.pinMetrics.routed.WithLabelValues("holder").Inc()
-	i := slices.IndexFunc(match.Holders, func(h PinHolder) bool { return h.Worker == d.Worker })
 	h := match.Holders[i]
 	due := time.Until(h.Until) < h.TTL/2
 	switch {
 	case p.pin != nil && (due || len(pinBlocks(p.req.Hashes)) >= 2*match.Depth):
-		// A longer prefix pinned on the holder supersedes the shorter
-		// pin (the FSM drops it): one pin per conversation, rewritten
-		// when the refresh is due or the prompt has doubled it.
-		s.writePin(pr, p, d.Worker, "pin", "")
+		s.writePin(pr, p, w, "pin", "")
 	case due:
-		s.writePinOf(pr, PinWrite{Model: p.model, Worker: d.Worker, Key: match.Key, TTL: h.TTL}, "refresh")
+		s.writePinOf(pr, PinWrite{Model: p.model, Worker: w, Key: match.Key, TTL: h.TTL}, "refresh")
 	}
-	return d, nil
 }
 
 // writePin pins the request's prefix on w.

@@ -203,12 +203,36 @@ func (s *Server) selectWorker(c *gin.Context) {
 		return
 	}
 	p := s.selectionPrepared(in, rt, c)
-	d, err := rt.Decide(p.req, time.Now())
+	d, err := s.decideSelection(p, time.Now())
 	if err != nil {
 		s.selectionRefused(c, err)
 		return
 	}
 	s.answerSelection(c, in, p, d, d.Worker)
+}
+
+// decideSelection is /select's decision: among a pinned prefix's live
+// holders when the prompt's sequence hashes start with one (pins.go: the
+// same lookup a proxied request makes; hard, so busy holders answer busy),
+// else the router's. Read-only: nothing is booked, so no pin is written
+// (a pin whose holders are all gone moves when a request or a
+// /select_and_reserve is placed, not on a question). Dynamo's selection
+// body carries no session and no cache_control, so neither binds nor pins.
+func (s *Server) decideSelection(p *prepared, now time.Time) (router.Decision, error) {
+	if pr, on := s.pinReplica(); on && pr.PinCount() > 0 && len(p.req.Hashes) > 0 {
+		if match, hit := pr.PinLookup(p.model, p.req.Hashes); hit {
+			var live []router.WorkerID
+			for _, h := range match.Holders {
+				if s.canServe(p, h.Worker) {
+					live = append(live, h.Worker)
+				}
+			}
+			if len(live) > 0 {
+				return p.rt.Decide(restrictTo(p.req, p.rt, live), now)
+			}
+		}
+	}
+	return p.rt.Decide(p.req, now)
 }
 
 // selectAndReserve answers POST /select_and_reserve: chosen and booked in

@@ -52,20 +52,30 @@ type SessionPolicy struct {
 	Soft bool          // soft: the bound worker is preferred; hard: required
 }
 
-// SessionBinding is one binding as the replicated state holds it.
+// SessionBinding is one binding as the replicated state holds it. A
+// session of a two-stage model is bound in two stages (sessionstages.go):
+// Worker is its decode worker, Prefill its prefill worker; "" for a
+// one-stage binding.
 type SessionBinding struct {
 	Session string          `json:"session"`
 	Worker  router.WorkerID `json:"worker"`
+	Prefill router.WorkerID `json:"prefill,omitempty"`
 	Parent  string          `json:"parent,omitempty"`
 	Until   time.Time       `json:"expires"`
 }
 
-// SessionBind asks for a binding.
+// SessionBind asks for a binding: one-stage when Prefill is "", else both
+// stages of a two-stage model in one record.
 type SessionBind struct {
 	Session, Parent string
 	Worker          router.WorkerID
-	Replace         router.WorkerID // the worker seen bound and found gone; "" = none
-	TTL             time.Duration
+	Replace         router.WorkerID // the worker seen bound (and found gone, or busy); "" = none
+	// Prefill is the prefill stage of a two-stage binding; ReplacePrefill
+	// the prefill stage of the binding seen ("" = it had none). A
+	// two-stage bind moves the binding only if the one in force is still
+	// (ReplacePrefill, Replace).
+	Prefill, ReplacePrefill router.WorkerID
+	TTL                     time.Duration
 }
 
 // sessionTurn is a request's session and what its routing did.
@@ -88,7 +98,7 @@ type sessionMetrics struct {
 func newSessionMetrics(reg prometheus.Registerer, sr SessionReplica) *sessionMetrics {
 	m := &sessionMetrics{
 		turns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_session_turns_total",
-			Help: "Requests carrying a session, by how they were routed: bound (the binding's worker), bind (a new binding), rebind, follow (another replica's binding committed first), miss (served unbound)."}, []string{"outcome"}),
+			Help: "Requests carrying a session (two-stage turns included), by how they were routed: bound (the binding's worker), bind (a new binding), rebind, follow (another replica's binding committed first), miss (served unbound)."}, []string{"outcome"}),
 		binds: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_session_binds_total",
 			Help: "New session bindings this replica committed (a session's first turn)."}),
 		rebinds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_session_rebinds_total",
@@ -346,8 +356,13 @@ func (s *Server) getSession(c *gin.Context) {
 	if pol.Soft {
 		mode = "soft"
 	}
-	c.JSON(http.StatusOK, gin.H{"session": b.Session, "worker": b.Worker, "parent": b.Parent,
-		"expires": b.Until.UTC().Format(time.RFC3339Nano), "ttl_seconds": pol.TTL.Seconds(), "mode": mode})
+	out := gin.H{"session": b.Session, "worker": b.Worker, "parent": b.Parent,
+		"expires": b.Until.UTC().Format(time.RFC3339Nano), "ttl_seconds": pol.TTL.Seconds(), "mode": mode}
+	if b.Prefill != "" {
+		// A two-stage binding: worker is its decode stage.
+		out["prefill_worker"], out["decode_worker"] = b.Prefill, b.Worker
+	}
+	c.JSON(http.StatusOK, out)
 }
 
 // ErrSessionLimit is what BindSession returns while the state holds its

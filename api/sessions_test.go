@@ -58,10 +58,20 @@ func (f *fakeSessions) bind(b SessionBind) SessionBinding {
 	defer f.smu.Unlock()
 	f.proposals++
 	old, ok := f.bindings[b.Session]
-	if ok && old.Worker != b.Worker && old.Worker != b.Replace {
+	if b.Prefill != "" {
+		// Two stages (command 21): a touch of the same pair, or a move
+		// of exactly the binding seen.
+		same := ok && old.Worker == b.Worker && old.Prefill == b.Prefill
+		if ok && !same && (b.Replace == "" || old.Worker != b.Replace || old.Prefill != b.ReplacePrefill) {
+			return old
+		}
+	} else if ok && old.Worker != b.Worker && old.Worker != b.Replace {
 		return old
 	}
-	nb := SessionBinding{Session: b.Session, Worker: b.Worker, Parent: b.Parent, Until: time.Now().Add(b.TTL)}
+	nb := SessionBinding{Session: b.Session, Worker: b.Worker, Prefill: b.Prefill, Parent: b.Parent, Until: time.Now().Add(b.TTL)}
+	if ok && b.Prefill == "" && old.Worker == b.Worker {
+		nb.Prefill = old.Prefill // a one-stage touch keeps the prefill stage
+	}
 	f.bindings[b.Session] = nb
 	return nb
 }

@@ -166,6 +166,11 @@ func CheckTime(c Command, now int64) error {
 			return fmt.Errorf("bind session %q: until %d is outside [%d, %d] of this proposer's clock: %w",
 				c.Session, c.Until, now-MaxProposalSkew, addSat(now, MaxSessionTTL+MaxProposalSkew), ErrInvalidCommand)
 		}
+	case BindSessionStages:
+		if c.Until < now-MaxProposalSkew || c.Until > addSat(now, MaxSessionTTL+MaxProposalSkew) {
+			return fmt.Errorf("bind session %q in two stages: until %d is outside [%d, %d] of this proposer's clock: %w",
+				c.Session, c.Until, now-MaxProposalSkew, addSat(now, MaxSessionTTL+MaxProposalSkew), ErrInvalidCommand)
+		}
 	case PinPrefix:
 		if c.Until < now-MaxProposalSkew || c.Until > addSat(now, MaxPinTTL+MaxProposalSkew) {
 			return fmt.Errorf("pin prefix %x of %q: until %d is outside [%d, %d] of this proposer's clock: %w",
@@ -187,7 +192,7 @@ func CheckEntryTime(data []byte, now int64) error {
 	case !t.known() || v != EnvelopeVersion:
 		return nil
 	case t != CmdTick && t != CmdRegisterWorker && t != CmdRegisterWorkerRole && t != CmdPredictions && t != CmdSetWorkerDrain &&
-		t != CmdBindSession && t != CmdPinPrefix:
+		t != CmdBindSession && t != CmdPinPrefix && t != CmdBindSessionStages:
 		return nil // no time inside: skip decoding (KV batches are the hot path)
 	}
 	c, err := Decode(data)

@@ -68,6 +68,10 @@ const (
 	CmdPinPrefix CommandType = 19
 	// CmdUnpinPrefix ends a prefix's pins, or every pin of a worker.
 	CmdUnpinPrefix CommandType = 20
+	// CmdBindSessionStages binds a session of a two-stage (disaggregated)
+	// model to a prefill worker and a decode worker in one record, or
+	// moves or refreshes it (sessions.go; DESIGN.md, Sessions).
+	CmdBindSessionStages CommandType = 21
 	// Add new types here, with the next number.
 )
 
@@ -120,11 +124,13 @@ func (t CommandType) String() string {
 		return "PinPrefix"
 	case CmdUnpinPrefix:
 		return "UnpinPrefix"
+	case CmdBindSessionStages:
+		return "BindSessionStages"
 	}
 	return fmt.Sprintf("CommandType(%d)", uint8(t))
 }
 
-func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdUnpinPrefix }
+func (t CommandType) known() bool { return t >= CmdRegisterWorker && t <= CmdBindSessionStages }
 
 // isKVBatch: both KV batch types share one payload layout (kvbatch.go).
 func (t CommandType) isKVBatch() bool { return t == CmdKVEventBatch || t == CmdKVEventBatchTiered }
@@ -602,6 +608,8 @@ func Encode(c Command) ([]byte, error) {
 		return appendPinPrefix(b, &c)
 	case UnpinPrefix:
 		return appendUnpinPrefix(b, &c)
+	case BindSessionStages:
+		return appendBindSessionStages(b, &c)
 	}
 	return nil, fmt.Errorf("encode %T: %w", c, ErrInvalidCommand)
 }
@@ -865,6 +873,8 @@ func decodePayload(t CommandType, p []byte) (Command, error) {
 		c = readPinPrefix(r)
 	case CmdUnpinPrefix:
 		c = readUnpinPrefix(r)
+	case CmdBindSessionStages:
+		c = readBindSessionStages(r)
 	default:
 		return nil, fmt.Errorf("type %d: %w", uint8(t), ErrUnknownCommand)
 	}

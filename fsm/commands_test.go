@@ -44,6 +44,7 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 		{CmdUnbindSessions, 18, "UnbindSessions"},
 		{CmdPinPrefix, 19, "PinPrefix"},
 		{CmdUnpinPrefix, 20, "UnpinPrefix"},
+		{CmdBindSessionStages, 21, "BindSessionStages"},
 	}
 	for _, p := range pinned {
 		if uint8(p.typ) != p.num || p.typ.String() != p.name || !p.typ.known() {
@@ -59,7 +60,7 @@ func TestFSMCommandTypesPinned(t *testing.T) {
 			t.Errorf("type %d is known but not pinned here: add it to the table", typ)
 		}
 	}
-	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 8 || SnapshotFormatPins != 8 || SnapshotFormatSessions != 7 || SnapshotFormatDrains != 6 {
+	if IgnoreIfUnknown != 0x80 || EnvelopeVersion != 1 || SnapshotVersion != 9 || SnapshotFormatSessionStages != 9 || SnapshotFormatPins != 8 || SnapshotFormatSessions != 7 || SnapshotFormatDrains != 6 {
 		t.Errorf("ignore bit %#x, envelope %d, snapshot format %d", IgnoreIfUnknown, EnvelopeVersion, SnapshotVersion)
 	}
 	fields := []ModelField{FieldActiveDecodeBlocks, FieldActivePrefillTokens, FieldActivePrefillTokensFrac,
@@ -165,6 +166,8 @@ func goldenCommands() []struct {
 			Until: 1_700_000_300_000_000_000}},
 		{"unpin-prefix", UnpinPrefix{Model: "llama-3-8b", Key: 4945711292740353085, Worker: "vllm-0"}},
 		{"unpin-prefix-worker", UnpinPrefix{Worker: "vllm-0"}},
+		{"bind-session-stages", BindSessionStages{Session: "research-run-42", Prefill: "vllm-p0", Decode: "vllm-d1#1",
+			Parent: "research", Until: 1_700_000_300_000_000_000, SeenPrefill: "vllm-p2", SeenDecode: "vllm-d1#1"}},
 	}
 }
 

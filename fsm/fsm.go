@@ -108,8 +108,8 @@ type ApplyResult struct {
 	UnknownWorkers []router.WorkerID // distinct unregistered ranks named (first 16)
 	Stale          []router.WorkerID // ranks this entry marked stale
 
-	// Session: BindSession's binding in force after the entry (the
-	// proposer's, or the one that committed first).
+	// Session: BindSession's (or BindSessionStages') binding in force
+	// after the entry (the proposer's, or the one that committed first).
 	Session *SessionBinding
 
 	Ignored  bool // unknown type or version with the ignore bit: skipped
@@ -574,6 +574,8 @@ func (f *FSM) applyCommandLocked(idx uint64, c Command, res *ApplyResult) error 
 		return f.bindLocked(c, res)
 	case UnbindSessions:
 		return f.unbindLocked(c, res)
+	case BindSessionStages:
+		return f.bindStagesLocked(c, res)
 	case PinPrefix:
 		return f.pinLocked(c, res)
 	case UnpinPrefix:

@@ -29,6 +29,7 @@ func fuzzBase(t testing.TB) *FSM {
 	h.ok(PlaceWorker{Worker: "w1", Group: 1, Groups: 2})
 	h.ok(SetWorkerDrain{Worker: "w2", Drained: true, Deadline: 50})
 	h.ok(BindSession{Session: "s1", Worker: "w1#1", Until: 200})
+	h.ok(BindSessionStages{Session: "s2", Prefill: "w2", Decode: "w1", Until: 220})
 	h.ok(PinPrefix{Model: "m", Worker: "w1", Key: 2, Blocks: []uint64{1, 2}, TTL: sec, Until: 150})
 	return h.f
 }
@@ -64,6 +65,12 @@ func fuzzSeeds(t testing.TB) map[string][]byte {
 	seeds["bind-s1-lose"] = mustEncode(t, BindSession{Session: "s1", Worker: "w2", Until: 300})
 	seeds["bind-s1-replace"] = mustEncode(t, BindSession{Session: "s1", Worker: "w2", Until: 300, Replace: "w1#1"})
 	seeds["unbind-w1"] = mustEncode(t, UnbindSessions{Worker: "w1"})
+	seeds["unbind-w2-prefill"] = mustEncode(t, UnbindSessions{Worker: "w2"})
+	seeds["stages-s2-touch"] = mustEncode(t, BindSessionStages{Session: "s2", Prefill: "w2", Decode: "w1", Until: 300})
+	seeds["stages-s2-lose"] = mustEncode(t, BindSessionStages{Session: "s2", Prefill: "w1#1", Decode: "w2", Until: 300})
+	seeds["stages-s2-replace-prefill"] = mustEncode(t, BindSessionStages{Session: "s2", Prefill: "w1#1", Decode: "w1", Until: 300, SeenPrefill: "w2", SeenDecode: "w1"})
+	seeds["stages-s1-add-prefill"] = mustEncode(t, BindSessionStages{Session: "s1", Prefill: "w2", Decode: "w1#1", Until: 300, SeenDecode: "w1#1"})
+	seeds["bind-s2-one-stage"] = mustEncode(t, BindSession{Session: "s2", Worker: "w2", Until: 300, Replace: "w1"})
 	seeds["tick-expires-session"] = mustEncode(t, Tick{Now: 250})
 	seeds["pin-refresh"] = mustEncode(t, PinPrefix{Model: "m", Worker: "w1", Key: 2, TTL: sec, Until: 300})
 	seeds["pin-supersede"] = mustEncode(t, PinPrefix{Model: "m", Worker: "w1", Key: 3, Blocks: []uint64{1, 2, 3}, TTL: sec, Until: 300})
@@ -337,12 +344,13 @@ func FuzzFSMRestore(f *testing.F) {
 	f.Add(good)
 	f.Add(good[:len(good)/2])
 	f.Add(append(bytes.Clone(good), 0))
-	f.Add(snapshotBytes(f, goldenStateRoles(f)))      // format 2
-	f.Add(snapshotBytes(f, goldenStateBlockSizes(f))) // format 3
-	f.Add(snapshotBytes(f, goldenStateTiers(f)))      // format 4
-	f.Add(snapshotBytes(f, goldenStatePlacements(f))) // format 5
-	f.Add(snapshotBytes(f, goldenStateSessions(f)))   // format 7
-	f.Add(snapshotBytes(f, goldenStatePins(f)))       // format 8
+	f.Add(snapshotBytes(f, goldenStateRoles(f)))         // format 2
+	f.Add(snapshotBytes(f, goldenStateBlockSizes(f)))    // format 3
+	f.Add(snapshotBytes(f, goldenStateTiers(f)))         // format 4
+	f.Add(snapshotBytes(f, goldenStatePlacements(f)))    // format 5
+	f.Add(snapshotBytes(f, goldenStateSessions(f)))      // format 7
+	f.Add(snapshotBytes(f, goldenStatePins(f)))          // format 8
+	f.Add(snapshotBytes(f, goldenStateSessionStages(f))) // format 9
 	empty := snapshotBytes(f, newFSM(f))
 	f.Add(empty)
 	f.Add([]byte{})

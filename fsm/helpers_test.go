@@ -318,6 +318,18 @@ func (g *gen) command(t testing.TB) []byte {
 		}
 		c = BindSession{Session: sess, Worker: router.WorkerKey(g.worker(), uint32(r.IntN(2))),
 			Until: g.clock + int64(r.IntN(4_000_000_000)) + 1, Replace: router.WorkerKey(g.worker(), 0)}
+		if r.IntN(2) == 0 {
+			// Two stages: a first turn, a touch, or a stage replaced.
+			b := BindSessionStages{Session: sess, Prefill: router.WorkerKey(g.worker(), 1), Decode: router.WorkerKey(g.worker(), 0),
+				Until: g.clock + int64(r.IntN(4_000_000_000)) + 1}
+			if r.IntN(2) == 0 {
+				b.SeenDecode = router.WorkerKey(g.worker(), 0)
+				if r.IntN(2) == 0 {
+					b.SeenPrefill = router.WorkerKey(g.worker(), 1)
+				}
+			}
+			c = b
+		}
 	case x < 96:
 		return []byte{byte(40+r.IntN(10)) | IgnoreIfUnknown, 1, 1, 2, 3}
 	case x < 98:

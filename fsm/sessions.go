@@ -74,12 +74,113 @@ type UnbindSessions struct {
 func (BindSession) Type() CommandType    { return CmdBindSession }
 func (UnbindSessions) Type() CommandType { return CmdUnbindSessions }
 
-// SessionBinding is one binding as the state holds it.
+// SessionBinding is one binding as the state holds it. A session of a
+// two-stage (disaggregated) model is bound in two stages: Worker is its
+// decode worker (the one that answers, and serves the turns the plan keeps
+// aggregated), Prefill its prefill worker; a one-stage binding has no
+// Prefill.
 type SessionBinding struct {
 	Session string          `json:"session"`
 	Worker  router.WorkerID `json:"worker"`
+	Prefill router.WorkerID `json:"prefill,omitempty"`
 	Parent  string          `json:"parent,omitempty"`
 	Until   int64           `json:"until"` // unix nanos: idle expiry (the FSM's clock decides)
+}
+
+// BindSessionStages (command 21) binds a session of a two-stage model to a
+// prefill worker rank and a decode worker rank in one record, until Until
+// (unix nanos, the proposer's clock + the TTL), or refreshes it. On apply:
+//   - bound to this very pair: the expiry moves to max(old, Until), Parent
+//     kept unless given (a touch, or a concurrent first turn that chose
+//     alike);
+//   - not bound, or SeenDecode is set and the binding in force is exactly
+//     (SeenPrefill, SeenDecode): bound to (Prefill, Decode) — a first turn,
+//     a stage's worker replaced, or a one-stage binding (SeenPrefill "")
+//     gaining its prefill stage;
+//   - otherwise nothing changes: the result carries the binding in force,
+//     which the proposer follows (first commit wins).
+//
+// A one-stage binding stays command 17's: BindSession touching a two-stage
+// binding's decode worker keeps its prefill stage; BindSession replacing it
+// makes it one-stage again.
+type BindSessionStages struct {
+	Session string          // 1..MaxSessionIDBytes, no control characters
+	Prefill router.WorkerID // router key of the prefill stage
+	Decode  router.WorkerID // router key of the decode stage; never Prefill
+	Parent  string          // parent session (subagents), "" = none
+	Until   int64           // unix nanos, > 0
+	// SeenPrefill and SeenDecode are the binding the proposer saw and is
+	// replacing; SeenDecode "" = the proposer saw none (then SeenPrefill
+	// is "" too). SeenPrefill "" with SeenDecode set is a one-stage
+	// binding seen.
+	SeenPrefill, SeenDecode router.WorkerID
+}
+
+func (BindSessionStages) Type() CommandType { return CmdBindSessionStages }
+
+// Validate checks the binding's own fields (the limit and the clock are
+// checked on apply; FSM.CheckBindSessionStages checks all).
+func (c BindSessionStages) Validate() error {
+	if err := checkSessionID("session id", c.Session); err != nil {
+		return err
+	}
+	if c.Parent != "" {
+		if err := checkSessionID("parent session id", c.Parent); err != nil {
+			return err
+		}
+	}
+	if err := checkBindingWorker("bind session stages: prefill worker", c.Prefill); err != nil {
+		return err
+	}
+	if err := checkBindingWorker("bind session stages: decode worker", c.Decode); err != nil {
+		return err
+	}
+	if c.Prefill == c.Decode {
+		return fmt.Errorf("bind session %q: prefill and decode stages both %q (a one-stage binding is BindSession): %w", c.Session, c.Decode, ErrInvalidCommand)
+	}
+	switch {
+	case c.SeenDecode == "" && c.SeenPrefill != "":
+		return fmt.Errorf("bind session %q: a seen prefill worker %q without its decode worker: %w", c.Session, c.SeenPrefill, ErrInvalidCommand)
+	case c.SeenDecode != "":
+		if err := checkBindingWorker("bind session stages: seen decode worker", c.SeenDecode); err != nil {
+			return err
+		}
+		if c.SeenPrefill != "" {
+			if err := checkBindingWorker("bind session stages: seen prefill worker", c.SeenPrefill); err != nil {
+				return err
+			}
+		}
+	}
+	if c.Until <= 0 {
+		return fmt.Errorf("bind session %q: until %d must be a positive unix-nano time: %w", c.Session, c.Until, ErrInvalidCommand)
+	}
+	return nil
+}
+
+func appendBindSessionStages(b []byte, c *BindSessionStages) ([]byte, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	b = appendString(b, c.Session)
+	b = appendString(b, string(c.Prefill))
+	b = appendString(b, string(c.Decode))
+	b = appendString(b, c.Parent)
+	b = binary.AppendVarint(b, c.Until)
+	b = appendString(b, string(c.SeenPrefill))
+	return appendString(b, string(c.SeenDecode)), nil
+}
+
+func readBindSessionStages(r *reader) BindSessionStages {
+	return BindSessionStages{Session: r.string("session id"), Prefill: router.WorkerID(r.string("prefill worker")),
+		Decode: router.WorkerID(r.string("decode worker")), Parent: r.string("parent session id"), Until: r.varint(),
+		SeenPrefill: router.WorkerID(r.string("seen prefill worker")), SeenDecode: router.WorkerID(r.string("seen decode worker"))}
+}
+
+// EncodeBindSessionStages refuses what Validate refuses.
+func EncodeBindSessionStages(c BindSessionStages) ([]byte, error) { return Encode(c) }
+
+func DecodeBindSessionStages(data []byte) (BindSessionStages, error) {
+	return decodeAs[BindSessionStages](data)
 }
 
 // checkSessionID is the rule for session and parent ids: 1..256 bytes of
@@ -279,6 +380,58 @@ func (f *FSM) bindLocked(c BindSession, res *ApplyResult) error {
 	return nil
 }
 
+// bindStagesLocked applies BindSessionStages. f.mu held.
+func (f *FSM) bindStagesLocked(c BindSessionStages, res *ApplyResult) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	st := f.st
+	until, err := st.sessionUntilLocked(c.Session, c.Until, res)
+	if err != nil {
+		return err
+	}
+	old, bound := st.sessions[c.Session]
+	switch {
+	case bound && old.Worker == c.Decode && old.Prefill == c.Prefill:
+		if until > old.Until {
+			old.Until = until
+			heap.Push(&st.sessionHeap, sessionEntry{until: until, session: c.Session})
+		}
+		if c.Parent != "" {
+			old.Parent = c.Parent
+		}
+		st.sessions[c.Session] = old
+		res.Applied = 1
+	case bound && (c.SeenDecode == "" || old.Worker != c.SeenDecode || old.Prefill != c.SeenPrefill):
+		// Another replica's binding committed first, or moved it since
+		// the proposer looked: keep it (Applied 0, no error).
+	default:
+		if !bound && len(st.sessions) >= MaxSessionBindings {
+			return fmt.Errorf("bind session %q: %d bindings held: %w", c.Session, len(st.sessions), ErrSessionLimit)
+		}
+		st.sessions[c.Session] = SessionBinding{Session: c.Session, Worker: c.Decode, Prefill: c.Prefill, Parent: c.Parent, Until: until}
+		if !bound || until != old.Until {
+			heap.Push(&st.sessionHeap, sessionEntry{until: until, session: c.Session})
+		}
+		res.Applied = 1
+	}
+	b := st.sessions[c.Session]
+	res.Session = &b
+	return nil
+}
+
+// sessionUntilLocked checks a binding's expiry against the clock and clamps
+// it to MaxSessionTTL past it (what BindSession's apply does).
+func (st *state) sessionUntilLocked(session string, until int64, res *ApplyResult) (int64, error) {
+	if until <= st.lastTick {
+		return 0, fmt.Errorf("bind session %q: until %d is not after the clock %d: %w", session, until, st.lastTick, ErrInvalidCommand)
+	}
+	if ref := max(st.lastTick, st.earliestExpiryLocked()); ref > 0 && until > addSat(ref, MaxSessionTTL) {
+		until, res.Clamped = addSat(ref, MaxSessionTTL), true
+	}
+	return until, nil
+}
+
 // unbindLocked applies UnbindSessions. f.mu held.
 func (f *FSM) unbindLocked(c UnbindSessions, res *ApplyResult) error {
 	if err := c.Validate(); err != nil {
@@ -292,9 +445,19 @@ func (f *FSM) unbindLocked(c UnbindSessions, res *ApplyResult) error {
 		}
 		return nil
 	}
+	// A binding whose decode (or only) worker left ends; one whose
+	// prefill worker left keeps its decode worker, one-stage (its next
+	// two-stage turn binds a prefill worker again).
 	n := len(st.sessions)
 	maps.DeleteFunc(st.sessions, func(_ string, b SessionBinding) bool { return workerOfKey(b.Worker) == c.Worker })
 	res.Applied = n - len(st.sessions)
+	for id, b := range st.sessions {
+		if b.Prefill != "" && workerOfKey(b.Prefill) == c.Worker {
+			b.Prefill = ""
+			st.sessions[id] = b
+			res.Applied++
+		}
+	}
 	return nil
 }
 
@@ -347,24 +510,29 @@ func (f *FSM) SessionCount() int {
 	return len(f.st.sessions)
 }
 
-// SessionsPerWorker counts the bindings per worker id (all its ranks).
+// SessionsPerWorker counts the bindings per worker id (all its ranks), a
+// two-stage binding once for each stage's worker.
 func (f *FSM) SessionsPerWorker() map[string]int {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	out := make(map[string]int)
 	for _, b := range f.st.sessions {
 		out[workerOfKey(b.Worker)]++
+		if b.Prefill != "" {
+			out[workerOfKey(b.Prefill)]++
+		}
 	}
 	return out
 }
 
-// SessionsOf lists the sessions bound to a worker id's ranks, sorted.
+// SessionsOf lists the sessions bound to a worker id's ranks (either
+// stage), sorted.
 func (f *FSM) SessionsOf(worker string) []string {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	var out []string
 	for id, b := range f.st.sessions {
-		if workerOfKey(b.Worker) == worker {
+		if workerOfKey(b.Worker) == worker || (b.Prefill != "" && workerOfKey(b.Prefill) == worker) {
 			out = append(out, id)
 		}
 	}
@@ -380,16 +548,34 @@ func (f *FSM) CheckBindSession(c BindSession) error {
 	}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	if c.Until <= f.st.lastTick {
-		return fmt.Errorf("bind session %q: until %d is not after the clock %d: %w", c.Session, c.Until, f.st.lastTick, ErrInvalidCommand)
+	return f.checkBindLocked(c.Session, c.Until)
+}
+
+// CheckBindSessionStages is CheckBindSession for a two-stage binding.
+func (f *FSM) CheckBindSessionStages(c BindSessionStages) error {
+	if err := c.Validate(); err != nil {
+		return err
 	}
-	if _, bound := f.st.sessions[c.Session]; !bound && len(f.st.sessions) >= MaxSessionBindings {
-		return fmt.Errorf("bind session %q: %d bindings held: %w", c.Session, len(f.st.sessions), ErrSessionLimit)
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.checkBindLocked(c.Session, c.Until)
+}
+
+// checkBindLocked: the clock and the limit. f.mu held for reading.
+func (f *FSM) checkBindLocked(session string, until int64) error {
+	if until <= f.st.lastTick {
+		return fmt.Errorf("bind session %q: until %d is not after the clock %d: %w", session, until, f.st.lastTick, ErrInvalidCommand)
+	}
+	if _, bound := f.st.sessions[session]; !bound && len(f.st.sessions) >= MaxSessionBindings {
+		return fmt.Errorf("bind session %q: %d bindings held: %w", session, len(f.st.sessions), ErrSessionLimit)
 	}
 	return nil
 }
 
-// Snapshot side: sessions are record recSession (format 7), sorted by id.
+// Snapshot side: sessions are record recSession (format 7), sorted by id;
+// from format 9 (SnapshotFormatSessionStages, written exactly while a
+// binding has a prefill stage) every session record ends with the prefill
+// worker ("" for a one-stage binding).
 
 func (img *image) captureSessions(st *state) {
 	for _, b := range st.sessions {
@@ -398,22 +584,35 @@ func (img *image) captureSessions(st *state) {
 	slices.SortFunc(img.sessions, func(a, b SessionBinding) int { return strings.Compare(a.Session, b.Session) })
 }
 
-func appendSessionRecord(b []byte, s *SessionBinding) []byte {
+func appendSessionRecord(b []byte, s *SessionBinding, stages bool) []byte {
 	b = appendString(b, s.Session)
 	b = appendString(b, string(s.Worker))
 	b = appendString(b, s.Parent)
-	return binary.AppendVarint(b, s.Until)
+	b = binary.AppendVarint(b, s.Until)
+	if stages {
+		b = appendString(b, string(s.Prefill))
+	}
+	return b
 }
 
-// readSessionRecord reads and checks one binding of a snapshot.
-func readSessionRecord(st *state, rd *reader) error {
+// readSessionRecord reads and checks one binding of a snapshot; stages:
+// the record ends with the prefill stage (format 9).
+func readSessionRecord(st *state, rd *reader, stages bool) error {
 	s := SessionBinding{Session: rd.string("session id"), Worker: router.WorkerID(rd.string("worker")),
 		Parent: rd.string("parent session id"), Until: rd.varint()}
+	if stages {
+		s.Prefill = router.WorkerID(rd.string("prefill worker"))
+	}
 	if rd.err != nil {
 		return nil // reported by rd.done
 	}
-	c := BindSession{Session: s.Session, Worker: s.Worker, Parent: s.Parent, Until: s.Until}
-	if err := c.Validate(); err != nil {
+	var err error
+	if s.Prefill != "" {
+		err = BindSessionStages{Session: s.Session, Prefill: s.Prefill, Decode: s.Worker, Parent: s.Parent, Until: s.Until}.Validate()
+	} else {
+		err = BindSession{Session: s.Session, Worker: s.Worker, Parent: s.Parent, Until: s.Until}.Validate()
+	}
+	if err != nil {
 		return corrupt("session: %v", err)
 	}
 	if _, dup := st.sessions[s.Session]; dup || s.Until <= st.lastTick || len(st.sessions) >= MaxSessionBindings {

@@ -311,7 +311,7 @@ func TestFSMSnapshotSessions(t *testing.T) {
 		return rawRec{recHeader, binary.AppendUvarint(body, uint64(sessions))}
 	}
 	sess := func(id, worker, parent string, until int64) rawRec {
-		return rawRec{recSession, appendSessionRecord(nil, &SessionBinding{Session: id, Worker: router.WorkerID(worker), Parent: parent, Until: until})}
+		return rawRec{recSession, appendSessionRecord(nil, &SessionBinding{Session: id, Worker: router.WorkerID(worker), Parent: parent, Until: until}, false)}
 	}
 	good := reformat(rawSnapshot(header(10, 0, 2), sess("a", "w", "", 20), sess("b", "w#1", "a", 30)), 7)
 	if err := restoreBytes(newFSM(t), good); err != nil {

@@ -53,7 +53,7 @@ const (
 	// builds can still install it during a rolling upgrade unless the state
 	// holds something they cannot represent, which they then refuse by
 	// version instead of misreading.
-	SnapshotVersion = SnapshotFormatPins
+	SnapshotVersion = SnapshotFormatSessionStages
 
 	// SnapshotFormatDrains is the format that adds drained workers
 	// (record recDrain and the header's drain count).
@@ -65,6 +65,9 @@ const (
 	// SnapshotFormatPins is the format that adds prefix pins (record
 	// recPin and the header's pin count, after the session count).
 	SnapshotFormatPins = 8
+	// SnapshotFormatSessionStages is the format whose session records end
+	// with the binding's prefill stage (two-stage bindings, command 21).
+	SnapshotFormatSessionStages = 9
 
 	// digestVersion is the version byte the digest hashes whatever version
 	// expresses the state: a state has one digest, and it is the one the
@@ -309,6 +312,11 @@ func (c *crcWriter) record(typ byte) {
 // hold the same bytes but their readers refuse such a worker), else 2 once
 // a worker has a role (format 1 has no field for it), else 1.
 func snapshotVersionOf(img *image) byte {
+	for _, b := range img.sessions {
+		if b.Prefill != "" {
+			return SnapshotFormatSessionStages
+		}
+	}
 	if len(img.pins) > 0 {
 		return SnapshotFormatPins
 	}
@@ -487,7 +495,7 @@ func writeImage(w io.Writer, img *image, withApplied bool) error {
 		c.record(recDrain)
 	}
 	for i := range img.sessions {
-		c.buf = appendSessionRecord(c.buf[:0], &img.sessions[i])
+		c.buf = appendSessionRecord(c.buf[:0], &img.sessions[i], stateVersion >= SnapshotFormatSessionStages)
 		c.record(recSession)
 	}
 	for i := range img.pins {
@@ -847,7 +855,7 @@ func readSnapshot(r io.Reader, base router.Config, newest byte) (*state, uint64,
 				ws.drain = &drainState{deadline: deadline}
 			}
 		case recSession:
-			if err := readSessionRecord(st, rd); err != nil {
+			if err := readSessionRecord(st, rd, version >= SnapshotFormatSessionStages); err != nil {
 				return nil, 0, err
 			}
 		case recPin:

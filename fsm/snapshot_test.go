@@ -471,6 +471,7 @@ var goldenWriters = map[string]func(testing.TB) *FSM{
 	"snapshot-v6.bin": goldenStateDrains,
 	"snapshot-v7.bin": goldenStateSessions,
 	"snapshot-v8.bin": goldenStatePins,
+	"snapshot-v9.bin": goldenStateSessionStages,
 }
 
 // TestFSMGoldenSnapshots restores every committed snapshot, of every format

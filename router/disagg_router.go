@@ -251,11 +251,42 @@ func (d *DisaggRouter) Stats() DisaggStats {
 	return s
 }
 
+// StageLimits restricts the workers each stage of a plan may choose (a
+// session's binding, a pinned prefix's holders): nil = any worker of the
+// stage. A stage whose allowed workers are all busy or excluded is
+// unavailable: a limited decode stage fails the plan (as a busy bound
+// worker answers busy), a limited prefill stage makes it aggregated on the
+// decode worker.
+type StageLimits struct {
+	Prefill, Decode []WorkerID
+}
+
+// limit is req with every worker of rt outside only excluded (nil only:
+// req unchanged).
+func limit(req Request, rt *Router, only []WorkerID) Request {
+	if only == nil {
+		return req
+	}
+	ex := slices.Clone(req.Exclude)
+	for _, w := range rt.Workers() {
+		if !slices.Contains(only, w.ID) && !slices.Contains(ex, w.ID) {
+			ex = append(ex, w.ID)
+		}
+	}
+	req.Exclude = ex
+	return req
+}
+
 // Plan decides without booking (for /debug/route).
 func (d *DisaggRouter) Plan(req Request, now time.Time) (DisaggDecision, error) {
+	return d.PlanWithin(req, StageLimits{}, now)
+}
+
+// PlanWithin is Plan with each stage limited to lim's workers.
+func (d *DisaggRouter) PlanWithin(req Request, lim StageLimits, now time.Time) (DisaggDecision, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	dd, _, err := d.planLocked(req, now)
+	dd, _, err := d.planLocked(req, lim, now)
 	return dd, err
 }
 
@@ -264,9 +295,15 @@ func (d *DisaggRouter) Plan(req Request, now time.Time) (DisaggDecision, error) 
 // when aggregated. The caller then reports PrefillDone, TransferDone (or
 // TransferFailed) and Free.
 func (d *DisaggRouter) Route(req Request, now time.Time) (DisaggDecision, error) {
+	return d.RouteWithin(req, StageLimits{}, now)
+}
+
+// RouteWithin is Route with each stage limited to lim's workers (a
+// session's binding, a pinned prefix's holders).
+func (d *DisaggRouter) RouteWithin(req Request, lim StageLimits, now time.Time) (DisaggDecision, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	dd, key, err := d.planLocked(req, now)
+	dd, key, err := d.planLocked(req, lim, now)
 	if err != nil {
 		return dd, err
 	}
@@ -298,20 +335,21 @@ func (d *DisaggRouter) Route(req Request, now time.Time) (DisaggDecision, error)
 }
 
 // planLocked: d.mu must be held. key is the link state's key of the disaggregated plan.
-func (d *DisaggRouter) planLocked(req Request, now time.Time) (DisaggDecision, string, error) {
+func (d *DisaggRouter) planLocked(req Request, lim StageLimits, now time.Time) (DisaggDecision, string, error) {
 	d.expireLocked(now)
 	var dd DisaggDecision
-	dec, err := d.decode.Decide(req, now)
+	dec, err := d.decode.Decide(limit(req, d.decode, lim.Decode), now)
 	dd.Decode = dec
 	if err != nil {
 		return dd, "", fmt.Errorf("no decode-capable worker for %s: %w", req.ID, err)
 	}
-	pdec, perr := d.prefill.Decide(req, now)
+	preq := limit(req, d.prefill, lim.Prefill)
+	pdec, perr := d.prefill.Decide(preq, now)
 	if perr == nil && pdec.Worker == dec.Worker {
 		// A "both" worker chosen for both stages: prefill elsewhere or not
 		// at all (aggregated on it is the other plan).
-		req2 := req
-		req2.Exclude = append(slices.Clone(req.Exclude), dec.Worker)
+		req2 := preq
+		req2.Exclude = append(slices.Clone(preq.Exclude), dec.Worker)
 		pdec, perr = d.prefill.Decide(req2, now)
 	}
 	dd.Prefill, dd.PrefillErr = pdec, perr

@@ -607,3 +607,59 @@ func TestDisaggRouterBothRole(t *testing.T) {
 		t.Errorf("workers %v", dr.Workers())
 	}
 }
+
+// RouteWithin limits each stage to the workers given (a session's binding,
+// a pinned prefix's holders): a limit overrides the stage's own choice, a
+// limited decode stage with nothing left fails the plan, a limited prefill
+// stage with nothing left serves the request aggregated on the decode
+// worker; PlanWithin decides alike without booking.
+func TestDisaggRouteWithin(t *testing.T) {
+	hs := disaggHashes(1, 100)
+	for _, tc := range []struct {
+		name            string
+		lim             StageLimits
+		exclude         []WorkerID
+		err             bool
+		disagg          bool
+		prefill, decode WorkerID
+	}{
+		{"no limits: by overlap and load", StageLimits{}, nil, false, true, "p2", "d1"},
+		{"prefill limited against the overlap", StageLimits{Prefill: []WorkerID{"p1"}}, nil, false, true, "p1", "d1"},
+		{"decode limited against the load", StageLimits{Decode: []WorkerID{"d2"}}, nil, false, true, "p2", "d2"},
+		{"both limited", StageLimits{Prefill: []WorkerID{"p1"}, Decode: []WorkerID{"d2"}}, nil, false, true, "p1", "d2"},
+		{"a set: the stage picks within it", StageLimits{Prefill: []WorkerID{"p1", "p2"}}, nil, false, true, "p2", "d1"},
+		{"the limited prefill worker excluded: aggregated on the decode worker", StageLimits{Prefill: []WorkerID{"p1"}, Decode: []WorkerID{"d2"}}, []WorkerID{"p1"}, false, false, "", "d2"},
+		{"the limited decode worker excluded: no plan", StageLimits{Decode: []WorkerID{"d2"}}, []WorkerID{"d2"}, true, false, "", ""},
+		{"a limit naming no worker of the stage: no plan", StageLimits{Decode: []WorkerID{"p1"}}, nil, true, false, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := NewIndex(16)
+			dr := newDisaggTestRouter(t, DisaggAlways, ix)
+			storeHashes(t, ix, "p2", hs[:80])
+			_, dc := dr.Routers()
+			dc.Load().Add(Booking{ID: "other", Worker: "d2", Hashes: disaggHashes(2, 50), PrefillDone: true, Added: disaggT0})
+			req := Request{ID: "r1", Hashes: hs, Tokens: 1600, Exclude: tc.exclude}
+			plan, perr := dr.PlanWithin(req, tc.lim, disaggT0)
+			dd, err := dr.RouteWithin(req, tc.lim, disaggT0)
+			if (err != nil) != tc.err || (perr != nil) != tc.err {
+				t.Fatalf("route %v, plan %v, want error %v", err, perr, tc.err)
+			}
+			if tc.err {
+				if dr.InFlight() != 0 {
+					t.Fatal("a failed plan booked")
+				}
+				return
+			}
+			if dd.Disaggregated != tc.disagg || dd.DecodeWorker != tc.decode || (tc.disagg && dd.PrefillWorker != tc.prefill) {
+				t.Fatalf("plan %s → %s (disaggregated %v), want %s → %s (%v)\n%s", dd.PrefillWorker, dd.DecodeWorker, dd.Disaggregated,
+					tc.prefill, tc.decode, tc.disagg, dd.Explain())
+			}
+			if plan.DecodeWorker != dd.DecodeWorker || plan.PrefillWorker != dd.PrefillWorker {
+				t.Errorf("PlanWithin %s → %s, RouteWithin %s → %s", plan.PrefillWorker, plan.DecodeWorker, dd.PrefillWorker, dd.DecodeWorker)
+			}
+			if dc.Load().Load(tc.decode).Requests == 0 {
+				t.Errorf("decode worker %s not booked", tc.decode)
+			}
+		})
+	}
+}

@@ -55,7 +55,8 @@ func loadBundle(cfg Config) (*pki.Bundle, error) {
 //     whichever replica took the request, to the worker's owner group's
 //     leader; its completion (Deregister) from that leader's watchDrains,
 //     forwarded when leadership moved between its decision and its write.
-//   - BindSession (17), UnbindSessions (18): session affinity, on the
+//   - BindSession (17), UnbindSessions (18), BindSessionStages (21):
+//     session affinity (21: a two-stage model's binding), on the
 //     replica that took a session's turn (sessions.go), to the control
 //     group's leader.
 //   - PinPrefix (19): prefix pins, pins, refreshes and moves, on the
@@ -73,7 +74,7 @@ var forwardedTypes = []fsm.CommandType{
 	fsm.CmdRegisterWorker, fsm.CmdRegisterWorkerRole, fsm.CmdRegisterWorkerBlockSize, fsm.CmdDeregisterWorker, fsm.CmdSetModelConfig,
 	fsm.CmdPredictions, fsm.CmdRegisterNode, fsm.CmdResyncWorker, fsm.CmdPlaceWorker, fsm.CmdSetGroups,
 	fsm.CmdSetGroupsChecked, fsm.CmdSetWorkerDrain, fsm.CmdBindSession, fsm.CmdUnbindSessions, fsm.CmdPinPrefix,
-	fsm.CmdUnpinPrefix,
+	fsm.CmdUnpinPrefix, fsm.CmdBindSessionStages,
 }
 
 // errForbiddenCommand is wrapped by every refusal of checkForwarded.

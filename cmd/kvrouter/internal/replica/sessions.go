@@ -46,7 +46,7 @@ func (r *replica) SessionBinding(id string) (api.SessionBinding, bool) {
 }
 
 func apiBinding(b fsm.SessionBinding) api.SessionBinding {
-	return api.SessionBinding{Session: b.Session, Worker: b.Worker, Parent: b.Parent, Until: time.Unix(0, b.Until)}
+	return api.SessionBinding{Session: b.Session, Worker: b.Worker, Prefill: b.Prefill, Parent: b.Parent, Until: time.Unix(0, b.Until)}
 }
 
 // BindSession proposes the binding (stamped with this replica's clock plus
@@ -58,9 +58,7 @@ func (r *replica) BindSession(ctx context.Context, b api.SessionBind) (api.Sessi
 	ctx, cancel := context.WithTimeout(ctx, sessionBindWait)
 	defer cancel()
 	for {
-		cmd := fsm.BindSession{Session: b.Session, Worker: b.Worker, Parent: b.Parent,
-			Until: time.Now().Add(b.TTL).UnixNano(), Replace: b.Replace}
-		res, err := r.proposeSession(ctx, cmd)
+		res, err := r.proposeSession(ctx, bindCommand(b, time.Now()))
 		switch {
 		case err == nil && res.Session == nil:
 			return api.SessionBinding{}, fmt.Errorf("bind session %q: the commit reported no binding", b.Session)
@@ -82,13 +80,33 @@ func (r *replica) BindSession(ctx context.Context, b api.SessionBind) (api.Sessi
 	}
 }
 
+// bindCommand is the command of a bind: BindSession (17) for a one-stage
+// binding, BindSessionStages (21) for a two-stage one, stamped with now
+// plus the TTL.
+func bindCommand(b api.SessionBind, now time.Time) fsm.Command {
+	until := now.Add(b.TTL).UnixNano()
+	if b.Prefill != "" {
+		c := fsm.BindSessionStages{Session: b.Session, Prefill: b.Prefill, Decode: b.Worker, Parent: b.Parent, Until: until}
+		if b.Replace != "" {
+			c.SeenPrefill, c.SeenDecode = b.ReplacePrefill, b.Replace
+		}
+		return c
+	}
+	return fsm.BindSession{Session: b.Session, Worker: b.Worker, Parent: b.Parent, Until: until, Replace: b.Replace}
+}
+
 // proposeSession validates, encodes and commits a binding command; a full
 // binding table is api.ErrSessionLimit.
 func (r *replica) proposeSession(ctx context.Context, c fsm.Command) (*fsm.ApplyResult, error) {
-	if bc, ok := c.(fsm.BindSession); ok {
-		if err := r.fsm.CheckBindSession(bc); err != nil {
-			return nil, sessionError(err)
-		}
+	var check error
+	switch bc := c.(type) {
+	case fsm.BindSession:
+		check = r.fsm.CheckBindSession(bc)
+	case fsm.BindSessionStages:
+		check = r.fsm.CheckBindSessionStages(bc)
+	}
+	if check != nil {
+		return nil, sessionError(check)
 	}
 	res, err := r.commitControl(ctx, c)
 	if err != nil {
@@ -111,7 +129,9 @@ func sessionError(err error) error {
 // TTL is left, in the background: an active session writes one entry per
 // half TTL, never one per turn. The cost: a binding may expire up to half
 // a TTL early after the session's last turn (its expiry is between TTL/2
-// and TTL after that turn), and every replica agrees on when.
+// and TTL after that turn), and every replica agrees on when. A two-stage
+// binding is touched through its decode worker: BindSession keeps its
+// prefill stage.
 func (r *replica) TouchSession(b api.SessionBinding, ttl time.Duration) {
 	if ttl <= 0 || time.Until(b.Until) >= ttl/2 {
 		return

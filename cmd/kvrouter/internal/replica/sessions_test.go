@@ -66,6 +66,61 @@ func TestReplicaSessionFirstCommitWins(t *testing.T) {
 	tc.WaitConverged()
 }
 
+// TestReplicaSessionStages: two-stage bindings (command 21) over three
+// replicas: concurrent first turns choosing other pairs get the one
+// committed first back; a stage replaced is seen by every replica; a
+// one-stage touch keeps the prefill stage; a stale replace follows the
+// binding in force.
+func TestReplicaSessionStages(t *testing.T) {
+	tc := newTestClusterWith(t, 3, withSessions(time.Minute))
+	tc.WaitLeader()
+	bindUntilCommitted(t, tc.R(0), api.SessionBind{Session: "warm-up", Worker: "w0", TTL: time.Minute})
+	got := make([]api.SessionBinding, 3)
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i] = bindUntilCommitted(t, tc.R(i), api.SessionBind{Session: "s", Worker: router.WorkerID(fmt.Sprintf("d%d", i)),
+				Prefill: router.WorkerID(fmt.Sprintf("p%d", i)), TTL: time.Minute})
+		}()
+	}
+	wg.Wait()
+	first := got[0]
+	for _, g := range got {
+		if g.Worker != first.Worker || g.Prefill != first.Prefill || first.Prefill == "" {
+			t.Fatalf("the replicas were told %+v", got)
+		}
+	}
+	steps := []struct {
+		name string
+		bind api.SessionBind
+		want api.SessionBinding // Prefill and Worker in force after
+	}{
+		{"the prefill stage replaced", api.SessionBind{Session: "s", Worker: first.Worker, Prefill: "p9", Replace: first.Worker, ReplacePrefill: first.Prefill, TTL: time.Minute},
+			api.SessionBinding{Worker: first.Worker, Prefill: "p9"}},
+		{"a stale replace follows", api.SessionBind{Session: "s", Worker: "d8", Prefill: "p8", Replace: first.Worker, ReplacePrefill: first.Prefill, TTL: time.Minute},
+			api.SessionBinding{Worker: first.Worker, Prefill: "p9"}},
+		{"a one-stage touch keeps the prefill stage", api.SessionBind{Session: "s", Worker: first.Worker, TTL: 2 * time.Minute},
+			api.SessionBinding{Worker: first.Worker, Prefill: "p9"}},
+	}
+	for i, st := range steps {
+		b := bindUntilCommitted(t, tc.R(i%3), st.bind)
+		if b.Worker != st.want.Worker || b.Prefill != st.want.Prefill {
+			t.Fatalf("%s: told %+v", st.name, b)
+		}
+		poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
+			return tc.eachReplica(func(r *replica) error {
+				if b, ok := r.SessionBinding("s"); !ok || b.Worker != st.want.Worker || b.Prefill != st.want.Prefill {
+					return fmt.Errorf("%s: reads %+v (%v)", st.name, b, ok)
+				}
+				return nil
+			})
+		})
+	}
+	tc.WaitConverged()
+}
+
 // TestReplicaSessionTouchCoalesced: bound turns write nothing while more
 // than half the TTL is left; below half, a burst of turns writes one
 // refresh, which every replica applies.
@@ -140,6 +195,8 @@ func TestReplicaSessionLimitIsAMiss(t *testing.T) {
 //   - first-turn/leader and first-turn/follower: the commit a session's
 //     first turn waits for before it is sent (a follower forwards to the
 //     leader: one more HTTP round trip);
+//   - first-turn-two-stage/…: the same for a two-stage model's binding of
+//     both stages in one record (command 21);
 //   - bound-turn: a later turn's read of the binding (local, no consensus).
 func BenchmarkReplicaSession(b *testing.B) {
 	tc := newTestClusterWith(b, 3, withSessions(time.Hour))
@@ -149,12 +206,14 @@ func BenchmarkReplicaSession(b *testing.B) {
 	for _, bc := range []struct {
 		name string
 		r    *replica
-	}{{"first-turn/leader", tc.R(leader.Index)}, {"first-turn/follower", tc.follower(leader)}} {
+		prefill router.WorkerID // a two-stage binding's prefill worker (command 21); "" one stage (17)
+	}{{"first-turn/leader", tc.R(leader.Index), ""}, {"first-turn/follower", tc.follower(leader), ""},
+		{"first-turn-two-stage/leader", tc.R(leader.Index), "p1"}, {"first-turn-two-stage/follower", tc.follower(leader), "p1"}} {
 		b.Run(bc.name, func(b *testing.B) {
 			i := 0
 			for b.Loop() {
 				i++
-				if _, err := bc.r.BindSession(context.Background(), api.SessionBind{Session: fmt.Sprintf("%s-%d", bc.name, i), Worker: "w1", TTL: time.Hour}); err != nil {
+				if _, err := bc.r.BindSession(context.Background(), api.SessionBind{Session: fmt.Sprintf("%s-%d", bc.name, i), Worker: "w1", Prefill: bc.prefill, TTL: time.Hour}); err != nil {
 					b.Fatal(err)
 				}
 			}
