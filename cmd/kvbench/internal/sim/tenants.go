@@ -31,6 +31,12 @@ import (
 //     uncached prompt tokens of the decision (prompt − overlap × block
 //     size) and its output tokens when it finishes (the live router
 //     charges them as they stream; the sum is the same).
+//   - With Tenants.LatencyGuard, a request whose tenant is over its share
+//     (Ledger.Guard) also waits while its router predicts every worker over
+//     the factor for a fresh request (Router.LatencyGuard), and is routed
+//     among the workers within it only (route adds the others to its
+//     Exclude); the routers learn the prediction's rates
+//     (router.Config.LearnLatency).
 //   - Counters shared: every router publishes its ledger's Usage every
 //     SyncInterval and at once when a tenant starts waiting there (the
 //     Syncer's nudge); the others apply it (Ledger.Remote) SyncDelay later,
