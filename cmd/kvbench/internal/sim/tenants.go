@@ -121,7 +121,6 @@ func (c *Config) checkTenants() error {
 	if err := router.ValidateLatencyGuard(t.LatencyGuard); err != nil {
 		return fmt.Errorf("tenants: %v: %w", err, ErrConfig)
 	}
-
 	seen := map[string]bool{}
 	for _, sp := range t.Specs {
 		if sp.Name == "" || seen[sp.Name] || !(sp.Weight > 0) || sp.Router < -1 || sp.Router >= max(c.Routers, 1) {
