@@ -86,7 +86,7 @@ func (r *Router) LatencyGuard(req Request, factor float64, now time.Time, dst []
 }
 
 // GuardRatios is every worker's (not excluded by req) latency-guard
-// prediction for a fresh request like req (tests, the decision log).
+// prediction for a fresh request like req (tests and diagnostics).
 func (r *Router) GuardRatios(req Request, now time.Time) []GuardRatio {
 	r.mu.Lock()
 	defer r.mu.Unlock()
