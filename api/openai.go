@@ -146,6 +146,11 @@ type prepared struct {
 	tenant  string
 	charged int
 	begun   bool
+	// guardOut is the workers the tenant latency guard keeps the request
+	// off, as judged at its admission; guardHeld whether it held it in
+	// the queue (tenantguard.go).
+	guardOut  []router.WorkerID
+	guardHeld bool
 	// requestID is the client's X-Request-Id (made when absent), named in
 	// the decision log.
 	requestID string

@@ -108,6 +108,7 @@ func (s *Server) wait(ctx context.Context, p *prepared) (bool, *refusal) {
 	// backlog").
 	if g.waiting[p.model] == 0 && !s.shouldQueue(p) {
 		g.mu.Unlock()
+		s.guardExclude(p)
 		return true, nil
 	}
 	me := &waiter{displaced: make(chan struct{})}
@@ -173,6 +174,7 @@ func (s *Server) wait(ctx context.Context, p *prepared) (bool, *refusal) {
 		if admitted {
 			dequeue()
 			s.tenantQueued(p, time.Since(arrived))
+			s.guardExclude(p)
 			return true, nil
 		}
 		select {
@@ -198,13 +200,15 @@ func (s *Server) wait(ctx context.Context, p *prepared) (bool, *refusal) {
 
 // shouldQueue reports whether p must wait for room: every worker over the
 // queue threshold, or, with tenant headroom, over its tenant's share of it
-// (TenantLedger.Window: a tenant over its share while others are active).
+// (TenantLedger.Window: a tenant over its share while others are active),
+// or, with the tenant latency guard, every worker predicted too slow for
+// the others beside it (guardHolds).
 func (s *Server) shouldQueue(p *prepared) bool {
 	share := 1.0
 	if s.tenants != nil {
 		share = s.tenants.Window(p.model, p.tenant)
 	}
-	return p.rt.ShouldQueueWithin(share, p.req)
+	return p.rt.ShouldQueueWithin(share, p.req) || s.guardHolds(p)
 }
 
 // yields reports whether p, at the head with capacity free, should wait

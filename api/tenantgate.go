@@ -109,6 +109,9 @@ type tenantMetrics struct {
 	// yieldExpired counts queue heads admitted after holding back
 	// TenantConfig.MaxYield for another replica's waiter.
 	yieldExpired *prometheus.CounterVec
+	// guardHeld counts requests the tenant latency guard held in the
+	// queue (once each, however long).
+	guardHeld *prometheus.CounterVec
 }
 
 func newTenantMetrics(reg prometheus.Registerer) *tenantMetrics {
@@ -126,7 +129,9 @@ func newTenantMetrics(reg prometheus.Registerer) *tenantMetrics {
 			Help: "A tenant's requests refused with 429 for its budget (tokens per minute, concurrent requests)."}, []string{"model", "tenant"}),
 		yieldExpired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_tenant_yield_expired_total",
 			Help: "Queue heads admitted after holding back the longest allowed for a request another replica reported waiting (a report that no longer held, or a peer that could not admit)."}, []string{"model"}),
+		guardHeld: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_tenant_guard_held_total",
+			Help: "Requests of a tenant over its share that the tenant latency guard held in the admission queue (every worker predicted over --tenant-latency-guard × its idle TTFT or TPOT), once each."}, []string{"model"}),
 	}
-	reg.MustRegister(m.tokens, m.queue, m.firstByte, m.rejected, m.yieldExpired)
+	reg.MustRegister(m.tokens, m.queue, m.firstByte, m.rejected, m.yieldExpired, m.guardHeld)
 	return m
 }

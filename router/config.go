@@ -135,6 +135,11 @@ type Config struct {
 	// (slo.go); the zero value sets none and kv-pooled decides as without
 	// it. Other modes do not read it.
 	SLO SLO
+	// LearnLatency makes the router learn the SLO rule's rates (prefill
+	// and decode rates, the TPOT line against the fill) from its own
+	// bookings in every mode, not only kv-pooled with an SLO: the tenant
+	// latency guard (guard.go, Router.LatencyGuard) predicts from them.
+	LearnLatency bool
 }
 
 // DefaultConfig is Dynamo's defaults in kv mode with block size 16.

@@ -119,6 +119,7 @@ type Router struct {
 	// router's model are pinned on a worker (prefix pins, replicated):
 	// kv-pooled counts them as held and not evictable (pooled.go).
 	pinnedBlocks func(w WorkerID) int
+	guard        []GuardRatio // the latency guard's predictions (guard.go), reused
 }
 
 // New returns a router. index may be nil for modes that ignore the cache.
@@ -237,6 +238,7 @@ func (r *Router) RouteInto(req Request, now time.Time, rows []WorkerCost) (Decis
 		i := r.pos[d.Worker]
 		r.wait.book(req.ID, d.Worker, now, d.Rows[i].PrefillBlocks, r.pooled.admit[i])
 	}
+	r.guardLearnLocked(req, d, now) // Config.LearnLatency (guard.go)
 	prefill := req.Tokens - d.Overlap*r.cfg.BlockSize
 	r.load.Add(Booking{ID: req.ID, Worker: d.Worker, Hashes: d.ActiveHashes, PrefillTokens: prefill, Sequences: req.Sequences, Added: now,
 		PromptTokens: req.Tokens, ExpectedOutput: req.ExpectedOutputTokens})

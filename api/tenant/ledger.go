@@ -106,7 +106,15 @@ type Config struct {
 	// priority (vLLM's and SGLang's body field "priority", lower served
 	// first) from EnginePriority. The ledger does not read it; api does.
 	EnginePriority bool
-	Now            func() time.Time // default time.Now
+	// LatencyGuard (0: off; else a factor of at least 1): a request of a
+	// tenant over its share, while another tenant is active (the rule of
+	// Window), goes only to a worker where a fresh request is predicted
+	// to get its TTFT and TPOT within LatencyGuard × their values on an
+	// idle worker (router.Router.LatencyGuard); with none, it waits in
+	// the queue. The ledger says who is guarded (Guard); the router
+	// judges the workers.
+	LatencyGuard float64
+	Now          func() time.Time // default time.Now
 }
 
 // MaxPublished bounds one replica's sync message (NATS refuses
@@ -201,6 +209,9 @@ func New(cfg Config) (*Ledger, error) {
 	}
 	if cfg.TokensPerMinute < 0 || cfg.MaxConcurrent < 0 {
 		return nil, fmt.Errorf("tenant budgets must not be negative")
+	}
+	if g := cfg.LatencyGuard; g != 0 && !(g >= 1 && !math.IsInf(g, 1)) {
+		return nil, fmt.Errorf("tenant latency guard %v: want 0 (off) or a finite factor of at least 1 (a fresh request's predicted TTFT and TPOT on a worker over their idle values)", g)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -768,4 +779,22 @@ func (l *Ledger) EnginePriority(model, tenant string) int {
 		return EngineOverShare
 	}
 	return EngineAtShare
+}
+
+// Guard is the latency-guard factor a request of tenant is admitted under
+// (Config.LatencyGuard): the factor while the tenant is over its share
+// (overLocked: another tenant is active and this one's counter is more
+// than Slack above the least served one's), else 0, not guarded. A tenant
+// at or under its share is never held by the guard, so the capacity the
+// guard keeps idle is kept for it.
+func (l *Ledger) Guard(model, tenant string) float64 {
+	if l.cfg.LatencyGuard == 0 {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if over, _ := l.overLocked(tenantKey{model, tenant}); over {
+		return l.cfg.LatencyGuard
+	}
+	return 0
 }

@@ -1,6 +1,8 @@
 package tenant
 
 import (
+	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -140,6 +142,60 @@ func TestAPITenantEnginePriority(t *testing.T) {
 		tc.setup(l)
 		if got := l.EnginePriority("m", tc.tenant); got != tc.want {
 			t.Errorf("%s: engine priority %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestAPITenantGuard: the latency guard's factor applies to a tenant over
+// its share while another tenant is active, never to one at or under its
+// share, one alone, or one within the slack; 0 is off; bad factors are
+// refused with an error naming the guard.
+func TestAPITenantGuard(t *testing.T) {
+	overShare := func(l *Ledger) {
+		l.Charge("m", "a", 10_000)
+		l.Begin("m", "a")
+		l.Begin("m", "b")
+	}
+	for _, tc := range []struct {
+		name   string
+		guard  float64
+		setup  func(l *Ledger)
+		tenant string
+		want   float64
+	}{
+		{"over its share", 1.5, overShare, "a", 1.5},
+		{"under its share", 1.5, overShare, "b", 0},
+		{"alone", 1.5, func(l *Ledger) { l.Charge("m", "a", 10_000); l.Begin("m", "a") }, "a", 0},
+		{"the other is idle", 1.5, func(l *Ledger) {
+			overShare(l)
+			l.End("m", "b")
+		}, "a", 0},
+		{"within the slack", 1.5, func(l *Ledger) {
+			l.Charge("m", "a", 10_000)
+			l.Charge("m", "b", 9_900)
+			l.Begin("m", "a")
+			l.Begin("m", "b")
+		}, "a", 0},
+		{"the other active on another replica", 2, func(l *Ledger) {
+			l.Charge("m", "a", 10_000)
+			l.Begin("m", "a")
+			l.Remote("r2", []Usage{{Model: "m", Tenant: "c", Tokens: 10, Waiting: 1}})
+		}, "a", 2},
+		{"guard off", 0, overShare, "a", 0},
+	} {
+		l, err := New(Config{From: SourceHeader, Slack: 512, Burst: 4096, LatencyGuard: tc.guard})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		tc.setup(l)
+		if got := l.Guard("m", tc.tenant); got != tc.want {
+			t.Errorf("%s: guard %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	for _, bad := range []float64{0.5, -1, math.NaN(), math.Inf(1), math.Inf(-1)} {
+		_, err := New(Config{From: SourceHeader, LatencyGuard: bad})
+		if err == nil || !strings.Contains(err.Error(), "latency guard") {
+			t.Errorf("guard %v: error %v, want one naming the latency guard", bad, err)
 		}
 	}
 }

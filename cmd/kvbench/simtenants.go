@@ -10,6 +10,7 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/router"
 )
 
 // tenantOptions are sim's admission-queue and tenant flags (issue 28
@@ -24,8 +25,9 @@ type tenantOptions struct {
 	SyncInterval   time.Duration
 	Burst, Slack   float64
 	Headroom       bool
-	EnginePriority bool   // --tenant-engine-priority
-	Scheduling     string // --engine-scheduling
+	EnginePriority bool    // --tenant-engine-priority
+	LatencyGuard   float64 // --tenant-latency-guard
+	Scheduling     string  // --engine-scheduling
 
 	tenants []sim.TenantSpec
 }
@@ -42,6 +44,7 @@ func (o *tenantOptions) register(fs *flag.FlagSet) {
 	fs.Float64Var(&o.Burst, "tenant-fair-burst", 0, "the ledgers' burst in tokens (serve's --tenant-fair-burst; 0: its default, 4096)")
 	fs.BoolVar(&o.Headroom, "tenant-headroom", false, "hold a tenant over its share, while other tenants are active, to its share (1/active tenants) of each worker's admission window, keeping the rest free for them (api/tenant Ledger.Window)")
 	fs.BoolVar(&o.EnginePriority, "tenant-engine-priority", false, "each request carries to its worker the priority its router's ledger gives its tenant (api/tenant Ledger.EnginePriority: 1 while over its share and another tenant is active, else 0; lower is served first), as kvrouter serve --tenant-engine-priority sets vLLM's priority field; the engines then need a priority --engine-scheduling (default with this flag: priority)")
+	fs.Float64Var(&o.LatencyGuard, "tenant-latency-guard", 0, "a factor F ≥ 1 (0: off): a request of a tenant over its share, while another tenant is active, goes only to a worker where its router predicts a fresh request's TTFT and TPOT within F × their values on an idle worker (the SLO rule's prediction, router.Router.LatencyGuard), else it waits in the router's queue; tenants at or under their share are never held. Keeps capacity idle on purpose: less throughput for the over-share tenant, a lower tail for the others (serve's --tenant-latency-guard)")
 	fs.StringVar(&o.Scheduling, "engine-scheduling", "", "the engines' waiting-queue policy: fcfs (vLLM's default), priority (vLLM's --scheduling-policy priority: waiting by (priority, arrival), a KV shortage preempts the largest (priority, arrival)) or priority-preempt (that, plus a full running set preempting for a strictly more urgent waiting request, as vLLM v0 did); default fcfs, priority with --tenant-engine-priority (engine/DESIGN.md)")
 	fs.Float64Var(&o.Slack, "tenant-fair-slack", 0, "the ledgers' slack in tokens (serve's --tenant-fair-slack; 0: its default, 512)")
 }
@@ -74,7 +77,7 @@ func (o *tenantOptions) check(set map[string]bool, so *simOptions) error {
 	default:
 		return cli.Usagef("--engine-scheduling %q: want fcfs, priority or priority-preempt", o.Scheduling)
 	}
-	for _, name := range []string{"tenant-counters", "tenant-sync-interval", "tenant-fair-burst", "tenant-fair-slack", "tenant-headroom", "tenant-engine-priority"} {
+	for _, name := range []string{"tenant-counters", "tenant-sync-interval", "tenant-fair-burst", "tenant-fair-slack", "tenant-headroom", "tenant-engine-priority", "tenant-latency-guard"} {
 		if set[name] && o.Spec == "" {
 			return cli.Usagef("--%s applies to --tenants", name)
 		}
@@ -103,6 +106,9 @@ func (o *tenantOptions) check(set map[string]bool, so *simOptions) error {
 	}
 	if math.IsNaN(o.Slack) || math.IsInf(o.Slack, 0) || o.Slack < 0 {
 		return cli.Usagef("--tenant-fair-slack %v: want a number of tokens ≥ 0", o.Slack)
+	}
+	if err := router.ValidateLatencyGuard(o.LatencyGuard); err != nil {
+		return cli.Usagef("--tenant-latency-guard %v: want 0 (off) or a finite factor of at least 1", o.LatencyGuard)
 	}
 	var err error
 	o.tenants, err = parseTenants(o.Spec, so.Routers)
@@ -149,7 +155,8 @@ func (o *tenantOptions) config() sim.Tenants {
 	if o.tenants == nil {
 		return sim.Tenants{}
 	}
-	return sim.Tenants{Specs: o.tenants, Counters: sim.TenantCounters(o.Counters), SyncInterval: o.SyncInterval, Burst: o.Burst, Slack: o.Slack, Headroom: o.Headroom, EnginePriority: o.EnginePriority}
+	return sim.Tenants{Specs: o.tenants, Counters: sim.TenantCounters(o.Counters), SyncInterval: o.SyncInterval, Burst: o.Burst, Slack: o.Slack, Headroom: o.Headroom, EnginePriority: o.EnginePriority,
+		LatencyGuard: o.LatencyGuard}
 }
 
 // tenantsCfg is the report's config.tenants.
@@ -163,6 +170,7 @@ type tenantsCfg struct {
 	Slack          float64          `json:"slack,omitempty"`
 	Headroom       bool             `json:"headroom,omitempty"`
 	EnginePriority bool             `json:"engine_priority,omitempty"`
+	LatencyGuard   float64          `json:"latency_guard,omitempty"`
 }
 
 func (o *tenantOptions) reportConfig() *tenantsCfg {
@@ -173,6 +181,7 @@ func (o *tenantOptions) reportConfig() *tenantsCfg {
 	if o.tenants != nil {
 		c.Tenants, c.Counters, c.SyncIntervalMs = o.tenants, o.Counters, float64(o.SyncInterval)/float64(time.Millisecond)
 		c.Burst, c.Slack, c.Headroom, c.EnginePriority = o.Burst, o.Slack, o.Headroom, o.EnginePriority
+		c.LatencyGuard = o.LatencyGuard
 	}
 	return c
 }

@@ -23,6 +23,8 @@ func TestSimTenantFlagValidation(t *testing.T) {
 		{"--queue-threshold", "0.5", "--tenants", "a:1,b:1", "--tenant-engine-priority"},
 		{"--queue-threshold", "0.5", "--tenants", "a:1,b:1", "--tenant-engine-priority", "--engine-scheduling", "priority-preempt"},
 		{"--engine-scheduling", "priority"},
+		{"--queue-threshold", "0.5", "--tenants", "a:1,b:1", "--tenant-latency-guard", "1.5"},
+		{"--queue-threshold", "0.5", "--tenants", "a:1,b:1", "--tenant-latency-guard", "0"},
 	}
 	for _, args := range good {
 		if _, err := parseSimFlags(args, io.Discard); err != nil {
@@ -58,6 +60,11 @@ func TestSimTenantFlagValidation(t *testing.T) {
 		"engine priority alone":    {"--queue-threshold", "1", "--tenant-engine-priority"},
 		"engine priority on fcfs":  {"--queue-threshold", "1", "--tenants", "a:1", "--tenant-engine-priority", "--engine-scheduling", "fcfs"},
 		"unknown engine policy":    {"--engine-scheduling", "sjf"},
+		"guard without tenants":    {"--queue-threshold", "1", "--tenant-latency-guard", "2"},
+		"guard below one":          {"--queue-threshold", "1", "--tenants", "a:1", "--tenant-latency-guard", "0.9"},
+		"negative guard":           {"--queue-threshold", "1", "--tenants", "a:1", "--tenant-latency-guard", "-1"},
+		"guard not a number":       {"--queue-threshold", "1", "--tenants", "a:1", "--tenant-latency-guard", "NaN"},
+		"infinite guard":           {"--queue-threshold", "1", "--tenants", "a:1", "--tenant-latency-guard", "+Inf"},
 	}
 	for name, args := range bad {
 		_, err := parseSimFlags(args, io.Discard)

@@ -201,6 +201,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 		{names: []string{"tenant-fair-burst"}, env: []string{"KVROUTER_TENANT_FAIR_BURST"}, def: "4096", usage: "tokens a tenant may be below the least served active tenant when it starts or queues a request: the credit a tenant under its share spends at once, and all the credit idling banks (1: start-time fair queueing exactly)", set: floatp(&c.Tenants.Burst)},
 		{names: []string{"tenant-headroom"}, env: []string{"KVROUTER_TENANT_HEADROOM"}, usage: "hold a tenant over its share, while other tenants are active, to its share (1 / active tenants) of each worker's queue-threshold window, counting what its request makes each worker compute (its prompt less that worker's cached prefix), so the rest stays free for them (lower tail TTFT for tenants under their share, less throughput while they are active; needs --router-queue-threshold)", set: boolp(&c.Tenants.Headroom), bool: true},
 		{names: []string{"tenant-engine-priority"}, env: []string{"KVROUTER_TENANT_ENGINE_PRIORITY"}, usage: "set the JSON field priority of every request sent to a worker from the tenant ledger: 0 while its tenant is not over its share, 2^32 while it is and another tenant is active, less the request's nvext.agent_hints.priority (lower is served first); the workers must schedule by it (vLLM --scheduling-policy priority, SGLang --enable-priority-scheduling --schedule-low-priority-values-first; vLLM refuses a non-zero priority otherwise); needs --tenant-from", set: boolp(&c.Tenants.EnginePriority), bool: true},
+		{names: []string{"tenant-latency-guard"}, env: []string{"KVROUTER_TENANT_LATENCY_GUARD"}, def: "0", usage: "a factor F >= 1 (0: off): a request of a tenant over its share, while another tenant is active, goes only to a worker where a fresh request is predicted to get its TTFT and TPOT within F x their values on an idle worker (kv-pooled's SLO prediction: the worker's prefill queue and KV wait, the TPOT line against its fill; the router learns its rates in every mode with this set), and otherwise waits in the admission queue; tenants at or under their share are never held. Keeps capacity idle on purpose: less throughput for the over-share tenant while others are active, a lower tail TTFT for the others (needs --tenant-from and --router-queue-threshold)", set: floatp(&c.Tenants.LatencyGuard)},
 		{names: []string{"tenant-sync-interval"}, env: []string{"KVROUTER_TENANT_SYNC_INTERVAL"}, def: "100ms", usage: "how often tenant usage goes out on replica sync when it changed (the fairness sync lag)", set: dur(&c.TenantSyncInterval)},
 		{names: []string{"max-entry-bytes"}, env: []string{"KVROUTER_MAX_ENTRY_BYTES"}, def: strconv.Itoa(replica.DefaultMaxEntryBytes), usage: fmt.Sprintf("bytes one Raft entry of KV events may encode to, %d to %d (4 MiB by default): a larger ingest batch is committed as several entries, in order, each acked once committed; a single event larger than this is refused (kvrouter_eventbus_events_rejected_total{reason=\"too_large\"})", replica.MinMaxEntryBytes, replica.MaxMaxEntryBytes), set: intp(&c.MaxEntryBytes)},
 		{names: []string{"worker-header-timeout"}, env: []string{"KVROUTER_WORKER_HEADER_TIMEOUT"}, usage: "longest wait for a worker's answer headers (default 10m)", set: dur(&c.WorkerHeaderTimeout)},
@@ -432,6 +433,18 @@ func (c *serveConfig) finish() error {
 	}
 	if c.Tenants.EnginePriority && (c.Tenants.From == "" || c.Tenants.From == api.TenantNone) {
 		return errors.New("--tenant-engine-priority sets the priority from the tenant ledger: give --tenant-from")
+	}
+	if g := c.Tenants.LatencyGuard; g != 0 {
+		if err := router.ValidateLatencyGuard(g); err != nil {
+			return fmt.Errorf("--tenant-latency-guard: %w", err)
+		}
+		if c.Tenants.From == "" || c.Tenants.From == api.TenantNone {
+			return errors.New("--tenant-latency-guard holds tenants over their share: give --tenant-from")
+		}
+		if c.Router.QueueThreshold == nil {
+			return errors.New("--tenant-latency-guard holds requests in the admission queue: give --router-queue-threshold")
+		}
+		c.Router.LearnLatency = true // the guard predicts from the rates the router learns
 	}
 	if c.TenantSyncInterval < 0 {
 		return fmt.Errorf("--tenant-sync-interval must not be negative, got %s", c.TenantSyncInterval)

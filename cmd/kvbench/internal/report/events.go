@@ -113,6 +113,9 @@ func writeSessionsAndEvents(b *strings.Builder, results []Result) {
 			if t.SLOAttainment.Valid {
 				fmt.Fprintf(b, ", SLO met %.1f%%", 100*t.SLOAttainment.Value)
 			}
+			if t.SharedRPS.Valid {
+				fmt.Fprintf(b, ", %.1f req/s and %.0f output tokens/s while every tenant was sending", t.SharedRPS.Value, t.SharedOutputTPS.Value)
+			}
 			b.WriteByte('\n')
 		}
 	}

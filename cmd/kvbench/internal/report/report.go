@@ -204,6 +204,8 @@ func medianTenants(runs []Run, med func(f func(s sim.Summary) float64) float64) 
 			SLOAttainment:   opt(func(x sim.TenantFigures) stats.Optional { return x.SLOAttainment }),
 			Tokens:          int64(at(func(x sim.TenantFigures) float64 { return float64(x.Tokens) }) + 0.5),
 			BackloggedShare: opt(func(x sim.TenantFigures) stats.Optional { return x.BackloggedShare }),
+			SharedRPS:       opt(func(x sim.TenantFigures) stats.Optional { return x.SharedRPS }),
+			SharedOutputTPS: opt(func(x sim.TenantFigures) stats.Optional { return x.SharedOutputTPS }),
 		}
 	}
 	return out

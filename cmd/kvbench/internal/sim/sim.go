@@ -179,6 +179,9 @@ func Run(w *workload.Workload, cfg Config) (*Result, error) {
 	if err := cfg.checkTenants(); err != nil {
 		return nil, err
 	}
+	if cfg.Tenants.on() && cfg.Tenants.LatencyGuard > 0 {
+		cfg.Router.LearnLatency = true // the guard predicts from the rates the routers learn (tenants.go)
+	}
 	if cfg.Routers < 0 || cfg.SyncDelay < 0 || cfg.SyncFreeExtra < 0 {
 		return nil, fmt.Errorf("%d routers, sync delay %v + %v: %w", cfg.Routers, cfg.SyncDelay, cfg.SyncFreeExtra, ErrConfig)
 	}
@@ -530,6 +533,9 @@ func (s *state) dispatch(i, k int) {
 func (s *state) route(k, i int, req router.Request) (router.Decision, error) {
 	// Workers draining with their sessions kept take no other request.
 	req.Exclude = s.fleet.keepingIDs(s)
+	if out, _ := s.guardOut(k, s.adm.name(i), req); len(out) > 0 {
+		req.Exclude = append(req.Exclude, out...) // the latency guard (tenants.go)
+	}
 	if s.cfg.Affinity.Mode != AffinityOff && s.w.Requests[i].Session != workload.NoSession {
 		return s.aff.route(s, k, i, req) // a session's turn goes where its binding says
 	}

@@ -227,6 +227,14 @@ type TenantFigures struct {
 	// had a request queued (valid when that happened).
 	Tokens          int64          `json:"tokens"`
 	BackloggedShare stats.Optional `json:"backlogged_token_share,omitzero"`
+	// SharedRPS and SharedOutputTPS are the requests and output tokens
+	// per second it completed while every tenant was sending: from the
+	// last tenant's first request to the first tenant's last request
+	// (valid when that stretch is not empty). The throughput a tenant
+	// gets beside the others, not the run's, which ends with the
+	// backlog of whoever is left.
+	SharedRPS       stats.Optional `json:"shared_rps,omitzero"`
+	SharedOutputTPS stats.Optional `json:"shared_output_tokens_per_s,omitzero"`
 }
 
 // summarizeTenants is each tenant's figures (nil without tenants).
@@ -251,6 +259,43 @@ func summarizeTenants(w *workload.Workload, res *Result, timeout time.Duration, 
 			met[t]++
 		}
 	}
+	// The stretch every tenant was sending: from the last first arrival
+	// to the first last arrival.
+	first := make([]time.Duration, len(res.Tenants))
+	last := make([]time.Duration, len(res.Tenants))
+	for t := range first {
+		first[t], last[t] = -1, -1
+	}
+	for i, rr := range res.Requests {
+		t := res.TenantOf[i]
+		if first[t] < 0 || rr.Sent < first[t] {
+			first[t] = rr.Sent
+		}
+		last[t] = max(last[t], rr.Sent)
+	}
+	from, to := time.Duration(-1), time.Duration(-1)
+	for t := range first {
+		if first[t] < 0 {
+			from, to = -1, -1
+			break
+		}
+		from = max(from, first[t])
+		if to < 0 || last[t] < to {
+			to = last[t]
+		}
+	}
+	shared := to - from
+	done := make([]int, len(res.Tenants))
+	outTokens := make([]int64, len(res.Tenants))
+	if from >= 0 && shared > 0 {
+		for i, rr := range res.Requests {
+			if rr.Done && rr.Finished >= from && rr.Finished <= to {
+				t := res.TenantOf[i]
+				done[t]++
+				outTokens[t] += int64(w.Requests[i].OutputTokens)
+			}
+		}
+	}
 	var backlogged int64
 	for _, tt := range res.Tenants {
 		backlogged += tt.Backlogged
@@ -261,6 +306,10 @@ func summarizeTenants(w *workload.Workload, res *Result, timeout time.Duration, 
 		f.TTFT, f.Queue = stats.WithP90(ttft[t]), stats.WithP90(queue[t])
 		if slo.Set() && f.Requests > 0 {
 			f.SLOAttainment = stats.Optional{Value: float64(met[t]) / float64(f.Requests), Valid: true}
+		}
+		if from >= 0 && shared > 0 {
+			f.SharedRPS = stats.Optional{Value: float64(done[t]) / shared.Seconds(), Valid: true}
+			f.SharedOutputTPS = stats.Optional{Value: float64(outTokens[t]) / shared.Seconds(), Valid: true}
 		}
 		if backlogged > 0 {
 			f.BackloggedShare = stats.Optional{Value: float64(tt.Backlogged) / float64(backlogged), Valid: true}

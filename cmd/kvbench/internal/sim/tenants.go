@@ -31,6 +31,12 @@ import (
 //     uncached prompt tokens of the decision (prompt − overlap × block
 //     size) and its output tokens when it finishes (the live router
 //     charges them as they stream; the sum is the same).
+//   - With Tenants.LatencyGuard, a request whose tenant is over its share
+//     (Ledger.Guard) also waits while its router predicts every worker over
+//     the factor for a fresh request (Router.LatencyGuard), and is routed
+//     among the workers within it only (route adds the others to its
+//     Exclude); the routers learn the prediction's rates
+//     (router.Config.LearnLatency).
 //   - Counters shared: every router publishes its ledger's Usage every
 //     SyncInterval and at once when a tenant starts waiting there (the
 //     Syncer's nudge); the others apply it (Ledger.Remote) SyncDelay later,
@@ -75,6 +81,13 @@ type Tenants struct {
 	// (tenant.Ledger.EnginePriority); the engines need a priority
 	// scheduling policy (engine.Config.Scheduling).
 	EnginePriority bool
+	// LatencyGuard (0: off; else a factor ≥ 1): a request of a tenant
+	// over its share goes only to a worker where its router predicts a
+	// fresh request's TTFT and TPOT within the factor × their idle values
+	// (tenant.Ledger.Guard, router.Router.LatencyGuard); with none, it
+	// waits in its router's queue. The routers learn the rates it
+	// predicts from (router.Config.LearnLatency).
+	LatencyGuard float64
 }
 
 // DefaultTenantSyncInterval is kvrouter serve's --tenant-sync-interval.
@@ -104,6 +117,9 @@ func (c *Config) checkTenants() error {
 	}
 	if t.SyncInterval < 0 {
 		return fmt.Errorf("tenant sync interval %v: %w", t.SyncInterval, ErrConfig)
+	}
+	if err := router.ValidateLatencyGuard(t.LatencyGuard); err != nil {
+		return fmt.Errorf("tenants: %v: %w", err, ErrConfig)
 	}
 	seen := map[string]bool{}
 	for _, sp := range t.Specs {
@@ -175,7 +191,7 @@ func (a *admissionState) init(s *state) error {
 	a.nextPublish = a.every
 	for k := range s.rts {
 		l, err := tenant.New(tenant.Config{From: tenant.SourceHeader, Burst: t.Burst, Slack: t.Slack, Headroom: t.Headroom,
-			Now: func() time.Time { return epoch.Add(s.now) }})
+			LatencyGuard: t.LatencyGuard, Now: func() time.Time { return epoch.Add(s.now) }})
 		if err != nil {
 			return fmt.Errorf("router %d's tenant ledger: %v: %w", k, err, ErrConfig)
 		}
@@ -269,7 +285,7 @@ func (s *state) arrive(i, k int) {
 	q := a.queues[k]
 	r := &s.w.Requests[i]
 	req := router.Request{ID: r.ID, Tokens: r.PromptTokens, Hashes: r.Hashes}
-	if q.Len() == 0 && !s.rts[k].ShouldQueueWithin(s.window(k, name), req) {
+	if q.Len() == 0 && !s.rts[k].ShouldQueueWithin(s.window(k, name), req) && !s.guardHolds(k, name, req) {
 		s.dispatch(i, k)
 		return
 	}
@@ -348,7 +364,7 @@ func (s *state) admitQueued() {
 		for q.Len() > 0 {
 			head, _ := q.Peek()
 			i := head.Value.(int)
-			if s.rts[k].ShouldQueueWithin(s.window(k, head.Tenant), head.Request) {
+			if s.rts[k].ShouldQueueWithin(s.window(k, head.Tenant), head.Request) || s.guardHolds(k, head.Tenant, head.Request) {
 				break
 			}
 			if a.tenants() {
@@ -379,6 +395,29 @@ func (s *state) enginePriority(i, k int) int {
 		return 0
 	}
 	return a.ledgers[k].EnginePriority(tenantModel, a.name(i))
+}
+
+// guardOut is the workers router k's latency guard keeps a request of
+// tenant off (tenant.Ledger.Guard: only a tenant over its share is
+// guarded), and whether that is every worker left (the request waits).
+func (s *state) guardOut(k int, tenant string, req router.Request) ([]router.WorkerID, bool) {
+	a := &s.adm
+	if !a.tenants() || s.cfg.Tenants.LatencyGuard == 0 {
+		return nil, false
+	}
+	f := a.ledgers[k].Guard(tenantModel, tenant)
+	if f == 0 {
+		return nil, false
+	}
+	req.Exclude = s.fleet.keepingIDs(s)
+	return s.rts[k].LatencyGuard(req, f, epoch.Add(s.now), nil)
+}
+
+// guardHolds reports whether router k's latency guard holds a request of
+// tenant in the queue now.
+func (s *state) guardHolds(k int, tenant string, req router.Request) bool {
+	_, hold := s.guardOut(k, tenant, req)
+	return hold
 }
 
 // window is the share of each worker's admission window router k gives a
