@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"cmp"
+	"slices"
 	"time"
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
@@ -85,6 +87,29 @@ type EventFigures struct {
 	// the warm-up found it warm and stopped (absent when it never did).
 	Steered    stats.Optional `json:"steered,omitzero"`
 	WarmUpEndS stats.Optional `json:"warm_up_end_s,omitzero"`
+	// WarmComparableS (add): WarmS judged like with like (warmComparable
+	// below): from the event to the end of the first span in which the
+	// new worker's cached share of its reusable tokens (those of its
+	// prompts' leading blocks some request sent before had carried: what
+	// any cache could have served) came within the tolerance of the other
+	// workers' share over the same span of the same run, the span widened
+	// back window by window until the new worker had warmMinRequests
+	// requests in it. WarmS is kept beside it: it compares the new
+	// worker's cached ratio over every token with the fleet's before the
+	// event, which a worker given only new conversations can never reach
+	// and a cache-blind one reaches by chance in a window of 1–3 requests.
+	WarmComparableS stats.Optional `json:"warm_comparable_s,omitzero"`
+	// The TTFT cost measured like with like: BaseMaxTTFTP99Ms is the
+	// highest window p99 over the same windows in the run without the
+	// event (the windows' own spread: MaxTTFTP99Ms over Steady's p99 is
+	// the highest of many noisy p99s over one); WorstWindowP99VsBase the
+	// highest window p99 over the same window's p99 in the run without
+	// the event (windows of at least warmMinRequests requests in both);
+	// TTFTP99VsBase the p99 of the requests sent within the horizon over
+	// the same requests' p99 in the run without the event.
+	BaseMaxTTFTP99Ms     float64 `json:"base_max_ttft_p99_ms,omitempty"`
+	WorstWindowP99VsBase float64 `json:"worst_window_p99_vs_base,omitempty"`
+	TTFTP99VsBase        float64 `json:"ttft_p99_vs_base,omitempty"`
 	// Shadow prefills (drain-shadow, --warmup-shadow; shadow.go): copies
 	// sent and skipped for want of room, sessions rebound when their copy
 	// ended, the prompt tokens their engines computed, that prefill's
@@ -170,6 +195,10 @@ func measureEvent(w *workload.Workload, res, base *Result, ev EventRecord, o Dip
 		// what the workload does anyway (a 10-s p99 is nearly a
 		// maximum) is not taken for the event's dip.
 		bw := window(w, base, from, min(from+o.Window, end), o.Timeout, nil)
+		f.BaseMaxTTFTP99Ms = max(f.BaseMaxTTFTP99Ms, bw.TTFT.P99)
+		if wf.Requests >= warmMinRequests && bw.Requests >= warmMinRequests && bw.TTFT.P99 > 0 {
+			f.WorstWindowP99VsBase = max(f.WorstWindowP99VsBase, wf.TTFT.P99/bw.TTFT.P99)
+		}
 		ratioLast = wf.CachedTokenRatio >= bw.CachedTokenRatio-o.Tolerance
 		if !ratioLast {
 			ratioOut = stop
@@ -194,6 +223,12 @@ func measureEvent(w *workload.Workload, res, base *Result, ev EventRecord, o Dip
 	if ev.Kind == EventAdd && ev.Worker >= 0 && f.After.Requests > 0 {
 		on := window(w, res, t, end, o.Timeout, func(i int) bool { return res.Requests[i].Worker == ev.Worker })
 		f.NewWorkerShare = stats.Optional{Value: float64(on.Requests) / float64(f.After.Requests), Valid: true}
+	}
+	if ev.Kind == EventAdd && ev.Worker >= 0 {
+		f.WarmComparableS = warmComparable(w, res, ev, o, min(end, lastSent+o.Window))
+	}
+	if p := horizonP99(base, res, t, end, o.Timeout); p > 0 {
+		f.TTFTP99VsBase = horizonP99(res, res, t, end, o.Timeout) / p
 	}
 	if ev.Kind == EventAdd && (ev.Steered > 0 || ev.WarmUpEnd >= 0) {
 		f.Steered = stats.Optional{Value: float64(ev.Steered), Valid: true}
@@ -282,4 +317,95 @@ func SessionCachedFraction(w *workload.Workload, res *Result) (float64, bool) {
 		}
 	}
 	return sum / float64(len(w.Sessions)), true
+}
+
+// reusableTokens is, per request of res, the prompt tokens of its leading
+// blocks that some request sent before it (in res's send order, re-sends
+// at their re-send) had carried: what a cache of unbounded size could have
+// served it. A new conversation's first turn has none beyond the prefix it
+// shares (a system prompt); any policy's cache can serve at most this.
+func reusableTokens(w *workload.Workload, res *Result) []int64 {
+	order := make([]int, len(res.Requests))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(sentKey(res.Requests[a]), sentKey(res.Requests[b])) })
+	seen := map[uint64]bool{}
+	out := make([]int64, len(res.Requests))
+	for _, i := range order {
+		r := &w.Requests[i]
+		n := 0
+		for n < len(r.Hashes) && seen[r.Hashes[n]] {
+			n++
+		}
+		out[i] = int64(min(n*w.BlockSize, r.PromptTokens))
+		for _, h := range r.Hashes {
+			seen[h] = true
+		}
+	}
+	return out
+}
+
+// warmComparable is when the worker event ev added was first warm like
+// with like (EventFigures.WarmComparableS): at the end of each window
+// after the event (until end), over the requests sent in the span from
+// that window's start (moved back by whole windows, not before the event,
+// until the new worker has warmMinRequests requests in it), the new
+// worker's cached tokens over its reusable tokens against the other
+// workers' (the fleet's hit rate now, under the same policy, over the same
+// kind of tokens), less the tolerance. Invalid when it never was.
+func warmComparable(w *workload.Workload, res *Result, ev EventRecord, o DipOptions, end time.Duration) stats.Optional {
+	reusable := reusableTokens(w, res)
+	t := ev.At
+	type sums struct {
+		cached, reusable int64
+		n                int
+	}
+	sum := func(from, to time.Duration) (nw, others sums) {
+		for i, rr := range res.Requests {
+			if at := sentKey(rr); at < from || at >= to || rr.Worker < 0 {
+				continue
+			}
+			c := min(cachedOf(rr), reusable[i])
+			if rr.Worker == ev.Worker {
+				nw.cached, nw.reusable, nw.n = nw.cached+c, nw.reusable+reusable[i], nw.n+1
+			} else {
+				others.cached, others.reusable, others.n = others.cached+c, others.reusable+reusable[i], others.n+1
+			}
+		}
+		return nw, others
+	}
+	for stop := t + o.Window; stop-o.Window < end; stop += o.Window {
+		from := stop - o.Window
+		nw, others := sum(from, stop)
+		for nw.n < warmMinRequests && from > t {
+			from = max(from-o.Window, t)
+			nw, others = sum(from, stop)
+		}
+		if nw.n < warmMinRequests || nw.reusable == 0 || others.reusable == 0 {
+			continue
+		}
+		if float64(nw.cached)/float64(nw.reusable) >= float64(others.cached)/float64(others.reusable)-o.Tolerance {
+			return stats.Optional{Value: (stop - t).Seconds(), Valid: true}
+		}
+	}
+	return stats.Optional{}
+}
+
+// horizonP99 is the p99 TTFT in run of the requests that ref sent in
+// [from, to) (pairing two runs of one workload request by request; a
+// failed request counts the timeout).
+func horizonP99(run, ref *Result, from, to, timeout time.Duration) float64 {
+	var ttft []float64
+	for i, rr := range ref.Requests {
+		if at := sentKey(rr); at < from || at >= to {
+			continue
+		}
+		if x := run.Requests[i]; x.Done {
+			ttft = append(ttft, ms(x.FirstToken-x.Sent))
+		} else {
+			ttft = append(ttft, ms(timeout))
+		}
+	}
+	return stats.Of(ttft).P99
 }
