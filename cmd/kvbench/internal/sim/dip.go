@@ -1,8 +1,6 @@
 package sim
 
 import (
-	"cmp"
-	"slices"
 	"time"
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
@@ -89,15 +87,17 @@ type EventFigures struct {
 	WarmUpEndS stats.Optional `json:"warm_up_end_s,omitzero"`
 	// WarmComparableS (add): WarmS judged like with like (warmComparable
 	// below): from the event to the end of the first span in which the
-	// new worker's cached share of its reusable tokens (those of its
-	// prompts' leading blocks some request sent before had carried: what
-	// any cache could have served) came within the tolerance of the other
-	// workers' share over the same span of the same run, the span widened
-	// back window by window until the new worker had warmMinRequests
-	// requests in it. WarmS is kept beside it: it compares the new
-	// worker's cached ratio over every token with the fleet's before the
-	// event, which a worker given only new conversations can never reach
-	// and a cache-blind one reaches by chance in a window of 1–3 requests.
+	// new worker's cached share of its requests' held tokens (the longest
+	// prefix some worker's engine held when each was routed: the most any
+	// routing could have served from cache) came within the tolerance of
+	// the other workers' share over the same span of the same run, the
+	// span widened back window by window until the new worker had
+	// warmMinRequests requests in it. WarmS is kept beside it: it compares
+	// the new worker's cached ratio over every token with the fleet's
+	// before the event, which a worker given the new conversations (kv:
+	// the empty worker is the least loaded) or the prefixes the fleet had
+	// evicted can never reach, and which a cache-blind fleet's low ratio
+	// lets a cold worker reach by chance in a window of 1–3 requests.
 	WarmComparableS stats.Optional `json:"warm_comparable_s,omitzero"`
 	// The TTFT cost measured like with like: BaseMaxTTFTP99Ms is the
 	// highest window p99 over the same windows in the run without the
@@ -319,58 +319,31 @@ func SessionCachedFraction(w *workload.Workload, res *Result) (float64, bool) {
 	return sum / float64(len(w.Sessions)), true
 }
 
-// reusableTokens is, per request of res, the prompt tokens of its leading
-// blocks that some request sent before it (in res's send order, re-sends
-// at their re-send) had carried: what a cache of unbounded size could have
-// served it. A new conversation's first turn has none beyond the prefix it
-// shares (a system prompt); any policy's cache can serve at most this.
-func reusableTokens(w *workload.Workload, res *Result) []int64 {
-	order := make([]int, len(res.Requests))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(sentKey(res.Requests[a]), sentKey(res.Requests[b])) })
-	seen := map[uint64]bool{}
-	out := make([]int64, len(res.Requests))
-	for _, i := range order {
-		r := &w.Requests[i]
-		n := 0
-		for n < len(r.Hashes) && seen[r.Hashes[n]] {
-			n++
-		}
-		out[i] = int64(min(n*w.BlockSize, r.PromptTokens))
-		for _, h := range r.Hashes {
-			seen[h] = true
-		}
-	}
-	return out
-}
-
 // warmComparable is when the worker event ev added was first warm like
 // with like (EventFigures.WarmComparableS): at the end of each window
 // after the event (until end), over the requests sent in the span from
 // that window's start (moved back by whole windows, not before the event,
 // until the new worker has warmMinRequests requests in it), the new
-// worker's cached tokens over its reusable tokens against the other
-// workers' (the fleet's hit rate now, under the same policy, over the same
-// kind of tokens), less the tolerance. Invalid when it never was.
+// worker's cached tokens over its held tokens against the other workers'
+// (the fleet's hit rate now, under the same policy, over the tokens a
+// cache could serve), less the tolerance. Invalid when it never was.
 func warmComparable(w *workload.Workload, res *Result, ev EventRecord, o DipOptions, end time.Duration) stats.Optional {
-	reusable := reusableTokens(w, res)
 	t := ev.At
 	type sums struct {
-		cached, reusable int64
-		n                int
+		cached, held int64
+		n            int
 	}
 	sum := func(from, to time.Duration) (nw, others sums) {
-		for i, rr := range res.Requests {
+		for _, rr := range res.Requests {
 			if at := sentKey(rr); at < from || at >= to || rr.Worker < 0 {
 				continue
 			}
-			c := min(cachedOf(rr), reusable[i])
+			h := int64(rr.HeldTokens)
+			c := min(cachedOf(rr), h)
 			if rr.Worker == ev.Worker {
-				nw.cached, nw.reusable, nw.n = nw.cached+c, nw.reusable+reusable[i], nw.n+1
+				nw.cached, nw.held, nw.n = nw.cached+c, nw.held+h, nw.n+1
 			} else {
-				others.cached, others.reusable, others.n = others.cached+c, others.reusable+reusable[i], others.n+1
+				others.cached, others.held, others.n = others.cached+c, others.held+h, others.n+1
 			}
 		}
 		return nw, others
@@ -382,10 +355,10 @@ func warmComparable(w *workload.Workload, res *Result, ev EventRecord, o DipOpti
 			from = max(from-o.Window, t)
 			nw, others = sum(from, stop)
 		}
-		if nw.n < warmMinRequests || nw.reusable == 0 || others.reusable == 0 {
+		if nw.n < warmMinRequests || nw.held == 0 || others.held == 0 {
 			continue
 		}
-		if float64(nw.cached)/float64(nw.reusable) >= float64(others.cached)/float64(others.reusable)-o.Tolerance {
+		if float64(nw.cached)/float64(nw.held) >= float64(others.cached)/float64(others.held)-o.Tolerance {
 			return stats.Optional{Value: (stop - t).Seconds(), Valid: true}
 		}
 	}

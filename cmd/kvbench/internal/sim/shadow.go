@@ -56,6 +56,17 @@ type ShadowPolicy struct {
 	// a request's prefix for it to be copied: 1 (the default) copies every
 	// prefix held somewhere, 2 only the duplicated (hot) ones.
 	MinHolders int
+	// FreshShare (shadow warm-up) is the share of new content sent to
+	// the warming worker on purpose: requests no other worker holds more
+	// of than it does (a new conversation: nothing held beyond what every
+	// worker has, a shared system prompt), while it is not busy in the
+	// decision's rows and it and the fleet are under Headroom. Copies
+	// bring it the prefixes the fleet holds; only new content brings it
+	// the conversations whose later turns will hit there, and costs no
+	// prefill the fleet would not do anyway (the content is computed
+	// somewhere). 0: the policy places new content (kv-pooled: by its
+	// rendezvous home, a 1/N share; kv: by load).
+	FreshShare float64
 	// Eager (drain-shadow) copies, at the drain, the latest turn of every
 	// session that ran on the worker (its prompt is what the worker holds
 	// for the session's next turn), instead of waiting for each session's
@@ -85,6 +96,9 @@ func (p ShadowPolicy) withDefaults() ShadowPolicy {
 }
 
 func (p ShadowPolicy) check() error {
+	if !(p.FreshShare >= 0 && p.FreshShare <= 1) {
+		return fmt.Errorf("shadow fresh share %v: want 0..1: %w", p.FreshShare, ErrConfig)
+	}
 	if p.Headroom < 0 || p.Inflight < 0 || p.MinHolders < 0 {
 		return fmt.Errorf("shadow headroom %v, inflight %d, min holders %d: must not be negative: %w", p.Headroom, p.Inflight, p.MinHolders, ErrConfig)
 	}
@@ -333,30 +347,46 @@ func (h *shadowState) copyAll(s *state, rec int) {
 func (w *warmState) shadowWarm(s *state, k, i int, req router.Request, d router.Decision) router.Decision {
 	h := &s.shadow
 	id := s.ids[w.worker]
+	hashes := s.w.Requests[i].Hashes
+	// Who holds what, by the index, not by the rows: kv-pooled's rows
+	// count as held a prefix being computed on a worker (its effective
+	// overlap), so while a copy runs on the warming worker its rows said
+	// it held the prefix, and the requests it then drew there recomputed
+	// it (an engine shares a prefix once computed, not while it is).
+	w.overlap = s.index.FindMatches(hashes, w.overlap[:0])
 	holders, best, mine := 0, 0, 0
+	var holderID router.WorkerID
+	for _, o := range w.overlap {
+		if wi, ok := s.byWorker[o.Worker]; !ok || !s.fleet.routable(wi) || o.Blocks == 0 {
+			continue
+		}
+		holders++
+		switch {
+		case o.Worker == id:
+			mine = o.Blocks
+		case o.Blocks > best || (o.Blocks == best && s.byWorker[o.Worker] < s.byWorker[holderID]):
+			best, holderID = o.Blocks, o.Worker
+		}
+	}
 	var holder router.WorkerCost
 	for _, row := range d.Rows {
-		if row.Overlap > 0 {
-			holders++
-		}
-		if row.Worker != id && row.Overlap > best {
-			best, holder = row.Overlap, row
-		}
-		if row.Worker == id {
-			mine = row.Overlap
+		if row.Worker == holderID {
+			holder = row
 		}
 	}
-	if holders < h.policy.MinHolders || mine >= best {
+	if holders == 0 || mine >= best {
+		return w.fresh(s, k, req, d) // new content, or nothing the others hold more of
+	}
+	if holders < h.policy.MinHolders {
 		return d
 	}
-	hashes := s.w.Requests[i].Hashes
 	key := hashes[best-1] // the prefix the holders have
 	rt := s.rts[k]
 	if !h.copied[key] && w.copyRoom(s) && warmup.Utilization(rt.Config().Thresholds, rt.Workers(), rt.Load().Load) < h.policy.Headroom &&
 		h.send(s, k, i, w.worker, -1, w.rec) {
 		h.copied[key] = true
 	}
-	if d.Worker != id || holder.Busy {
+	if d.Worker != id || holder.Worker == "" || holder.Busy {
 		return d
 	}
 	rt.Free(req.ID)
@@ -365,6 +395,38 @@ func (w *warmState) shadowWarm(s *state, k, i int, req router.Request, d router.
 		return d2
 	}
 	d2, err := routeTo(s, k, id, req)
+	if err != nil {
+		return d // cannot happen: it took it a moment ago
+	}
+	return d2
+}
+
+// fresh applies ShadowPolicy.FreshShare to router k's decision d for req,
+// new content for the warming worker: with that probability, when the
+// worker is not busy in d's rows and it and the fleet are under the
+// headroom, req goes there instead (counted as steered). The decision
+// req goes by is returned.
+func (w *warmState) fresh(s *state, k int, req router.Request, d router.Decision) router.Decision {
+	h := &s.shadow
+	id := s.ids[w.worker]
+	if h.policy.FreshShare == 0 || d.Worker == id || w.rng.Float64() >= h.policy.FreshShare {
+		return d
+	}
+	for _, row := range d.Rows {
+		if row.Worker == id && row.Busy {
+			return d
+		}
+	}
+	rt := s.rts[k]
+	if warmup.Utilization(rt.Config().Thresholds, rt.Workers(), rt.Load().Load) >= h.policy.Headroom || !h.headroom(s, k, id) {
+		return d
+	}
+	rt.Free(req.ID)
+	if d2, err := routeTo(s, k, id, req); err == nil {
+		s.fleet.records[w.rec].Steered++
+		return d2
+	}
+	d2, err := routeTo(s, k, d.Worker, req)
 	if err != nil {
 		return d // cannot happen: it took it a moment ago
 	}
