@@ -92,7 +92,7 @@ type EventFigures struct {
 	// routing could have served from cache) came within the tolerance of
 	// the other workers' share over the same span of the same run, the
 	// span widened back window by window until the new worker had
-	// warmMinRequests requests in it. WarmS is kept beside it: it compares
+	// warmMinRequests requests with held tokens in it. WarmS is kept beside it: it compares
 	// the new worker's cached ratio over every token with the fleet's
 	// before the event, which a worker given the new conversations (kv:
 	// the empty worker is the least loaded) or the prefixes the fleet had
@@ -225,7 +225,7 @@ func measureEvent(w *workload.Workload, res, base *Result, ev EventRecord, o Dip
 		f.NewWorkerShare = stats.Optional{Value: float64(on.Requests) / float64(f.After.Requests), Valid: true}
 	}
 	if ev.Kind == EventAdd && ev.Worker >= 0 {
-		f.WarmComparableS = warmComparable(w, res, ev, o, min(end, lastSent+o.Window))
+		f.WarmComparableS = warmComparable(res, ev, o, min(end, lastSent+o.Window))
 	}
 	if p := horizonP99(base, res, t, end, o.Timeout); p > 0 {
 		f.TTFTP99VsBase = horizonP99(res, res, t, end, o.Timeout) / p
@@ -323,11 +323,11 @@ func SessionCachedFraction(w *workload.Workload, res *Result) (float64, bool) {
 // with like (EventFigures.WarmComparableS): at the end of each window
 // after the event (until end), over the requests sent in the span from
 // that window's start (moved back by whole windows, not before the event,
-// until the new worker has warmMinRequests requests in it), the new
-// worker's cached tokens over its held tokens against the other workers'
+// until the new worker has warmMinRequests requests with held tokens in
+// it), the new worker's cached tokens over its held tokens against the other workers'
 // (the fleet's hit rate now, under the same policy, over the tokens a
 // cache could serve), less the tolerance. Invalid when it never was.
-func warmComparable(w *workload.Workload, res *Result, ev EventRecord, o DipOptions, end time.Duration) stats.Optional {
+func warmComparable(res *Result, ev EventRecord, o DipOptions, end time.Duration) stats.Optional {
 	t := ev.At
 	type sums struct {
 		cached, held int64
@@ -339,6 +339,9 @@ func warmComparable(w *workload.Workload, res *Result, ev EventRecord, o DipOpti
 				continue
 			}
 			h := int64(rr.HeldTokens)
+			if h == 0 {
+				continue // nothing to hit: new content tells nothing
+			}
 			c := min(cachedOf(rr), h)
 			if rr.Worker == ev.Worker {
 				nw.cached, nw.held, nw.n = nw.cached+c, nw.held+h, nw.n+1

@@ -201,6 +201,9 @@ func (w *warmState) warmLike(s *state) bool {
 			continue
 		}
 		c, h := int64(min(rr.CachedTokens, rr.HeldTokens)), int64(rr.HeldTokens)
+		if h == 0 {
+			continue // nothing to hit: new content tells nothing
+		}
 		if rr.Worker == w.worker {
 			mine[0], mine[1] = mine[0]+c, mine[1]+h
 			n++
