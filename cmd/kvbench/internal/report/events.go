@@ -81,6 +81,8 @@ func meanEvent(reps []sim.EventFigures) EventResult {
 	e.NewWorkerShare = opt("new_worker_share", func(x *sim.EventFigures) stats.Optional { return x.NewWorkerShare })
 	e.Steered = opt("steered", func(x *sim.EventFigures) stats.Optional { return x.Steered })
 	e.WarmComparableS = opt("warm_comparable_s", func(x *sim.EventFigures) stats.Optional { return x.WarmComparableS })
+	e.WarmUpTTFTP99Ms = mean(func(x *sim.EventFigures) float64 { return x.WarmUpTTFTP99Ms })
+	e.WarmUpBaseTTFTP99Ms = mean(func(x *sim.EventFigures) float64 { return x.WarmUpBaseTTFTP99Ms })
 	e.BaseMaxTTFTP99Ms = mean(func(x *sim.EventFigures) float64 { return x.BaseMaxTTFTP99Ms })
 	e.WorstWindowP99VsBase = mean(func(x *sim.EventFigures) float64 { return x.WorstWindowP99VsBase })
 	e.TTFTP99VsBase = mean(func(x *sim.EventFigures) float64 { return x.TTFTP99VsBase })
@@ -167,6 +169,9 @@ func writeSessionsAndEvents(b *strings.Builder, results []Result) {
 				if o.v.Valid {
 					fmt.Fprintf(b, o.format, o.scale*o.v.Value)
 				}
+			}
+			if e.WarmUpTTFTP99Ms > 0 {
+				fmt.Fprintf(b, "; while it warmed: p99 %.0f ms (%.0f ms without the event)", e.WarmUpTTFTP99Ms, e.WarmUpBaseTTFTP99Ms)
 			}
 			if e.TTFTP99VsBase > 0 {
 				fmt.Fprintf(b, "; against the run without it: p99 × %.2f, worst window p99 × %.2f (its own max window p99 %.0f ms)",

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -142,12 +143,19 @@ func (h *shadowState) init(s *state, n int) {
 }
 
 // headroom reports whether worker w is under the policy's headroom in
-// router k's view.
-func (h *shadowState) headroom(s *state, k int, w router.WorkerID) bool {
+// router k's view, once it also runs extra (a warm-up copy's own load:
+// a copy the worker had room for before it started could fill its KV
+// cache, so that a client's request sent there waited for blocks; zero
+// for the drain's copies and the fresh share).
+func (h *shadowState) headroom(s *state, k int, w router.WorkerID, extra router.WorkerLoad) bool {
 	rt := s.rts[k]
 	for _, info := range rt.Workers() {
 		if info.ID == w {
-			return warmup.WorkerUtilization(rt.Config().Thresholds, info, rt.Load().Load(w)) < h.policy.Headroom
+			l := rt.Load().Load(w)
+			l.ActiveBlocks += extra.ActiveBlocks
+			l.ActivePrefillTokens += extra.ActivePrefillTokens
+			l.Requests += extra.Requests
+			return warmup.WorkerUtilization(rt.Config().Thresholds, info, l) < h.policy.Headroom
 		}
 	}
 	return false
@@ -158,7 +166,11 @@ func (h *shadowState) headroom(s *state, k int, w router.WorkerID) bool {
 func (h *shadowState) send(s *state, k, i, target, sess, rec int) bool {
 	id := s.ids[target]
 	r := &s.w.Requests[i]
-	if !s.fleet.routable(target) || h.inflight[target] >= h.policy.Inflight || !h.headroom(s, k, id) {
+	var extra router.WorkerLoad
+	if s.fleet.records[rec].Kind == EventAdd {
+		extra = router.WorkerLoad{ActiveBlocks: len(r.Hashes), ActivePrefillTokens: r.PromptTokens, Requests: 1}
+	}
+	if !s.fleet.routable(target) || h.inflight[target] >= h.policy.Inflight || !h.headroom(s, k, id, extra) {
 		s.fleet.records[rec].ShadowSkipped++
 		return false
 	}
@@ -374,6 +386,23 @@ func (w *warmState) shadowWarm(s *state, k, i int, req router.Request, d router.
 			holder = row
 		}
 	}
+	if d.Worker == id && h.inflight[w.worker] > 0 &&
+		!h.headroom(s, k, id, router.WorkerLoad{ActiveBlocks: len(hashes) - mine, ActivePrefillTokens: req.Tokens - mine*s.w.BlockSize, Requests: 1}) {
+		// The copies running there leave no room for this request (it
+		// would wait for KV blocks): the policy's choice among the others.
+		rt := s.rts[k]
+		rt.Free(req.ID)
+		other := req
+		other.Exclude = append(slices.Clone(req.Exclude), id)
+		if d2, err := rt.Route(other, epoch.Add(s.now)); err == nil {
+			s.fleet.records[w.rec].ShadowRedirects++
+			return d2
+		}
+		if d2, err := routeTo(s, k, id, req); err == nil {
+			return d2
+		}
+		return d // cannot happen: it took it a moment ago
+	}
 	if holders == 0 || mine >= best {
 		return w.fresh(s, k, req, d) // new content, or nothing the others hold more of
 	}
@@ -418,7 +447,7 @@ func (w *warmState) fresh(s *state, k int, req router.Request, d router.Decision
 		}
 	}
 	rt := s.rts[k]
-	if warmup.Utilization(rt.Config().Thresholds, rt.Workers(), rt.Load().Load) >= h.policy.Headroom || !h.headroom(s, k, id) {
+	if warmup.Utilization(rt.Config().Thresholds, rt.Workers(), rt.Load().Load) >= h.policy.Headroom || !h.headroom(s, k, id, router.WorkerLoad{ActiveBlocks: len(req.Hashes), ActivePrefillTokens: req.Tokens, Requests: 1}) {
 		return d
 	}
 	rt.Free(req.ID)

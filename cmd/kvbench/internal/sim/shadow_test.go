@@ -170,8 +170,9 @@ func TestSimShadowWarmUp(t *testing.T) {
 // sends the requests that would reach it before the copy is there to the
 // holder. Judged like with like (warm_comparable_s), over seeds 1–2, the
 // warm-up takes under half the time without it, and the p99 TTFT of the
-// requests sent within the horizon stays within 1.2 × the same requests'
-// p99 without the event.
+// requests sent while it warms, and of those sent within the horizon,
+// stays within 1.2 × the same requests' p99 without the event (the steady
+// window's p99 is one 10-s window's: 37 to 61 ms here).
 func TestSimShadowWarmUpPooled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("simulates 2 × 3 runs")
@@ -197,8 +198,8 @@ func TestSimShadowWarmUpPooled(t *testing.T) {
 			if f.WarmComparableS.Valid {
 				warmS = f.WarmComparableS.Value
 			}
-			t.Logf("seed %d shadow %v: warm (like with like) after %.0f s (warm_s %v), share %.1f%%, copies %d, p99 × %.2f of the run without the event",
-				seed, on, warmS, f.WarmS, 100*f.NewWorkerShare.Value, res.Events[0].Shadows, f.TTFTP99VsBase)
+			t.Logf("seed %d shadow %v: warm (like with like) after %.0f s (warm_s %v), share %.1f%%, copies %d, p99 while warming %.0f ms (%.0f without the event, steady %.0f), over the horizon × %.2f of the run without the event",
+				seed, on, warmS, f.WarmS, 100*f.NewWorkerShare.Value, res.Events[0].Shadows, f.WarmUpTTFTP99Ms, f.WarmUpBaseTTFTP99Ms, f.Steady.TTFT.P99, f.TTFTP99VsBase)
 			if !on {
 				plain += warmS
 				continue
@@ -207,8 +208,9 @@ func TestSimShadowWarmUpPooled(t *testing.T) {
 			if res.Events[0].Shadows == 0 {
 				t.Errorf("seed %d: no copies sent", seed)
 			}
-			if f.TTFTP99VsBase > 1.2 {
-				t.Errorf("seed %d: p99 TTFT × %.2f of the run without the event, over 1.2", seed, f.TTFTP99VsBase)
+			if f.TTFTP99VsBase > 1.2 || f.WarmUpTTFTP99Ms > 1.2*f.WarmUpBaseTTFTP99Ms {
+				t.Errorf("seed %d: p99 TTFT while warming %.0f ms (%.0f without the event), over the horizon × %.2f of the run without the event: over 1.2 ×",
+					seed, f.WarmUpTTFTP99Ms, f.WarmUpBaseTTFTP99Ms, f.TTFTP99VsBase)
 			}
 		}
 	}
