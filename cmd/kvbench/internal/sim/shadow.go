@@ -360,30 +360,17 @@ func (w *warmState) shadowWarm(s *state, k, i int, req router.Request, d router.
 	h := &s.shadow
 	id := s.ids[w.worker]
 	hashes := s.w.Requests[i].Hashes
-	// Who holds what, by the index, not by the rows: kv-pooled's rows
-	// count as held a prefix being computed on a worker (its effective
-	// overlap), so while a copy runs on the warming worker its rows said
-	// it held the prefix, and the requests it then drew there recomputed
-	// it (an engine shares a prefix once computed, not while it is).
-	w.overlap = s.index.FindMatches(hashes, w.overlap[:0])
 	holders, best, mine := 0, 0, 0
-	var holderID router.WorkerID
-	for _, o := range w.overlap {
-		if wi, ok := s.byWorker[o.Worker]; !ok || !s.fleet.routable(wi) || o.Blocks == 0 {
-			continue
-		}
-		holders++
-		switch {
-		case o.Worker == id:
-			mine = o.Blocks
-		case o.Blocks > best || (o.Blocks == best && s.byWorker[o.Worker] < s.byWorker[holderID]):
-			best, holderID = o.Blocks, o.Worker
-		}
-	}
 	var holder router.WorkerCost
 	for _, row := range d.Rows {
-		if row.Worker == holderID {
-			holder = row
+		if row.Overlap > 0 {
+			holders++
+		}
+		if row.Worker != id && row.Overlap > best {
+			best, holder = row.Overlap, row
+		}
+		if row.Worker == id {
+			mine = row.Overlap
 		}
 	}
 	if d.Worker == id && h.inflight[w.worker] > 0 &&

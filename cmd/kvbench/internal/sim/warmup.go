@@ -36,7 +36,7 @@ type warmState struct {
 	// best prefix for a request when it was routed, for the warm-up
 	// judged like with like (warmLike, dip.go's warm_comparable_s).
 	held    *router.Index
-	overlap []router.Overlap // scratch of shadowWarm and noteHeld
+	overlap []router.Overlap // scratch of noteHeld
 }
 
 // initHeld starts the held index (with an add event only).
