@@ -162,17 +162,16 @@ func TestSimShadowWarmUp(t *testing.T) {
 }
 
 // TestSimShadowWarmUpPooled: under kv-pooled, the workload of
-// TestSimShadowWarmUp: kv-pooled places new content by rendezvous and
+// TestSimShadowWarmUp. kv-pooled places new content by rendezvous and
 // keeps a held prefix on its holders (a copy is priced), so a cold worker
-// gets a small share and warms slowly; the shadow warm-up copies it the
-// prefixes it lacks and, by reading holders from the index rather than
-// kv-pooled's effective overlap (which counts a running copy as held),
-// sends the requests that would reach it before the copy is there to the
-// holder. Judged like with like (warm_comparable_s), over seeds 1–2, the
-// warm-up takes under half the time without it, and the p99 TTFT of the
-// requests sent while it warms, and of those sent within the horizon,
-// stays within 1.2 × the same requests' p99 without the event (the steady
-// window's p99 is one 10-s window's: 37 to 61 ms here).
+// gets a small share (4–8 %) and the prefixes it gets it must compute: it
+// warms slowly. The shadow warm-up copies it the prefixes it lacks, after
+// which kv-pooled shares them with it. Judged like with like
+// (warm_comparable_s), over seeds 1–2, the warm-up takes under half the
+// time without it, and the p99 TTFT of the requests sent while it warms,
+// and of those sent within the horizon, stays within 1.2 × the same
+// requests' p99 without the event (the steady window's p99 is one 10-s
+// window's: 37 to 61 ms here).
 func TestSimShadowWarmUpPooled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("simulates 2 × 3 runs")
