@@ -353,9 +353,11 @@ func (h *shadowState) copyAll(s *state, rec int) {
 // it than the best holder, a shadow of the request copies it there (once
 // per prefix, while the fleet and the worker have headroom); and when d
 // sent the request to the warming worker all the same (it is the least
-// loaded), the request goes to the best holder instead if that one is not
-// busy, so the client hits and the copy pays for the warming worker's
-// cache. The decision the request goes by is returned.
+// loaded), the request goes to the policy's choice among the workers
+// holding the deepest prefix instead, when one of them is not busy, so the
+// client hits and the copy pays for the warming worker's cache. With room
+// for clients and a fresh share (above). The decision the request goes by
+// is returned.
 func (w *warmState) shadowWarm(s *state, k, i int, req router.Request, d router.Decision) router.Decision {
 	h := &s.shadow
 	id := s.ids[w.worker]
@@ -402,11 +404,35 @@ func (w *warmState) shadowWarm(s *state, k, i int, req router.Request, d router.
 		h.send(s, k, i, w.worker, -1, w.rec) {
 		h.copied[key] = true
 	}
-	if d.Worker != id || holder.Worker == "" || holder.Busy {
+	if d.Worker != id || holder.Worker == "" {
+		return d
+	}
+	// The policy's choice among the workers holding the deepest prefix
+	// that were not busy in d (not the first of them: when they all hold
+	// only a shared system prompt, every request kv-pooled sent to the new
+	// worker went to the lowest-numbered one, four at once on the trace,
+	// p99 2.4 × the same requests without the event; and not one d found
+	// busy: kv-pooled marks busy a worker where the request would wait
+	// while another starts it now, which, the new worker excluded, it
+	// might no longer).
+	among := req
+	among.Exclude = slices.Clone(req.Exclude)
+	free := 0
+	for _, row := range d.Rows {
+		switch {
+		case row.Worker == id || row.Overlap < best || row.Busy:
+			if !slices.Contains(among.Exclude, row.Worker) {
+				among.Exclude = append(among.Exclude, row.Worker)
+			}
+		case !slices.Contains(req.Exclude, row.Worker):
+			free++
+		}
+	}
+	if free == 0 {
 		return d
 	}
 	rt.Free(req.ID)
-	if d2, err := routeTo(s, k, holder.Worker, req); err == nil {
+	if d2, err := rt.Route(among, epoch.Add(s.now)); err == nil {
 		s.fleet.records[w.rec].ShadowRedirects++
 		return d2
 	}
