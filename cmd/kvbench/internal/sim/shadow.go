@@ -375,10 +375,16 @@ func (w *warmState) shadowWarm(s *state, k, i int, req router.Request, d router.
 			mine = row.Overlap
 		}
 	}
-	if d.Worker == id && h.inflight[w.worker] > 0 &&
-		!h.headroom(s, k, id, router.WorkerLoad{ActiveBlocks: len(hashes) - mine, ActivePrefillTokens: req.Tokens - mine*s.w.BlockSize, Requests: 1}) {
+	if d.Worker == id && (h.inflight[w.worker] > 0 &&
+		!h.headroom(s, k, id, router.WorkerLoad{ActiveBlocks: len(hashes) - mine, ActivePrefillTokens: req.Tokens - mine*s.w.BlockSize, Requests: 1}) ||
+		mine <= best && w.backlogged(d.Rows, id)) {
 		// The copies running there leave no room for this request (it
-		// would wait for KV blocks): the policy's choice among the others.
+		// would wait for KV blocks), or it holds no more of it than the
+		// others and has more prefill queued than one of them: the
+		// policy's choice among the others. (kv-pooled fills empty caches
+		// first: a burst of four new conversations of 15–40 k tokens went
+		// to the new worker at once on the trace, TTFT 1.2–1.9 s against
+		// 0.3–0.9 s without the event.)
 		rt := s.rts[k]
 		rt.Free(req.ID)
 		other := req
@@ -445,13 +451,14 @@ func (w *warmState) shadowWarm(s *state, k, i int, req router.Request, d router.
 
 // fresh applies ShadowPolicy.FreshShare to router k's decision d for req,
 // new content for the warming worker: with that probability, when the
-// worker is not busy in d's rows and it and the fleet are under the
-// headroom, req goes there instead (counted as steered). The decision
+// worker is not busy in d's rows, has no more prefill queued than every
+// other worker not busy (backlogged), and it and the fleet are under the
+// headroom with req, req goes there instead (counted as steered). The decision
 // req goes by is returned.
 func (w *warmState) fresh(s *state, k int, req router.Request, d router.Decision) router.Decision {
 	h := &s.shadow
 	id := s.ids[w.worker]
-	if h.policy.FreshShare == 0 || d.Worker == id || w.rng.Float64() >= h.policy.FreshShare {
+	if h.policy.FreshShare == 0 || d.Worker == id || w.rng.Float64() >= h.policy.FreshShare || w.backlogged(d.Rows, id) {
 		return d
 	}
 	for _, row := range d.Rows {
@@ -473,4 +480,24 @@ func (w *warmState) fresh(s *state, k int, req router.Request, d router.Decision
 		return d // cannot happen: it took it a moment ago
 	}
 	return d2
+}
+
+// backlogged reports whether, in rows, worker id has prefill queued and
+// some other worker not busy has less.
+func (w *warmState) backlogged(rows []router.WorkerCost, id router.WorkerID) bool {
+	mine := -1
+	for _, r := range rows {
+		if r.Worker == id {
+			mine = r.ActivePrefillTokens
+		}
+	}
+	if mine <= 0 {
+		return false
+	}
+	for _, r := range rows {
+		if r.Worker != id && !r.Busy && r.ActivePrefillTokens < mine {
+			return true
+		}
+	}
+	return false
 }
