@@ -236,3 +236,27 @@ func TestSimShadowConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestSimWarmBacklogged: the warming worker is backlogged when it has
+// prefill queued and some other worker not busy has less.
+func TestSimWarmBacklogged(t *testing.T) {
+	row := func(id string, prefill int, busy bool) router.WorkerCost {
+		return router.WorkerCost{Worker: router.WorkerID(id), ActivePrefillTokens: prefill, Busy: busy}
+	}
+	var w warmState
+	for _, tc := range []struct {
+		name string
+		rows []router.WorkerCost
+		want bool
+	}{
+		{"nothing queued there", []router.WorkerCost{row("new", 0, false), row("a", 0, false)}, false},
+		{"another has less", []router.WorkerCost{row("new", 4000, false), row("a", 100, false)}, true},
+		{"the others have more", []router.WorkerCost{row("new", 4000, false), row("a", 5000, false), row("b", 4000, false)}, false},
+		{"the one with less is busy", []router.WorkerCost{row("new", 4000, false), row("a", 0, true), row("b", 9000, false)}, false},
+		{"not among the rows", []router.WorkerCost{row("a", 0, false)}, false},
+	} {
+		if got := w.backlogged(tc.rows, "new"); got != tc.want {
+			t.Errorf("%s: backlogged %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
