@@ -25,9 +25,11 @@ import (
 // warming worker as a prefill-only request — the same body with
 // max_tokens 1, not streamed, its answer read and thrown away — once per
 // prefix, while the fleet is under 0.8 of its busy thresholds and the
-// warming worker is not busy; the client's own request goes where routing
-// sends it, and when that is the warming worker (the least loaded) without
-// the prefix, to the best holder instead if it is not busy. So the new
+// warming worker is not busy and stays under 0.8 with the copy's own load
+// (copyRoom); the client's own request goes where routing sends it, and
+// when that is the warming worker (the least loaded) without the prefix,
+// to routing's choice among the holders of the deepest prefix that were
+// not busy instead. So the new
 // worker's cache fills by recomputation on a worker with time to spare,
 // before requests need it, instead of in their TTFT. Measured in kvbench
 // sim (--warmup-shadow): the time-to-warm bar met with no TTFT
@@ -186,20 +188,58 @@ func (s *Server) shadowWarm(p *prepared, d router.Decision, now time.Time) (rout
 		return d, nil
 	}
 	t := p.rt.Config().Thresholds
-	if shadowPaths[p.path] && !mine.Busy && warmup.Utilization(t, ws, p.rt.Load().Load) < warmup.DefaultHeadroom {
+	if shadowPaths[p.path] && !mine.Busy && warmup.Utilization(t, ws, p.rt.Load().Load) < warmup.DefaultHeadroom &&
+		copyRoom(p.rt, ws, target, p.req, mine.Overlap) {
 		s.sendShadow(p, ws, target, shadowKey{worker: target, hash: p.req.Hashes[holder.Overlap-1]})
 	}
-	if d.Worker != target || holder.Busy {
+	if d.Worker != target {
+		return d, nil
+	}
+	// The policy's choice among the workers holding the deepest prefix
+	// that were not busy in d, not the first of them: when they all hold
+	// only a shared system prompt, every request meant for the warming
+	// worker went to one (kvbench sim, Mooncake conversation trace).
+	moved := p.req
+	moved.Exclude = slices.Clone(p.req.Exclude)
+	free := 0
+	for _, r := range d.Rows {
+		switch {
+		case r.Worker == target || r.Overlap < holder.Overlap || r.Busy:
+			if !slices.Contains(moved.Exclude, r.Worker) {
+				moved.Exclude = append(moved.Exclude, r.Worker)
+			}
+		case !slices.Contains(p.req.Exclude, r.Worker):
+			free++
+		}
+	}
+	if free == 0 {
 		return d, nil
 	}
 	p.rt.Free(p.req.ID)
-	moved := p.req
-	moved.Exclude = onlyWorker(ws, holder.Worker) // the holder is none of p's exclusions (above)
 	if d2, err := p.rt.Route(moved, now); err == nil {
 		sh.redirected.WithLabelValues(string(target)).Inc()
 		return d2, nil
 	}
 	return p.rt.Route(p.req, now) // the holder refused it after all: as decided first
+}
+
+// copyRoom reports whether target stays under the warm-up's headroom once
+// it also runs a copy of req (the blocks it lacks, their prefill, one
+// sequence): a copy the worker had room for before it started could fill
+// its KV cache, so that a client's request sent there waited for blocks
+// (kvbench sim: 1.8 s on the seed-002 shape under kv-pooled; BENCHMARKS.md).
+func copyRoom(rt *router.Router, ws []router.WorkerInfo, target router.WorkerID, req router.Request, mine int) bool {
+	for _, w := range ws {
+		if w.ID != target {
+			continue
+		}
+		l := rt.Load().Load(target)
+		l.ActiveBlocks += max(len(req.Hashes)-mine, 0)
+		l.ActivePrefillTokens += max(req.Tokens-mine*rt.Config().BlockSize, 0)
+		l.Requests++
+		return warmup.WorkerUtilization(rt.Config().Thresholds, w, l) < warmup.DefaultHeadroom
+	}
+	return false
 }
 
 // sendShadow copies p to target once per key, when a slot is free: the

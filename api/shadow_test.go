@@ -101,7 +101,8 @@ func TestAPIShadowWarmUp(t *testing.T) {
 		name   string
 		on     bool
 		status int
-	}{{"off", false, 200}, {"copy answered", true, 200}, {"copy failed", true, 500}} {
+		noRoom bool // the warming worker's cache would be over 0.8 full with the copy
+	}{{"off", false, 200, false}, {"copy answered", true, 200, false}, {"copy failed", true, 500, false}, {"no room for the copy", true, 200, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := newFakeReplica("m", router.DefaultConfig())
 			var hits1 atomic.Int64
@@ -137,6 +138,17 @@ func TestAPIShadowWarmUp(t *testing.T) {
 			}))
 			t.Cleanup(w2.Close)
 			rep.addWorker("m", "w2", w2.URL)
+			if tc.noRoom {
+				// Room for the copy's blocks and none to spare.
+				rt, _ := rep.Router("m")
+				ws := rt.Workers()
+				for i := range ws {
+					if ws[i].ID == "w2" {
+						ws[i].TotalBlocks = len(hs)
+					}
+				}
+				rt.SetWorkers(ws)
+			}
 			rec := do(s, "POST", "/v1/chat/completions", body)
 			if rec.Code != 200 || rec.Header().Get("X-Worker-Id") != "w1" {
 				t.Fatalf("client: %d from %q: %s", rec.Code, rec.Header().Get("X-Worker-Id"), rec.Body)
@@ -149,6 +161,12 @@ func TestAPIShadowWarmUp(t *testing.T) {
 			if !tc.on {
 				if len(copies) != 0 || s.shadow != nil {
 					t.Fatalf("off: %d copies", len(copies))
+				}
+				return
+			}
+			if tc.noRoom {
+				if len(copies) != 0 {
+					t.Fatalf("no room: %d copies", len(copies))
 				}
 				return
 			}

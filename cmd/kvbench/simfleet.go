@@ -31,6 +31,8 @@ type fleetOptions struct {
 	ShadowInflight   int
 	ShadowMinHolders int
 	ShadowEager      bool
+	// WarmUpFreshShare is --warmup-fresh-share (with --warmup-shadow).
+	WarmUpFreshShare float64
 }
 
 // Limits of --remove-worker-at and --add-worker-at.
@@ -48,6 +50,7 @@ func (o *fleetOptions) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.WarmUpShadow, "warmup-shadow", false, "with --add-worker-at: warm the added worker by shadow prefills (prefill-only copies of requests, never seen by clients) of the duplicated prefixes it lacks, while the fleet and it are under 0.8 of their busy thresholds, until its hit rate reaches the fleet's; not with --warmup-share")
 	fs.IntVar(&o.ShadowInflight, "shadow-inflight", sim.DefaultShadowInflight, "the most shadow prefills (drain-shadow, --warmup-shadow) running on one worker at once")
 	fs.IntVar(&o.ShadowMinHolders, "shadow-min-holders", sim.DefaultShadowMinHolders, "--warmup-shadow copies a request's prefix when at least this many workers hold some of it (1: every prefix held somewhere; 2: only duplicated ones)")
+	fs.Float64Var(&o.WarmUpFreshShare, "warmup-fresh-share", 0, "with --warmup-shadow: also send this share (0..1] of new content (requests no other worker holds more of than the added worker: new conversations) to it while it and the fleet are under 0.8 of their busy thresholds, and end the warm-up when its cached share of reusable tokens reaches the others'; 0 = the policy places new content")
 	fs.BoolVar(&o.ShadowEager, "shadow-eager", false, "with --remove-mode drain-shadow: copy, at the drain, the latest turn of every session that ran on the worker instead of waiting for each session's next turn (the worker can leave about one turn later; a router must keep each bound session's latest request)")
 	fs.DurationVar(&o.Window, "event-window", 10*time.Second, "fleet events: width of the windows the dip is measured in (by send time; the steady state is the window before the event)")
 	fs.DurationVar(&o.Horizon, "event-horizon", 5*time.Minute, "fleet events: how long after an event cached tokens lost are counted and windows judged")
@@ -101,6 +104,9 @@ func (o *fleetOptions) check(so *simOptions) error {
 	}
 	if o.ShadowEager && (len(o.Remove) == 0 || o.Mode != string(sim.EventDrainShadow)) {
 		return cli.Usagef("--shadow-eager copies a drain-shadow's sessions at the drain: give --remove-worker-at with --remove-mode drain-shadow")
+	}
+	if o.WarmUpFreshShare != 0 && (!o.WarmUpShadow || !(o.WarmUpFreshShare > 0 && o.WarmUpFreshShare <= 1)) {
+		return cli.Usagef("--warmup-fresh-share %v: want a share in (0,1] with --warmup-shadow", o.WarmUpFreshShare)
 	}
 	if o.ShadowMinHolders < 1 || o.ShadowMinHolders > 1<<10 {
 		return cli.Usagef("--shadow-min-holders %d: want 1 to %d", o.ShadowMinHolders, 1<<10)
@@ -184,6 +190,8 @@ type fleetCfg struct {
 	ShadowInflight   int  `json:"shadow_inflight,omitempty"`
 	ShadowMinHolders int  `json:"shadow_min_holders,omitempty"`
 	ShadowEager      bool `json:"shadow_eager,omitempty"`
+	// WarmUpFreshShare is --warmup-fresh-share (absent: 0).
+	WarmUpFreshShare float64 `json:"warmup_fresh_share,omitempty"`
 }
 
 func (o *fleetOptions) config() *fleetCfg {
@@ -208,5 +216,6 @@ func (o *fleetOptions) config() *fleetCfg {
 		c.ShadowMinHolders = o.ShadowMinHolders
 	}
 	c.ShadowEager = o.ShadowEager
+	c.WarmUpFreshShare = o.WarmUpFreshShare
 	return c
 }

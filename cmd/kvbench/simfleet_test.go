@@ -33,6 +33,7 @@ func TestSimSessionAndFleetFlagValidation(t *testing.T) {
 		{"--remove-worker-at", "1s", "--remove-mode", "drain-sessions"},
 		{"--remove-worker-at", "1s", "--remove-mode", "drain-shadow", "--shadow-inflight", "2"},
 		{"--add-worker-at", "1m", "--warmup-shadow", "--shadow-min-holders", "2"},
+		{"--add-worker-at", "1m", "--warmup-shadow", "--warmup-fresh-share", "0.5"},
 		{"--remove-worker-at", "1s", "--remove-mode", "drain-shadow", "--shadow-eager"},
 	}
 	for _, args := range good {
@@ -81,6 +82,9 @@ func TestSimSessionAndFleetFlagValidation(t *testing.T) {
 		"no shadow slot":                {"--remove-worker-at", "1s", "--remove-mode", "drain-shadow", "--shadow-inflight", "0"},
 		"min holders 0":                 {"--add-worker-at", "1m", "--warmup-shadow", "--shadow-min-holders", "0"},
 		"eager without drain-shadow":    {"--remove-worker-at", "1s", "--remove-mode", "drain", "--shadow-eager"},
+		"fresh share without shadows":   {"--add-worker-at", "1m", "--warmup-fresh-share", "0.5"},
+		"fresh share over one":          {"--add-worker-at", "1m", "--warmup-shadow", "--warmup-fresh-share", "1.5"},
+		"negative fresh share":          {"--add-worker-at", "1m", "--warmup-shadow", "--warmup-fresh-share", "-0.5"},
 	}
 	for name, args := range bad {
 		_, err := parseSimFlags(args, io.Discard)
@@ -313,5 +317,9 @@ func TestSimShadowReport(t *testing.T) {
 	if len(evs) != 1 || !evs[0].Shadows.Valid || evs[0].Shadows.Value <= 0 || !evs[0].ShadowPrefillTokens.Valid ||
 		evs[0].ShadowPrefillTokens.Value <= 0 || !evs[0].ShadowPrefillShare.Valid || evs[0].Steered.Value != 0 {
 		t.Fatalf("additions %+v", evs)
+	}
+	// The like-with-like figures come with every addition.
+	if !evs[0].WarmComparableS.Valid || evs[0].WarmUpTTFTP99Ms <= 0 || evs[0].WarmUpBaseTTFTP99Ms <= 0 || evs[0].TTFTP99VsBase <= 0 {
+		t.Fatalf("like-with-like figures missing: %+v", evs[0])
 	}
 }

@@ -320,7 +320,7 @@ func (o *simOptions) runPolicy(w *workload.Workload, m router.Mode, seed uint64,
 		cfg.Events = o.Fleet.events()
 		cfg.WarmUp = o.Fleet.warmUp()
 		cfg.ShadowWarmUp = o.Fleet.WarmUpShadow
-		cfg.Shadow = sim.ShadowPolicy{Inflight: o.Fleet.ShadowInflight, MinHolders: o.Fleet.ShadowMinHolders, Eager: o.Fleet.ShadowEager}
+		cfg.Shadow = sim.ShadowPolicy{Inflight: o.Fleet.ShadowInflight, MinHolders: o.Fleet.ShadowMinHolders, Eager: o.Fleet.ShadowEager, FreshShare: o.Fleet.WarmUpFreshShare}
 		return sim.Run(w, cfg)
 	}
 	cfg := o.simConfig(o.routerConfig(router.ModeRoundRobin), seed) // the router is not consulted

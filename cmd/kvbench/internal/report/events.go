@@ -80,6 +80,12 @@ func meanEvent(reps []sim.EventFigures) EventResult {
 	e.WarmS = opt("warm_s", func(x *sim.EventFigures) stats.Optional { return x.WarmS })
 	e.NewWorkerShare = opt("new_worker_share", func(x *sim.EventFigures) stats.Optional { return x.NewWorkerShare })
 	e.Steered = opt("steered", func(x *sim.EventFigures) stats.Optional { return x.Steered })
+	e.WarmComparableS = opt("warm_comparable_s", func(x *sim.EventFigures) stats.Optional { return x.WarmComparableS })
+	e.WarmUpTTFTP99Ms = mean(func(x *sim.EventFigures) float64 { return x.WarmUpTTFTP99Ms })
+	e.WarmUpBaseTTFTP99Ms = mean(func(x *sim.EventFigures) float64 { return x.WarmUpBaseTTFTP99Ms })
+	e.BaseMaxTTFTP99Ms = mean(func(x *sim.EventFigures) float64 { return x.BaseMaxTTFTP99Ms })
+	e.WorstWindowP99VsBase = mean(func(x *sim.EventFigures) float64 { return x.WorstWindowP99VsBase })
+	e.TTFTP99VsBase = mean(func(x *sim.EventFigures) float64 { return x.TTFTP99VsBase })
 	e.WarmUpEndS = opt("warm_up_end_s", func(x *sim.EventFigures) stats.Optional { return x.WarmUpEndS })
 	e.Shadows = opt("shadows", func(x *sim.EventFigures) stats.Optional { return x.Shadows })
 	e.ShadowSkipped = opt("shadow_skipped", func(x *sim.EventFigures) stats.Optional { return x.ShadowSkipped })
@@ -151,6 +157,7 @@ func writeSessionsAndEvents(b *strings.Builder, results []Result) {
 				{"; its sessions kept %.1f%%", e.SessionsKept, 100},
 				{"; left after %.1fs", e.LeftS, 1},
 				{"; warm in %.0fs", e.WarmS, 1},
+				{"; warm like with like in %.0fs", e.WarmComparableS, 1},
 				{"; new worker's share %.1f%%", e.NewWorkerShare, 100},
 				{"; warm-up steered %.0f", e.Steered, 1},
 				{", ended after %.0fs", e.WarmUpEndS, 1},
@@ -165,6 +172,13 @@ func writeSessionsAndEvents(b *strings.Builder, results []Result) {
 				if o.v.Valid {
 					fmt.Fprintf(b, o.format, o.scale*o.v.Value)
 				}
+			}
+			if e.WarmUpTTFTP99Ms > 0 {
+				fmt.Fprintf(b, "; while it warmed: p99 %.0f ms (%.0f ms without the event)", e.WarmUpTTFTP99Ms, e.WarmUpBaseTTFTP99Ms)
+			}
+			if e.TTFTP99VsBase > 0 {
+				fmt.Fprintf(b, "; against the run without it: p99 × %.2f, worst window p99 × %.2f (its own max window p99 %.0f ms)",
+					e.TTFTP99VsBase, e.WorstWindowP99VsBase, e.BaseMaxTTFTP99Ms)
 			}
 			b.WriteByte('\n')
 		}

@@ -85,6 +85,39 @@ type EventFigures struct {
 	// the warm-up found it warm and stopped (absent when it never did).
 	Steered    stats.Optional `json:"steered,omitzero"`
 	WarmUpEndS stats.Optional `json:"warm_up_end_s,omitzero"`
+	// WarmComparableS (add): WarmS judged like with like (warmComparable
+	// below): from the event to the end of the first span in which the
+	// new worker's cached share of its requests' held tokens (the longest
+	// prefix some worker's engine held when each was routed: the most any
+	// routing could have served from cache) came within the tolerance of
+	// the other workers' share over the same span of the same run, the
+	// span widened back window by window until the new worker had
+	// warmMinRequests requests with held tokens in it. WarmS is kept beside it: it compares
+	// the new worker's cached ratio over every token with the fleet's
+	// before the event, which a worker given the new conversations (kv:
+	// the empty worker is the least loaded) or the prefixes the fleet had
+	// evicted can never reach, and which a cache-blind fleet's low ratio
+	// lets a cold worker reach by chance in a window of 1–3 requests.
+	WarmComparableS stats.Optional `json:"warm_comparable_s,omitzero"`
+	// The TTFT cost measured like with like: BaseMaxTTFTP99Ms is the
+	// highest window p99 over the same windows in the run without the
+	// event (the windows' own spread: MaxTTFTP99Ms over Steady's p99 is
+	// the highest of many noisy p99s over one); WorstWindowP99VsBase the
+	// highest window p99 over the same window's p99 in the run without
+	// the event (windows of at least warmMinRequests requests in both);
+	// TTFTP99VsBase the p99 of the requests sent within the horizon over
+	// the same requests' p99 in the run without the event.
+	// WarmUpTTFTP99Ms (add) is the p99 TTFT of the requests sent while
+	// the new worker warmed (from the event to WarmComparableS, at least
+	// one window; the horizon when it never warmed): the issue's "p99
+	// TTFT no worse than 1.2× steady state" is this over Steady's p99;
+	// WarmUpBaseTTFTP99Ms is the same requests' p99 in the run without
+	// the event.
+	WarmUpTTFTP99Ms      float64 `json:"warm_up_ttft_p99_ms,omitempty"`
+	WarmUpBaseTTFTP99Ms  float64 `json:"warm_up_base_ttft_p99_ms,omitempty"`
+	BaseMaxTTFTP99Ms     float64 `json:"base_max_ttft_p99_ms,omitempty"`
+	WorstWindowP99VsBase float64 `json:"worst_window_p99_vs_base,omitempty"`
+	TTFTP99VsBase        float64 `json:"ttft_p99_vs_base,omitempty"`
 	// Shadow prefills (drain-shadow, --warmup-shadow; shadow.go): copies
 	// sent and skipped for want of room, sessions rebound when their copy
 	// ended, the prompt tokens their engines computed, that prefill's
@@ -170,6 +203,10 @@ func measureEvent(w *workload.Workload, res, base *Result, ev EventRecord, o Dip
 		// what the workload does anyway (a 10-s p99 is nearly a
 		// maximum) is not taken for the event's dip.
 		bw := window(w, base, from, min(from+o.Window, end), o.Timeout, nil)
+		f.BaseMaxTTFTP99Ms = max(f.BaseMaxTTFTP99Ms, bw.TTFT.P99)
+		if wf.Requests >= warmMinRequests && bw.Requests >= warmMinRequests && bw.TTFT.P99 > 0 {
+			f.WorstWindowP99VsBase = max(f.WorstWindowP99VsBase, wf.TTFT.P99/bw.TTFT.P99)
+		}
 		ratioLast = wf.CachedTokenRatio >= bw.CachedTokenRatio-o.Tolerance
 		if !ratioLast {
 			ratioOut = stop
@@ -194,6 +231,18 @@ func measureEvent(w *workload.Workload, res, base *Result, ev EventRecord, o Dip
 	if ev.Kind == EventAdd && ev.Worker >= 0 && f.After.Requests > 0 {
 		on := window(w, res, t, end, o.Timeout, func(i int) bool { return res.Requests[i].Worker == ev.Worker })
 		f.NewWorkerShare = stats.Optional{Value: float64(on.Requests) / float64(f.After.Requests), Valid: true}
+	}
+	if ev.Kind == EventAdd && ev.Worker >= 0 {
+		f.WarmComparableS = warmComparable(res, ev, o, min(end, lastSent+o.Window))
+		span := end
+		if f.WarmComparableS.Valid {
+			span = t + max(time.Duration(f.WarmComparableS.Value*float64(time.Second)), o.Window)
+		}
+		f.WarmUpTTFTP99Ms = horizonP99(res, res, t, span, o.Timeout)
+		f.WarmUpBaseTTFTP99Ms = horizonP99(base, res, t, span, o.Timeout)
+	}
+	if p := horizonP99(base, res, t, end, o.Timeout); p > 0 {
+		f.TTFTP99VsBase = horizonP99(res, res, t, end, o.Timeout) / p
 	}
 	if ev.Kind == EventAdd && (ev.Steered > 0 || ev.WarmUpEnd >= 0) {
 		f.Steered = stats.Optional{Value: float64(ev.Steered), Valid: true}
@@ -282,4 +331,71 @@ func SessionCachedFraction(w *workload.Workload, res *Result) (float64, bool) {
 		}
 	}
 	return sum / float64(len(w.Sessions)), true
+}
+
+// warmComparable is when the worker event ev added was first warm like
+// with like (EventFigures.WarmComparableS): at the end of each window
+// after the event (until end), over the requests sent in the span from
+// that window's start (moved back by whole windows, not before the event,
+// until the new worker has warmMinRequests requests with held tokens in
+// it), the new worker's cached tokens over its held tokens against the other workers'
+// (the fleet's hit rate now, under the same policy, over the tokens a
+// cache could serve), less the tolerance. Invalid when it never was.
+func warmComparable(res *Result, ev EventRecord, o DipOptions, end time.Duration) stats.Optional {
+	t := ev.At
+	type sums struct {
+		cached, held int64
+		n            int
+	}
+	sum := func(from, to time.Duration) (nw, others sums) {
+		for _, rr := range res.Requests {
+			if at := sentKey(rr); at < from || at >= to || rr.Worker < 0 {
+				continue
+			}
+			h := int64(rr.HeldTokens)
+			if h == 0 {
+				continue // nothing to hit: new content tells nothing
+			}
+			c := min(cachedOf(rr), h)
+			if rr.Worker == ev.Worker {
+				nw.cached, nw.held, nw.n = nw.cached+c, nw.held+h, nw.n+1
+			} else {
+				others.cached, others.held, others.n = others.cached+c, others.held+h, others.n+1
+			}
+		}
+		return nw, others
+	}
+	for stop := t + o.Window; stop-o.Window < end; stop += o.Window {
+		from := stop - o.Window
+		nw, others := sum(from, stop)
+		for nw.n < warmMinRequests && from > t {
+			from = max(from-o.Window, t)
+			nw, others = sum(from, stop)
+		}
+		if nw.n < warmMinRequests || nw.held == 0 || others.held == 0 {
+			continue
+		}
+		if float64(nw.cached)/float64(nw.held) >= float64(others.cached)/float64(others.held)-o.Tolerance {
+			return stats.Optional{Value: (stop - t).Seconds(), Valid: true}
+		}
+	}
+	return stats.Optional{}
+}
+
+// horizonP99 is the p99 TTFT in run of the requests that ref sent in
+// [from, to) (pairing two runs of one workload request by request; a
+// failed request counts the timeout).
+func horizonP99(run, ref *Result, from, to, timeout time.Duration) float64 {
+	var ttft []float64
+	for i, rr := range ref.Requests {
+		if at := sentKey(rr); at < from || at >= to {
+			continue
+		}
+		if x := run.Requests[i]; x.Done {
+			ttft = append(ttft, ms(x.FirstToken-x.Sent))
+		} else {
+			ttft = append(ttft, ms(timeout))
+		}
+	}
+	return stats.Of(ttft).P99
 }

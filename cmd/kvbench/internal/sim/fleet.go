@@ -363,6 +363,7 @@ func (f *fleetState) leave(s *state, wi int) {
 	s.engines[wi] = nil
 	s.busy[wi], s.dirty[wi] = false, false
 	s.index.RemoveWorker(s.ids[wi])
+	s.warm.left(s, wi)
 	s.shadow.left(s, wi)
 	f.setWorkers(s)
 }
@@ -449,6 +450,7 @@ func (f *fleetState) add(s *state) int {
 	}
 	f.present[wi] = true
 	s.index.AddWorker(s.ids[wi])
+	s.warm.joined(s, wi)
 	f.setWorkers(s)
 	return wi
 }

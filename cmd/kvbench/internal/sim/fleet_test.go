@@ -466,3 +466,58 @@ func TestSimWarmUp(t *testing.T) {
 		t.Fatalf("the warm-up made the new worker warm later (%.0f s) than kv alone (%.0f s)", sums[1]/3, sums[0]/3)
 	}
 }
+
+// TestSimWarmComparable: the like-with-like warm-up (warm_comparable_s)
+// judges the new worker on the tokens some worker held when each request
+// was routed, against the other workers over the same span, and widens a
+// span back until the new worker has warmMinRequests requests in it.
+func TestSimWarmComparable(t *testing.T) {
+	s := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
+	type req struct {
+		sent         float64
+		worker       int
+		held, cached int
+	}
+	mk := func(rs []req) *Result {
+		res := &Result{Workers: []router.WorkerID{"w0", "w1", "w2"}}
+		for _, r := range rs {
+			res.Requests = append(res.Requests, RequestResult{Worker: r.worker, Sent: s(r.sent), FirstToken: s(r.sent) + time.Millisecond,
+				CachedTokens: r.cached, HeldTokens: r.held, Done: true})
+		}
+		return res
+	}
+	// The others: 90 of 100 held tokens cached in every window.
+	others := func() []req {
+		var rs []req
+		for x := 0.5; x < 60; x += 2 {
+			rs = append(rs, req{x, 0, 100, 90})
+		}
+		return rs
+	}
+	o := DipOptions{Window: s(10), Horizon: s(60), Tolerance: 0.02}
+	ev := EventRecord{FleetEvent: FleetEvent{At: 0, Kind: EventAdd}, Worker: 2}
+	for _, tc := range []struct {
+		name string
+		mine []req
+		want float64 // 0: never warm
+	}{
+		// New conversations (nothing held) do not count against it: 3
+		// requests in the first window are too few, the second widens
+		// the span to both (6 held requests at 0.95 against 0.9).
+		{"new content and a widened span", []req{{1, 2, 0, 0}, {2, 2, 100, 100}, {3, 2, 0, 0}, {4, 2, 100, 100}, {5, 2, 100, 100},
+			{12, 2, 100, 90}, {13, 2, 100, 90}, {14, 2, 100, 90}}, 20},
+		// Warm in the first window with 5 requests at 0.88 (within 0.02).
+		{"first window", []req{{1, 2, 100, 88}, {2, 2, 100, 88}, {3, 2, 100, 88}, {4, 2, 100, 88}, {5, 2, 100, 88}}, 10},
+		// At 0.5 of what was held it never is.
+		{"cold", []req{{1, 2, 100, 50}, {2, 2, 100, 50}, {3, 2, 100, 50}, {4, 2, 100, 50}, {5, 2, 100, 50}, {25, 2, 100, 50}}, 0},
+		// Nothing it was sent was held anywhere: nothing to judge.
+		{"nothing held", []req{{1, 2, 0, 0}, {2, 2, 0, 0}, {3, 2, 0, 0}, {4, 2, 0, 0}, {5, 2, 0, 0}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := warmComparable(mk(append(others(), tc.mine...)), ev, o, s(60))
+			if got.Valid != (tc.want > 0) || got.Value != tc.want {
+				t.Fatalf("warm %+v, want %v", got, tc.want)
+			}
+		})
+	}
+}

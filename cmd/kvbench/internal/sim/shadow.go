@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -56,6 +57,17 @@ type ShadowPolicy struct {
 	// a request's prefix for it to be copied: 1 (the default) copies every
 	// prefix held somewhere, 2 only the duplicated (hot) ones.
 	MinHolders int
+	// FreshShare (shadow warm-up) is the share of new content sent to
+	// the warming worker on purpose: requests no other worker holds more
+	// of than it does (a new conversation: nothing held beyond what every
+	// worker has, a shared system prompt), while it is not busy in the
+	// decision's rows and it and the fleet are under Headroom. Copies
+	// bring it the prefixes the fleet holds; only new content brings it
+	// the conversations whose later turns will hit there, and costs no
+	// prefill the fleet would not do anyway (the content is computed
+	// somewhere). 0: the policy places new content (kv-pooled: by its
+	// rendezvous home, a 1/N share; kv: by load).
+	FreshShare float64
 	// Eager (drain-shadow) copies, at the drain, the latest turn of every
 	// session that ran on the worker (its prompt is what the worker holds
 	// for the session's next turn), instead of waiting for each session's
@@ -85,6 +97,9 @@ func (p ShadowPolicy) withDefaults() ShadowPolicy {
 }
 
 func (p ShadowPolicy) check() error {
+	if !(p.FreshShare >= 0 && p.FreshShare <= 1) {
+		return fmt.Errorf("shadow fresh share %v: want 0..1: %w", p.FreshShare, ErrConfig)
+	}
 	if p.Headroom < 0 || p.Inflight < 0 || p.MinHolders < 0 {
 		return fmt.Errorf("shadow headroom %v, inflight %d, min holders %d: must not be negative: %w", p.Headroom, p.Inflight, p.MinHolders, ErrConfig)
 	}
@@ -128,12 +143,19 @@ func (h *shadowState) init(s *state, n int) {
 }
 
 // headroom reports whether worker w is under the policy's headroom in
-// router k's view.
-func (h *shadowState) headroom(s *state, k int, w router.WorkerID) bool {
+// router k's view, once it also runs extra (a warm-up copy's own load:
+// a copy the worker had room for before it started could fill its KV
+// cache, so that a client's request sent there waited for blocks; zero
+// for the drain's copies and the fresh share).
+func (h *shadowState) headroom(s *state, k int, w router.WorkerID, extra router.WorkerLoad) bool {
 	rt := s.rts[k]
 	for _, info := range rt.Workers() {
 		if info.ID == w {
-			return warmup.WorkerUtilization(rt.Config().Thresholds, info, rt.Load().Load(w)) < h.policy.Headroom
+			l := rt.Load().Load(w)
+			l.ActiveBlocks += extra.ActiveBlocks
+			l.ActivePrefillTokens += extra.ActivePrefillTokens
+			l.Requests += extra.Requests
+			return warmup.WorkerUtilization(rt.Config().Thresholds, info, l) < h.policy.Headroom
 		}
 	}
 	return false
@@ -144,7 +166,11 @@ func (h *shadowState) headroom(s *state, k int, w router.WorkerID) bool {
 func (h *shadowState) send(s *state, k, i, target, sess, rec int) bool {
 	id := s.ids[target]
 	r := &s.w.Requests[i]
-	if !s.fleet.routable(target) || h.inflight[target] >= h.policy.Inflight || !h.headroom(s, k, id) {
+	var extra router.WorkerLoad
+	if s.fleet.records[rec].Kind == EventAdd {
+		extra = router.WorkerLoad{ActiveBlocks: len(r.Hashes), ActivePrefillTokens: r.PromptTokens, Requests: 1}
+	}
+	if !s.fleet.routable(target) || h.inflight[target] >= h.policy.Inflight || !h.headroom(s, k, id, extra) {
 		s.fleet.records[rec].ShadowSkipped++
 		return false
 	}
@@ -327,12 +353,15 @@ func (h *shadowState) copyAll(s *state, rec int) {
 // it than the best holder, a shadow of the request copies it there (once
 // per prefix, while the fleet and the worker have headroom); and when d
 // sent the request to the warming worker all the same (it is the least
-// loaded), the request goes to the best holder instead if that one is not
-// busy, so the client hits and the copy pays for the warming worker's
-// cache. The decision the request goes by is returned.
+// loaded), the request goes to the policy's choice among the workers
+// holding the deepest prefix instead, when one of them is not busy, so the
+// client hits and the copy pays for the warming worker's cache. With room
+// for clients and a fresh share (above). The decision the request goes by
+// is returned.
 func (w *warmState) shadowWarm(s *state, k, i int, req router.Request, d router.Decision) router.Decision {
 	h := &s.shadow
 	id := s.ids[w.worker]
+	hashes := s.w.Requests[i].Hashes
 	holders, best, mine := 0, 0, 0
 	var holder router.WorkerCost
 	for _, row := range d.Rows {
@@ -346,21 +375,70 @@ func (w *warmState) shadowWarm(s *state, k, i int, req router.Request, d router.
 			mine = row.Overlap
 		}
 	}
-	if holders < h.policy.MinHolders || mine >= best {
+	if d.Worker == id && (h.inflight[w.worker] > 0 &&
+		!h.headroom(s, k, id, router.WorkerLoad{ActiveBlocks: len(hashes) - mine, ActivePrefillTokens: req.Tokens - mine*s.w.BlockSize, Requests: 1}) ||
+		mine <= best && w.backlogged(d.Rows, id)) {
+		// The copies running there leave no room for this request (it
+		// would wait for KV blocks), or it holds no more of it than the
+		// others and has more prefill queued than one of them: the
+		// policy's choice among the others. (kv-pooled fills empty caches
+		// first: a burst of four new conversations of 15–40 k tokens went
+		// to the new worker at once on the trace, TTFT 1.2–1.9 s against
+		// 0.3–0.9 s without the event.)
+		rt := s.rts[k]
+		rt.Free(req.ID)
+		other := req
+		other.Exclude = append(slices.Clone(req.Exclude), id)
+		if d2, err := rt.Route(other, epoch.Add(s.now)); err == nil {
+			s.fleet.records[w.rec].ShadowRedirects++
+			return d2
+		}
+		if d2, err := routeTo(s, k, id, req); err == nil {
+			return d2
+		}
+		return d // cannot happen: it took it a moment ago
+	}
+	if holders == 0 || mine >= best {
+		return w.fresh(s, k, req, d) // new content, or nothing the others hold more of
+	}
+	if holders < h.policy.MinHolders {
 		return d
 	}
-	hashes := s.w.Requests[i].Hashes
 	key := hashes[best-1] // the prefix the holders have
 	rt := s.rts[k]
 	if !h.copied[key] && w.copyRoom(s) && warmup.Utilization(rt.Config().Thresholds, rt.Workers(), rt.Load().Load) < h.policy.Headroom &&
 		h.send(s, k, i, w.worker, -1, w.rec) {
 		h.copied[key] = true
 	}
-	if d.Worker != id || holder.Busy {
+	if d.Worker != id || holder.Worker == "" {
+		return d
+	}
+	// The policy's choice among the workers holding the deepest prefix
+	// that were not busy in d (not the first of them: when they all hold
+	// only a shared system prompt, every request kv-pooled sent to the new
+	// worker went to the lowest-numbered one, four at once on the trace,
+	// p99 2.4 × the same requests without the event; and not one d found
+	// busy: kv-pooled marks busy a worker where the request would wait
+	// while another starts it now, which, the new worker excluded, it
+	// might no longer).
+	among := req
+	among.Exclude = slices.Clone(req.Exclude)
+	free := 0
+	for _, row := range d.Rows {
+		switch {
+		case row.Worker == id || row.Overlap < best || row.Busy:
+			if !slices.Contains(among.Exclude, row.Worker) {
+				among.Exclude = append(among.Exclude, row.Worker)
+			}
+		case !slices.Contains(req.Exclude, row.Worker):
+			free++
+		}
+	}
+	if free == 0 {
 		return d
 	}
 	rt.Free(req.ID)
-	if d2, err := routeTo(s, k, holder.Worker, req); err == nil {
+	if d2, err := rt.Route(among, epoch.Add(s.now)); err == nil {
 		s.fleet.records[w.rec].ShadowRedirects++
 		return d2
 	}
@@ -369,4 +447,57 @@ func (w *warmState) shadowWarm(s *state, k, i int, req router.Request, d router.
 		return d // cannot happen: it took it a moment ago
 	}
 	return d2
+}
+
+// fresh applies ShadowPolicy.FreshShare to router k's decision d for req,
+// new content for the warming worker: with that probability, when the
+// worker is not busy in d's rows, has no more prefill queued than every
+// other worker not busy (backlogged), and it and the fleet are under the
+// headroom with req, req goes there instead (counted as steered). The decision
+// req goes by is returned.
+func (w *warmState) fresh(s *state, k int, req router.Request, d router.Decision) router.Decision {
+	h := &s.shadow
+	id := s.ids[w.worker]
+	if h.policy.FreshShare == 0 || d.Worker == id || w.rng.Float64() >= h.policy.FreshShare || w.backlogged(d.Rows, id) {
+		return d
+	}
+	for _, row := range d.Rows {
+		if row.Worker == id && row.Busy {
+			return d
+		}
+	}
+	rt := s.rts[k]
+	if warmup.Utilization(rt.Config().Thresholds, rt.Workers(), rt.Load().Load) >= h.policy.Headroom || !h.headroom(s, k, id, router.WorkerLoad{ActiveBlocks: len(req.Hashes), ActivePrefillTokens: req.Tokens, Requests: 1}) {
+		return d
+	}
+	rt.Free(req.ID)
+	if d2, err := routeTo(s, k, id, req); err == nil {
+		s.fleet.records[w.rec].Steered++
+		return d2
+	}
+	d2, err := routeTo(s, k, d.Worker, req)
+	if err != nil {
+		return d // cannot happen: it took it a moment ago
+	}
+	return d2
+}
+
+// backlogged reports whether, in rows, worker id has prefill queued and
+// some other worker not busy has less.
+func (w *warmState) backlogged(rows []router.WorkerCost, id router.WorkerID) bool {
+	mine := -1
+	for _, r := range rows {
+		if r.Worker == id {
+			mine = r.ActivePrefillTokens
+		}
+	}
+	if mine <= 0 {
+		return false
+	}
+	for _, r := range rows {
+		if r.Worker != id && !r.Busy && r.ActivePrefillTokens < mine {
+			return true
+		}
+	}
+	return false
 }

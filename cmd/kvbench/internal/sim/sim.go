@@ -115,6 +115,11 @@ type RequestResult struct {
 	// ResentAt is when the request was last re-sent because its worker
 	// was removed (fleet.go); 0 when never.
 	ResentAt time.Duration
+	// HeldTokens is the prompt tokens of the longest prefix of it some
+	// worker's engine held when it was routed (its last routing; only
+	// with an add event: warmup.go): the most any routing could have
+	// served from cache, what a new worker's hit rate is judged on.
+	HeldTokens int
 	// Pinned: the request belongs to a session tree that pins its
 	// prompts (Config.PinEvery).
 	Pinned bool
@@ -292,6 +297,7 @@ func (s *state) build() error {
 	s.aff.init(s)
 	s.shadow.init(s, n)
 	s.warm.worker = -1
+	s.warm.initHeld(s)
 	return s.adm.init(s)
 }
 
@@ -462,6 +468,7 @@ func (s *state) nextTime() (time.Duration, bool) {
 // when the policy does not read the index).
 func (s *state) drain(i int) {
 	evs := s.engines[i].DrainEvents()
+	s.warm.applyHeld(s, i, evs)
 	if !s.feed {
 		return
 	}
@@ -500,6 +507,7 @@ func (s *state) dispatch(i, k int) {
 	if s.cfg.OSLHint {
 		req.ExpectedOutputTokens = r.OutputTokens
 	}
+	s.warm.noteHeld(s, i)
 	d, err := s.route(k, i, req)
 	if err != nil {
 		s.fail(i, fmt.Sprintf("route: %v", err))
@@ -549,6 +557,7 @@ func (s *state) route(k, i int, req router.Request) (router.Decision, error) {
 // sendByPeer routes request i by the peer and submits it.
 func (s *state) sendByPeer(i int) {
 	r := &s.w.Requests[i]
+	s.warm.noteHeld(s, i)
 	id, err := s.peerRoute(i)
 	if err != nil {
 		s.fail(i, fmt.Sprintf("route: %v", err))

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/internal/warmup"
 	"github.com/kvrouter/kvrouter/router"
 )
@@ -29,6 +30,64 @@ type warmState struct {
 	rec      int     // its add event's index in fleetState.records
 	baseline float64 // the fleet's cached ratio in the PlanWindow before it joined
 	rng      *rand.Rand
+	// held is what each worker's engine holds, fed with the engines'
+	// KV events at once (no delivery delay, whatever the policy reads;
+	// nil without an add event): RequestResult.HeldTokens, the fleet's
+	// best prefix for a request when it was routed, for the warm-up
+	// judged like with like (warmLike, dip.go's warm_comparable_s).
+	held    *router.Index
+	overlap []router.Overlap // scratch of noteHeld
+}
+
+// initHeld starts the held index (with an add event only).
+func (w *warmState) initHeld(s *state) {
+	if s.cfg.added() == 0 {
+		return
+	}
+	w.held = router.NewIndex(s.w.BlockSize)
+	for i := range s.cfg.Workers {
+		w.held.AddWorker(s.ids[i])
+	}
+}
+
+// applyHeld feeds worker wi's KV events to the held index.
+func (w *warmState) applyHeld(s *state, wi int, evs []engine.Event) {
+	if w.held == nil {
+		return
+	}
+	for _, ev := range evs {
+		_ = w.held.Apply(s.ids[wi], ev.KV) // the same events the router's index takes
+	}
+}
+
+// joined and left keep the held index's workers.
+func (w *warmState) joined(s *state, wi int) {
+	if w.held != nil {
+		w.held.AddWorker(s.ids[wi])
+	}
+}
+
+func (w *warmState) left(s *state, wi int) {
+	if w.held != nil {
+		w.held.RemoveWorker(s.ids[wi])
+	}
+}
+
+// noteHeld records in request i's result the prompt tokens of the longest
+// prefix of it some present worker holds now, as it is routed.
+func (w *warmState) noteHeld(s *state, i int) {
+	if w.held == nil {
+		return
+	}
+	r := &s.w.Requests[i]
+	w.overlap = w.held.FindMatches(r.Hashes, w.overlap[:0])
+	best := 0
+	for _, o := range w.overlap {
+		if wi, ok := s.byWorker[o.Worker]; ok && !s.fleet.gone[wi] {
+			best = max(best, o.Blocks)
+		}
+	}
+	s.res[i].HeldTokens = min(best*s.w.BlockSize, r.PromptTokens)
 }
 
 // start hands the warm-up to worker wi, added by the event recorded at
@@ -64,7 +123,7 @@ func (w *warmState) steer(s *state, k, i int, req router.Request, d router.Decis
 		w.worker = -1 // removed while warming
 		return d, nil
 	}
-	if w.warm(s) && (!s.cfg.ShadowWarmUp || w.filled(s)) {
+	if (w.warm(s) || w.warmLike(s)) && (!s.cfg.ShadowWarmUp || w.filled(s)) {
 		s.fleet.records[w.rec].WarmUpEnd = s.now
 		w.worker = -1
 		return d, nil
@@ -122,4 +181,36 @@ func (w *warmState) filled(s *state) bool {
 		}
 	}
 	return (n > 0 && held*n >= others) || !w.copyRoom(s)
+}
+
+// warmLike (shadow warm-up with a fresh share): like warm, judged like
+// with like (as dip.go's warm_comparable_s): over the requests whose first
+// token came within the last warmWindow, the warming worker's cached share
+// of the tokens some worker held when they were routed reached the other
+// workers'. A worker given new conversations on purpose is warm when their
+// later turns hit there as they do elsewhere, though their first turns
+// never can.
+func (w *warmState) warmLike(s *state) bool {
+	if w.held == nil || s.cfg.Shadow.FreshShare == 0 {
+		return false
+	}
+	var mine, others [2]int64 // cached, held
+	n := 0
+	for _, rr := range s.res {
+		if rr.Worker < 0 || rr.FirstToken == 0 || rr.FirstToken < s.now-warmWindow {
+			continue
+		}
+		c, h := int64(min(rr.CachedTokens, rr.HeldTokens)), int64(rr.HeldTokens)
+		if h == 0 {
+			continue // nothing to hit: new content tells nothing
+		}
+		if rr.Worker == w.worker {
+			mine[0], mine[1] = mine[0]+c, mine[1]+h
+			n++
+		} else {
+			others[0], others[1] = others[0]+c, others[1]+h
+		}
+	}
+	return n >= warmMinRequests && mine[1] > 0 && others[1] > 0 &&
+		float64(mine[0])/float64(mine[1]) >= float64(others[0])/float64(others[1])
 }
