@@ -552,7 +552,7 @@ func pollReplica(ctx context.Context, cl *live.Client, url string, r int, every 
 	for {
 		t0 := time.Now()
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		st, err := cl.Status(rctx, url)
+		st, err := cl.Cursors(rctx, url)
 		cancel()
 		if ctx.Err() != nil {
 			return
