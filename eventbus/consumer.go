@@ -270,7 +270,10 @@ type Consumer struct {
 	rewound  bool   // nothing delivered since the last rewind
 	ackLost  bool   // a batch's acks were not confirmed: rewind before the next fetch
 
-	lastSpread time.Time // the last spreadLeaders, used only by Run's goroutine
+	// When to check the NATS leaders next, and the moves asked for in a
+	// row (leaders.go); used only by Run's goroutine.
+	spreadNext  time.Time
+	spreadTries int
 }
 
 // NewConsumer creates (or updates) the durable consumer on the stream, which

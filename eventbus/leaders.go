@@ -104,18 +104,19 @@ func (c *Consumer) leaders(ctx context.Context) (Leaders, error) {
 }
 
 // spreadLeaders moves the stream's and the consumer's leadership off
-// ConsumerConfig.SpreadFrom (see spreadPlan). Failures are returned; the
-// caller logs them and tries again later: nothing depends on the move.
-func (c *Consumer) spreadLeaders(ctx context.Context) error {
+// ConsumerConfig.SpreadFrom (see spreadPlan); it reports whether it asked
+// for a move. Failures are returned; the caller logs them and tries again
+// later: nothing depends on the move.
+func (c *Consumer) spreadLeaders(ctx context.Context) (bool, error) {
 	self := c.cfg.SpreadFrom
 	if self == "" {
-		return nil
+		return false, nil
 	}
 	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	l, err := c.leaders(ictx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	streamTo, consumerTo := spreadPlan(self, l)
 	prefix := c.js.Options().APIPrefix
@@ -128,20 +129,20 @@ func (c *Consumer) spreadLeaders(ctx context.Context) error {
 	if streamTo != "" {
 		subj := prefix + "STREAM.LEADER.STEPDOWN." + c.cfg.Stream
 		if err := c.stepDown(ictx, subj, streamTo); err != nil {
-			errs = append(errs, fmt.Errorf("stream %s leader %s to %s: %w", c.cfg.Stream, self, streamTo, err))
+			errs = append(errs, fmt.Errorf("stream %s leader %s to %s: %w", c.cfg.Stream, l.Stream, streamTo, err))
 		} else {
-			c.log.Info("moved the stream's leadership off the Raft leader", "from", self, "to", streamTo)
+			c.log.Info("moved the stream's leadership off the Raft leader", "from", l.Stream, "to", streamTo)
 		}
 	}
 	if consumerTo != "" {
 		subj := prefix + "CONSUMER.LEADER.STEPDOWN." + c.cfg.Stream + "." + c.cfg.Durable
 		if err := c.stepDown(ictx, subj, consumerTo); err != nil {
-			errs = append(errs, fmt.Errorf("consumer %s leader %s to %s: %w", c.cfg.Durable, self, consumerTo, err))
+			errs = append(errs, fmt.Errorf("consumer %s leader %s to %s: %w", c.cfg.Durable, l.Consumer, consumerTo, err))
 		} else {
-			c.log.Info("moved the consumer's leadership off the Raft leader", "from", self, "to", consumerTo)
+			c.log.Info("moved the consumer's leadership off the Raft leader", "from", l.Consumer, "to", consumerTo)
 		}
 	}
-	return errors.Join(errs...)
+	return streamTo != "" || consumerTo != "", errors.Join(errs...)
 }
 
 // stepDown sends one JetStream leader stepdown request with a preferred
@@ -174,14 +175,29 @@ func (c *Consumer) stepDown(ctx context.Context, subj, to string) error {
 	return nil
 }
 
-// maybeSpread runs spreadLeaders when SpreadEvery has passed since the last
-// try (or never tried), logging a failure at most every 10 s.
+// spreadRetry is the first pause before checking again after a move was
+// asked for or failed: NATS accepts a stepdown before its election, which
+// the old leader can win again (seen right after a cluster formed), so a
+// move is checked soon, then less often (doubling up to SpreadEvery).
+const spreadRetry = time.Second
+
+// maybeSpread runs spreadLeaders when its time has come: SpreadEvery after
+// a check that found nothing to move, sooner after a move or a failure
+// (spreadRetry, doubling). A failure is logged at most every 10 s.
 func (c *Consumer) maybeSpread(ctx context.Context) {
-	if c.cfg.SpreadFrom == "" || (!c.lastSpread.IsZero() && time.Since(c.lastSpread) < c.cfg.SpreadEvery) {
+	if c.cfg.SpreadFrom == "" || time.Now().Before(c.spreadNext) {
 		return
 	}
-	c.lastSpread = time.Now()
-	if err := c.spreadLeaders(ctx); err != nil && ctx.Err() == nil {
+	moved, err := c.spreadLeaders(ctx)
+	wait := c.cfg.SpreadEvery
+	if moved || err != nil {
+		c.spreadTries++
+		wait = min(spreadRetry<<min(c.spreadTries-1, 10), c.cfg.SpreadEvery)
+	} else {
+		c.spreadTries = 0
+	}
+	c.spreadNext = time.Now().Add(wait)
+	if err != nil && ctx.Err() == nil {
 		if ok, n := c.limiter.allow("spread"); ok {
 			c.log.Warn("could not move the stream's or consumer's leadership off the Raft leader", "err", err, "suppressed", n)
 		}
