@@ -2,6 +2,7 @@ package api
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/gin-gonic/gin"
 )
@@ -54,11 +55,12 @@ func (s *Server) cursorStatus(c *gin.Context) bool {
 		return false
 	}
 	st := cr.CursorStatus()
-	st.NodeID, st.LeaderID = s.redact(st.NodeID), s.redact(st.LeaderID)
+	secrets := s.secrets()
+	st.NodeID, st.LeaderID = redactWith(st.NodeID, secrets), redactWith(st.LeaderID, secrets)
 	for i := range st.Workers {
-		st.Workers[i].ID = s.redact(st.Workers[i].ID)
+		st.Workers[i].ID = redactWith(st.Workers[i].ID, secrets)
 		for j := range st.Workers[i].Ranks {
-			st.Workers[i].Ranks[j].Stale = s.redact(st.Workers[i].Ranks[j].Stale)
+			st.Workers[i].Ranks[j].Stale = redactWith(st.Workers[i].Ranks[j].Stale, secrets)
 		}
 	}
 	if st.Workers == nil {
@@ -66,4 +68,23 @@ func (s *Server) cursorStatus(c *gin.Context) bool {
 	}
 	c.JSON(http.StatusOK, st)
 	return true
+}
+
+// redactWith is Server.redact with the secrets listed once per document and
+// the URL-userinfo regexp run only on strings that can match it (it needs
+// an "@"): the same result for a fraction of the cost, which counts at one
+// poll per 10 ms.
+func redactWith(v string, secrets []string) string {
+	if v == "" {
+		return v
+	}
+	if strings.IndexByte(v, '@') >= 0 {
+		v = userinfoRE.ReplaceAllString(v, "${1}"+redacted+"@")
+	}
+	for _, secret := range secrets {
+		if strings.Contains(v, secret) {
+			v = strings.ReplaceAll(v, secret, redacted)
+		}
+	}
+	return v
 }

@@ -74,3 +74,14 @@ func TestAPIClusterStatusCursorsView(t *testing.T) {
 		})
 	}
 }
+
+// redactWith answers what redact answers.
+func TestAPIRedactWithMatchesRedact(t *testing.T) {
+	s := New(Config{Registry: prometheus.NewRegistry(), AdminToken: "admin-token-xyz", WorkerAPIKey: "wkey-123456"}, newFakeReplica("m", router.DefaultConfig()))
+	for _, in := range []string{"", "w1", "mock-1#2", "http://u:p@host:1/x", "nats://tok@h:4222", "w-admin-token-xyz-and-wkey-123456",
+		"a@b", "@", "x://@", "gap: event 3 after 1"} {
+		if got, want := redactWith(in, s.secrets()), s.redact(in); got != want {
+			t.Errorf("redactWith(%q) = %q, redact %q", in, got, want)
+		}
+	}
+}
