@@ -104,9 +104,11 @@ func (c *Consumer) leaders(ctx context.Context) (Leaders, error) {
 }
 
 // spreadLeaders moves the stream's and the consumer's leadership off
-// ConsumerConfig.SpreadFrom (see spreadPlan); it reports whether it asked
-// for a move. Failures are returned; the caller logs them and tries again
-// later: nothing depends on the move.
+// ConsumerConfig.SpreadFrom (see spreadPlan); it reports whether the
+// placement is still unsettled: a move was asked for, or a leader is not
+// known (an election is running, after a move of ours or NATS's own), so
+// the caller looks again soon. Failures are returned; the caller logs them
+// and tries again later: nothing depends on the move.
 func (c *Consumer) spreadLeaders(ctx context.Context) (bool, error) {
 	self := c.cfg.SpreadFrom
 	if self == "" {
@@ -142,7 +144,8 @@ func (c *Consumer) spreadLeaders(ctx context.Context) (bool, error) {
 			c.log.Info("moved the consumer's leadership off the Raft leader", "from", l.Consumer, "to", consumerTo)
 		}
 	}
-	return streamTo != "" || consumerTo != "", errors.Join(errs...)
+	unsettled := streamTo != "" || consumerTo != "" || l.Stream == "" || l.Consumer == ""
+	return unsettled, errors.Join(errs...)
 }
 
 // stepDown sends one JetStream leader stepdown request with a preferred
@@ -182,15 +185,15 @@ func (c *Consumer) stepDown(ctx context.Context, subj, to string) error {
 const spreadRetry = time.Second
 
 // maybeSpread runs spreadLeaders when its time has come: SpreadEvery after
-// a check that found nothing to move, sooner after a move or a failure
-// (spreadRetry, doubling). A failure is logged at most every 10 s.
+// a check that found both leaders known and nothing to move, sooner after
+// a move, an unknown leader or a failure (spreadRetry, doubling). A failure is logged at most every 10 s.
 func (c *Consumer) maybeSpread(ctx context.Context) {
 	if c.cfg.SpreadFrom == "" || time.Now().Before(c.spreadNext) {
 		return
 	}
-	moved, err := c.spreadLeaders(ctx)
+	unsettled, err := c.spreadLeaders(ctx)
 	wait := c.cfg.SpreadEvery
-	if moved || err != nil {
+	if unsettled || err != nil {
 		c.spreadTries++
 		wait = min(spreadRetry<<min(c.spreadTries-1, 10), c.cfg.SpreadEvery)
 	} else {
