@@ -393,8 +393,9 @@ func (s *Server) routes() *gin.Engine {
 		status.Use(s.requireAdmin)
 	}
 	status.GET("/metrics", gin.WrapH(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
-	// ?digest=0 skips the state digest: pollers (kvbench ingest, dashboards)
-	// then cost the replica almost nothing.
+	// ?digest=0 skips the state digest (a pass over the whole index);
+	// ?view=cursors answers only the workers' event cursors (cursorstatus.go),
+	// what kvbench ingest polls every few milliseconds.
 	status.GET("/cluster/status", s.clusterStatus)
 
 	admin := e.Group("/", s.requireAdmin)
@@ -513,6 +514,9 @@ func (s *Server) requirePeer(c *gin.Context) {
 // removed (redactDoc): it may name the bus URL, whose userinfo is a
 // password. The round trip through JSON reaches values inside structs.
 func (s *Server) clusterStatus(c *gin.Context) {
+	if c.Query("view") == "cursors" && s.cursorStatus(c) {
+		return
+	}
 	raw, err := json.Marshal(s.rep.Status(c.Query("digest") != "0"))
 	if err != nil {
 		c.JSON(http.StatusInternalServerError, gin.H{"error": s.redact("encoding the status: " + err.Error())})

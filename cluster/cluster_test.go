@@ -83,6 +83,15 @@ func TestClusterFormPeers(t *testing.T) {
 			}
 			return nil
 		})
+		// State (what /cluster/status?view=cursors reports) agrees with
+		// the full status.
+		poll.Until(t, 5*time.Second, 10*time.Millisecond, func() error {
+			leader, _ := n.Leader()
+			if st, full := n.State(), n.StatusWithoutDigest().State; st != full || (st == "leader") != (leader == m.ID) {
+				return fmt.Errorf("%s: State %q, status %q, leader %s", m.ID, st, full, leader)
+			}
+			return nil
+		})
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -201,6 +202,11 @@ func (n *Node) HTTPAddr() string { return n.cfg.HTTPAddr }
 
 // IsLeader reports whether this node is the Raft leader right now.
 func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+// State is this node's Raft state in lower case ("leader", "follower",
+// "candidate", "shutdown"), as in Status, without Status's configuration
+// read through the Raft loop.
+func (n *Node) State() string { return strings.ToLower(n.raft.State().String()) }
 
 // Term returns the current Raft term.
 func (n *Node) Term() uint64 { return n.raft.CurrentTerm() }

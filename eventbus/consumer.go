@@ -87,6 +87,13 @@ type ConsumerConfig struct {
 	// MaxEntryBytes). Either unset: one call per fetched batch.
 	EntryBytes    func(*WireEvent) int
 	MaxEntryBytes int
+	// SpreadFrom, if set, is the NATS server name of the replica running
+	// the consumer (the Raft group's leader): Run moves the stream's and the
+	// consumer's NATS leadership off it, onto the other servers (leaders.go),
+	// when it starts and then every SpreadEvery (default 30s). Empty: leave
+	// NATS's leaders where they are (an external NATS, tests).
+	SpreadFrom  string
+	SpreadEvery time.Duration
 	// OnReject, if set, sees every terminated event (the cluster may mark
 	// its worker stale at once instead of waiting for the gap).
 	OnReject func(Rejection)
@@ -124,6 +131,9 @@ func (c ConsumerConfig) withDefaults() ConsumerConfig {
 	}
 	if c.MaxAckPending <= 0 {
 		c.MaxAckPending = 65536
+	}
+	if c.SpreadEvery <= 0 {
+		c.SpreadEvery = 30 * time.Second
 	}
 	if c.RetryBackoff <= 0 {
 		c.RetryBackoff = 50 * time.Millisecond
@@ -259,6 +269,11 @@ type Consumer struct {
 	nextDseq uint64 // the consumer sequence the next delivery must carry; 0 = unknown
 	rewound  bool   // nothing delivered since the last rewind
 	ackLost  bool   // a batch's acks were not confirmed: rewind before the next fetch
+
+	// When to check the NATS leaders next, and the moves asked for in a
+	// row (leaders.go); used only by Run's goroutine.
+	spreadNext  time.Time
+	spreadTries int
 }
 
 // NewConsumer creates (or updates) the durable consumer on the stream, which
@@ -365,6 +380,7 @@ func (c *Consumer) Run(ctx context.Context, applier Applier) error {
 	backoff := c.cfg.RetryBackoff
 	busy := false
 	for ctx.Err() == nil {
+		c.maybeSpread(ctx)
 		if c.ackLost {
 			// Redeliver the possibly unacked events now (the state machine
 			// skips them) rather than after AckWait behind newer ones.

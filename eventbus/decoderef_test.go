@@ -264,6 +264,12 @@ func FuzzDecodeEventMatchesReference(f *testing.F) {
 	f.Add([]byte{0x81, 0xa1, 'i', 0xd0, 0x05})                                           // positive int8
 	f.Add([]byte{0x81, 0xa1, 'x', 0xdd, 0xff, 0xff, 0xff, 0xff})                         // huge array
 	f.Add([]byte{0xdf, 0x00, 0x00, 0x00, 0x01, 0xa1, 'b', 0xc0})                         // map32, nil array
+	// Around the fast paths for the usual block and removed-hash encodings.
+	usual := cat([]byte{0x82, 0xa1, 'e'}, u64(0xcf, 1<<63), []byte{0xa1, 'c'}, u64(0xcf, 3))
+	f.Add(wireEventWith(false, usual, usual))
+	f.Add(wireEventWith(false, usual[:blockWireLen-1]))
+	f.Add(wireEventWith(false, cat([]byte{0x82, 0xa1, 'e'}, u64(0xcf, 1), []byte{0xa1, 'e'}, u64(0xcf, 2))))
+	f.Add(wireEventWith(true, u64(0xcf, 1<<63), []byte{0x07}, u64(0xd3, 1)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		got, err := Decode(data)
 		want, werr := refDecode(data)

@@ -78,7 +78,7 @@ func parseIngestFlags(args []string, output io.Writer) (*ingestOptions, error) {
 	fs.IntVar(&o.Window, "window", 512, "events in flight per publisher (sent, not yet acknowledged by the stream)")
 	fs.IntVar(&o.EventsPerMsg, "events-per-msg", defaultEventsPerMsg, "KV events per NATS message: the publishers coalesce consecutive events into batch messages of up to this many, each sent at the latest 1ms after its first event (1: one event per message, the single-event form; batches need replicas that know the batch form)")
 	fs.IntVar(&o.MaxUnapplied, "max-unapplied", 512, "events published but not yet visible on every replica, over all workers, before publishers wait (0: no limit; the stream may then build a backlog)")
-	fs.DurationVar(&o.Poll, "poll", 50*time.Millisecond, "interval of the /cluster/status polls of every replica (resolution of visible_ms)")
+	fs.DurationVar(&o.Poll, "poll", 10*time.Millisecond, "interval of the /cluster/status?view=cursors polls of every replica (resolution of visible_ms)")
 	fs.IntVar(&o.SampleEvery, "sample-every", 50, "measure visibility of every Nth event of each worker")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", 60*time.Second, "after publishing, how long to wait for acknowledgements and visibility")
 	fs.StringVar(&o.Model, "model", "", "model the synthetic workers register under (default: the cluster's first model)")
@@ -552,7 +552,7 @@ func pollReplica(ctx context.Context, cl *live.Client, url string, r int, every 
 	for {
 		t0 := time.Now()
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		st, err := cl.Status(rctx, url)
+		st, err := cl.Cursors(rctx, url)
 		cancel()
 		if ctx.Err() != nil {
 			return

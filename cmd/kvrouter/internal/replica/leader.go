@@ -73,6 +73,12 @@ func (r *replica) consume(ctx context.Context, g *dataGroup, replicas int) error
 		// One Raft entry per run of events within --max-entry-bytes.
 		EntryBytes: wireEntryBytes, MaxEntryBytes: r.cfg.maxEntryBytes() - fsm.KVBatchOverhead,
 	}
+	if srv := r.bus.Server(); srv != nil && replicas > 1 {
+		// The embedded server is this replica's: keep the stream's and the
+		// consumer's NATS leadership on the other replicas, so the Raft
+		// leader does not carry all three (eventbus/leaders.go).
+		cc.SpreadFrom = srv.Name()
+	}
 	if r.sharded() {
 		cc.Stream = opts.Name
 		cc.Logger = cc.Logger.With("group", g.id)

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/cluster/clustertest"
 	"github.com/kvrouter/kvrouter/eventbus"
 	"github.com/kvrouter/kvrouter/fsm"
@@ -317,4 +318,25 @@ func TestReplicaIngestBatchMembers(t *testing.T) {
 		})
 	})
 	tc.WaitConverged()
+	// The cursors view (what kvbench ingest polls) says what the full
+	// status says.
+	if err := tc.eachReplica(func(r *replica) error {
+		cs := r.CursorStatus()
+		if len(cs.Workers) != 1 || cs.Workers[0].ID != "w" || len(cs.Workers[0].Ranks) != 1 {
+			return fmt.Errorf("cursors view %+v, want worker w with one rank", cs)
+		}
+		if got := cs.Workers[0].Ranks[0]; got != (api.CursorRank{Rank: 0, Blocks: 4, LastEventID: 4}) {
+			return fmt.Errorf("cursors view rank %+v, want event 4 and 4 blocks", got)
+		}
+		full := r.Status(false)["workers"].([]map[string]any)[0]["ranks"].([]map[string]any)[0]
+		if full["last_event_id"] != cs.Workers[0].Ranks[0].LastEventID || full["blocks"] != cs.Workers[0].Ranks[0].Blocks {
+			return fmt.Errorf("cursors view %+v, full status %v", cs.Workers[0].Ranks[0], full)
+		}
+		if cs.NodeID != r.node.ID() || cs.AppliedIndex == 0 || cs.State == "" {
+			return fmt.Errorf("cursors view header %+v", cs)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -641,3 +641,30 @@ var (
 	_ eventbus.LoadSink   = (*replica)(nil)
 	_ eventbus.TenantSink = (*replica)(nil)
 )
+
+var _ api.CursorReporter = (*replica)(nil)
+
+// CursorStatus is `/cluster/status?view=cursors` (api.CursorReporter): every
+// worker rank's last applied event id and held blocks, as the full Status
+// has them, and nothing that costs more than a map read (no Raft
+// configuration read through the Raft loop, no snapshot listing, no JSON
+// round trip): kvbench ingest polls it on every replica every few
+// milliseconds. AppliedIndex is the control group's.
+func (r *replica) CursorStatus() api.CursorStatus {
+	leader, _ := r.node.Leader()
+	st := api.CursorStatus{NodeID: r.node.ID(), State: r.node.State(), LeaderID: leader, AppliedIndex: r.fsm.AppliedIndex()}
+	stale, cursors := r.staleRanks(), r.cursors()
+	for _, w := range r.workers() {
+		cw := api.CursorWorker{ID: w.ID}
+		for _, key := range w.Keys() {
+			rk := fsm.RankKey{Worker: w.ID, DPRank: rankOf(key)}
+			cr := api.CursorRank{Rank: int(rk.DPRank), Blocks: r.heldBlocks(w.ID, key), LastEventID: cursors[rk]}
+			if s, ok := stale[rk]; ok {
+				cr.Stale = s.Reason
+			}
+			cw.Ranks = append(cw.Ranks, cr)
+		}
+		st.Workers = append(st.Workers, cw)
+	}
+	return st
+}
