@@ -19,9 +19,11 @@ import (
 //	         recent requests' (mean fill over their decode, TPOT) pairs
 //
 // With TTFT alone judged, candidates predicted to miss it leave the
-// candidate set while some candidate is predicted to meet it, and kv-pooled
-// places the request among the rest as it does without an SLO (the request's
-// own queue is what the prediction sees, and the cache is TTFT capacity).
+// candidate set while some candidate is predicted to meet it (the request's
+// own queue is what the prediction sees), and among the rest the placement's
+// pick stands when it holds more of the prompt than kv's pick (the cache the
+// request uses now is TTFT capacity), kv's pick otherwise
+// (pooledTTFTPickLocked).
 // With TPOT judged the placement's prefill lands in the decode steps of
 // every request on the worker it picks, which neither the placement prices
 // nor the fill line see, and kv's prefill term spreads: kv's pick stands
@@ -221,8 +223,9 @@ func (s *pooledWaitState) observeTPOT(b pooledBooking, outputTokens int, now tim
 
 // pooledSLOLocked is pooledCostsLocked with Config.SLO set. With TTFT
 // alone judged, the candidates predicted to miss it leave while another is
-// predicted to meet it, and pooledPlaceLocked places the request among the
-// rest. With TPOT judged, kv's pick stands unless a departure is predicted
+// predicted to meet it, and among the rest the placement's pick stands when
+// it holds more of the prompt than kv's (pooledTTFTPickLocked). With TPOT
+// judged, kv's pick stands unless a departure is predicted
 // to meet the SLO with margin (pooledSLOPickLocked). With every candidate
 // predicted to miss, or a prediction not available yet, pooledPlaceLocked
 // places among all of them, as without an SLO. r.mu must be held, with
@@ -266,15 +269,63 @@ func (r *Router) pooledSLOLocked(req Request, rows []WorkerCost, candidates []in
 	if slo.TPOT > 0 {
 		return r.pooledSLOPickLocked(req, rows, candidates, now)
 	}
-	if len(ps.sloKept) == len(candidates) {
-		return r.pooledPlaceLocked(req, rows, candidates, now)
+	return r.pooledTTFTPickLocked(req, rows, candidates, now)
+}
+
+// pooledTTFTPickLocked decides with TTFT alone judged and some candidate
+// predicted to meet it. The candidates predicted to miss leave (shown busy
+// with both predictions); among the rest the placement's pick stands only
+// when it holds more of the prompt than kv's pick (kv's cost, lowest, among
+// the same workers): a departure that computes fewer prefill blocks now,
+// which is TTFT capacity the request itself uses. Any other departure is
+// for the eviction, copy and home prices, a cache for later requests
+// bought with the load balance of kv's cost; with TTFT judged that cache
+// is worth its price only where it is used before it is evicted, which
+// nothing here observes (on 16 × 512 blocks at 512-token outputs most
+// departures were such, the working set exceeded the fleet and the
+// imbalance ended in preemptions), so kv's pick. r.mu must be held,
+// ps.meets, ps.ttft, ps.tpot, ps.over and ps.eff filled.
+func (r *Router) pooledTTFTPickLocked(req Request, rows []WorkerCost, candidates []int, now time.Time) []int {
+	ps := &r.pooled
+	slo := r.cfg.SLO
+	kept := candidates
+	if len(ps.sloKept) < len(candidates) {
+		kept = ps.sloKept
+	}
+	// kv's admission flags (what the booking records) and kv's pick among
+	// kept, the first of the lowest costs.
+	ps.kvAdmit = growClear(ps.kvAdmit, len(r.workers))
+	for j, i := range candidates {
+		ps.kvAdmit[i] = ps.over[j] <= 0
+	}
+	kv := kept[0]
+	for _, i := range kept {
+		if rows[i].Cost < rows[kv].Cost {
+			kv = i
+		}
+	}
+	ps.saved = append(ps.saved[:0], rows...)
+	placed := r.pooledPlaceLocked(req, rows, kept, now)
+	pick := -1
+	for _, i := range placed {
+		if pick < 0 || rows[i].Cost < rows[pick].Cost {
+			pick = i
+		}
+	}
+	if pick < 0 || ps.eff[pick] <= ps.eff[kv] {
+		// kv's cost among kept, as kv decides (its exact ties drawn by
+		// the rng).
+		copy(rows, ps.saved)
+		ps.admit = growClear(ps.admit, len(r.workers))
+		copy(ps.admit, ps.kvAdmit)
+		placed = kept
 	}
 	for j, i := range candidates {
 		if !ps.meets[j] {
 			rows[i].setBusy(busyWhy{kind: busySLO, x: ps.ttft[j], y: ps.tpot[j], m: int64(slo.TTFT), n: int64(slo.TPOT)})
 		}
 	}
-	return r.pooledPlaceLocked(req, rows, ps.sloKept, now)
+	return placed
 }
 
 // pooledSLOPickLocked decides with TPOT judged and some candidate

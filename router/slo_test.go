@@ -171,12 +171,22 @@ func TestPooledSLODecisions(t *testing.T) {
 		// TTFT: a holds 95 blocks, its running request 1 s into a 1.525 s
 		// decode (6.25 blocks of output): the 12 new blocks fit when it
 		// ends, 0.525 s from now. b starts it now: 12 blocks at 1 ms.
-		{name: "ttft: the wait misses", slo: SLO{TTFT: 100 * ms}, running: []running{{"a", 95, time.Second}}, want: "b", busyA: "miss the SLO"},
-		// 525 ms meets 600 ms: a stays a candidate, and (the fleet
-		// overloaded) kv-pooled's queue price sends the request to b as it
-		// does without an SLO.
+		// b, the only one left, holds no more of the prompt than kv's pick
+		// among the rest (itself): kv's rows.
+		{name: "ttft: the wait misses", slo: SLO{TTFT: 100 * ms}, running: []running{{"a", 95, time.Second}}, want: "b", kv: true, busyA: "miss the SLO"},
+		// 525 ms meets 600 ms: a stays a candidate; kv's pick is b (84
+		// against a's 107) and so is the placement's (the fleet
+		// overloaded, its queue price), which holds no more of the prompt
+		// than kv's pick: kv's rows decide.
 		{name: "ttft: the wait meets a looser SLO", slo: SLO{TTFT: 600 * ms},
-			running: []running{{"a", 95, time.Second}, {"b", 60, 0}}, want: "b"},
+			running: []running{{"a", 95, time.Second}, {"b", 60, 0}}, want: "b", kv: true},
+		// Both meet 600 ms; kv's pick is b (24 against a's 39), the
+		// placement's a (b would copy the 12 blocks a holds), which holds
+		// more of the prompt: the placement's pick stands, its rows as
+		// without an SLO.
+		{name: "ttft: the placement's pick holds more of the prompt than kv's", slo: SLO{TTFT: 600 * ms},
+			running: []running{{"a", 27, 0}}, want: "a"},
+
 		{name: "ttft: no rates yet", slo: SLO{TTFT: 100 * ms}, noRates: true, running: []running{{"a", 40, 0}}, want: "a"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
