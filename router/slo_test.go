@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -147,6 +148,9 @@ func TestPooledSLODecisions(t *testing.T) {
 		want    WorkerID
 		kv      bool   // kv's rows (no placement terms) decide
 		busyA   string // a substring of a's busy reason, "" for not busy
+		fresh   bool   // the request's prompt is held nowhere
+		fillA   int    // blocks of other content a caches beside the prompt
+		capB    int    // b's capacity (0: 100 blocks)
 	}{
 		{name: "no SLO", running: []running{{"a", 40, 0}}, want: "a"},
 		// The line TPOT = 0.05·fill (10 ms at 0.2, 40 ms at 0.8) meets 30 ms
@@ -187,6 +191,16 @@ func TestPooledSLODecisions(t *testing.T) {
 		{name: "ttft: the placement's pick holds more of the prompt than kv's", slo: SLO{TTFT: 600 * ms},
 			running: []running{{"a", 27, 0}}, want: "a"},
 
+		// A prompt no one holds; a caches 95 blocks of other content,
+		// so 7 of the 12 new blocks evict unique blocks (8 each); b runs
+		// 20 blocks: kv's pick is a (24 against 44), the placement's b
+		// (24 + 56 against 44), holding no more of the prompt. Both meet
+		// 600 ms. b larger than a: the placement's pick stands; b of a's
+		// capacity: kv's pick.
+		{name: "ttft: equal overlap, the placement's pick has more capacity", slo: SLO{TTFT: 600 * ms}, fresh: true, fillA: 95, capB: 200,
+			running: []running{{"b", 20, 0}}, want: "b"},
+		{name: "ttft: equal overlap, the placement's pick no larger: kv's", slo: SLO{TTFT: 600 * ms}, fresh: true, fillA: 95,
+			running: []running{{"b", 20, 0}}, want: "a", kv: true},
 		{name: "ttft: no rates yet", slo: SLO{TTFT: 100 * ms}, noRates: true, running: []running{{"a", 40, 0}}, want: "a"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -195,8 +209,17 @@ func TestPooledSLODecisions(t *testing.T) {
 			cfg.Pooled.OutputTokens = &out
 			cfg.Pooled.HomeWeight = ptr(0.0)
 			cfg.SLO = c.slo
-			r := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: 100})
+			capB := cmp.Or(c.capB, 100)
+			r := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: capB})
 			store(t, ix, "a", prompt)
+			if c.fillA > 0 {
+				store(t, ix, "a", tokens(77, 16*c.fillA))
+			}
+			prompt, hashes := prompt, hashes
+			if c.fresh {
+				prompt = tokens(8, 16*12)
+				hashes = SequenceHashes(prompt, 16, "")
+			}
 			now := t0.Add(10 * time.Second)
 			for k, run := range c.running {
 				id := fmt.Sprint("run", k)
@@ -241,7 +264,7 @@ func TestPooledSLODecisions(t *testing.T) {
 			// bit.
 			if c.busyA == "" && !c.kv {
 				cfg.SLO = SLO{}
-				r2 := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: 100})
+				r2 := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: capB})
 				r2.load = r.load
 				r.mu.Lock()
 				r2.wait.fleet, r2.outputs = r.wait.fleet, r.outputs
