@@ -249,10 +249,17 @@ func (r *Router) pooledSLOLocked(req Request, rows []WorkerCost, candidates []in
 		}
 		r.wait.decided = append(r.wait.decided, sloDecided{r.workers[i].ID, fill, math.NaN()})
 	}
+	slo := r.cfg.SLO
+	// With TPOT judged on a fleet of one capacity, kv's pick, always
+	// (pooledKVPickLocked). The predictions are still made where they can
+	// be, so the TPOT line's error keeps being observed.
+	uniform := slo.TPOT > 0 && known && r.sameCapacityLocked(candidates)
 	if !known || !r.sloPredictLocked(req, candidates, now) {
+		if uniform {
+			return r.pooledKVPickLocked(candidates)
+		}
 		return r.pooledPlaceLocked(req, rows, candidates, now)
 	}
-	slo := r.cfg.SLO
 	ps.meets = growClear(ps.meets, len(candidates))
 	ps.sloKept = ps.sloKept[:0]
 	for j, i := range candidates {
@@ -264,6 +271,9 @@ func (r *Router) pooledSLOLocked(req Request, rows []WorkerCost, candidates []in
 			r.wait.decided[j].tpot = ps.tpot[j]
 		}
 	}
+	if uniform {
+		return r.pooledKVPickLocked(candidates)
+	}
 	if len(ps.sloKept) == 0 {
 		return r.pooledPlaceLocked(req, rows, candidates, now)
 	}
@@ -271,6 +281,36 @@ func (r *Router) pooledSLOLocked(req Request, rows []WorkerCost, candidates []in
 		return r.pooledSLOPickLocked(req, rows, candidates, now)
 	}
 	return r.pooledTTFTPickLocked(req, rows, candidates, now)
+}
+
+// pooledKVPickLocked leaves kv's rows as computed and every candidate in:
+// kv's decision, to the rng's draw, with the admission flags the booking
+// records. kv-pooled decides so with TPOT judged on a fleet whose
+// candidates all have one KV capacity: there the TPOT line's prediction
+// error is as wide as the spread of its predictions across the workers
+// (DESIGN.md, "Against an SLO": σ of the residual 3.8–4 ms, correlation
+// 0.59), so "predicted to miss" mostly names the holder with a block or
+// two more, every departure rule measured stayed 0.2–0.9 points of
+// attainment under kv, and kv's cost over every candidate tied it.
+// r.mu must be held, ps.over filled.
+func (r *Router) pooledKVPickLocked(candidates []int) []int {
+	ps := &r.pooled
+	ps.admit = growClear(ps.admit, len(r.workers))
+	for j, i := range candidates {
+		ps.admit[i] = ps.over[j] <= 0
+	}
+	return candidates
+}
+
+// sameCapacityLocked: every candidate registered the same KV capacity.
+// r.mu must be held.
+func (r *Router) sameCapacityLocked(candidates []int) bool {
+	for _, i := range candidates {
+		if r.workers[i].TotalBlocks != r.workers[candidates[0]].TotalBlocks {
+			return false
+		}
+	}
+	return true
 }
 
 // pooledTTFTPickLocked decides with TTFT alone judged and some candidate

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -150,13 +149,15 @@ func TestPooledSLODecisions(t *testing.T) {
 		busyA   string // a substring of a's busy reason, "" for not busy
 		fresh   bool   // the request's prompt is held nowhere
 		fillA   int    // blocks of other content a caches beside the prompt
-		capB    int    // b's capacity (0: 100 blocks)
+		capB    int    // b's capacity (0: 100 blocks, 101 with TPOT judged)
 	}{
 		{name: "no SLO", running: []running{{"a", 40, 0}}, want: "a"},
 		// The line TPOT = 0.05·fill (10 ms at 0.2, 40 ms at 0.8) meets 30 ms
 		// at 0.6. a's fill: (28 pinned + 10 reserved + 12 new + 10)/100 = 0.6.
 		// kv's pick is b (cost 24 against a's 39), predicted to meet.
 		{name: "tpot: placement's pick meets with the error", slo: SLO{TPOT: 30 * ms}, running: []running{{"a", 27, 0}}, want: "a"},
+		// The same on a fleet of one capacity: kv's pick, its rows.
+		{name: "tpot: one capacity: kv's", slo: SLO{TPOT: 30 * ms}, capB: 100, running: []running{{"a", 27, 0}}, want: "b", kv: true},
 		{name: "tpot: placement's pick within the error: kv's", slo: SLO{TPOT: 30 * ms}, errMs: 1, running: []running{{"a", 27, 0}}, want: "b", kv: true},
 		{name: "tpot: no error observed yet: kv's", slo: SLO{TPOT: 30 * ms}, noErr: true, running: []running{{"a", 27, 0}}, want: "b", kv: true},
 		{name: "tpot: placement's pick over the line: kv's", slo: SLO{TPOT: 30 * ms}, running: []running{{"a", 29, 0}}, want: "b", kv: true},
@@ -209,7 +210,16 @@ func TestPooledSLODecisions(t *testing.T) {
 			cfg.Pooled.OutputTokens = &out
 			cfg.Pooled.HomeWeight = ptr(0.0)
 			cfg.SLO = c.slo
-			capB := cmp.Or(c.capB, 100)
+			// b's capacity: 101 blocks where TPOT is judged, so the fleet is
+			// not uniform and the departure rules decide (on one capacity
+			// kv-pooled takes kv's pick: the uniform case below).
+			capB := c.capB
+			if capB == 0 {
+				capB = 100
+				if c.slo.TPOT > 0 {
+					capB = 101
+				}
+			}
 			r := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: capB})
 			store(t, ix, "a", prompt)
 			if c.fillA > 0 {
@@ -390,7 +400,8 @@ func TestPooledSLODepartsFromKVOnlyWhenSafe(t *testing.T) {
 			cfg.Pooled.OutputTokens = &out
 			cfg.Pooled.HomeWeight = ptr(0.0)
 			cfg.SLO = c.slo
-			r := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: 100}, WorkerInfo{ID: "c", TotalBlocks: 100})
+			// c one block larger: not one capacity (pooledKVPickLocked).
+			r := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: 100}, WorkerInfo{ID: "c", TotalBlocks: 101})
 			store(t, ix, "b", prompt)
 			now := t0.Add(10 * time.Second)
 			for k, run := range []struct {
@@ -471,7 +482,8 @@ func TestPooledSLOKVPickMisses(t *testing.T) {
 				limit = time.Duration(c.limitMs * float64(time.Millisecond))
 			}
 			cfg.SLO = SLO{TPOT: limit}
-			workers := []WorkerInfo{{ID: "a", TotalBlocks: 100}, {ID: "b", TotalBlocks: 100}, {ID: "c", TotalBlocks: 100}}
+			// c one block larger: not one capacity (pooledKVPickLocked).
+			workers := []WorkerInfo{{ID: "a", TotalBlocks: 100}, {ID: "b", TotalBlocks: 100}, {ID: "c", TotalBlocks: 101}}
 			runs := []struct {
 				worker WorkerID
 				blocks int
