@@ -19,9 +19,11 @@ import (
 //	         recent requests' (mean fill over their decode, TPOT) pairs
 //
 // With TTFT alone judged, candidates predicted to miss it leave the
-// candidate set while some candidate is predicted to meet it, and kv-pooled
-// places the request among the rest as it does without an SLO (the request's
-// own queue is what the prediction sees, and the cache is TTFT capacity).
+// candidate set while some candidate is predicted to meet it (the request's
+// own queue is what the prediction sees), and among the rest the placement's
+// pick stands when it holds more of the prompt than kv's pick (the cache the
+// request uses now is TTFT capacity) or has more KV capacity (the cache it
+// builds lives longer there), kv's pick otherwise (pooledTTFTPickLocked).
 // With TPOT judged the placement's prefill lands in the decode steps of
 // every request on the worker it picks, which neither the placement prices
 // nor the fill line see, and kv's prefill term spreads: kv's pick stands
@@ -221,8 +223,10 @@ func (s *pooledWaitState) observeTPOT(b pooledBooking, outputTokens int, now tim
 
 // pooledSLOLocked is pooledCostsLocked with Config.SLO set. With TTFT
 // alone judged, the candidates predicted to miss it leave while another is
-// predicted to meet it, and pooledPlaceLocked places the request among the
-// rest. With TPOT judged, kv's pick stands unless a departure is predicted
+// predicted to meet it, and among the rest the placement's pick stands when
+// it holds more of the prompt than kv's or has more KV capacity
+// (pooledTTFTPickLocked). With TPOT
+// judged, kv's pick stands unless a departure is predicted
 // to meet the SLO with margin (pooledSLOPickLocked). With every candidate
 // predicted to miss, or a prediction not available yet, pooledPlaceLocked
 // places among all of them, as without an SLO. r.mu must be held, with
@@ -245,10 +249,17 @@ func (r *Router) pooledSLOLocked(req Request, rows []WorkerCost, candidates []in
 		}
 		r.wait.decided = append(r.wait.decided, sloDecided{r.workers[i].ID, fill, math.NaN()})
 	}
+	slo := r.cfg.SLO
+	// With TPOT judged on a fleet of one capacity, kv's pick, always
+	// (pooledKVPickLocked). The predictions are still made where they can
+	// be, so the TPOT line's error keeps being observed.
+	uniform := slo.TPOT > 0 && known && r.sameCapacityLocked(candidates)
 	if !known || !r.sloPredictLocked(req, candidates, now) {
+		if uniform {
+			return r.pooledKVPickLocked(candidates)
+		}
 		return r.pooledPlaceLocked(req, rows, candidates, now)
 	}
-	slo := r.cfg.SLO
 	ps.meets = growClear(ps.meets, len(candidates))
 	ps.sloKept = ps.sloKept[:0]
 	for j, i := range candidates {
@@ -260,21 +271,105 @@ func (r *Router) pooledSLOLocked(req Request, rows []WorkerCost, candidates []in
 			r.wait.decided[j].tpot = ps.tpot[j]
 		}
 	}
+	if uniform {
+		return r.pooledKVPickLocked(candidates)
+	}
 	if len(ps.sloKept) == 0 {
 		return r.pooledPlaceLocked(req, rows, candidates, now)
 	}
 	if slo.TPOT > 0 {
 		return r.pooledSLOPickLocked(req, rows, candidates, now)
 	}
-	if len(ps.sloKept) == len(candidates) {
-		return r.pooledPlaceLocked(req, rows, candidates, now)
+	return r.pooledTTFTPickLocked(req, rows, candidates, now)
+}
+
+// pooledKVPickLocked leaves kv's rows as computed and every candidate in:
+// kv's decision, to the rng's draw, with the admission flags the booking
+// records. kv-pooled decides so with TPOT judged on a fleet whose
+// candidates all have one KV capacity: there the TPOT line's prediction
+// error is as wide as the spread of its predictions across the workers
+// (DESIGN.md, "Against an SLO": σ of the residual 3.8–4 ms, correlation
+// 0.59), so "predicted to miss" mostly names the holder with a block or
+// two more, every departure rule measured stayed 0.2–0.9 points of
+// attainment under kv, and kv's cost over every candidate tied it.
+// r.mu must be held, ps.over filled.
+func (r *Router) pooledKVPickLocked(candidates []int) []int {
+	ps := &r.pooled
+	ps.admit = growClear(ps.admit, len(r.workers))
+	for j, i := range candidates {
+		ps.admit[i] = ps.over[j] <= 0
+	}
+	return candidates
+}
+
+// sameCapacityLocked: every candidate registered the same KV capacity.
+// r.mu must be held.
+func (r *Router) sameCapacityLocked(candidates []int) bool {
+	for _, i := range candidates {
+		if r.workers[i].TotalBlocks != r.workers[candidates[0]].TotalBlocks {
+			return false
+		}
+	}
+	return true
+}
+
+// pooledTTFTPickLocked decides with TTFT alone judged and some candidate
+// predicted to meet it. The candidates predicted to miss leave (shown busy
+// with both predictions); among the rest the placement's pick stands when
+// it holds more of the prompt than kv's pick (kv's cost, lowest, among the
+// same workers): a departure that computes fewer prefill blocks now, which
+// is TTFT capacity the request itself uses. Any other departure is for the
+// eviction, copy and home prices, a cache for later requests bought with
+// the load balance of kv's cost, and that cache is worth its price only
+// if it lives until it is used: it stands when the placement's pick has
+// more KV capacity than kv's pick (an LRU of more blocks keeps content
+// longer), and on workers of kv's pick's capacity or less kv's pick
+// decides (on a uniform fleet nothing tells the workers' caches apart but
+// their hashes: on 16 × 512 blocks at 512-token outputs 700 of 829
+// departures held as much of the prompt as kv's pick, the working set
+// exceeded the fleet, and the imbalance ended in preemptions). r.mu must
+// be held, ps.meets, ps.ttft, ps.tpot, ps.over and ps.eff filled.
+func (r *Router) pooledTTFTPickLocked(req Request, rows []WorkerCost, candidates []int, now time.Time) []int {
+	ps := &r.pooled
+	slo := r.cfg.SLO
+	kept := candidates
+	if len(ps.sloKept) < len(candidates) {
+		kept = ps.sloKept
+	}
+	// kv's admission flags (what the booking records) and kv's pick among
+	// kept, the first of the lowest costs.
+	ps.kvAdmit = growClear(ps.kvAdmit, len(r.workers))
+	for j, i := range candidates {
+		ps.kvAdmit[i] = ps.over[j] <= 0
+	}
+	kv := kept[0]
+	for _, i := range kept {
+		if rows[i].Cost < rows[kv].Cost {
+			kv = i
+		}
+	}
+	ps.saved = append(ps.saved[:0], rows...)
+	placed := r.pooledPlaceLocked(req, rows, kept, now)
+	pick := -1
+	for _, i := range placed {
+		if pick < 0 || rows[i].Cost < rows[pick].Cost {
+			pick = i
+		}
+	}
+	if pick < 0 || (ps.eff[pick] <= ps.eff[kv] && r.workers[pick].TotalBlocks <= r.workers[kv].TotalBlocks) {
+		// kv's cost among kept, as kv decides (its exact ties drawn by
+		// the rng).
+		copy(rows, ps.saved)
+		ps.admit = growClear(ps.admit, len(r.workers))
+		copy(ps.admit, ps.kvAdmit)
+		placed = kept
 	}
 	for j, i := range candidates {
 		if !ps.meets[j] {
 			rows[i].setBusy(busyWhy{kind: busySLO, x: ps.ttft[j], y: ps.tpot[j], m: int64(slo.TTFT), n: int64(slo.TPOT)})
 		}
 	}
-	return r.pooledPlaceLocked(req, rows, ps.sloKept, now)
+	return placed
 }
 
 // pooledSLOPickLocked decides with TPOT judged and some candidate

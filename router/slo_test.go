@@ -147,12 +147,17 @@ func TestPooledSLODecisions(t *testing.T) {
 		want    WorkerID
 		kv      bool   // kv's rows (no placement terms) decide
 		busyA   string // a substring of a's busy reason, "" for not busy
+		fresh   bool   // the request's prompt is held nowhere
+		fillA   int    // blocks of other content a caches beside the prompt
+		capB    int    // b's capacity (0: 100 blocks, 101 with TPOT judged)
 	}{
 		{name: "no SLO", running: []running{{"a", 40, 0}}, want: "a"},
 		// The line TPOT = 0.05·fill (10 ms at 0.2, 40 ms at 0.8) meets 30 ms
 		// at 0.6. a's fill: (28 pinned + 10 reserved + 12 new + 10)/100 = 0.6.
 		// kv's pick is b (cost 24 against a's 39), predicted to meet.
 		{name: "tpot: placement's pick meets with the error", slo: SLO{TPOT: 30 * ms}, running: []running{{"a", 27, 0}}, want: "a"},
+		// The same on a fleet of one capacity: kv's pick, its rows.
+		{name: "tpot: one capacity: kv's", slo: SLO{TPOT: 30 * ms}, capB: 100, running: []running{{"a", 27, 0}}, want: "b", kv: true},
 		{name: "tpot: placement's pick within the error: kv's", slo: SLO{TPOT: 30 * ms}, errMs: 1, running: []running{{"a", 27, 0}}, want: "b", kv: true},
 		{name: "tpot: no error observed yet: kv's", slo: SLO{TPOT: 30 * ms}, noErr: true, running: []running{{"a", 27, 0}}, want: "b", kv: true},
 		{name: "tpot: placement's pick over the line: kv's", slo: SLO{TPOT: 30 * ms}, running: []running{{"a", 29, 0}}, want: "b", kv: true},
@@ -171,12 +176,32 @@ func TestPooledSLODecisions(t *testing.T) {
 		// TTFT: a holds 95 blocks, its running request 1 s into a 1.525 s
 		// decode (6.25 blocks of output): the 12 new blocks fit when it
 		// ends, 0.525 s from now. b starts it now: 12 blocks at 1 ms.
-		{name: "ttft: the wait misses", slo: SLO{TTFT: 100 * ms}, running: []running{{"a", 95, time.Second}}, want: "b", busyA: "miss the SLO"},
-		// 525 ms meets 600 ms: a stays a candidate, and (the fleet
-		// overloaded) kv-pooled's queue price sends the request to b as it
-		// does without an SLO.
+		// b, the only one left, holds no more of the prompt than kv's pick
+		// among the rest (itself): kv's rows.
+		{name: "ttft: the wait misses", slo: SLO{TTFT: 100 * ms}, running: []running{{"a", 95, time.Second}}, want: "b", kv: true, busyA: "miss the SLO"},
+		// 525 ms meets 600 ms: a stays a candidate; kv's pick is b (84
+		// against a's 107) and so is the placement's (the fleet
+		// overloaded, its queue price), which holds no more of the prompt
+		// than kv's pick: kv's rows decide.
 		{name: "ttft: the wait meets a looser SLO", slo: SLO{TTFT: 600 * ms},
-			running: []running{{"a", 95, time.Second}, {"b", 60, 0}}, want: "b"},
+			running: []running{{"a", 95, time.Second}, {"b", 60, 0}}, want: "b", kv: true},
+		// Both meet 600 ms; kv's pick is b (24 against a's 39), the
+		// placement's a (b would copy the 12 blocks a holds), which holds
+		// more of the prompt: the placement's pick stands, its rows as
+		// without an SLO.
+		{name: "ttft: the placement's pick holds more of the prompt than kv's", slo: SLO{TTFT: 600 * ms},
+			running: []running{{"a", 27, 0}}, want: "a"},
+
+		// A prompt no one holds; a caches 95 blocks of other content,
+		// so 7 of the 12 new blocks evict unique blocks (8 each); b runs
+		// 20 blocks: kv's pick is a (24 against 44), the placement's b
+		// (24 + 56 against 44), holding no more of the prompt. Both meet
+		// 600 ms. b larger than a: the placement's pick stands; b of a's
+		// capacity: kv's pick.
+		{name: "ttft: equal overlap, the placement's pick has more capacity", slo: SLO{TTFT: 600 * ms}, fresh: true, fillA: 95, capB: 200,
+			running: []running{{"b", 20, 0}}, want: "b"},
+		{name: "ttft: equal overlap, the placement's pick no larger: kv's", slo: SLO{TTFT: 600 * ms}, fresh: true, fillA: 95,
+			running: []running{{"b", 20, 0}}, want: "a", kv: true},
 		{name: "ttft: no rates yet", slo: SLO{TTFT: 100 * ms}, noRates: true, running: []running{{"a", 40, 0}}, want: "a"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -185,8 +210,26 @@ func TestPooledSLODecisions(t *testing.T) {
 			cfg.Pooled.OutputTokens = &out
 			cfg.Pooled.HomeWeight = ptr(0.0)
 			cfg.SLO = c.slo
-			r := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: 100})
+			// b's capacity: 101 blocks where TPOT is judged, so the fleet is
+			// not uniform and the departure rules decide (on one capacity
+			// kv-pooled takes kv's pick: the uniform case below).
+			capB := c.capB
+			if capB == 0 {
+				capB = 100
+				if c.slo.TPOT > 0 {
+					capB = 101
+				}
+			}
+			r := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: capB})
 			store(t, ix, "a", prompt)
+			if c.fillA > 0 {
+				store(t, ix, "a", tokens(77, 16*c.fillA))
+			}
+			prompt, hashes := prompt, hashes
+			if c.fresh {
+				prompt = tokens(8, 16*12)
+				hashes = SequenceHashes(prompt, 16, "")
+			}
 			now := t0.Add(10 * time.Second)
 			for k, run := range c.running {
 				id := fmt.Sprint("run", k)
@@ -231,7 +274,7 @@ func TestPooledSLODecisions(t *testing.T) {
 			// bit.
 			if c.busyA == "" && !c.kv {
 				cfg.SLO = SLO{}
-				r2 := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: 100})
+				r2 := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: capB})
 				r2.load = r.load
 				r.mu.Lock()
 				r2.wait.fleet, r2.outputs = r.wait.fleet, r.outputs
@@ -357,7 +400,8 @@ func TestPooledSLODepartsFromKVOnlyWhenSafe(t *testing.T) {
 			cfg.Pooled.OutputTokens = &out
 			cfg.Pooled.HomeWeight = ptr(0.0)
 			cfg.SLO = c.slo
-			r := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: 100}, WorkerInfo{ID: "c", TotalBlocks: 100})
+			// c one block larger: not one capacity (pooledKVPickLocked).
+			r := newTestRouter(t, cfg, ix, WorkerInfo{ID: "a", TotalBlocks: 100}, WorkerInfo{ID: "b", TotalBlocks: 100}, WorkerInfo{ID: "c", TotalBlocks: 101})
 			store(t, ix, "b", prompt)
 			now := t0.Add(10 * time.Second)
 			for k, run := range []struct {
@@ -438,7 +482,8 @@ func TestPooledSLOKVPickMisses(t *testing.T) {
 				limit = time.Duration(c.limitMs * float64(time.Millisecond))
 			}
 			cfg.SLO = SLO{TPOT: limit}
-			workers := []WorkerInfo{{ID: "a", TotalBlocks: 100}, {ID: "b", TotalBlocks: 100}, {ID: "c", TotalBlocks: 100}}
+			// c one block larger: not one capacity (pooledKVPickLocked).
+			workers := []WorkerInfo{{ID: "a", TotalBlocks: 100}, {ID: "b", TotalBlocks: 100}, {ID: "c", TotalBlocks: 101}}
 			runs := []struct {
 				worker WorkerID
 				blocks int
