@@ -1,0 +1,208 @@
+package tenant
+
+import (
+	"cmp"
+	"hash/fnv"
+	"math"
+	"slices"
+	"time"
+)
+
+// Tenant isolation (Config.Isolation, kvrouter serve --tenant-isolation S,
+// kvbench sim --tenant-isolation S): while a tenant is over its share
+// (overLocked, the rule of Window and Guard), k of a model's workers are
+// reserved for the tenants at or under theirs. A request of an over-share
+// tenant is kept off the reserved workers (it waits in the queue while
+// every other worker is full); a request of an under-share tenant prefers
+// them (it goes to one while one has room, else anywhere by cost). The
+// latency guard judges a worker by what the router can predict; a
+// reserved worker runs no step of the flood at all, so what the engine
+// does beside it (its prefill chunks in the same step, its decode batch)
+// is not there to predict.
+//
+// Every replica computes the same set without a word to the others:
+//
+//	k = ⌈ n · S · U ÷ A ⌉, clamped to [1, n−1]
+//	    n: the model's workers; S: the safety factor (≥ 1);
+//	    U: the under-share tenants' tokens charged fleet-wide over the last
+//	       RecentWindow (uncached prompt + output, the fairness counters'
+//	       unit, from every replica's reports: the shared ledger);
+//	    A: every active tenant's tokens over the same window.
+//	k = 0 while the model has one active tenant, or none is over its share.
+//
+// The set is the first k workers in rendezvous order (ReservedWorkers: the
+// highest hash of model and worker id), a function of the worker ids
+// alone: the same on every replica, independent of the order a replica
+// lists them in, and nested (the set for k is in the set for k+1), so a k
+// that moves by one moves one worker, and a worker's departure moves only
+// its own slot. Cache: the set is not chosen by where the under-share
+// tenants' prefixes are now; they follow it. Their requests go to the
+// reserved workers, which then hold their prefixes, and the flood, kept
+// off them, no longer evicts those; a set chosen from the index would
+// differ between replicas by the index's event lag and flip with each
+// eviction, moving the prefixes it was meant to keep.
+//
+// The clamp to n−1 keeps one worker for the over-share tenant, because U ÷
+// A feeds back: the flood held off k workers is charged less, U ÷ A grows,
+// and so does k. Without the clamp the fixed point of x = k ÷ n solves
+// x (u + 1 − x) = u S (u: the under-share tenants' demand as a fraction of
+// the fleet); for S = 1.5 it exists only for u ≤ 0.27, above that k would
+// climb to n.
+
+// RecentWindow is how far back the demand share looks; recentBucket its
+// resolution.
+const (
+	RecentWindow = 5 * time.Second
+	recentBucket = 250 * time.Millisecond
+	recentN      = int(RecentWindow / recentBucket)
+)
+
+// recentTokens counts tokens over the last RecentWindow in buckets aligned
+// to the clock (every replica's buckets cover the same instants).
+type recentTokens struct {
+	at     [recentN]int64 // the bucket number each slot holds
+	tokens [recentN]uint64
+}
+
+func (r *recentTokens) add(now time.Time, n uint64) {
+	b := now.UnixNano() / int64(recentBucket)
+	i := b % int64(recentN)
+	if r.at[i] != b {
+		r.at[i], r.tokens[i] = b, 0
+	}
+	r.tokens[i] += n
+}
+
+func (r *recentTokens) sum(now time.Time) uint64 {
+	b := now.UnixNano() / int64(recentBucket)
+	var n uint64
+	for i := range r.at {
+		if b-r.at[i] < int64(recentN) && r.at[i] <= b {
+			n += r.tokens[i]
+		}
+	}
+	return n
+}
+
+// ValidateIsolation refuses a safety factor that is not 0 (off) or a
+// finite number of at least 1.
+func ValidateIsolation(s float64) bool {
+	return s == 0 || (s >= 1 && !math.IsInf(s, 1))
+}
+
+// recentLocked adds n tokens to a tenant's fleet-wide recent count. mu
+// must be held.
+func (l *Ledger) recentLocked(k tenantKey, now time.Time, n uint64) {
+	if l.cfg.Isolation == 0 || n == 0 {
+		return
+	}
+	r, ok := l.recent[k]
+	if !ok {
+		if len(l.recent) >= 4*l.cfg.MaxTenants {
+			return // bounded as the ledger is; a forgotten tenant frees its slot
+		}
+		r = &recentTokens{}
+		l.recent[k] = r
+	}
+	r.add(now, n)
+}
+
+// Recent is a tenant's tokens charged fleet-wide over the last
+// RecentWindow as this replica knows them (with Config.Isolation; tests,
+// diagnostics).
+func (l *Ledger) Recent(model, tenant string) uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r, ok := l.recent[tenantKey{model, tenant}]; ok {
+		return r.sum(l.cfg.Now())
+	}
+	return 0
+}
+
+// Isolation is the rule's answer for a request of tenant on a model of n
+// workers: k, how many workers are reserved for the tenants under their
+// share (0: none), and over, whether tenant is over its share (its request
+// is kept off them; otherwise it prefers them).
+func (l *Ledger) Isolation(model, tenant string, n int) (k int, over bool) {
+	if l.cfg.Isolation == 0 || n < 2 {
+		return 0, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.cfg.Now()
+	var under, all uint64
+	anyOver, anyUnder, active := false, false, 0
+	for _, o := range l.keysLocked(model) {
+		if !l.activeLocked(o) {
+			continue
+		}
+		active++
+		var recent uint64
+		if r, ok := l.recent[o]; ok {
+			recent = r.sum(now)
+		}
+		all += recent
+		ov, _ := l.overLocked(o)
+		if o.tenant == tenant {
+			over = ov
+		}
+		if ov {
+			anyOver = true
+		} else {
+			anyUnder, under = true, under+recent
+		}
+	}
+	if active < 2 || !anyOver || !anyUnder {
+		return 0, false
+	}
+	share := 0.0
+	if all > 0 {
+		share = float64(under) / float64(all)
+	}
+	k = int(math.Ceil(float64(n) * l.cfg.Isolation * share))
+	return min(max(k, 1), n-1), over
+}
+
+// ReservedWorkers appends to dst the k workers of model reserved by the
+// isolation rule: the first k in rendezvous order (the highest FNV-1a hash
+// of model and worker id, ties by id). It reads nothing but its arguments,
+// so every replica listing the same workers reserves the same ones,
+// whatever their order.
+func ReservedWorkers[W ~string](model string, workers []W, k int, dst []W) []W {
+	if k <= 0 || len(workers) == 0 {
+		return dst
+	}
+	type scored struct {
+		w     W
+		score uint64
+	}
+	all := make([]scored, len(workers))
+	for i, w := range workers {
+		h := fnv.New64a()
+		h.Write([]byte(model))
+		h.Write([]byte{0})
+		h.Write([]byte(w))
+		all[i] = scored{w, mix64(h.Sum64())}
+	}
+	slices.SortFunc(all, func(a, b scored) int {
+		if c := cmp.Compare(b.score, a.score); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.w, b.w)
+	})
+	for _, s := range all[:min(k, len(all))] {
+		dst = append(dst, s.w)
+	}
+	return dst
+}
+
+// mix64 is splitmix64's finaliser: FNV's low bits alone spread short ids
+// with a common prefix (w0, w1, …) poorly.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
