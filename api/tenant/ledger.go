@@ -573,7 +573,7 @@ func (l *Ledger) Remote(replica string, usage []Usage) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.cfg.Now()
-	prev := l.remote[replica]
+	prev, known := l.remote[replica]
 	next := make(map[tenantKey]Usage, len(usage))
 	perModel := map[string]int{}
 	for _, u := range usage {
@@ -586,9 +586,12 @@ func (l *Ledger) Remote(replica string, usage []Usage) {
 			if t, ok := l.local[k]; ok && l.cfg.TokensPerMinute > 0 {
 				t.minute.add(now, int64(min(u.Tokens-p.Tokens, math.MaxInt64/2)))
 			}
-			// A replica's first report is its baseline: what it charged
-			// before this replica heard it is not recent here.
 			l.recentLocked(k, now, u.Tokens-p.Tokens)
+		} else if !ok && known {
+			// A tenant new in a replica's report: all of it is recent. A
+			// replica's first report is its baseline instead: what it
+			// charged before this replica heard it is not recent here.
+			l.recentLocked(k, now, u.Tokens)
 		}
 		next[k] = u
 	}
