@@ -21,8 +21,9 @@ import (
 // over-share tenant.
 
 // isolationHolds reports whether tenant isolation holds p in the queue now
-// (its tenant is over its share and every unreserved worker is over share
-// of its window), and keeps in p.isoOut the workers it keeps p off at
+// (its tenant is over its share, by its recent demand and by the fair
+// queue's counters, and every unreserved worker is over share of its
+// window), and keeps in p.isoOut the workers it keeps p off at
 // admission: the reserved ones (p.isoOver), or, for a tenant under its
 // share, the unreserved ones while a reserved worker has room. A
 // replica's wait loop calls it on every wake and tick.
@@ -39,7 +40,11 @@ func (s *Server) isolationHolds(p *prepared, share float64) bool {
 	reserved := tenant.ReservedWorkers(p.model, p.isoIDs, k, p.isoOut)
 	if over {
 		p.isoOut, p.isoOver = reserved, true
-		hold := p.rt.ShouldQueueExcept(share, p.req, reserved)
+		// Held only while the counters put it over its share too
+		// (tenant.Ledger.OverShare: never the queue's head for the
+		// others); else admitted like any request, then kept off the
+		// reserved workers all the same.
+		hold := s.tenants.OverShare(p.model, p.tenant) && p.rt.ShouldQueueExcept(share, p.req, reserved)
 		if hold && !p.isoHeld {
 			p.isoHeld = true
 			s.tenantMetrics.isolationHeld.WithLabelValues(p.model).Inc()

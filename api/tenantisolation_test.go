@@ -51,6 +51,9 @@ func TestAPITenantIsolation(t *testing.T) {
 	l.Charge("m", "heavy", 50_000) // heavy is far over its share while light is active
 	l.Begin("m", "heavy")
 	l.Begin("m", "light")
+	// heavy has requests queued on another replica: the fleet cannot serve
+	// it in full.
+	l.Remote("r2", []TenantUsage{{Model: "m", Tenant: "heavy", Tokens: 1, Waiting: 5}})
 	if k, over := l.Isolation("m", "heavy", len(ids)); k != 1 || !over {
 		t.Fatalf("Isolation(heavy) = %d, %v; want 1 worker reserved, heavy over its share", k, over)
 	}

@@ -9,20 +9,22 @@ import (
 	"time"
 )
 
-// TestAPITenantIsolationRule: k, the workers reserved for the tenants under
-// their share, follows their recent share of the fleet's tokens times the
-// safety factor, rounded up, within [1, n−1]; it is 0 with one active
-// tenant, with every tenant within its share, with fewer than two workers
-// and with isolation off; the tenant under its share is never the one kept
-// off (over is false for it).
+// TestAPITenantIsolationRule: a tenant is over its share while it has a
+// request queued in the fleet and another active tenant has none; k, the
+// workers reserved for the tenants under their share, follows their recent
+// share of the fleet's tokens times the safety factor, rounded up, within
+// [1, n−1]; it is 0 with one active tenant, with every active tenant queued
+// (all backlogged) or none, with fewer than two workers and with isolation
+// off; the tenant under its share is never the one kept off.
 func TestAPITenantIsolationRule(t *testing.T) {
-	// over: a has charged more than b by more than the slack; both active.
+	// Both active, a with a request queued: a is over its share.
 	pair := func(a, b uint64) func(l *Ledger) {
 		return func(l *Ledger) {
 			l.Charge("m", "a", int(a))
 			l.Charge("m", "b", int(b))
 			l.Begin("m", "a")
 			l.Begin("m", "b")
+			l.Enqueue("m", "a", 0)
 		}
 	}
 	for _, tc := range []struct {
@@ -41,14 +43,19 @@ func TestAPITenantIsolationRule(t *testing.T) {
 		{"a small share still reserves one", 1, 10, pair(100_000, 10), "a", 1, true},
 		{"at most all workers but one", 4, 10, pair(6000, 4000), "a", 9, true},
 		{"three workers, S 1.5", 1.5, 3, pair(6000, 4000), "a", 2, true},
-		{"one tenant alone", 1, 10, func(l *Ledger) { l.Charge("m", "a", 5000); l.Begin("m", "a") }, "a", 0, false},
+		{"one tenant alone", 1, 10, func(l *Ledger) { l.Charge("m", "a", 5000); l.Begin("m", "a"); l.Enqueue("m", "a", 0) }, "a", 0, false},
 		{"the other tenant idle", 1, 10, func(l *Ledger) { pair(6000, 4000)(l); l.End("m", "b") }, "a", 0, false},
-		{"every tenant within its share", 1, 10, pair(5000, 4800), "a", 0, false},
+		{"both backlogged", 1, 10, func(l *Ledger) { pair(6000, 4000)(l); l.Enqueue("m", "b", 0) }, "a", 0, false},
+		{"nobody queued", 1, 10, func(l *Ledger) { pair(6000, 4000)(l); l.Dequeue("m", "a", 0) }, "a", 0, false},
+		{"the queued tenant is over whatever it was charged", 1, 10, func(l *Ledger) {
+			pair(4000, 6000)(l) // a queued, b served more lately: b's demand is 0.6
+		}, "a", 6, true},
 		{"one worker", 1, 1, pair(6000, 4000), "a", 0, false},
 		{"off", 0, 10, pair(6000, 4000), "a", 0, false},
 		{"the other tenant's demand from another replica's reports", 1, 10, func(l *Ledger) {
 			l.Charge("m", "a", 8000)
 			l.Begin("m", "a")
+			l.Enqueue("m", "a", 0)
 			// A replica's first report is its baseline; the growth counts.
 			l.Remote("r2", []Usage{{Model: "m", Tenant: "b", Tokens: 100, Inflight: 1}})
 			l.Remote("r2", []Usage{{Model: "m", Tenant: "b", Tokens: 2100, Inflight: 1}})
@@ -85,6 +92,7 @@ func TestAPITenantIsolationRecentWindow(t *testing.T) {
 	l.Charge("m", "b", 4000)
 	l.Begin("m", "a")
 	l.Begin("m", "b")
+	l.Enqueue("m", "a", 0)
 	if k, _ := l.Isolation("m", "a", 10); k != 4 {
 		t.Fatalf("k %d, want 4", k)
 	}
@@ -112,6 +120,7 @@ func TestAPITenantIsolationSameOnEveryReplica(t *testing.T) {
 		r1.Charge("m", "steady", 100+20*step)
 		r1.Begin("m", "flood")
 		r1.Begin("m", "steady")
+		r1.Enqueue("m", "flood", 0)
 		now = now.Add(100 * time.Millisecond)
 		r2.Remote("r1", r1.Usage())
 		workers := []string{"w3", "w1", "w0", "w4", "w2", "w5"}

@@ -464,12 +464,13 @@ func (s *state) isolationOut(k int, name string, req router.Request) (out []rout
 }
 
 // isolationHolds reports whether router k's tenant isolation holds a
-// request of tenant in the queue now: the tenant is over its share and
-// every worker but the reserved ones is over its window.
+// request of tenant in the queue now: the tenant is over its share (by the
+// isolation rule and by the counters) and every worker but the reserved
+// ones is over its window.
 func (s *state) isolationHolds(k int, tenant string, req router.Request) bool {
 	out, over := s.isolationOut(k, tenant, req)
-	if !over {
-		return false
+	if !over || !s.adm.ledgers[k].OverShare(tenantModel, tenant) {
+		return false // never the queue's head for the others (tenant.Ledger.OverShare)
 	}
 	req.Exclude = s.fleet.keepingIDs(s)
 	return s.rts[k].ShouldQueueExcept(s.window(k, tenant), req, out)
