@@ -40,11 +40,10 @@ func (s *Server) isolationHolds(p *prepared, share float64) bool {
 	reserved := tenant.ReservedWorkers(p.model, p.isoIDs, k, p.isoOut)
 	if over {
 		p.isoOut, p.isoOver = reserved, true
-		// Held only while the counters put it over its share too
-		// (tenant.Ledger.OverShare: never the queue's head for the
-		// others); else admitted like any request, then kept off the
-		// reserved workers all the same.
-		hold := s.tenants.OverShare(p.model, p.tenant) && p.rt.ShouldQueueExcept(share, p.req, reserved)
+		// Held only while that holds nobody else behind it
+		// (tenant.Ledger.MayHold); else admitted like any request,
+		// then kept off the reserved workers all the same.
+		hold := p.rt.ShouldQueueExcept(share, p.req, reserved) && s.tenants.MayHold(p.model, p.tenant)
 		if hold && !p.isoHeld {
 			p.isoHeld = true
 			s.tenantMetrics.isolationHeld.WithLabelValues(p.model).Inc()

@@ -49,6 +49,9 @@ import (
 //	       replica's reports), their demand, since the fleet meets it;
 //	    A: every active tenant's tokens over the same window.
 //	k = 0 while the model has one active tenant, or none is over its share.
+//	    Active here: a request waiting or in flight, or tokens charged in
+//	    the last RecentWindow (so isolation outlasts a tenant's gaps between
+//	    requests, and ends RecentWindow after its last).
 //
 // The set is the first k workers in rendezvous order (ReservedWorkers: the
 // highest hash of model and worker id), a function of the worker ids
@@ -139,19 +142,30 @@ func (l *Ledger) Recent(model, tenant string) uint64 {
 	return 0
 }
 
-// OverShare reports whether tenant is over its share by the fair queue's
-// counters (overLocked: another tenant is active and this one's counter is
-// more than Slack above the least served one's), the rule of Window, Guard
-// and EnginePriority. Isolation holds a request in the queue only while
-// its tenant is over its share by both rules: the queue serves the tenant
-// with the smallest counter first, so a tenant the counters do not put
-// over its share may be the queue's head, and holding the head would hold
-// every request behind it, the under-share tenants' too.
-func (l *Ledger) OverShare(model, tenant string) bool {
+// MayHold reports whether isolation may hold a request of tenant (over
+// its share by Isolation's rule) in this replica's queue: while the fair
+// queue's counters also put it over its share (overLocked, the rule of
+// Window and Guard; the queue then serves the others first), or while no
+// other tenant has a request queued here. The queue serves the tenant with
+// the smallest counter first, so a tenant the counters do not put over may
+// be the head, and holding the head would hold every request behind it;
+// with nobody behind it, holding it costs nobody, and keeps its backlog in
+// the queue rather than in the unreserved workers' engines.
+func (l *Ledger) MayHold(model, tenant string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	over, _ := l.overLocked(tenantKey{model, tenant})
-	return over
+	k := tenantKey{model, tenant}
+	if over, _ := l.overLocked(k); over {
+		return true
+	}
+	for o, t := range l.local {
+		if o.model == model && o.tenant != tenant {
+			if n, _ := t.waitingTotal(); n > 0 {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // Isolation is the rule's answer for a request of tenant on a model of n
@@ -173,12 +187,16 @@ func (l *Ledger) Isolation(model, tenant string, n int) (k int, over bool) {
 	var active []demand
 	least := math.MaxInt
 	for _, o := range l.keysLocked(model) {
-		if !l.activeLocked(o) {
-			continue
-		}
 		d := demand{k: o, queued: l.queuedLocked(o)}
 		if r, ok := l.recent[o]; ok {
 			d.recent = r.sum(now)
+		}
+		if d.recent == 0 && !l.activeLocked(o) {
+			// Neither sending nor charged lately. A tenant between two
+			// requests still counts: a steady tenant with short requests
+			// is idle a third of the time (prefill-heavy simulator), and
+			// each gap would let the flood onto the reserved workers.
+			continue
 		}
 		active = append(active, d)
 		least = min(least, d.queued)

@@ -44,7 +44,8 @@ func TestAPITenantIsolationRule(t *testing.T) {
 		{"at most all workers but one", 4, 10, pair(6000, 4000), "a", 9, true},
 		{"three workers, S 1.5", 1.5, 3, pair(6000, 4000), "a", 2, true},
 		{"one tenant alone", 1, 10, func(l *Ledger) { l.Charge("m", "a", 5000); l.Begin("m", "a"); l.Enqueue("m", "a", 0) }, "a", 0, false},
-		{"the other tenant idle", 1, 10, func(l *Ledger) { pair(6000, 4000)(l); l.End("m", "b") }, "a", 0, false},
+		{"the other tenant idle, nothing charged lately", 1, 10, func(l *Ledger) { pair(6000, 0)(l); l.End("m", "b") }, "a", 0, false},
+		{"the other tenant between requests, charged lately", 1, 10, func(l *Ledger) { pair(6000, 4000)(l); l.End("m", "b") }, "a", 4, true},
 		{"both backlogged", 1, 10, func(l *Ledger) { pair(6000, 4000)(l); l.Enqueue("m", "b", 0) }, "a", 0, false},
 		{"nobody queued", 1, 10, func(l *Ledger) { pair(6000, 4000)(l); l.Dequeue("m", "a", 0) }, "a", 0, false},
 		{"the queued tenant is over whatever it was charged", 1, 10, func(l *Ledger) {

@@ -469,8 +469,8 @@ func (s *state) isolationOut(k int, name string, req router.Request) (out []rout
 // ones is over its window.
 func (s *state) isolationHolds(k int, tenant string, req router.Request) bool {
 	out, over := s.isolationOut(k, tenant, req)
-	if !over || !s.adm.ledgers[k].OverShare(tenantModel, tenant) {
-		return false // never the queue's head for the others (tenant.Ledger.OverShare)
+	if !over || !s.adm.ledgers[k].MayHold(tenantModel, tenant) {
+		return false // never the queue's head for the others (tenant.Ledger.MayHold)
 	}
 	req.Exclude = s.fleet.keepingIDs(s)
 	return s.rts[k].ShouldQueueExcept(s.window(k, tenant), req, out)
