@@ -186,3 +186,48 @@ func TestAPITenantReservedWorkers(t *testing.T) {
 		t.Errorf("five models reserve the same 4 of 16 workers %v: the hash ignores the model", set)
 	}
 }
+
+// TestAPITenantIsolationMayHold: isolation may hold a request of a tenant
+// in this replica's queue while the counters put it over its share, or
+// while no other tenant has a request queued here; never when it could be
+// the head with another tenant's request behind it.
+func TestAPITenantIsolationMayHold(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(l *Ledger)
+		want  bool
+	}{
+		{"over by the counters, the other queued here", func(l *Ledger) {
+			l.Charge("m", "a", 10_000)
+			l.Begin("m", "a")
+			l.Begin("m", "b")
+			l.Enqueue("m", "a", 0)
+			l.Enqueue("m", "b", 0)
+		}, true},
+		{"within the counters' slack, the other queued here", func(l *Ledger) {
+			l.Charge("m", "a", 5000)
+			l.Charge("m", "b", 4900)
+			l.Begin("m", "a")
+			l.Begin("m", "b")
+			l.Enqueue("m", "a", 0)
+			l.Enqueue("m", "b", 0)
+		}, false},
+		{"within the counters' slack, nobody else queued here", func(l *Ledger) {
+			l.Charge("m", "a", 5000)
+			l.Charge("m", "b", 4900)
+			l.Begin("m", "a")
+			l.Begin("m", "b")
+			l.Enqueue("m", "a", 0)
+			l.Remote("r2", []Usage{{Model: "m", Tenant: "b", Waiting: 3}}) // queued elsewhere: not behind this head
+		}, true},
+	} {
+		l, err := New(Config{From: SourceHeader, Slack: 512, Burst: 4096, Isolation: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.setup(l)
+		if got := l.MayHold("m", "a"); got != tc.want {
+			t.Errorf("%s: MayHold %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
