@@ -37,8 +37,13 @@ import (
 // (7.1×); and a backlog at least a second old, which leaves the flood on
 // the reserved workers for the first second (decode-heavy 2.5×, against
 // 1.1–1.3× with the queued counts). With
-// every active tenant queued alike, nothing is reserved: the fair queue
-// divides the fleet.
+// every active tenant queued alike, or the least queued with more requests
+// queued than the model has workers (backlogged itself, not a burst of a
+// few), nothing is reserved: the fair queue divides the fleet. Without
+// that bound the prefill-heavy share runs (both tenants backlogged) gave
+// the steady tenant 0.30–0.47 of the tokens instead of 0.50: the flood,
+// admitted past a steady head it must not hold, piled its requests into the
+// unreserved worker's engine, each charged at routing.
 //
 // Every replica computes the same set without a word to the others:
 //
@@ -216,7 +221,10 @@ func (l *Ledger) Isolation(model, tenant string, n int) (k int, over bool) {
 			under += d.recent
 		}
 	}
-	if len(active) < 2 || !anyOver {
+	if len(active) < 2 || !anyOver || least > n {
+		// least > n: the least queued tenant is backlogged itself (more
+		// than a request per worker waiting), not a tenant whose demand
+		// the fleet meets; the fair queue alone divides the fleet.
 		return 0, false
 	}
 	share := 0.0

@@ -48,6 +48,24 @@ func TestAPITenantIsolationRule(t *testing.T) {
 		{"the other tenant between requests, charged lately", 1, 10, func(l *Ledger) { pair(6000, 4000)(l); l.End("m", "b") }, "a", 4, true},
 		{"both backlogged", 1, 10, func(l *Ledger) { pair(6000, 4000)(l); l.Enqueue("m", "b", 0) }, "a", 0, false},
 		{"nobody queued", 1, 10, func(l *Ledger) { pair(6000, 4000)(l); l.Dequeue("m", "a", 0) }, "a", 0, false},
+		{"the least queued tenant backlogged itself", 1, 3, func(l *Ledger) {
+			pair(6000, 4000)(l)
+			for range 20 {
+				l.Enqueue("m", "a", 0)
+			}
+			for range 4 {
+				l.Enqueue("m", "b", 0) // more than a request per worker
+			}
+		}, "a", 0, false},
+		{"the least queued tenant with a burst of a few", 1, 3, func(l *Ledger) {
+			pair(6000, 4000)(l)
+			for range 20 {
+				l.Enqueue("m", "a", 0)
+			}
+			for range 3 {
+				l.Enqueue("m", "b", 0)
+			}
+		}, "a", 2, true},
 		{"the queued tenant is over whatever it was charged", 1, 10, func(l *Ledger) {
 			pair(4000, 6000)(l) // a queued, b served more lately: b's demand is 0.6
 		}, "a", 6, true},
