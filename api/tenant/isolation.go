@@ -2,7 +2,6 @@ package tenant
 
 import (
 	"cmp"
-	"hash/fnv"
 	"math"
 	"slices"
 	"time"
@@ -265,11 +264,7 @@ func ReservedWorkers[W ~string](model string, workers []W, k int, dst []W) []W {
 	}
 	all := make([]scored, len(workers))
 	for i, w := range workers {
-		h := fnv.New64a()
-		h.Write([]byte(model))
-		h.Write([]byte{0})
-		h.Write([]byte(w))
-		all[i] = scored{w, mix64(h.Sum64())}
+		all[i] = scored{w, mix64(fnv1a(fnv1a(fnv1a(fnvOffset, model), "\x00"), string(w)))}
 	}
 	slices.SortFunc(all, func(a, b scored) int {
 		if c := cmp.Compare(b.score, a.score); c != 0 {
@@ -281,6 +276,21 @@ func ReservedWorkers[W ~string](model string, workers []W, k int, dst []W) []W {
 		dst = append(dst, s.w)
 	}
 	return dst
+}
+
+// FNV-1a, 64 bits, inline: ReservedWorkers runs on every admission check,
+// and hash/fnv's hasher would allocate there.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+func fnv1a(h uint64, s string) uint64 {
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= fnvPrime
+	}
+	return h
 }
 
 // mix64 is splitmix64's finaliser: FNV's low bits alone spread short ids
