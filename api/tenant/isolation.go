@@ -35,14 +35,15 @@ import (
 // switches isolation off whenever the steady tenant queues for a moment
 // (7.1×); and a backlog at least a second old, which leaves the flood on
 // the reserved workers for the first second (decode-heavy 2.5×, against
-// 1.1–1.3× with the queued counts). With
-// every active tenant queued alike, or the least queued with more requests
+// 1.3× with the queued counts). With every active tenant queued alike, or
+// the least queued with more requests
 // queued than the model has workers (backlogged itself, not a burst of a
 // few), nothing is reserved: the fair queue divides the fleet. Without
 // that bound the prefill-heavy share runs (both tenants backlogged) gave
 // the steady tenant 0.30–0.47 of the tokens instead of 0.50: the flood,
 // admitted past a steady head it must not hold, piled its requests into the
-// unreserved worker's engine, each charged at routing.
+// unreserved worker's engine, each charged at routing. (MayHold says when
+// such a request may be held at all.)
 //
 // Every replica computes the same set without a word to the others:
 //
@@ -53,7 +54,8 @@ import (
 //	       unit: this replica's charges and the growth of every other
 //	       replica's reports), their demand, since the fleet meets it;
 //	    A: every active tenant's tokens over the same window.
-//	k = 0 while the model has one active tenant, or none is over its share.
+//	k = 0 while the model has one active tenant, none is over its share,
+//	    or the least queued one is backlogged itself (above).
 //	    Active here: a request waiting or in flight, or tokens charged in
 //	    the last RecentWindow (so isolation outlasts a tenant's gaps between
 //	    requests, and ends RecentWindow after its last).
