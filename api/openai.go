@@ -151,6 +151,15 @@ type prepared struct {
 	// the queue (tenantguard.go).
 	guardOut  []router.WorkerID
 	guardHeld bool
+	// isoOut is the workers tenant isolation keeps the request off, as
+	// judged at its admission (the reserved ones with isoOver, its tenant
+	// over its share; the unreserved ones, preferring the reserved, without);
+	// isoHeld whether it held it in the queue; isoIDs scratch
+	// (tenantisolation.go).
+	isoOut  []router.WorkerID
+	isoIDs  []router.WorkerID
+	isoOver bool
+	isoHeld bool
 	// requestID is the client's X-Request-Id (made when absent), named in
 	// the decision log.
 	requestID string

@@ -202,13 +202,15 @@ func (s *Server) wait(ctx context.Context, p *prepared) (bool, *refusal) {
 // queue threshold, or, with tenant headroom, over its tenant's share of it
 // (TenantLedger.Window: a tenant over its share while others are active),
 // or, with the tenant latency guard, every worker predicted too slow for
-// the others beside it (guardHolds).
+// the others beside it (guardHolds), or, with tenant isolation, every
+// worker not reserved for the tenants under their share full
+// (isolationHolds).
 func (s *Server) shouldQueue(p *prepared) bool {
 	share := 1.0
 	if s.tenants != nil {
 		share = s.tenants.Window(p.model, p.tenant)
 	}
-	return p.rt.ShouldQueueWithin(share, p.req) || s.guardHolds(p)
+	return p.rt.ShouldQueueWithin(share, p.req) || s.isolationHolds(p, share) || s.guardHolds(p)
 }
 
 // yields reports whether p, at the head with capacity free, should wait

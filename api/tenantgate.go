@@ -112,6 +112,9 @@ type tenantMetrics struct {
 	// guardHeld counts requests the tenant latency guard held in the
 	// queue (once each, however long).
 	guardHeld *prometheus.CounterVec
+	// isolationHeld counts requests tenant isolation held in the queue
+	// (once each).
+	isolationHeld *prometheus.CounterVec
 }
 
 func newTenantMetrics(reg prometheus.Registerer) *tenantMetrics {
@@ -131,7 +134,9 @@ func newTenantMetrics(reg prometheus.Registerer) *tenantMetrics {
 			Help: "Queue heads admitted after holding back the longest allowed for a request another replica reported waiting (a report that no longer held, or a peer that could not admit)."}, []string{"model"}),
 		guardHeld: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_tenant_guard_held_total",
 			Help: "Requests of a tenant over its share that the tenant latency guard held in the admission queue (every worker predicted over --tenant-latency-guard × its idle TTFT or TPOT), once each."}, []string{"model"}),
+		isolationHeld: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_tenant_isolation_held_total",
+			Help: "Requests of a tenant over its share that tenant isolation held in the admission queue (every worker not reserved for the tenants under their share over the queue threshold), once each."}, []string{"model"}),
 	}
-	reg.MustRegister(m.tokens, m.queue, m.firstByte, m.rejected, m.yieldExpired, m.guardHeld)
+	reg.MustRegister(m.tokens, m.queue, m.firstByte, m.rejected, m.yieldExpired, m.guardHeld, m.isolationHeld)
 	return m
 }

@@ -25,7 +25,7 @@ func (s *Server) guardHolds(p *prepared) bool {
 	if f == 0 {
 		return false
 	}
-	out, hold := p.rt.LatencyGuard(p.req, f, time.Now(), p.guardOut)
+	out, hold := p.rt.LatencyGuard(isolationReq(p), f, time.Now(), p.guardOut)
 	p.guardOut = out
 	if hold && !p.guardHeld {
 		p.guardHeld = true
@@ -34,9 +34,13 @@ func (s *Server) guardHolds(p *prepared) bool {
 	return hold
 }
 
-// guardExclude adds the workers the guard kept p off, at its admission, to
-// the ones its routing excludes.
+// guardExclude adds the workers the guard and tenant isolation kept p
+// off, at its admission, to the ones its routing excludes.
 func (s *Server) guardExclude(p *prepared) {
+	if len(p.isoOut) > 0 {
+		p.req.Exclude = append(p.req.Exclude, p.isoOut...)
+		p.isoOut = nil
+	}
 	if len(p.guardOut) > 0 {
 		p.req.Exclude = append(p.req.Exclude, p.guardOut...)
 		p.guardOut = nil

@@ -114,7 +114,14 @@ type Config struct {
 	// the queue. The ledger says who is guarded (Guard); the router
 	// judges the workers.
 	LatencyGuard float64
-	Now          func() time.Time // default time.Now
+	// Isolation (0: off; else a safety factor of at least 1): while a
+	// tenant is over its share, k of a model's workers are reserved for
+	// the tenants under theirs, k from their recent share of the tokens
+	// charged fleet-wide times this factor (isolation.go, Isolation and
+	// ReservedWorkers). The ledger says k and who is over; api and the
+	// simulator keep the over-share tenant off the reserved workers.
+	Isolation float64
+	Now       func() time.Time // default time.Now
 }
 
 // MaxPublished bounds one replica's sync message (NATS refuses
@@ -177,6 +184,10 @@ type Ledger struct {
 	local  map[tenantKey]*tenantLocal
 	remote map[string]map[tenantKey]Usage // by replica
 	series map[string]bool                // tenants with their own metric series
+	// recent is each tenant's tokens over the last RecentWindow, fleet-wide
+	// (this replica's charges and the growth of every other's reports),
+	// kept with Config.Isolation only.
+	recent map[tenantKey]*recentTokens
 }
 
 // New returns an empty ledger; nil when cfg.From is none or
@@ -213,6 +224,9 @@ func New(cfg Config) (*Ledger, error) {
 	if g := cfg.LatencyGuard; g != 0 && !(g >= 1 && !math.IsInf(g, 1)) {
 		return nil, fmt.Errorf("tenant latency guard %v: want 0 (off) or a finite factor of at least 1 (a fresh request's predicted TTFT and TPOT on a worker over their idle values)", g)
 	}
+	if !ValidateIsolation(cfg.Isolation) {
+		return nil, fmt.Errorf("tenant isolation %v: want 0 (off) or a finite safety factor of at least 1 (the workers reserved for tenants under their share, over their recent share of the fleet's tokens times the worker count)", cfg.Isolation)
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -223,7 +237,7 @@ func New(cfg Config) (*Ledger, error) {
 		cfg.MaxYield = 250 * time.Millisecond
 	}
 	return &Ledger{cfg: cfg, local: map[tenantKey]*tenantLocal{}, remote: map[string]map[tenantKey]Usage{},
-		series: map[string]bool{}, changed: make(chan struct{}, 1)}, nil
+		series: map[string]bool{}, changed: make(chan struct{}, 1), recent: map[tenantKey]*recentTokens{}}, nil
 }
 
 // Config is the ledger's configuration, defaults filled.
@@ -505,6 +519,7 @@ func (l *Ledger) Charge(model, tenant string, tokens int) {
 	t.used += uint64(tokens)
 	t.seen = l.cfg.Now()
 	t.minute.add(t.seen, int64(tokens))
+	l.recentLocked(tenantKey{model, tenant}, t.seen, uint64(tokens))
 }
 
 // Usage is this replica's state of its tenants, for replica sync, sorted:
@@ -518,11 +533,17 @@ func (l *Ledger) Usage() []Usage {
 	for k, t := range l.local {
 		if now.Sub(t.seen) > l.cfg.ForgetAfter && !l.activeLocked(k) {
 			delete(l.local, k)
+			delete(l.recent, k)
 			continue
 		}
 		n, top := t.waitingTotal()
 		out = append(out, Usage{Model: k.model, Tenant: k.tenant, Tokens: t.used, Lift: t.lift,
 			Waiting: n, Class: top, Inflight: t.inflight})
+	}
+	for k, r := range l.recent {
+		if r.sum(now) == 0 {
+			delete(l.recent, k) // nothing recent: the isolation rule reads it as 0 anyway
+		}
 	}
 	if len(out) > MaxPublished {
 		slices.SortFunc(out, func(a, b Usage) int {
@@ -552,7 +573,7 @@ func (l *Ledger) Remote(replica string, usage []Usage) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.cfg.Now()
-	prev := l.remote[replica]
+	prev, known := l.remote[replica]
 	next := make(map[tenantKey]Usage, len(usage))
 	perModel := map[string]int{}
 	for _, u := range usage {
@@ -561,10 +582,16 @@ func (l *Ledger) Remote(replica string, usage []Usage) {
 			continue
 		}
 		perModel[u.Model]++
-		if p, ok := prev[k]; ok && u.Tokens > p.Tokens && l.cfg.TokensPerMinute > 0 {
-			if t, ok := l.local[k]; ok {
+		if p, ok := prev[k]; ok && u.Tokens > p.Tokens {
+			if t, ok := l.local[k]; ok && l.cfg.TokensPerMinute > 0 {
 				t.minute.add(now, int64(min(u.Tokens-p.Tokens, math.MaxInt64/2)))
 			}
+			l.recentLocked(k, now, u.Tokens-p.Tokens)
+		} else if !ok && known {
+			// A tenant new in a replica's report: all of it is recent. A
+			// replica's first report is its baseline instead: what it
+			// charged before this replica heard it is not recent here.
+			l.recentLocked(k, now, u.Tokens)
 		}
 		next[k] = u
 	}

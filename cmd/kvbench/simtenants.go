@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/api/tenant"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 	"github.com/kvrouter/kvrouter/engine"
@@ -27,6 +28,7 @@ type tenantOptions struct {
 	Headroom       bool
 	EnginePriority bool    // --tenant-engine-priority
 	LatencyGuard   float64 // --tenant-latency-guard
+	Isolation      float64 // --tenant-isolation
 	Scheduling     string  // --engine-scheduling
 
 	tenants []sim.TenantSpec
@@ -45,6 +47,7 @@ func (o *tenantOptions) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.Headroom, "tenant-headroom", false, "hold a tenant over its share, while other tenants are active, to its share (1/active tenants) of each worker's admission window, keeping the rest free for them (api/tenant Ledger.Window)")
 	fs.BoolVar(&o.EnginePriority, "tenant-engine-priority", false, "each request carries to its worker the priority its router's ledger gives its tenant (api/tenant Ledger.EnginePriority: 1 while over its share and another tenant is active, else 0; lower is served first), as kvrouter serve --tenant-engine-priority sets vLLM's priority field; the engines then need a priority --engine-scheduling (default with this flag: priority)")
 	fs.Float64Var(&o.LatencyGuard, "tenant-latency-guard", 0, "a factor F ≥ 1 (0: off): a request of a tenant over its share, while another tenant is active, goes only to a worker where its router predicts a fresh request's TTFT and TPOT within F × their values on an idle worker (the SLO rule's prediction, router.Router.LatencyGuard), else it waits in the router's queue; tenants at or under their share are never held. Keeps capacity idle on purpose: less throughput for the over-share tenant, a lower tail for the others (serve's --tenant-latency-guard)")
+	fs.Float64Var(&o.Isolation, "tenant-isolation", 0, "a safety factor S ≥ 1 (0: off): while a tenant is over its share, k = ⌈workers × S × the under-share tenants' share of the tokens charged fleet-wide over the last 5 s⌉ workers (at least 1, at most all but one), the first k in rendezvous order of their ids (the same on every router), are reserved for the tenants under their share: an over-share tenant's request goes only to the others (it waits in the router's queue while they are full), an under-share tenant's goes to a reserved worker while one has room, else anywhere (api/tenant Ledger.Isolation, ReservedWorkers; serve's --tenant-isolation)")
 	fs.StringVar(&o.Scheduling, "engine-scheduling", "", "the engines' waiting-queue policy: fcfs (vLLM's default), priority (vLLM's --scheduling-policy priority: waiting by (priority, arrival), a KV shortage preempts the largest (priority, arrival)) or priority-preempt (that, plus a full running set preempting for a strictly more urgent waiting request, as vLLM v0 did); default fcfs, priority with --tenant-engine-priority (engine/DESIGN.md)")
 	fs.Float64Var(&o.Slack, "tenant-fair-slack", 0, "the ledgers' slack in tokens (serve's --tenant-fair-slack; 0: its default, 512)")
 }
@@ -77,7 +80,7 @@ func (o *tenantOptions) check(set map[string]bool, so *simOptions) error {
 	default:
 		return cli.Usagef("--engine-scheduling %q: want fcfs, priority or priority-preempt", o.Scheduling)
 	}
-	for _, name := range []string{"tenant-counters", "tenant-sync-interval", "tenant-fair-burst", "tenant-fair-slack", "tenant-headroom", "tenant-engine-priority", "tenant-latency-guard"} {
+	for _, name := range []string{"tenant-counters", "tenant-sync-interval", "tenant-fair-burst", "tenant-fair-slack", "tenant-headroom", "tenant-engine-priority", "tenant-latency-guard", "tenant-isolation"} {
 		if set[name] && o.Spec == "" {
 			return cli.Usagef("--%s applies to --tenants", name)
 		}
@@ -109,6 +112,9 @@ func (o *tenantOptions) check(set map[string]bool, so *simOptions) error {
 	}
 	if err := router.ValidateLatencyGuard(o.LatencyGuard); err != nil {
 		return cli.Usagef("--tenant-latency-guard %v: want 0 (off) or a finite factor of at least 1", o.LatencyGuard)
+	}
+	if !tenant.ValidateIsolation(o.Isolation) || math.IsNaN(o.Isolation) {
+		return cli.Usagef("--tenant-isolation %v: want 0 (off) or a finite safety factor of at least 1", o.Isolation)
 	}
 	var err error
 	o.tenants, err = parseTenants(o.Spec, so.Routers)
@@ -156,7 +162,7 @@ func (o *tenantOptions) config() sim.Tenants {
 		return sim.Tenants{}
 	}
 	return sim.Tenants{Specs: o.tenants, Counters: sim.TenantCounters(o.Counters), SyncInterval: o.SyncInterval, Burst: o.Burst, Slack: o.Slack, Headroom: o.Headroom, EnginePriority: o.EnginePriority,
-		LatencyGuard: o.LatencyGuard}
+		LatencyGuard: o.LatencyGuard, Isolation: o.Isolation}
 }
 
 // tenantsCfg is the report's config.tenants.
@@ -171,6 +177,7 @@ type tenantsCfg struct {
 	Headroom       bool             `json:"headroom,omitempty"`
 	EnginePriority bool             `json:"engine_priority,omitempty"`
 	LatencyGuard   float64          `json:"latency_guard,omitempty"`
+	Isolation      float64          `json:"isolation,omitempty"`
 }
 
 func (o *tenantOptions) reportConfig() *tenantsCfg {
@@ -181,7 +188,7 @@ func (o *tenantOptions) reportConfig() *tenantsCfg {
 	if o.tenants != nil {
 		c.Tenants, c.Counters, c.SyncIntervalMs = o.tenants, o.Counters, float64(o.SyncInterval)/float64(time.Millisecond)
 		c.Burst, c.Slack, c.Headroom, c.EnginePriority = o.Burst, o.Slack, o.Headroom, o.EnginePriority
-		c.LatencyGuard = o.LatencyGuard
+		c.LatencyGuard, c.Isolation = o.LatencyGuard, o.Isolation
 	}
 	return c
 }

@@ -208,6 +208,8 @@ func Run(w *workload.Workload, cfg Config) (*Result, error) {
 }
 
 type state struct {
+	isoIDs []router.WorkerID // tenant isolation's scratch (tenants.go)
+
 	w    *workload.Workload
 	cfg  Config
 	feed bool // deliver KV events to the index
@@ -541,6 +543,9 @@ func (s *state) dispatch(i, k int) {
 func (s *state) route(k, i int, req router.Request) (router.Decision, error) {
 	// Workers draining with their sessions kept take no other request.
 	req.Exclude = s.fleet.keepingIDs(s)
+	if out, _ := s.isolationOut(k, s.adm.name(i), req); len(out) > 0 {
+		req.Exclude = append(req.Exclude, out...) // tenant isolation (tenants.go)
+	}
 	if out, _ := s.guardOut(k, s.adm.name(i), req); len(out) > 0 {
 		req.Exclude = append(req.Exclude, out...) // the latency guard (tenants.go)
 	}

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api/tenant"
@@ -37,6 +38,12 @@ import (
 //     among the workers within it only (route adds the others to its
 //     Exclude); the routers learn the prediction's rates
 //     (router.Config.LearnLatency).
+//   - With Tenants.Isolation, a request whose tenant is over its share
+//     also waits while every worker but the reserved ones
+//     (tenant.Ledger.Isolation, tenant.ReservedWorkers) is over its window
+//     (Router.ShouldQueueExcept), and is routed among those only; a request
+//     of a tenant under its share is routed among the reserved workers
+//     while one has room (its preference), else among all.
 //   - Counters shared: every router publishes its ledger's Usage every
 //     SyncInterval and at once when a tenant starts waiting there (the
 //     Syncer's nudge); the others apply it (Ledger.Remote) SyncDelay later,
@@ -88,6 +95,11 @@ type Tenants struct {
 	// waits in its router's queue. The routers learn the rates it
 	// predicts from (router.Config.LearnLatency).
 	LatencyGuard float64
+	// Isolation (0: off; else a safety factor ≥ 1): while a tenant is over
+	// its share, its routers keep its requests off the workers the ledger
+	// reserves for the tenants under theirs, who prefer them
+	// (tenant.Ledger.Isolation, tenant.ReservedWorkers).
+	Isolation float64
 }
 
 // DefaultTenantSyncInterval is kvrouter serve's --tenant-sync-interval.
@@ -120,6 +132,9 @@ func (c *Config) checkTenants() error {
 	}
 	if err := router.ValidateLatencyGuard(t.LatencyGuard); err != nil {
 		return fmt.Errorf("tenants: %v: %w", err, ErrConfig)
+	}
+	if !tenant.ValidateIsolation(t.Isolation) || t.Isolation != t.Isolation {
+		return fmt.Errorf("tenant isolation %v: want 0 or a finite factor of at least 1: %w", t.Isolation, ErrConfig)
 	}
 	seen := map[string]bool{}
 	for _, sp := range t.Specs {
@@ -191,7 +206,7 @@ func (a *admissionState) init(s *state) error {
 	a.nextPublish = a.every
 	for k := range s.rts {
 		l, err := tenant.New(tenant.Config{From: tenant.SourceHeader, Burst: t.Burst, Slack: t.Slack, Headroom: t.Headroom,
-			LatencyGuard: t.LatencyGuard, Now: func() time.Time { return epoch.Add(s.now) }})
+			LatencyGuard: t.LatencyGuard, Isolation: t.Isolation, Now: func() time.Time { return epoch.Add(s.now) }})
 		if err != nil {
 			return fmt.Errorf("router %d's tenant ledger: %v: %w", k, err, ErrConfig)
 		}
@@ -285,7 +300,7 @@ func (s *state) arrive(i, k int) {
 	q := a.queues[k]
 	r := &s.w.Requests[i]
 	req := router.Request{ID: r.ID, Tokens: r.PromptTokens, Hashes: r.Hashes}
-	if q.Len() == 0 && !s.rts[k].ShouldQueueWithin(s.window(k, name), req) && !s.guardHolds(k, name, req) {
+	if q.Len() == 0 && !s.rts[k].ShouldQueueWithin(s.window(k, name), req) && !s.isolationHolds(k, name, req) && !s.guardHolds(k, name, req) {
 		s.dispatch(i, k)
 		return
 	}
@@ -364,7 +379,7 @@ func (s *state) admitQueued() {
 		for q.Len() > 0 {
 			head, _ := q.Peek()
 			i := head.Value.(int)
-			if s.rts[k].ShouldQueueWithin(s.window(k, head.Tenant), head.Request) || s.guardHolds(k, head.Tenant, head.Request) {
+			if s.rts[k].ShouldQueueWithin(s.window(k, head.Tenant), head.Request) || s.isolationHolds(k, head.Tenant, head.Request) || s.guardHolds(k, head.Tenant, head.Request) {
 				break
 			}
 			if a.tenants() {
@@ -410,7 +425,55 @@ func (s *state) guardOut(k int, tenant string, req router.Request) ([]router.Wor
 		return nil, false
 	}
 	req.Exclude = s.fleet.keepingIDs(s)
+	if out, over := s.isolationOut(k, tenant, req); over {
+		req.Exclude = append(req.Exclude, out...) // the guard judges the workers isolation leaves it
+	}
 	return s.rts[k].LatencyGuard(req, f, epoch.Add(s.now), nil)
+}
+
+// isolationOut is the workers router k's tenant isolation keeps a request
+// of tenant off: with over, the workers reserved for the tenants under
+// their share (tenant is over its); else, for a tenant under its share,
+// the unreserved workers while a reserved one has room for the request
+// (its preference), or none.
+func (s *state) isolationOut(k int, name string, req router.Request) (out []router.WorkerID, over bool) {
+	a := &s.adm
+	if !a.tenants() || s.cfg.Tenants.Isolation == 0 {
+		return nil, false
+	}
+	s.isoIDs = s.rts[k].WorkerIDs(s.isoIDs[:0])
+	n, over := a.ledgers[k].Isolation(tenantModel, name, len(s.isoIDs))
+	if n == 0 {
+		return nil, false
+	}
+	reserved := tenant.ReservedWorkers(tenantModel, s.isoIDs, n, nil)
+	if over {
+		return reserved, true
+	}
+	var others []router.WorkerID
+	for _, w := range s.isoIDs {
+		if !slices.Contains(reserved, w) {
+			others = append(others, w)
+		}
+	}
+	req.Exclude = s.fleet.keepingIDs(s)
+	if s.rts[k].ShouldQueueExcept(1, req, others) {
+		return nil, false // every reserved worker is full: anywhere by cost
+	}
+	return others, false
+}
+
+// isolationHolds reports whether router k's tenant isolation holds a
+// request of tenant in the queue now: the tenant is over its share (by the
+// isolation rule and by the counters) and every worker but the reserved
+// ones is over its window.
+func (s *state) isolationHolds(k int, tenant string, req router.Request) bool {
+	out, over := s.isolationOut(k, tenant, req)
+	if !over || !s.adm.ledgers[k].MayHold(tenantModel, tenant) {
+		return false // never the queue's head for the others (tenant.Ledger.MayHold)
+	}
+	req.Exclude = s.fleet.keepingIDs(s)
+	return s.rts[k].ShouldQueueExcept(s.window(k, tenant), req, out)
 }
 
 // guardHolds reports whether router k's latency guard holds a request of

@@ -208,3 +208,64 @@ func TestSimTenantLatencyGuard(t *testing.T) {
 		t.Errorf("guard 0.5: error %v, want ErrConfig", err)
 	}
 }
+
+// isolationRun is guardRun with tenant isolation at safety factor s (0:
+// off) and the latency guard at factor (0: off).
+func isolationRun(t *testing.T, s, factor float64) (steadyP99, floodRPS float64) {
+	t.Helper()
+	w := synthetic(t, workload.SyntheticSpec{
+		Prefixes: 4, PrefixTokens: 1024, TailTokens: 128, OutputTokens: 64,
+		Requests: 1650, ArrivalRate: 330, Concurrency: 1, Seed: 5,
+	})
+	cfg := config(router.ModeKV, 2, 8192)
+	cfg.Engine.MaxRunning = 64
+	q := 0.5
+	cfg.Router.QueueThreshold = &q
+	cfg.Routers, cfg.SyncDelay = 3, 5*time.Millisecond
+	cfg.Tenants = Tenants{Specs: []TenantSpec{{Name: "flood", Weight: 10, Router: -1}, {Name: "steady", Weight: 1, Router: 0}},
+		Isolation: s, LatencyGuard: factor}
+	res, err := Run(w, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := SummarizeSLO(w, res, time.Minute, SLO{})
+	if sum.Errors != 0 {
+		t.Fatalf("%d requests failed", sum.Errors)
+	}
+	if !sum.Tenants[0].SharedRPS.Valid {
+		t.Fatal("no stretch with both tenants sending")
+	}
+	return sum.Tenants[1].TTFT.P99, sum.Tenants[0].SharedRPS.Value
+}
+
+// TestSimTenantIsolation: tenant isolation keeps the flood (over its share)
+// off the worker reserved for the steady tenant, so the steady tenant's
+// tail TTFT falls well below the fair queue's alone and below the latency
+// guard's, and the flood, left one worker of two, pays for it in
+// throughput while both send. Direction
+// with a margin, not timing; a safety factor below 1 refused.
+func TestSimTenantIsolation(t *testing.T) {
+	off, offRPS := isolationRun(t, 0, 0)
+	on, onRPS := isolationRun(t, 1, 0)
+	t.Logf("steady p99: isolation off %.0f ms, isolation 1 %.0f ms (%.2fx); flood %.1f → %.1f req/s while both send", off, on, on/off, offRPS, onRPS)
+	if on > 0.5*off {
+		t.Errorf("isolation 1: steady p99 %.0f ms, not under 0.5x the %.0f ms without it", on, off)
+	}
+	if onRPS >= offRPS {
+		t.Errorf("isolation 1: flood at %.1f req/s, not under the %.1f without it: no worker was kept from it", onRPS, offRPS)
+	}
+	// Against the latency guard alone (157 ms here when written): the
+	// guard leaves a flood prefill in the steady request's step; a worker
+	// the flood never runs on has none.
+	if guard, _ := isolationRun(t, 0, 1.5); on > 0.7*guard {
+		t.Errorf("isolation 1: steady p99 %.0f ms, not under 0.7x the latency guard's %.0f ms", on, guard)
+	}
+	w := synthetic(t, workload.SyntheticSpec{Prefixes: 1, PrefixTokens: 64, TailTokens: 16, OutputTokens: 4, Requests: 4, ArrivalRate: 10, Concurrency: 1, Seed: 1})
+	cfg := config(router.ModeKV, 2, 8192)
+	q := 0.5
+	cfg.Router.QueueThreshold = &q
+	cfg.Tenants = Tenants{Specs: []TenantSpec{{Name: "a", Weight: 1, Router: -1}}, Isolation: 0.5}
+	if _, err := Run(w, cfg); !errors.Is(err, ErrConfig) {
+		t.Errorf("isolation 0.5: error %v, want ErrConfig", err)
+	}
+}
