@@ -24,6 +24,9 @@ type Model struct {
 	// tokenizer adds around a single sequence (BOS for Llama and Gemma,
 	// nothing for Qwen).
 	encodeSpecial func(text string) []uint32
+	// prefixes reuses the ids of recent prompts' leading bytes, for a
+	// tokenizer that vouches for where a text may be cut (nil: none does).
+	prefixes *tokenize.PrefixCache
 	// fingerprint identifies the files the ids come from: two replicas
 	// with equal fingerprints tokenize alike.
 	fingerprint string
@@ -106,6 +109,9 @@ func addSpecial(body []byte, def bool) (bool, error) {
 }
 
 func (m *Model) encode(text string, special bool) []uint32 {
+	if m.prefixes != nil {
+		return m.prefixes.Encode(text, special)
+	}
 	if special {
 		return m.encodeSpecial(text)
 	}
@@ -261,11 +267,21 @@ func (l legacyChat) render(body []byte) (string, error) {
 // Legacy is a model tokenized by tok and rendered by one of the built-in
 // templates: what `--tokenizer` / `--chat-template` configure.
 func Legacy(name string, tok tokenize.Tokenizer, tmpl tokenize.Template, source string) *Model {
-	return &Model{
+	m := &Model{
 		name: name, tok: tok, chat: legacyChat{tmpl}, encodeSpecial: tok.EncodeSpecial,
 		fingerprint: "legacy:" + tok.Name() + "/" + tmpl.String(), source: source,
 	}
+	if sp, ok := tok.(tokenize.Splitter); ok {
+		// encodeSpecial is the tokenizer's own, which the cache calls.
+		m.prefixes = tokenize.NewPrefixCache(sp, tokenize.PrefixCacheChunk, prefixCacheBudget)
+	}
+	return m
 }
+
+// prefixCacheBudget is the bytes of prompt text and ids one model's prefix
+// cache holds: ~300 prompts of 2,400 words, a few hundred conversations'
+// latest turns.
+const prefixCacheBudget = 8 << 20
 
 // plainString is the value of raw, a valid JSON value, when it is a string
 // whose bytes are its value: no escapes, valid UTF-8 (encoding/json
