@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/kvrouter/kvrouter/api/tokenize"
 )
@@ -184,7 +185,15 @@ func (m *Model) prompts(raw json.RawMessage, special bool) ([][]uint32, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, badRequest("prompt is required")
 	}
-	if text, ok := plainString(raw); ok {
+	if m.prefixes != nil {
+		// The prompt's bytes are read in place: the Splitter keeps
+		// nothing of the text it encodes and the cache keeps copies, so
+		// the string lives only while it is encoded (and raw is not
+		// changed meanwhile: it is the caller's, read here only).
+		if in, ok := plainBytes(raw); ok {
+			return [][]uint32{m.encode(unsafe.String(unsafe.SliceData(in), len(in)), special)}, nil
+		}
+	} else if text, ok := plainString(raw); ok {
 		return [][]uint32{m.encode(text, special)}, nil
 	}
 	var text string
@@ -288,12 +297,18 @@ const prefixCacheBudget = 8 << 20
 // replaces invalid bytes). A long prompt is then not scanned twice more by
 // encoding/json; anything else is left to it.
 func plainString(raw []byte) (string, bool) {
+	in, ok := plainBytes(raw)
+	return string(in), ok
+}
+
+// plainBytes is plainString's bytes, within raw.
+func plainBytes(raw []byte) ([]byte, bool) {
 	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
-		return "", false
+		return nil, false
 	}
 	in := raw[1 : len(raw)-1]
 	if bytes.IndexByte(in, '\\') >= 0 || !utf8.Valid(in) {
-		return "", false
+		return nil, false
 	}
-	return string(in), true
+	return in, true
 }

@@ -23,6 +23,8 @@ type Splitter interface {
 	Cut(s string) int
 	// AppendEncode appends Encode(text) to ids.
 	AppendEncode(ids []uint32, text string) []uint32
+	// A Splitter keeps nothing of the texts it encodes (no cache holding
+	// their substrings), so a caller may encode bytes it does not own.
 }
 
 // PrefixCache keeps the ids of recent prompts' leading bytes, so a prompt
