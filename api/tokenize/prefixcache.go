@@ -2,6 +2,7 @@ package tokenize
 
 import (
 	"hash/maphash"
+	"slices"
 	"strings"
 	"sync"
 )
@@ -36,11 +37,14 @@ type Splitter interface {
 // prompt (FuzzPrefixCacheMatchesEncode).
 //
 // Candidate places are one per chunk bytes: Cut of each chunk of the
-// prompt. An entry is one prompt up to its last such place, with the ids
-// at each place; an index maps (hash, length, add_special_tokens) of each
-// place's prefix to the entry holding it. Entries are evicted least
-// recently used first once their bytes pass the budget. Safe for
-// concurrent use.
+// prompt. The cache is a tree of places: a node is the piece of a prompt
+// between one place and the next, with its ids, under the node of the
+// piece before it; an index maps (hash, length, add_special_tokens) of the
+// whole prefix up to each place to its node. Prompts that share a prefix
+// share its nodes, so a new prompt adds only the pieces after the longest
+// prefix found. Nodes are evicted least recently used first once their
+// bytes pass the budget; a node is used whenever one below it is, so
+// leaves go first. Safe for concurrent use.
 type PrefixCache struct {
 	tok    Splitter
 	chunk  int
@@ -48,9 +52,10 @@ type PrefixCache struct {
 	seed   maphash.Seed
 
 	mu         sync.Mutex
-	index      map[prefixKey]prefixRef
-	head, tail *prefixEntry // most and least recently used
-	used       int          // bytes held by entries
+	index      map[prefixKey]*prefixNode
+	head, tail *prefixNode // most and least recently used
+	used       int         // bytes held by nodes
+	nodes      int
 }
 
 // PrefixCacheChunk is the distance between a prompt's candidate places:
@@ -65,40 +70,35 @@ const prefixCacheMaxCuts = 256
 
 type prefixKey struct {
 	sum     uint64
-	n       int
+	n       int // the prefix's length: this place
 	special bool
 }
 
-// prefixRef is the entry holding a prefix: its place number i there.
-type prefixRef struct {
-	e *prefixEntry
-	i int
-}
-
-// prefixEntry is one prompt up to its last place. Its places are those of
-// any prompt with the same bytes up to them: a place is found from the
-// bytes up to the chunk it ends, all of which come before the next place.
-type prefixEntry struct {
-	text       string // the prompt up to its last place
+// prefixNode is one piece of a cached prompt: its bytes from the place
+// before (its parent's, 0 for a first piece) to its own, and their ids.
+// Its places are those of any prompt with the same bytes up to them: a
+// place is found from the bytes of the chunk it ends, all of which come
+// before the next place. Fields other than the list links never change
+// once the node is indexed.
+type prefixNode struct {
+	parent     *prefixNode
+	key        prefixKey
+	depth      int // place number
+	from       int // where text starts in the prompt
+	text       string
 	ids        []uint32
-	keys       []prefixKey // each place's key
-	counts     []int       // ids before each place
-	prev, next *prefixEntry
+	total      int // ids of the prompt up to this place
+	prev, next *prefixNode
+	live       bool // in the list (not evicted); mu guards it
 }
 
-func (e *prefixEntry) size() int { return len(e.text) + 4*len(e.ids) + 40*len(e.keys) }
+func (n *prefixNode) size() int { return len(n.text) + 4*len(n.ids) + 128 }
 
-// NewPrefixCache caches tok's ids within budget bytes (texts and ids)
-// with places every chunk bytes.
+// NewPrefixCache caches tok's ids within budget bytes (texts, ids and
+// bookkeeping) with places every chunk bytes.
 func NewPrefixCache(tok Splitter, chunk, budget int) *PrefixCache {
 	return &PrefixCache{tok: tok, chunk: max(chunk, 1), budget: budget, seed: maphash.MakeSeed(),
-		index: map[prefixKey]prefixRef{}}
-}
-
-// place is one candidate place of a prompt being encoded.
-type place struct {
-	key prefixKey
-	ids int // ids before it, once known
+		index: map[prefixKey]*prefixNode{}}
 }
 
 // Encode returns tok.Encode(text), or tok.EncodeSpecial(text) when
@@ -107,7 +107,7 @@ func (c *PrefixCache) Encode(text string, special bool) []uint32 {
 	if len(text) < 2*c.chunk {
 		return c.first(text, special)
 	}
-	places := make([]place, 0, min(len(text)/c.chunk, prefixCacheMaxCuts))
+	places := make([]prefixKey, 0, min(len(text)/c.chunk, prefixCacheMaxCuts))
 	var h maphash.Hash
 	h.SetSeed(c.seed)
 	prev := 0
@@ -117,7 +117,7 @@ func (c *PrefixCache) Encode(text string, special bool) []uint32 {
 			continue
 		}
 		h.WriteString(text[prev:p])
-		places = append(places, place{key: prefixKey{sum: h.Sum64(), n: p, special: special}})
+		places = append(places, prefixKey{sum: h.Sum64(), n: p, special: special})
 		prev = p
 	}
 	if len(places) == 0 {
@@ -126,53 +126,53 @@ func (c *PrefixCache) Encode(text string, special bool) []uint32 {
 
 	// The longest prefix held: places are looked up in order, each one
 	// extending the last, until one is missing.
-	hit, ref := -1, prefixRef{}
+	var hit *prefixNode
 	c.mu.Lock()
-	for i, pl := range places {
-		r, ok := c.index[pl.key]
-		if !ok {
+	for i, k := range places {
+		n := c.index[k]
+		if n == nil || n.depth != i {
 			break
 		}
-		hit, ref = i, r
+		hit = n
 	}
-	if hit >= 0 {
-		c.touchLocked(ref.e)
+	if hit != nil {
+		c.touchLocked(hit)
 	}
 	c.mu.Unlock()
-	// An entry's fields never change once indexed: read without the
-	// lock. Equal hashes are not trusted: the bytes are compared.
-	if hit >= 0 && (ref.i != hit || ref.e.text[:places[hit].key.n] != text[:places[hit].key.n]) {
-		hit = -1
+	// Nodes never change once indexed: read without the lock. Equal
+	// hashes are not trusted: the bytes are compared, piece by piece.
+	for n := hit; n != nil; n = n.parent {
+		if n.key != places[n.depth] || text[n.from:n.key.n] != n.text {
+			hit = nil
+			break
+		}
 	}
 
 	var ids []uint32
-	from := 0 // bytes whose ids are in ids
-	if hit >= 0 {
-		n := ref.e.counts[hit]
-		ids = make([]uint32, n, n+(len(text)-places[hit].key.n)/4+4)
-		copy(ids, ref.e.ids[:n])
-		for i := range hit + 1 {
-			places[i].ids = ref.e.counts[i] // the same places, the same bytes before them
+	from, next := 0, 0 // bytes whose ids are in ids; the first place not held
+	if hit != nil {
+		ids = make([]uint32, hit.total, hit.total+(len(text)-hit.key.n)/4+4)
+		for n := hit; n != nil; n = n.parent {
+			copy(ids[n.total-len(n.ids):], n.ids)
 		}
-		from = places[hit].key.n
+		from, next = hit.key.n, hit.depth+1
 	} else {
 		ids = make([]uint32, 0, len(text)/4+4)
 	}
-	for i := hit + 1; i < len(places); i++ {
+	counts := make([]int, len(places)) // ids up to each new place
+	for i := next; i < len(places); i++ {
 		if from == 0 {
-			ids = append(ids, c.first(text[:places[i].key.n], special)...)
+			ids = append(ids, c.first(text[:places[i].n], special)...)
 		} else {
-			ids = c.tok.AppendEncode(ids, text[from:places[i].key.n])
+			ids = c.tok.AppendEncode(ids, text[from:places[i].n])
 		}
-		from = places[i].key.n
-		places[i].ids = len(ids)
+		from = places[i].n
+		counts[i] = len(ids)
 	}
-	last := len(ids)
-	ids = c.tok.AppendEncode(ids, text[from:])
-	if hit < len(places)-1 {
-		c.add(text[:places[len(places)-1].key.n], ids[:last], places)
+	if next < len(places) {
+		c.add(hit, text, ids, places, counts, next)
 	}
-	return ids
+	return c.tok.AppendEncode(ids, text[from:])
 }
 
 func (c *PrefixCache) first(text string, special bool) []uint32 {
@@ -182,83 +182,95 @@ func (c *PrefixCache) first(text string, special bool) []uint32 {
 	return c.tok.Encode(text)
 }
 
-// add caches prefix (ending at the last of places) with its ids: every
-// place becomes a key of the new entry, which replaces older entries for
-// the places they share.
-func (c *PrefixCache) add(prefix string, ids []uint32, places []place) {
-	e := &prefixEntry{text: strings.Clone(prefix), ids: append([]uint32(nil), ids...),
-		keys: make([]prefixKey, len(places)), counts: make([]int, len(places))}
-	for i, pl := range places {
-		e.keys[i], e.counts[i] = pl.key, pl.ids
+// add caches the pieces of text after parent (nil: from the start): one
+// node per place from places[next] on, counts[i] ids up to place i.
+func (c *PrefixCache) add(parent *prefixNode, text string, ids []uint32, places []prefixKey, counts []int, next int) {
+	// Each node its own allocation: an evicted one is freed with its
+	// text and ids once nothing below it is held.
+	nodes := make([]*prefixNode, 0, len(places)-next)
+	from, before := 0, 0
+	if parent != nil {
+		from, before = parent.key.n, parent.total
 	}
-	if e.size() > c.budget {
-		return
+	for i := next; i < len(places); i++ {
+		n := &prefixNode{parent: parent, key: places[i], depth: i, from: from,
+			text: strings.Clone(text[from:places[i].n]), ids: slices.Clone(ids[before:counts[i]]), total: counts[i]}
+		nodes = append(nodes, n)
+		parent, from, before = n, places[i].n, counts[i]
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i, k := range e.keys {
-		c.index[k] = prefixRef{e: e, i: i}
+	for _, n := range nodes {
+		c.index[n.key] = n // replaces an older node of the same prefix, if any
+		n.live = true
+		c.used += n.size()
+		c.nodes++
 	}
-	c.pushLocked(e)
-	c.used += e.size()
+	// Leaves first in the list, then the pieces above them: the list
+	// order keeps every node ahead of those below it.
+	for i := len(nodes) - 1; i >= 0; i-- {
+		c.pushLocked(nodes[i])
+	}
+	c.touchLocked(nodes[0].parent)
 	for c.used > c.budget && c.tail != nil {
 		c.evictLocked(c.tail)
 	}
 }
 
-// touchLocked makes e the most recently used. c.mu must be held.
-func (c *PrefixCache) touchLocked(e *prefixEntry) {
-	if c.head == e || (e.prev == nil && e.next == nil && c.tail != e) {
-		return // first already, or evicted
-	}
-	c.unlinkLocked(e)
-	c.pushLocked(e)
-}
-
-func (c *PrefixCache) pushLocked(e *prefixEntry) {
-	e.prev, e.next = nil, c.head
-	if c.head != nil {
-		c.head.prev = e
-	}
-	c.head = e
-	if c.tail == nil {
-		c.tail = e
-	}
-}
-
-func (c *PrefixCache) unlinkLocked(e *prefixEntry) {
-	if e.prev != nil {
-		e.prev.next = e.next
-	} else {
-		c.head = e.next
-	}
-	if e.next != nil {
-		e.next.prev = e.prev
-	} else {
-		c.tail = e.prev
-	}
-	e.prev, e.next = nil, nil
-}
-
-// evictLocked drops e and the keys that still lead to it. c.mu must be
-// held.
-func (c *PrefixCache) evictLocked(e *prefixEntry) {
-	c.unlinkLocked(e)
-	c.used -= e.size()
-	for _, k := range e.keys {
-		if r, ok := c.index[k]; ok && r.e == e {
-			delete(c.index, k)
+// touchLocked makes n and the nodes above it the most recently used, the
+// first piece first. c.mu must be held.
+func (c *PrefixCache) touchLocked(n *prefixNode) {
+	for ; n != nil; n = n.parent {
+		if !n.live {
+			continue // evicted: its ids are still good for those below it
+		}
+		if c.head != n {
+			c.unlinkLocked(n)
+			c.pushLocked(n)
 		}
 	}
 }
 
-// Len is the number of prompts held (tests, status).
+func (c *PrefixCache) pushLocked(n *prefixNode) {
+	n.prev, n.next = nil, c.head
+	if c.head != nil {
+		c.head.prev = n
+	}
+	c.head = n
+	if c.tail == nil {
+		c.tail = n
+	}
+}
+
+func (c *PrefixCache) unlinkLocked(n *prefixNode) {
+	if n.prev != nil {
+		n.prev.next = n.next
+	} else {
+		c.head = n.next
+	}
+	if n.next != nil {
+		n.next.prev = n.prev
+	} else {
+		c.tail = n.prev
+	}
+	n.prev, n.next = nil, nil
+}
+
+// evictLocked drops n, and its key if it still leads to n. c.mu must be
+// held.
+func (c *PrefixCache) evictLocked(n *prefixNode) {
+	c.unlinkLocked(n)
+	n.live = false
+	c.used -= n.size()
+	c.nodes--
+	if c.index[n.key] == n {
+		delete(c.index, n.key)
+	}
+}
+
+// Len is the number of pieces held (tests, status).
 func (c *PrefixCache) Len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := 0
-	for e := c.head; e != nil; e = e.next {
-		n++
-	}
-	return n
+	return c.nodes
 }

@@ -102,25 +102,25 @@ func wordsText(rng *rand.Rand, n int) string {
 	return b.String()
 }
 
-// TestPrefixCacheReuses: what is reused and what is tokenized again, and
-// that the ids stay exact each time.
+// TestPrefixCacheReuses: what is reused and what is tokenized again, what
+// is added, and that the ids stay exact each time.
 func TestPrefixCacheReuses(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	shared := wordsText(rng, 2000) // 14,000 bytes
+	shared := wordsText(rng, 2000) // 14,000 bytes: 13 places (one per KiB); with a tail, 15
 	tailA, tailB := wordsText(rng, 300), wordsText(rng, 300)
 	for _, tc := range []struct {
-		name      string
-		first     string // encoded before
-		text      string
-		maxBytes  int // bytes the tokenizer may see for text
-		minBytes  int
-		wantCache int // prompts held afterwards
+		name       string
+		first      string // encoded before
+		text       string
+		maxBytes   int // bytes the tokenizer may see for text
+		minBytes   int
+		wantPieces int // held afterwards
 	}{
-		{"cold", "", shared + tailA, len(shared + tailA), len(shared + tailA), 1},
-		{"same prompt again", shared + tailA, shared + tailA, PrefixCacheChunk, 1, 1},
-		{"same prefix, other tail", shared + tailA, shared + tailB, len(tailB) + PrefixCacheChunk, len(tailB), 2},
-		{"the next turn", shared, shared + tailA, len(tailA) + PrefixCacheChunk, len(tailA), 2},
-		{"other text", shared, tailA + shared, len(tailA + shared), len(tailA + shared), 2},
+		{"cold", "", shared + tailA, len(shared + tailA), len(shared + tailA), 15},
+		{"same prompt again", shared + tailA, shared + tailA, PrefixCacheChunk, 1, 15},
+		{"same prefix, other tail", shared + tailA, shared + tailB, len(tailB) + PrefixCacheChunk, len(tailB), 15 + 2},
+		{"the next turn", shared, shared + tailA, len(tailA) + PrefixCacheChunk, len(tailA), 15},
+		{"other text", shared, tailA + shared, len(tailA + shared), len(tailA + shared), 13 + 15},
 		{"short prompts are not cached", "", tailA[:PrefixCacheChunk], PrefixCacheChunk, PrefixCacheChunk, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -137,31 +137,36 @@ func TestPrefixCacheReuses(t *testing.T) {
 			if tok.bytes > tc.maxBytes || tok.bytes < tc.minBytes {
 				t.Errorf("tokenized %d bytes, want %d..%d", tok.bytes, tc.minBytes, tc.maxBytes)
 			}
-			if n := c.Len(); n != tc.wantCache {
-				t.Errorf("holds %d prompts, want %d", n, tc.wantCache)
+			if n := c.Len(); n != tc.wantPieces {
+				t.Errorf("holds %d pieces, want %d", n, tc.wantPieces)
 			}
 		})
 	}
 }
 
-// TestPrefixCacheBudget: entries beyond the budget are evicted least
-// recently used first, and a prompt reused since stays.
+// TestPrefixCacheBudget: pieces beyond the budget are evicted least
+// recently used first, a prompt reused since stays, and the pieces two
+// prompts share are held once.
 func TestPrefixCacheBudget(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	var texts []string
 	for range 4 {
-		texts = append(texts, wordsText(rng, 1000)) // 7,000 bytes, 7 places
+		texts = append(texts, wordsText(rng, 1000)) // 7,000 bytes, 6 places
 	}
-	one := (&prefixEntry{text: texts[0][:6*PrefixCacheChunk], ids: make([]uint32, 6*PrefixCacheChunk/7+1), keys: make([]prefixKey, 6)}).size()
 	tok := &countingSplitter{}
-	c := NewPrefixCache(tok, PrefixCacheChunk, 3*one+one/2) // three fit
+	three := NewPrefixCache(tok, PrefixCacheChunk, 1<<20)
+	for _, s := range texts[:3] {
+		three.Encode(s, false)
+	}
+	budget := three.used + 100 // three prompts fit, not four
+	c := NewPrefixCache(tok, PrefixCacheChunk, budget)
 	for _, s := range texts[:3] {
 		c.Encode(s, false)
 	}
 	c.Encode(texts[0], false) // used again: texts[1] is now the oldest
 	c.Encode(texts[3], false)
-	if n := c.Len(); n != 3 {
-		t.Fatalf("holds %d prompts, want 3", n)
+	if c.used > budget {
+		t.Fatalf("holds %d bytes, budget %d", c.used, budget)
 	}
 	// Held ones first: a full hit adds nothing, so nothing is evicted
 	// before texts[1] is looked up.
@@ -173,6 +178,15 @@ func TestPrefixCacheBudget(t *testing.T) {
 		if reused, want := tok.bytes < len(texts[i])/2, i != 1; reused != want {
 			t.Errorf("text %d: reused %v, want %v (tokenized %d of %d bytes)", i, reused, want, tok.bytes, len(texts[i]))
 		}
+	}
+	// Many prompts over one shared prefix hold it once.
+	c = NewPrefixCache(tok, PrefixCacheChunk, 1<<20)
+	shared := wordsText(rng, 1000)
+	for range 10 {
+		c.Encode(shared+wordsText(rng, 300), false)
+	}
+	if n := c.Len(); n > 6+10*4 {
+		t.Errorf("10 prompts over one 6-piece prefix hold %d pieces, want at most %d", n, 6+10*4)
 	}
 }
 
@@ -227,17 +241,39 @@ func BenchmarkPrefixCacheEncode(b *testing.B) {
 			i++
 		}
 	})
-	// Every tail new (the cache holds fewer prompts than cycle here): the
-	// prefix is reused, the new prompt is added and an old one evicted.
+	// Every tail new (1 MiB holds the prefix and ~300 tails, fewer than
+	// cycle here): the prefix is reused, the new tail's pieces are added
+	// and old ones evicted.
 	var fresh []string
 	for range 1024 {
 		fresh = append(fresh, shared+wordsText(rng, 339))
 	}
 	b.Run("cache-new-tails", func(b *testing.B) {
-		c := NewPrefixCache(tok, PrefixCacheChunk, 8<<20)
+		c := NewPrefixCache(tok, PrefixCacheChunk, 1<<20)
 		i := 0
 		for b.Loop() {
 			c.Encode(fresh[i%len(fresh)], false)
+			i++
+		}
+	})
+	// Nothing shared (the cache's worst case): every prompt is looked up,
+	// missed, encoded piece by piece and added.
+	var unique []string
+	for range 1024 {
+		unique = append(unique, wordsText(rng, 2371))
+	}
+	b.Run("encode-unique", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			tok.Encode(unique[i%len(unique)])
+			i++
+		}
+	})
+	b.Run("cache-unique", func(b *testing.B) {
+		c := NewPrefixCache(tok, PrefixCacheChunk, 1<<20)
+		i := 0
+		for b.Loop() {
+			c.Encode(unique[i%len(unique)], false)
 			i++
 		}
 	})
