@@ -94,6 +94,7 @@ type proxyBench struct {
 	plainClient, tlsClient, workerClient *http.Client
 	prefix                               string // the shared prefix's text
 	sent                                 uint64 // requests built: the next one's tail
+	tok                                  tokenize.Tokenizer
 }
 
 // complete sends the next request (a new tail) and reads the stream to
@@ -211,6 +212,7 @@ func startProxyBench(b testing.TB, workerTLS bool) *proxyBench {
 			TLSClientConfig: pki.TrustOnlyTLS(pool, pki.AllowRoles(pki.RoleNode))}},
 		workerClient: workerClient,
 		prefix:       proxyBenchPrefixText(),
+		tok:          tokenize.Builtin(),
 	}
 	reg := fmt.Sprintf(`{"id":"w1","url":%q,"model":"m","block_size":16,"total_kv_blocks":100000}`, worker.URL)
 	poll.Until(b, 60*time.Second, 50*time.Millisecond, func() error {
@@ -267,7 +269,7 @@ func (env *proxyBench) body() []byte {
 	for i := range tail {
 		tail[i] = proxyBenchWord(rng)
 	}
-	body, err := json.Marshal(map[string]any{"model": "m", "prompt": env.prefix + " " + tokenize.Builtin().Decode(tail),
+	body, err := json.Marshal(map[string]any{"model": "m", "prompt": env.prefix + " " + env.tok.Decode(tail),
 		"max_tokens": 4, "stream": true, "stream_options": map[string]bool{"include_usage": true}})
 	if err != nil {
 		panic(err)
