@@ -51,8 +51,12 @@ type PrefixCache struct {
 	budget int
 	seed   maphash.Seed
 
-	mu         sync.Mutex
-	index      map[prefixKey]*prefixNode
+	mu    sync.Mutex
+	index map[prefixKey]*prefixNode
+	// seen holds the first place of prompts that found nothing: a prompt
+	// is added only when its first KiB comes a second time, so prompts
+	// that share nothing cost a plain Encode and a hash, not pieces.
+	seen       map[prefixKey]struct{}
 	head, tail *prefixNode // most and least recently used
 	used       int         // bytes held by nodes
 	nodes      int
@@ -67,6 +71,9 @@ const PrefixCacheChunk = 1 << 10
 // prefixCacheMaxCuts bounds the places of one prompt: its first 256 KiB
 // are cached, the rest is always tokenized.
 const prefixCacheMaxCuts = 256
+
+// maxSeen bounds PrefixCache.seen (~40 bytes each); full, it starts over.
+const maxSeen = 1 << 16
 
 type prefixKey struct {
 	sum     uint64
@@ -98,7 +105,7 @@ func (n *prefixNode) size() int { return len(n.text) + 4*len(n.ids) + 128 }
 // bookkeeping) with places every chunk bytes.
 func NewPrefixCache(tok Splitter, chunk, budget int) *PrefixCache {
 	return &PrefixCache{tok: tok, chunk: max(chunk, 1), budget: budget, seed: maphash.MakeSeed(),
-		index: map[prefixKey]*prefixNode{}}
+		index: map[prefixKey]*prefixNode{}, seen: map[prefixKey]struct{}{}}
 }
 
 // Encode returns tok.Encode(text), or tok.EncodeSpecial(text) when
@@ -135,10 +142,20 @@ func (c *PrefixCache) Encode(text string, special bool) []uint32 {
 		}
 		hit = n
 	}
+	firstTime := false
 	if hit != nil {
 		c.touchLocked(hit)
+	} else if _, ok := c.seen[places[0]]; !ok {
+		if len(c.seen) >= maxSeen {
+			clear(c.seen)
+		}
+		c.seen[places[0]] = struct{}{}
+		firstTime = true
 	}
 	c.mu.Unlock()
+	if firstTime {
+		return c.first(text, special)
+	}
 	// Nodes never change once indexed: read without the lock. Equal
 	// hashes are not trusted: the bytes are compared, piece by piece.
 	for n := hit; n != nil; n = n.parent {

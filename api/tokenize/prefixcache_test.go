@@ -110,23 +110,25 @@ func TestPrefixCacheReuses(t *testing.T) {
 	tailA, tailB := wordsText(rng, 300), wordsText(rng, 300)
 	for _, tc := range []struct {
 		name       string
-		first      string // encoded before
+		first      string // encoded twice before (a prompt's first KiB seen once adds nothing)
 		text       string
 		maxBytes   int // bytes the tokenizer may see for text
 		minBytes   int
 		wantPieces int // held afterwards
 	}{
-		{"cold", "", shared + tailA, len(shared + tailA), len(shared + tailA), 15},
+		{"cold: seen once, not added", "", shared + tailA, len(shared + tailA), len(shared + tailA), 0},
+		{"its first KiB seen before: the rest added", tailB + shared, tailB + tailA, len(tailA) + PrefixCacheChunk, len(tailA), 15 + 2},
 		{"same prompt again", shared + tailA, shared + tailA, PrefixCacheChunk, 1, 15},
 		{"same prefix, other tail", shared + tailA, shared + tailB, len(tailB) + PrefixCacheChunk, len(tailB), 15 + 2},
 		{"the next turn", shared, shared + tailA, len(tailA) + PrefixCacheChunk, len(tailA), 15},
-		{"other text", shared, tailA + shared, len(tailA + shared), len(tailA + shared), 13 + 15},
+		{"other text, seen once", shared, tailA + shared, len(tailA + shared), len(tailA + shared), 13},
 		{"short prompts are not cached", "", tailA[:PrefixCacheChunk], PrefixCacheChunk, PrefixCacheChunk, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tok := &countingSplitter{}
 			c := NewPrefixCache(tok, PrefixCacheChunk, 1<<20)
 			if tc.first != "" {
+				c.Encode(tc.first, false)
 				c.Encode(tc.first, false)
 			}
 			tok.bytes = 0
@@ -157,13 +159,16 @@ func TestPrefixCacheBudget(t *testing.T) {
 	three := NewPrefixCache(tok, PrefixCacheChunk, 1<<20)
 	for _, s := range texts[:3] {
 		three.Encode(s, false)
+		three.Encode(s, false) // the second time adds it
 	}
 	budget := three.used + 100 // three prompts fit, not four
 	c := NewPrefixCache(tok, PrefixCacheChunk, budget)
 	for _, s := range texts[:3] {
 		c.Encode(s, false)
+		c.Encode(s, false)
 	}
 	c.Encode(texts[0], false) // used again: texts[1] is now the oldest
+	c.Encode(texts[3], false)
 	c.Encode(texts[3], false)
 	if c.used > budget {
 		t.Fatalf("holds %d bytes, budget %d", c.used, budget)
@@ -182,7 +187,7 @@ func TestPrefixCacheBudget(t *testing.T) {
 	// Many prompts over one shared prefix hold it once.
 	c = NewPrefixCache(tok, PrefixCacheChunk, 1<<20)
 	shared := wordsText(rng, 1000)
-	for range 10 {
+	for range 11 {
 		c.Encode(shared+wordsText(rng, 300), false)
 	}
 	if n := c.Len(); n > 6+10*4 {
