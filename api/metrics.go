@@ -269,22 +269,18 @@ func (t *tokenScanner) event(data []byte) int {
 	if len(data) == 0 || data[0] != '{' { // [DONE] or not JSON
 		return 0
 	}
-	var ch sseChunk
-	if json.Unmarshal(data, &ch) != nil {
-		return 0
-	}
-	content := 0
-	for _, c := range ch.Choices {
-		if c.Text != "" || c.Delta != nil && (c.Delta.Content != "" || c.Delta.ReasoningContent != "" ||
-			c.Delta.Reasoning != "" || len(c.Delta.ToolCalls) > 0) {
-			content++
+	e, ok := scanSSEChunk(data) // ssescan.go: without encoding/json when it can vouch
+	if !ok {
+		if e, ok = decodeSSEChunk(data); !ok {
+			return 0
 		}
 	}
-	if ch.Usage == nil {
+	content := e.content
+	if !e.hasUsage {
 		return content
 	}
-	grown := ch.Usage.CompletionTokens - t.lastUsage
-	t.lastUsage = ch.Usage.CompletionTokens
+	grown := e.completionTokens - t.lastUsage
+	t.lastUsage = e.completionTokens
 	if content == 0 {
 		return 0 // the usage-only final chunk: no token arrived now
 	}

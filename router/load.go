@@ -30,7 +30,12 @@ type ActiveLoad struct {
 	// 0 says a block has no holder without a map lookup, which is the
 	// answer for most of a prompt's blocks on the decision path. Made
 	// with the first key.
-	held  []uint8
+	held []uint8
+	// spare holds the holder lists of keys that left holders, emptied,
+	// for Add to reuse: a request brings about one new key per prompt
+	// block, each an allocation otherwise (issue 31: the proxy's path).
+	// At most maxSpareHolders.
+	spare [][]blockHolder
 	order []string // request ids by add time, for expiry (lazily cleaned)
 	// tracked counts the requests with output blocks booked (every
 	// workerLoad.tracked together): 0 lets kv-pooled skip them at once.
@@ -194,6 +199,9 @@ func (a *ActiveLoad) Add(b Booking) {
 		if i < 0 {
 			if len(hs) == 0 {
 				a.holdFilterAdd(h)
+				if n := len(a.spare); n > 0 {
+					hs, a.spare = a.spare[n-1], a.spare[:n-1]
+				}
 			}
 			a.holders[h] = append(hs, blockHolder{worker: b.Worker, n: 1})
 			wl.blocks++
@@ -357,6 +365,10 @@ func (a *ActiveLoad) removeLocked(id string) {
 		if len(hs) == 1 {
 			delete(a.holders, h)
 			a.holdFilterDrop(h)
+			if len(a.spare) < maxSpareHolders {
+				clear(hs)
+				a.spare = append(a.spare, hs[:0])
+			}
 		} else {
 			hs[i] = hs[len(hs)-1]
 			a.holders[h] = hs[:len(hs)-1]
@@ -456,6 +468,10 @@ func (wl *workerLoad) activeBlocks() int {
 }
 
 const holdFilterMask = 1<<16 - 1
+
+// maxSpareHolders bounds ActiveLoad.spare: the blocks of a few dozen
+// requests in flight, ~200 KiB.
+const maxSpareHolders = 4096
 
 // holdFilterAdd counts a new key of holders. a.mu must be held.
 func (a *ActiveLoad) holdFilterAdd(h uint64) {

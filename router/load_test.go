@@ -233,3 +233,32 @@ func TestLoadHolderFilterSaturates(t *testing.T) {
 		t.Error("a freed block's counter is not back to 0")
 	}
 }
+
+// TestActiveLoadReusesHolderLists: booking a request whose blocks no other
+// request holds reuses the holder lists freed requests left (the proxy
+// books ~150 new keys per 2,400-token prompt), and reused lists start
+// empty: a block freed on one worker and booked on another has only the
+// new holder.
+func TestActiveLoadReusesHolderLists(t *testing.T) {
+	a := NewActiveLoad(0)
+	hashes := make([]uint64, 150)
+	for i := range hashes {
+		hashes[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+	}
+	a.Add(Booking{ID: "warm", Worker: "w1", Hashes: hashes, Added: t0})
+	a.Free("warm")
+	allocs := testing.AllocsPerRun(20, func() {
+		a.Add(Booking{ID: "r", Worker: "w2", Hashes: hashes, Added: t0})
+		a.Free("r")
+	})
+	if allocs > 20 { // the request's own few; one per block without reuse
+		t.Errorf("Add+Free of a 150-block request: %.0f allocations", allocs)
+	}
+	a.Add(Booking{ID: "r", Worker: "w2", Hashes: hashes, Added: t0})
+	if n := a.NewBlocks("w1", hashes); n != len(hashes) {
+		t.Errorf("w1 holds %d of the blocks after its request was freed", len(hashes)-n)
+	}
+	if n := a.NewBlocks("w2", hashes); n != 0 {
+		t.Errorf("w2 misses %d of its booked blocks", n)
+	}
+}

@@ -27,20 +27,27 @@ const maxDepth = 10000
 // folds case with Unicode's simple folding, so "ſtream" is "stream").
 // keys must be distinct ASCII strings.
 func Top(body []byte, keys []string) (vals [][]byte, ok bool) {
-	s := scanner{b: body}
-	s.skipSpace()
-	if s.i >= len(s.b) || s.b[s.i] != '{' {
-		return nil, false
-	}
 	vals = make([][]byte, len(keys))
-	if !s.topObject(keys, vals) {
-		return nil, false
-	}
-	s.skipSpace()
-	if s.i != len(s.b) {
+	if !TopInto(body, keys, vals) {
 		return nil, false
 	}
 	return vals, true
+}
+
+// TopInto is Top into vals (len(vals) == len(keys)), which it clears
+// first, for a caller that reads many small bodies without allocating.
+func TopInto(body []byte, keys []string, vals [][]byte) bool {
+	clear(vals)
+	s := scanner{b: body}
+	s.skipSpace()
+	if s.i >= len(s.b) || s.b[s.i] != '{' {
+		return false
+	}
+	if !s.topObject(keys, vals) {
+		return false
+	}
+	s.skipSpace()
+	return s.i == len(s.b)
 }
 
 type scanner struct {
@@ -354,4 +361,43 @@ func equalFoldASCII(a []byte, b string) bool {
 		}
 	}
 	return true
+}
+
+// Elements returns the raw bytes of the elements of arr, one JSON array
+// (space around it allowed). ok is false, and elems nil, when arr is not
+// one valid JSON array.
+func Elements(arr []byte) (elems [][]byte, ok bool) {
+	s := scanner{b: arr}
+	s.skipSpace()
+	if s.i >= len(s.b) || s.b[s.i] != '[' {
+		return nil, false
+	}
+	s.i++
+	s.skipSpace()
+	if s.i < len(s.b) && s.b[s.i] == ']' {
+		s.i++
+	} else {
+		for {
+			start := s.i
+			if !s.value(1) {
+				return nil, false
+			}
+			elems = append(elems, s.b[start:s.i:s.i])
+			more, ok := s.sep(']')
+			if !ok {
+				return nil, false
+			}
+			if !more {
+				break
+			}
+		}
+	}
+	s.skipSpace()
+	if s.i != len(s.b) {
+		return nil, false
+	}
+	if elems == nil {
+		elems = [][]byte{}
+	}
+	return elems, true
 }

@@ -145,3 +145,30 @@ func TestJSONScanStopsRun(t *testing.T) {
 		}
 	}
 }
+
+// FuzzJSONScanElements: Elements splits exactly the arrays encoding/json
+// reads as []json.RawMessage, into the same elements.
+func FuzzJSONScanElements(f *testing.F) {
+	for _, s := range []string{`[]`, ` [ ] `, `[1,"a",{"b":[2]},null]`, `[1,]`, `{"a":1}`, `[1] x`, `["\u00e9", true, -0.5e3]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, ok := Elements(data)
+		var want []json.RawMessage
+		err := json.Unmarshal(data, &want)
+		if wantOK := err == nil && bytes.HasPrefix(bytes.TrimLeft(data, " \t\r\n"), []byte("[")); ok != wantOK {
+			t.Fatalf("%q: Elements ok %v, encoding/json %v", data, ok, err)
+		}
+		if !ok {
+			return
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%q: %d elements, encoding/json %d", data, len(got), len(want))
+		}
+		for i := range got {
+			if !bytes.Equal(got[i], want[i]) {
+				t.Fatalf("%q: element %d %q, encoding/json %q", data, i, got[i], want[i])
+			}
+		}
+	})
+}

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/kvrouter/kvrouter/api/tokenize"
 )
@@ -24,6 +25,9 @@ type Model struct {
 	// tokenizer adds around a single sequence (BOS for Llama and Gemma,
 	// nothing for Qwen).
 	encodeSpecial func(text string) []uint32
+	// prefixes reuses the ids of recent prompts' leading bytes, for a
+	// tokenizer that vouches for where a text may be cut (nil: none does).
+	prefixes *tokenize.PrefixCache
 	// fingerprint identifies the files the ids come from: two replicas
 	// with equal fingerprints tokenize alike.
 	fingerprint string
@@ -106,6 +110,9 @@ func addSpecial(body []byte, def bool) (bool, error) {
 }
 
 func (m *Model) encode(text string, special bool) []uint32 {
+	if m.prefixes != nil {
+		return m.prefixes.Encode(text, special)
+	}
 	if special {
 		return m.encodeSpecial(text)
 	}
@@ -178,7 +185,15 @@ func (m *Model) prompts(raw json.RawMessage, special bool) ([][]uint32, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, badRequest("prompt is required")
 	}
-	if text, ok := plainString(raw); ok {
+	if m.prefixes != nil {
+		// The prompt's bytes are read in place: the Splitter keeps
+		// nothing of the text it encodes and the cache keeps copies, so
+		// the string lives only while it is encoded (and raw is not
+		// changed meanwhile: it is the caller's, read here only).
+		if in, ok := plainBytes(raw); ok {
+			return [][]uint32{m.encode(unsafe.String(unsafe.SliceData(in), len(in)), special)}, nil
+		}
+	} else if text, ok := plainString(raw); ok {
 		return [][]uint32{m.encode(text, special)}, nil
 	}
 	var text string
@@ -261,23 +276,39 @@ func (l legacyChat) render(body []byte) (string, error) {
 // Legacy is a model tokenized by tok and rendered by one of the built-in
 // templates: what `--tokenizer` / `--chat-template` configure.
 func Legacy(name string, tok tokenize.Tokenizer, tmpl tokenize.Template, source string) *Model {
-	return &Model{
+	m := &Model{
 		name: name, tok: tok, chat: legacyChat{tmpl}, encodeSpecial: tok.EncodeSpecial,
 		fingerprint: "legacy:" + tok.Name() + "/" + tmpl.String(), source: source,
 	}
+	if sp, ok := tok.(tokenize.Splitter); ok {
+		// encodeSpecial is the tokenizer's own, which the cache calls.
+		m.prefixes = tokenize.NewPrefixCache(sp, tokenize.PrefixCacheChunk, prefixCacheBudget)
+	}
+	return m
 }
+
+// prefixCacheBudget is the bytes of prompt text and ids one model's prefix
+// cache holds: ~300 prompts of 2,400 words, a few hundred conversations'
+// latest turns.
+const prefixCacheBudget = 8 << 20
 
 // plainString is the value of raw, a valid JSON value, when it is a string
 // whose bytes are its value: no escapes, valid UTF-8 (encoding/json
 // replaces invalid bytes). A long prompt is then not scanned twice more by
 // encoding/json; anything else is left to it.
 func plainString(raw []byte) (string, bool) {
+	in, ok := plainBytes(raw)
+	return string(in), ok
+}
+
+// plainBytes is plainString's bytes, within raw.
+func plainBytes(raw []byte) ([]byte, bool) {
 	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
-		return "", false
+		return nil, false
 	}
 	in := raw[1 : len(raw)-1]
 	if bytes.IndexByte(in, '\\') >= 0 || !utf8.Valid(in) {
-		return "", false
+		return nil, false
 	}
-	return string(in), true
+	return in, true
 }

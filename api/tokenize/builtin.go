@@ -69,9 +69,13 @@ func Builtin() Tokenizer {
 func (builtin) Name() string { return "builtin" }
 
 func (t builtin) Encode(text string) []uint32 {
-	text = sanitizeUTF8(text)
 	// About one id per word and its space: one allocation for most prompts.
-	ids := make([]uint32, 0, len(text)/4+4)
+	return t.AppendEncode(make([]uint32, 0, len(text)/4+4), text)
+}
+
+// AppendEncode appends Encode(text) to ids (Splitter).
+func (t builtin) AppendEncode(ids []uint32, text string) []uint32 {
+	text = sanitizeUTF8(text)
 	for _, seg := range t.specials.split(nil, text) {
 		if seg.added {
 			ids = append(ids, seg.id)
@@ -158,6 +162,23 @@ func builtinWordLen(s string) int {
 		w += rw
 	}
 	return w
+}
+
+// Cut is the length of head up to and including its last ASCII whitespace
+// byte, 0 when it has none (Splitter). Whitespace ends any word, is no part
+// of a special token, and an ASCII byte is a whole rune whatever comes
+// before it, so the ids of any text cut after it are the ids of the two
+// pieces: nothing after the cut can change a token before it
+// (FuzzBuiltinCut).
+func (builtin) Cut(head string) int {
+	for i := len(head) - 1; i >= 0; i-- {
+		if c := head[i]; c < utf8.RuneSelf {
+			if k := builtinASCIIClass[c]; k == builtinSpace || k == builtinNewline {
+				return i + 1
+			}
+		}
+	}
+	return 0
 }
 
 // EncodeSpecial is Encode: the builtin tokenizer adds no BOS/EOS.

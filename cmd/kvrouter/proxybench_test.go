@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"encoding/pem"
@@ -30,7 +31,9 @@ import (
 // (headers flushed at once, the first token's chunk flushed on its own, the
 // rest, usage, [DONE]), and kvbench's default prompt shape: a 2,032-token
 // shared prefix and a 339-token fresh tail of builtin-tokenizer words sent
-// as text to /v1/completions with stream and include_usage.
+// as text to /v1/completions with stream and include_usage. Every
+// request's tail is new, as kvbench load's are, so a cache of whole
+// prompts finds only the shared prefix.
 //
 // Each sub-benchmark sends the same requests one at a time on one
 // keep-alive connection: straight to the worker ("direct"), or through the
@@ -57,10 +60,8 @@ func BenchmarkServeProxyOverhead(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			ttfts := make([]time.Duration, 0, b.N)
-			i := 0
 			for b.Loop() {
-				ttfts = append(ttfts, env.complete(b, tc.hc, tc.base, tc.key, i))
-				i++
+				ttfts = append(ttfts, env.complete(b, tc.hc, tc.base, tc.key))
 			}
 			slices.Sort(ttfts)
 			b.ReportMetric(float64(ttfts[len(ttfts)/2].Nanoseconds())/1e3, "ttft-µs")
@@ -76,7 +77,7 @@ func TestServeWorkerTLSCA(t *testing.T) {
 		t.Skip("a replica with TLS")
 	}
 	env := startProxyBench(t, true)
-	if ttft := env.complete(t, env.tlsClient, env.https, "", 1); ttft <= 0 {
+	if ttft := env.complete(t, env.tlsClient, env.https, ""); ttft <= 0 {
 		t.Fatalf("no first token through the replica to an https worker")
 	}
 }
@@ -86,20 +87,21 @@ const (
 	proxyBenchWorkerKey  = "bench-worker-key"
 	proxyBenchPrefix     = 2032 // kvbench's default prompt: shared prefix and fresh tail, in tokens
 	proxyBenchTail       = 339
-	proxyBenchTails      = 64 // distinct tails the requests cycle through
 )
 
 type proxyBench struct {
 	plain, https, worker                 string
 	plainClient, tlsClient, workerClient *http.Client
-	bodies                               [][]byte
+	prefix                               string // the shared prefix's text
+	sent                                 uint64 // requests built: the next one's tail
+	tok                                  tokenize.Tokenizer
 }
 
-// complete sends request i (its body cycles through env.bodies) and reads
-// the stream to its end, as kvbench load does; it returns the time to the
-// first data line.
-func (env *proxyBench) complete(b testing.TB, hc *http.Client, base, key string, i int) time.Duration {
-	req, err := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(string(env.bodies[i%len(env.bodies)])))
+// complete sends the next request (a new tail) and reads the stream to
+// its end, as kvbench load does; it returns the time to the first data
+// line.
+func (env *proxyBench) complete(b testing.TB, hc *http.Client, base, key string) time.Duration {
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/completions", bytes.NewReader(env.body()))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -209,7 +211,8 @@ func startProxyBench(b testing.TB, workerTLS bool) *proxyBench {
 		tlsClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true,
 			TLSClientConfig: pki.TrustOnlyTLS(pool, pki.AllowRoles(pki.RoleNode))}},
 		workerClient: workerClient,
-		bodies:       proxyBenchBodies(),
+		prefix:       proxyBenchPrefixText(),
+		tok:          tokenize.Builtin(),
 	}
 	reg := fmt.Sprintf(`{"id":"w1","url":%q,"model":"m","block_size":16,"total_kv_blocks":100000}`, worker.URL)
 	poll.Until(b, 60*time.Second, 50*time.Millisecond, func() error {
@@ -224,7 +227,7 @@ func startProxyBench(b testing.TB, workerTLS bool) *proxyBench {
 		if resp.StatusCode != http.StatusOK {
 			return fmt.Errorf("register: HTTP %d: %s", resp.StatusCode, msg)
 		}
-		req, _ = http.NewRequest(http.MethodPost, env.plain+"/v1/completions", strings.NewReader(string(env.bodies[0])))
+		req, _ = http.NewRequest(http.MethodPost, env.plain+"/v1/completions", bytes.NewReader(env.body()))
 		resp, err = env.plainClient.Do(req)
 		if err != nil {
 			return err
@@ -239,30 +242,39 @@ func startProxyBench(b testing.TB, workerTLS bool) *proxyBench {
 	return env
 }
 
-// proxyBenchBodies are kvbench load's default requests: one shared prefix,
-// proxyBenchTails different tails, builtin-tokenizer words (one token each).
-func proxyBenchBodies() [][]byte {
-	tok := tokenize.Builtin()
+// proxyBenchWord draws a builtin-tokenizer word (one token each), as
+// kvbench load's prompts are made of.
+func proxyBenchWord(rng *rand.Rand) uint32 {
+	return 384 + uint32(rng.IntN(tokenize.BuiltinVocabSize-384))
+}
+
+// proxyBenchPrefixText is the shared prefix of kvbench load's default
+// requests, as text.
+func proxyBenchPrefixText() string {
 	rng := rand.New(rand.NewPCG(31, 4))
-	word := func() uint32 { return 384 + uint32(rng.IntN(tokenize.BuiltinVocabSize-384)) }
 	prefix := make([]uint32, proxyBenchPrefix)
 	for i := range prefix {
-		prefix[i] = word()
+		prefix[i] = proxyBenchWord(rng)
 	}
-	var out [][]byte
-	for range proxyBenchTails {
-		ids := slices.Clone(prefix)
-		for range proxyBenchTail {
-			ids = append(ids, word())
-		}
-		body, err := json.Marshal(map[string]any{"model": "m", "prompt": tok.Decode(ids), "max_tokens": 4,
-			"stream": true, "stream_options": map[string]bool{"include_usage": true}})
-		if err != nil {
-			panic(err)
-		}
-		out = append(out, body)
+	return tokenize.Builtin().Decode(prefix)
+}
+
+// body is the next request: the shared prefix and a tail no request had
+// before (Decode puts a space between words, so prefix + " " + tail is the
+// text of their ids together).
+func (env *proxyBench) body() []byte {
+	env.sent++
+	rng := rand.New(rand.NewPCG(env.sent, 5))
+	tail := make([]uint32, proxyBenchTail)
+	for i := range tail {
+		tail[i] = proxyBenchWord(rng)
 	}
-	return out
+	body, err := json.Marshal(map[string]any{"model": "m", "prompt": env.prefix + " " + env.tok.Decode(tail),
+		"max_tokens": 4, "stream": true, "stream_options": map[string]bool{"include_usage": true}})
+	if err != nil {
+		panic(err)
+	}
+	return body
 }
 
 // proxyBenchWorker answers a streamed completion as kvmock does: it reads
