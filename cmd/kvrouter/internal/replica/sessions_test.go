@@ -204,8 +204,8 @@ func BenchmarkReplicaSession(b *testing.B) {
 	bindUntilCommitted(b, tc.R(leader.Index), api.SessionBind{Session: "warm-up", Worker: "w0", TTL: time.Hour})
 	bindUntilCommitted(b, tc.follower(leader), api.SessionBind{Session: "warm-up-2", Worker: "w0", TTL: time.Hour})
 	for _, bc := range []struct {
-		name string
-		r    *replica
+		name    string
+		r       *replica
 		prefill router.WorkerID // a two-stage binding's prefill worker (command 21); "" one stage (17)
 	}{{"first-turn/leader", tc.R(leader.Index), ""}, {"first-turn/follower", tc.follower(leader), ""},
 		{"first-turn-two-stage/leader", tc.R(leader.Index), "p1"}, {"first-turn-two-stage/follower", tc.follower(leader), "p1"}} {
