@@ -296,6 +296,10 @@ type Syncer struct {
 	lmu    sync.Mutex
 	seq    uint64
 	active map[string]*ActiveRequest
+	// wbuf is reused for every message written by hand (appendSyncMsg):
+	// publishes are serialised by lmu anyway, and nats.Conn.Publish copies
+	// the bytes into its write buffer before it returns.
+	wbuf []byte
 
 	// rmu guards the remote side and serialises calls into the sink.
 	rmu     sync.Mutex
@@ -503,13 +507,26 @@ func (s *Syncer) publishFull() {
 	}
 }
 
+// maxKeptSyncBuf bounds the buffer a Syncer keeps between messages: an add
+// of 8,192 blocks (a 128k-token prompt at 16 tokens a block) needs ≈ 74 KiB;
+// one of a larger prompt allocates its own.
+const maxKeptSyncBuf = 128 << 10
+
 // publishLocked: lmu must be held (seq order = wire order).
 func (s *Syncer) publishLocked(m SyncMsg) error {
 	s.seq++
 	m.Replica, m.Epoch, m.Seq = s.cfg.Replica, s.epoch, s.seq
-	data, err := msgpack.Marshal(&m)
-	if err != nil {
-		return fmt.Errorf("sync %s: %w", m.Op, err)
+	data, ok := appendSyncMsg(s.wbuf[:0], &m)
+	if ok {
+		if cap(data) <= maxKeptSyncBuf {
+			s.wbuf = data
+		}
+	} else {
+		mc := m // escapes to the library; m itself stays on the stack
+		var err error
+		if data, err = msgpack.Marshal(&mc); err != nil {
+			return fmt.Errorf("sync %s: %w", m.Op, err)
+		}
 	}
 	if err := s.nc.Publish(s.subject, data); err != nil {
 		// The sequence has a hole now; receivers count it and the next
