@@ -249,3 +249,49 @@ func TestAPITenantIsolationMayHold(t *testing.T) {
 		}
 	}
 }
+
+// TestAPITenantIsolationStartRule: before any queue forms, a tenant whose
+// recent tokens exceed DemandOver times an equal share of every active
+// tenant's counts as over its share (the flood's first requests), one
+// within it does not, and the tenant under its share never does; the
+// dominant tenant (or the only active one) gets RampShare of each worker's
+// window for RampWindow after its activity begins, nobody else does.
+func TestAPITenantIsolationStartRule(t *testing.T) {
+	base := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		name       string
+		a, b       uint64 // tokens charged, neither queued
+		after      time.Duration
+		tenant     string
+		wantK      int
+		wantOver   bool
+		wantWindow float64
+	}{
+		{"flood 10:1, no queue yet: over by demand", 10_000, 1_000, 0, "a", 1, true, RampShare},
+		{"the steady tenant beside it: under, no ramp", 10_000, 1_000, 0, "b", 1, false, 1},
+		{"just above the margin (0.76)", 7_600, 2_400, 0, "a", 2, true, RampShare},
+		{"just below the margin (0.74): nobody over", 7_400, 2_600, 0, "a", 0, false, 1},
+		{"equal demand: nobody over", 5_000, 5_000, 0, "b", 0, false, 1},
+		{"flood past its ramp: over, full window", 10_000, 1_000, RampWindow, "a", 1, true, 1},
+		{"one tenant alone: nothing reserved, ramps", 10_000, 0, 0, "a", 0, false, RampShare},
+	} {
+		now := base
+		l, err := New(Config{From: SourceHeader, Slack: 512, Burst: 4096, Isolation: 1.5, Now: func() time.Time { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Charge("m", "a", int(tc.a))
+		l.Begin("m", "a")
+		if tc.b > 0 {
+			l.Charge("m", "b", int(tc.b))
+			l.Begin("m", "b")
+		}
+		now = now.Add(tc.after)
+		if k, over := l.Isolation("m", tc.tenant, 3); k != tc.wantK || over != tc.wantOver {
+			t.Errorf("%s: k %d over %v, want k %d over %v", tc.name, k, over, tc.wantK, tc.wantOver)
+		}
+		if w := l.Window("m", tc.tenant); w != tc.wantWindow {
+			t.Errorf("%s: window %v, want %v", tc.name, w, tc.wantWindow)
+		}
+	}
+}
