@@ -212,6 +212,16 @@ func (l *Ledger) Isolation(model, tenant string, n int) (k int, over bool) {
 		active = append(active, d)
 		least = min(least, d.queued)
 	}
+	// Whether the least queued tenants are past their start (BacklogAge):
+	// a queue in a tenant's first BacklogAge of activity is its cold start,
+	// not a backlog.
+	settled := false
+	for _, d := range active {
+		if d.queued == least {
+			r, ok := l.recent[d.k]
+			settled = settled || !ok || now.Sub(r.since) >= BacklogAge
+		}
+	}
 	var under, all uint64
 	for _, d := range active {
 		all += d.recent
@@ -228,7 +238,7 @@ func (l *Ledger) Isolation(model, tenant string, n int) (k int, over bool) {
 			under += d.recent
 		}
 	}
-	if len(active) < 2 || !anyOver || least > n {
+	if len(active) < 2 || !anyOver || (least > n && settled) {
 		// least > n: the least queued tenant is backlogged itself (more
 		// than a request per worker waiting), not a tenant whose demand
 		// the fleet meets; the fair queue alone divides the fleet.
@@ -261,6 +271,19 @@ const DemandOver = 1.5
 func demandOver(recent, all uint64, m int) bool {
 	return m >= 2 && all > 0 && float64(recent)*float64(m) > DemandOver*float64(all)
 }
+
+// BacklogAge is how long after a tenant's activity begins Isolation may
+// read its queue as a backlog of its own (more than a request per worker
+// queued: then nothing is reserved). At a run's start every worker is busy
+// with cold prompts and the steady tenant queues a few requests for a few
+// hundred milliseconds (kvbench sim, decode-heavy seed 3: up to 6 queued,
+// for 0.3 s); read as backlogged, isolation switched off exactly then and
+// the fair queue released the flood onto every worker beside it. Counted
+// from the start of its activity, not of its queue: a tenant backlogged
+// in earnest empties its queue now and then (prefill-heavy share runs), and
+// a 1 s age on the queue itself kept isolation on through those and gave
+// the steady tenant 0.29–0.35 of the tokens.
+const BacklogAge = time.Second
 
 // queuedLocked is a tenant's requests queued over the fleet (here, and in
 // every other replica's last report). mu must be held.
