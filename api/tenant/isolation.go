@@ -223,12 +223,10 @@ func (l *Ledger) Isolation(model, tenant string, n int) (k int, over bool) {
 		}
 	}
 	var under, all uint64
-	for _, d := range active {
-		all += d.recent
-	}
 	anyOver := false
 	for _, d := range active {
-		ov := d.queued > least || demandOver(d.recent, all, len(active))
+		all += d.recent
+		ov := d.queued > least
 		if d.k.tenant == tenant {
 			over = ov
 		}
@@ -250,26 +248,6 @@ func (l *Ledger) Isolation(model, tenant string, n int) (k int, over bool) {
 	}
 	k = int(math.Ceil(float64(n) * l.cfg.Isolation * share))
 	return min(max(k, 1), n-1), over
-}
-
-// DemandOver is the start rule's margin: a tenant whose tokens charged
-// fleet-wide over the last RecentWindow exceed DemandOver times an equal
-// share of every active tenant's (more than 3/4 of them with two tenants)
-// counts as over its share before it has a queue (demandOver).
-const DemandOver = 1.5
-
-// demandOver reports whether a tenant with recent of all the m active
-// tenants' recent tokens is over its share by demand alone. The queued
-// rule sees a flood only once its queue forms, and its first requests
-// reach every worker before then (the reserved ones too): the steady
-// tenant's slowest requests were all sent in the run's first half second.
-// A tenant's recent tokens are charged at routing, so a flood's share is
-// its arrival share from its first requests on. Once isolation holds the
-// flood back its recent share falls toward an equal one (the fleet serves
-// both about alike) and this rule lets go; by then its queue has formed
-// and the queued rule holds it.
-func demandOver(recent, all uint64, m int) bool {
-	return m >= 2 && all > 0 && float64(recent)*float64(m) > DemandOver*float64(all)
 }
 
 // BacklogAge is how long after a tenant's activity begins Isolation may
@@ -355,21 +333,25 @@ func mix64(x uint64) uint64 {
 	return x
 }
 
-// The start ramp (rampLocked): a tenant that is most of the recent demand
-// (demandOver, or the only active tenant) gets RampShare of each worker's
-// admission window for RampWindow after its activity begins, so its first
-// requests do not fill every worker's window before another tenant's
-// first request arrives (kvbench sim, 2026-12-06: the steady tenant's slow
-// requests were the ones sent in the first half second, queued behind the
-// flood's first prompts).
+// The start ramp (rampLocked): a tenant alone on a model gets RampShare of
+// each worker's admission window for RampWindow after its activity
+// begins. Isolation reserves workers only once a second tenant is active,
+// and by then the first one's requests have filled every worker's window
+// with cold prompts (kvbench sim, 2026-12-06: the flood's first requests,
+// a few milliseconds before the steady tenant's first, on all three
+// workers; the steady tenant's slow requests were the ones sent in the
+// first half second, queued behind them). The ramp leaves each worker's
+// window half free for whoever comes next; a tenant that stays alone loses
+// nothing after RampWindow.
 const (
 	RampWindow = 500 * time.Millisecond
 	RampShare  = 0.5
 )
 
-// rampLocked is the share of each worker's admission window a tenant gets
-// while it ramps: RampShare within RampWindow of the start of its current
-// run of activity, else 1. mu must be held.
+// rampLocked is the share of each worker's admission window tenant k gets
+// now: RampShare while it is the model's only tenant with tokens charged
+// lately and within RampWindow of the start of its activity, else 1. mu
+// must be held.
 func (l *Ledger) rampLocked(k tenantKey, now time.Time) float64 {
 	if l.cfg.Isolation == 0 {
 		return 1
@@ -378,20 +360,10 @@ func (l *Ledger) rampLocked(k tenantKey, now time.Time) float64 {
 	if !ok || r.sum(now) == 0 || now.Sub(r.since) >= RampWindow {
 		return 1
 	}
-	// Only the tenant that is most of the recent demand ramps: a steady
-	// tenant starting beside a flood is not slowed.
-	var all uint64
-	m := 0
 	for o, ro := range l.recent {
-		if o.model == k.model {
-			if n := ro.sum(now); n > 0 {
-				all += n
-				m++
-			}
+		if o != k && o.model == k.model && ro.sum(now) > 0 {
+			return 1 // not alone: isolation's rule applies
 		}
-	}
-	if m >= 2 && !demandOver(r.sum(now), all, m) {
-		return 1
 	}
 	return RampShare
 }
