@@ -92,9 +92,13 @@ const (
 type recentTokens struct {
 	at     [recentN]int64 // the bucket number each slot holds
 	tokens [recentN]uint64
+	since  time.Time // when its current run of activity began (rampLocked)
 }
 
 func (r *recentTokens) add(now time.Time, n uint64) {
+	if r.sum(now) == 0 {
+		r.since = now
+	}
 	b := now.UnixNano() / int64(recentBucket)
 	i := b % int64(recentN)
 	if r.at[i] != b {
@@ -208,6 +212,16 @@ func (l *Ledger) Isolation(model, tenant string, n int) (k int, over bool) {
 		active = append(active, d)
 		least = min(least, d.queued)
 	}
+	// Whether the least queued tenants are past their start (BacklogAge):
+	// a queue in a tenant's first BacklogAge of activity is its cold start,
+	// not a backlog.
+	settled := false
+	for _, d := range active {
+		if d.queued == least {
+			r, ok := l.recent[d.k]
+			settled = settled || !ok || now.Sub(r.since) >= BacklogAge
+		}
+	}
 	var under, all uint64
 	anyOver := false
 	for _, d := range active {
@@ -222,7 +236,7 @@ func (l *Ledger) Isolation(model, tenant string, n int) (k int, over bool) {
 			under += d.recent
 		}
 	}
-	if len(active) < 2 || !anyOver || least > n {
+	if len(active) < 2 || !anyOver || (least > n && settled) {
 		// least > n: the least queued tenant is backlogged itself (more
 		// than a request per worker waiting), not a tenant whose demand
 		// the fleet meets; the fair queue alone divides the fleet.
@@ -235,6 +249,19 @@ func (l *Ledger) Isolation(model, tenant string, n int) (k int, over bool) {
 	k = int(math.Ceil(float64(n) * l.cfg.Isolation * share))
 	return min(max(k, 1), n-1), over
 }
+
+// BacklogAge is how long after a tenant's activity begins Isolation may
+// read its queue as a backlog of its own (more than a request per worker
+// queued: then nothing is reserved). At a run's start every worker is busy
+// with cold prompts and the steady tenant queues a few requests for a few
+// hundred milliseconds (kvbench sim, decode-heavy seed 3: up to 6 queued,
+// for 0.3 s); read as backlogged, isolation switched off exactly then and
+// the fair queue released the flood onto every worker beside it. Counted
+// from the start of its activity, not of its queue: a tenant backlogged
+// in earnest empties its queue now and then (prefill-heavy share runs), and
+// a 1 s age on the queue itself kept isolation on through those and gave
+// the steady tenant 0.29–0.35 of the tokens.
+const BacklogAge = time.Second
 
 // queuedLocked is a tenant's requests queued over the fleet (here, and in
 // every other replica's last report). mu must be held.
@@ -304,4 +331,39 @@ func mix64(x uint64) uint64 {
 	x *= 0x94d049bb133111eb
 	x ^= x >> 31
 	return x
+}
+
+// The start ramp (rampLocked): a tenant alone on a model gets RampShare of
+// each worker's admission window for RampWindow after its activity
+// begins. Isolation reserves workers only once a second tenant is active,
+// and by then the first one's requests have filled every worker's window
+// with cold prompts (kvbench sim, 2026-12-06: the flood's first requests,
+// a few milliseconds before the steady tenant's first, on all three
+// workers; the steady tenant's slow requests were the ones sent in the
+// first half second, queued behind them). The ramp leaves each worker's
+// window half free for whoever comes next; a tenant that stays alone loses
+// nothing after RampWindow.
+const (
+	RampWindow = 500 * time.Millisecond
+	RampShare  = 0.5
+)
+
+// rampLocked is the share of each worker's admission window tenant k gets
+// now: RampShare while it is the model's only tenant with tokens charged
+// lately and within RampWindow of the start of its activity, else 1. mu
+// must be held.
+func (l *Ledger) rampLocked(k tenantKey, now time.Time) float64 {
+	if l.cfg.Isolation == 0 {
+		return 1
+	}
+	r, ok := l.recent[k]
+	if !ok || r.sum(now) == 0 || now.Sub(r.since) >= RampWindow {
+		return 1
+	}
+	for o, ro := range l.recent {
+		if o != k && o.model == k.model && ro.sum(now) > 0 {
+			return 1 // not alone: isolation's rule applies
+		}
+	}
+	return RampShare
 }

@@ -48,7 +48,7 @@ func TestAPITenantIsolationRule(t *testing.T) {
 		{"the other tenant between requests, charged lately", 1, 10, func(l *Ledger) { pair(6000, 4000)(l); l.End("m", "b") }, "a", 4, true},
 		{"both backlogged", 1, 10, func(l *Ledger) { pair(6000, 4000)(l); l.Enqueue("m", "b", 0) }, "a", 0, false},
 		{"nobody queued", 1, 10, func(l *Ledger) { pair(6000, 4000)(l); l.Dequeue("m", "a", 0) }, "a", 0, false},
-		{"the least queued tenant backlogged itself", 1, 3, func(l *Ledger) {
+		{"the least queued tenant backlogged itself (past its start, BacklogAge)", 1, 3, func(l *Ledger) {
 			pair(6000, 4000)(l)
 			for range 20 {
 				l.Enqueue("m", "a", 0)
@@ -80,12 +80,14 @@ func TestAPITenantIsolationRule(t *testing.T) {
 			l.Remote("r2", []Usage{{Model: "m", Tenant: "b", Tokens: 2100, Inflight: 1}})
 		}, "a", 2, true},
 	} {
+		now := time.Unix(1000, 0)
 		l, err := New(Config{From: SourceHeader, Slack: 512, Burst: 4096, Isolation: tc.isolation,
-			Now: func() time.Time { return time.Unix(1000, 0) }})
+			Now: func() time.Time { return now }})
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		tc.setup(l)
+		now = now.Add(BacklogAge) // past every tenant's start (TestAPITenantIsolationStartRule has the start)
 		if k, over := l.Isolation("m", tc.tenant, tc.workers); k != tc.wantK || over != tc.wantOver {
 			t.Errorf("%s: k %d over %v, want k %d over %v", tc.name, k, over, tc.wantK, tc.wantOver)
 		}
@@ -246,6 +248,61 @@ func TestAPITenantIsolationMayHold(t *testing.T) {
 		tc.setup(l)
 		if got := l.MayHold("m", "a"); got != tc.want {
 			t.Errorf("%s: MayHold %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestAPITenantIsolationStartRule: the start rules. A tenant alone on the
+// model gets RampShare of each worker's window for RampWindow after its
+// activity begins, nobody else does; a queue of more than a request per
+// worker read as the least queued tenant's own backlog (nothing reserved)
+// only BacklogAge after that tenant's activity began, before it a cold
+// start (workers reserved for it).
+func TestAPITenantIsolationStartRule(t *testing.T) {
+	base := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		name       string
+		b          uint64        // tokens charged to b (0: a alone)
+		bQueued    int           // b's requests queued
+		after      time.Duration // from the charges to the check
+		tenant     string
+		wantK      int
+		wantOver   bool
+		wantWindow float64
+	}{
+		{"alone at its start: half window", 0, 0, 0, "a", 0, false, RampShare},
+		{"alone just before the ramp ends", 0, 0, RampWindow - time.Millisecond, "a", 0, false, RampShare},
+		{"alone after the ramp: full window", 0, 0, RampWindow, "a", 0, false, 1},
+		{"with another tenant: no ramp", 1_000, 0, 0, "a", 2, true, 1},
+		{"the other tenant: no ramp", 1_000, 0, 0, "b", 2, false, 1},
+		{"b queued 4 on 3 workers at its start: a cold start, reserved", 1_000, 4, 0, "a", 2, true, 1},
+		{"b queued 4 just before BacklogAge: still reserved", 1_000, 4, BacklogAge - time.Millisecond, "a", 2, true, 1},
+		{"b queued 4 past BacklogAge: backlogged, nothing reserved", 1_000, 4, BacklogAge, "a", 0, false, 1},
+		{"b queued 3 (one per worker) past BacklogAge: reserved", 1_000, 3, BacklogAge, "a", 2, true, 1},
+	} {
+		now := base
+		l, err := New(Config{From: SourceHeader, Slack: 512, Burst: 4096, Isolation: 1.5, Now: func() time.Time { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Charge("m", "a", 2_000)
+		l.Begin("m", "a")
+		for range 20 {
+			l.Enqueue("m", "a", 0)
+		}
+		if tc.b > 0 {
+			l.Charge("m", "b", int(tc.b))
+			l.Begin("m", "b")
+			for range tc.bQueued {
+				l.Enqueue("m", "b", 0)
+			}
+		}
+		now = now.Add(tc.after)
+		if k, over := l.Isolation("m", tc.tenant, 3); k != tc.wantK || over != tc.wantOver {
+			t.Errorf("%s: k %d over %v, want k %d over %v", tc.name, k, over, tc.wantK, tc.wantOver)
+		}
+		if w := l.Window("m", tc.tenant); w != tc.wantWindow {
+			t.Errorf("%s: window %v, want %v", tc.name, w, tc.wantWindow)
 		}
 	}
 }

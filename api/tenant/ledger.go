@@ -755,16 +755,18 @@ func (l *Ledger) Hold(model, tenant string, class uint32, since *time.Time) (hol
 // others, at the price of smaller batches (less throughput) while they are
 // active.
 func (l *Ledger) Window(model, tenant string) float64 {
-	if !l.cfg.Headroom {
-		return 1
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	over, n := l.overLocked(tenantKey{model, tenant})
-	if !over {
-		return 1
+	k := tenantKey{model, tenant}
+	w := l.rampLocked(k, l.cfg.Now())
+	if !l.cfg.Headroom {
+		return w
 	}
-	return 1 / float64(n)
+	over, n := l.overLocked(k)
+	if !over {
+		return w
+	}
+	return min(w, 1/float64(n))
 }
 
 // overLocked reports whether a tenant is over its share: another tenant is

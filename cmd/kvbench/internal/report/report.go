@@ -196,6 +196,11 @@ func medianTenants(runs []Run, med func(f func(s sim.Summary) float64) float64) 
 				P90: opt(func(x sim.TenantFigures) stats.Optional { return x.TTFT.P90 }),
 				P99: at(func(x sim.TenantFigures) float64 { return x.TTFT.P99 }),
 			},
+			TTFTAfterStart: stats.Quantiles{
+				P50: at(func(x sim.TenantFigures) float64 { return x.TTFTAfterStart.P50 }),
+				P90: opt(func(x sim.TenantFigures) stats.Optional { return x.TTFTAfterStart.P90 }),
+				P99: at(func(x sim.TenantFigures) float64 { return x.TTFTAfterStart.P99 }),
+			},
 			Queue: stats.Quantiles{
 				P50: at(func(x sim.TenantFigures) float64 { return x.Queue.P50 }),
 				P90: opt(func(x sim.TenantFigures) stats.Optional { return x.Queue.P90 }),

@@ -216,6 +216,10 @@ type TenantFigures struct {
 	Tenant   string          `json:"tenant"`
 	Requests int             `json:"requests"`
 	TTFT     stats.Quantiles `json:"ttft_ms"`
+	// TTFTAfterStart is TTFT over its requests sent StartTransient or
+	// more after the run's first request: the figure without the
+	// start, when every worker is busy with the first, cold prompts.
+	TTFTAfterStart stats.Quantiles `json:"ttft_after_start_ms"`
 	// Queue is its requests' wait in the routers' admission queues, from
 	// arrival to routing (completed requests).
 	Queue stats.Quantiles `json:"queue_ms"`
@@ -237,6 +241,10 @@ type TenantFigures struct {
 	SharedOutputTPS stats.Optional `json:"shared_output_tokens_per_s,omitzero"`
 }
 
+// StartTransient is how much of a run's start TenantFigures.TTFTAfterStart
+// leaves out.
+const StartTransient = 500 * time.Millisecond
+
 // summarizeTenants is each tenant's figures (nil without tenants).
 func summarizeTenants(w *workload.Workload, res *Result, timeout time.Duration, slo SLO) ([]TenantFigures, float64) {
 	if res.TenantOf == nil {
@@ -244,16 +252,30 @@ func summarizeTenants(w *workload.Workload, res *Result, timeout time.Duration, 
 	}
 	out := make([]TenantFigures, len(res.Tenants))
 	ttft := make([][]float64, len(res.Tenants))
+	after := make([][]float64, len(res.Tenants))
+	start := time.Duration(-1)
+	for _, rr := range res.Requests {
+		if start < 0 || rr.Sent < start {
+			start = rr.Sent
+		}
+	}
 	met := make([]int, len(res.Tenants))
 	queue := make([][]float64, len(res.Tenants))
 	for i, rr := range res.Requests {
 		t := res.TenantOf[i]
 		out[t].Requests++
+		late := rr.Sent-start >= StartTransient
 		if !rr.Done {
 			ttft[t] = append(ttft[t], ms(timeout))
+			if late {
+				after[t] = append(after[t], ms(timeout))
+			}
 			continue
 		}
 		ttft[t] = append(ttft[t], ms(rr.FirstToken-rr.Sent))
+		if late {
+			after[t] = append(after[t], ms(rr.FirstToken-rr.Sent))
+		}
 		queue[t] = append(queue[t], ms(rr.Routed-rr.Sent))
 		if slo.Meets(rr.FirstToken-rr.Sent, TPOT(rr.FirstToken, rr.Finished, w.Requests[i].OutputTokens)) {
 			met[t]++
@@ -304,6 +326,7 @@ func summarizeTenants(w *workload.Workload, res *Result, timeout time.Duration, 
 		f := &out[t]
 		f.Tenant, f.Tokens = tt.Name, tt.Tokens
 		f.TTFT, f.Queue = stats.WithP90(ttft[t]), stats.WithP90(queue[t])
+		f.TTFTAfterStart = stats.WithP90(after[t])
 		if slo.Set() && f.Requests > 0 {
 			f.SLOAttainment = stats.Optional{Value: float64(met[t]) / float64(f.Requests), Valid: true}
 		}

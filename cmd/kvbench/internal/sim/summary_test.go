@@ -88,3 +88,45 @@ func TestSummarySLOAttainment(t *testing.T) {
 		t.Fatal("TPOT: one token has none; 11 tokens over 1 s is 100 ms each")
 	}
 }
+
+// TestSummaryTenantTTFTAfterStart: a tenant's ttft_after_start_ms counts
+// only its requests sent StartTransient or more after the run's first
+// request (whoever's), failures at the timeout, and is empty for a tenant
+// with none.
+func TestSummaryTenantTTFTAfterStart(t *testing.T) {
+	w := synthetic(t, workload.SyntheticSpec{Prefixes: 1, PrefixTokens: 64, OutputTokens: 4, Requests: 5, Concurrency: 1, Seed: 1})
+	res := &Result{Requests: make([]RequestResult, 5), Tenants: []TenantTotals{{Name: "a"}, {Name: "b"}}}
+	const first = 100 * time.Millisecond // the run's first request
+	for i, c := range []struct {
+		tenant int
+		sent   time.Duration // after first
+		ttft   time.Duration // -1: failed
+	}{
+		{0, 0, 900 * time.Millisecond},                                 // at the start: left out
+		{0, StartTransient - time.Millisecond, 800 * time.Millisecond}, // just before: left out
+		{0, StartTransient, 20 * time.Millisecond},                     // counts
+		{0, 2 * time.Second, -1},                                       // counts, at the timeout
+		{1, 10 * time.Millisecond, 50 * time.Millisecond},              // b: only at the start
+	} {
+		res.TenantOf = append(res.TenantOf, c.tenant)
+		rr := &res.Requests[i]
+		rr.Sent = first + c.sent
+		if c.ttft < 0 {
+			rr.Err = "route: no worker"
+			continue
+		}
+		rr.Worker, rr.Done = 0, true
+		rr.FirstToken, rr.Finished = rr.Sent+c.ttft, rr.Sent+c.ttft+time.Millisecond
+	}
+	s := Summarize(w, res, 30*time.Second)
+	a, b := s.Tenants[0].TTFTAfterStart, s.Tenants[1].TTFTAfterStart
+	if a.P50 < 10000 || a.P99 < 29000 || a.P99 > 30000 { // two values, 20 ms and 30 s: p50 between; with the start in it, 850
+		t.Fatalf("a after start %+v: want the 20 ms request and the 30 s timeout only", a)
+	}
+	if all := s.Tenants[0].TTFT; all.P50 < 800 {
+		t.Fatalf("a's whole-run TTFT %+v: want the start's slow requests in it", all)
+	}
+	if b.P50 != 0 || b.P99 != 0 {
+		t.Fatalf("b after start %+v: want empty (its one request was at the start)", b)
+	}
+}
