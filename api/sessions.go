@@ -95,6 +95,17 @@ type sessionMetrics struct {
 	bindDur prometheus.Histogram
 }
 
+// countMiss counts a turn served unbound because its binding could not be
+// committed: limit (every binding slot held) or unavailable (no quorum).
+func (m *sessionMetrics) countMiss(err error) {
+	why := "unavailable"
+	if errors.Is(err, ErrSessionLimit) {
+		why = "limit"
+	}
+	m.misses.WithLabelValues(why).Inc()
+	m.turns.WithLabelValues("miss").Inc()
+}
+
 func newSessionMetrics(reg prometheus.Registerer, sr SessionReplica) *sessionMetrics {
 	m := &sessionMetrics{
 		turns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_session_turns_total",
@@ -221,12 +232,7 @@ func (s *Server) routeSession(ctx context.Context, sr SessionReplica, pol Sessio
 		return d, nil
 	case err != nil:
 		// Serve the turn anyway, unbound: affinity is an optimisation.
-		why := "unavailable"
-		if errors.Is(err, ErrSessionLimit) {
-			why = "limit"
-		}
-		m.misses.WithLabelValues(why).Inc()
-		m.turns.WithLabelValues("miss").Inc()
+		m.countMiss(err)
 		s.log.Debug("session turn served unbound", "session", k.ID, "request", p.req.ID, "err", err)
 		return d, nil
 	case got.Worker == d.Worker:

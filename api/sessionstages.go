@@ -3,7 +3,6 @@ package api
 import (
 	"cmp"
 	"context"
-	"errors"
 	"slices"
 	"time"
 
@@ -254,12 +253,7 @@ func (s *Server) commitStages(ctx context.Context, sr SessionReplica, pol Sessio
 	case err != nil && ctx.Err() != nil:
 		return dd, nil // the client left while the bind waited for a leader (routeSession)
 	case err != nil:
-		why := "unavailable"
-		if errors.Is(err, ErrSessionLimit) {
-			why = "limit"
-		}
-		m.misses.WithLabelValues(why).Inc()
-		m.turns.WithLabelValues("miss").Inc()
+		m.countMiss(err)
 		s.log.Debug("two-stage session turn served unbound", "session", k.ID, "request", p.req.ID, "err", err)
 		return dd, nil
 	case got.Worker == want.Worker && (want.Prefill == "" || got.Prefill == want.Prefill):

@@ -121,13 +121,8 @@ func (BindSessionStages) Type() CommandType { return CmdBindSessionStages }
 // Validate checks the binding's own fields (the limit and the clock are
 // checked on apply; FSM.CheckBindSessionStages checks all).
 func (c BindSessionStages) Validate() error {
-	if err := checkSessionID("session id", c.Session); err != nil {
+	if err := checkSessionAndParent(c.Session, c.Parent); err != nil {
 		return err
-	}
-	if c.Parent != "" {
-		if err := checkSessionID("parent session id", c.Parent); err != nil {
-			return err
-		}
 	}
 	if err := checkBindingWorker("bind session stages: prefill worker", c.Prefill); err != nil {
 		return err
@@ -145,16 +140,11 @@ func (c BindSessionStages) Validate() error {
 		if err := checkBindingWorker("bind session stages: seen decode worker", c.SeenDecode); err != nil {
 			return err
 		}
-		if c.SeenPrefill != "" {
-			if err := checkBindingWorker("bind session stages: seen prefill worker", c.SeenPrefill); err != nil {
-				return err
-			}
+		if err := checkOptionalBindingWorker("bind session stages: seen prefill worker", c.SeenPrefill); err != nil {
+			return err
 		}
 	}
-	if c.Until <= 0 {
-		return fmt.Errorf("bind session %q: until %d must be a positive unix-nano time: %w", c.Session, c.Until, ErrInvalidCommand)
-	}
-	return nil
+	return checkBindingUntil(c.Session, c.Until)
 }
 
 func appendBindSessionStages(b []byte, c *BindSessionStages) ([]byte, error) {
@@ -201,6 +191,36 @@ func checkSessionID(what, id string) error {
 }
 
 // checkBindingWorker: a router key whose worker id is non-empty.
+// checkOptionalBindingWorker is checkBindingWorker for a field that may be
+// empty.
+func checkOptionalBindingWorker(what string, w router.WorkerID) error {
+	if w == "" {
+		return nil
+	}
+	return checkBindingWorker(what, w)
+}
+
+// checkSessionAndParent checks a binding's session id and its optional
+// parent's.
+func checkSessionAndParent(session, parent string) error {
+	if err := checkSessionID("session id", session); err != nil {
+		return err
+	}
+	if parent == "" {
+		return nil
+	}
+	return checkSessionID("parent session id", parent)
+}
+
+// checkBindingUntil checks a binding's expiry is a time at all (the clock
+// is checked on apply).
+func checkBindingUntil(session string, until int64) error {
+	if until <= 0 {
+		return fmt.Errorf("bind session %q: until %d must be a positive unix-nano time: %w", session, until, ErrInvalidCommand)
+	}
+	return nil
+}
+
 func checkBindingWorker(what string, w router.WorkerID) error {
 	if base, _, _ := strings.Cut(string(w), "#"); base == "" {
 		return fmt.Errorf("%s %q names no worker: %w", what, w, ErrInvalidCommand)
@@ -211,26 +231,16 @@ func checkBindingWorker(what string, w router.WorkerID) error {
 // Validate checks the binding's own fields (the limit and the clock are
 // checked on apply; FSM.CheckBindSession checks all).
 func (c BindSession) Validate() error {
-	if err := checkSessionID("session id", c.Session); err != nil {
+	if err := checkSessionAndParent(c.Session, c.Parent); err != nil {
 		return err
-	}
-	if c.Parent != "" {
-		if err := checkSessionID("parent session id", c.Parent); err != nil {
-			return err
-		}
 	}
 	if err := checkBindingWorker("bind session: worker", c.Worker); err != nil {
 		return err
 	}
-	if c.Replace != "" {
-		if err := checkBindingWorker("bind session: replaced worker", c.Replace); err != nil {
-			return err
-		}
+	if err := checkOptionalBindingWorker("bind session: replaced worker", c.Replace); err != nil {
+		return err
 	}
-	if c.Until <= 0 {
-		return fmt.Errorf("bind session %q: until %d must be a positive unix-nano time: %w", c.Session, c.Until, ErrInvalidCommand)
-	}
-	return nil
+	return checkBindingUntil(c.Session, c.Until)
 }
 
 // Validate checks that exactly one of Session and Worker is set, and each
