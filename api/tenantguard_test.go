@@ -52,24 +52,7 @@ func TestAPITenantLatencyGuard(t *testing.T) {
 	s := New(Config{Registry: reg, AllowLoopbackWorkers: true, Tenants: l}, rep)
 	srv := httptest.NewServer(s.Handler())
 	defer srv.Close()
-	send := func(tenant string) <-chan int {
-		code := make(chan int, 1)
-		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, tenant+strings.Repeat(" word", 20))
-		req, _ := http.NewRequest("POST", srv.URL+"/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set(DefaultTenantHeader, tenant)
-		req.Header.Set("X-Test-Tenant", tenant)
-		go func() {
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				code <- 0
-				return
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			code <- resp.StatusCode
-		}()
-		return code
-	}
+	send := func(tenant string) <-chan int { return sendTenantChat(srv.URL, tenant) }
 	rt, _ := rep.Router("m")
 	// w1 has a prefill queue many times a fresh request's own prefill; w2
 	// none, but 200 blocks decoding, so kv's cost prefers w1: heavy goes
@@ -128,4 +111,26 @@ func TestAPITenantLatencyGuard(t *testing.T) {
 	if got := served["w1"]; len(got) != 1 || got[0] != "heavy" {
 		t.Errorf("w1 served %v, want the held heavy request", got)
 	}
+}
+
+// sendTenantChat sends a chat request of tenant (its header, and
+// X-Test-Tenant for the fake workers) in the background; the channel gets
+// its status code (0 when it got no answer).
+func sendTenantChat(base, tenant string) <-chan int {
+	code := make(chan int, 1)
+	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, tenant+strings.Repeat(" word", 20))
+	req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set(DefaultTenantHeader, tenant)
+	req.Header.Set("X-Test-Tenant", tenant)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			code <- 0
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		code <- resp.StatusCode
+	}()
+	return code
 }

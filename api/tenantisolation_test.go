@@ -2,11 +2,9 @@ package api
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -68,24 +66,7 @@ func TestAPITenantIsolation(t *testing.T) {
 	s := New(Config{Registry: reg, AllowLoopbackWorkers: true, Tenants: l}, rep)
 	srv := httptest.NewServer(s.Handler())
 	defer srv.Close()
-	send := func(tenant string) <-chan int {
-		code := make(chan int, 1)
-		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, tenant+strings.Repeat(" word", 20))
-		req, _ := http.NewRequest("POST", srv.URL+"/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set(DefaultTenantHeader, tenant)
-		req.Header.Set("X-Test-Tenant", tenant)
-		go func() {
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				code <- 0
-				return
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			code <- resp.StatusCode
-		}()
-		return code
-	}
+	send := func(tenant string) <-chan int { return sendTenantChat(srv.URL, tenant) }
 	rt, _ := rep.Router("m")
 	// The unreserved workers decode 200 blocks each, the reserved one is
 	// idle: kv's cost prefers the reserved worker for heavy, which must go
