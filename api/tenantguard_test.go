@@ -28,19 +28,7 @@ func TestAPITenantLatencyGuard(t *testing.T) {
 	cfg.QueueThreshold = ptr(1.0) // the threshold itself never queues here
 	cfg.LearnLatency = true
 	rep := newFakeReplica("m", cfg)
-	var mu sync.Mutex
-	served := map[string][]string{} // worker → tenants served
-	for _, id := range []router.WorkerID{"w1", "w2"} {
-		worker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			mu.Lock()
-			served[string(id)] = append(served[string(id)], r.Header.Get("X-Test-Tenant"))
-			mu.Unlock()
-			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprint(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":40,"completion_tokens":1}}`)
-		}))
-		defer worker.Close()
-		rep.addWorker("m", id, worker.URL)
-	}
+	tw := startTenantWorkers(t, rep, []router.WorkerID{"w1", "w2"})
 	l, err := NewTenantLedger(TenantConfig{From: TenantHeader, LatencyGuard: 1.5})
 	if err != nil {
 		t.Fatal(err)
@@ -70,12 +58,10 @@ func TestAPITenantLatencyGuard(t *testing.T) {
 	if c := <-send("light"); c != 200 {
 		t.Fatalf("light: %d", c)
 	}
-	mu.Lock()
+	served := tw.take()
 	if w1, w2 := strings.Join(served["w1"], ","), strings.Join(served["w2"], ","); w1 != "light" || w2 != "heavy" {
 		t.Errorf("served: w1 %q, w2 %q; want light on w1 (kv's pick), heavy on w2 (the guard's)", w1, w2)
 	}
-	served = map[string][]string{}
-	mu.Unlock()
 	// Both workers backlogged: heavy waits; light (under its share) does not.
 	rt.Load().Add(router.Booking{ID: "backlog2", Worker: "w2", PrefillTokens: 4000, Added: time.Now()})
 	heavy := send("heavy")
@@ -88,9 +74,7 @@ func TestAPITenantLatencyGuard(t *testing.T) {
 	if c := <-send("light"); c != 200 {
 		t.Errorf("light (under its share) answered %d with heavy held", c)
 	}
-	mu.Lock()
-	served = map[string][]string{}
-	mu.Unlock()
+	tw.take() // forget light's: the last check counts heavy's alone
 	var m dto.Metric
 	_ = s.tenantMetrics.guardHeld.WithLabelValues("m").Write(&m)
 	if n := m.GetCounter().GetValue(); n != 1 {
@@ -106,9 +90,7 @@ func TestAPITenantLatencyGuard(t *testing.T) {
 	if c := <-heavy; c != 200 {
 		t.Errorf("heavy after w1 cleared: %d", c)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if got := served["w1"]; len(got) != 1 || got[0] != "heavy" {
+	if got := tw.take()["w1"]; len(got) != 1 || got[0] != "heavy" {
 		t.Errorf("w1 served %v, want the held heavy request", got)
 	}
 }
@@ -133,4 +115,37 @@ func sendTenantChat(base, tenant string) <-chan int {
 		code <- resp.StatusCode
 	}()
 	return code
+}
+
+// tenantWorkers are fake workers recording which tenant (X-Test-Tenant)
+// each request they served came from.
+type tenantWorkers struct {
+	mu     sync.Mutex
+	served map[string][]string // worker → tenants served
+}
+
+func startTenantWorkers(t *testing.T, rep *fakeReplica, ids []router.WorkerID) *tenantWorkers {
+	t.Helper()
+	tw := &tenantWorkers{served: map[string][]string{}}
+	for _, id := range ids {
+		worker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tw.mu.Lock()
+			tw.served[string(id)] = append(tw.served[string(id)], r.Header.Get("X-Test-Tenant"))
+			tw.mu.Unlock()
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":40,"completion_tokens":1}}`)
+		}))
+		t.Cleanup(worker.Close)
+		rep.addWorker("m", id, worker.URL)
+	}
+	return tw
+}
+
+// take returns what each worker served since the last take, and forgets it.
+func (tw *tenantWorkers) take() map[string][]string {
+	tw.mu.Lock()
+	defer tw.mu.Unlock()
+	got := tw.served
+	tw.served = map[string][]string{}
+	return got
 }

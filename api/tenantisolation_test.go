@@ -2,10 +2,8 @@ package api
 
 import (
 	"fmt"
-	"net/http"
 	"net/http/httptest"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,19 +27,7 @@ func TestAPITenantIsolation(t *testing.T) {
 	cfg.QueueThreshold = ptr(1.0)
 	rep := newFakeReplica("m", cfg)
 	ids := []router.WorkerID{"w1", "w2", "w3"}
-	var mu sync.Mutex
-	served := map[string][]string{} // worker → tenants served
-	for _, id := range ids {
-		worker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			mu.Lock()
-			served[string(id)] = append(served[string(id)], r.Header.Get("X-Test-Tenant"))
-			mu.Unlock()
-			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprint(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":40,"completion_tokens":1}}`)
-		}))
-		defer worker.Close()
-		rep.addWorker("m", id, worker.URL)
-	}
+	tw := startTenantWorkers(t, rep, ids)
 	l, err := NewTenantLedger(TenantConfig{From: TenantHeader, Isolation: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -84,12 +70,9 @@ func TestAPITenantIsolation(t *testing.T) {
 			t.Fatalf("heavy with unreserved workers free: %d", c)
 		}
 	}
-	mu.Lock()
-	if got := served[string(reserved)]; len(got) != 0 {
+	if got := tw.take()[string(reserved)]; len(got) != 0 {
 		t.Errorf("the reserved worker %s served %v; want no heavy request", reserved, got)
 	}
-	served = map[string][]string{}
-	mu.Unlock()
 	// Now the reserved worker decodes more than the others: light goes
 	// there all the same (its preference) while it has room.
 	more := make([]uint64, 600)
@@ -103,12 +86,10 @@ func TestAPITenantIsolation(t *testing.T) {
 			t.Fatalf("light: %d", c)
 		}
 	}
-	mu.Lock()
+	served := tw.take()
 	if got := served[string(reserved)]; len(got) != 3 || slices.ContainsFunc(got, func(s string) bool { return s != "light" }) {
 		t.Errorf("the reserved worker %s served %v (all: %v); want the three light requests", reserved, got, served)
 	}
-	served = map[string][]string{}
-	mu.Unlock()
 	// Every unreserved worker over the threshold: heavy waits although the
 	// reserved worker has room; light does not.
 	for _, w := range others {
@@ -139,8 +120,7 @@ func TestAPITenantIsolation(t *testing.T) {
 	if c := <-heavy; c != 200 {
 		t.Errorf("heavy after %s cleared: %d", others[0], c)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	served = tw.take()
 	if got := served[string(others[0])]; len(got) != 1 || got[0] != "heavy" {
 		t.Errorf("%s served %v (all: %v), want the held heavy request", others[0], got, served)
 	}
