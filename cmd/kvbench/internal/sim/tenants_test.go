@@ -153,45 +153,14 @@ func TestSimTenantEnginePriority(t *testing.T) {
 	}
 }
 
-// guardRun runs a decode-heavy flood beside a steady tenant through three
-// routers sharing counters (fair queue, FCFS engines) with the latency
-// guard at factor (0: off), and returns the steady tenant's TTFT p99 in ms
-// and the flood's requests per second while both were sending.
-func guardRun(t *testing.T, factor float64) (steadyP99, floodRPS float64) {
-	t.Helper()
-	w := synthetic(t, workload.SyntheticSpec{
-		Prefixes: 4, PrefixTokens: 1024, TailTokens: 128, OutputTokens: 64,
-		Requests: 1650, ArrivalRate: 330, Concurrency: 1, Seed: 5,
-	})
-	cfg := config(router.ModeKV, 2, 8192)
-	cfg.Engine.MaxRunning = 64
-	q := 0.5
-	cfg.Router.QueueThreshold = &q
-	cfg.Routers, cfg.SyncDelay = 3, 5*time.Millisecond
-	cfg.Tenants = Tenants{Specs: []TenantSpec{{Name: "flood", Weight: 10, Router: -1}, {Name: "steady", Weight: 1, Router: 0}},
-		LatencyGuard: factor}
-	res, err := Run(w, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := SummarizeSLO(w, res, time.Minute, SLO{})
-	if s.Errors != 0 {
-		t.Fatalf("%d requests failed", s.Errors)
-	}
-	if !s.Tenants[0].SharedRPS.Valid {
-		t.Fatal("no stretch with both tenants sending")
-	}
-	return s.Tenants[1].TTFT.P99, s.Tenants[0].SharedRPS.Value
-}
-
 // TestSimTenantLatencyGuard: the latency guard holds the flood (over its
 // share) off workers predicted too slow for a fresh request, so the steady
 // tenant's tail TTFT falls well below the fair queue's alone, and the flood
 // pays for it in throughput while both send. Direction with a margin, not
 // timing; a guard refused below 1.
 func TestSimTenantLatencyGuard(t *testing.T) {
-	off, offRPS := guardRun(t, 0)
-	on, onRPS := guardRun(t, 1.5)
+	off, offRPS := floodRun(t, 0, 0)
+	on, onRPS := floodRun(t, 0, 1.5)
 	t.Logf("steady p99: guard off %.0f ms, guard 1.5 %.0f ms (%.2fx); flood %.1f → %.1f req/s while both send", off, on, on/off, offRPS, onRPS)
 	if on > 0.7*off {
 		t.Errorf("guard 1.5: steady p99 %.0f ms, not under 0.7x the %.0f ms without it", on, off)
@@ -209,9 +178,12 @@ func TestSimTenantLatencyGuard(t *testing.T) {
 	}
 }
 
-// isolationRun is guardRun with tenant isolation at safety factor s (0:
-// off) and the latency guard at factor (0: off).
-func isolationRun(t *testing.T, s, factor float64) (steadyP99, floodRPS float64) {
+// floodRun runs a decode-heavy flood beside a steady tenant through three
+// routers sharing counters (fair queue, FCFS engines) with tenant isolation
+// at safety factor s (0: off) and the latency guard at factor (0: off),
+// and returns the steady tenant's TTFT p99 in ms and the flood's requests
+// per second while both were sending.
+func floodRun(t *testing.T, s, factor float64) (steadyP99, floodRPS float64) {
 	t.Helper()
 	w := synthetic(t, workload.SyntheticSpec{
 		Prefixes: 4, PrefixTokens: 1024, TailTokens: 128, OutputTokens: 64,
@@ -245,8 +217,8 @@ func isolationRun(t *testing.T, s, factor float64) (steadyP99, floodRPS float64)
 // throughput while both send. Direction
 // with a margin, not timing; a safety factor below 1 refused.
 func TestSimTenantIsolation(t *testing.T) {
-	off, offRPS := isolationRun(t, 0, 0)
-	on, onRPS := isolationRun(t, 1, 0)
+	off, offRPS := floodRun(t, 0, 0)
+	on, onRPS := floodRun(t, 1, 0)
 	t.Logf("steady p99: isolation off %.0f ms, isolation 1 %.0f ms (%.2fx); flood %.1f → %.1f req/s while both send", off, on, on/off, offRPS, onRPS)
 	if on > 0.5*off {
 		t.Errorf("isolation 1: steady p99 %.0f ms, not under 0.5x the %.0f ms without it", on, off)
@@ -257,7 +229,7 @@ func TestSimTenantIsolation(t *testing.T) {
 	// Against the latency guard alone (157 ms here when written): the
 	// guard leaves a flood prefill in the steady request's step; a worker
 	// the flood never runs on has none.
-	if guard, _ := isolationRun(t, 0, 1.5); on > 0.7*guard {
+	if guard, _ := floodRun(t, 0, 1.5); on > 0.7*guard {
 		t.Errorf("isolation 1: steady p99 %.0f ms, not under 0.7x the latency guard's %.0f ms", on, guard)
 	}
 	w := synthetic(t, workload.SyntheticSpec{Prefixes: 1, PrefixTokens: 64, TailTokens: 16, OutputTokens: 4, Requests: 4, ArrivalRate: 10, Concurrency: 1, Seed: 1})
