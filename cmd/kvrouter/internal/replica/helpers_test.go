@@ -204,6 +204,27 @@ func registerWorker(t *testing.T, r *replica, id string) {
 	})
 }
 
+// kvStream is a JetStream client of the test bus named name and the KV
+// events stream, once the leader created it (when it starts ingesting).
+func kvStream(t *testing.T, tc *testCluster, name string) (jetstream.JetStream, jetstream.Stream) {
+	t.Helper()
+	nc, err := eventbus.Connect(tc.Bus.ClientURL(), name, clustertest.NewTestLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stream jetstream.Stream
+	poll.Until(t, 20*time.Second, 20*time.Millisecond, func() error {
+		stream, err = js.Stream(t.Context(), eventbus.StreamName)
+		return err
+	})
+	return js, stream
+}
+
 // publisher is a worker's KV event publisher on the test bus.
 func publisher(t *testing.T, tc *testCluster, worker string, opts ...eventbus.PublisherOption) *eventbus.Publisher {
 	t.Helper()

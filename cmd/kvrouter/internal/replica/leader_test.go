@@ -90,21 +90,7 @@ func testReplicaIngestAppliesAndAcks(t *testing.T, opts ...eventbus.PublisherOpt
 		eventAt[a.Sequence] = a.EventID
 		mu.Unlock()
 	}))...)
-	nc, err := eventbus.Connect(tc.Bus.ClientURL(), "observer", clustertest.NewTestLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The leader creates the stream when it starts ingesting.
-	var stream jetstream.Stream
-	poll.Until(t, 20*time.Second, 20*time.Millisecond, func() error {
-		stream, err = js.Stream(t.Context(), eventbus.StreamName)
-		return err
-	})
+	_, stream := kvStream(t, tc, "observer")
 
 	const events = 300
 	for i := range events {
@@ -259,20 +245,7 @@ func TestReplicaIngestBatchMembers(t *testing.T) {
 	tc := newTestCluster(t, 3)
 	leader := tc.WaitLeader()
 	registerWorker(t, tc.follower(leader), "w")
-	nc, err := eventbus.Connect(tc.Bus.ClientURL(), "raw-publisher", clustertest.NewTestLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stream jetstream.Stream
-	poll.Until(t, 20*time.Second, 20*time.Millisecond, func() error {
-		stream, err = js.Stream(t.Context(), eventbus.StreamName)
-		return err
-	})
+	js, stream := kvStream(t, tc, "raw-publisher")
 	event := func(id uint64) eventbus.WireEvent {
 		ev := stored(int(id) - 1)
 		ev.Worker, ev.EventID = "w", id
