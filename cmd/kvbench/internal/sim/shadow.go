@@ -398,6 +398,9 @@ func (w *warmState) shadowWarm(s *state, k, i int, req router.Request, d router.
 		}
 		return d // cannot happen: it took it a moment ago
 	}
+	if mine > 0 && mine >= best && h.copied[hashes[mine-1]] {
+		return w.useCopy(s, k, req, d)
+	}
 	if holders == 0 || mine >= best {
 		return w.fresh(s, k, req, d) // new content, or nothing the others hold more of
 	}
@@ -443,6 +446,44 @@ func (w *warmState) shadowWarm(s *state, k, i int, req router.Request, d router.
 		return d2
 	}
 	d2, err := routeTo(s, k, id, req)
+	if err != nil {
+		return d // cannot happen: it took it a moment ago
+	}
+	return d2
+}
+
+// useCopy sends req, whose prefix a copy brought to the warming worker
+// (it holds as much of it as any worker), there instead of d's choice,
+// when it is not busy in d's rows, has no prefill backlog and stays under
+// the headroom with req (counted as steered). Why: a copy is worth its
+// prefill only if the requests it was made for hit it. kv-pooled sends a
+// prefix held by two workers to its rendezvous home (the home price of the
+// request's own new blocks, a few blocks' worth, decides between equal
+// holders), which is the old holder three times in four: on the Zipf
+// shape the copies of the hottest prefixes sat unused, the later copies
+// of colder ones evicted them, and the new worker had 4 requests with a
+// held prefix in its first 10 s (kvbench sim, BENCHMARKS.md). kv mostly
+// picks the warming worker anyway (the least loaded holder).
+func (w *warmState) useCopy(s *state, k int, req router.Request, d router.Decision) router.Decision {
+	id := s.ids[w.worker]
+	if d.Worker == id || w.backlogged(d.Rows, id) {
+		return d
+	}
+	for _, row := range d.Rows {
+		if row.Worker == id && row.Busy {
+			return d
+		}
+	}
+	if !s.shadow.headroom(s, k, id, router.WorkerLoad{ActiveBlocks: len(req.Hashes), ActivePrefillTokens: req.Tokens, Requests: 1}) {
+		return d
+	}
+	rt := s.rts[k]
+	rt.Free(req.ID)
+	if d2, err := routeTo(s, k, id, req); err == nil {
+		s.fleet.records[w.rec].Steered++
+		return d2
+	}
+	d2, err := routeTo(s, k, d.Worker, req)
 	if err != nil {
 		return d // cannot happen: it took it a moment ago
 	}

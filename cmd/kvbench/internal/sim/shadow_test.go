@@ -260,3 +260,51 @@ func TestSimWarmBacklogged(t *testing.T) {
 		}
 	}
 }
+
+// TestSimShadowWarmUpUsesCopies: under kv-pooled on TestSimWarmUp's Zipf
+// workload (seeds 1–3) the shadow warm-up makes the new worker warm, like
+// with like, in under half round-robin's time, with p99 TTFT while it warms
+// within 1.2 × the steady window's (the bar). It fails without
+// useCopy: kv-pooled sent the copied prefixes' requests to their old holder
+// (their rendezvous home), the copies aged out unused, and the new worker
+// took 10, 20 and 40 s against round-robin's 20, 30 and 20 s.
+func TestSimShadowWarmUpUsesCopies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("simulates 3 × 4 runs")
+	}
+	at := 10 * time.Minute
+	var rr, pooled float64
+	for seed := uint64(1); seed <= 3; seed++ {
+		w := planWorkload(t, seed)
+		for _, mode := range []router.Mode{router.ModeRoundRobin, router.ModeKVPooled} {
+			cfg := config(mode, 3, planBlocks)
+			base, err := Run(w, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Events, cfg.ShadowWarmUp = []FleetEvent{{At: at, Kind: EventAdd}}, mode == router.ModeKVPooled
+			res, err := Run(w, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := MeasureEvents(w, res, base, planDip)[0]
+			warmS := planDip.Horizon.Seconds()
+			if f.WarmComparableS.Valid {
+				warmS = f.WarmComparableS.Value
+			}
+			t.Logf("seed %d %s: warm (like with like) after %.0f s, steered %v, copies %d, p99 while warming %.0f ms (steady %.0f)",
+				seed, mode, warmS, f.Steered, res.Events[0].Shadows, f.WarmUpTTFTP99Ms, f.Steady.TTFT.P99)
+			if mode == router.ModeRoundRobin {
+				rr += warmS
+				continue
+			}
+			pooled += warmS
+			if f.WarmUpTTFTP99Ms > 1.2*f.Steady.TTFT.P99 {
+				t.Errorf("seed %d: p99 TTFT while warming %.0f ms, over 1.2 × the steady window's %.0f ms", seed, f.WarmUpTTFTP99Ms, f.Steady.TTFT.P99)
+			}
+		}
+	}
+	if pooled >= rr/2 {
+		t.Fatalf("kv-pooled with the shadow warm-up warmed in %.0f s on average, round-robin in %.0f s: not under half", pooled/3, rr/3)
+	}
+}
