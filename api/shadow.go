@@ -71,6 +71,7 @@ type shadows struct {
 	sent       *prometheus.CounterVec // kvrouter_shadow_prefills_total{worker}
 	failed     *prometheus.CounterVec // kvrouter_shadow_prefill_failures_total{worker}
 	redirected *prometheus.CounterVec // kvrouter_warmup_redirected_total{worker}
+	used       *prometheus.CounterVec // kvrouter_warmup_copy_used_total{worker}
 	mu         sync.Mutex
 	copied     map[shadowKey]bool
 	wg         sync.WaitGroup // copies on their way (tests wait on it)
@@ -92,8 +93,10 @@ func newShadows(cfg Config) *shadows {
 			Help: "Shadow prefills that failed (no answer, or not 2xx); the clients' requests are never affected."}, []string{"worker"}),
 		redirected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_warmup_redirected_total",
 			Help: "Requests routing sent to a warming worker without their prefix that went to the prefix's holder instead, their copy sent to the warming worker."}, []string{"worker"}),
+		used: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_warmup_copy_used_total",
+			Help: "Requests sent to a warming worker because a shadow prefill had brought it their prefix (the policy had picked another holder)."}, []string{"worker"}),
 	}
-	cfg.Registry.MustRegister(sh.sent, sh.failed, sh.redirected)
+	cfg.Registry.MustRegister(sh.sent, sh.failed, sh.redirected, sh.used)
 	return sh
 }
 
@@ -109,6 +112,13 @@ func (sh *shadows) claim(k shadowKey) bool {
 	}
 	sh.copied[k] = true
 	return true
+}
+
+// wasCopied reports whether a copy of k was sent (or is on its way).
+func (sh *shadows) wasCopied(k shadowKey) bool {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.copied[k]
 }
 
 // unclaim forgets a copy that was not sent after all.
@@ -162,8 +172,9 @@ func onlyWorker(ws []router.WorkerInfo, w router.WorkerID) []router.WorkerID {
 }
 
 // shadowWarm applies the shadow warm-up to the decision d Route booked
-// for p: it may send a copy of p to the warming worker and may move p to
-// the holder of its prefix. The decision p goes by is returned; an error
+// for p: it may send a copy of p to the warming worker, may send p there
+// when a copy brought it p's prefix, and may move p to the holder of its
+// prefix. The decision p goes by is returned; an error
 // only when p's booking was freed and could not be made again.
 func (s *Server) shadowWarm(p *prepared, d router.Decision, now time.Time) (router.Decision, error) {
 	w, sh := s.warm, s.shadow
@@ -183,6 +194,22 @@ func (s *Server) shadowWarm(p *prepared, d router.Decision, now time.Time) (rout
 		} else if r.Overlap > holder.Overlap {
 			holder = r
 		}
+	}
+	if mine != nil && mine.Overlap > 0 && mine.Overlap >= holder.Overlap && mine.Overlap <= len(p.req.Hashes) &&
+		d.Worker != target && !mine.Busy && sh.wasCopied(shadowKey{worker: target, hash: p.req.Hashes[mine.Overlap-1]}) &&
+		copyRoom(p.rt, ws, target, p.req, mine.Overlap) {
+		// A copy brought the warming worker this prefix: the request goes
+		// there, or the copy sits unused until it ages out (kv-pooled
+		// sends a prefix two workers hold to its rendezvous home, the old
+		// holder; kvbench sim, BENCHMARKS.md).
+		used := p.req
+		used.Exclude = onlyWorker(ws, target)
+		p.rt.Free(p.req.ID)
+		if d2, err := p.rt.Route(used, now); err == nil {
+			sh.used.WithLabelValues(string(target)).Inc()
+			return d2, nil
+		}
+		return p.rt.Route(p.req, now) // the warming worker refused it after all: as decided first
 	}
 	if mine == nil || holder.Overlap == 0 || mine.Overlap >= holder.Overlap || holder.Overlap > len(p.req.Hashes) {
 		return d, nil

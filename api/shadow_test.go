@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -235,4 +236,58 @@ func FuzzAPIShadowBody(f *testing.F) {
 			t.Fatalf("%q → %q", body, out)
 		}
 	})
+}
+
+// TestAPIShadowWarmUpUsesCopy: once a copy has brought the warming worker
+// a prefix (its index holds it as deep as the old holder), a request of
+// that prefix goes there although the policy picked the old holder; the
+// copy is not left to age out unused. Without the rule the request below
+// goes to w1 (w2 carries another request's load).
+func TestAPIShadowWarmUpUsesCopy(t *testing.T) {
+	rep := newFakeReplica("m", router.DefaultConfig())
+	var hits1, hits2 atomic.Int64
+	rep.addWorker("m", "w1", fakeWorker(t, &hits1).URL)
+	reg := prometheus.NewRegistry()
+	s := New(Config{Registry: reg, AllowLoopbackWorkers: true, WarmUpShadow: true}, rep)
+	body := fmt.Sprintf(chatBody, `,"max_tokens":30`)
+	if rec := do(s, "POST", "/v1/chat/completions", body); rec.Code != 200 {
+		t.Fatalf("first request: %d %s", rec.Code, rec.Body)
+	}
+	rep.mu.Lock()
+	hs := rep.booked[len(rep.booked)-1].Hashes
+	rep.mu.Unlock()
+	if len(hs) == 0 {
+		t.Fatal("the prompt fills no block: the test proves nothing")
+	}
+	stored := router.KVEvent{Kind: router.EventStored}
+	for _, h := range hs {
+		stored.Blocks = append(stored.Blocks, router.StoredBlock{EngineHash: h, ContentHash: h})
+	}
+	if err := rep.index.Apply("w1", stored); err != nil {
+		t.Fatal(err)
+	}
+	rep.addWorker("m", "w2", fakeWorker(t, &hits2).URL)
+	if rec := do(s, "POST", "/v1/chat/completions", body); rec.Code != 200 || rec.Header().Get("X-Worker-Id") != "w1" {
+		t.Fatalf("second request: %d from %q", rec.Code, rec.Header().Get("X-Worker-Id"))
+	}
+	s.shadow.wg.Wait()
+	if sent := counter(t, reg, "kvrouter_shadow_prefills_total"); sent != 1 {
+		t.Fatalf("%v copies sent, want 1", sent)
+	}
+	// The copy's KV events reach the index; another request keeps w2 busier
+	// than w1 in the load view (well under the warm-up's headroom).
+	if err := rep.index.Apply("w2", stored); err != nil {
+		t.Fatal(err)
+	}
+	rt, _ := rep.Router("m")
+	if _, err := rt.Route(router.Request{ID: "other", Hashes: []uint64{901, 902, 903, 904}, Tokens: 64, Exclude: []router.WorkerID{"w1"}}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	rec := do(s, "POST", "/v1/chat/completions", body)
+	if rec.Code != 200 || rec.Header().Get("X-Worker-Id") != "w2" {
+		t.Fatalf("third request: %d from %q, want w2 (the copy's worker)", rec.Code, rec.Header().Get("X-Worker-Id"))
+	}
+	if used := counter(t, reg, "kvrouter_warmup_copy_used_total"); used != 1 {
+		t.Fatalf("kvrouter_warmup_copy_used_total %v, want 1", used)
+	}
 }
