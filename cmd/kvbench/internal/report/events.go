@@ -91,6 +91,7 @@ func meanEvent(reps []sim.EventFigures) EventResult {
 	e.ShadowSkipped = opt("shadow_skipped", func(x *sim.EventFigures) stats.Optional { return x.ShadowSkipped })
 	e.ShadowRebinds = opt("shadow_rebinds", func(x *sim.EventFigures) stats.Optional { return x.ShadowRebinds })
 	e.ShadowRedirects = opt("shadow_redirects", func(x *sim.EventFigures) stats.Optional { return x.ShadowRedirects })
+	e.ShadowUsed = opt("shadow_used", func(x *sim.EventFigures) stats.Optional { return x.ShadowUsed })
 	e.ShadowPrefillTokens = opt("shadow_prefill_tokens", func(x *sim.EventFigures) stats.Optional { return x.ShadowPrefillTokens })
 	e.ShadowPrefillMs = opt("shadow_prefill_ms", func(x *sim.EventFigures) stats.Optional { return x.ShadowPrefillMs })
 	e.ShadowPrefillShare = opt("shadow_prefill_share", func(x *sim.EventFigures) stats.Optional { return x.ShadowPrefillShare })
@@ -164,6 +165,7 @@ func writeSessionsAndEvents(b *strings.Builder, results []Result) {
 				{"; shadow prefills %.0f", e.Shadows, 1},
 				{" (skipped %.0f", e.ShadowSkipped, 1},
 				{", sessions moved %.0f", e.ShadowRebinds, 1},
+				{", requests sent to its copies %.0f", e.ShadowUsed, 1},
 				{", requests sent to the holder instead %.0f)", e.ShadowRedirects, 1},
 				{", computing %.0f prompt tokens", e.ShadowPrefillTokens, 1},
 				{" (%.2f%% of the fleet's prefill", e.ShadowPrefillShare, 100},

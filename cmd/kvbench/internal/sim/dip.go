@@ -128,6 +128,7 @@ type EventFigures struct {
 	ShadowSkipped       stats.Optional  `json:"shadow_skipped,omitzero"`
 	ShadowRebinds       stats.Optional  `json:"shadow_rebinds,omitzero"`
 	ShadowRedirects     stats.Optional  `json:"shadow_redirects,omitzero"`
+	ShadowUsed          stats.Optional  `json:"shadow_used,omitzero"`
 	ShadowPrefillTokens stats.Optional  `json:"shadow_prefill_tokens,omitzero"`
 	ShadowPrefillMs     stats.Optional  `json:"shadow_prefill_ms,omitzero"`
 	ShadowPrefillShare  stats.Optional  `json:"shadow_prefill_share,omitzero"`
@@ -270,7 +271,7 @@ func measureEvent(w *workload.Workload, res, base *Result, ev EventRecord, o Dip
 	if ev.Shadows > 0 || ev.ShadowSkipped > 0 || ev.Kind == EventDrainShadow {
 		opt := func(v float64) stats.Optional { return stats.Optional{Value: v, Valid: true} }
 		f.Shadows, f.ShadowSkipped, f.ShadowRebinds = opt(float64(ev.Shadows)), opt(float64(ev.ShadowSkipped)), opt(float64(ev.ShadowRebinds))
-		f.ShadowRedirects = opt(float64(ev.ShadowRedirects))
+		f.ShadowRedirects, f.ShadowUsed = opt(float64(ev.ShadowRedirects)), opt(float64(ev.ShadowUsed))
 		f.ShadowPrefillTokens = opt(float64(ev.ShadowPrefillTokens))
 		f.ShadowPrefillMs = opt(ms(ev.ShadowPrefillTime))
 		if all := computed + ev.ShadowPrefillTokens; all > 0 {

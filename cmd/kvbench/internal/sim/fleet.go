@@ -123,7 +123,11 @@ type EventRecord struct {
 	// ShadowRedirects (shadow warm-up): requests routed to the warming
 	// worker without its prefix that went to the best holder instead,
 	// their copy sent to the warming worker.
-	ShadowRedirects                         int
+	ShadowRedirects int
+	// ShadowUsed (shadow warm-up): requests whose prefix a copy had
+	// brought to the warming worker, sent there though the policy picked
+	// another holder (shadow.go, useCopy).
+	ShadowUsed                              int
 	ShadowPromptTokens, ShadowPrefillTokens int64
 	ShadowPrefillTime                       time.Duration
 }

@@ -455,7 +455,7 @@ func (w *warmState) shadowWarm(s *state, k, i int, req router.Request, d router.
 // useCopy sends req, whose prefix a copy brought to the warming worker
 // (it holds as much of it as any worker), there instead of d's choice,
 // when it is not busy in d's rows, has no prefill backlog and stays under
-// the headroom with req (counted as steered). Why: a copy is worth its
+// the headroom with req (counted as ShadowUsed). Why: a copy is worth its
 // prefill only if the requests it was made for hit it. kv-pooled sends a
 // prefix held by two workers to its rendezvous home (the home price of the
 // request's own new blocks, a few blocks' worth, decides between equal
@@ -480,7 +480,7 @@ func (w *warmState) useCopy(s *state, k int, req router.Request, d router.Decisi
 	rt := s.rts[k]
 	rt.Free(req.ID)
 	if d2, err := routeTo(s, k, id, req); err == nil {
-		s.fleet.records[w.rec].Steered++
+		s.fleet.records[w.rec].ShadowUsed++
 		return d2
 	}
 	d2, err := routeTo(s, k, d.Worker, req)

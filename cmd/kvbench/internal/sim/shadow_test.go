@@ -292,13 +292,16 @@ func TestSimShadowWarmUpUsesCopies(t *testing.T) {
 			if f.WarmComparableS.Valid {
 				warmS = f.WarmComparableS.Value
 			}
-			t.Logf("seed %d %s: warm (like with like) after %.0f s, steered %v, copies %d, p99 while warming %.0f ms (steady %.0f)",
-				seed, mode, warmS, f.Steered, res.Events[0].Shadows, f.WarmUpTTFTP99Ms, f.Steady.TTFT.P99)
+			t.Logf("seed %d %s: warm (like with like) after %.0f s, copies %d, requests sent to them %d, p99 while warming %.0f ms (steady %.0f)",
+				seed, mode, warmS, res.Events[0].Shadows, res.Events[0].ShadowUsed, f.WarmUpTTFTP99Ms, f.Steady.TTFT.P99)
 			if mode == router.ModeRoundRobin {
 				rr += warmS
 				continue
 			}
 			pooled += warmS
+			if res.Events[0].ShadowUsed == 0 || !f.ShadowUsed.Valid {
+				t.Errorf("seed %d: no request sent to the copies (%d, figure %+v)", seed, res.Events[0].ShadowUsed, f.ShadowUsed)
+			}
 			if f.WarmUpTTFTP99Ms > 1.2*f.Steady.TTFT.P99 {
 				t.Errorf("seed %d: p99 TTFT while warming %.0f ms, over 1.2 × the steady window's %.0f ms", seed, f.WarmUpTTFTP99Ms, f.Steady.TTFT.P99)
 			}
