@@ -409,7 +409,7 @@ func (r *Router) pooledSLOPickLocked(req Request, rows []WorkerCost, candidates 
 		hold := ps.eff[candidates[kv]]
 		ps.sloKept = ps.sloKept[:0]
 		for j, i := range candidates {
-			if r.sloSafeLocked(j) || (ps.meets[j] && ps.eff[i] >= hold) {
+			if (r.sloSafeLocked(j) || (ps.meets[j] && ps.eff[i] >= hold)) && r.sloNoSlowerLocked(j, kv) {
 				ps.sloKept = append(ps.sloKept, i)
 			}
 		}
@@ -424,6 +424,8 @@ func (r *Router) pooledSLOPickLocked(req Request, rows []WorkerCost, candidates 
 				rows[i].setBusy(busyWhy{kind: busySLO, x: ps.ttft[j], y: ps.tpot[j], m: int64(slo.TTFT), n: int64(slo.TPOT)})
 			case !r.sloSafeLocked(j) && ps.eff[i] < hold:
 				rows[i].setBusy(busyWhy{kind: busySLOMargin, x: ps.tpot[j], y: margin, n: int64(slo.TPOT)})
+			case !r.sloNoSlowerLocked(j, kv):
+				rows[i].setBusy(busyWhy{kind: busySLOSlower, x: ps.ttft[j], y: ps.ttft[kv]})
 			}
 		}
 		return ps.sloKept
@@ -439,7 +441,7 @@ func (r *Router) pooledSLOPickLocked(req Request, rows []WorkerCost, candidates 
 			pick = i
 		}
 	}
-	if pick >= 0 && r.sloSafeLocked(slices.Index(candidates, pick)) {
+	if j := slices.Index(candidates, pick); j >= 0 && r.sloSafeLocked(j) && r.sloNoSlowerLocked(j, kv) {
 		return kept
 	}
 	// kv's pick, among every candidate as kv decides: marking the ones
@@ -465,6 +467,25 @@ func (r *Router) sloSafeLocked(j int) bool {
 	}
 	margin, ok := r.wait.tpotErr.quantile(slo.attainment())
 	return ok && ps.tpot[j]+margin <= slo.TPOT.Seconds()
+}
+
+// sloNoSlowerLocked: candidate j is predicted to start the request no later
+// than candidate kv (positions in the candidates ps.ttft is parallel to),
+// or TTFT is not judged (no prediction to compare). With TPOT judged a
+// departure from kv's pick is for the time per token (kv's pick predicted
+// to miss) or for the placement's cache, and either must not be paid for
+// in the request's own time to first token: kv's cost already weighs the
+// prefill queue, so a departure to a worker predicted slower to start it
+// is the one that queues behind the prefills there. On mixed capacities
+// those were the departures to the larger worker (its low fill meets the
+// TPOT limit, its queue of prefills is longer), and they made kv-pooled's
+// p99 TTFT at kv's goodput rate 1.10–1.20 × kv's; the prediction's error
+// is the same on both sides of the comparison (one prefill rate, one wait
+// model), so the predictions are compared as they are. r.mu must be held,
+// ps.ttft filled.
+func (r *Router) sloNoSlowerLocked(j, kv int) bool {
+	ps := &r.pooled
+	return r.cfg.SLO.TTFT <= 0 || j == kv || ps.ttft[j] <= ps.ttft[kv]
 }
 
 // sloPredictLocked fills ps.ttft and ps.tpot (seconds, parallel to
