@@ -34,7 +34,10 @@ import (
 // with that margin, when kv's pick is predicted to miss (a worker holding as
 // much of the prompt as kv's pick needs no margin: moving there recomputes
 // nothing kv's pick would not, and the recompute is what the margin covers
-// beyond the line's error). When no candidate
+// beyond the line's error). With TTFT judged too, either departure must
+// also be predicted to start the request no later than kv's pick
+// (sloNoSlowerLocked): the time per token it protects or the cache it
+// builds is not paid for in the request's own first token. When no candidate
 // is predicted to meet it, or a prediction is not available yet, kv-pooled
 // places among all of them, as without an SLO.
 
@@ -380,9 +383,10 @@ func (r *Router) pooledTTFTPickLocked(req Request, rows []WorkerCost, candidates
 // meet the SLO the departure is the placement's pick (pooledPlaceLocked
 // over every candidate); when it is predicted to miss, kv's cost among the
 // safe candidates and those predicted to meet that hold as much of the
-// prompt as kv's pick, the others shown busy. Before the error is observed
-// nothing is safe: kv's pick. r.mu must be held, ps.meets, ps.ttft and
-// ps.tpot filled.
+// prompt as kv's pick, the others shown busy. Either departure must also
+// be predicted no slower to first token than kv's pick (sloNoSlowerLocked).
+// Before the error is observed nothing is safe: kv's pick. r.mu must be
+// held, ps.meets, ps.ttft and ps.tpot filled.
 func (r *Router) pooledSLOPickLocked(req Request, rows []WorkerCost, candidates []int, now time.Time) []int {
 	ps := &r.pooled
 	slo := r.cfg.SLO
@@ -479,9 +483,10 @@ func (r *Router) sloSafeLocked(j int) bool {
 // is the one that queues behind the prefills there. On mixed capacities
 // those were the departures to the larger worker (its low fill meets the
 // TPOT limit, its queue of prefills is longer), and they made kv-pooled's
-// p99 TTFT at kv's goodput rate 1.10–1.20 × kv's; the prediction's error
-// is the same on both sides of the comparison (one prefill rate, one wait
-// model), so the predictions are compared as they are. r.mu must be held,
+// p99 TTFT at kv's goodput rate 1.10–1.20 × kv's. Both sides are one
+// model's predictions (the prefill blocks with the worker's queue at its
+// observed rate, the KV wait), so a bias common to both cancels and they
+// are compared as they are: no constant, no margin. r.mu must be held,
 // ps.ttft filled.
 func (r *Router) sloNoSlowerLocked(j, kv int) bool {
 	ps := &r.pooled
