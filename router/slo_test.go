@@ -387,12 +387,22 @@ func TestPooledSLODepartsFromKVOnlyWhenSafe(t *testing.T) {
 		pooled  bool   // the chosen row carries placement terms
 		busyA   string // a substring of a's busy reason, "" for not busy
 		busyB   string
+		bQueued int // blocks of a prompt waiting for its prefill on b
 	}{
 		{name: "placement's pick safe", slo: SLO{TPOT: 30 * ms}, aBlocks: 10, want: "b", pooled: true},
 		{name: "placement's pick within the error: kv's", slo: SLO{TPOT: 30 * ms}, aBlocks: 10, errMs: 12, want: "c"},
 		{name: "a misses, placement's pick safe", slo: SLO{TPOT: 30 * ms}, aBlocks: 80, want: "b", pooled: true, busyA: "KV admission"},
 		{name: "a misses, placement's pick within the error: kv's", slo: SLO{TPOT: 30 * ms}, aBlocks: 80, errMs: 12, want: "c"},
 		{name: "a misses the TTFT: placement", slo: SLO{TTFT: 100 * ms}, aBlocks: 95, want: "b", pooled: true, busyA: "miss the SLO"},
+		// With TTFT judged the placement's pick must also be predicted to
+		// start the request no later than kv's pick (sloNoSlowerLocked):
+		// b holds the prompt (0 blocks to compute, 0 s), c computes its 12
+		// blocks (12 ms at 1 ms a block): b stands; with 13 blocks of
+		// another prompt waiting for their prefill on b (and a TPOT limit
+		// b still meets with them), b's 13 ms come after c's 12 ms: kv's
+		// pick, where without the rule the placement's b stood.
+		{name: "placement's pick no slower to first token", slo: SLO{TTFT: time.Second, TPOT: 30 * ms}, aBlocks: 10, want: "b", pooled: true},
+		{name: "placement's pick slower to first token: kv's", slo: SLO{TTFT: time.Second, TPOT: 50 * ms}, aBlocks: 10, bQueued: 13, want: "c"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ix := NewIndex(16)
@@ -412,6 +422,10 @@ func TestPooledSLODepartsFromKVOnlyWhenSafe(t *testing.T) {
 				h := SequenceHashes(tokens(100_000+10_000*k, 16*run.blocks), 16, "")
 				r.Load().Add(Booking{ID: id, Worker: run.worker, Hashes: h, Added: t0})
 				r.Load().PrefillDoneAt(id, now.Add(-time.Second))
+			}
+			if c.bQueued > 0 {
+				queued := tokens(300_000, 16*c.bQueued)
+				r.Load().Add(Booking{ID: "queued", Worker: "b", Hashes: SequenceHashes(queued, 16, ""), PrefillTokens: len(queued), PromptTokens: len(queued), Added: now})
 			}
 			r.mu.Lock()
 			r.wait.tpot.observe(0.2, 0.010, pooledOutputWindow)
