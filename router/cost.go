@@ -53,6 +53,7 @@ const (
 	busyAdmission     // kv-pooled: x blocks over the admission line
 	busySLO           // kv-pooled: predicted TTFT x s and TPOT y s miss the SLO (m, n ns)
 	busySLOMargin     // kv-pooled: predicted TPOT x s plus observed error y s misses n ns while kv's pick misses
+	busySLOSlower     // kv-pooled: predicted TTFT x s later than kv's pick's y s while kv's pick misses the TPOT limit
 )
 
 // busyWhy is a busy row's cause with the figures its reason prints,
@@ -92,6 +93,9 @@ func (w busyWhy) String() string {
 	case busySLOMargin:
 		return fmt.Sprintf("kv-pooled: predicted TPOT %.1f ms with %.1f ms of observed error misses the SLO (%v) while kv's pick is predicted to miss it and another worker meets it with that error",
 			w.x*1e3, w.y*1e3, time.Duration(w.n))
+	case busySLOSlower:
+		return fmt.Sprintf("kv-pooled: predicted TTFT %.0f ms, later than kv's pick's %.0f ms, while kv's pick is predicted to miss the TPOT limit: a departure must not cost the request its first token",
+			w.x*1e3, w.y*1e3)
 	}
 	return ""
 }

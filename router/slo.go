@@ -34,7 +34,10 @@ import (
 // with that margin, when kv's pick is predicted to miss (a worker holding as
 // much of the prompt as kv's pick needs no margin: moving there recomputes
 // nothing kv's pick would not, and the recompute is what the margin covers
-// beyond the line's error). When no candidate
+// beyond the line's error). With TTFT judged too, either departure must
+// also be predicted to start the request no later than kv's pick
+// (sloNoSlowerLocked): the time per token it protects or the cache it
+// builds is not paid for in the request's own first token. When no candidate
 // is predicted to meet it, or a prediction is not available yet, kv-pooled
 // places among all of them, as without an SLO.
 
@@ -380,9 +383,10 @@ func (r *Router) pooledTTFTPickLocked(req Request, rows []WorkerCost, candidates
 // meet the SLO the departure is the placement's pick (pooledPlaceLocked
 // over every candidate); when it is predicted to miss, kv's cost among the
 // safe candidates and those predicted to meet that hold as much of the
-// prompt as kv's pick, the others shown busy. Before the error is observed
-// nothing is safe: kv's pick. r.mu must be held, ps.meets, ps.ttft and
-// ps.tpot filled.
+// prompt as kv's pick, the others shown busy. Either departure must also
+// be predicted no slower to first token than kv's pick (sloNoSlowerLocked).
+// Before the error is observed nothing is safe: kv's pick. r.mu must be
+// held, ps.meets, ps.ttft and ps.tpot filled.
 func (r *Router) pooledSLOPickLocked(req Request, rows []WorkerCost, candidates []int, now time.Time) []int {
 	ps := &r.pooled
 	slo := r.cfg.SLO
@@ -409,7 +413,7 @@ func (r *Router) pooledSLOPickLocked(req Request, rows []WorkerCost, candidates 
 		hold := ps.eff[candidates[kv]]
 		ps.sloKept = ps.sloKept[:0]
 		for j, i := range candidates {
-			if r.sloSafeLocked(j) || (ps.meets[j] && ps.eff[i] >= hold) {
+			if (r.sloSafeLocked(j) || (ps.meets[j] && ps.eff[i] >= hold)) && r.sloNoSlowerLocked(j, kv) {
 				ps.sloKept = append(ps.sloKept, i)
 			}
 		}
@@ -424,6 +428,8 @@ func (r *Router) pooledSLOPickLocked(req Request, rows []WorkerCost, candidates 
 				rows[i].setBusy(busyWhy{kind: busySLO, x: ps.ttft[j], y: ps.tpot[j], m: int64(slo.TTFT), n: int64(slo.TPOT)})
 			case !r.sloSafeLocked(j) && ps.eff[i] < hold:
 				rows[i].setBusy(busyWhy{kind: busySLOMargin, x: ps.tpot[j], y: margin, n: int64(slo.TPOT)})
+			case !r.sloNoSlowerLocked(j, kv):
+				rows[i].setBusy(busyWhy{kind: busySLOSlower, x: ps.ttft[j], y: ps.ttft[kv]})
 			}
 		}
 		return ps.sloKept
@@ -439,7 +445,7 @@ func (r *Router) pooledSLOPickLocked(req Request, rows []WorkerCost, candidates 
 			pick = i
 		}
 	}
-	if pick >= 0 && r.sloSafeLocked(slices.Index(candidates, pick)) {
+	if j := slices.Index(candidates, pick); j >= 0 && r.sloSafeLocked(j) && r.sloNoSlowerLocked(j, kv) {
 		return kept
 	}
 	// kv's pick, among every candidate as kv decides: marking the ones
@@ -465,6 +471,26 @@ func (r *Router) sloSafeLocked(j int) bool {
 	}
 	margin, ok := r.wait.tpotErr.quantile(slo.attainment())
 	return ok && ps.tpot[j]+margin <= slo.TPOT.Seconds()
+}
+
+// sloNoSlowerLocked: candidate j is predicted to start the request no later
+// than candidate kv (positions in the candidates ps.ttft is parallel to),
+// or TTFT is not judged (no prediction to compare). With TPOT judged a
+// departure from kv's pick is for the time per token (kv's pick predicted
+// to miss) or for the placement's cache, and either must not be paid for
+// in the request's own time to first token: kv's cost already weighs the
+// prefill queue, so a departure to a worker predicted slower to start it
+// is the one that queues behind the prefills there. On mixed capacities
+// those were the departures to the larger worker (its low fill meets the
+// TPOT limit, its queue of prefills is longer), and they made kv-pooled's
+// p99 TTFT at kv's goodput rate 1.10–1.20 × kv's. Both sides are one
+// model's predictions (the prefill blocks with the worker's queue at its
+// observed rate, the KV wait), so a bias common to both cancels and they
+// are compared as they are: no constant, no margin. r.mu must be held,
+// ps.ttft filled.
+func (r *Router) sloNoSlowerLocked(j, kv int) bool {
+	ps := &r.pooled
+	return r.cfg.SLO.TTFT <= 0 || j == kv || ps.ttft[j] <= ps.ttft[kv]
 }
 
 // sloPredictLocked fills ps.ttft and ps.tpot (seconds, parallel to

@@ -387,12 +387,22 @@ func TestPooledSLODepartsFromKVOnlyWhenSafe(t *testing.T) {
 		pooled  bool   // the chosen row carries placement terms
 		busyA   string // a substring of a's busy reason, "" for not busy
 		busyB   string
+		bQueued int // blocks of a prompt waiting for its prefill on b
 	}{
 		{name: "placement's pick safe", slo: SLO{TPOT: 30 * ms}, aBlocks: 10, want: "b", pooled: true},
 		{name: "placement's pick within the error: kv's", slo: SLO{TPOT: 30 * ms}, aBlocks: 10, errMs: 12, want: "c"},
 		{name: "a misses, placement's pick safe", slo: SLO{TPOT: 30 * ms}, aBlocks: 80, want: "b", pooled: true, busyA: "KV admission"},
 		{name: "a misses, placement's pick within the error: kv's", slo: SLO{TPOT: 30 * ms}, aBlocks: 80, errMs: 12, want: "c"},
 		{name: "a misses the TTFT: placement", slo: SLO{TTFT: 100 * ms}, aBlocks: 95, want: "b", pooled: true, busyA: "miss the SLO"},
+		// With TTFT judged the placement's pick must also be predicted to
+		// start the request no later than kv's pick (sloNoSlowerLocked):
+		// b holds the prompt (0 blocks to compute, 0 s), c computes its 12
+		// blocks (12 ms at 1 ms a block): b stands; with 13 blocks of
+		// another prompt waiting for their prefill on b (and a TPOT limit
+		// b still meets with them), b's 13 ms come after c's 12 ms: kv's
+		// pick, where without the rule the placement's b stood.
+		{name: "placement's pick no slower to first token", slo: SLO{TTFT: time.Second, TPOT: 30 * ms}, aBlocks: 10, want: "b", pooled: true},
+		{name: "placement's pick slower to first token: kv's", slo: SLO{TTFT: time.Second, TPOT: 50 * ms}, aBlocks: 10, bQueued: 13, want: "c"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ix := NewIndex(16)
@@ -412,6 +422,10 @@ func TestPooledSLODepartsFromKVOnlyWhenSafe(t *testing.T) {
 				h := SequenceHashes(tokens(100_000+10_000*k, 16*run.blocks), 16, "")
 				r.Load().Add(Booking{ID: id, Worker: run.worker, Hashes: h, Added: t0})
 				r.Load().PrefillDoneAt(id, now.Add(-time.Second))
+			}
+			if c.bQueued > 0 {
+				queued := tokens(300_000, 16*c.bQueued)
+				r.Load().Add(Booking{ID: "queued", Worker: "b", Hashes: SequenceHashes(queued, 16, ""), PrefillTokens: len(queued), PromptTokens: len(queued), Added: now})
 			}
 			r.mu.Lock()
 			r.wait.tpot.observe(0.2, 0.010, pooledOutputWindow)
@@ -452,6 +466,11 @@ func TestPooledSLODepartsFromKVOnlyWhenSafe(t *testing.T) {
 // With d, which also holds the prompt and runs 21 blocks (33; fill 0.53,
 // 26.5 ms), d stays a candidate when it meets the limit without the error:
 // moving there recomputes nothing b would not.
+// With TTFT judged too (a loose 1 s), a departure must also be predicted to
+// start the request no later than kv's pick (sloNoSlowerLocked): b holds
+// the prompt and computes none of it (0 s), a and c compute its 12 blocks
+// (12 ms at the observed 1 ms a block), so they leave and kv's pick
+// stands; d holds the prompt (0 s) and stays.
 func TestPooledSLOKVPickMisses(t *testing.T) {
 	prompt := tokens(7, 16*12)
 	hashes := SequenceHashes(prompt, 16, "")
@@ -461,6 +480,7 @@ func TestPooledSLOKVPickMisses(t *testing.T) {
 		errMs   float64
 		d       bool    // worker d, a holder that meets the limit
 		limitMs float64 // the TPOT limit; 0: 24 ms
+		ttftMs  float64 // the TTFT limit; 0: not judged
 		want    WorkerID
 		busy    [4]string // a, b, c, d: a substring of the busy reason
 	}{
@@ -471,6 +491,11 @@ func TestPooledSLOKVPickMisses(t *testing.T) {
 		// holds the prompt, and kv's cost among the three picks d (33).
 		{name: "a holder that meets without the error", errMs: 2, limitMs: 28, d: true, want: "d",
 			busy: [4]string{"", "miss the SLO", "", ""}},
+		// The departures a and c meet the SLO with the error but start the
+		// request later than b: kv's pick stands.
+		{name: "safe workers slower to first token: kv's pick", errMs: 0.5, ttftMs: 1000, want: "b"},
+		{name: "the holder no slower to first token stays, the others leave", errMs: 2, limitMs: 28, ttftMs: 1000, d: true, want: "d",
+			busy: [4]string{"later than kv's pick", "miss the SLO", "later than kv's pick", ""}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ix := NewIndex(16)
@@ -481,7 +506,7 @@ func TestPooledSLOKVPickMisses(t *testing.T) {
 			if c.limitMs > 0 {
 				limit = time.Duration(c.limitMs * float64(time.Millisecond))
 			}
-			cfg.SLO = SLO{TPOT: limit}
+			cfg.SLO = SLO{TPOT: limit, TTFT: time.Duration(c.ttftMs * float64(time.Millisecond))}
 			// c one block larger: not one capacity (pooledKVPickLocked).
 			workers := []WorkerInfo{{ID: "a", TotalBlocks: 100}, {ID: "b", TotalBlocks: 100}, {ID: "c", TotalBlocks: 101}}
 			runs := []struct {
