@@ -68,6 +68,12 @@ type ConsumerConfig struct {
 
 	AckWait       time.Duration // redelivery after this without an ack (default 10s)
 	MaxAckPending int           // default 65536
+	// FileState keeps the durable's state (deliveries, acks) in files, as
+	// builds before issue 31 item 3 did, instead of in memory
+	// (DurableConfig): for a rolling upgrade from such a build, whose
+	// leaders fail to update a durable whose state is in memory. Changing
+	// it re-creates the durable (replaceOtherStorage).
+	FileState bool
 
 	// RetryBackoff is the first pause after a failed apply or fetch; it
 	// doubles up to 1s (default 50ms).
@@ -302,7 +308,8 @@ func (c *Consumer) Metrics() *ConsumerMetrics { return c.metrics }
 
 // DurableConfig is the durable consumer's JetStream configuration.
 //
-// Its state (delivered and ack floor) is kept in memory (MemoryStorage),
+// Its state (delivered and ack floor) is kept in memory (MemoryStorage;
+// ConsumerConfig.FileState keeps it in files, for rolling upgrades),
 // replicated like the stream but without a file-backed NATS Raft WAL: a
 // write and an fsync on every replica for every delivery and ack the
 // consumer's Raft group replicates (issue 31 item 3). Nothing durable
@@ -327,7 +334,7 @@ func (c *Consumer) DurableConfig() jetstream.ConsumerConfig {
 		// a filter to be a subset of the stream's subjects). It also skips
 		// a group stream's placeholder subject.
 		FilterSubject: EventSubjects,
-		MemoryStorage: true,
+		MemoryStorage: !c.cfg.FileState,
 	}
 }
 
@@ -379,7 +386,7 @@ func (c *Consumer) replaceOtherStorage(ctx context.Context) error {
 	if old.CachedInfo().Config.MemoryStorage == want {
 		return nil
 	}
-	c.log.Info("re-creating the durable consumer with its state in memory; the stream's unacked events are delivered again",
+	c.log.Info("re-creating the durable consumer with its state in the other storage; the stream's unacked events are delivered again",
 		"memory_storage", want)
 	if err := c.js.DeleteConsumer(ctx, c.cfg.Stream, c.cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return err

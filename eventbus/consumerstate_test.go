@@ -57,4 +57,20 @@ func TestBusConsumerStateInMemory(t *testing.T) {
 	if got := info.CachedInfo().Created; !got.Equal(created) {
 		t.Fatalf("the durable was re-created (created %v, was %v)", got, created)
 	}
+
+	// FileState (a rolling upgrade from an earlier build) goes back to
+	// file state, again without losing an event.
+	more := publishN(t, nc, []string{"w3"}, 20)
+	c, err = NewConsumer(ctx, js, ConsumerConfig{Logger: log, FileState: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err = js.Consumer(ctx, StreamName, DefaultDurable); err != nil || info.CachedInfo().Config.MemoryStorage {
+		t.Fatalf("FileState: %+v, %v", info.CachedInfo().Config, err)
+	}
+	b := newFakeApplier()
+	runConsumer(t, c, b)
+	waitApplied(t, b, len(more))
+	waitStreamEmpty(t, js)
+	b.check(t, more, false)
 }
