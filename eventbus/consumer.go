@@ -376,11 +376,11 @@ func (c *Consumer) consumer(ctx context.Context, refresh bool) (jetstream.Consum
 // those it applied (DurableConfig).
 func (c *Consumer) replaceOtherStorage(ctx context.Context) error {
 	old, err := c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return nil
-	}
 	if err != nil {
-		return err
+		// Not found: created below. Any other failure (a timeout, an
+		// external NATS whose credentials allow creating the consumer but
+		// not reading it): the update below decides, and is retried.
+		return nil
 	}
 	want := c.DurableConfig().MemoryStorage
 	if old.CachedInfo().Config.MemoryStorage == want {
