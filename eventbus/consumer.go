@@ -68,6 +68,12 @@ type ConsumerConfig struct {
 
 	AckWait       time.Duration // redelivery after this without an ack (default 10s)
 	MaxAckPending int           // default 65536
+	// FileState keeps the durable's state (deliveries, acks) in files, as
+	// builds before issue 31 item 3 did, instead of in memory
+	// (DurableConfig): for a rolling upgrade from such a build, whose
+	// leaders fail to update a durable whose state is in memory. Changing
+	// it re-creates the durable (replaceOtherStorage).
+	FileState bool
 
 	// RetryBackoff is the first pause after a failed apply or fetch; it
 	// doubles up to 1s (default 50ms).
@@ -301,6 +307,18 @@ func NewConsumer(ctx context.Context, js jetstream.JetStream, cfg ConsumerConfig
 func (c *Consumer) Metrics() *ConsumerMetrics { return c.metrics }
 
 // DurableConfig is the durable consumer's JetStream configuration.
+//
+// Its state (delivered and ack floor) is kept in memory (MemoryStorage;
+// ConsumerConfig.FileState keeps it in files, for rolling upgrades),
+// replicated like the stream but without a file-backed NATS Raft WAL: a
+// write and an fsync on every replica for every delivery and ack the
+// consumer's Raft group replicates (issue 31 item 3). Nothing durable
+// depends on it: with work-queue retention an acked event is deleted from
+// the stream (whose store stays SyncAlways), so the stream itself holds
+// exactly the events not known to be committed. A consumer whose state is
+// lost (every NATS server restarted at once) starts again at the stream's
+// first event, i.e. redelivers what the stream still holds, which the
+// state machine applies or skips as duplicates, as after any rewind.
 func (c *Consumer) DurableConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       c.cfg.Durable,
@@ -316,6 +334,7 @@ func (c *Consumer) DurableConfig() jetstream.ConsumerConfig {
 		// a filter to be a subset of the stream's subjects). It also skips
 		// a group stream's placeholder subject.
 		FilterSubject: EventSubjects,
+		MemoryStorage: !c.cfg.FileState,
 	}
 }
 
@@ -328,7 +347,11 @@ func (c *Consumer) consumer(ctx context.Context, refresh bool) (jetstream.Consum
 	backoff := c.cfg.RetryBackoff
 	for {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		cons, err := c.js.CreateOrUpdateConsumer(actx, c.cfg.Stream, c.DurableConfig())
+		err := c.replaceOtherStorage(actx)
+		var cons jetstream.Consumer
+		if err == nil {
+			cons, err = c.js.CreateOrUpdateConsumer(actx, c.cfg.Stream, c.DurableConfig())
+		}
 		cancel()
 		if err == nil {
 			c.cons = cons
@@ -342,6 +365,33 @@ func (c *Consumer) consumer(ctx context.Context, refresh bool) (jetstream.Consum
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// replaceOtherStorage deletes the durable if it exists with its state in
+// the other storage than DurableConfig's: NATS refuses to change a
+// consumer's storage type in an update ("storage type can not be
+// updated"), so a durable of an earlier build (file state) would stop the
+// ingest. The new durable delivers from the stream's first event: the
+// events the stream still holds come again, and the state machine skips
+// those it applied (DurableConfig).
+func (c *Consumer) replaceOtherStorage(ctx context.Context) error {
+	old, err := c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
+	if err != nil {
+		// Not found: created below. Any other failure (a timeout, an
+		// external NATS whose credentials allow creating the consumer but
+		// not reading it): the update below decides, and is retried.
+		return nil
+	}
+	want := c.DurableConfig().MemoryStorage
+	if old.CachedInfo().Config.MemoryStorage == want {
+		return nil
+	}
+	c.log.Info("re-creating the durable consumer with its state in the other storage; the stream's unacked events are delivered again",
+		"memory_storage", want)
+	if err := c.js.DeleteConsumer(ctx, c.cfg.Stream, c.cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return err
+	}
+	return nil
 }
 
 // Run moves events from the stream to applier until ctx is cancelled (the

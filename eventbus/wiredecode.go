@@ -114,6 +114,14 @@ const (
 	keyB
 	keyX
 	keyT
+	keyBH // stored blocks, compact: bin of 8-byte hashes (engine = content)
+	keyBP // stored blocks, compact: bin of 16-byte (engine, content) pairs
+	keyXH // removed hashes, compact: bin of 8-byte hashes
+
+	// At most one key of each group: an event's stored blocks, or its
+	// removed hashes, come in one form.
+	blockKeys   = keyB | keyBH | keyBP
+	removedKeys = keyX | keyXH
 )
 
 func wireKeyBit(key []byte) uint16 {
@@ -138,6 +146,12 @@ func wireKeyBit(key []byte) uint16 {
 		return keyX
 	case "t":
 		return keyT
+	case "bh":
+		return keyBH
+	case "bp":
+		return keyBP
+	case "xh":
+		return keyXH
 	}
 	return 0
 }
@@ -175,6 +189,9 @@ func (r *wireReader) event(ev *WireEvent) error {
 		}
 		if seen&bit != 0 {
 			return fmt.Errorf("duplicate key %q", key)
+		}
+		if (bit&blockKeys != 0 && seen&blockKeys != 0) || (bit&removedKeys != 0 && seen&removedKeys != 0) {
+			return fmt.Errorf("key %q: the same field given in two forms", key)
 		}
 		seen |= bit
 		if err := r.field(bit, ev); err != nil {
@@ -249,8 +266,60 @@ func (r *wireReader) field(bit uint16, ev *WireEvent) error {
 				return fmt.Errorf("removed %d: %w", i, err)
 			}
 		}
+	case keyBH:
+		var p []byte
+		if p, err = r.hashes(8); err != nil || len(p) == 0 {
+			return err
+		}
+		ev.Blocks = make([]WireBlock, len(p)/8)
+		for i := range ev.Blocks {
+			h := binary.BigEndian.Uint64(p[8*i:])
+			ev.Blocks[i] = WireBlock{Engine: h, Content: h}
+		}
+	case keyBP:
+		var p []byte
+		if p, err = r.hashes(16); err != nil || len(p) == 0 {
+			return err
+		}
+		ev.Blocks = make([]WireBlock, len(p)/16)
+		for i := range ev.Blocks {
+			ev.Blocks[i] = WireBlock{Engine: binary.BigEndian.Uint64(p[16*i:]), Content: binary.BigEndian.Uint64(p[16*i+8:])}
+		}
+	case keyXH:
+		var p []byte
+		if p, err = r.hashes(8); err != nil || len(p) == 0 {
+			return err
+		}
+		ev.Removed = make([]uint64, len(p)/8)
+		for i := range ev.Removed {
+			ev.Removed[i] = binary.BigEndian.Uint64(p[8*i:])
+		}
 	}
 	return err
+}
+
+// hashes reads a compact hash array (keys "bh", "bp", "xh"): a msgpack bin
+// whose length is a multiple of elem bytes, as a view of the message; nil
+// reads as empty.
+func (r *wireReader) hashes(elem int) ([]byte, error) {
+	if r.IsNil() {
+		return nil, nil
+	}
+	n, ok, err := r.BinHeader()
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		c, _ := r.Peek()
+		return nil, fmt.Errorf("not a bin (code 0x%02x)", c)
+	}
+	if n > uint64(r.Left()) {
+		return nil, fmt.Errorf("bin of %d bytes, %d left", n, r.Left())
+	}
+	if n%uint64(elem) != 0 {
+		return nil, fmt.Errorf("bin of %d bytes: not a multiple of %d", n, elem)
+	}
+	return r.Take(int(n))
 }
 
 // blockKey reads a block's key, a string of at most one byte. Its usual

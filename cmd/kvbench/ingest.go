@@ -44,6 +44,7 @@ type ingestOptions struct {
 	WorkerBlocks   int
 	Window         int
 	EventsPerMsg   int
+	CompactHashes  bool
 	MaxUnapplied   int
 	Poll           time.Duration
 	SampleEvery    int
@@ -76,6 +77,7 @@ func parseIngestFlags(args []string, output io.Writer) (*ingestOptions, error) {
 	fs.IntVar(&o.BlockSize, "block-size", 16, "tokens per block (must equal the cluster's)")
 	fs.IntVar(&o.WorkerBlocks, "worker-blocks", 2048, "KV capacity of a synthetic worker in blocks: past it, the worker evicts its oldest blocks (one removed event for half of them), as an engine does, so the index stays bounded (0: never evict; the index grows for the whole run)")
 	fs.IntVar(&o.Window, "window", 512, "events in flight per publisher (sent, not yet acknowledged by the stream)")
+	fs.BoolVar(&o.CompactHashes, "compact-hashes", true, "publish the events' hashes in the compact form (eventbus.WithCompactHashes: 8 bytes a block where a map of two keyed integers takes 23; about half the bytes of a stored event for the stream to write, replicate and deliver); false: the map form, which replicas of builds before the compact form also read")
 	fs.IntVar(&o.EventsPerMsg, "events-per-msg", defaultEventsPerMsg, "KV events per NATS message: the publishers coalesce consecutive events into batch messages of up to this many, each sent at the latest 1ms after its first event (1: one event per message, the single-event form; batches need replicas that know the batch form)")
 	fs.IntVar(&o.MaxUnapplied, "max-unapplied", 512, "events published but not yet visible on every replica, over all workers, before publishers wait (0: no limit; the stream may then build a backlog)")
 	fs.DurationVar(&o.Poll, "poll", 10*time.Millisecond, "interval of the /cluster/status?view=cursors polls of every replica (resolution of visible_ms)")
@@ -268,6 +270,7 @@ type ingestConfig struct {
 	WorkerBlocks   int      `json:"worker_blocks"`
 	Window         int      `json:"window"`
 	EventsPerMsg   int      `json:"events_per_msg"`
+	CompactHashes  bool     `json:"compact_hashes"`
 	MaxUnapplied   int      `json:"max_unapplied"`
 	DurationS      float64  `json:"duration_s"`
 	PollMs         float64  `json:"poll_ms"`

@@ -321,7 +321,7 @@ func (r *ingestRun) connectPublishers() error {
 			return fmt.Errorf("NATS %s: %w", urls[i%len(urls)], err)
 		}
 		w.nc = nc
-		w.pub, err = eventbus.NewPublisher(nc, w.id, 0,
+		popts := []eventbus.PublisherOption{
 			eventbus.WithWindow(r.o.Window),
 			eventbus.WithBatching(r.o.EventsPerMsg, 0, time.Millisecond),
 			eventbus.WithPublisherLogger(quiet),
@@ -336,7 +336,12 @@ func (r *ingestRun) connectPublishers() error {
 				w.failed.Add(1)
 				s := err.Error()
 				w.firstErr.CompareAndSwap(nil, &s)
-			}))
+			}),
+		}
+		if r.o.CompactHashes {
+			popts = append(popts, eventbus.WithCompactHashes())
+		}
+		w.pub, err = eventbus.NewPublisher(nc, w.id, 0, popts...)
 		if err != nil {
 			return fmt.Errorf("publisher of %s: %w", w.id, err)
 		}
@@ -468,7 +473,7 @@ func (r *ingestRun) reportConfig() ingestConfig {
 	o, c := r.o, &r.cluster
 	return ingestConfig{Target: o.Target, Replicas: c.replicas, Discovery: c.how, NATS: c.natsURLs, Model: c.model,
 		Workers: o.Workers, WorkerPrefix: r.prefix, BlocksPerEvent: o.BlocksPerEvent, BlockSize: o.BlockSize, WorkerBlocks: o.WorkerBlocks,
-		Window: o.Window, EventsPerMsg: o.EventsPerMsg, MaxUnapplied: o.MaxUnapplied, DurationS: o.Duration.Seconds(),
+		Window: o.Window, EventsPerMsg: o.EventsPerMsg, CompactHashes: o.CompactHashes, MaxUnapplied: o.MaxUnapplied, DurationS: o.Duration.Seconds(),
 		PollMs: float64(o.Poll) / float64(time.Millisecond), SampleEvery: o.SampleEvery}
 }
 

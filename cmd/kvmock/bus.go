@@ -20,6 +20,8 @@ type busHooks struct {
 	resync func(req eventbus.ResyncRequest, pub Publisher) eventbus.ResyncReply
 	// eventsPerMsg > 1: batch messages (config.EventsPerMsg).
 	eventsPerMsg int
+	// compactHashes: events' hashes in the compact form (config.CompactHashes).
+	compactHashes bool
 }
 
 // connectFunc opens the bus once: a publisher for the worker's events and
@@ -39,12 +41,17 @@ func natsConnect(urls string, log *slog.Logger, opts ...eventbus.ConnectOption) 
 		if err != nil {
 			return nil, nil, err
 		}
-		pub, err := eventbus.NewPublisher(nc, worker, dpRank,
+		popts := []eventbus.PublisherOption{
 			eventbus.WithNextEventID(hooks.firstEventID),
 			eventbus.WithOnError(hooks.onError),
 			eventbus.WithOnAck(hooks.onAck),
 			eventbus.WithBatching(hooks.eventsPerMsg, 0, time.Millisecond),
-			eventbus.WithPublisherLogger(log))
+			eventbus.WithPublisherLogger(log),
+		}
+		if hooks.compactHashes {
+			popts = append(popts, eventbus.WithCompactHashes())
+		}
+		pub, err := eventbus.NewPublisher(nc, worker, dpRank, popts...)
 		if err != nil {
 			nc.Close()
 			return nil, nil, err

@@ -320,7 +320,7 @@ func (m *Mock) publisher() Publisher {
 // the connection on the way out.
 func (m *Mock) runBus(ctx context.Context, ready <-chan struct{}) {
 	hooks := busHooks{firstEventID: m.firstEventID, onError: m.onPublishError, onAck: m.onPublishAck, resync: m.resync,
-		eventsPerMsg: m.cfg.EventsPerMsg}
+		eventsPerMsg: m.cfg.EventsPerMsg, compactHashes: m.cfg.CompactHashes}
 	backoff := 250 * time.Millisecond
 	var (
 		pub     Publisher

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -26,17 +27,19 @@ func freePort(t *testing.T) int {
 // the events wait, then reach the KV_EVENTS stream in order with the
 // Nats-Msg-Id dedupe ids, and a resync request over NATS is served. One
 // event per message, and with --events-per-msg 8 (batch messages, however
-// the events happen to be cut).
+// the events happen to be cut); and both with --compact-hashes.
 func TestMockNATS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("embedded NATS")
 	}
-	for _, n := range []int{1, 8} {
-		t.Run(fmt.Sprintf("events-per-msg=%d", n), func(t *testing.T) { testMockNATS(t, n) })
+	for _, compact := range []bool{false, true} {
+		for _, n := range []int{1, 8} {
+			t.Run(fmt.Sprintf("events-per-msg=%d/compact-hashes=%v", n, compact), func(t *testing.T) { testMockNATS(t, n, compact) })
+		}
 	}
 }
 
-func testMockNATS(t *testing.T, eventsPerMsg int) {
+func testMockNATS(t *testing.T, eventsPerMsg int, compactHashes bool) {
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	log := testLog(t)
@@ -44,6 +47,7 @@ func testMockNATS(t *testing.T, eventsPerMsg int) {
 	cfg := testConfig(t)
 	cfg.NATS = url
 	cfg.EventsPerMsg = eventsPerMsg
+	cfg.CompactHashes = compactHashes
 	m, err := newMock(cfg, log, natsConnect(url, log))
 	if err != nil {
 		t.Fatal(err)
@@ -135,6 +139,14 @@ func testMockNATS(t *testing.T, eventsPerMsg int) {
 				}
 				if err != nil {
 					t.Fatalf("message %d: %v", seq, err)
+				}
+				// kvmock names blocks by their content hash: its stored
+				// events take the compact key "bh" exactly with the flag.
+				for _, ev := range got {
+					if ev.Kind == eventbus.KindStored && len(ev.Blocks) > 0 &&
+						bytes.Contains(msg.Data, []byte{0xa2, 'b', 'h'}) != compactHashes {
+						t.Fatalf("message %d: compact form %v, --compact-hashes %v", seq, !compactHashes, compactHashes)
+					}
 				}
 				if msg.Subject != eventbus.EventSubject("mock-1") || msg.Header.Get(jetstream.MsgIDHeader) != wantID {
 					t.Fatalf("message %d: subject %q msg id %q, want %q", seq, msg.Subject, msg.Header.Get(jetstream.MsgIDHeader), wantID)

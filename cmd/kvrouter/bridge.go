@@ -42,6 +42,9 @@ type bridgeConfig struct {
 	// BatchMessages (--batch-messages): one bus message per engine event
 	// batch (eventbus's batch form).
 	BatchMessages bool
+	// CompactHashes (--compact-hashes): events' hashes in the compact form
+	// (eventbus.WithCompactHashes).
+	CompactHashes bool
 
 	workers []zmqbridge.WorkerSpec // flags' worker plus the config file's
 }
@@ -86,6 +89,8 @@ func parseBridge(args []string, getenv func(string) string, stderr io.Writer) (b
 	fs.DurationVar(&c.ReplayTimeout, "replay-timeout", 30*time.Second, "bound on one replay request to an engine")
 	fs.BoolVar(&c.BatchMessages, "batch-messages", false, "publish each engine KV event batch (vLLM KVEventBatch) as one bus message of several events instead of one message per event: "+
 		"fewer stream writes per event. Enable only once every replica runs a build that knows batch messages (older ones refuse them)")
+	fs.BoolVar(&c.CompactHashes, "compact-hashes", false, "publish KV events' hashes in the compact form (16 bytes a block instead of 23, 8 a removed hash instead of 9; eventbus/DESIGN.md \"Compact hashes\"). "+
+		"Enable only once every replica runs a build that knows it (older ones refuse such events)")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&tiers, "kv-tiers", "", "offload tiers whose KV events are published with their tier, comma list of host, disk, external "+
 		"(vLLM/KVBM media CPU and DISK, SGLang HiCache STORAGE): the router credits them at --router-host-cache-hit-weight and "+
@@ -223,8 +228,12 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return 1
 	}
 	defer nc.Close()
+	var popts []eventbus.PublisherOption
+	if cfg.CompactHashes {
+		popts = append(popts, eventbus.WithCompactHashes())
+	}
 	b, err := zmqbridge.New(zmqbridge.Config{
-		BlockSize: cfg.BlockSize, Publishers: zmqbridge.NATSPublishers(nc, log), NATS: nc,
+		BlockSize: cfg.BlockSize, Publishers: zmqbridge.NATSPublishers(nc, log, popts...), NATS: nc,
 		Register: cfg.Register, AdminToken: cfg.AdminToken, RegisterInterval: cfg.RegisterInterval,
 		ReplayTimeout: cfg.ReplayTimeout, Logger: log, InsecureAPI: cfg.InsecureAPI, MaxMessageBytes: cfg.MaxMessageBytes,
 		LowerTiers: cfg.LowerTiers, BatchMessages: cfg.BatchMessages,

@@ -38,6 +38,12 @@ func TestBridgeCLIParse(t *testing.T) {
 		len(c.workers) != 2 || c.workers[0].ID != "gpu0" || c.workers[0].URL != "http://gpu0:8000" || c.workers[1].DPRanks != 2 {
 		t.Fatalf("config %+v", c)
 	}
+	if c.CompactHashes {
+		t.Fatal("compact hashes on by default: older replicas refuse them")
+	}
+	if c, err := parseBridge([]string{"--nats", "nats://x", "--compact-hashes", "--id", "w", "--url", "http://h:1", "--events", "tcp://h:5557"}, getenv, &errb); err != nil || !c.CompactHashes {
+		t.Fatalf("--compact-hashes: %+v, %v", c, err)
+	}
 	bad := map[string][]string{
 		"no nats":            {"--id", "w", "--url", "http://h:1", "--events", "tcp://h:5557"},
 		"wildcard endpoint":  {"--nats", "nats://x", "--id", "w", "--url", "http://h:1", "--events", "tcp://*:5557"},

@@ -271,6 +271,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (se
 			return nil
 		}},
 		{names: []string{"capture-file"}, env: []string{"KVROUTER_CAPTURE_FILE"}, usage: "capture answered requests as a Mooncake-format trace in this JSON-lines file (block hashes and lengths, no text; kvbench sim --trace replays it, kvbench tune sweeps settings on it), rotated by size (3 old files kept)", set: str(&c.CaptureFile)},
+		{names: []string{"bus-consumer-file-state"}, env: []string{"KVROUTER_BUS_CONSUMER_FILE_STATE"}, usage: "keep the durable KV event consumer's state (deliveries, acks) in files as builds before issue 31 did, instead of in memory: for a rolling upgrade from such a build (their leaders cannot use the consumer with its state in memory and stall ingest while they lead); the durable is re-created when the setting changes, its unacked events delivered again", set: boolp(&c.BusConsumerFileState), bool: true},
 		{names: []string{"pprof-addr"}, env: []string{"KVROUTER_PPROF_ADDR"}, usage: "serve Go's profiler (/debug/pprof/) on this loopback address, unauthenticated, for measuring a replica live (off when empty; an address off loopback is refused)", set: func(v string) error {
 			if v != "" && !netaddr.LoopbackListen(v) {
 				return fmt.Errorf("--pprof-addr must be a loopback address (host:port), got %q", v)

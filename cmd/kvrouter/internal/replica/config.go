@@ -139,6 +139,11 @@ type Config struct {
 	CaptureFile     string
 	CaptureSample   float64
 	CaptureMaxBytes int64
+	// BusConsumerFileState keeps the durable KV event consumer's state in
+	// files, as builds before issue 31's memory state did
+	// (eventbus.ConsumerConfig.FileState): for a rolling upgrade from such
+	// a build, whose leaders cannot use a durable with memory state.
+	BusConsumerFileState bool
 	// PprofAddr, when set, serves Go's profiler on this loopback address
 	// (--pprof-addr; pprof.go).
 	PprofAddr string

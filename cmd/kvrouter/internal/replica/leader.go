@@ -72,6 +72,7 @@ func (r *replica) consume(ctx context.Context, g *dataGroup, replicas int) error
 		Validator: g, Logger: r.log.With("component", "ingest"), Registerer: r.reg,
 		// One Raft entry per run of events within --max-entry-bytes.
 		EntryBytes: wireEntryBytes, MaxEntryBytes: r.cfg.maxEntryBytes() - fsm.KVBatchOverhead,
+		FileState: r.cfg.BusConsumerFileState,
 	}
 	if srv := r.bus.Server(); srv != nil && replicas > 1 {
 		// The embedded server is this replica's: keep the stream's and the
