@@ -189,6 +189,17 @@ func (l *Ledger) Isolation(model, tenant string, n int) (k int, over bool) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.isoWorkers[model] != n {
+		if len(l.isoWorkers) >= 4*l.cfg.MaxTenants {
+			clear(l.isoWorkers) // bounded; the next call of each model sets it again
+		}
+		l.isoWorkers[model] = n
+	}
+	return l.isolationLocked(model, tenant, n)
+}
+
+// isolationLocked is Isolation's rule. mu must be held.
+func (l *Ledger) isolationLocked(model, tenant string, n int) (k int, over bool) {
 	now := l.cfg.Now()
 	type demand struct {
 		k      tenantKey

@@ -188,6 +188,9 @@ type Ledger struct {
 	// (this replica's charges and the growth of every other's reports),
 	// kept with Config.Isolation only.
 	recent map[tenantKey]*recentTokens
+	// isoWorkers is each model's worker count as Isolation last saw it
+	// (Less orders by the isolation rule, which needs it).
+	isoWorkers map[string]int
 }
 
 // New returns an empty ledger; nil when cfg.From is none or
@@ -237,7 +240,7 @@ func New(cfg Config) (*Ledger, error) {
 		cfg.MaxYield = 250 * time.Millisecond
 	}
 	return &Ledger{cfg: cfg, local: map[tenantKey]*tenantLocal{}, remote: map[string]map[tenantKey]Usage{},
-		series: map[string]bool{}, changed: make(chan struct{}, 1), recent: map[tenantKey]*recentTokens{}}, nil
+		series: map[string]bool{}, changed: make(chan struct{}, 1), recent: map[tenantKey]*recentTokens{}, isoWorkers: map[string]int{}}, nil
 }
 
 // Config is the ledger's configuration, defaults filled.
@@ -399,6 +402,15 @@ func (l *Ledger) Less(model string) func(a, b string) bool {
 	return func(a, b string) bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
+		if n := l.isoWorkers[model]; n >= 2 {
+			// Tenant isolation's over-share tenant goes after the others
+			// (isolation.go, "Who goes first").
+			_, oa := l.isolationLocked(model, a, n)
+			_, ob := l.isolationLocked(model, b, n)
+			if oa != ob {
+				return ob
+			}
+		}
 		return l.virtualLocked(tenantKey{model, a}) < l.virtualLocked(tenantKey{model, b})
 	}
 }
@@ -613,10 +625,24 @@ func (l *Ledger) YieldTo(model, tenant string, class uint32) (string, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	mine := l.virtualLocked(tenantKey{model, tenant})
+	n := l.isoWorkers[model]
+	myOver := false
+	if n >= 2 {
+		_, myOver = l.isolationLocked(model, tenant, n)
+	}
 	for _, replica := range slices.Sorted(maps.Keys(l.remote)) {
 		for k, u := range l.remote[replica] {
 			if k.model != model || k.tenant == tenant || u.Waiting <= 0 {
 				continue
+			}
+			if n >= 2 {
+				// Isolation's order first, as Less orders the local queue.
+				if _, over := l.isolationLocked(model, k.tenant, n); over != myOver {
+					if myOver {
+						return k.tenant, true
+					}
+					continue
+				}
 			}
 			if u.Class > class || (u.Class == class && l.virtualLocked(k)+l.cfg.Slack < mine) {
 				return k.tenant, true
@@ -822,6 +848,16 @@ func (l *Ledger) Guard(model, tenant string) float64 {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if n := l.isoWorkers[model]; n >= 2 {
+		if k, over := l.isolationLocked(model, tenant, n); k > 0 {
+			// While isolation reserves workers its rule says who is
+			// over (the queue's order follows it too: Less).
+			if over {
+				return l.cfg.LatencyGuard
+			}
+			return 0
+		}
+	}
 	if over, _ := l.overLocked(tenantKey{model, tenant}); over {
 		return l.cfg.LatencyGuard
 	}

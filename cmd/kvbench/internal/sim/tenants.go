@@ -3,7 +3,6 @@ package sim
 import (
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api/tenant"
@@ -426,7 +425,10 @@ func (s *state) guardOut(k int, tenant string, req router.Request) ([]router.Wor
 	}
 	req.Exclude = s.fleet.keepingIDs(s)
 	if out, over := s.isolationOut(k, tenant, req); over {
-		req.Exclude = append(req.Exclude, out...) // the guard judges the workers isolation leaves it
+		// The guard judges the workers isolation leaves it, by the
+		// first token alone (router.Router.FirstTokenGuard).
+		req.Exclude = append(req.Exclude, out...)
+		return s.rts[k].FirstTokenGuard(req, f, epoch.Add(s.now), nil)
 	}
 	return s.rts[k].LatencyGuard(req, f, epoch.Add(s.now), nil)
 }
@@ -450,17 +452,10 @@ func (s *state) isolationOut(k int, name string, req router.Request) (out []rout
 	if over {
 		return reserved, true
 	}
-	var others []router.WorkerID
-	for _, w := range s.isoIDs {
-		if !slices.Contains(reserved, w) {
-			others = append(others, w)
-		}
-	}
+	// Under its share: the quickest workers to a first token, the
+	// reserved ones among them first (router.Router.FirstTokenOrder).
 	req.Exclude = s.fleet.keepingIDs(s)
-	if s.rts[k].ShouldQueueExcept(1, req, others) {
-		return nil, false // every reserved worker is full: anywhere by cost
-	}
-	return others, false
+	return s.rts[k].FirstTokenOrder(req, reserved, epoch.Add(s.now), nil), false
 }
 
 // isolationHolds reports whether router k's tenant isolation holds a
