@@ -16,9 +16,11 @@ import (
 // alone, so every replica reserves the same ones without a word). A
 // request of the over-share tenant is admitted only while a worker outside
 // the set has room (router.Router.ShouldQueueExcept) and is routed there;
-// a request of a tenant under its share is routed among the workers
-// quickest to its first token, the reserved ones first when they are
-// among them (router.Router.FirstTokenOrder). With the
+// a request of a tenant under its share is routed, with the latency guard
+// on, among the workers quickest to its first token, the reserved ones
+// first when they are among them (router.Router.FirstTokenOrder: the guard
+// keeps the unreserved workers quick); without it, among the reserved
+// workers while one of them has room, else among all by cost. With the
 // latency guard too, the guard judges the workers isolation leaves the
 // over-share tenant.
 
@@ -27,8 +29,9 @@ import (
 // queue's counters, and every unreserved worker is over share of its
 // window), and keeps in p.isoOut the workers it keeps p off at
 // admission: the reserved ones (p.isoOver), or, for a tenant under its
-// share, the ones slower to its first token than the quickest
-// (router.Router.FirstTokenOrder). A
+// share, with the guard the ones slower to its first token than the
+// quickest (router.Router.FirstTokenOrder), without it the unreserved ones
+// while a reserved worker has room. A
 // replica's wait loop calls it on every wake and tick.
 func (s *Server) isolationHolds(p *prepared, share float64) bool {
 	p.isoOut, p.isoOver = p.isoOut[:0], false
@@ -53,10 +56,25 @@ func (s *Server) isolationHolds(p *prepared, share float64) bool {
 		}
 		return hold
 	}
-	// Under its share: the quickest workers to a first token, the
-	// reserved ones among them first (router.Router.FirstTokenOrder).
-	p.isoOut = p.rt.FirstTokenOrder(p.req, reserved, time.Now(), reserved[len(reserved):])
-	p.isoOut = append(reserved[:0], p.isoOut...)
+	if s.tenants.Config().LatencyGuard > 0 {
+		// Under its share, with the guard keeping the unreserved workers
+		// quick to a first token: the quickest workers, the reserved
+		// ones among them first (router.Router.FirstTokenOrder).
+		out := p.rt.FirstTokenOrder(p.req, reserved, time.Now(), reserved[len(reserved):])
+		p.isoOut = append(reserved[:0], out...)
+		return false
+	}
+	others := reserved[len(reserved):]
+	for _, w := range p.isoIDs {
+		if !slices.Contains(reserved, w) {
+			others = append(others, w)
+		}
+	}
+	if p.rt.ShouldQueueExcept(1, p.req, others) {
+		p.isoOut = reserved[:0] // every reserved worker is full: anywhere by cost
+		return false
+	}
+	p.isoOut = append(reserved[:0], others...)
 	return false
 }
 

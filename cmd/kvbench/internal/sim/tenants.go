@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api/tenant"
@@ -452,10 +453,23 @@ func (s *state) isolationOut(k int, name string, req router.Request) (out []rout
 	if over {
 		return reserved, true
 	}
-	// Under its share: the quickest workers to a first token, the
-	// reserved ones among them first (router.Router.FirstTokenOrder).
 	req.Exclude = s.fleet.keepingIDs(s)
-	return s.rts[k].FirstTokenOrder(req, reserved, epoch.Add(s.now), nil), false
+	if s.cfg.Tenants.LatencyGuard > 0 {
+		// Under its share, with the guard keeping the unreserved workers
+		// quick to a first token: the quickest workers, the reserved
+		// ones among them first (router.Router.FirstTokenOrder).
+		return s.rts[k].FirstTokenOrder(req, reserved, epoch.Add(s.now), nil), false
+	}
+	var others []router.WorkerID
+	for _, w := range s.isoIDs {
+		if !slices.Contains(reserved, w) {
+			others = append(others, w)
+		}
+	}
+	if s.rts[k].ShouldQueueExcept(1, req, others) {
+		return nil, false // every reserved worker is full: anywhere by cost
+	}
+	return others, false
 }
 
 // isolationHolds reports whether router k's tenant isolation holds a
