@@ -306,3 +306,72 @@ func TestAPITenantIsolationStartRule(t *testing.T) {
 		}
 	}
 }
+
+// TestAPITenantIsolationOrder: while isolation reserves workers, its rule
+// says who is over its share for the queue's order (Less), the yield to
+// another replica's waiter (YieldTo) and the latency guard (Guard), even
+// where the fair counters say the opposite; the tenant isolation keeps
+// off goes after the others. Without it (isolation not consulted yet,
+// or reserving nothing: both backlogged) the counters order as before.
+// Before this rule the over-share tenant, served less than the steady
+// one while kept off the reserved workers, had the lower counter, was the
+// queue's head and was released past isolation and the guard (MayHold may
+// not hold a head others wait behind): the flood's leak (kvbench sim,
+// 2026-12-06).
+func TestAPITenantIsolationOrder(t *testing.T) {
+	now := time.Unix(1000, 0)
+	l, err := New(Config{From: SourceHeader, Slack: 512, Burst: 4096, Isolation: 1.5, LatencyGuard: 1,
+		Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// flood: served less (its counter the lower), 20 requests queued;
+	// steady: served more, one queued.
+	l.Charge("m", "flood", 2000)
+	l.Charge("m", "steady", 9000)
+	l.Begin("m", "flood")
+	l.Begin("m", "steady")
+	for range 20 {
+		l.Enqueue("m", "flood", 0)
+	}
+	l.Enqueue("m", "steady", 0)
+	now = now.Add(BacklogAge)
+	less := l.Less("m")
+	if !less("flood", "steady") || l.Guard("m", "flood") != 0 || l.Guard("m", "steady") != 1 {
+		t.Fatalf("before isolation is consulted: the counters order (flood first, steady guarded): less %v, guard flood %v steady %v",
+			less("flood", "steady"), l.Guard("m", "flood"), l.Guard("m", "steady"))
+	}
+	if k, over := l.Isolation("m", "flood", 3); k == 0 || !over {
+		t.Fatalf("isolation: k %d over %v, want workers reserved and the flood over", k, over)
+	}
+	if less("flood", "steady") || !less("steady", "flood") {
+		t.Errorf("with isolation: flood before steady (%v) or steady not before flood (%v)", less("flood", "steady"), less("steady", "flood"))
+	}
+	if g := l.Guard("m", "flood"); g != 1 {
+		t.Errorf("with isolation: guard factor for the flood %v, want 1", g)
+	}
+	if g := l.Guard("m", "steady"); g != 0 {
+		t.Errorf("with isolation: guard factor for the steady tenant %v, want 0 (never held)", g)
+	}
+	// Another replica reports the flood waiting there: the steady tenant
+	// does not yield to it; the flood yields to the steady tenant's.
+	l.Remote("r2", []Usage{{Model: "m", Tenant: "flood", Tokens: 0, Waiting: 5, Inflight: 1}})
+	if to, yield := l.YieldTo("m", "steady", 0); yield {
+		t.Errorf("with isolation: the steady tenant yields to %q", to)
+	}
+	l.Remote("r3", []Usage{{Model: "m", Tenant: "steady", Tokens: 0, Waiting: 1, Inflight: 1}})
+	if _, yield := l.YieldTo("m", "flood", 0); !yield {
+		t.Error("with isolation: the flood does not yield to the steady tenant waiting on another replica")
+	}
+	// Both backlogged (the steady tenant with more than a request per
+	// worker queued): nothing reserved, the counters order again.
+	for range 4 {
+		l.Enqueue("m", "steady", 0)
+	}
+	if k, _ := l.Isolation("m", "flood", 3); k != 0 {
+		t.Fatalf("both backlogged: k %d, want 0", k)
+	}
+	if !less("flood", "steady") {
+		t.Error("both backlogged: the counters no longer order (flood, the less served, not first)")
+	}
+}
