@@ -77,13 +77,13 @@ func TestRouterFirstTokenOrder(t *testing.T) {
 			bookings: []Booking{{ID: "1", Worker: "a", PrefillTokens: 160}}, want: []WorkerID{"a", "c"}},
 		{name: "both reserved busy: the unreserved one", reserved: []WorkerID{"a", "b"},
 			bookings: []Booking{{ID: "1", Worker: "a", PrefillTokens: 160}, {ID: "2", Worker: "b", PrefillTokens: 320}},
-			want: []WorkerID{"a", "b"}},
+			want:     []WorkerID{"a", "b"}},
 		{name: "a reserved tied with the unreserved: the reserved", reserved: []WorkerID{"a", "b"},
 			bookings: []Booking{{ID: "1", Worker: "a", PrefillTokens: 160}, {ID: "2", Worker: "b", PrefillTokens: 160}, {ID: "3", Worker: "c", PrefillTokens: 160}},
-			want: []WorkerID{"c"}},
+			want:     []WorkerID{"c"}},
 		{name: "the cached prefix counts", reserved: []WorkerID{"a"},
 			bookings: []Booking{{ID: "1", Worker: "b", PrefillTokens: 64}}, // b: 4 + 10 − 8 = 6 blocks; a, c: 10
-			cached: map[WorkerID]int{"b": 8}, want: []WorkerID{"a", "c"}},
+			cached:   map[WorkerID]int{"b": 8}, want: []WorkerID{"a", "c"}},
 		{name: "excluded workers are not judged", reserved: []WorkerID{"a", "b"},
 			bookings: []Booking{{ID: "1", Worker: "a", PrefillTokens: 160}}, exclude: []WorkerID{"b"}, want: []WorkerID{"a"}},
 	} {
