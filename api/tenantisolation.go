@@ -78,6 +78,18 @@ func (s *Server) isolationHolds(p *prepared, share float64) bool {
 	return false
 }
 
+// isolationPasses reports whether p, arriving with requests queued, may
+// pass them when it has room now (tenant.Ledger.IsolationPasses: isolation
+// reserves workers, p's tenant is under its share and has nothing queued
+// here).
+func (s *Server) isolationPasses(p *prepared) bool {
+	if s.tenants == nil || s.tenants.Config().Isolation == 0 {
+		return false
+	}
+	p.isoIDs = p.rt.WorkerIDs(p.isoIDs[:0])
+	return s.tenants.IsolationPasses(p.model, p.tenant, len(p.isoIDs))
+}
+
 // isolationReq is p's request as the latency guard judges it: without the
 // workers isolation keeps an over-share tenant off.
 func isolationReq(p *prepared) router.Request {

@@ -402,15 +402,6 @@ func (l *Ledger) Less(model string) func(a, b string) bool {
 	return func(a, b string) bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		if n := l.isoWorkers[model]; n >= 2 {
-			// Tenant isolation's over-share tenant goes after the others
-			// (isolation.go, "Who goes first").
-			_, oa := l.isolationLocked(model, a, n)
-			_, ob := l.isolationLocked(model, b, n)
-			if oa != ob {
-				return ob
-			}
-		}
 		return l.virtualLocked(tenantKey{model, a}) < l.virtualLocked(tenantKey{model, b})
 	}
 }
@@ -625,24 +616,10 @@ func (l *Ledger) YieldTo(model, tenant string, class uint32) (string, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	mine := l.virtualLocked(tenantKey{model, tenant})
-	n := l.isoWorkers[model]
-	myOver := false
-	if n >= 2 {
-		_, myOver = l.isolationLocked(model, tenant, n)
-	}
 	for _, replica := range slices.Sorted(maps.Keys(l.remote)) {
 		for k, u := range l.remote[replica] {
 			if k.model != model || k.tenant == tenant || u.Waiting <= 0 {
 				continue
-			}
-			if n >= 2 {
-				// Isolation's order first, as Less orders the local queue.
-				if _, over := l.isolationLocked(model, k.tenant, n); over != myOver {
-					if myOver {
-						return k.tenant, true
-					}
-					continue
-				}
 			}
 			if u.Class > class || (u.Class == class && l.virtualLocked(k)+l.cfg.Slack < mine) {
 				return k.tenant, true
@@ -851,8 +828,9 @@ func (l *Ledger) Guard(model, tenant string) float64 {
 	if n := l.isoWorkers[model]; n >= 2 {
 		if k, over := l.isolationLocked(model, tenant, n); k > 0 {
 			// While isolation reserves workers its rule says who is
-			// over (the queue's order follows it too: Less).
-			if over {
+			// over, and the over-share tenant is guarded when it may be
+			// held (mayHoldLocked: never the head in front of another).
+			if over && l.mayHoldLocked(tenantKey{model, tenant}) {
 				return l.cfg.LatencyGuard
 			}
 			return 0

@@ -300,7 +300,7 @@ func (s *state) arrive(i, k int) {
 	q := a.queues[k]
 	r := &s.w.Requests[i]
 	req := router.Request{ID: r.ID, Tokens: r.PromptTokens, Hashes: r.Hashes}
-	if q.Len() == 0 && !s.rts[k].ShouldQueueWithin(s.window(k, name), req) && !s.isolationHolds(k, name, req) && !s.guardHolds(k, name, req) {
+	if (q.Len() == 0 || s.isolationPasses(k, name)) && !s.rts[k].ShouldQueueWithin(s.window(k, name), req) && !s.isolationHolds(k, name, req) && !s.guardHolds(k, name, req) {
 		s.dispatch(i, k)
 		return
 	}
@@ -483,6 +483,18 @@ func (s *state) isolationHolds(k int, tenant string, req router.Request) bool {
 	}
 	req.Exclude = s.fleet.keepingIDs(s)
 	return s.rts[k].ShouldQueueExcept(s.window(k, tenant), req, out)
+}
+
+// isolationPasses reports whether a request of tenant arriving at router
+// k may pass the requests queued there (tenant.Ledger.IsolationPasses: its
+// tenant is under its share while isolation reserves workers and has
+// nothing queued here), when it has room now.
+func (s *state) isolationPasses(k int, tenant string) bool {
+	a := &s.adm
+	if !a.tenants() || s.cfg.Tenants.Isolation == 0 {
+		return false
+	}
+	return a.ledgers[k].IsolationPasses(tenantModel, tenant, len(s.rts[k].WorkerIDs(s.isoIDs[:0])))
 }
 
 // guardHolds reports whether router k's latency guard holds a request of
