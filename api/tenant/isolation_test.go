@@ -350,6 +350,18 @@ func TestAPITenantIsolationPasses(t *testing.T) {
 	if l.IsolationPasses("m", "steady", 1) {
 		t.Error("one worker (nothing to reserve): the steady tenant passes")
 	}
+	noGuard, err := New(Config{From: SourceHeader, Slack: 512, Burst: 4096, Isolation: 1.5, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noGuard.Charge("m", "flood", 2000)
+	noGuard.Charge("m", "steady", 9000)
+	noGuard.Begin("m", "flood")
+	noGuard.Begin("m", "steady")
+	noGuard.Enqueue("m", "flood", 0)
+	if k, _ := noGuard.Isolation("m", "flood", 3); k == 0 || noGuard.IsolationPasses("m", "steady", 3) {
+		t.Errorf("isolation without the guard: k %d, and the steady tenant passes (want workers reserved, no pass)", k)
+	}
 	if g := l.Guard("m", "flood"); g != 1 {
 		t.Errorf("with isolation: guard factor for the flood %v, want 1", g)
 	}
