@@ -188,8 +188,9 @@ type Ledger struct {
 	// (this replica's charges and the growth of every other's reports),
 	// kept with Config.Isolation only.
 	recent map[tenantKey]*recentTokens
-	// isoWorkers is each model's worker count as Isolation last saw it
-	// (Less orders by the isolation rule, which needs it).
+	// isoWorkers is each model's worker count as Isolation or
+	// IsolationPasses last saw it (Guard applies the isolation rule,
+	// which needs it, without being told).
 	isoWorkers map[string]int
 }
 
@@ -818,7 +819,12 @@ func (l *Ledger) EnginePriority(model, tenant string) int {
 // (overLocked: another tenant is active and this one's counter is more
 // than Slack above the least served one's), else 0, not guarded. A tenant
 // at or under its share is never held by the guard, so the capacity the
-// guard keeps idle is kept for it.
+// guard keeps idle is kept for it. While tenant isolation reserves workers
+// (Isolation), its rule says who is over instead, and the over-share
+// tenant is guarded only where MayHold would hold it: the counters put
+// the flood, served less while kept off the reserved workers, under its
+// share, so by them the guard held nobody but the steady tenant (kvbench
+// sim, 2026-12-06; BENCHMARKS.md, "Isolation with the guard").
 func (l *Ledger) Guard(model, tenant string) float64 {
 	if l.cfg.LatencyGuard == 0 {
 		return 0
