@@ -105,8 +105,10 @@ func (s *Server) wait(ctx context.Context, p *prepared) (bool, *refusal) {
 	g.mu.Lock()
 	// A new arrival passes only when no one waits: it must not overtake
 	// the queue's order (Dynamo: "a new arrival cannot bypass an existing
-	// backlog").
-	if g.waiting[p.model] == 0 && !s.shouldQueue(p) {
+	// backlog"). Tenant isolation's one exception: a tenant under its share
+	// with nothing of its own queued passes a backlog that waits for the
+	// over-share tenant's workers (isolationPasses).
+	if (g.waiting[p.model] == 0 || s.isolationPasses(p)) && !s.shouldQueue(p) {
 		g.mu.Unlock()
 		s.guardExclude(p)
 		return true, nil

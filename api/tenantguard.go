@@ -25,7 +25,13 @@ func (s *Server) guardHolds(p *prepared) bool {
 	if f == 0 {
 		return false
 	}
-	out, hold := p.rt.LatencyGuard(isolationReq(p), f, time.Now(), p.guardOut)
+	guard := p.rt.LatencyGuard
+	if p.isoOver && len(p.isoOut) > 0 {
+		// The workers isolation leaves it, judged by the first token
+		// alone (router.Router.FirstTokenGuard).
+		guard = p.rt.FirstTokenGuard
+	}
+	out, hold := guard(isolationReq(p), f, time.Now(), p.guardOut)
 	p.guardOut = out
 	if hold && !p.guardHeld {
 		p.guardHeld = true

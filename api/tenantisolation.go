@@ -2,6 +2,7 @@ package api
 
 import (
 	"slices"
+	"time"
 
 	"github.com/kvrouter/kvrouter/api/tenant"
 	"github.com/kvrouter/kvrouter/router"
@@ -15,7 +16,10 @@ import (
 // alone, so every replica reserves the same ones without a word). A
 // request of the over-share tenant is admitted only while a worker outside
 // the set has room (router.Router.ShouldQueueExcept) and is routed there;
-// a request of a tenant under its share is routed among the reserved
+// a request of a tenant under its share is routed, with the latency guard
+// on, among the workers quickest to its first token, the reserved ones
+// first when they are among them (router.Router.FirstTokenOrder: the guard
+// keeps the unreserved workers quick); without it, among the reserved
 // workers while one of them has room, else among all by cost. With the
 // latency guard too, the guard judges the workers isolation leaves the
 // over-share tenant.
@@ -25,7 +29,9 @@ import (
 // queue's counters, and every unreserved worker is over share of its
 // window), and keeps in p.isoOut the workers it keeps p off at
 // admission: the reserved ones (p.isoOver), or, for a tenant under its
-// share, the unreserved ones while a reserved worker has room. A
+// share, with the guard the ones slower to its first token than the
+// quickest (router.Router.FirstTokenOrder), without it the unreserved ones
+// while a reserved worker has room. A
 // replica's wait loop calls it on every wake and tick.
 func (s *Server) isolationHolds(p *prepared, share float64) bool {
 	p.isoOut, p.isoOver = p.isoOut[:0], false
@@ -50,6 +56,14 @@ func (s *Server) isolationHolds(p *prepared, share float64) bool {
 		}
 		return hold
 	}
+	if s.tenants.Config().LatencyGuard > 0 {
+		// Under its share, with the guard keeping the unreserved workers
+		// quick to a first token: the quickest workers, the reserved
+		// ones among them first (router.Router.FirstTokenOrder).
+		out := p.rt.FirstTokenOrder(p.req, reserved, time.Now(), reserved[len(reserved):])
+		p.isoOut = append(reserved[:0], out...)
+		return false
+	}
 	others := reserved[len(reserved):]
 	for _, w := range p.isoIDs {
 		if !slices.Contains(reserved, w) {
@@ -62,6 +76,18 @@ func (s *Server) isolationHolds(p *prepared, share float64) bool {
 	}
 	p.isoOut = append(reserved[:0], others...)
 	return false
+}
+
+// isolationPasses reports whether p, arriving with requests queued, may
+// pass them when it has room now (tenant.Ledger.IsolationPasses: isolation
+// reserves workers, p's tenant is under its share and has nothing queued
+// here).
+func (s *Server) isolationPasses(p *prepared) bool {
+	if s.tenants == nil || s.tenants.Config().Isolation == 0 {
+		return false
+	}
+	p.isoIDs = p.rt.WorkerIDs(p.isoIDs[:0])
+	return s.tenants.IsolationPasses(p.model, p.tenant, len(p.isoIDs))
 }
 
 // isolationReq is p's request as the latency guard judges it: without the

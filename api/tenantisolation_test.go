@@ -125,3 +125,49 @@ func TestAPITenantIsolation(t *testing.T) {
 		t.Errorf("%s served %v (all: %v), want the held heavy request", others[0], got, served)
 	}
 }
+
+// TestAPITenantIsolationFirstToken: with isolation and the latency guard
+// both on, a request of the tenant under its share goes to the worker
+// quickest to its first token (router.Router.FirstTokenOrder): the
+// reserved one while it is among the quickest (an idle fleet), an
+// unreserved one once the reserved worker has a prefill queued, although
+// the reserved worker still has room under the threshold (where, without
+// the guard, it goes).
+func TestAPITenantIsolationFirstToken(t *testing.T) {
+	cfg := router.DefaultConfig()
+	cfg.QueueThreshold = ptr(1.0)
+	cfg.LearnLatency = true
+	rep := newFakeReplica("m", cfg)
+	ids := []router.WorkerID{"w1", "w2", "w3"}
+	tw := startTenantWorkers(t, rep, ids)
+	l, err := NewTenantLedger(TenantConfig{From: TenantHeader, Isolation: 1, LatencyGuard: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Charge("m", "heavy", 50_000)
+	l.Begin("m", "heavy")
+	l.Begin("m", "light")
+	l.Remote("r2", []TenantUsage{{Model: "m", Tenant: "heavy", Tokens: 1, Waiting: 5}})
+	if k, over := l.Isolation("m", "heavy", len(ids)); k != 1 || !over {
+		t.Fatalf("Isolation(heavy) = %d, %v; want 1 worker reserved, heavy over its share", k, over)
+	}
+	reserved := tenant.ReservedWorkers("m", ids, 1, nil)[0]
+	s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true, Tenants: l}, rep)
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	rt, _ := rep.Router("m")
+	if c := <-sendTenantChat(srv.URL, "light"); c != 200 {
+		t.Fatalf("light on an idle fleet: %d", c)
+	}
+	if got := tw.take()[string(reserved)]; len(got) != 1 {
+		t.Errorf("idle fleet: the reserved worker %s served %v; want the light request (reserved first among the quickest)", reserved, got)
+	}
+	rt.Load().Add(router.Booking{ID: "backlog", Worker: reserved, PrefillTokens: 400, Added: time.Now()})
+	if c := <-sendTenantChat(srv.URL, "light"); c != 200 {
+		t.Fatalf("light with the reserved worker prefilling: %d", c)
+	}
+	served := tw.take()
+	if got := served[string(reserved)]; len(got) != 0 {
+		t.Errorf("the reserved worker %s, 400 prefill tokens queued, served %v (all: %v); want light on an idle unreserved worker", reserved, got, served)
+	}
+}

@@ -54,6 +54,11 @@ type GuardRatio struct {
 	Worker WorkerID
 	TTFT   float64
 	TPOT   float64
+	// Idle is the TTFT ratio's denominator: the request's own prefill
+	// blocks there on an idle worker (its prompt less the prefix that
+	// worker caches). TTFT·Idle is the predicted TTFT in prefill blocks'
+	// worth of time, comparable between workers (FirstTokenOrder).
+	Idle float64
 }
 
 // Over reports whether the worker is over factor: its TTFT ratio is (a NaN
@@ -63,6 +68,12 @@ func (g GuardRatio) Over(factor float64) bool {
 	return !(g.TTFT <= factor) || g.TPOT > factor
 }
 
+// OverFirstToken reports whether the worker's TTFT ratio is over factor
+// (NaN counts as over), whatever its TPOT ratio: FirstTokenGuard's test.
+func (g GuardRatio) OverFirstToken(factor float64) bool {
+	return !(g.TTFT <= factor)
+}
+
 // LatencyGuard appends to dst the workers (among those req does not
 // exclude) on which a fresh request like req is predicted over factor
 // (GuardRatio.Over): a request of a tenant over its share goes to none of
@@ -70,6 +81,24 @@ func (g GuardRatio) Over(factor float64) bool {
 // waits in the queue); with no worker left to judge it is false (routing
 // fails on its own). A factor of 0 is off: nothing.
 func (r *Router) LatencyGuard(req Request, factor float64, now time.Time, dst []WorkerID) (out []WorkerID, hold bool) {
+	return r.latencyGuard(req, factor, now, dst, GuardRatio.Over)
+}
+
+// FirstTokenGuard is LatencyGuard judging the TTFT ratio alone
+// (GuardRatio.OverFirstToken). Tenant isolation's unreserved workers are
+// judged so (api/tenant, Ledger.Isolation): the under-share tenants' requests go
+// there only when one is the quickest to a first token (FirstTokenOrder),
+// so what must stay short there is the prefill queue an over-share
+// tenant's request leaves in front of them; the TPOT line, fitted over
+// the fleet, reads any fill above zero as over at a factor of 1, and held
+// the over-share tenant to one request per worker, running or not
+// (kvbench sim, 2026-12-06: its throughput while both sent 3–4 requests/s
+// against 14–18 judged on the TTFT alone, for no lower steady tail).
+func (r *Router) FirstTokenGuard(req Request, factor float64, now time.Time, dst []WorkerID) (out []WorkerID, hold bool) {
+	return r.latencyGuard(req, factor, now, dst, GuardRatio.OverFirstToken)
+}
+
+func (r *Router) latencyGuard(req Request, factor float64, now time.Time, dst []WorkerID, over func(GuardRatio, float64) bool) (out []WorkerID, hold bool) {
 	out = dst
 	if factor <= 0 {
 		return out, false
@@ -78,7 +107,7 @@ func (r *Router) LatencyGuard(req Request, factor float64, now time.Time, dst []
 	defer r.mu.Unlock()
 	ratios := r.guardRatiosLocked(req, now)
 	for _, g := range ratios {
-		if g.Over(factor) {
+		if over(g, factor) {
 			out = append(out, g.Worker)
 		}
 	}
@@ -123,9 +152,9 @@ func (r *Router) guardRatiosLocked(req Request, now time.Time) []GuardRatio {
 	for j, i := range cands {
 		w := r.workers[i].ID
 		l := r.loads[i]
-		g := GuardRatio{Worker: w, TTFT: math.NaN(), TPOT: math.NaN()}
 		// Idle: the same prompt, the same cached prefix, no queue.
 		idle := max(plan.terms(ps.eff[i], 0, 0, &WorkerLoad{}, 0, 0).prefill, 1)
+		g := GuardRatio{Worker: w, TTFT: math.NaN(), TPOT: math.NaN(), Idle: idle}
 		prefill := max(ps.terms[i].prefill, idle)
 		total := float64(r.workers[i].TotalBlocks)
 		if total > 0 && (float64(l.ActiveBlocks+l.NewBlocks) > total || ps.over[j] > 0) {

@@ -127,6 +127,11 @@ func TestRouterLatencyGuardTPOT(t *testing.T) {
 	if out, hold := r.LatencyGuard(req, 2, now, nil); !hold || !slices.Equal(out, []WorkerID{"a"}) {
 		t.Errorf("factor 2: out %v hold %v, want a held", out, hold)
 	}
+	// The first-token guard (tenant isolation's unreserved workers) does
+	// not read the TPOT line: no prefill queue, nobody kept off.
+	if out, hold := r.FirstTokenGuard(req, 1, now, nil); hold || len(out) != 0 {
+		t.Errorf("first-token guard, factor 1: out %v hold %v, want nothing (the TTFT ratio is 1)", out, hold)
+	}
 	r.Free("held")
 	if g := r.GuardRatios(req, now); len(g) != 1 || g[0].TPOT != 1 {
 		t.Errorf("idle again: %+v, want a TPOT ratio of 1", g)

@@ -1,6 +1,10 @@
 package router
 
-import "slices"
+import (
+	"math"
+	"slices"
+	"time"
+)
 
 // Tenant isolation (api/tenant: Ledger.Isolation and ReservedWorkers,
 // kvrouter serve --tenant-isolation): a tenant over its share is kept off
@@ -53,4 +57,47 @@ func (r *Router) ShouldQueueExcept(share float64, req Request, except []WorkerID
 		}
 	}
 	return true
+}
+
+// FirstTokenOrder appends to dst the workers (among those req does not
+// exclude) a request of a tenant under its share should not go to while
+// tenant isolation reserves workers: every worker whose predicted time to
+// req's first token (the latency guard's prediction: the worker's prefill
+// queue with req, less the prefix it caches, plus the expected KV wait;
+// GuardRatio.TTFT·Idle) is above the quickest one's, and, when a reserved
+// worker is among the quickest, the unreserved ones tied with it (a
+// reserved worker runs no step of an over-share tenant, whose chunks the
+// prediction does not see). A worker without a prediction (a KV wait not
+// priced yet) counts as slower; with none predicted, nothing is added.
+//
+// Why not "a reserved worker while one has room" (the rule before,
+// kvbench sim 2026-12-06): two workers of three held the steady tenant's
+// load, and its slow requests all waited behind its own prefills on one
+// of them (the kv cost weighs a worker's KV blocks, not its prefill queue)
+// while the flood's worker, kept quick by the guard, had none queued.
+func (r *Router) FirstTokenOrder(req Request, reserved []WorkerID, now time.Time, dst []WorkerID) []WorkerID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ratios := r.guardRatiosLocked(req, now)
+	best := math.Inf(1)
+	for _, g := range ratios {
+		if t := g.TTFT * g.Idle; t < best {
+			best = t
+		}
+	}
+	if math.IsInf(best, 1) {
+		return dst
+	}
+	reservedQuickest := false
+	for _, g := range ratios {
+		if g.TTFT*g.Idle <= best && slices.Contains(reserved, g.Worker) {
+			reservedQuickest = true
+		}
+	}
+	for _, g := range ratios {
+		if !(g.TTFT*g.Idle <= best) || (reservedQuickest && !slices.Contains(reserved, g.Worker)) {
+			dst = append(dst, g.Worker)
+		}
+	}
+	return dst
 }

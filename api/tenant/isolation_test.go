@@ -306,3 +306,87 @@ func TestAPITenantIsolationStartRule(t *testing.T) {
 		}
 	}
 }
+
+// TestAPITenantIsolationPasses: while isolation reserves workers, a
+// request of a tenant under its share with nothing of its own queued here
+// may pass the over-share tenant's backlog (IsolationPasses), and the
+// latency guard's "who is over" is isolation's (Guard), even where the fair
+// counters say the opposite: the over-share tenant, served less than the
+// steady one while kept off the reserved workers, has the lower counter.
+// The guard still never holds it as a head another tenant waits behind
+// (MayHold's rule). Both backlogged, nothing is reserved: no pass, and the
+// counters say who is guarded, as before. Before this the steady tenant's
+// arrival queued behind the flood's backlog, whose head (first by the
+// counters, not held with the steady request behind it) was released past
+// isolation and the guard at every steady arrival (kvbench sim,
+// 2026-12-06).
+func TestAPITenantIsolationPasses(t *testing.T) {
+	now := time.Unix(1000, 0)
+	l, err := New(Config{From: SourceHeader, Slack: 512, Burst: 4096, Isolation: 1.5, LatencyGuard: 1,
+		Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// flood: served less (its counter the lower), 20 requests queued;
+	// steady: served more, none queued.
+	l.Charge("m", "flood", 2000)
+	l.Charge("m", "steady", 9000)
+	l.Begin("m", "flood")
+	l.Begin("m", "steady")
+	for range 20 {
+		l.Enqueue("m", "flood", 0)
+	}
+	now = now.Add(BacklogAge)
+	if l.Guard("m", "flood") != 0 || l.Guard("m", "steady") != 1 {
+		t.Fatalf("before isolation is consulted the counters say who is guarded (the steady tenant): flood %v steady %v",
+			l.Guard("m", "flood"), l.Guard("m", "steady"))
+	}
+	if !l.IsolationPasses("m", "steady", 3) {
+		t.Error("the steady tenant, under its share with nothing queued, does not pass the flood's backlog")
+	}
+	if l.IsolationPasses("m", "flood", 3) {
+		t.Error("the flood, over its share, passes")
+	}
+	if l.IsolationPasses("m", "steady", 1) {
+		t.Error("one worker (nothing to reserve): the steady tenant passes")
+	}
+	noGuard, err := New(Config{From: SourceHeader, Slack: 512, Burst: 4096, Isolation: 1.5, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noGuard.Charge("m", "flood", 2000)
+	noGuard.Charge("m", "steady", 9000)
+	noGuard.Begin("m", "flood")
+	noGuard.Begin("m", "steady")
+	noGuard.Enqueue("m", "flood", 0)
+	if k, _ := noGuard.Isolation("m", "flood", 3); k == 0 || noGuard.IsolationPasses("m", "steady", 3) {
+		t.Errorf("isolation without the guard: k %d, and the steady tenant passes (want workers reserved, no pass)", k)
+	}
+	if g := l.Guard("m", "flood"); g != 1 {
+		t.Errorf("with isolation: guard factor for the flood %v, want 1", g)
+	}
+	if g := l.Guard("m", "steady"); g != 0 {
+		t.Errorf("with isolation: guard factor for the steady tenant %v, want 0 (never held)", g)
+	}
+	// A steady request queued here: it does not pass its own, and the
+	// flood's head, first by the counters, is not held in front of it.
+	l.Enqueue("m", "steady", 0)
+	if l.IsolationPasses("m", "steady", 3) {
+		t.Error("the steady tenant passes with a request of its own queued")
+	}
+	if g := l.Guard("m", "flood"); g != 0 {
+		t.Errorf("with the steady tenant queued behind it: guard factor for the flood %v, want 0", g)
+	}
+	// Both backlogged (the steady tenant with more than a request per
+	// worker queued): nothing reserved, the counters say who is guarded.
+	for range 3 {
+		l.Enqueue("m", "steady", 0)
+	}
+	if k, _ := l.Isolation("m", "flood", 3); k != 0 {
+		t.Fatalf("both backlogged: k %d, want 0", k)
+	}
+	if l.IsolationPasses("m", "steady", 3) || l.Guard("m", "steady") != 1 || l.Guard("m", "flood") != 0 {
+		t.Errorf("both backlogged: passes %v, guard steady %v flood %v; want no pass and the counters' (1, 0)",
+			l.IsolationPasses("m", "steady", 3), l.Guard("m", "steady"), l.Guard("m", "flood"))
+	}
+}

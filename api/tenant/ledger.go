@@ -188,6 +188,10 @@ type Ledger struct {
 	// (this replica's charges and the growth of every other's reports),
 	// kept with Config.Isolation only.
 	recent map[tenantKey]*recentTokens
+	// isoWorkers is each model's worker count as Isolation or
+	// IsolationPasses last saw it (Guard applies the isolation rule,
+	// which needs it, without being told).
+	isoWorkers map[string]int
 }
 
 // New returns an empty ledger; nil when cfg.From is none or
@@ -237,7 +241,7 @@ func New(cfg Config) (*Ledger, error) {
 		cfg.MaxYield = 250 * time.Millisecond
 	}
 	return &Ledger{cfg: cfg, local: map[tenantKey]*tenantLocal{}, remote: map[string]map[tenantKey]Usage{},
-		series: map[string]bool{}, changed: make(chan struct{}, 1), recent: map[tenantKey]*recentTokens{}}, nil
+		series: map[string]bool{}, changed: make(chan struct{}, 1), recent: map[tenantKey]*recentTokens{}, isoWorkers: map[string]int{}}, nil
 }
 
 // Config is the ledger's configuration, defaults filled.
@@ -815,13 +819,29 @@ func (l *Ledger) EnginePriority(model, tenant string) int {
 // (overLocked: another tenant is active and this one's counter is more
 // than Slack above the least served one's), else 0, not guarded. A tenant
 // at or under its share is never held by the guard, so the capacity the
-// guard keeps idle is kept for it.
+// guard keeps idle is kept for it. While tenant isolation reserves workers
+// (Isolation), its rule says who is over instead, and the over-share
+// tenant is guarded only where MayHold would hold it: the counters put
+// the flood, served less while kept off the reserved workers, under its
+// share, so by them the guard held nobody but the steady tenant (kvbench
+// sim, 2026-12-06; BENCHMARKS.md, "Isolation with the guard").
 func (l *Ledger) Guard(model, tenant string) float64 {
 	if l.cfg.LatencyGuard == 0 {
 		return 0
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if n := l.isoWorkers[model]; n >= 2 {
+		if k, over := l.isolationLocked(model, tenant, n); k > 0 {
+			// While isolation reserves workers its rule says who is
+			// over, and the over-share tenant is guarded when it may be
+			// held (mayHoldLocked: never the head in front of another).
+			if over && l.mayHoldLocked(tenantKey{model, tenant}) {
+				return l.cfg.LatencyGuard
+			}
+			return 0
+		}
+	}
 	if over, _ := l.overLocked(tenantKey{model, tenant}); over {
 		return l.cfg.LatencyGuard
 	}

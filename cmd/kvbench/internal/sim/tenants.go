@@ -300,7 +300,7 @@ func (s *state) arrive(i, k int) {
 	q := a.queues[k]
 	r := &s.w.Requests[i]
 	req := router.Request{ID: r.ID, Tokens: r.PromptTokens, Hashes: r.Hashes}
-	if q.Len() == 0 && !s.rts[k].ShouldQueueWithin(s.window(k, name), req) && !s.isolationHolds(k, name, req) && !s.guardHolds(k, name, req) {
+	if (q.Len() == 0 || s.isolationPasses(k, name)) && !s.rts[k].ShouldQueueWithin(s.window(k, name), req) && !s.isolationHolds(k, name, req) && !s.guardHolds(k, name, req) {
 		s.dispatch(i, k)
 		return
 	}
@@ -426,7 +426,10 @@ func (s *state) guardOut(k int, tenant string, req router.Request) ([]router.Wor
 	}
 	req.Exclude = s.fleet.keepingIDs(s)
 	if out, over := s.isolationOut(k, tenant, req); over {
-		req.Exclude = append(req.Exclude, out...) // the guard judges the workers isolation leaves it
+		// The guard judges the workers isolation leaves it, by the
+		// first token alone (router.Router.FirstTokenGuard).
+		req.Exclude = append(req.Exclude, out...)
+		return s.rts[k].FirstTokenGuard(req, f, epoch.Add(s.now), nil)
 	}
 	return s.rts[k].LatencyGuard(req, f, epoch.Add(s.now), nil)
 }
@@ -450,13 +453,19 @@ func (s *state) isolationOut(k int, name string, req router.Request) (out []rout
 	if over {
 		return reserved, true
 	}
+	req.Exclude = s.fleet.keepingIDs(s)
+	if s.cfg.Tenants.LatencyGuard > 0 {
+		// Under its share, with the guard keeping the unreserved workers
+		// quick to a first token: the quickest workers, the reserved
+		// ones among them first (router.Router.FirstTokenOrder).
+		return s.rts[k].FirstTokenOrder(req, reserved, epoch.Add(s.now), nil), false
+	}
 	var others []router.WorkerID
 	for _, w := range s.isoIDs {
 		if !slices.Contains(reserved, w) {
 			others = append(others, w)
 		}
 	}
-	req.Exclude = s.fleet.keepingIDs(s)
 	if s.rts[k].ShouldQueueExcept(1, req, others) {
 		return nil, false // every reserved worker is full: anywhere by cost
 	}
@@ -474,6 +483,18 @@ func (s *state) isolationHolds(k int, tenant string, req router.Request) bool {
 	}
 	req.Exclude = s.fleet.keepingIDs(s)
 	return s.rts[k].ShouldQueueExcept(s.window(k, tenant), req, out)
+}
+
+// isolationPasses reports whether a request of tenant arriving at router
+// k may pass the requests queued there (tenant.Ledger.IsolationPasses: its
+// tenant is under its share while isolation reserves workers and has
+// nothing queued here), when it has room now.
+func (s *state) isolationPasses(k int, tenant string) bool {
+	a := &s.adm
+	if !a.tenants() || s.cfg.Tenants.Isolation == 0 {
+		return false
+	}
+	return a.ledgers[k].IsolationPasses(tenantModel, tenant, len(s.rts[k].WorkerIDs(s.isoIDs[:0])))
 }
 
 // guardHolds reports whether router k's latency guard holds a request of
