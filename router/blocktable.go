@@ -197,6 +197,14 @@ func (t *blockTable) peek(k uint64) uint64 {
 	return s.key
 }
 
+// prefetch asks for k's home slot's line with the prefetch instruction
+// (a no-op without one: callers test hasPrefetch first).
+func (t *blockTable) prefetch(k uint64) {
+	if t.n != 0 {
+		prefetchLine(&t.slots[t.home(k)])
+	}
+}
+
 // grow doubles the slots (or makes the first ones) and reinserts.
 func (t *blockTable) grow() {
 	old := t.slots

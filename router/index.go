@@ -640,6 +640,12 @@ func (ix *Index) FindMatches(seq []uint64, dst []Overlap) []Overlap {
 	return ix.matchWideLocked(seq, dst)
 }
 
+// matchLead is how many blocks ahead of the walk FindMatches asks for
+// the table's lines with the prefetch instruction, on top of the group
+// of 8 it loads together: the next groups' misses are on their way while
+// this one's apply.
+const matchLead = 16
+
 // matchSmallLocked walks the prompt while the surviving workers all sit in
 // slots 0–63: one table lookup and two word operations per block. The
 // lookups of a few blocks at a time go first, apart from the walk that
@@ -649,8 +655,18 @@ func (ix *Index) FindMatches(seq []uint64, dst []Overlap) []Overlap {
 func (ix *Index) matchSmallLocked(seq []uint64, cur uint64, dst []Overlap) []Overlap {
 	const ahead = 8
 	var los [ahead]uint64
+	if hasPrefetch && cur != 0 {
+		for _, h := range seq[1:min(len(seq), 1+matchLead)] {
+			ix.blocks.prefetch(h)
+		}
+	}
 	for start := 1; start < len(seq) && cur != 0; start += ahead {
 		end := min(start+ahead, len(seq))
+		if hasPrefetch {
+			for _, h := range seq[min(start+matchLead, len(seq)):min(end+matchLead, len(seq))] {
+				ix.blocks.prefetch(h)
+			}
+		}
 		for i := start; i < end; i++ {
 			los[i-start] = ix.blocks.word(seq[i])
 		}
