@@ -41,7 +41,14 @@ const (
 	tableMinSlots              = 8
 )
 
-func (t *blockTable) home(k uint64) uint64 { return ((k ^ t.seed) * 0x9e3779b97f4a7c15) >> t.shift }
+func (t *blockTable) home(k uint64) uint64 { return slotHome(k, t.seed, t.shift) }
+
+// slotHome is the home slot of k in a table of seed and shift. The shift is
+// at most 61 (8 slots or more); & 63 says so to the compiler, which then
+// shifts without the guard for counts of 64 and up.
+func slotHome(k, seed uint64, shift uint) uint64 {
+	return ((k ^ seed) * 0x9e3779b97f4a7c15) >> (shift & 63)
+}
 
 // Len is how many keys the table holds.
 func (t *blockTable) Len() int {
@@ -167,15 +174,21 @@ func (t *blockTable) find(k uint64) (uint64, bool) {
 // removeAt empties slot i and shifts back every following key of the run
 // whose home is not in (i, j]: it was placed past i because i was taken.
 func (t *blockTable) removeAt(i uint64) {
-	mask := uint64(len(t.slots) - 1)
-	for j := (i + 1) & mask; t.slots[j].key != 0; j = (j + 1) & mask {
-		h := t.home(t.slots[j].key)
-		if (j-h)&mask >= (j-i)&mask {
-			t.slots[i] = t.slots[j]
+	// The table's fields in locals: the stores into slots would otherwise
+	// make the compiler reload them every step.
+	slots, seed, shift := t.slots, t.seed, t.shift
+	mask := uint64(len(slots) - 1)
+	for j := (i + 1) & mask; ; j = (j + 1) & mask {
+		s := slots[j]
+		if s.key == 0 {
+			break
+		}
+		if h := slotHome(s.key, seed, shift); (j-h)&mask >= (j-i)&mask {
+			slots[i] = s
 			i = j
 		}
 	}
-	t.slots[i] = tableSlot{}
+	slots[i] = tableSlot{}
 	t.n--
 }
 
