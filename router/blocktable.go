@@ -226,6 +226,7 @@ func (t *blockTable) grow() {
 		t.seed = rand.Uint64() | 1
 	}
 	t.slots = make([]tableSlot, size)
+	adviseHugePages(t.slots) // before the reinsertion writes it: its pages fault in huge
 	t.shift = uint(64 - bits.TrailingZeros(uint(size)))
 	mask := uint64(size - 1)
 	for _, s := range old {
@@ -238,6 +239,7 @@ func (t *blockTable) grow() {
 		}
 		t.slots[i] = s
 	}
+	collapseHugePages(t.slots) // the pages the heap had touched before
 }
 
 // clear empties the table and keeps its slots for the keys to come.
