@@ -29,6 +29,10 @@ type blockTable struct {
 	n     int // keys in slots
 	zero  bool
 	zeroV uint64 // the value of key 0, when zero
+	// arena, when set, gives the table its arrays of 1 MB and more and
+	// takes back the ones it grows out of (the engine-name tables:
+	// slotarena.go).
+	arena *slotArena
 	sink  uint64 // touch's loads land here, so they are not dropped
 }
 
@@ -225,8 +229,10 @@ func (t *blockTable) grow() {
 	if t.seed == 0 {
 		t.seed = rand.Uint64() | 1
 	}
-	t.slots = make([]tableSlot, size)
-	adviseHugePages(t.slots) // before the reinsertion writes it: its pages fault in huge
+	if t.slots = t.arena.get(size); t.slots == nil {
+		t.slots = make([]tableSlot, size)
+		adviseHugePages(t.slots) // before the reinsertion writes it: its pages fault in huge
+	}
 	t.shift = uint(64 - bits.TrailingZeros(uint(size)))
 	mask := uint64(size - 1)
 	for _, s := range old {
@@ -240,6 +246,14 @@ func (t *blockTable) grow() {
 		t.slots[i] = s
 	}
 	collapseHugePages(t.slots) // the pages the heap had touched before
+	t.arena.put(old)
+}
+
+// release gives the table's array back to its arena and empties the
+// table (a worker leaving the index).
+func (t *blockTable) release() {
+	t.arena.put(t.slots)
+	*t = blockTable{arena: t.arena}
 }
 
 // clear empties the table and keeps its slots for the keys to come.

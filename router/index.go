@@ -36,6 +36,7 @@ type Index struct {
 	// cached only by workers past slot 63 reads only wide. wideOnly counts
 	// the blocks that are keys of wide alone (Len is len(blocks)+wideOnly).
 	blocks   blockTable // content hash → bits of slots 0–63 (blocktable.go)
+	arena    slotArena  // the engine-name tables' big arrays (slotarena.go)
 	wide     map[uint64]wideSet
 	sets     [][]uint64 // arena bitsets of the wide sets not inline, by index
 	freeSets []uint32   // arena entries free for reuse
@@ -215,6 +216,7 @@ func (ix *Index) AddWorkerBlockSize(w WorkerID, blockSize int) {
 		return
 	}
 	wb := &workerBlocks{id: w, blockSize: blockSize}
+	wb.engine.arena = &ix.arena
 	slot := len(ix.slots)
 	if n := len(ix.free); n > 0 {
 		// Reuse the lowest free slot so slots stay dense and below 64.
@@ -248,6 +250,7 @@ func (ix *Index) RemoveWorker(w WorkerID) {
 		return
 	}
 	ix.clearLocked(slot)
+	ix.slots[slot].engine.release()
 	ix.slots[slot] = nil
 	delete(ix.slotOf, w)
 	ix.free = append(ix.free, slot)
