@@ -310,7 +310,7 @@ func TestCostPerBlockIsDivision(t *testing.T) {
 		math.SmallestNonzeroFloat64, 3 * math.SmallestNonzeroFloat64, 0x1p-1020, math.Inf(1), -0.0, -17}
 	rng := newRand(7)
 	for range 2000 {
-		xs = append(xs, float64(rng.IntN(1<<40)), rng.Float64()*1e9, math.Float64frombits(rng.Uint64()&^(1<<63)))
+		xs = append(xs, float64(rng.Int64N(1<<40)), rng.Float64()*1e9, math.Float64frombits(rng.Uint64()&^(1<<63)))
 	}
 	for _, bs := range []int{1, 2, 4, 16, 32, 64, 256, 1024, 3, 12, 48, 100} {
 		cfg := DefaultConfig()
