@@ -29,6 +29,10 @@ type blockTable struct {
 	n     int // keys in slots
 	zero  bool
 	zeroV uint64 // the value of key 0, when zero
+	// arena, when set, gives the table its arrays of 1 MB and more and
+	// takes back the ones it grows out of (the engine-name tables:
+	// slotarena.go).
+	arena *slotArena
 	sink  uint64 // touch's loads land here, so they are not dropped
 }
 
@@ -41,7 +45,14 @@ const (
 	tableMinSlots              = 8
 )
 
-func (t *blockTable) home(k uint64) uint64 { return ((k ^ t.seed) * 0x9e3779b97f4a7c15) >> t.shift }
+func (t *blockTable) home(k uint64) uint64 { return slotHome(k, t.seed, t.shift) }
+
+// slotHome is the home slot of k in a table of seed and shift. The shift is
+// at most 61 (8 slots or more); & 63 says so to the compiler, which then
+// shifts without the guard for counts of 64 and up.
+func slotHome(k, seed uint64, shift uint) uint64 {
+	return ((k ^ seed) * 0x9e3779b97f4a7c15) >> (shift & 63)
+}
 
 // Len is how many keys the table holds.
 func (t *blockTable) Len() int {
@@ -167,15 +178,21 @@ func (t *blockTable) find(k uint64) (uint64, bool) {
 // removeAt empties slot i and shifts back every following key of the run
 // whose home is not in (i, j]: it was placed past i because i was taken.
 func (t *blockTable) removeAt(i uint64) {
-	mask := uint64(len(t.slots) - 1)
-	for j := (i + 1) & mask; t.slots[j].key != 0; j = (j + 1) & mask {
-		h := t.home(t.slots[j].key)
-		if (j-h)&mask >= (j-i)&mask {
-			t.slots[i] = t.slots[j]
+	// The table's fields in locals: the stores into slots would otherwise
+	// make the compiler reload them every step.
+	slots, seed, shift := t.slots, t.seed, t.shift
+	mask := uint64(len(slots) - 1)
+	for j := (i + 1) & mask; ; j = (j + 1) & mask {
+		s := slots[j]
+		if s.key == 0 {
+			break
+		}
+		if h := slotHome(s.key, seed, shift); (j-h)&mask >= (j-i)&mask {
+			slots[i] = s
 			i = j
 		}
 	}
-	t.slots[i] = tableSlot{}
+	slots[i] = tableSlot{}
 	t.n--
 }
 
@@ -197,6 +214,14 @@ func (t *blockTable) peek(k uint64) uint64 {
 	return s.key
 }
 
+// prefetch asks for k's home slot's line with the prefetch instruction
+// (a no-op without one: callers test hasPrefetch first).
+func (t *blockTable) prefetch(k uint64) {
+	if t.n != 0 {
+		prefetchLine(&t.slots[t.home(k)])
+	}
+}
+
 // grow doubles the slots (or makes the first ones) and reinserts.
 func (t *blockTable) grow() {
 	old := t.slots
@@ -204,7 +229,10 @@ func (t *blockTable) grow() {
 	if t.seed == 0 {
 		t.seed = rand.Uint64() | 1
 	}
-	t.slots = make([]tableSlot, size)
+	if t.slots = t.arena.get(size); t.slots == nil {
+		t.slots = make([]tableSlot, size)
+		adviseHugePages(t.slots) // before the reinsertion writes it: its pages fault in huge
+	}
 	t.shift = uint(64 - bits.TrailingZeros(uint(size)))
 	mask := uint64(size - 1)
 	for _, s := range old {
@@ -217,6 +245,15 @@ func (t *blockTable) grow() {
 		}
 		t.slots[i] = s
 	}
+	collapseHugePages(t.slots) // the pages the heap had touched before
+	t.arena.put(old)
+}
+
+// release gives the table's array back to its arena and empties the
+// table (a worker leaving the index).
+func (t *blockTable) release() {
+	t.arena.put(t.slots)
+	*t = blockTable{arena: t.arena}
 }
 
 // clear empties the table and keeps its slots for the keys to come.

@@ -150,39 +150,59 @@ type costPlan struct {
 	cfg       *Config
 	isl       float64
 	bs        float64
+	invBs     float64 // 1/bs when bs is a power of two (perBlock), else 0
 	reqBlocks float64
 	decay     bool // the overlap credit decays (Config.OverlapCreditDecay, tracked prefill, a non-empty prompt)
 }
 
 func newCostPlan(cfg *Config, isl int) costPlan {
 	reqBlocks := (isl + cfg.BlockSize - 1) / cfg.BlockSize
-	return costPlan{cfg: cfg, isl: float64(isl), bs: float64(cfg.BlockSize), reqBlocks: float64(reqBlocks),
+	p := costPlan{cfg: cfg, isl: float64(isl), bs: float64(cfg.BlockSize), reqBlocks: float64(reqBlocks),
 		decay: cfg.TrackPrefillTokens && cfg.OverlapCreditDecay > 0 && reqBlocks > 0}
+	if bs := cfg.BlockSize; bs > 0 && bs&(bs-1) == 0 {
+		p.invBs = 1 / p.bs
+	}
+	return p
+}
+
+// perBlock is x/bs. For a power-of-two block size (every engine's) it
+// multiplies by 1/bs instead: 2^-k is exact, and x/2^k and x·2^-k are the
+// same real number rounded once by the same rule, so the bits are the
+// division's (TestCostPerBlockIsDivision) at a fraction of its latency,
+// which a decision paid once per worker.
+func (p *costPlan) perBlock(x float64) float64 {
+	if p.invBs != 0 {
+		return x * p.invBs
+	}
+	return x / p.bs
 }
 
 // terms is computeTerms for one worker: the same operations in the same
 // order, so the same bits.
 func (p *costPlan) terms(overlap, host, disk int, load *WorkerLoad, newBlocks, minActivePrefill int) costTerms {
+	// Scalars, and one composite literal at the end: a costTerms built
+	// field by field lives on the stack and is copied out 16 bytes at a
+	// time over 8-byte stores (a store-forwarding stall per pair, a
+	// seventh of a 64-worker decision); the literal returns in registers.
 	cfg := p.cfg
-	var t costTerms
 	active := 0.0
 	if cfg.TrackPrefillTokens {
 		active = float64(load.ActivePrefillTokens)
 	}
-	t.decay = 1
+	decay := 1.0
 	if p.decay {
-		excess := float64(max(load.ActivePrefillTokens-minActivePrefill, 0)) / p.bs
-		t.decay = 1 / (1 + cfg.OverlapCreditDecay*excess/p.reqBlocks)
+		excess := p.perBlock(float64(max(load.ActivePrefillTokens-minActivePrefill, 0)))
+		decay = 1 / (1 + cfg.OverlapCreditDecay*excess/p.reqBlocks)
 	}
-	t.tierCredit = cfg.HostCacheHitWeight*float64(host) + cfg.DiskCacheHitWeight*float64(disk)
-	t.prefill = (active+p.isl)/p.bs - (cfg.OverlapCredit*t.decay*float64(overlap) + t.tierCredit)
-	if t.prefill < 0 {
-		t.prefill = 0
+	tierCredit := cfg.HostCacheHitWeight*float64(host) + cfg.DiskCacheHitWeight*float64(disk)
+	prefill := p.perBlock(active+p.isl) - (cfg.OverlapCredit*decay*float64(overlap) + tierCredit)
+	if prefill < 0 {
+		prefill = 0
 	}
-	t.decode = float64(load.ActiveBlocks + newBlocks)
-	t.requests = cfg.DecodeActiveRequestWeight * float64(load.Requests)
-	t.cost = cfg.PrefillLoadScale*t.prefill + t.decode + t.requests
-	return t
+	decode := float64(load.ActiveBlocks + newBlocks)
+	requests := cfg.DecodeActiveRequestWeight * float64(load.Requests)
+	cost := cfg.PrefillLoadScale*prefill + decode + requests
+	return costTerms{prefill: prefill, decode: decode, requests: requests, decay: decay, tierCredit: tierCredit, cost: cost}
 }
 
 // computeCost is computeTerms for callers that need only the three sums.

@@ -300,3 +300,30 @@ func TestDisaggBookingsSequencesAndHashes(t *testing.T) {
 		})
 	}
 }
+
+// TestCostPerBlockIsDivision: costPlan.perBlock multiplies by 1/bs for a
+// power-of-two block size; the bits must be the division's for every
+// value the cost can see (token counts, their fractions, huge and tiny
+// values), and a block size that is not a power of two must divide.
+func TestCostPerBlockIsDivision(t *testing.T) {
+	xs := []float64{0, 1, 3, 15, 16, 17, 511, 512, 513, 1e6 + 7, 123456789, 0.1, 1.0 / 3, math.MaxFloat64,
+		math.SmallestNonzeroFloat64, 3 * math.SmallestNonzeroFloat64, 0x1p-1020, math.Inf(1), -0.0, -17}
+	rng := newRand(7)
+	for range 2000 {
+		xs = append(xs, float64(rng.Int64N(1<<40)), rng.Float64()*1e9, math.Float64frombits(rng.Uint64()&^(1<<63)))
+	}
+	for _, bs := range []int{1, 2, 4, 16, 32, 64, 256, 1024, 3, 12, 48, 100} {
+		cfg := DefaultConfig()
+		cfg.BlockSize = bs
+		p := newCostPlan(&cfg, 512)
+		if pow2 := bs&(bs-1) == 0; (p.invBs != 0) != pow2 {
+			t.Fatalf("block size %d: invBs %v, power of two %v", bs, p.invBs, pow2)
+		}
+		for _, x := range xs {
+			got, want := p.perBlock(x), x/float64(bs)
+			if math.Float64bits(got) != math.Float64bits(want) && !(math.IsNaN(got) && math.IsNaN(want)) {
+				t.Fatalf("block size %d: perBlock(%v) = %v (%#x), x/bs = %v (%#x)", bs, x, got, math.Float64bits(got), want, math.Float64bits(want))
+			}
+		}
+	}
+}

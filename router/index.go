@@ -36,6 +36,7 @@ type Index struct {
 	// cached only by workers past slot 63 reads only wide. wideOnly counts
 	// the blocks that are keys of wide alone (Len is len(blocks)+wideOnly).
 	blocks   blockTable // content hash → bits of slots 0–63 (blocktable.go)
+	arena    slotArena  // the engine-name tables' big arrays (slotarena.go)
 	wide     map[uint64]wideSet
 	sets     [][]uint64 // arena bitsets of the wide sets not inline, by index
 	freeSets []uint32   // arena entries free for reuse
@@ -215,6 +216,7 @@ func (ix *Index) AddWorkerBlockSize(w WorkerID, blockSize int) {
 		return
 	}
 	wb := &workerBlocks{id: w, blockSize: blockSize}
+	wb.engine.arena = &ix.arena
 	slot := len(ix.slots)
 	if n := len(ix.free); n > 0 {
 		// Reuse the lowest free slot so slots stay dense and below 64.
@@ -248,6 +250,7 @@ func (ix *Index) RemoveWorker(w WorkerID) {
 		return
 	}
 	ix.clearLocked(slot)
+	ix.slots[slot].engine.release()
 	ix.slots[slot] = nil
 	delete(ix.slotOf, w)
 	ix.free = append(ix.free, slot)
@@ -640,6 +643,12 @@ func (ix *Index) FindMatches(seq []uint64, dst []Overlap) []Overlap {
 	return ix.matchWideLocked(seq, dst)
 }
 
+// matchLead is how many blocks ahead of the walk FindMatches asks for
+// the table's lines with the prefetch instruction, on top of the group
+// of 8 it loads together: the next groups' misses are on their way while
+// this one's apply.
+const matchLead = 16
+
 // matchSmallLocked walks the prompt while the surviving workers all sit in
 // slots 0–63: one table lookup and two word operations per block. The
 // lookups of a few blocks at a time go first, apart from the walk that
@@ -649,8 +658,18 @@ func (ix *Index) FindMatches(seq []uint64, dst []Overlap) []Overlap {
 func (ix *Index) matchSmallLocked(seq []uint64, cur uint64, dst []Overlap) []Overlap {
 	const ahead = 8
 	var los [ahead]uint64
+	if hasPrefetch && cur != 0 {
+		for _, h := range seq[1:min(len(seq), 1+matchLead)] {
+			ix.blocks.prefetch(h)
+		}
+	}
 	for start := 1; start < len(seq) && cur != 0; start += ahead {
 		end := min(start+ahead, len(seq))
+		if hasPrefetch {
+			for _, h := range seq[min(start+matchLead, len(seq)):min(end+matchLead, len(seq))] {
+				ix.blocks.prefetch(h)
+			}
+		}
 		for i := start; i < end; i++ {
 			los[i-start] = ix.blocks.word(seq[i])
 		}

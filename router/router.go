@@ -378,7 +378,10 @@ func (r *Router) decideLocked(req Request, now time.Time, rows []WorkerCost) (De
 		row.Worker, row.Overlap, row.HostOverlap, row.DiskOverlap, row.TierCredit = w.ID, overlaps[i], h, k, t.tierCredit
 		row.ActivePrefillTokens, row.ActiveBlocks, row.NewBlocks, row.ActiveRequests = lr.ActivePrefillTokens, lr.ActiveBlocks, lr.NewBlocks, lr.Requests
 		row.PrefillBlocks, row.DecodeBlocks, row.RequestBlocks, row.CreditDecay, row.Cost = t.prefill, t.decode, t.requests, t.decay, t.cost
-		row.Pooled, row.Busy, row.BusyReason, row.why = 0, false, "", busyWhy{}
+		// why field by field: a busyWhy{} literal is zeroed on the stack
+		// and copied.
+		row.Pooled, row.Busy, row.BusyReason = 0, false, ""
+		row.why.kind, row.why.x, row.why.y, row.why.m, row.why.n = notBusy, 0, 0, 0, 0
 		if next < len(candidates) && candidates[next] == i {
 			next++
 		} else {
@@ -409,10 +412,8 @@ func (r *Router) busyLocked(req Request, w *WorkerInfo, load *WorkerLoad) busyWh
 // The result is parallel to r.workers and reused across decisions.
 // r.mu must be held.
 func (r *Router) overlapsLocked(hashes []uint64) []int {
-	r.overlaps = r.overlaps[:0]
-	for range r.workers {
-		r.overlaps = append(r.overlaps, 0)
-	}
+	r.overlaps = slices.Grow(r.overlaps[:0], len(r.workers))[:len(r.workers)]
+	clear(r.overlaps)
 	var src OverlapSource
 	switch r.cfg.Mode {
 	case ModeKV, ModeKVPooled:
@@ -443,21 +444,24 @@ func (r *Router) overlapsLocked(hashes []uint64) []int {
 // them (kv-pooled prices placement on the device tier; kv-approx predicts
 // device blocks only), only with a weight to spend them on and an index
 // that has tiers, so a fleet without offload tiers pays a nil check. The
-// results are parallel to r.workers and reused; nil (no tier hits) when
-// tiers are not read. r.mu must be held.
+// results are parallel to r.workers and reused; nil when tiers are not
+// read or nothing was found in them. r.mu must be held.
 func (r *Router) tiersLocked(hashes []uint64) (host, disk []int) {
 	if r.cfg.Mode != ModeKV || (r.cfg.HostCacheHitWeight == 0 && r.cfg.DiskCacheHitWeight == 0) || len(hashes) == 0 {
 		return nil, nil
 	}
-	r.hostHits, r.diskHits = r.hostHits[:0], r.diskHits[:0]
-	for range r.workers {
-		r.hostHits, r.diskHits = append(r.hostHits, 0), append(r.diskHits, 0)
-	}
 	src, ok := r.index.(TieredOverlapSource)
 	if !ok {
-		return r.hostHits, r.diskHits
+		return nil, nil
 	}
 	r.tierBuf = src.FindTieredMatches(hashes, r.buf, r.tierBuf)
+	if len(r.tierBuf) == 0 {
+		return nil, nil // no tier hits: the cost reads 0 for every worker, as from zeroed rows
+	}
+	n := len(r.workers)
+	r.hostHits, r.diskHits = slices.Grow(r.hostHits[:0], n)[:n], slices.Grow(r.diskHits[:0], n)[:n]
+	clear(r.hostHits)
+	clear(r.diskHits)
 	for _, o := range r.tierBuf {
 		if i, ok := r.pos[o.Worker]; ok {
 			r.hostHits[i], r.diskHits[i] = o.Host, o.Disk
