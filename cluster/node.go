@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 )
 
 // Node is one Raft member. All methods are safe for concurrent use.
@@ -32,7 +31,7 @@ type Node struct {
 	fsm    *fsmAdapter
 	raft   *raft.Raft
 	trans  *raft.NetworkTransport
-	store  *raftboltdb.BoltStore
+	store  *raftStore
 	logs   raft.LogStore // the bolt store behind a small read cache
 	snaps  *raft.FileSnapshotStore
 	m      *metrics
@@ -106,7 +105,7 @@ func New(cfg Config, sm StateMachine) (_ *Node, err error) {
 	}
 	hl := NewHCLogger(n.log, "raft").(*hclogAdapter)
 
-	n.store, err = raftboltdb.New(boltOptions(filepath.Join(cfg.DataDir, "raft.db")))
+	n.store, err = openRaftStore(filepath.Join(cfg.DataDir, "raft.db"))
 	if err != nil {
 		return nil, fmt.Errorf("cluster: open raft.db: %w", err)
 	}
@@ -285,6 +284,7 @@ func (n *Node) shutdown(ctx context.Context) error {
 	if err := n.store.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("close raft.db: %w", err))
 	}
+
 	if t, ok := n.client.Transport.(*http.Transport); ok {
 		t.CloseIdleConnections()
 	}
