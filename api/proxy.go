@@ -62,14 +62,23 @@ func (s *Server) proxyLoop(c *gin.Context, p *prepared, try func() error) {
 }
 
 // attempt is one try of an aggregated request: route, book, send, relay.
+// What routing leaves to record (the decision log, hit rates, the
+// booking's announcement to the other replicas) is done once the request
+// is written, while the worker computes: off the way to the first token
+// (issue 31 item 4), and before anything else about the request is
+// announced (PrefillDone, Freed), so peers see the same order.
 func (s *Server) attempt(c *gin.Context, p *prepared) error {
-	d, booked, err := s.routeAndBook(c.Request.Context(), p)
+	d, now, err := s.routeStep(c.Request.Context(), p)
 	if err != nil {
 		return err
 	}
 	s.keepSessionBody(p) // drainshadow.go: the body a drain would copy
-	resp, err := s.send(c, d.Worker, p.path, s.withEnginePriority(p, p.body))
-	<-booked
+	sent, err := s.sendRequest(c, d.Worker, p.path, s.withEnginePriority(p, p.body))
+	s.rep.Booked(p.model, s.recordRouted(p, d, now))
+	var resp *http.Response
+	if err == nil {
+		resp, err = s.answer(c, d.Worker, sent)
+	}
 	if err != nil {
 		s.free(p)
 		s.completeDecision(p, decisionlog.Outcome{Error: s.redact(err.Error())})
@@ -93,17 +102,33 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 	})
 }
 
-// routeAndBook is the routing step of an aggregated request, proxied
-// (attempt) or picked for a gateway (Pick, the selection API): route and
-// book here, record the decision, announce the booking to the other
-// replicas. On error nothing is booked and the decision is completed as
-// failed. The announcement (encoding and publishing on the bus) runs on its
-// own goroutine, so the proxy sends the request meanwhile, off the way to
-// the first token; booked is closed once it is done, and a caller waits for
-// it before announcing anything later about the request (PrefillDone,
-// Freed), so peers see the same order as before.
+// routeAndBook is the routing step of a request picked for a gateway
+// (Pick, the selection API): route and book here, record the decision,
+// announce the booking to the other replicas. On error nothing is booked
+// and the decision is completed as failed. The announcement (encoding and
+// publishing on the bus) runs on its own goroutine; booked is closed once
+// it is done, and a caller waits for it before announcing anything later
+// about the request (PrefillDone, Freed), so peers see the same order.
 func (s *Server) routeAndBook(ctx context.Context, p *prepared) (d router.Decision, booked <-chan struct{}, err error) {
-	now := time.Now()
+	d, now, err := s.routeStep(ctx, p)
+	if err != nil {
+		return d, nil, err
+	}
+	booking := s.recordRouted(p, d, now)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.rep.Booked(p.model, booking)
+	}()
+	return d, done, nil
+}
+
+// routeStep routes and books p here (by the session's binding, the
+// warm-up share) and charges its tenant the prompt; recordRouted then
+// records the decision. On error nothing is booked and the decision is
+// recorded and completed as failed.
+func (s *Server) routeStep(ctx context.Context, p *prepared) (d router.Decision, now time.Time, err error) {
+	now = time.Now()
 	d, err = s.route(ctx, p, now) // by the session's binding, if any (sessions.go)
 	if err == nil && s.warm != nil && p.sess == nil && !p.pinned {
 		// warmup.go: a joining worker's share, on purpose; not for a
@@ -118,24 +143,26 @@ func (s *Server) routeAndBook(ctx context.Context, p *prepared) (d router.Decisi
 	}
 	p.settled() // booked in the load view by Route, or never to be
 	p.attempts++
-	s.recordDecision(p, d, err, now)
 	if err != nil {
+		s.recordDecision(p, d, err, now)
 		s.completeDecision(p, decisionlog.Outcome{Error: "routing: " + err.Error()})
-		return d, nil, fmt.Errorf("routing: %w", err)
+		return d, now, fmt.Errorf("routing: %w", err)
 	}
-	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
-	// The tenant pays for the prompt tokens the worker must compute.
+	// The tenant pays for the prompt tokens the worker must compute (before
+	// the request leaves: its engine priority reads the tenant's share).
 	s.chargeTenant(p, p.req.Tokens-d.Overlap*p.rt.Config().BlockSize, "prompt")
-	// The hashes Route booked (distinct ones under --no-router-assume-kv-reuse),
-	// so peers book what this replica booked.
-	booking := router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: d.ActiveHashes,
+	return d, now, nil
+}
+
+// recordRouted records a routed decision of p (the decision log, hit
+// rates, the routed count) and returns its booking, for the other
+// replicas: the hashes Route booked (distinct ones under
+// --no-router-assume-kv-reuse), so peers book what this replica booked.
+func (s *Server) recordRouted(p *prepared, d router.Decision, now time.Time) router.Booking {
+	s.recordDecision(p, d, nil, now)
+	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
+	return router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: d.ActiveHashes,
 		PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Sequences: p.req.Sequences, Added: p.start}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		s.rep.Booked(p.model, booking)
-	}()
-	return d, done, nil
 }
 
 // recordFailure does what every failed attempt needs whether or not it is
@@ -163,39 +190,85 @@ func (s *Server) recordFailure(p *prepared, err error, attempt int, retry bool) 
 		"attempt", attempt, "retry", retry, "err", we.err)
 }
 
-// send posts body to worker. Its error is a *workerError that says how far
-// the request got (the retry rule needs to know whether the worker could
-// have started work), or errClientGone. A 503 or 529 answer is such an
-// error too: the worker refused the work before generating anything.
+// send posts body to worker and returns its answer. Its error is a
+// *workerError that says how far the request got (the retry rule needs to
+// know whether the worker could have started work), or errClientGone. A
+// 503 or 529 answer is such an error too: the worker refused the work
+// before generating anything.
 func (s *Server) send(c *gin.Context, worker router.WorkerID, path string, body []byte) (*http.Response, error) {
+	sent, err := s.sendRequest(c, worker, path, body)
+	if err != nil {
+		return nil, err
+	}
+	return s.answer(c, worker, sent)
+}
+
+// workerRequest is a request written to a worker (sendRequest) whose
+// answer is not read yet (answer). With a transport that cannot split the
+// two (tests give the server their own RoundTripper), the answer was read
+// already: resp, or err with written.
+type workerRequest struct {
+	sent    *sentRequest
+	ctx     context.Context // the attempt's
+	cancel  context.CancelCauseFunc
+	resp    *http.Response
+	err     error
+	written bool
+}
+
+// sendRequest writes body to worker, or fails as send does, the request
+// not written (the worker cannot have started work).
+func (s *Server) sendRequest(c *gin.Context, worker router.WorkerID, path string, body []byte) (workerRequest, error) {
 	base, ok := s.rep.WorkerURL(worker)
 	if !ok {
-		return nil, &workerError{worker: worker, kind: failNoAddress, err: errors.New("no address registered")}
+		return workerRequest{}, &workerError{worker: worker, kind: failNoAddress, err: errors.New("no address registered")}
 	}
 	ctx := c.Request.Context()
-	var written atomic.Bool
-	trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
-		if i.Err == nil {
-			written.Store(true)
-		}
-	}}
 	// The attempt has its own context, so a worker that goes quiet can be
 	// cut (idleBody) without the client's request looking cancelled: the
 	// failure stays the worker's. Closing the answer's body releases it.
 	actx, cancel := context.WithCancelCause(ctx)
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(actx, trace), http.MethodPost, base+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, base+path, bytes.NewReader(body))
 	if err != nil {
 		cancel(nil)
-		return nil, &workerError{worker: worker, kind: failConnect, err: fmt.Errorf("building the request: %w", err)}
+		return workerRequest{}, &workerError{worker: worker, kind: failConnect, err: fmt.Errorf("building the request: %w", err)}
 	}
 	req.Header = outboundHeader(c.Request.Header)
 	s.setWorkerHeaders(req.Header, worker)
-	resp, err := s.client.Do(req)
-	if err != nil {
-		cancel(nil)
-		return nil, sendFailure(ctx, worker, err, written.Load())
+	w := workerRequest{ctx: actx, cancel: cancel}
+	t, ok := s.client.Transport.(*workerTransport)
+	if !ok {
+		var written atomic.Bool
+		trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
+			if i.Err == nil {
+				written.Store(true)
+			}
+		}}
+		w.resp, w.err = s.client.Do(req.WithContext(httptrace.WithClientTrace(actx, trace)))
+		w.written = written.Load()
+		return w, nil
 	}
-	resp.Body = newIdleBody(actx, resp.Body, s.cfg.WorkerIdleTimeout, cancel)
+	if w.sent, err = t.Send(req); err != nil {
+		cancel(nil)
+		return workerRequest{}, sendFailure(ctx, worker, err, false)
+	}
+	return w, nil
+}
+
+// answer reads the answer to a written request: its status and headers,
+// the body left to the caller (who must close it).
+func (s *Server) answer(c *gin.Context, worker router.WorkerID, w workerRequest) (*http.Response, error) {
+	resp, err, written := w.resp, w.err, true
+	if w.sent != nil {
+		resp, err = w.sent.Answer()
+	} else {
+		written = w.written
+	}
+	if err != nil {
+		w.cancel(nil)
+		return nil, sendFailure(c.Request.Context(), worker, err, written)
+	}
+	resp.Body = newIdleBody(w.ctx, resp.Body, s.cfg.WorkerIdleTimeout, w.cancel)
 	if refusedWork(resp.StatusCode) {
 		return nil, unavailable(worker, resp)
 	}
