@@ -228,16 +228,17 @@ func (s *Server) sendRequest(c *gin.Context, worker router.WorkerID, path string
 	// cut (idleBody) without the client's request looking cancelled: the
 	// failure stays the worker's. Closing the answer's body releases it.
 	actx, cancel := context.WithCancelCause(ctx)
-	req, err := http.NewRequestWithContext(actx, http.MethodPost, base+path, bytes.NewReader(body))
-	if err != nil {
-		cancel(nil)
-		return workerRequest{}, &workerError{worker: worker, kind: failConnect, err: fmt.Errorf("building the request: %w", err)}
-	}
-	req.Header = outboundHeader(c.Request.Header)
-	s.setWorkerHeaders(req.Header, worker)
+	h := outboundHeader(c.Request.Header)
+	s.setWorkerHeaders(h, worker)
 	w := workerRequest{ctx: actx, cancel: cancel}
 	t, ok := s.client.Transport.(*workerTransport)
 	if !ok {
+		req, err := http.NewRequestWithContext(actx, http.MethodPost, base+path, bytes.NewReader(body))
+		if err != nil {
+			cancel(nil)
+			return workerRequest{}, &workerError{worker: worker, kind: failConnect, err: fmt.Errorf("building the request: %w", err)}
+		}
+		req.Header = h
 		var written atomic.Bool
 		trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
 			if i.Err == nil {
@@ -248,7 +249,8 @@ func (s *Server) sendRequest(c *gin.Context, worker router.WorkerID, path string
 		w.written = written.Load()
 		return w, nil
 	}
-	if w.sent, err = t.Send(req); err != nil {
+	var err error
+	if w.sent, err = t.Post(actx, base, path, h, body); err != nil {
 		cancel(nil)
 		return workerRequest{}, sendFailure(ctx, worker, err, false)
 	}

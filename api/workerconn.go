@@ -9,6 +9,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/textproto"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -45,8 +48,9 @@ type workerTransport struct {
 	maxIdle       int           // per host
 	writeBuf      int
 
-	mu    sync.Mutex
-	pools map[string][]*workerConn // by scheme://host:port; the most recently used last
+	mu      sync.Mutex
+	pools   map[string][]*workerConn // by scheme://host:port; the most recently used last
+	targets map[string]*workerTarget // parsed base URLs (Post)
 }
 
 // workerConn is one kept-alive connection to a worker.
@@ -75,14 +79,49 @@ func newWorkerTransport(dial func(ctx context.Context, network, addr string) (ne
 		conf.ClientSessionCache = tls.NewLRUClientSessionCache(256)
 	}
 	return &workerTransport{dial: dial, tls: conf, headerTimeout: max(headerTimeout, 0), idle: idle,
-		maxIdle: maxIdle, writeBuf: writeBuf, pools: make(map[string][]*workerConn)}
+		maxIdle: maxIdle, writeBuf: writeBuf, pools: make(map[string][]*workerConn), targets: make(map[string]*workerTarget)}
 }
 
-// connKey is the pool a request's connection comes from.
-func connKey(req *http.Request) (key, addr string, err error) {
-	u := req.URL
+// workerTarget is a worker's base URL, parsed once (targets).
+type workerTarget struct {
+	key      string // the pool: scheme://host:port
+	addr     string // host:port to dial
+	host     string // for the Host header
+	hostname string // without the port: the TLS server name
+	path     string // the base URL's path, before each request's
+}
+
+// maxTargets bounds the parsed base URLs kept (workers come and go; the
+// registry's cap is far below).
+const maxTargets = 4096
+
+// target parses base (a registered worker URL) or returns it parsed.
+func (t *workerTransport) target(base string) (*workerTarget, error) {
+	t.mu.Lock()
+	wt := t.targets[base]
+	t.mu.Unlock()
+	if wt != nil {
+		return wt, nil
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		return nil, err
+	}
+	if wt, err = urlTarget(u); err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	if len(t.targets) >= maxTargets {
+		clear(t.targets)
+	}
+	t.targets[base] = wt
+	t.mu.Unlock()
+	return wt, nil
+}
+
+func urlTarget(u *url.URL) (*workerTarget, error) {
 	if u == nil || u.Host == "" {
-		return "", "", errors.New("request without a host")
+		return nil, errors.New("request without a host")
 	}
 	port := u.Port()
 	switch u.Scheme {
@@ -95,10 +134,10 @@ func connKey(req *http.Request) (key, addr string, err error) {
 			port = "443"
 		}
 	default:
-		return "", "", fmt.Errorf("unsupported scheme %q", u.Scheme)
+		return nil, fmt.Errorf("unsupported scheme %q", u.Scheme)
 	}
-	addr = net.JoinHostPort(u.Hostname(), port)
-	return u.Scheme + "://" + addr, addr, nil
+	addr := net.JoinHostPort(u.Hostname(), port)
+	return &workerTarget{key: u.Scheme + "://" + addr, addr: addr, host: u.Host, hostname: u.Hostname(), path: strings.TrimSuffix(u.EscapedPath(), "/")}, nil
 }
 
 // errWrite marks a failure to write the request: the worker cannot have
@@ -109,63 +148,160 @@ func (e *errWrite) Error() string { return "writing the request: " + e.err.Error
 func (e *errWrite) Unwrap() error { return e.err }
 
 // sentRequest is a request written to a worker whose answer is not read
-// yet: Answer reads it, or Abandon drops the connection.
+// yet: Answer reads it.
 type sentRequest struct {
 	wc   *workerConn
+	ctx  context.Context
 	req  *http.Request
-	stop func() bool // ends the context's hold on the connection
+	stop func() bool  // ends the context's hold on the connection
+	post http.Request // req when the request was written by hand (Post)
 }
 
-// RoundTrip is http.RoundTripper's: Send, then Answer.
+// RoundTrip is http.RoundTripper's: the request written by
+// http.Request.Write, then Answer.
 func (t *workerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	sr, err := t.Send(req)
-	if err != nil {
-		return nil, err
-	}
-	return sr.Answer()
-}
-
-// Send writes req on a kept-alive connection to its host, or a new one. It
-// closes req.Body. An error wrapping *errWrite means the request did not
-// go out whole (a dial, handshake or write failure).
-func (t *workerTransport) Send(req *http.Request) (*sentRequest, error) {
 	if req.Body != nil {
 		defer req.Body.Close()
 	}
-	key, addr, err := connKey(req)
+	wt, err := urlTarget(req.URL)
 	if err != nil {
 		return nil, &errWrite{err: err}
 	}
-	ctx := req.Context()
+	replay := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+	first := true
+	sr, err := t.send(req.Context(), wt, replay, func(bw *bufio.Writer) error {
+		if !first {
+			body, err := req.GetBody()
+			if err != nil {
+				return err
+			}
+			req.Body = body
+		}
+		first = false
+		return req.Write(bw)
+	})
+	if err != nil {
+		return nil, err
+	}
+	sr.req = req
+	return sr.Answer()
+}
+
+// Post writes a POST of body to base+path with header h (and Host,
+// Content-Length, a User-Agent when h has none), by hand: the proxy's
+// request, without an http.Request or its allocations. Header names and
+// values are checked as http.Transport checks them (a value with a line
+// break would split the request). An error wrapping *errWrite means the
+// request did not go out whole.
+func (t *workerTransport) Post(ctx context.Context, base, path string, h http.Header, body []byte) (*sentRequest, error) {
+	wt, err := t.target(base)
+	if err != nil {
+		return nil, &errWrite{err: err}
+	}
+	for name, vs := range h {
+		if !validHeaderName(name) {
+			return nil, &errWrite{err: fmt.Errorf("invalid header field name %q", name)}
+		}
+		for _, v := range vs {
+			if !validHeaderValue(v) {
+				return nil, &errWrite{err: fmt.Errorf("invalid header field value for %q", name)}
+			}
+		}
+	}
+	sr, err := t.send(ctx, wt, true, func(bw *bufio.Writer) error {
+		bw.WriteString("POST ")
+		if wt.path == "" && path == "" {
+			bw.WriteByte('/')
+		}
+		bw.WriteString(wt.path)
+		bw.WriteString(path)
+		bw.WriteString(" HTTP/1.1\r\nHost: ")
+		bw.WriteString(wt.host)
+		bw.WriteString("\r\n")
+		if _, ok := h["User-Agent"]; !ok {
+			bw.WriteString("User-Agent: Go-http-client/1.1\r\n")
+		}
+		bw.WriteString("Content-Length: ")
+		var n [20]byte
+		bw.Write(strconv.AppendInt(n[:0], int64(len(body)), 10))
+		bw.WriteString("\r\n")
+		for name, vs := range h {
+			for _, v := range vs {
+				bw.WriteString(name)
+				bw.WriteString(": ")
+				bw.WriteString(textproto.TrimString(v))
+				bw.WriteString("\r\n")
+			}
+		}
+		bw.WriteString("\r\n")
+		_, err := bw.Write(body)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	sr.post.Method = http.MethodPost
+	sr.req = &sr.post
+	return sr, nil
+}
+
+// validHeaderName: a token (RFC 9110 §5.1), not one the request writes
+// itself.
+func validHeaderName(name string) bool {
+	if name == "" || name == "Host" || name == "Content-Length" || name == "Transfer-Encoding" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue: no control characters but tab (RFC 9110 §5.5).
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// send writes a request with write on a kept-alive connection to wt, or a
+// new one. replay says the request may be written again: a write that
+// failed on a reused connection is then tried once more on a new one.
+func (t *workerTransport) send(ctx context.Context, wt *workerTarget, replay bool, write func(*bufio.Writer) error) (*sentRequest, error) {
 	for try := 0; ; try++ {
-		wc := t.take(key)
+		wc := t.take(wt.key)
 		if wc == nil {
-			if wc, err = t.connect(ctx, key, addr, req.URL.Hostname()); err != nil {
+			var err error
+			if wc, err = t.connect(ctx, wt); err != nil {
 				return nil, &errWrite{err: ctxErr(ctx, err)}
 			}
 		}
 		// The request's context cuts the connection: a blocked write or
 		// read returns, and the connection is not reused.
 		stop := context.AfterFunc(ctx, func() { wc.conn.Close() })
-		if err = t.write(wc, req); err == nil {
-			return &sentRequest{wc: wc, req: req, stop: stop}, nil
+		err := write(wc.bw)
+		if err == nil {
+			err = wc.bw.Flush()
+		}
+		if err == nil {
+			return &sentRequest{wc: wc, ctx: ctx, stop: stop}, nil
 		}
 		stop()
 		wc.close()
 		// A reused connection may have been closed by the worker as it
-		// was taken: the request did not reach anyone, so it goes once
-		// more on a new connection (as http.Transport retries a request
-		// on a reused connection when nothing was written).
-		if !wc.used || try > 0 || ctx.Err() != nil || req.GetBody == nil && req.Body != nil && req.Body != http.NoBody {
+		// was taken: the request reached no one, so it goes once more on
+		// a new connection (as http.Transport retries a request on a
+		// reused connection when nothing was written).
+		if !wc.used || try > 0 || !replay || ctx.Err() != nil {
 			return nil, &errWrite{err: ctxErr(ctx, err)}
 		}
-		if req.GetBody != nil {
-			body, gerr := req.GetBody()
-			if gerr != nil {
-				return nil, &errWrite{err: err}
-			}
-			req.Body = body
-		}
+		wc.bw.Reset(io.Discard)
 	}
 }
 
@@ -178,14 +314,6 @@ func ctxErr(ctx context.Context, err error) error {
 	return err
 }
 
-// write sends req whole: one write when it fits the buffer.
-func (t *workerTransport) write(wc *workerConn, req *http.Request) error {
-	if err := req.Write(wc.bw); err != nil {
-		return err
-	}
-	return wc.bw.Flush()
-}
-
 // Answer reads the answer's status and headers (at most headerTimeout);
 // its body reads from the connection, which goes back to the pool once
 // the body was read to its end and closed, or is closed when the body is
@@ -195,7 +323,7 @@ func (sr *sentRequest) Answer() (*http.Response, error) {
 	fail := func(err error) (*http.Response, error) {
 		sr.stop()
 		wc.close()
-		return nil, ctxErr(sr.req.Context(), err)
+		return nil, ctxErr(sr.ctx, err)
 	}
 	if t.headerTimeout > 0 {
 		wc.conn.SetReadDeadline(time.Now().Add(t.headerTimeout))
@@ -227,12 +355,6 @@ func (sr *sentRequest) Answer() (*http.Response, error) {
 	return resp, nil
 }
 
-// Abandon drops a sent request without reading its answer.
-func (sr *sentRequest) Abandon() {
-	sr.stop()
-	sr.wc.close()
-}
-
 // workerBody is an answer's body: at its end, the connection returns to
 // the pool; closed before it, the connection is closed (reading the rest
 // of a stream the client left would take as long as the generation).
@@ -252,7 +374,7 @@ func (b *workerBody) Read(p []byte) (int, error) {
 	if err == io.EOF {
 		b.eof = true
 	} else if err != nil {
-		err = ctxErr(b.sr.req.Context(), err)
+		err = ctxErr(b.sr.ctx, err)
 	}
 	return n, err
 }
@@ -273,16 +395,16 @@ func (b *workerBody) Close() error {
 }
 
 // connect dials addr (TLS for https://, checking host's certificate).
-func (t *workerTransport) connect(ctx context.Context, key, addr, host string) (*workerConn, error) {
-	raw, err := t.dial(ctx, "tcp", addr)
+func (t *workerTransport) connect(ctx context.Context, wt *workerTarget) (*workerConn, error) {
+	raw, err := t.dial(ctx, "tcp", wt.addr)
 	if err != nil {
 		return nil, err
 	}
 	conn := raw
-	if strings.HasPrefix(key, "https://") {
+	if strings.HasPrefix(wt.key, "https://") {
 		conf := t.tls.Clone()
 		if conf.ServerName == "" {
-			conf.ServerName = host
+			conf.ServerName = wt.hostname
 		}
 		tc := tls.Client(raw, conf)
 		if err := tc.HandshakeContext(ctx); err != nil {
@@ -291,7 +413,7 @@ func (t *workerTransport) connect(ctx context.Context, key, addr, host string) (
 		}
 		conn = tc
 	}
-	wc := &workerConn{t: t, key: key, conn: conn, raw: raw, br: bufio.NewReader(conn), bw: bufio.NewWriterSize(conn, t.writeBuf)}
+	wc := &workerConn{t: t, key: wt.key, conn: conn, raw: raw, br: bufio.NewReader(conn), bw: bufio.NewWriterSize(conn, t.writeBuf)}
 	wc.timer = time.AfterFunc(t.idle, wc.expire)
 	wc.timer.Stop()
 	return wc, nil
