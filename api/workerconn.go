@@ -351,7 +351,8 @@ func (sr *sentRequest) Answer() (*http.Response, error) {
 	if t.headerTimeout > 0 {
 		wc.conn.SetReadDeadline(time.Time{})
 	}
-	resp.Body = &workerBody{body: resp.Body, sr: sr, reuse: !resp.Close && !sr.req.Close}
+	// No body (204, 304, HEAD): the connection is free once closed.
+	resp.Body = &workerBody{body: resp.Body, sr: sr, reuse: !resp.Close && !sr.req.Close, eof: resp.Body == http.NoBody}
 	return resp, nil
 }
 

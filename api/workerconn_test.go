@@ -264,3 +264,35 @@ func TestAPIWorkerTransportIdleExpiry(t *testing.T) {
 		t.Fatalf("%d expired connections still pooled", n)
 	}
 }
+
+// TestAPIWorkerTransportNoBodyReused: an answer without a body (204)
+// closed unread gives its connection back.
+func TestAPIWorkerTransportNoBodyReused(t *testing.T) {
+	var cc connCounter
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	srv.Config.ConnState = cc.track
+	srv.Start()
+	defer srv.Close()
+	tr := testWorkerTransport(time.Minute)
+	defer tr.CloseIdleConnections()
+	for range 3 {
+		sr, err := tr.Post(context.Background(), srv.URL, "/", nil, []byte("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := sr.Answer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		resp.Body.Close()
+	}
+	if n := cc.opened.Load(); n != 1 {
+		t.Fatalf("%d connections for three bodiless answers, want 1", n)
+	}
+}
