@@ -62,19 +62,23 @@ func (s *Server) proxyLoop(c *gin.Context, p *prepared, try func() error) {
 }
 
 // attempt is one try of an aggregated request: route, book, send, relay.
-// What routing leaves to record (the decision log, hit rates, the
-// booking's announcement to the other replicas) is done once the request
-// is written, while the worker computes: off the way to the first token
-// (issue 31 item 4), and before anything else about the request is
-// announced (PrefillDone, Freed), so peers see the same order.
+// The booking is announced to the other replicas just before the request
+// is written, on this goroutine (issue 31 item 4): the bus's work (the
+// client's flusher, the embedded server) then runs while the request
+// travels, not while the worker computes, and peers learn of the booking
+// as early as they can, before anything else about the request
+// (PrefillDone, Freed). What routing leaves to record locally (the
+// decision log, hit rates) is done once the request is written, while the
+// worker computes: off the way to the first token.
 func (s *Server) attempt(c *gin.Context, p *prepared) error {
 	d, now, err := s.routeStep(c.Request.Context(), p)
 	if err != nil {
 		return err
 	}
 	s.keepSessionBody(p) // drainshadow.go: the body a drain would copy
+	s.rep.Booked(p.model, s.booking(p, d))
 	sent, err := s.sendRequest(c, d.Worker, p.path, s.withEnginePriority(p, p.body))
-	s.rep.Booked(p.model, s.recordRouted(p, d, now))
+	s.recordRouted(p, d, now)
 	var resp *http.Response
 	if err == nil {
 		resp, err = s.answer(c, d.Worker, sent)
@@ -114,7 +118,8 @@ func (s *Server) routeAndBook(ctx context.Context, p *prepared) (d router.Decisi
 	if err != nil {
 		return d, nil, err
 	}
-	booking := s.recordRouted(p, d, now)
+	s.recordRouted(p, d, now)
+	booking := s.booking(p, d)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -154,13 +159,17 @@ func (s *Server) routeStep(ctx context.Context, p *prepared) (d router.Decision,
 	return d, now, nil
 }
 
-// recordRouted records a routed decision of p (the decision log, hit
-// rates, the routed count) and returns its booking, for the other
-// replicas: the hashes Route booked (distinct ones under
-// --no-router-assume-kv-reuse), so peers book what this replica booked.
-func (s *Server) recordRouted(p *prepared, d router.Decision, now time.Time) router.Booking {
+// recordRouted records a routed decision of p: the decision log, hit
+// rates, the routed count.
+func (s *Server) recordRouted(p *prepared, d router.Decision, now time.Time) {
 	s.recordDecision(p, d, nil, now)
 	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
+}
+
+// booking is what the other replicas are told of p's routed decision d:
+// the hashes Route booked (distinct ones under
+// --no-router-assume-kv-reuse), so peers book what this replica booked.
+func (s *Server) booking(p *prepared, d router.Decision) router.Booking {
 	return router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: d.ActiveHashes,
 		PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Sequences: p.req.Sequences, Added: p.start}
 }
