@@ -62,27 +62,20 @@ func (s *Server) proxyLoop(c *gin.Context, p *prepared, try func() error) {
 }
 
 // attempt is one try of an aggregated request: route, book, send, relay.
-// The booking is announced to the other replicas just before the request
-// is written, on this goroutine (issue 31 item 4): the bus's work (the
-// client's flusher, the embedded server) then runs while the request
-// travels, not while the worker computes, and peers learn of the booking
-// as early as they can, before anything else about the request
-// (PrefillDone, Freed). What routing leaves to record locally (the
-// decision log, hit rates) is done once the request is written, while the
-// worker computes: off the way to the first token.
+// The booking is announced to the other replicas on this goroutine just
+// before the request is handed to the transport (issue 31 item 4): the
+// bus's work (the client's flusher, the embedded server) then runs while
+// the request travels, not while the worker computes, and peers learn of
+// the booking before anything else about the request (PrefillDone, Freed).
 func (s *Server) attempt(c *gin.Context, p *prepared) error {
 	d, now, err := s.routeStep(c.Request.Context(), p)
 	if err != nil {
 		return err
 	}
+	s.recordRouted(p, d, now)
 	s.keepSessionBody(p) // drainshadow.go: the body a drain would copy
 	s.rep.Booked(p.model, s.booking(p, d))
-	sent, err := s.sendRequest(c, d.Worker, p.path, s.withEnginePriority(p, p.body))
-	s.recordRouted(p, d, now)
-	var resp *http.Response
-	if err == nil {
-		resp, err = s.answer(c, d.Worker, sent)
-	}
+	resp, err := s.send(c, d.Worker, p.path, s.withEnginePriority(p, p.body))
 	if err != nil {
 		s.free(p)
 		s.completeDecision(p, decisionlog.Outcome{Error: s.redact(err.Error())})
@@ -199,87 +192,39 @@ func (s *Server) recordFailure(p *prepared, err error, attempt int, retry bool) 
 		"attempt", attempt, "retry", retry, "err", we.err)
 }
 
-// send posts body to worker and returns its answer. Its error is a
-// *workerError that says how far the request got (the retry rule needs to
-// know whether the worker could have started work), or errClientGone. A
-// 503 or 529 answer is such an error too: the worker refused the work
-// before generating anything.
+// send posts body to worker. Its error is a *workerError that says how far
+// the request got (the retry rule needs to know whether the worker could
+// have started work), or errClientGone. A 503 or 529 answer is such an
+// error too: the worker refused the work before generating anything.
 func (s *Server) send(c *gin.Context, worker router.WorkerID, path string, body []byte) (*http.Response, error) {
-	sent, err := s.sendRequest(c, worker, path, body)
-	if err != nil {
-		return nil, err
-	}
-	return s.answer(c, worker, sent)
-}
-
-// workerRequest is a request written to a worker (sendRequest) whose
-// answer is not read yet (answer). With a transport that cannot split the
-// two (tests give the server their own RoundTripper), the answer was read
-// already: resp, or err with written.
-type workerRequest struct {
-	sent    *sentRequest
-	ctx     context.Context // the attempt's
-	cancel  context.CancelCauseFunc
-	resp    *http.Response
-	err     error
-	written bool
-}
-
-// sendRequest writes body to worker, or fails as send does, the request
-// not written (the worker cannot have started work).
-func (s *Server) sendRequest(c *gin.Context, worker router.WorkerID, path string, body []byte) (workerRequest, error) {
 	base, ok := s.rep.WorkerURL(worker)
 	if !ok {
-		return workerRequest{}, &workerError{worker: worker, kind: failNoAddress, err: errors.New("no address registered")}
+		return nil, &workerError{worker: worker, kind: failNoAddress, err: errors.New("no address registered")}
 	}
 	ctx := c.Request.Context()
+	var written atomic.Bool
+	trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
+		if i.Err == nil {
+			written.Store(true)
+		}
+	}}
 	// The attempt has its own context, so a worker that goes quiet can be
 	// cut (idleBody) without the client's request looking cancelled: the
 	// failure stays the worker's. Closing the answer's body releases it.
 	actx, cancel := context.WithCancelCause(ctx)
-	h := outboundHeader(c.Request.Header)
-	s.setWorkerHeaders(h, worker)
-	w := workerRequest{ctx: actx, cancel: cancel}
-	t, ok := s.client.Transport.(*workerTransport)
-	if !ok {
-		req, err := http.NewRequestWithContext(actx, http.MethodPost, base+path, bytes.NewReader(body))
-		if err != nil {
-			cancel(nil)
-			return workerRequest{}, &workerError{worker: worker, kind: failConnect, err: fmt.Errorf("building the request: %w", err)}
-		}
-		req.Header = h
-		var written atomic.Bool
-		trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
-			if i.Err == nil {
-				written.Store(true)
-			}
-		}}
-		w.resp, w.err = s.client.Do(req.WithContext(httptrace.WithClientTrace(actx, trace)))
-		w.written = written.Load()
-		return w, nil
-	}
-	var err error
-	if w.sent, err = t.Post(actx, base, path, h, body); err != nil {
-		cancel(nil)
-		return workerRequest{}, sendFailure(ctx, worker, err, false)
-	}
-	return w, nil
-}
-
-// answer reads the answer to a written request: its status and headers,
-// the body left to the caller (who must close it).
-func (s *Server) answer(c *gin.Context, worker router.WorkerID, w workerRequest) (*http.Response, error) {
-	resp, err, written := w.resp, w.err, true
-	if w.sent != nil {
-		resp, err = w.sent.Answer()
-	} else {
-		written = w.written
-	}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(actx, trace), http.MethodPost, base+path, bytes.NewReader(body))
 	if err != nil {
-		w.cancel(nil)
-		return nil, sendFailure(c.Request.Context(), worker, err, written)
+		cancel(nil)
+		return nil, &workerError{worker: worker, kind: failConnect, err: fmt.Errorf("building the request: %w", err)}
 	}
-	resp.Body = newIdleBody(w.ctx, resp.Body, s.cfg.WorkerIdleTimeout, w.cancel)
+	req.Header = outboundHeader(c.Request.Header)
+	s.setWorkerHeaders(req.Header, worker)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		cancel(nil)
+		return nil, sendFailure(ctx, worker, err, written.Load())
+	}
+	resp.Body = newIdleBody(actx, resp.Body, s.cfg.WorkerIdleTimeout, cancel)
 	if refusedWork(resp.StatusCode) {
 		return nil, unavailable(worker, resp)
 	}

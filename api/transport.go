@@ -33,14 +33,21 @@ const idleConnTimeout = 4 * time.Second
 // system roots).
 func newWorkerClient(connect, headerTimeout time.Duration, allowLocal bool, tlsConf *tls.Config) *http.Client {
 	d := &net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second, Control: dialGuard(allowLocal)}
-	// workerconn.go: the request written and its answer read by the
-	// goroutine that sends it. A request goes out in one write when it
-	// fits (workerWriteBuffer): with Go's 4 KiB default a 16 kB prompt
-	// left in five pieces, each waking the engine's reader (on a busy
-	// host, each wake-up waits for a CPU) before the last piece, which its
-	// time to first token waits for. The cost is this buffer per open
-	// worker connection (idle ones close after idleConnTimeout).
-	return &http.Client{Transport: newWorkerTransport(d.DialContext, tlsConf, headerTimeout, idleConnTimeout, 256, workerWriteBuffer)}
+	return &http.Client{Transport: &http.Transport{
+		TLSClientConfig:       tlsConf,
+		DialContext:           d.DialContext,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       idleConnTimeout,
+		ResponseHeaderTimeout: max(headerTimeout, 0),
+		DisableCompression:    true, // relay bytes exactly as the worker sent them
+		// A request goes out in one write when it fits: with Go's 4 KiB
+		// default a 16 kB prompt left in five pieces, each waking the
+		// engine's reader (on a busy host, each wake-up waits for a CPU)
+		// before the last piece, which its time to first token waits for.
+		// The cost is this buffer per open worker connection (idle ones
+		// close after idleConnTimeout).
+		WriteBufferSize: workerWriteBuffer,
+	}}
 }
 
 // workerWriteBuffer holds a request of ~8,000 tokens of English text whole.
