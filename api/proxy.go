@@ -62,14 +62,20 @@ func (s *Server) proxyLoop(c *gin.Context, p *prepared, try func() error) {
 }
 
 // attempt is one try of an aggregated request: route, book, send, relay.
+// The booking is announced to the other replicas on this goroutine just
+// before the request is handed to the transport (issue 31 item 4): the
+// bus's work (the client's flusher, the embedded server) then runs while
+// the request travels, not while the worker computes, and peers learn of
+// the booking before anything else about the request (PrefillDone, Freed).
 func (s *Server) attempt(c *gin.Context, p *prepared) error {
-	d, booked, err := s.routeAndBook(c.Request.Context(), p)
+	d, now, err := s.routeStep(c.Request.Context(), p)
 	if err != nil {
 		return err
 	}
+	s.recordRouted(p, d, now)
 	s.keepSessionBody(p) // drainshadow.go: the body a drain would copy
+	s.rep.Booked(p.model, s.booking(p, d))
 	resp, err := s.send(c, d.Worker, p.path, s.withEnginePriority(p, p.body))
-	<-booked
 	if err != nil {
 		s.free(p)
 		s.completeDecision(p, decisionlog.Outcome{Error: s.redact(err.Error())})
@@ -93,17 +99,34 @@ func (s *Server) attempt(c *gin.Context, p *prepared) error {
 	})
 }
 
-// routeAndBook is the routing step of an aggregated request, proxied
-// (attempt) or picked for a gateway (Pick, the selection API): route and
-// book here, record the decision, announce the booking to the other
-// replicas. On error nothing is booked and the decision is completed as
-// failed. The announcement (encoding and publishing on the bus) runs on its
-// own goroutine, so the proxy sends the request meanwhile, off the way to
-// the first token; booked is closed once it is done, and a caller waits for
-// it before announcing anything later about the request (PrefillDone,
-// Freed), so peers see the same order as before.
+// routeAndBook is the routing step of a request picked for a gateway
+// (Pick, the selection API): route and book here, record the decision,
+// announce the booking to the other replicas. On error nothing is booked
+// and the decision is completed as failed. The announcement (encoding and
+// publishing on the bus) runs on its own goroutine; booked is closed once
+// it is done, and a caller waits for it before announcing anything later
+// about the request (PrefillDone, Freed), so peers see the same order.
 func (s *Server) routeAndBook(ctx context.Context, p *prepared) (d router.Decision, booked <-chan struct{}, err error) {
-	now := time.Now()
+	d, now, err := s.routeStep(ctx, p)
+	if err != nil {
+		return d, nil, err
+	}
+	s.recordRouted(p, d, now)
+	booking := s.booking(p, d)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.rep.Booked(p.model, booking)
+	}()
+	return d, done, nil
+}
+
+// routeStep routes and books p here (by the session's binding, the
+// warm-up share) and charges its tenant the prompt; recordRouted then
+// records the decision. On error nothing is booked and the decision is
+// recorded and completed as failed.
+func (s *Server) routeStep(ctx context.Context, p *prepared) (d router.Decision, now time.Time, err error) {
+	now = time.Now()
 	d, err = s.route(ctx, p, now) // by the session's binding, if any (sessions.go)
 	if err == nil && s.warm != nil && p.sess == nil && !p.pinned {
 		// warmup.go: a joining worker's share, on purpose; not for a
@@ -118,24 +141,30 @@ func (s *Server) routeAndBook(ctx context.Context, p *prepared) (d router.Decisi
 	}
 	p.settled() // booked in the load view by Route, or never to be
 	p.attempts++
-	s.recordDecision(p, d, err, now)
 	if err != nil {
+		s.recordDecision(p, d, err, now)
 		s.completeDecision(p, decisionlog.Outcome{Error: "routing: " + err.Error()})
-		return d, nil, fmt.Errorf("routing: %w", err)
+		return d, now, fmt.Errorf("routing: %w", err)
 	}
-	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
-	// The tenant pays for the prompt tokens the worker must compute.
+	// The tenant pays for the prompt tokens the worker must compute (before
+	// the request leaves: its engine priority reads the tenant's share).
 	s.chargeTenant(p, p.req.Tokens-d.Overlap*p.rt.Config().BlockSize, "prompt")
-	// The hashes Route booked (distinct ones under --no-router-assume-kv-reuse),
-	// so peers book what this replica booked.
-	booking := router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: d.ActiveHashes,
+	return d, now, nil
+}
+
+// recordRouted records a routed decision of p: the decision log, hit
+// rates, the routed count.
+func (s *Server) recordRouted(p *prepared, d router.Decision, now time.Time) {
+	s.recordDecision(p, d, nil, now)
+	s.metrics.routed.WithLabelValues(p.model, string(d.Worker)).Inc()
+}
+
+// booking is what the other replicas are told of p's routed decision d:
+// the hashes Route booked (distinct ones under
+// --no-router-assume-kv-reuse), so peers book what this replica booked.
+func (s *Server) booking(p *prepared, d router.Decision) router.Booking {
+	return router.Booking{ID: p.req.ID, Worker: d.Worker, Hashes: d.ActiveHashes,
 		PrefillTokens: p.req.Tokens - d.Overlap*p.rt.Config().BlockSize, Sequences: p.req.Sequences, Added: p.start}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		s.rep.Booked(p.model, booking)
-	}()
-	return d, done, nil
 }
 
 // recordFailure does what every failed attempt needs whether or not it is
