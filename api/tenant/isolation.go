@@ -422,3 +422,33 @@ func (l *Ledger) rampLocked(k tenantKey, now time.Time) float64 {
 	}
 	return RampShare
 }
+
+// RampHolds reports whether this replica should hold a request of tenant
+// at the start ramp (rampLocked) because it already has its part of the
+// fleet's ramp in flight: tenant is alone on model within RampWindow of its
+// start, the model has n workers and replicas routers (more than one), and
+// prefilling of this replica's routings (requests it routed with no first
+// token yet) number at least ⌈n ÷ replicas⌉.
+//
+// Why: the ramp keeps each worker's window half free by the load view, and
+// a worker with nothing in prefill always admits one request. Each replica
+// sees the others' bookings only a sync lag later, so at a run's start
+// every replica saw every worker empty: with three routers 5 ms apart the
+// flood's first six cold prompts landed two on each worker within 9 ms,
+// before the steady tenant's first request (18 ms), which then waited
+// 30–130 ms in its router's queue for a worker under the threshold
+// (kvbench sim, decode-heavy, seed 3, 2026-12-06). One router admits one
+// cold prompt per worker; splitting that among the replicas by their count
+// keeps the fleet's ramp at one per worker without a word between them.
+// Isolation could not act there: the steady tenant did not exist yet.
+func (l *Ledger) RampHolds(model, tenant string, prefilling, n, replicas int) bool {
+	if l.cfg.Isolation == 0 || replicas < 2 || n < 1 {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.rampLocked(tenantKey{model, tenant}, l.cfg.Now()) >= 1 {
+		return false
+	}
+	return prefilling >= (n+replicas-1)/replicas
+}
