@@ -390,3 +390,41 @@ func TestAPITenantIsolationPasses(t *testing.T) {
 			l.IsolationPasses("m", "steady", 3), l.Guard("m", "steady"), l.Guard("m", "flood"))
 	}
 }
+
+// TestAPITenantRampHolds: a lone tenant at its start is held once this
+// replica's routings in prefill reach its part of the fleet's ramp
+// (⌈workers ÷ replicas⌉); never with one replica (its view is exact), once
+// another tenant is active, after RampWindow, or with isolation off.
+func TestAPITenantRampHolds(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		isolation              float64
+		other                  bool          // another tenant charged
+		after                  time.Duration // since the tenant's first charge
+		prefilling, n, replica int
+		want                   bool
+	}{
+		{"three routers, part in prefill", 1.5, false, 0, 1, 3, 3, true},
+		{"three routers, none in prefill", 1.5, false, 0, 0, 3, 3, false},
+		{"two routers of three workers: two each", 1.5, false, 0, 1, 3, 2, false},
+		{"two routers of three workers, two in prefill", 1.5, false, 0, 2, 3, 2, true},
+		{"one router", 1.5, false, 0, 5, 3, 1, false},
+		{"another tenant active", 1.5, true, 0, 1, 3, 3, false},
+		{"after the ramp", 1.5, false, RampWindow, 1, 3, 3, false},
+		{"isolation off", 0, false, 0, 1, 3, 3, false},
+	} {
+		now := time.Unix(1000, 0)
+		l, err := New(Config{From: SourceHeader, Isolation: tc.isolation, Now: func() time.Time { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Charge("m", "flood", 2371)
+		if tc.other {
+			l.Charge("m", "steady", 100)
+		}
+		now = now.Add(tc.after)
+		if got := l.RampHolds("m", "flood", tc.prefilling, tc.n, tc.replica); got != tc.want {
+			t.Errorf("%s: RampHolds = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
