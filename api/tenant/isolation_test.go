@@ -391,11 +391,11 @@ func TestAPITenantIsolationPasses(t *testing.T) {
 	}
 }
 
-// TestAPITenantRampHolds: a lone tenant at its start is held once this
+// TestAPITenantRampLimit: a lone tenant at its start is held once this
 // replica's routings in prefill reach its part of the fleet's ramp
 // (⌈workers ÷ replicas⌉); never with one replica (its view is exact), once
 // another tenant is active, after RampWindow, or with isolation off.
-func TestAPITenantRampHolds(t *testing.T) {
+func TestAPITenantRampLimit(t *testing.T) {
 	for _, tc := range []struct {
 		name                   string
 		isolation              float64
@@ -423,8 +423,30 @@ func TestAPITenantRampHolds(t *testing.T) {
 			l.Charge("m", "steady", 100)
 		}
 		now = now.Add(tc.after)
-		if got := l.RampHolds("m", "flood", tc.prefilling, tc.n, tc.replica); got != tc.want {
-			t.Errorf("%s: RampHolds = %v, want %v", tc.name, got, tc.want)
+		limit, ok := l.RampLimit("m", "flood", tc.n, tc.replica)
+		if got := ok && tc.prefilling >= limit; got != tc.want {
+			t.Errorf("%s: RampLimit = %d, %v with %d in prefill: held %v, want %v", tc.name, limit, ok, tc.prefilling, got, tc.want)
 		}
+	}
+}
+
+// TestAPITenantReplicas: the replicas a ledger knows are itself and every
+// replica that reported, until it is dropped.
+func TestAPITenantReplicas(t *testing.T) {
+	l, err := New(Config{From: SourceHeader})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := l.Replicas(); n != 1 {
+		t.Fatalf("alone: %d replicas, want 1", n)
+	}
+	l.Remote("r1", nil)
+	l.Remote("r2", []Usage{{Model: "m", Tenant: "a", Tokens: 5}})
+	if n := l.Replicas(); n != 3 {
+		t.Fatalf("two reports: %d replicas, want 3", n)
+	}
+	l.DropRemote("r1")
+	if n := l.Replicas(); n != 2 {
+		t.Fatalf("one dropped: %d replicas, want 2", n)
 	}
 }

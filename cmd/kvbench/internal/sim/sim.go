@@ -521,10 +521,6 @@ func (s *state) dispatch(i, k int) {
 		PrefillTokens: max(r.PromptTokens-d.Overlap*s.w.BlockSize, 0),
 	}})
 	rr.Routed = s.now
-	if s.adm.inPrefill != nil {
-		s.adm.inPrefill[i] = true
-		s.adm.prefilling[k]++
-	}
 	prio := s.enginePriority(i, k) // the ledger's view before this request's charge
 	s.charge(i, k, r.PromptTokens-d.Overlap*s.w.BlockSize)
 	wi := s.byWorker[d.Worker]
@@ -535,7 +531,6 @@ func (s *state) dispatch(i, k int) {
 	if err != nil {
 		s.rts[k].Free(r.ID)
 		s.announce(k, syncMsg{kind: syncFree, id: r.ID})
-		s.adm.prefilled(s, i)
 		s.fail(i, fmt.Sprintf("submit: %v", err))
 		return
 	}
@@ -603,7 +598,6 @@ func (s *state) handle(wi int, outs []engine.Output) {
 		switch o.Kind {
 		case engine.FirstToken:
 			rr.FirstToken = o.At
-			s.adm.prefilled(s, i)
 			rr.CachedTokens = o.CachedTokens
 			if s.cfg.Peer != nil {
 				continue
@@ -623,7 +617,6 @@ func (s *state) handle(wi int, outs []engine.Output) {
 			rr.Preemptions++
 			s.preempts++
 		case engine.Finished:
-			s.adm.prefilled(s, i)
 			if rr.FirstToken == 0 && rr.CachedTokens == 0 {
 				rr.FirstToken, rr.CachedTokens = o.At, o.CachedTokens
 			}

@@ -159,20 +159,15 @@ type admissionState struct {
 	wakeAt time.Duration
 	turn   int // the router that looks first at the next admission pass
 
-	tenantOf []int // per request: its tenant, an index into specs
-	// prefilling is per router its routings with no first token yet, and
-	// inPrefill per request whether it is one of them (the start ramp's
-	// split between routers: tenant.Ledger.RampHolds).
-	prefilling []int
-	inPrefill  []bool
-	begun      []bool         // per request: counted in its tenant's in-flight requests
-	holdSince  []time.Time    // per request: when it began holding back at the head
-	waiting    []int          // per tenant: requests queued over every router
-	rr         int            // round-robin counter of unpinned requests
-	acc        []TenantTotals // per tenant
-	backlog    time.Duration  // time every tenant had a request queued
-	since      time.Duration  // when the current all-backlogged stretch began (-1: not in one)
-	specs      []TenantSpec
+	tenantOf  []int          // per request: its tenant, an index into specs
+	begun     []bool         // per request: counted in its tenant's in-flight requests
+	holdSince []time.Time    // per request: when it began holding back at the head
+	waiting   []int          // per tenant: requests queued over every router
+	rr        int            // round-robin counter of unpinned requests
+	acc       []TenantTotals // per tenant
+	backlog   time.Duration  // time every tenant had a request queued
+	since     time.Duration  // when the current all-backlogged stretch began (-1: not in one)
+	specs     []TenantSpec
 }
 
 // TenantTotals is one tenant's tokens over a run.
@@ -218,8 +213,7 @@ func (a *admissionState) init(s *state) error {
 		a.ledgers = append(a.ledgers, l)
 		a.queues[k].SetFairness(l.Less(tenantModel))
 	}
-	a.prefilling = make([]int, len(s.rts))
-	a.inPrefill = make([]bool, len(s.w.Requests))
+
 	// Each request's tenant, drawn by weight: independent draws split
 	// an arrival process into one per tenant at rates ∝ the weights. A
 	// session's turns (and its subagents') are its top-level session's
@@ -506,21 +500,16 @@ func (s *state) isolationPasses(k int, tenant string) bool {
 
 // rampHolds reports whether router k holds a request of tenant at the
 // start ramp: tenant alone and router k's part of the fleet's ramp already
-// prefilling (tenant.Ledger.RampHolds).
+// in prefill (tenant.Ledger.RampLimit). The simulated routers all start
+// with the run, so each knows the others from the first request (live
+// replicas know each other from their idle reports: Ledger.Replicas).
 func (s *state) rampHolds(k int, tenant string) bool {
 	a := &s.adm
 	if !a.tenants() || s.cfg.Tenants.Isolation == 0 {
 		return false
 	}
-	return a.ledgers[k].RampHolds(tenantModel, tenant, a.prefilling[k], len(s.rts[k].WorkerIDs(s.isoIDs[:0])), len(s.rts))
-}
-
-// prefilled counts request i out of its router's routings in prefill.
-func (a *admissionState) prefilled(s *state, i int) {
-	if a.inPrefill != nil && a.inPrefill[i] {
-		a.inPrefill[i] = false
-		a.prefilling[s.owner[i]]--
-	}
+	limit, ok := a.ledgers[k].RampLimit(tenantModel, tenant, len(s.rts[k].WorkerIDs(s.isoIDs[:0])), len(s.rts))
+	return ok && s.rts[k].LocalPrefilling() >= limit
 }
 
 // guardHolds reports whether router k's latency guard holds a request of
