@@ -422,3 +422,43 @@ func (l *Ledger) rampLocked(k tenantKey, now time.Time) float64 {
 	}
 	return RampShare
 }
+
+// RampLimit is, for a request of tenant at the start ramp (rampLocked),
+// how many of this replica's routings may be in prefill (routed, no first
+// token yet) before it holds the request: ⌈n ÷ replicas⌉, n the model's
+// workers, replicas the routers sharing them (this one included). ok is
+// false (no limit) with isolation off, one replica, or tenant not ramping
+// (another tenant active, or RampWindow past its start).
+//
+// Why: the ramp keeps each worker's window half free by the load view, and
+// a worker with nothing in prefill always admits one request. Each replica
+// sees the others' bookings only a sync lag later, so at a run's start
+// every replica saw every worker empty: with three routers 5 ms apart the
+// flood's first six cold prompts landed two on each worker within 9 ms,
+// before the steady tenant's first request (18 ms), which then waited
+// 30–130 ms in its router's queue for a worker under the threshold
+// (kvbench sim, decode-heavy, seed 3, 2026-12-06). Isolation could not act
+// there: the steady tenant did not exist yet. One router admits one cold
+// prompt per worker; splitting that among the replicas by their count
+// keeps the fleet's ramp near one per worker without a word between them.
+func (l *Ledger) RampLimit(model, tenant string, n, replicas int) (limit int, ok bool) {
+	if l.cfg.Isolation == 0 || replicas < 2 || n < 1 {
+		return 0, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.rampLocked(tenantKey{model, tenant}, l.cfg.Now()) >= 1 {
+		return 0, false
+	}
+	return (n + replicas - 1) / replicas, true
+}
+
+// Replicas is the routers this ledger knows share the fleet: itself and
+// every replica whose report it holds (kvrouter serve's replicas publish
+// their tenant usage every second even when idle, so before traffic each
+// knows the others).
+func (l *Ledger) Replicas() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return 1 + len(l.remote)
+}

@@ -390,3 +390,63 @@ func TestAPITenantIsolationPasses(t *testing.T) {
 			l.IsolationPasses("m", "steady", 3), l.Guard("m", "steady"), l.Guard("m", "flood"))
 	}
 }
+
+// TestAPITenantRampLimit: a lone tenant at its start is held once this
+// replica's routings in prefill reach its part of the fleet's ramp
+// (⌈workers ÷ replicas⌉); never with one replica (its view is exact), once
+// another tenant is active, after RampWindow, or with isolation off.
+func TestAPITenantRampLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		isolation              float64
+		other                  bool          // another tenant charged
+		after                  time.Duration // since the tenant's first charge
+		prefilling, n, replica int
+		want                   bool
+	}{
+		{"three routers, part in prefill", 1.5, false, 0, 1, 3, 3, true},
+		{"three routers, none in prefill", 1.5, false, 0, 0, 3, 3, false},
+		{"two routers of three workers: two each", 1.5, false, 0, 1, 3, 2, false},
+		{"two routers of three workers, two in prefill", 1.5, false, 0, 2, 3, 2, true},
+		{"one router", 1.5, false, 0, 5, 3, 1, false},
+		{"another tenant active", 1.5, true, 0, 1, 3, 3, false},
+		{"after the ramp", 1.5, false, RampWindow, 1, 3, 3, false},
+		{"isolation off", 0, false, 0, 1, 3, 3, false},
+	} {
+		now := time.Unix(1000, 0)
+		l, err := New(Config{From: SourceHeader, Isolation: tc.isolation, Now: func() time.Time { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Charge("m", "flood", 2371)
+		if tc.other {
+			l.Charge("m", "steady", 100)
+		}
+		now = now.Add(tc.after)
+		limit, ok := l.RampLimit("m", "flood", tc.n, tc.replica)
+		if got := ok && tc.prefilling >= limit; got != tc.want {
+			t.Errorf("%s: RampLimit = %d, %v with %d in prefill: held %v, want %v", tc.name, limit, ok, tc.prefilling, got, tc.want)
+		}
+	}
+}
+
+// TestAPITenantReplicas: the replicas a ledger knows are itself and every
+// replica that reported, until it is dropped.
+func TestAPITenantReplicas(t *testing.T) {
+	l, err := New(Config{From: SourceHeader})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := l.Replicas(); n != 1 {
+		t.Fatalf("alone: %d replicas, want 1", n)
+	}
+	l.Remote("r1", nil)
+	l.Remote("r2", []Usage{{Model: "m", Tenant: "a", Tokens: 5}})
+	if n := l.Replicas(); n != 3 {
+		t.Fatalf("two reports: %d replicas, want 3", n)
+	}
+	l.DropRemote("r1")
+	if n := l.Replicas(); n != 2 {
+		t.Fatalf("one dropped: %d replicas, want 2", n)
+	}
+}

@@ -299,3 +299,46 @@ func TestSimTenantIsolationFirstToken(t *testing.T) {
 		t.Errorf("isolation + guard: flood at %.1f req/s while both send, want some, under the fair queue's %.1f", onRPS, offRPS)
 	}
 }
+
+// TestSimTenantRampAcrossRouters: at a run's start, three routers 5 ms of
+// replica sync apart, the flood (alone until the steady tenant's first
+// request) gets no more cold prompts into prefill across the fleet than
+// the workers number, as with one router (the start ramp leaves each
+// worker half free; tenant.Ledger.RampHolds splits it between the
+// routers). Each router saw every worker empty for the sync lag and
+// admitted one there, two per worker, before the fix; the steady tenant's
+// first requests then waited in its router's queue behind them.
+func TestSimTenantRampAcrossRouters(t *testing.T) {
+	const workers = 3
+	w := synthetic(t, workload.SyntheticSpec{Prefixes: 7, PrefixTokens: 2032, TailTokens: 339, OutputTokens: 64,
+		Requests: 600, ArrivalRate: 660, Concurrency: 1, Seed: 3})
+	cfg := config(router.ModeKV, workers, 16384)
+	q := 0.5
+	cfg.Router.QueueThreshold = &q
+	cfg.Routers, cfg.SyncDelay = 3, 5*time.Millisecond
+	cfg.Tenants = Tenants{Specs: []TenantSpec{{Name: "flood", Weight: 10, Router: -1}, {Name: "steady", Weight: 1, Router: 0}},
+		Isolation: 1.5, LatencyGuard: 1}
+	res, err := Run(w, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steadyFirst := time.Duration(math.MaxInt64)
+	for i, rr := range res.Requests {
+		if res.TenantOf[i] == 1 && rr.Sent < steadyFirst {
+			steadyFirst = rr.Sent
+		}
+	}
+	if steadyFirst == math.MaxInt64 {
+		t.Fatal("no steady request")
+	}
+	early := 0
+	for i, rr := range res.Requests {
+		if res.TenantOf[i] == 0 && rr.Worker >= 0 && rr.Routed <= steadyFirst {
+			early++
+		}
+	}
+	t.Logf("flood requests routed before the steady tenant's first (at %v): %d", steadyFirst, early)
+	if early == 0 || early > workers {
+		t.Errorf("flood requests routed before the steady tenant's first: %d, want 1..%d (one cold prompt per worker fleet-wide)", early, workers)
+	}
+}
