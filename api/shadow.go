@@ -225,13 +225,17 @@ func (s *Server) shadowWarm(p *prepared, d router.Decision, now time.Time) (rout
 	// The policy's choice among the workers holding the deepest prefix
 	// that were not busy in d, not the first of them: when they all hold
 	// only a shared system prompt, every request meant for the warming
-	// worker went to one (kvbench sim, Mooncake conversation trace).
+	// worker went to one (kvbench sim, Mooncake conversation trace); and
+	// only one that stays under the headroom with the request, as a copy
+	// must (a holder not busy but full of its clients' blocks made a
+	// redirected request wait 0.5–0.96 s on the seed-002 shape, kvbench
+	// sim, BENCHMARKS.md).
 	moved := p.req
 	moved.Exclude = slices.Clone(p.req.Exclude)
 	free := 0
 	for _, r := range d.Rows {
 		switch {
-		case r.Worker == target || r.Overlap < holder.Overlap || r.Busy:
+		case r.Worker == target || r.Overlap < holder.Overlap || r.Busy || !copyRoom(p.rt, ws, r.Worker, p.req, r.Overlap):
 			if !slices.Contains(moved.Exclude, r.Worker) {
 				moved.Exclude = append(moved.Exclude, r.Worker)
 			}

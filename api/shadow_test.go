@@ -291,3 +291,74 @@ func TestAPIShadowWarmUpUsesCopy(t *testing.T) {
 		t.Fatalf("kvrouter_warmup_copy_used_total %v, want 1", used)
 	}
 }
+
+// TestAPIShadowWarmUpRedirectRoom: a request the policy sends the warming
+// worker without its prefix goes to the holder instead only when the holder
+// stays under the warm-up's headroom with it; a holder that would not
+// (its KV cache nearly full of other requests' blocks) leaves it where the
+// policy sent it. Without the room test the second case goes to w1.
+func TestAPIShadowWarmUpRedirectRoom(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		holderTotal int // w1's KV blocks; 0: as registered
+		want        router.WorkerID
+	}{{"holder with room", 0, "w1"}, {"holder without room", -1, "w2"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := newFakeReplica("m", router.DefaultConfig())
+			var hits1, hits2 atomic.Int64
+			rep.addWorker("m", "w1", fakeWorker(t, &hits1).URL)
+			reg := prometheus.NewRegistry()
+			s := New(Config{Registry: reg, AllowLoopbackWorkers: true, WarmUpShadow: true}, rep)
+			body := fmt.Sprintf(chatBody, `,"max_tokens":30`)
+			if rec := do(s, "POST", "/v1/chat/completions", body); rec.Code != 200 {
+				t.Fatalf("first request: %d %s", rec.Code, rec.Body)
+			}
+			rep.mu.Lock()
+			hs := rep.booked[len(rep.booked)-1].Hashes
+			rep.mu.Unlock()
+			if len(hs) == 0 {
+				t.Fatal("the prompt fills no block: the test proves nothing")
+			}
+			stored := router.KVEvent{Kind: router.EventStored}
+			for _, h := range hs {
+				stored.Blocks = append(stored.Blocks, router.StoredBlock{EngineHash: h, ContentHash: h})
+			}
+			if err := rep.index.Apply("w1", stored); err != nil {
+				t.Fatal(err)
+			}
+			rep.addWorker("m", "w2", fakeWorker(t, &hits2).URL)
+			// w1 carries another request's load, so that the policy
+			// prefers the empty w2 though w1 holds the prefix.
+			rt, _ := rep.Router("m")
+			other := make([]uint64, 40)
+			for i := range other {
+				other[i] = uint64(900 + i)
+			}
+			if _, err := rt.Route(router.Request{ID: "other", Hashes: other, Tokens: 40 * rt.Config().BlockSize, Exclude: []router.WorkerID{"w2"}}, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			if tc.holderTotal < 0 {
+				ws := rt.Workers()
+				for i := range ws {
+					if ws[i].ID == "w1" {
+						ws[i].TotalBlocks = len(other) + 1 // the request's blocks would take it over 0.8
+					}
+				}
+				rt.SetWorkers(ws)
+			}
+			d, err := rt.Route(router.Request{ID: "probe", Hashes: hs, Tokens: len(hs) * rt.Config().BlockSize}, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			rt.Free("probe")
+			if d.Worker != "w2" {
+				t.Fatalf("the policy picked %s: the test proves nothing", d.Worker)
+			}
+			rec := do(s, "POST", "/v1/chat/completions", body)
+			if rec.Code != 200 || router.WorkerID(rec.Header().Get("X-Worker-Id")) != tc.want {
+				t.Fatalf("request: %d from %q, want %s", rec.Code, rec.Header().Get("X-Worker-Id"), tc.want)
+			}
+			s.shadow.wg.Wait()
+		})
+	}
+}

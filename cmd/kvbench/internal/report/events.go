@@ -81,6 +81,7 @@ func meanEvent(reps []sim.EventFigures) EventResult {
 	e.NewWorkerShare = opt("new_worker_share", func(x *sim.EventFigures) stats.Optional { return x.NewWorkerShare })
 	e.Steered = opt("steered", func(x *sim.EventFigures) stats.Optional { return x.Steered })
 	e.WarmComparableS = opt("warm_comparable_s", func(x *sim.EventFigures) stats.Optional { return x.WarmComparableS })
+	e.WarmComparableFineS = opt("warm_comparable_fine_s", func(x *sim.EventFigures) stats.Optional { return x.WarmComparableFineS })
 	e.WarmUpTTFTP99Ms = mean(func(x *sim.EventFigures) float64 { return x.WarmUpTTFTP99Ms })
 	e.WarmUpBaseTTFTP99Ms = mean(func(x *sim.EventFigures) float64 { return x.WarmUpBaseTTFTP99Ms })
 	e.BaseMaxTTFTP99Ms = mean(func(x *sim.EventFigures) float64 { return x.BaseMaxTTFTP99Ms })
@@ -159,6 +160,7 @@ func writeSessionsAndEvents(b *strings.Builder, results []Result) {
 				{"; left after %.1fs", e.LeftS, 1},
 				{"; warm in %.0fs", e.WarmS, 1},
 				{"; warm like with like in %.0fs", e.WarmComparableS, 1},
+				{" (tested at each of its requests: %.1fs)", e.WarmComparableFineS, 1},
 				{"; new worker's share %.1f%%", e.NewWorkerShare, 100},
 				{"; warm-up steered %.0f", e.Steered, 1},
 				{", ended after %.0fs", e.WarmUpEndS, 1},

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"github.com/kvrouter/kvrouter/internal/fleetplan"
 	"github.com/kvrouter/kvrouter/internal/warmup"
+	"slices"
 	"testing"
 	"time"
 
@@ -517,6 +518,54 @@ func TestSimWarmComparable(t *testing.T) {
 			got := warmComparable(mk(append(others(), tc.mine...)), ev, o, s(60))
 			if got.Valid != (tc.want > 0) || got.Value != tc.want {
 				t.Fatalf("warm %+v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestSimWarmComparableFine: warmComparableFine makes warmComparable's test
+// at each of the new worker's requests with held tokens (the others: 0.9
+// cached in every window). A worker whose requests hit from 15.5 s is warm
+// at 17 s (the span reaches back to its fifth-last request, a miss at 5 s:
+// 450 of 500 held tokens), where warmComparable counts 20 s.
+func TestSimWarmComparableFine(t *testing.T) {
+	s := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
+	mk := func(mine [][3]float64) *Result { // sent, held, cached
+		res := &Result{Workers: []router.WorkerID{"w0", "w1", "w2"}}
+		add := func(at float64, wi, held, cached int) {
+			res.Requests = append(res.Requests, RequestResult{Worker: wi, Sent: s(at), FirstToken: s(at) + time.Millisecond,
+				CachedTokens: cached, HeldTokens: held, Done: true})
+		}
+		for x := 0.5; x < 60; x += 2 {
+			add(x, 0, 100, 90)
+		}
+		for _, m := range mine {
+			add(m[0], 2, int(m[1]), int(m[2]))
+		}
+		return res
+	}
+	o := DipOptions{Window: s(10), Horizon: s(60), Tolerance: 0.02}
+	ev := EventRecord{FleetEvent: FleetEvent{At: 0, Kind: EventAdd}, Worker: 2}
+	cold := [][3]float64{{1, 100, 50}, {2, 100, 50}, {3, 100, 50}, {4, 100, 50}, {5, 100, 50}}
+	for _, tc := range []struct {
+		name         string
+		mine         [][3]float64
+		want, coarse float64 // 0: never warm
+	}{
+		{"warm in the second window", append(slices.Clone(cold), [3]float64{15.5, 100, 100}, [3]float64{16, 100, 100},
+			[3]float64{16.5, 100, 100}, [3]float64{17, 100, 100}, [3]float64{17.5, 100, 100}), 17, 20},
+		{"first window: at its fifth request", [][3]float64{{1, 100, 88}, {2, 100, 88}, {3, 100, 88}, {4, 100, 88}, {5, 100, 88}}, 5, 10},
+		{"cold", cold, 0, 0},
+		{"new content only", [][3]float64{{1, 0, 0}, {2, 0, 0}, {3, 0, 0}, {4, 0, 0}, {5, 0, 0}, {6, 0, 0}}, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := mk(tc.mine)
+			got, coarse := warmComparableFine(res, ev, o, s(60)), warmComparable(res, ev, o, s(60))
+			if got.Valid != (tc.want > 0) || got.Value != tc.want {
+				t.Errorf("fine: warm %+v, want %v", got, tc.want)
+			}
+			if coarse.Valid != (tc.coarse > 0) || coarse.Value != tc.coarse {
+				t.Errorf("windows: warm %+v, want %v", coarse, tc.coarse)
 			}
 		})
 	}

@@ -123,7 +123,7 @@ func (w *warmState) steer(s *state, k, i int, req router.Request, d router.Decis
 		w.worker = -1 // removed while warming
 		return d, nil
 	}
-	if (w.warm(s) || w.warmLike(s)) && (!s.cfg.ShadowWarmUp || w.filled(s)) {
+	if s.cfg.ShadowWarmUp && w.filled(s) && w.warmLike(s) || !s.cfg.ShadowWarmUp && w.warm(s) {
 		s.fleet.records[w.rec].WarmUpEnd = s.now
 		w.worker = -1
 		return d, nil
@@ -183,15 +183,20 @@ func (w *warmState) filled(s *state) bool {
 	return (n > 0 && held*n >= others) || !w.copyRoom(s)
 }
 
-// warmLike (shadow warm-up with a fresh share): like warm, judged like
-// with like (as dip.go's warm_comparable_s): over the requests whose first
-// token came within the last warmWindow, the warming worker's cached share
-// of the tokens some worker held when they were routed reached the other
-// workers'. A worker given new conversations on purpose is warm when their
-// later turns hit there as they do elsewhere, though their first turns
-// never can.
+// warmLike (shadow warm-up): like warm, judged like with like (as dip.go's
+// warm_comparable_s): over the requests whose first token came within the
+// last warmWindow, the warming worker's cached share of the tokens some
+// worker held when they were routed reached the other workers'. A worker
+// given new conversations on purpose is warm when their later turns hit
+// there as they do elsewhere, though their first turns never can. Why not
+// warm (its ratio over every token against the fleet's before it joined):
+// new content keeps the fleet's ratio low (0.46 on the seed-002 shape
+// against 0.74 like with like), so three copy hits in five requests ended
+// the warm-up 2.1–5.3 s after the event, and the misses kv then sent the
+// idle worker (their holders busier) kept it under the others' share for
+// 20–30 s in 3 seeds of 10 (kvbench sim, BENCHMARKS.md).
 func (w *warmState) warmLike(s *state) bool {
-	if w.held == nil || s.cfg.Shadow.FreshShare == 0 {
+	if w.held == nil {
 		return false
 	}
 	var mine, others [2]int64 // cached, held
