@@ -206,14 +206,13 @@ func (s *Server) wait(ctx context.Context, p *prepared) (bool, *refusal) {
 // or, with the tenant latency guard, every worker predicted too slow for
 // the others beside it (guardHolds), or, with tenant isolation, every
 // worker not reserved for the tenants under their share full
-// (isolationHolds), or, at a lone tenant's start ramp, this replica's part
-// of the fleet's ramp in prefill already (rampHolds).
+// (isolationHolds).
 func (s *Server) shouldQueue(p *prepared) bool {
 	share := 1.0
 	if s.tenants != nil {
 		share = s.tenants.Window(p.model, p.tenant)
 	}
-	return p.rt.ShouldQueueWithin(share, p.req) || s.rampHolds(p) || s.isolationHolds(p, share) || s.guardHolds(p)
+	return p.rt.ShouldQueueWithin(share, p.req) || s.isolationHolds(p, share) || s.guardHolds(p)
 }
 
 // yields reports whether p, at the head with capacity free, should wait

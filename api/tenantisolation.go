@@ -99,19 +99,3 @@ func isolationReq(p *prepared) router.Request {
 	}
 	return req
 }
-
-// rampHolds reports whether p waits at its tenant's start ramp: its tenant
-// is alone on the model within the ramp and the requests this replica
-// routed with no first token yet already number its part of the fleet's
-// ramp, ⌈workers ÷ replicas⌉ (tenant.Ledger.RampLimit; the replicas are
-// those whose tenant reports this one holds, Ledger.Replicas). Every
-// replica sees the others' bookings a sync lag late, so each would fill
-// the workers it sees empty.
-func (s *Server) rampHolds(p *prepared) bool {
-	if s.tenants == nil || s.tenants.Config().Isolation == 0 {
-		return false
-	}
-	p.isoIDs = p.rt.WorkerIDs(p.isoIDs[:0])
-	limit, ok := s.tenants.RampLimit(p.model, p.tenant, len(p.isoIDs), s.tenants.Replicas())
-	return ok && p.rt.LocalPrefilling() >= limit
-}

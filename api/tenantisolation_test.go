@@ -3,7 +3,6 @@ package api
 import (
 	"fmt"
 	"net/http/httptest"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -170,73 +169,5 @@ func TestAPITenantIsolationFirstToken(t *testing.T) {
 	served := tw.take()
 	if got := served[string(reserved)]; len(got) != 0 {
 		t.Errorf("the reserved worker %s, 400 prefill tokens queued, served %v (all: %v); want light on an idle unreserved worker", reserved, got, served)
-	}
-}
-
-// TestAPITenantRampAcrossReplicas: the live path holds a lone tenant at
-// its start ramp while this replica's routings in prefill already number
-// its part of the fleet's ramp (three workers, three replicas known from
-// their reports: one), and admits it once that request's first token is
-// in; a replica alone (no reports) does not hold it for that.
-func TestAPITenantRampAcrossReplicas(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		replicas []string
-		held     bool
-	}{
-		{"three replicas", []string{"r2", "r3"}, true},
-		{"one replica", nil, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := router.DefaultConfig()
-			cfg.QueueThreshold = ptr(1.0)
-			rep := newFakeReplica("m", cfg)
-			ids := []router.WorkerID{"w1", "w2", "w3"}
-			tw := startTenantWorkers(t, rep, ids)
-			start := time.Now()
-			l, err := NewTenantLedger(TenantConfig{From: TenantHeader, Isolation: 1, Now: func() time.Time { return start }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, r := range tc.replicas {
-				l.Remote(r, nil)
-			}
-			l.Charge("m", "flood", 2000) // its ramp begins
-			s := New(Config{Registry: prometheus.NewRegistry(), AllowLoopbackWorkers: true, Tenants: l}, rep)
-			srv := httptest.NewServer(s.Handler())
-			defer srv.Close()
-			rt, _ := rep.Router("m")
-			rt.Load().Add(router.Booking{ID: "cold", Worker: "w1", PrefillTokens: 100, Added: start})
-			code := sendTenantChat(srv.URL, "flood")
-			if !tc.held {
-				if c := <-code; c != 200 {
-					t.Fatalf("flood: %d", c)
-				}
-				return
-			}
-			waiting := func() int {
-				for _, u := range l.Usage() {
-					if u.Tenant == "flood" {
-						return u.Waiting
-					}
-				}
-				return 0
-			}
-			for deadline := time.Now().Add(5 * time.Second); waiting() == 0; {
-				select {
-				case c := <-code:
-					t.Fatalf("flood admitted (%d, served %v) with this replica's part of the ramp in prefill; want it held", c, tw.take())
-				default:
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("flood neither queued nor answered")
-				}
-				runtime.Gosched()
-			}
-			rt.PrefillDoneAt("cold", time.Now())
-			if c := <-code; c != 200 {
-				t.Fatalf("flood after the cold request's first token: %d", c)
-			}
-		})
 	}
 }

@@ -101,18 +101,3 @@ func (r *Router) FirstTokenOrder(req Request, reserved []WorkerID, now time.Time
 	}
 	return dst
 }
-
-// LocalPrefilling is the requests this router routed (bookings of origin
-// "") with no first token yet: tenant isolation's start ramp splits the
-// fleet's cold prompts between the replicas by it (api/tenant
-// Ledger.RampLimit). It walks every booking: asked only during a lone
-// tenant's ramp.
-func (r *Router) LocalPrefilling() int {
-	n := 0
-	for _, b := range r.load.Bookings("") {
-		if !b.PrefillDone {
-			n++
-		}
-	}
-	return n
-}

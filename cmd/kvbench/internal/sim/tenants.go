@@ -213,7 +213,6 @@ func (a *admissionState) init(s *state) error {
 		a.ledgers = append(a.ledgers, l)
 		a.queues[k].SetFairness(l.Less(tenantModel))
 	}
-
 	// Each request's tenant, drawn by weight: independent draws split
 	// an arrival process into one per tenant at rates ∝ the weights. A
 	// session's turns (and its subagents') are its top-level session's
@@ -301,7 +300,7 @@ func (s *state) arrive(i, k int) {
 	q := a.queues[k]
 	r := &s.w.Requests[i]
 	req := router.Request{ID: r.ID, Tokens: r.PromptTokens, Hashes: r.Hashes}
-	if (q.Len() == 0 || s.isolationPasses(k, name)) && !s.rts[k].ShouldQueueWithin(s.window(k, name), req) && !s.rampHolds(k, name) && !s.isolationHolds(k, name, req) && !s.guardHolds(k, name, req) {
+	if (q.Len() == 0 || s.isolationPasses(k, name)) && !s.rts[k].ShouldQueueWithin(s.window(k, name), req) && !s.isolationHolds(k, name, req) && !s.guardHolds(k, name, req) {
 		s.dispatch(i, k)
 		return
 	}
@@ -380,7 +379,7 @@ func (s *state) admitQueued() {
 		for q.Len() > 0 {
 			head, _ := q.Peek()
 			i := head.Value.(int)
-			if s.rts[k].ShouldQueueWithin(s.window(k, head.Tenant), head.Request) || s.rampHolds(k, head.Tenant) || s.isolationHolds(k, head.Tenant, head.Request) || s.guardHolds(k, head.Tenant, head.Request) {
+			if s.rts[k].ShouldQueueWithin(s.window(k, head.Tenant), head.Request) || s.isolationHolds(k, head.Tenant, head.Request) || s.guardHolds(k, head.Tenant, head.Request) {
 				break
 			}
 			if a.tenants() {
@@ -496,20 +495,6 @@ func (s *state) isolationPasses(k int, tenant string) bool {
 		return false
 	}
 	return a.ledgers[k].IsolationPasses(tenantModel, tenant, len(s.rts[k].WorkerIDs(s.isoIDs[:0])))
-}
-
-// rampHolds reports whether router k holds a request of tenant at the
-// start ramp: tenant alone and router k's part of the fleet's ramp already
-// in prefill (tenant.Ledger.RampLimit). The simulated routers all start
-// with the run, so each knows the others from the first request (live
-// replicas know each other from their idle reports: Ledger.Replicas).
-func (s *state) rampHolds(k int, tenant string) bool {
-	a := &s.adm
-	if !a.tenants() || s.cfg.Tenants.Isolation == 0 {
-		return false
-	}
-	limit, ok := a.ledgers[k].RampLimit(tenantModel, tenant, len(s.rts[k].WorkerIDs(s.isoIDs[:0])), len(s.rts))
-	return ok && s.rts[k].LocalPrefilling() >= limit
 }
 
 // guardHolds reports whether router k's latency guard holds a request of
