@@ -244,29 +244,7 @@ func FuzzAPIShadowBody(f *testing.F) {
 // copy is not left to age out unused. Without the rule the request below
 // goes to w1 (w2 carries another request's load).
 func TestAPIShadowWarmUpUsesCopy(t *testing.T) {
-	rep := newFakeReplica("m", router.DefaultConfig())
-	var hits1, hits2 atomic.Int64
-	rep.addWorker("m", "w1", fakeWorker(t, &hits1).URL)
-	reg := prometheus.NewRegistry()
-	s := New(Config{Registry: reg, AllowLoopbackWorkers: true, WarmUpShadow: true}, rep)
-	body := fmt.Sprintf(chatBody, `,"max_tokens":30`)
-	if rec := do(s, "POST", "/v1/chat/completions", body); rec.Code != 200 {
-		t.Fatalf("first request: %d %s", rec.Code, rec.Body)
-	}
-	rep.mu.Lock()
-	hs := rep.booked[len(rep.booked)-1].Hashes
-	rep.mu.Unlock()
-	if len(hs) == 0 {
-		t.Fatal("the prompt fills no block: the test proves nothing")
-	}
-	stored := router.KVEvent{Kind: router.EventStored}
-	for _, h := range hs {
-		stored.Blocks = append(stored.Blocks, router.StoredBlock{EngineHash: h, ContentHash: h})
-	}
-	if err := rep.index.Apply("w1", stored); err != nil {
-		t.Fatal(err)
-	}
-	rep.addWorker("m", "w2", fakeWorker(t, &hits2).URL)
+	rep, reg, s, body, stored := joiningWorkerFixture(t)
 	if rec := do(s, "POST", "/v1/chat/completions", body); rec.Code != 200 || rec.Header().Get("X-Worker-Id") != "w1" {
 		t.Fatalf("second request: %d from %q", rec.Code, rec.Header().Get("X-Worker-Id"))
 	}
@@ -304,29 +282,11 @@ func TestAPIShadowWarmUpRedirectRoom(t *testing.T) {
 		want        router.WorkerID
 	}{{"holder with room", 0, "w1"}, {"holder without room", -1, "w2"}} {
 		t.Run(tc.name, func(t *testing.T) {
-			rep := newFakeReplica("m", router.DefaultConfig())
-			var hits1, hits2 atomic.Int64
-			rep.addWorker("m", "w1", fakeWorker(t, &hits1).URL)
-			reg := prometheus.NewRegistry()
-			s := New(Config{Registry: reg, AllowLoopbackWorkers: true, WarmUpShadow: true}, rep)
-			body := fmt.Sprintf(chatBody, `,"max_tokens":30`)
-			if rec := do(s, "POST", "/v1/chat/completions", body); rec.Code != 200 {
-				t.Fatalf("first request: %d %s", rec.Code, rec.Body)
+			rep, _, s, body, stored := joiningWorkerFixture(t)
+			hs := make([]uint64, len(stored.Blocks))
+			for i, b := range stored.Blocks {
+				hs[i] = b.EngineHash
 			}
-			rep.mu.Lock()
-			hs := rep.booked[len(rep.booked)-1].Hashes
-			rep.mu.Unlock()
-			if len(hs) == 0 {
-				t.Fatal("the prompt fills no block: the test proves nothing")
-			}
-			stored := router.KVEvent{Kind: router.EventStored}
-			for _, h := range hs {
-				stored.Blocks = append(stored.Blocks, router.StoredBlock{EngineHash: h, ContentHash: h})
-			}
-			if err := rep.index.Apply("w1", stored); err != nil {
-				t.Fatal(err)
-			}
-			rep.addWorker("m", "w2", fakeWorker(t, &hits2).URL)
 			// w1 carries another request's load, so that the policy
 			// prefers the empty w2 though w1 holds the prefix.
 			rt, _ := rep.Router("m")
@@ -361,4 +321,37 @@ func TestAPIShadowWarmUpRedirectRoom(t *testing.T) {
 			s.shadow.wg.Wait()
 		})
 	}
+}
+
+// joiningWorkerFixture is the warm-up tests' start: a server with the
+// shadow warm-up over one worker w1 that has served a chat request (its
+// index holds the prompt's blocks), then w2 joining empty. It returns the
+// request body and the stored event of its blocks (to apply to w2 when a
+// copy is to reach it).
+func joiningWorkerFixture(t *testing.T) (*fakeReplica, *prometheus.Registry, *Server, string, router.KVEvent) {
+	t.Helper()
+	rep := newFakeReplica("m", router.DefaultConfig())
+	var hits1, hits2 atomic.Int64
+	rep.addWorker("m", "w1", fakeWorker(t, &hits1).URL)
+	reg := prometheus.NewRegistry()
+	s := New(Config{Registry: reg, AllowLoopbackWorkers: true, WarmUpShadow: true}, rep)
+	body := fmt.Sprintf(chatBody, `,"max_tokens":30`)
+	if rec := do(s, "POST", "/v1/chat/completions", body); rec.Code != 200 {
+		t.Fatalf("first request: %d %s", rec.Code, rec.Body)
+	}
+	rep.mu.Lock()
+	hs := rep.booked[len(rep.booked)-1].Hashes
+	rep.mu.Unlock()
+	if len(hs) == 0 {
+		t.Fatal("the prompt fills no block: the test proves nothing")
+	}
+	stored := router.KVEvent{Kind: router.EventStored}
+	for _, h := range hs {
+		stored.Blocks = append(stored.Blocks, router.StoredBlock{EngineHash: h, ContentHash: h})
+	}
+	if err := rep.index.Apply("w1", stored); err != nil {
+		t.Fatal(err)
+	}
+	rep.addWorker("m", "w2", fakeWorker(t, &hits2).URL)
+	return rep, reg, s, body, stored
 }
