@@ -186,17 +186,7 @@ func TestSimShadowWarmUpPooled(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, on := range []bool{false, true} {
-			c := cfg
-			c.Events, c.ShadowWarmUp = []FleetEvent{{At: at, Kind: EventAdd}}, on
-			res, err := Run(w, c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			f := MeasureEvents(w, res, base, planDip)[0]
-			warmS := planDip.Horizon.Seconds()
-			if f.WarmComparableS.Valid {
-				warmS = f.WarmComparableS.Value
-			}
+			warmS, f, res := warmAfterAdd(t, w, cfg, base, at, on)
 			t.Logf("seed %d shadow %v: warm (like with like) after %.0f s (warm_s %v), share %.1f%%, copies %d, p99 while warming %.0f ms (%.0f without the event, steady %.0f), over the horizon × %.2f of the run without the event",
 				seed, on, warmS, f.WarmS, 100*f.NewWorkerShare.Value, res.Events[0].Shadows, f.WarmUpTTFTP99Ms, f.WarmUpBaseTTFTP99Ms, f.Steady.TTFT.P99, f.TTFTP99VsBase)
 			if !on {
@@ -282,16 +272,7 @@ func TestSimShadowWarmUpUsesCopies(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg.Events, cfg.ShadowWarmUp = []FleetEvent{{At: at, Kind: EventAdd}}, mode == router.ModeKVPooled
-			res, err := Run(w, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			f := MeasureEvents(w, res, base, planDip)[0]
-			warmS := planDip.Horizon.Seconds()
-			if f.WarmComparableS.Valid {
-				warmS = f.WarmComparableS.Value
-			}
+			warmS, f, res := warmAfterAdd(t, w, cfg, base, at, mode == router.ModeKVPooled)
 			t.Logf("seed %d %s: warm (like with like) after %.0f s, copies %d, requests sent to them %d, p99 while warming %.0f ms (steady %.0f)",
 				seed, mode, warmS, res.Events[0].Shadows, res.Events[0].ShadowUsed, f.WarmUpTTFTP99Ms, f.Steady.TTFT.P99)
 			if mode == router.ModeRoundRobin {
@@ -310,4 +291,23 @@ func TestSimShadowWarmUpUsesCopies(t *testing.T) {
 	if pooled >= rr/2 {
 		t.Fatalf("kv-pooled with the shadow warm-up warmed in %.0f s on average, round-robin in %.0f s: not under half", pooled/3, rr/3)
 	}
+}
+
+// warmAfterAdd runs w with a worker added at `at`, the shadow warm-up on or
+// off, and measures the event against base (the same run without it): the
+// like-with-like time to warm in seconds (the horizon when never), the
+// event's figures and the run.
+func warmAfterAdd(t *testing.T, w *workload.Workload, cfg Config, base *Result, at time.Duration, shadow bool) (float64, EventFigures, *Result) {
+	t.Helper()
+	cfg.Events, cfg.ShadowWarmUp = []FleetEvent{{At: at, Kind: EventAdd}}, shadow
+	res, err := Run(w, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := MeasureEvents(w, res, base, planDip)[0]
+	warmS := planDip.Horizon.Seconds()
+	if f.WarmComparableS.Valid {
+		warmS = f.WarmComparableS.Value
+	}
+	return warmS, f, res
 }
