@@ -23,6 +23,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/splitmix"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -349,7 +350,7 @@ func New(id string, cfg Config) (*Engine, error) {
 		cfg:       cfg,
 		prof:      prof,
 		pool:      newPool(cfg.CapacityBlocks),
-		salt:      mix64(fnv64(id) ^ 0x6b766d6f636b2121),
+		salt:      splitmix.Mix(fnv64(id) ^ 0x6b766d6f636b2121),
 		byID:      make(map[string]*seq),
 		nextEvent: cfg.EventIDBase,
 		pins:      make(map[uint64]*enginePin),
@@ -371,7 +372,7 @@ func (e *Engine) EngineHash(h uint64) uint64 {
 	if e.cfg.EngineHashSeed == 0 {
 		return h
 	}
-	return mix64(h ^ e.cfg.EngineHashSeed)
+	return splitmix.Mix(h ^ e.cfg.EngineHashSeed)
 }
 
 // Submit queues r at virtual time now (FCFS). It first runs every step that
@@ -966,7 +967,7 @@ func (e *Engine) hashAt(s *seq, i int) uint64 {
 		if j > 0 {
 			parent = s.hashes[j-1]
 		}
-		salt := mix64(e.salt ^ s.serial*0x9e3779b97f4a7c15 ^ (j+1)*0xc2b2ae3d27d4eb4f)
+		salt := splitmix.Mix(e.salt ^ s.serial*0x9e3779b97f4a7c15 ^ (j+1)*0xc2b2ae3d27d4eb4f)
 		s.hashes = append(s.hashes, router.ChainHash(parent, salt))
 	}
 	return s.hashes[i]
@@ -1127,16 +1128,6 @@ func (e *Engine) emit(t time.Duration, kv router.KVEvent) {
 	e.nextEvent++
 	e.st.Events++
 	e.events = append(e.events, Event{ID: e.nextEvent, At: t, KV: kv})
-}
-
-// mix64 is SplitMix64's finalizer, a bijection on uint64.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
 }
 
 func fnv64(s string) uint64 {

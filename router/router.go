@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/splitmix"
 )
 
 // OverlapSource is the narrow read side of a prefix index: the router reads
@@ -550,11 +552,8 @@ func distinctHashes(id string, n int) []uint64 {
 	}
 	out := make([]uint64, n)
 	for i := range out {
-		seed += 0x9e3779b97f4a7c15
-		z := seed
-		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-		z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-		out[i] = z ^ (z >> 31)
+		seed += splitmix.Gamma
+		out[i] = splitmix.Mix(seed)
 	}
 	return out
 }

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/jsonlsink"
+	"github.com/kvrouter/kvrouter/internal/splitmix"
 )
 
 // Row is one captured request.
@@ -102,7 +103,7 @@ func Open(cfg Config, now time.Time, log *slog.Logger) (*Recorder, error) {
 // Keep says whether a prompt whose first full block has hash first (false:
 // no full block) is in the sample.
 func (r *Recorder) Keep(first uint64, hasBlock bool) bool {
-	return r.all || !hasBlock || mix64(first) < r.threshold
+	return r.all || !hasBlock || splitmix.Mix(first) < r.threshold
 }
 
 // Record queues one answered request (dropped, and counted, when the
@@ -154,13 +155,5 @@ func partialBlockID(q Request) uint64 {
 	if len(q.Hashes) > 0 {
 		last = q.Hashes[len(q.Hashes)-1]
 	}
-	return mix64(last ^ uint64(q.InputTokens)<<1 ^ 0x7061727469616c)
-}
-
-// mix64 is splitmix64's output function: first-block hashes are already
-// uniform, but a mix keeps the sample independent of how they were made.
-func mix64(z uint64) uint64 {
-	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-	z = (z ^ z>>27) * 0x94d049bb133111eb
-	return z ^ z>>31
+	return splitmix.Mix(last ^ uint64(q.InputTokens)<<1 ^ 0x7061727469616c)
 }

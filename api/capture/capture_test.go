@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/splitmix"
 )
 
 func readRows(t *testing.T, path string) []Row {
@@ -98,7 +100,7 @@ func TestCaptureSampleByPrefix(t *testing.T) {
 	const prefixes = 4000
 	kept := 0
 	for p := range uint64(prefixes) {
-		first := mix64(p + 1) // any hash
+		first := splitmix.Mix(p + 1) // any hash
 		k := rec.Keep(first, true)
 		if k {
 			kept++

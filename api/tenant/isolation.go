@@ -379,6 +379,8 @@ func fnv1a(h uint64, s string) uint64 {
 
 // mix64 is splitmix64's finaliser: FNV's low bits alone spread short ids
 // with a common prefix (w0, w1, …) poorly.
+// (internal/splitmix.Mix's twin: this package depends on the standard
+// library alone.)
 func mix64(x uint64) uint64 {
 	x ^= x >> 30
 	x *= 0xbf58476d1ce4e5b9

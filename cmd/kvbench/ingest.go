@@ -26,6 +26,7 @@ import (
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/stats"
 	"github.com/kvrouter/kvrouter/eventbus"
 	"github.com/kvrouter/kvrouter/internal/pki"
+	"github.com/kvrouter/kvrouter/internal/splitmix"
 )
 
 // defaultEventsPerMsg is --events-per-msg's default (BENCHMARKS.md, issue
@@ -465,19 +466,11 @@ func randUint64() uint64 {
 	return v
 }
 
-// splitmix64 is a bijective mixer: distinct inputs give distinct hashes.
-func splitmix64(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
-}
-
 // blockHash names block k of worker i: unique over the run (splitmix64 is
 // a bijection of (seed + i<<40 + k) for k < 2^40) and, with a random seed,
 // over runs.
 func blockHash(seed uint64, worker int, k uint64) uint64 {
-	return splitmix64(seed + uint64(worker)<<40 + k)
+	return splitmix.Next(seed + uint64(worker)<<40 + k)
 }
 
 // generateEvents publishes worker w's events until ctx ends: one chain of stored

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/internal/splitmix"
 )
 
 // Requests of several sequences, embeddings and the Responses API: what
@@ -289,11 +290,11 @@ func (m *Mock) embeddings(w http.ResponseWriter, r *http.Request) {
 // embed is a unit vector determined by the token ids.
 func embed(ids []uint32) []float32 {
 	v := make([]float32, embeddingDims)
-	h := splitmix64(uint64(len(ids)))
+	h := splitmix.Next(uint64(len(ids)))
 	norm := 0.0
 	for i := range v {
 		for _, t := range ids {
-			h = splitmix64(h ^ uint64(t) ^ uint64(i)<<32)
+			h = splitmix.Next(h ^ uint64(t) ^ uint64(i)<<32)
 		}
 		v[i] = float32(int64(h>>11)%2001-1000) / 1000
 		norm += float64(v[i]) * float64(v[i])

@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/kvrouter/kvrouter/api/tokenize"
+	"github.com/kvrouter/kvrouter/internal/splitmix"
 )
 
 // Word ids of the builtin tokenizer (see tokenize.BuiltinVocabSize): ids
@@ -12,23 +13,16 @@ const (
 	builtinWordCount = tokenize.BuiltinVocabSize - builtinWordBase
 )
 
-func splitmix64(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
-}
-
 // outputIDs are n deterministic word ids for a prompt: the same seed and
 // prompt always give the same answer.
 func outputIDs(seed uint64, prompt []uint32, n int) []uint32 {
-	h := splitmix64(seed)
+	h := splitmix.Next(seed)
 	for _, t := range prompt {
-		h = splitmix64(h ^ uint64(t))
+		h = splitmix.Next(h ^ uint64(t))
 	}
 	ids := make([]uint32, n)
 	for i := range ids {
-		h = splitmix64(h)
+		h = splitmix.Next(h)
 		ids[i] = builtinWordBase + uint32(h%builtinWordCount)
 	}
 	return ids

@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/splitmix"
 )
 
 // TraceBlockTokens is the Mooncake traces' hash-id granularity.
@@ -342,17 +344,10 @@ func traceTokens(ids []uint64, per, inputLen int, dst []uint32) []uint32 {
 func blockTokens(id uint64, n int, dst []uint32) []uint32 {
 	// Start each id's stream at a scrambled point so neighbouring ids do not
 	// yield shifted copies of one stream.
-	s := mix64(id ^ 0x6b76726f75746572)
+	s := splitmix.Mix(id ^ 0x6b76726f75746572)
 	for range n {
 		s += 0x9e3779b97f4a7c15
-		dst = append(dst, uint32(mix64(s)%Vocab))
+		dst = append(dst, uint32(splitmix.Mix(s)%Vocab))
 	}
 	return dst
-}
-
-// mix64 is splitmix64's output function (a bijection).
-func mix64(z uint64) uint64 {
-	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-	z = (z ^ z>>27) * 0x94d049bb133111eb
-	return z ^ z>>31
 }
