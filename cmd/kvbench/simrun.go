@@ -397,6 +397,13 @@ func (o *simOptions) workloads(stderr io.Writer) ([]*workload.Workload, error) {
 		spec := o.Workload.Spec(o.BlockSize, o.Seed+uint64(r))
 		spec.Popularity, spec.HotShift = o.Popularity, o.HotShift
 		spec.Agent = o.Sessions.agent()
+		if spec.ArrivalRate > 0 && spec.Agent.Turns == 0 {
+			// Each tenant its own stream: its requests are the same with
+			// or without the others (workload.SyntheticSpec.Tenants).
+			for _, t := range o.Tenants.tenants {
+				spec.Tenants = append(spec.Tenants, workload.TenantStream{Name: t.Name, Weight: t.Weight})
+			}
+		}
 		w, err := workload.NewSynthetic(spec)
 		if err != nil {
 			return nil, err
@@ -416,6 +423,12 @@ func repeated(w *workload.Workload, n int) *workload.Workload {
 	}
 	out := *w
 	out.Requests = make([]workload.Request, 0, n*len(w.Requests))
+	if w.TenantOf != nil {
+		out.TenantOf = make([]int, 0, n*len(w.TenantOf))
+		for range n {
+			out.TenantOf = append(out.TenantOf, w.TenantOf...)
+		}
+	}
 	for k := range n {
 		for _, q := range w.Requests {
 			if k > 0 {

@@ -5,8 +5,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
@@ -123,5 +125,59 @@ func TestSimTenantsEndToEnd(t *testing.T) {
 	}
 	if !strings.Contains(stdout.String(), "kv: tenant steady:") {
 		t.Fatalf("table:\n%s", stdout.String())
+	}
+}
+
+// TestSimTenantStreamsSameWithFlood: a tenant's requests — arrival times,
+// prompts (their block hashes), output lengths — are the same whether or not
+// another tenant floods beside it (same seed, the tenant's share of the
+// requests and of the rate alike), so "the steady tenant with and without
+// the flood" compares the same requests. With one arrival process split by
+// weight (before per-tenant streams) they were two different random streams.
+func TestSimTenantStreamsSameWithFlood(t *testing.T) {
+	common := []string{"--workers", "2", "--kv-blocks", "2048", "--prefixes", "4", "--prefix-tokens", "256",
+		"--tail-tokens", "256", "--output-tokens", "8", "--routers", "2", "--sync-delay", "5ms",
+		"--queue-threshold", "0.5", "--policies", "kv", "--seed", "3"}
+	type sent struct {
+		id     string
+		at     time.Duration
+		hashes []uint64
+		out    int
+	}
+	steady := func(extra ...string) []sent {
+		t.Helper()
+		o, err := parseSimFlags(append(slices.Clone(common), extra...), io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws, err := o.workloads(io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := o.runPolicy(ws[0], "kv", o.Seed, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []sent
+		for i, rr := range res.Requests {
+			if res.Tenants[res.TenantOf[i]].Name != "steady" {
+				continue
+			}
+			r := ws[0].Requests[i]
+			out = append(out, sent{r.ID, rr.Sent, r.Hashes, r.OutputTokens})
+		}
+		return out
+	}
+	alone := steady("--tenants", "steady:1@0", "--arrival-rate", "20", "--requests", "40")
+	flooded := steady("--tenants", "flood:10,steady:1@0", "--arrival-rate", "220", "--requests", "440")
+	if len(alone) != 40 || len(flooded) != len(alone) {
+		t.Fatalf("steady requests: %d alone, %d beside the flood; want 40 both", len(alone), len(flooded))
+	}
+	for i := range alone {
+		a, f := alone[i], flooded[i]
+		if a.id != f.id || a.at != f.at || a.out != f.out || !slices.Equal(a.hashes, f.hashes) {
+			t.Fatalf("steady request %d: alone %s at %v (%d blocks), beside the flood %s at %v (%d blocks)",
+				i, a.id, a.at, len(a.hashes), f.id, f.at, len(f.hashes))
+		}
 	}
 }

@@ -213,8 +213,18 @@ func (a *admissionState) init(s *state) error {
 		a.ledgers = append(a.ledgers, l)
 		a.queues[k].SetFairness(l.Less(tenantModel))
 	}
+	a.begun = make([]bool, len(s.w.Requests))
+	a.holdSince = make([]time.Time, len(s.w.Requests))
+	a.waiting = make([]int, len(t.Specs))
+	for _, sp := range t.Specs {
+		a.acc = append(a.acc, TenantTotals{Name: sp.Name})
+	}
+	if s.w.TenantOf != nil {
+		return a.streamTenants(s.w)
+	}
 	// Each request's tenant, drawn by weight: independent draws split
-	// an arrival process into one per tenant at rates ∝ the weights. A
+	// an arrival process into one per tenant at rates ∝ the weights (a
+	// workload of per-tenant streams, above, carries its own). A
 	// session's turns (and its subagents') are its top-level session's
 	// tenant's: one client's conversation.
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x74656e616e74))
@@ -248,11 +258,34 @@ func (a *admissionState) init(s *state) error {
 		}
 		a.tenantOf[i] = k
 	}
-	a.begun = make([]bool, len(s.w.Requests))
-	a.holdSince = make([]time.Time, len(s.w.Requests))
-	a.waiting = make([]int, len(t.Specs))
-	for _, sp := range t.Specs {
-		a.acc = append(a.acc, TenantTotals{Name: sp.Name})
+	return nil
+}
+
+// streamTenants takes each request's tenant from a workload of per-tenant
+// streams (workload.SyntheticSpec.Tenants), whose tenants must be the
+// run's, by name.
+func (a *admissionState) streamTenants(w *workload.Workload) error {
+	index := make(map[string]int, len(a.specs))
+	for k, sp := range a.specs {
+		index[sp.Name] = k
+	}
+	of := make([]int, len(w.Tenants))
+	for j, name := range w.Tenants {
+		k, ok := index[name]
+		if !ok {
+			return fmt.Errorf("the workload's tenant %q is not one of the run's: %w", name, ErrConfig)
+		}
+		of[j] = k
+	}
+	if len(w.TenantOf) != len(w.Requests) {
+		return fmt.Errorf("the workload tags %d of its %d requests with a tenant: %w", len(w.TenantOf), len(w.Requests), ErrConfig)
+	}
+	a.tenantOf = make([]int, len(w.Requests))
+	for i, j := range w.TenantOf {
+		if j < 0 || j >= len(of) {
+			return fmt.Errorf("request %d's tenant %d: not one of the workload's %d: %w", i, j, len(of), ErrConfig)
+		}
+		a.tenantOf[i] = of[j]
 	}
 	return nil
 }

@@ -110,6 +110,11 @@ type Workload struct {
 	// SessionRoot is, per session, the top-level session it belongs to
 	// (itself for a top-level one): subagents are grouped under it.
 	SessionRoot []int
+	// Tenants names the tenants of per-tenant streams
+	// (SyntheticSpec.Tenants) and TenantOf is each request's index into
+	// it; both nil otherwise.
+	Tenants  []string
+	TenantOf []int
 
 	// token sources: synthetic prefixes and tails, or trace hash ids.
 	prefixes [][]uint32
@@ -169,6 +174,11 @@ type SyntheticSpec struct {
 	// 1: a Poisson process; above 1, bursty).
 	ArrivalRate float64
 	ArrivalCV   float64
+	// Tenants, when set (open loop, independent requests only), makes the
+	// requests per-tenant streams (tenants.go): each tenant sends its
+	// weight's share of Requests at its share of ArrivalRate, drawn from
+	// its own seed, so its requests do not depend on the other tenants.
+	Tenants []TenantStream
 }
 
 // ParsePopularity checks a popularity spec and returns the Zipf exponent
@@ -221,6 +231,9 @@ func NewSynthetic(s SyntheticSpec) (*Workload, error) {
 	if err := s.Agent.Check(); err != nil {
 		return nil, err
 	}
+	if err := checkTenantStreams(s); err != nil {
+		return nil, err
+	}
 	if s.Order == PrefixShuffled && (zipf > 0 || s.HotShift > 0) {
 		return nil, fmt.Errorf("prefix order %q sends every prefix equally often: it takes no popularity or hot shift: %w", s.Order, ErrSpec)
 	}
@@ -243,6 +256,9 @@ func NewSynthetic(s SyntheticSpec) (*Workload, error) {
 	}
 	if s.Agent.Turns > 0 {
 		return newAgentSessions(w, s, zipf, tailRng)
+	}
+	if len(s.Tenants) > 0 {
+		return newTenantStreams(w, s, zipf), nil
 	}
 	order := prefixOrder(s, zipf, s.Requests)
 	for i := range w.Requests {
