@@ -423,12 +423,6 @@ func repeated(w *workload.Workload, n int) *workload.Workload {
 	}
 	out := *w
 	out.Requests = make([]workload.Request, 0, n*len(w.Requests))
-	if w.TenantOf != nil {
-		out.TenantOf = make([]int, 0, n*len(w.TenantOf))
-		for range n {
-			out.TenantOf = append(out.TenantOf, w.TenantOf...)
-		}
-	}
 	for k := range n {
 		for _, q := range w.Requests {
 			if k > 0 {
