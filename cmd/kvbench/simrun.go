@@ -403,6 +403,7 @@ func (o *simOptions) workloads(stderr io.Writer) ([]*workload.Workload, error) {
 			for _, t := range o.Tenants.tenants {
 				spec.Tenants = append(spec.Tenants, workload.TenantStream{Name: t.Name, Weight: t.Weight})
 			}
+			spec.TenantPrefixes = o.Tenants.Prefixes
 		}
 		w, err := workload.NewSynthetic(spec)
 		if err != nil {

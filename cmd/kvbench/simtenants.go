@@ -10,6 +10,7 @@ import (
 	"github.com/kvrouter/kvrouter/api/tenant"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/workload"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/router"
 )
@@ -30,6 +31,7 @@ type tenantOptions struct {
 	LatencyGuard   float64 // --tenant-latency-guard
 	Isolation      float64 // --tenant-isolation
 	Scheduling     string  // --engine-scheduling
+	Prefixes       string  // --tenant-prefixes
 
 	tenants []sim.TenantSpec
 }
@@ -49,6 +51,7 @@ func (o *tenantOptions) register(fs *flag.FlagSet) {
 	fs.Float64Var(&o.LatencyGuard, "tenant-latency-guard", 0, "a factor F ≥ 1 (0: off): a request of a tenant over its share, while another tenant is active, goes only to a worker where its router predicts a fresh request's TTFT and TPOT within F × their values on an idle worker (the SLO rule's prediction, router.Router.LatencyGuard), else it waits in the router's queue; tenants at or under their share are never held. Keeps capacity idle on purpose: less throughput for the over-share tenant, a lower tail for the others (serve's --tenant-latency-guard)")
 	fs.Float64Var(&o.Isolation, "tenant-isolation", 0, "a safety factor S ≥ 1 (0: off): while a tenant is over its share, k = ⌈workers × S × the under-share tenants' share of the tokens charged fleet-wide over the last 5 s⌉ workers (at least 1, at most all but one), the first k in rendezvous order of their ids (the same on every router), are reserved for the tenants under their share: an over-share tenant's request goes only to the others (it waits in the router's queue while they are full), an under-share tenant's goes to a reserved worker while one has room, else anywhere (with --tenant-latency-guard: to the worker quickest to its first token, reserved ones first among ties, the guard judging the unreserved workers by TTFT alone), and passes the over-share tenant's queued backlog when it has room and nothing of its own queued (api/tenant Ledger.Isolation, ReservedWorkers; serve's --tenant-isolation)")
 	fs.StringVar(&o.Scheduling, "engine-scheduling", "", "the engines' waiting-queue policy: fcfs (vLLM's default), priority (vLLM's --scheduling-policy priority: waiting by (priority, arrival), a KV shortage preempts the largest (priority, arrival)) or priority-preempt (that, plus a full running set preempting for a strictly more urgent waiting request, as vLLM v0 did); default fcfs, priority with --tenant-engine-priority (engine/DESIGN.md)")
+	fs.StringVar(&o.Prefixes, "tenant-prefixes", workload.TenantPrefixesShared, "with --tenants and --arrival-rate: the tenants' prompt prefixes: shared (every tenant draws from the one pool of --prefixes prefixes, from --seed) or own (each tenant from a pool of its own, of the same size and shape, drawn from (--seed, its name): no cached block common to two tenants, as tenants of a real fleet mostly do not share prefixes; a tenant's requests are still the same whatever other tenants run)")
 	fs.Float64Var(&o.Slack, "tenant-fair-slack", 0, "the ledgers' slack in tokens (serve's --tenant-fair-slack; 0: its default, 512)")
 }
 
@@ -80,10 +83,19 @@ func (o *tenantOptions) check(set map[string]bool, so *simOptions) error {
 	default:
 		return cli.Usagef("--engine-scheduling %q: want fcfs, priority or priority-preempt", o.Scheduling)
 	}
-	for _, name := range []string{"tenant-counters", "tenant-sync-interval", "tenant-fair-burst", "tenant-fair-slack", "tenant-headroom", "tenant-engine-priority", "tenant-latency-guard", "tenant-isolation"} {
+	for _, name := range []string{"tenant-counters", "tenant-sync-interval", "tenant-fair-burst", "tenant-fair-slack", "tenant-headroom", "tenant-engine-priority", "tenant-latency-guard", "tenant-isolation", "tenant-prefixes"} {
 		if set[name] && o.Spec == "" {
 			return cli.Usagef("--%s applies to --tenants", name)
 		}
+	}
+	switch o.Prefixes {
+	case workload.TenantPrefixesShared:
+	case workload.TenantPrefixesOwn:
+		if so.ArrivalRate <= 0 || so.Trace != "" || so.Sessions.Turns > 0 {
+			return cli.Usagef("--tenant-prefixes own gives each tenant's stream its own prefixes: it needs --arrival-rate with independent synthetic requests (no --trace, no --session-turns)")
+		}
+	default:
+		return cli.Usagef("--tenant-prefixes %q: want shared or own", o.Prefixes)
 	}
 	if o.Spec == "" {
 		return nil
@@ -178,6 +190,7 @@ type tenantsCfg struct {
 	EnginePriority bool             `json:"engine_priority,omitempty"`
 	LatencyGuard   float64          `json:"latency_guard,omitempty"`
 	Isolation      float64          `json:"isolation,omitempty"`
+	Prefixes       string           `json:"tenant_prefixes,omitempty"` // "own" only
 }
 
 func (o *tenantOptions) reportConfig() *tenantsCfg {
@@ -189,6 +202,9 @@ func (o *tenantOptions) reportConfig() *tenantsCfg {
 		c.Tenants, c.Counters, c.SyncIntervalMs = o.tenants, o.Counters, float64(o.SyncInterval)/float64(time.Millisecond)
 		c.Burst, c.Slack, c.Headroom, c.EnginePriority = o.Burst, o.Slack, o.Headroom, o.EnginePriority
 		c.LatencyGuard, c.Isolation = o.LatencyGuard, o.Isolation
+		if o.Prefixes == workload.TenantPrefixesOwn {
+			c.Prefixes = o.Prefixes
+		}
 	}
 	return c
 }

@@ -29,6 +29,8 @@ func TestSimTenantFlagValidation(t *testing.T) {
 		{"--queue-threshold", "0.5", "--tenants", "a:1,b:1", "--tenant-latency-guard", "0"},
 		{"--queue-threshold", "0.5", "--tenants", "a:1,b:1", "--tenant-isolation", "1.5"},
 		{"--queue-threshold", "0.5", "--tenants", "a:1,b:1", "--tenant-isolation", "1", "--tenant-latency-guard", "1"},
+		{"--queue-threshold", "0.5", "--tenants", "a:1,b:1", "--arrival-rate", "10", "--tenant-prefixes", "own"},
+		{"--queue-threshold", "0.5", "--tenants", "a:1,b:1", "--tenant-prefixes", "shared"},
 	}
 	for _, args := range good {
 		if _, err := parseSimFlags(args, io.Discard); err != nil {
@@ -73,6 +75,10 @@ func TestSimTenantFlagValidation(t *testing.T) {
 		"isolation below one":       {"--queue-threshold", "1", "--tenants", "a:1", "--tenant-isolation", "0.9"},
 		"isolation not a number":    {"--queue-threshold", "1", "--tenants", "a:1", "--tenant-isolation", "NaN"},
 		"infinite isolation":        {"--queue-threshold", "1", "--tenants", "a:1", "--tenant-isolation", "+Inf"},
+		"prefixes without tenants":  {"--queue-threshold", "1", "--arrival-rate", "10", "--tenant-prefixes", "own"},
+		"unknown tenant prefixes":   {"--queue-threshold", "1", "--tenants", "a:1", "--arrival-rate", "10", "--tenant-prefixes", "salted"},
+		"own prefixes closed loop":  {"--queue-threshold", "1", "--tenants", "a:1", "--tenant-prefixes", "own"},
+		"own prefixes sessions":     {"--queue-threshold", "1", "--tenants", "a:1", "--arrival-rate", "10", "--session-turns", "2", "--tenant-prefixes", "own"},
 	}
 	for name, args := range bad {
 		_, err := parseSimFlags(args, io.Discard)
@@ -144,7 +150,8 @@ func TestSimTenantStreamsSameWithFlood(t *testing.T) {
 		hashes []uint64
 		out    int
 	}
-	steady := func(extra ...string) []sent {
+	// runTenants runs the sim and returns each tenant's requests as sent.
+	runTenants := func(extra ...string) map[string][]sent {
 		t.Helper()
 		o, err := parseSimFlags(append(slices.Clone(common), extra...), io.Discard)
 		if err != nil {
@@ -158,26 +165,46 @@ func TestSimTenantStreamsSameWithFlood(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var out []sent
+		out := map[string][]sent{}
 		for i, rr := range res.Requests {
-			if res.Tenants[res.TenantOf[i]].Name != "steady" {
-				continue
-			}
+			name := res.Tenants[res.TenantOf[i]].Name
 			r := ws[0].Requests[i]
-			out = append(out, sent{r.ID, rr.Sent, r.Hashes, r.OutputTokens})
+			out[name] = append(out[name], sent{r.ID, rr.Sent, r.Hashes, r.OutputTokens})
 		}
 		return out
 	}
-	alone := steady("--tenants", "steady:1@0", "--arrival-rate", "20", "--requests", "40")
-	flooded := steady("--tenants", "flood:10,steady:1@0", "--arrival-rate", "220", "--requests", "440")
-	if len(alone) != 40 || len(flooded) != len(alone) {
-		t.Fatalf("steady requests: %d alone, %d beside the flood; want 40 both", len(alone), len(flooded))
-	}
-	for i := range alone {
-		a, f := alone[i], flooded[i]
-		if a.id != f.id || a.at != f.at || a.out != f.out || !slices.Equal(a.hashes, f.hashes) {
-			t.Fatalf("steady request %d: alone %s at %v (%d blocks), beside the flood %s at %v (%d blocks)",
-				i, a.id, a.at, len(a.hashes), f.id, f.at, len(f.hashes))
+	// With --tenant-prefixes own, or shared (the default), alike.
+	for _, prefixes := range [][]string{nil, {"--tenant-prefixes", "own"}} {
+		alone := runTenants(append([]string{"--tenants", "steady:1@0", "--arrival-rate", "20", "--requests", "40"}, prefixes...)...)["steady"]
+		both := runTenants(append([]string{"--tenants", "flood:10,steady:1@0", "--arrival-rate", "220", "--requests", "440"}, prefixes...)...)
+		flooded := both["steady"]
+		if len(alone) != 40 || len(flooded) != len(alone) {
+			t.Fatalf("%q: steady requests: %d alone, %d beside the flood; want 40 both", prefixes, len(alone), len(flooded))
+		}
+		for i := range alone {
+			a, f := alone[i], flooded[i]
+			if a.id != f.id || a.at != f.at || a.out != f.out || !slices.Equal(a.hashes, f.hashes) {
+				t.Fatalf("%q: steady request %d: alone %s at %v (%d blocks), beside the flood %s at %v (%d blocks)",
+					prefixes, i, a.id, a.at, len(a.hashes), f.id, f.at, len(f.hashes))
+			}
+		}
+		// Shared: the tenants' prompts share prefix blocks; own: none.
+		steadyBlocks := map[uint64]bool{}
+		for _, r := range flooded {
+			for _, h := range r.hashes {
+				steadyBlocks[h] = true
+			}
+		}
+		common := 0
+		for _, r := range both["flood"] {
+			for _, h := range r.hashes {
+				if steadyBlocks[h] {
+					common++
+				}
+			}
+		}
+		if own := prefixes != nil; own != (common == 0) {
+			t.Fatalf("%q: %d of the flood's blocks are the steady tenant's", prefixes, common)
 		}
 	}
 }

@@ -25,9 +25,19 @@ type TenantStream struct {
 // (the spec's seed, the tenant's name): a tenant's requests are the same
 // whichever other tenants run beside it, so "the steady tenant with and
 // without the flood" compares the same requests, not two random streams.
-// The prefix pool is the spec's, shared by every tenant as before (the
-// prefixes come from the spec's seed alone); only the draws from it are
-// per tenant.
+// By default (TenantPrefixesShared) the prefix pool is the spec's, shared
+// by every tenant as before (the prefixes come from the spec's seed alone);
+// only the draws from it are per tenant. With TenantPrefixesOwn each
+// tenant draws from a pool of its own, of the same size and shape,
+// generated from its seed: tenant k's prefix j is w.prefixes[k×Prefixes+j]
+// (Request.Prefix is that index), and its prompts are still the same
+// whichever other tenants run.
+
+// Tenant prefix pools (SyntheticSpec.TenantPrefixes).
+const (
+	TenantPrefixesShared = "shared"
+	TenantPrefixesOwn    = "own"
+)
 
 // tenantSeed is the seed of tenant name's stream in a workload of seed.
 func tenantSeed(seed uint64, name string) uint64 {
@@ -66,6 +76,15 @@ func TenantRequests(n int, tenants []TenantStream) []int {
 }
 
 func checkTenantStreams(s SyntheticSpec) error {
+	switch s.TenantPrefixes {
+	case "", TenantPrefixesShared:
+	case TenantPrefixesOwn:
+		if len(s.Tenants) == 0 {
+			return fmt.Errorf("tenant prefixes %q: need per-tenant streams: %w", s.TenantPrefixes, ErrSpec)
+		}
+	default:
+		return fmt.Errorf("tenant prefixes %q: want %s or %s: %w", s.TenantPrefixes, TenantPrefixesShared, TenantPrefixesOwn, ErrSpec)
+	}
 	if len(s.Tenants) == 0 {
 		return nil
 	}
@@ -82,8 +101,9 @@ func checkTenantStreams(s SyntheticSpec) error {
 	return nil
 }
 
-// newTenantStreams fills w's requests with each tenant's stream (w's
-// prefixes are generated), merged by arrival time.
+// newTenantStreams fills w's requests with each tenant's stream, merged by
+// arrival time (w's prefixes are the shared pool, which TenantPrefixesOwn
+// replaces by every tenant's own).
 func newTenantStreams(w *Workload, s SyntheticSpec, zipf float64) *Workload {
 	type tagged struct {
 		req    Request
@@ -96,6 +116,13 @@ func newTenantStreams(w *Workload, s SyntheticSpec, zipf float64) *Workload {
 	for _, t := range s.Tenants {
 		sum += t.Weight
 	}
+	own := s.TenantPrefixes == TenantPrefixesOwn
+	if own {
+		w.prefixes = make([][]uint32, 0, len(s.Tenants)*s.Prefixes)
+		for _, t := range s.Tenants {
+			w.prefixes = append(w.prefixes, prefixPool(tenantSeed(s.Seed, t.Name), s.Prefixes, s.PrefixTokens)...)
+		}
+	}
 	for k, t := range s.Tenants {
 		n := counts[k]
 		if n == 0 {
@@ -103,6 +130,10 @@ func newTenantStreams(w *Workload, s SyntheticSpec, zipf float64) *Workload {
 		}
 		ts := s
 		ts.Seed, ts.Requests = tenantSeed(s.Seed, t.Name), n
+		base := 0 // tenant k's first prefix in w.prefixes
+		if own {
+			base = k * s.Prefixes
+		}
 		ts.ArrivalRate = s.ArrivalRate * t.Weight / sum
 		order := prefixOrder(ts, zipf, n)
 		tailRng := rand.New(rand.NewPCG(ts.Seed, 0x7461696c73))
@@ -115,7 +146,7 @@ func newTenantStreams(w *Workload, s SyntheticSpec, zipf float64) *Workload {
 				Session:      NoSession,
 				NextTurn:     -1,
 				HitTokens:    max((s.PrefixTokens+1)/2, 1),
-				Prefix:       order[i],
+				Prefix:       base + order[i],
 				SharedTokens: s.PrefixTokens,
 				At:           at[i],
 			}})

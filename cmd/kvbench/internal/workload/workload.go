@@ -179,6 +179,13 @@ type SyntheticSpec struct {
 	// weight's share of Requests at its share of ArrivalRate, drawn from
 	// its own seed, so its requests do not depend on the other tenants.
 	Tenants []TenantStream
+	// TenantPrefixes, with Tenants: TenantPrefixesShared ("" too) draws
+	// every tenant's prefixes from the one pool of the spec's seed;
+	// TenantPrefixesOwn gives each tenant a pool of its own (Prefixes
+	// prefixes of PrefixTokens, from the tenant's seed), so no two tenants'
+	// prompts share a cached block, as tenants of a real fleet mostly do
+	// not (vLLM's cache_salt even forbids it).
+	TenantPrefixes string
 }
 
 // ParsePopularity checks a popularity spec and returns the Zipf exponent
@@ -249,11 +256,8 @@ func NewSynthetic(s SyntheticSpec) (*Workload, error) {
 	}
 	// Separate streams: the prefixes do not change with the request count,
 	// and the draws do not change with the token lengths.
-	prefixRng := rand.New(rand.NewPCG(s.Seed, 0x7072656669786573))
 	tailRng := rand.New(rand.NewPCG(s.Seed, 0x7461696c73))
-	for k := range w.prefixes {
-		w.prefixes[k] = randomTokens(prefixRng, s.PrefixTokens)
-	}
+	w.prefixes = prefixPool(s.Seed, s.Prefixes, s.PrefixTokens)
 	if s.Agent.Turns > 0 {
 		return newAgentSessions(w, s, zipf, tailRng)
 	}
@@ -285,6 +289,17 @@ func NewSynthetic(s SyntheticSpec) (*Workload, error) {
 	}
 	w.hashAll()
 	return w, nil
+}
+
+// prefixPool is the n prefixes of tokens tokens each drawn from seed (the
+// spec's, or with TenantPrefixesOwn a tenant's).
+func prefixPool(seed uint64, n, tokens int) [][]uint32 {
+	rng := rand.New(rand.NewPCG(seed, 0x7072656669786573))
+	pool := make([][]uint32, n)
+	for k := range pool {
+		pool[k] = randomTokens(rng, tokens)
+	}
+	return pool
 }
 
 // prefixOrder draws the prefix of each of n requests (or sessions) by the
@@ -433,6 +448,9 @@ func syntheticName(s SyntheticSpec) string {
 	}
 	if a := s.Agent; a.Turns > 0 {
 		name += fmt.Sprintf(" session_turns=%d think_time_ms=%g subagents=%d", a.Turns, float64(a.Think)/float64(time.Millisecond), a.Subagents)
+	}
+	if s.TenantPrefixes == TenantPrefixesOwn {
+		name += " tenant_prefixes=own"
 	}
 	if s.ArrivalRate > 0 {
 		name += fmt.Sprintf(" arrival_rate=%g", s.ArrivalRate)
