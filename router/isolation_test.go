@@ -115,3 +115,59 @@ func TestRouterFirstTokenOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestRouterFirstTokenOrderLag: an unreserved worker whose prefill load
+// this router saw drop within the sync lag counts the admission window
+// (threshold × max batched tokens) as filled; a reserved one, a drop older
+// than the lag, a lag of 0 or no drop at all count nothing extra.
+func TestRouterFirstTokenOrderLag(t *testing.T) {
+	req := Request{ID: "x", Tokens: 160, Hashes: hashesFrom(1000, 10)} // 10 blocks, none cached
+	lag := 5 * time.Millisecond
+	for _, tc := range []struct {
+		name     string
+		dropAt   time.Duration // after t0, on the dropped worker
+		dropped  WorkerID
+		lag      time.Duration
+		now      time.Duration // after t0
+		reserved []WorkerID
+		want     []WorkerID
+	}{
+		// a and b reserved and busy (10 + 10 blocks queued: 20), c
+		// unreserved and empty (10): c is quickest.
+		{name: "no drop: the unreserved one", lag: lag, now: time.Millisecond, reserved: []WorkerID{"a", "b"}, want: []WorkerID{"a", "b"}},
+		{name: "c just freed: the reserved ones", dropped: "c", lag: lag, now: time.Millisecond, reserved: []WorkerID{"a", "b"}, want: []WorkerID{"c"}},
+		{name: "c freed a lag ago: the unreserved one", dropped: "c", lag: lag, now: lag, reserved: []WorkerID{"a", "b"}, want: []WorkerID{"a", "b"}},
+		{name: "lag 0: the unreserved one", dropped: "c", now: time.Millisecond, reserved: []WorkerID{"a", "b"}, want: []WorkerID{"a", "b"}},
+		{name: "a reserved worker freed: nothing extra", dropped: "a", lag: lag, now: time.Millisecond, reserved: []WorkerID{"a", "b"}, want: []WorkerID{"a", "b"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			q := 0.5
+			cfg.QueueThreshold = &q // window: 0.5 × 1000 tokens = 31.25 blocks
+			r := newTestRouter(t, cfg, NewIndex(cfg.BlockSize), WorkerInfo{ID: "a", TotalBlocks: 1000, MaxBatchedTokens: 1000},
+				WorkerInfo{ID: "b", TotalBlocks: 1000, MaxBatchedTokens: 1000}, WorkerInfo{ID: "c", TotalBlocks: 1000, MaxBatchedTokens: 1000})
+			r.Load().Add(Booking{ID: "1", Worker: "a", PrefillTokens: 160, Added: t0})
+			r.Load().Add(Booking{ID: "2", Worker: "b", PrefillTokens: 160, Added: t0})
+			if tc.dropped != "" {
+				r.Load().Add(Booking{ID: "d", Worker: tc.dropped, PrefillTokens: 160, Added: t0})
+				r.PrefillDoneAt("d", t0.Add(tc.dropAt))
+				if tc.dropped == "a" {
+					r.Load().Add(Booking{ID: "1b", Worker: "a", PrefillTokens: 160, Added: t0}) // still busy
+				}
+			}
+			got := r.FirstTokenOrderLag(req, tc.reserved, tc.lag, t0.Add(tc.now), nil)
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("kept off %v, want %v", got, tc.want)
+			}
+			// Without the lag it is FirstTokenOrder.
+			if tc.lag == 0 {
+				if plain := r.FirstTokenOrder(req, tc.reserved, t0.Add(tc.now), nil); !slices.Equal(sorted(plain), got) {
+					t.Errorf("lag 0: %v, FirstTokenOrder %v", got, plain)
+				}
+			}
+		})
+	}
+}
+
+func sorted(w []WorkerID) []WorkerID { slices.Sort(w); return w }
