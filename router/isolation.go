@@ -76,33 +76,12 @@ func (r *Router) ShouldQueueExcept(share float64, req Request, except []WorkerID
 // of them (the kv cost weighs a worker's KV blocks, not its prefill queue)
 // while the flood's worker, kept quick by the guard, had none queued.
 func (r *Router) FirstTokenOrder(req Request, reserved []WorkerID, now time.Time, dst []WorkerID) []WorkerID {
-	return r.FirstTokenOrderLag(req, reserved, 0, now, dst)
-}
-
-// FirstTokenOrderLag is FirstTokenOrder with the replicas' sync lag: an
-// unreserved worker whose prefill load this router saw drop within lag
-// of now (ActiveLoad.PrefillDroppedAt: a worker that just freed room)
-// counts as having the over-share tenant's admission window filled on top
-// of what this router sees there (the queue threshold × its max batched
-// tokens, in prefill blocks). Every router sees such a worker free at
-// about the same moment, and each may admit the over-share tenant's
-// request there before the others hear of it (kvbench sim, prefill-heavy,
-// three routers, seed 2: three flood requests admitted in one instant,
-// the steady request sent there 8 µs later seeing one of them). Only
-// then: counting unseen admissions on every unreserved worker piled the
-// steady load on the reserved ones (BENCHMARKS.md, "Tenants per seed").
-// lag 0 (one router, no sync) is FirstTokenOrder.
-func (r *Router) FirstTokenOrderLag(req Request, reserved []WorkerID, lag time.Duration, now time.Time, dst []WorkerID) []WorkerID {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ratios := r.guardRatiosLocked(req, now)
-	r.unseen = r.unseen[:0]
-	for _, g := range ratios {
-		r.unseen = append(r.unseen, g.TTFT*g.Idle+r.unseenBlocksLocked(g.Worker, reserved, lag, now))
-	}
 	best := math.Inf(1)
-	for _, t := range r.unseen {
-		if t < best {
+	for _, g := range ratios {
+		if t := g.TTFT * g.Idle; t < best {
 			best = t
 		}
 	}
@@ -110,34 +89,15 @@ func (r *Router) FirstTokenOrderLag(req Request, reserved []WorkerID, lag time.D
 		return dst
 	}
 	reservedQuickest := false
-	for j, g := range ratios {
-		if r.unseen[j] <= best && slices.Contains(reserved, g.Worker) {
+	for _, g := range ratios {
+		if g.TTFT*g.Idle <= best && slices.Contains(reserved, g.Worker) {
 			reservedQuickest = true
 		}
 	}
-	for j, g := range ratios {
-		if !(r.unseen[j] <= best) || (reservedQuickest && !slices.Contains(reserved, g.Worker)) {
+	for _, g := range ratios {
+		if !(g.TTFT*g.Idle <= best) || (reservedQuickest && !slices.Contains(reserved, g.Worker)) {
 			dst = append(dst, g.Worker)
 		}
 	}
 	return dst
-}
-
-// unseenBlocksLocked is FirstTokenOrderLag's allowance for w: the
-// admission window in prefill blocks when w is unreserved and its prefill
-// load dropped within lag of now, else 0. r.mu must be held.
-func (r *Router) unseenBlocksLocked(w WorkerID, reserved []WorkerID, lag time.Duration, now time.Time) float64 {
-	q := r.cfg.QueueThreshold
-	if lag <= 0 || q == nil || slices.Contains(reserved, w) || r.cfg.BlockSize <= 0 {
-		return 0
-	}
-	at, ok := r.load.PrefillDroppedAt(w)
-	if !ok || now.Sub(at) >= lag || now.Before(at) {
-		return 0
-	}
-	i, ok := r.pos[w]
-	if !ok {
-		return 0
-	}
-	return *q * float64(r.workers[i].MaxBatchedTokens) / float64(r.cfg.BlockSize)
 }

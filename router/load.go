@@ -44,11 +44,6 @@ type ActiveLoad struct {
 	// first booking, its last one ending): a LoadRowsCache built at this
 	// generation still points at the right workerLoads.
 	workersGen uint64
-	// dropped is when each worker's prefill load last dropped in this
-	// view (a first token, PrefillDoneAt with a time, this replica's or
-	// another's as it arrived): FirstTokenOrderLag's "just freed". Kept
-	// apart from workers, whose entry goes with the worker's last request.
-	dropped map[WorkerID]time.Time
 }
 
 type blockHolder struct {
@@ -328,24 +323,6 @@ func (a *ActiveLoad) PrefillDoneAt(id string, now time.Time) {
 	}
 	r.prefillDone, r.firstToken = true, now
 	a.workers[r.worker].prefillTokens -= r.prefillTokens
-	if r.prefillTokens > 0 && !now.IsZero() {
-		if a.dropped == nil || len(a.dropped) > maxDropped {
-			a.dropped = make(map[WorkerID]time.Time) // bounded: a gone worker's stamp is forgotten with the rest
-		}
-		a.dropped[r.worker] = now
-	}
-}
-
-// maxDropped bounds ActiveLoad.dropped (workers seen).
-const maxDropped = 4096
-
-// PrefillDroppedAt is when worker w's prefill load last dropped in this
-// view (a first token recorded with a time); false when never.
-func (a *ActiveLoad) PrefillDroppedAt(w WorkerID) (time.Time, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	t, ok := a.dropped[w]
-	return t, ok
 }
 
 // Free ends a request (finished, failed or cancelled). Unknown ids are ignored.

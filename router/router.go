@@ -122,7 +122,6 @@ type Router struct {
 	// kv-pooled counts them as held and not evictable (pooled.go).
 	pinnedBlocks func(w WorkerID) int
 	guard        []GuardRatio // the latency guard's predictions (guard.go), reused
-	unseen       []float64    // FirstTokenOrderLag's predicted first tokens, reused
 }
 
 // New returns a router. index may be nil for modes that ignore the cache.

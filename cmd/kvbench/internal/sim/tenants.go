@@ -491,9 +491,7 @@ func (s *state) isolationOut(k int, name string, req router.Request) (out []rout
 		// Under its share, with the guard keeping the unreserved workers
 		// quick to a first token: the quickest workers, the reserved
 		// ones among them first (router.Router.FirstTokenOrder).
-		// Within the sync lag of a worker freeing room, the other
-		// routers' admissions there are unseen (FirstTokenOrderLag).
-		return s.rts[k].FirstTokenOrderLag(req, reserved, s.syncLag(), epoch.Add(s.now), nil), false
+		return s.rts[k].FirstTokenOrder(req, reserved, epoch.Add(s.now), nil), false
 	}
 	var others []router.WorkerID
 	for _, w := range s.isoIDs {
@@ -588,13 +586,4 @@ func (a *admissionState) totals(now time.Duration) ([]TenantTotals, time.Duratio
 		a.since = -1
 	}
 	return a.acc, a.backlog
-}
-
-// syncLag is how late a router hears of another router's booking: the
-// replica-sync delay with more than one router, else 0.
-func (s *state) syncLag() time.Duration {
-	if len(s.rts) < 2 {
-		return 0
-	}
-	return s.cfg.SyncDelay
 }
