@@ -43,6 +43,17 @@ func TestSimTenantFlagValidation(t *testing.T) {
 	} else if got := o.engineConfig().Scheduling; got != "priority" {
 		t.Errorf("engine priority: scheduling %q, want priority", got)
 	}
+	// --tenant-prefixes own shows in the report's config; shared (the
+	// default) does not.
+	for prefixes, want := range map[string]string{"own": "own", "shared": ""} {
+		o, err := parseSimFlags([]string{"--queue-threshold", "0.5", "--tenants", "a:1,b:1", "--arrival-rate", "10", "--tenant-prefixes", prefixes}, io.Discard)
+		if err != nil {
+			t.Fatalf("--tenant-prefixes %s: %v", prefixes, err)
+		}
+		if got := o.Tenants.reportConfig().Prefixes; got != want {
+			t.Errorf("--tenant-prefixes %s: config tenant_prefixes %q, want %q", prefixes, got, want)
+		}
+	}
 	bad := map[string][]string{
 		"tenants without a queue":   {"--tenants", "a:1"},
 		"negative threshold":        {"--queue-threshold", "-1"},
