@@ -144,7 +144,7 @@ func (b *agentBuilder) session(base []uint32, root, prefix int) (first int, firs
 			OutputTokens: s.OutputTokens,
 			Session:      sess,
 			NextTurn:     -1,
-			HitTokens:    max((s.PrefixTokens+1)/2, 1),
+			HitTokens:    hitTokens(s),
 			Prefix:       prefix,
 			SharedTokens: s.PrefixTokens,
 			Think:        think,

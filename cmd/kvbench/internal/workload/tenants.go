@@ -51,10 +51,7 @@ func tenantSeed(seed uint64, name string) uint64 {
 // n and the weights' shares, so a tenant alone at its share of the rate and
 // of the requests sends exactly the requests it sends beside the others.
 func TenantRequests(n int, tenants []TenantStream) []int {
-	sum := 0.0
-	for _, t := range tenants {
-		sum += t.Weight
-	}
+	sum := weightSum(tenants)
 	out := make([]int, len(tenants))
 	rem := make([]float64, len(tenants))
 	left := n
@@ -73,6 +70,15 @@ func TenantRequests(n int, tenants []TenantStream) []int {
 		out[order[i%len(order)]]++
 	}
 	return out
+}
+
+// weightSum is the tenants' weights summed.
+func weightSum(tenants []TenantStream) float64 {
+	sum := 0.0
+	for _, t := range tenants {
+		sum += t.Weight
+	}
+	return sum
 }
 
 func checkTenantStreams(s SyntheticSpec) error {
@@ -112,10 +118,7 @@ func newTenantStreams(w *Workload, s SyntheticSpec, zipf float64) *Workload {
 	}
 	var all []tagged
 	counts := TenantRequests(s.Requests, s.Tenants)
-	sum := 0.0
-	for _, t := range s.Tenants {
-		sum += t.Weight
-	}
+	sum := weightSum(s.Tenants)
 	own := s.TenantPrefixes == TenantPrefixesOwn
 	if own {
 		w.prefixes = make([][]uint32, 0, len(s.Tenants)*s.Prefixes)
@@ -139,17 +142,9 @@ func newTenantStreams(w *Workload, s SyntheticSpec, zipf float64) *Workload {
 		tailRng := rand.New(rand.NewPCG(ts.Seed, 0x7461696c73))
 		at := Arrivals(n, ts.ArrivalRate, s.ArrivalCV, ts.Seed)
 		for i := range n {
-			all = append(all, tagged{tenant: k, tail: randomTokens(tailRng, s.TailTokens), req: Request{
-				ID:           fmt.Sprintf("%s.r%d", t.Name, i),
-				PromptTokens: s.PrefixTokens + s.TailTokens,
-				OutputTokens: s.OutputTokens,
-				Session:      NoSession,
-				NextTurn:     -1,
-				HitTokens:    max((s.PrefixTokens+1)/2, 1),
-				Prefix:       base + order[i],
-				SharedTokens: s.PrefixTokens,
-				At:           at[i],
-			}})
+			req := independentRequest(s, fmt.Sprintf("%s.r%d", t.Name, i), base+order[i])
+			req.At = at[i]
+			all = append(all, tagged{tenant: k, tail: randomTokens(tailRng, s.TailTokens), req: req})
 		}
 	}
 	// Merge by arrival time; a tie goes to the earlier tenant, then the

@@ -268,18 +268,7 @@ func NewSynthetic(s SyntheticSpec) (*Workload, error) {
 	for i := range w.Requests {
 		k := order[i]
 		w.tails[i] = randomTokens(tailRng, s.TailTokens)
-		w.Requests[i] = Request{
-			ID:           fmt.Sprintf("r%d", i),
-			PromptTokens: s.PrefixTokens + s.TailTokens,
-			OutputTokens: s.OutputTokens,
-			Session:      NoSession,
-			NextTurn:     -1,
-			// "covers at least half of the shared prefix"; a prefix-less
-			// workload counts any cached block.
-			HitTokens:    max((s.PrefixTokens+1)/2, 1),
-			Prefix:       k,
-			SharedTokens: s.PrefixTokens,
-		}
+		w.Requests[i] = independentRequest(s, fmt.Sprintf("r%d", i), k)
 	}
 	if s.ArrivalRate > 0 {
 		w.OpenLoop, w.ArrivalRate = true, s.ArrivalRate
@@ -290,6 +279,25 @@ func NewSynthetic(s SyntheticSpec) (*Workload, error) {
 	w.hashAll()
 	return w, nil
 }
+
+// independentRequest is request id of a synthetic workload of independent
+// requests (no session) on prefix k; At is the caller's.
+func independentRequest(s SyntheticSpec, id string, k int) Request {
+	return Request{
+		ID:           id,
+		PromptTokens: s.PrefixTokens + s.TailTokens,
+		OutputTokens: s.OutputTokens,
+		Session:      NoSession,
+		NextTurn:     -1,
+		HitTokens:    hitTokens(s),
+		Prefix:       k,
+		SharedTokens: s.PrefixTokens,
+	}
+}
+
+// hitTokens is a synthetic request's hit threshold: "covers at least half
+// of the shared prefix"; a prefix-less workload counts any cached block.
+func hitTokens(s SyntheticSpec) int { return max((s.PrefixTokens+1)/2, 1) }
 
 // prefixPool is the n prefixes of tokens tokens each drawn from seed (the
 // spec's, or with TenantPrefixesOwn a tenant's).
