@@ -42,7 +42,7 @@ func TestFiguresCalibrationFormatter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, _, err := executeSim(o, io.Discard)
+	rep, _, _, err := executeSim(o, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

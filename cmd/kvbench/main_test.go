@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/cli"
+	"github.com/kvrouter/kvrouter/cmd/kvbench/internal/sim"
 )
 
 func TestSimFlagValidation(t *testing.T) {
@@ -150,11 +151,12 @@ func TestSimMalformedTraceExit(t *testing.T) {
 
 func TestSimEndToEnd(t *testing.T) {
 	dir := t.TempDir()
-	js, plot := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.png")
+	js, plot, reqs := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.png"), filepath.Join(dir, "r.jsonl")
 	var stdout, stderr strings.Builder
 	code := run([]string{"sim", "--workers", "2", "--kv-blocks", "926", "--prefixes", "12", "--prefix-tokens", "1500",
 		"--tail-tokens", "32", "--output-tokens", "16", "--requests", "72", "--concurrency", "1",
-		"--policies", "round-robin,kv,kv-approx", "--seed", "3", "--reps", "2", "--json", js, "--plot", plot}, &stdout, &stderr)
+		"--policies", "round-robin,kv,kv-approx", "--seed", "3", "--reps", "2", "--json", js, "--plot", plot,
+		"--requests-out", reqs}, &stdout, &stderr)
 	if code != cli.ExitOK {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
@@ -195,6 +197,39 @@ func TestSimEndToEnd(t *testing.T) {
 	}
 	if !strings.Contains(stdout.String(), "kv-approx") || !strings.Contains(stdout.String(), "pooled-LRU") {
 		t.Fatalf("table:\n%s", stdout.String())
+	}
+	// --requests-out: each policy's and rep's 72 requests, in order, rep
+	// r with seed 3+r; a request counts as a hit in the report when its
+	// cached tokens reach its hit threshold, so the records' cached
+	// requests are at least the report's hits.
+	f, err := os.Open(reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dec := json.NewDecoder(f)
+	cachedReqs := map[string]int{}
+	for p, policy := range []string{"round-robin", "kv", "kv-approx"} {
+		for r := range 2 {
+			for i := range 72 {
+				var rec sim.RequestRecord
+				if err := dec.Decode(&rec); err != nil {
+					t.Fatalf("requests line %d: %v", (p*2+r)*72+i+1, err)
+				}
+				if rec.Policy != policy || rec.Rep != r || rec.Seed != uint64(3+r) || !rec.Done || rec.TTFTMs == nil {
+					t.Fatalf("requests line %d: %+v, want policy %s rep %d seed %d, done", (p*2+r)*72+i+1, rec, policy, r, 3+r)
+				}
+				if rec.CachedTokens > 0 && r == 0 {
+					cachedReqs[policy]++
+				}
+			}
+		}
+	}
+	if dec.More() {
+		t.Fatalf("requests: more than 3 policies × 2 reps × 72 lines")
+	}
+	if cachedReqs["kv"] < 58 || cachedReqs["kv"] <= cachedReqs["round-robin"] {
+		t.Fatalf("requests with cached tokens, rep 0: %v", cachedReqs)
 	}
 	if st, err := os.Stat(plot); err != nil || st.Size() == 0 {
 		t.Fatalf("plot: %v", err)

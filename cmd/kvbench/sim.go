@@ -69,10 +69,13 @@ type simOptions struct {
 	Trace       string
 	MaxRequests int
 
-	JSON       string
-	Plot       string
-	CPUProfile string
-	Progress   progress.Flags
+	JSON string
+	Plot string
+	// RequestsOut is --requests-out: every request of every run, as
+	// JSON Lines (sim.RequestRecord).
+	RequestsOut string
+	CPUProfile  string
+	Progress    progress.Flags
 }
 
 // syntheticFlags configure the synthetic workload; sim refuses them with --trace.
@@ -130,6 +133,7 @@ func parseSimFlags(args []string, output io.Writer) (*simOptions, error) {
 	fs.IntVar(&o.MaxRequests, "max-requests", 0, "trace: replay only the first N rows (0 = all)")
 	fs.StringVar(&o.JSON, "json", "", "write the JSON report to this file")
 	fs.StringVar(&o.Plot, "plot", "", "write a PNG chart (hit rate, TTFT p50/p99 per policy) to this file")
+	fs.StringVar(&o.RequestsOut, "requests-out", "", "write every request of every run (policy, rep) to this file, one JSON object per line: its tenant, router, worker, send, routing, first-token and finish times, cached and charged tokens")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile to this file")
 	o.Sessions.register(fs)
 	o.Fleet.register(fs)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -36,7 +37,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		}
 		defer stop()
 	}
-	rep, header, err := executeSim(o, stderr)
+	rep, header, recs, err := executeSim(o, stderr)
 	if err != nil {
 		code := cli.ExitFail
 		if badInput(err) {
@@ -57,7 +58,35 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 			return cli.Fail(stderr, "sim", fmt.Errorf("write plot: %w", err), cli.ExitFail)
 		}
 	}
+	if o.RequestsOut != "" {
+		if err := writeRecordsFile(o.RequestsOut, recs); err != nil {
+			return cli.Fail(stderr, "sim", fmt.Errorf("write requests: %w", err), cli.ExitFail)
+		}
+	}
 	return cli.ExitOK
+}
+
+// writeRecordsFile writes the runs' request records, policy by policy and
+// rep by rep, as JSON Lines to path.
+func writeRecordsFile(path string, recs [][][]sim.RequestRecord) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriter(f)
+	for _, byRep := range recs {
+		for _, rs := range byRep {
+			if err := sim.WriteRecords(bw, rs); err != nil {
+				f.Close()
+				return fmt.Errorf("%s: %w", path, err)
+			}
+		}
+	}
+	if err := bw.Flush(); err != nil {
+		f.Close()
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return f.Close()
 }
 
 // startCPUProfile profiles the process into path until stop is called.
@@ -171,12 +200,13 @@ type traceCfg struct {
 }
 
 // executeSim builds the workloads (one per rep), runs every policy on each,
-// and folds the reps into a report.
-func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error) {
+// and folds the reps into a report; with --requests-out it also returns
+// every run's request records ([policy][rep]).
+func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, [][][]sim.RequestRecord, error) {
 	start := time.Now()
 	loads, err := o.workloads(stderr)
 	if err != nil {
-		return nil, "", err
+		return nil, "", nil, err
 	}
 
 	capacity := 0
@@ -190,6 +220,13 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 	}
 	refs := make([]sim.Reference, o.Reps)
 	errs := make([]error, (np+1)*o.Reps) // runs, then references
+	var recs [][][]sim.RequestRecord
+	if o.RequestsOut != "" {
+		recs = make([][][]sim.RequestRecord, np)
+		for p := range recs {
+			recs[p] = make([][]sim.RequestRecord, o.Reps)
+		}
+	}
 
 	var done atomic.Int64
 	total := int64(np * o.Reps * len(loads[0].Requests))
@@ -239,6 +276,9 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 					sum.Events = sim.MeasureEvents(loads[j.r], res, base, o.Fleet.dip(o.Timeout))
 				}
 				runs[j.p][j.r] = report.Run{Seed: seed, Summary: sum, WallSeconds: time.Since(t0).Seconds()}
+				if recs != nil {
+					recs[j.p][j.r] = sim.Records(loads[j.r], res, j.r, seed)
+				}
 			}
 		}()
 	}
@@ -254,7 +294,7 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 	wg.Wait()
 	stop()
 	if err := errors.Join(errs...); err != nil {
-		return nil, "", err
+		return nil, "", nil, err
 	}
 	if o.Trace != "" {
 		for r := 1; r < o.Reps; r++ {
@@ -297,7 +337,7 @@ func executeSim(o *simOptions, stderr io.Writer) (*report.Report, string, error)
 		header += fmt.Sprintf(", medians of %d reps", o.Reps)
 	}
 	header += fmt.Sprintf(" (%.1fs)", wall.Seconds())
-	return rep, header, nil
+	return rep, header, recs, nil
 }
 
 // peerPolicies are the policies run by another project's own code in a peer

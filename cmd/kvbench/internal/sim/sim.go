@@ -123,6 +123,12 @@ type RequestResult struct {
 	// Pinned: the request belongs to a session tree that pins its
 	// prompts (Config.PinEvery).
 	Pinned bool
+	// Router is the router that routed it (0 with one router, and for a
+	// peer policy).
+	Router int
+	// Charged is the tokens its tenant's ledger was charged for it
+	// (uncached prompt at routing, output at the end; 0 without tenants).
+	Charged int
 }
 
 // Result is one run's outcome.
@@ -705,6 +711,7 @@ func (s *state) finish() *Result {
 	}
 	for i := range s.res {
 		rr := &s.res[i]
+		rr.Router = s.owner[i]
 		if !rr.Done && rr.Err == "" {
 			rr.Err = "did not complete"
 		}

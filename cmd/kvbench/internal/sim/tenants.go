@@ -380,6 +380,7 @@ func (s *state) charge(i, k, tokens int) {
 		return
 	}
 	a.ledgers[k].Charge(tenantModel, a.name(i), tokens)
+	s.res[i].Charged += tokens
 	t := a.tenantOf[i]
 	a.acc[t].Tokens += int64(tokens)
 	if a.allBacklogged() {
