@@ -20,15 +20,7 @@ import (
 // requests all through its router 0 and the flood's through all three —
 // and they survive the JSON Lines round trip unchanged.
 func TestRecordsAgreeWithSummary(t *testing.T) {
-	w := synthetic(t, workload.SyntheticSpec{
-		Prefixes: 4, PrefixTokens: 512, TailTokens: 1024, OutputTokens: 8,
-		Requests: 400, ArrivalRate: 300, Concurrency: 1, Seed: 3,
-	})
-	cfg := config(router.ModeKV, 2, 4096)
-	q := 0.5
-	cfg.Router.QueueThreshold = &q
-	cfg.Routers, cfg.SyncDelay = 3, 5*time.Millisecond
-	cfg.Tenants = Tenants{Specs: []TenantSpec{{Name: "flood", Weight: 3, Router: -1}, {Name: "steady", Weight: 1, Router: 0}}}
+	w, cfg := tenantScenario(t, 400, 3, CountersShared)
 	res, err := Run(w, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -16,15 +16,7 @@ import (
 // of the fleet (so both stay backlogged), with counters as given.
 func tenantRun(t *testing.T, routers int, counters TenantCounters) []TenantFigures {
 	t.Helper()
-	w := synthetic(t, workload.SyntheticSpec{
-		Prefixes: 4, PrefixTokens: 512, TailTokens: 1024, OutputTokens: 8,
-		Requests: 1200, ArrivalRate: 300, Concurrency: 1, Seed: 3,
-	})
-	cfg := config(router.ModeKV, 2, 4096)
-	q := 0.5
-	cfg.Router.QueueThreshold = &q
-	cfg.Routers, cfg.SyncDelay = routers, 5*time.Millisecond
-	cfg.Tenants = Tenants{Specs: []TenantSpec{{Name: "flood", Weight: 3, Router: -1}, {Name: "steady", Weight: 1, Router: 0}}, Counters: counters}
+	w, cfg := tenantScenario(t, 1200, routers, counters)
 	res, err := Run(w, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -37,6 +29,24 @@ func tenantRun(t *testing.T, routers int, counters TenantCounters) []TenantFigur
 		t.Fatalf("%d routers, %s counters: tenants %+v, both backlogged %.1f s: the scenario must keep both backlogged", routers, counters, s.Tenants, s.BackloggedSeconds)
 	}
 	return s.Tenants
+}
+
+// tenantScenario is tenantRun's workload of n requests and its
+// configuration: two workers, a queue at half their load, the given
+// routers 5 ms apart, the flood on every router, the steady tenant on
+// router 0.
+func tenantScenario(t *testing.T, n, routers int, counters TenantCounters) (*workload.Workload, Config) {
+	t.Helper()
+	w := synthetic(t, workload.SyntheticSpec{
+		Prefixes: 4, PrefixTokens: 512, TailTokens: 1024, OutputTokens: 8,
+		Requests: n, ArrivalRate: 300, Concurrency: 1, Seed: 3,
+	})
+	cfg := config(router.ModeKV, 2, 4096)
+	q := 0.5
+	cfg.Router.QueueThreshold = &q
+	cfg.Routers, cfg.SyncDelay = routers, 5*time.Millisecond
+	cfg.Tenants = Tenants{Specs: []TenantSpec{{Name: "flood", Weight: 3, Router: -1}, {Name: "steady", Weight: 1, Router: 0}}, Counters: counters}
+	return w, cfg
 }
 
 // TestSimTenantFairnessAcrossRouters: with the counters shared, a tenant
