@@ -5,19 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"syscall"
 	"testing"
-	"time"
-)
 
-// processCPU is the process's user and system CPU so far.
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
+	"github.com/kvrouter/kvrouter/internal/proccpu"
+)
 
 // BenchmarkSyncAdd is what a replica announces for each request of
 // kvbench's prompt (148 blocks): its add, prefill-done and free, from a
@@ -49,7 +40,7 @@ func BenchmarkSyncAdd(b *testing.B) {
 		ids[i] = fmt.Sprintf("chatcmpl-%016x", i)
 	}
 	b.ReportAllocs()
-	cpu0 := processCPU(b)
+	cpu0 := proccpu.Self()
 	i := 0
 	for b.Loop() {
 		id := ids[i%len(ids)]
@@ -67,5 +58,5 @@ func BenchmarkSyncAdd(b *testing.B) {
 	if err := nc.Flush(); err != nil {
 		b.Fatal(err)
 	}
-	b.ReportMetric(float64(processCPU(b)-cpu0)/1e3/float64(b.N), "cpu-µs/op")
+	b.ReportMetric(float64(proccpu.Self()-cpu0)/1e3/float64(b.N), "cpu-µs/op")
 }

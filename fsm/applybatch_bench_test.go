@@ -2,25 +2,13 @@ package fsm
 
 import (
 	"fmt"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/hashicorp/raft"
 
+	"github.com/kvrouter/kvrouter/internal/proccpu"
 	"github.com/kvrouter/kvrouter/router"
 )
-
-// processCPU is the process's CPU time (user + system): on a shared
-// machine the wall clock also counts the time other processes hold the
-// cores, the CPU time (mostly) this benchmark's own work.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // BenchmarkApplyBatch: whole KV-batch entries through FSM.ApplyBatch
 // (decode, cursors, index) at a steady 1M blocks over 64 workers, as in a
@@ -137,14 +125,14 @@ func benchApplyBatch(b *testing.B, chain int) {
 	logs := make([]*raft.Log, 1)
 	b.SetBytes(int64(len(entries[0])))
 	b.ResetTimer()
-	cpu0 := processCPU()
+	cpu0 := proccpu.Self()
 	for i := 0; i < b.N; i++ {
 		logs[0] = h.next(entries[i%len(entries)])
 		if r := h.f.ApplyBatch(logs)[0].(*ApplyResult); r.Applied != 2*perEntry*perWorker {
 			b.Fatalf("entry %d: %+v", i%len(entries), r)
 		}
 	}
-	cpu := processCPU() - cpu0
+	cpu := proccpu.Self() - cpu0
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N*stored), "cpu-ns/block")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*stored*2), "ns/block-event")
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/kvrouter/kvrouter/internal/proccpu"
 	"github.com/kvrouter/kvrouter/router"
 )
 
@@ -73,14 +74,14 @@ func BenchmarkFSMApplyBatch(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	var cpu time.Duration // the process's CPU time while the timer runs
-	cpu0 := processCPU()
+	cpu0 := proccpu.Self()
 	for i := 0; i < b.N; i++ {
 		k := i % benchRing
 		if k == 0 && i > 0 {
 			b.StopTimer()
-			cpu += processCPU() - cpu0
+			cpu += proccpu.Self() - cpu0
 			h = fresh()
-			cpu0 = processCPU()
+			cpu0 = proccpu.Self()
 			b.StartTimer()
 		}
 		out := h.f.ApplyBatch([]*raft.Log{h.next(entries[k])})
@@ -88,7 +89,7 @@ func BenchmarkFSMApplyBatch(b *testing.B) {
 			b.Fatalf("batch %d: %+v", k, r)
 		}
 	}
-	cpu += processCPU() - cpu0
+	cpu += proccpu.Self() - cpu0
 	blocks := float64(b.N) * benchEvents * benchBlocks
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/blocks, "ns/block")
 	b.ReportMetric(float64(cpu.Nanoseconds())/blocks, "cpu-ns/block")

@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/proccpu"
 )
 
 // cpuClock reads the process's CPU time (user + system), so a benchmark
@@ -15,15 +16,7 @@ import (
 // cores, the CPU time only (mostly) this benchmark's own work.
 type cpuClock time.Duration
 
-func startCPU() cpuClock { return cpuClock(processCPU()) }
-
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
+func startCPU() cpuClock { return cpuClock(proccpu.Self()) }
 
 // report adds the CPU ns per op since c as the metric cpu-ns/op (per n
 // ops; b.N when n is 0).
@@ -31,7 +24,7 @@ func (c cpuClock) report(b *testing.B, n int) {
 	if n == 0 {
 		n = b.N
 	}
-	b.ReportMetric(float64(processCPU()-time.Duration(c))/float64(n), "cpu-ns/op")
+	b.ReportMetric(float64(proccpu.Self()-time.Duration(c))/float64(n), "cpu-ns/op")
 }
 
 // benchIndex builds an index of blocks distinct blocks in chains of chainLen,

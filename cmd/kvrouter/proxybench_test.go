@@ -16,13 +16,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api/tokenize"
 	"github.com/kvrouter/kvrouter/internal/pki"
 	"github.com/kvrouter/kvrouter/internal/poll"
+	"github.com/kvrouter/kvrouter/internal/proccpu"
 )
 
 // BenchmarkServeProxyOverhead is the replica-server benchmark, direct vs
@@ -61,11 +61,11 @@ func BenchmarkServeProxyOverhead(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			ttfts := make([]time.Duration, 0, b.N)
-			cpu0 := processCPU(b)
+			cpu0 := proccpu.Self()
 			for b.Loop() {
 				ttfts = append(ttfts, env.complete(b, tc.hc, tc.base, tc.key))
 			}
-			cpu := processCPU(b) - cpu0
+			cpu := proccpu.Self() - cpu0
 			slices.Sort(ttfts)
 			b.ReportMetric(float64(ttfts[len(ttfts)/2].Nanoseconds())/1e3, "ttft-µs")
 			// The process's CPU (user + system) per request: client,
@@ -75,15 +75,6 @@ func BenchmarkServeProxyOverhead(b *testing.B) {
 			b.ReportMetric(float64(cpu.Nanoseconds())/1e3/float64(b.N), "cpu-µs/op")
 		})
 	}
-}
-
-// processCPU is this process's user + system CPU time so far.
-func processCPU(b testing.TB) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatalf("getrusage: %v", err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // TestServeWorkerTLSCA: with --worker-tls-ca, a replica routes to an
