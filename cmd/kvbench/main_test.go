@@ -199,9 +199,9 @@ func TestSimEndToEnd(t *testing.T) {
 		t.Fatalf("table:\n%s", stdout.String())
 	}
 	// --requests-out: each policy's and rep's 72 requests, in order, rep
-	// r with seed 3+r; a request counts as a hit in the report when its
-	// cached tokens reach its hit threshold, so the records' cached
-	// requests are at least the report's hits.
+	// r with seed 3+r, all completed; in rep 0 kv finds cached tokens for
+	// (almost) every repeat, as the report's hit rate says, and for more
+	// requests than round-robin.
 	f, err := os.Open(reqs)
 	if err != nil {
 		t.Fatal(err)
